@@ -1,0 +1,100 @@
+// CPU forward/backward kernels on raw row-major buffers. fp32 is the training type; every
+// kernel is also instantiated for double so tests can check backward passes against central
+// finite differences in double precision. No communication, no allocation policy (callers
+// pass outputs), no autograd. Shapes are written next to every argument.
+// Conventions: "acc" outputs are accumulated into (+=), all others are overwritten.
+#pragma once
+#include <cstdint>
+
+namespace dhelix::cpu {
+
+enum class Accumulate { kNo, kYes };
+
+// ---- GEMM-based linear layer (weights stored [out, in], like torch.nn.Linear) ----
+// y[N,O] = x[N,I] @ w[O,I]^T + b[O]   (b may be null)
+template <typename T> void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O);
+// dx[N,I] (=|+=) dy[N,O] @ w[O,I]
+template <typename T> void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc);
+// acc dw[O,I] += dy[N,O]^T @ x[N,I];  acc db[O] += sum_n dy[n,:]  (db may be null)
+template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O);
+// General sgemm/dgemm: C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major.
+template <typename T> void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                                int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// ---- normalisation ----
+// y[N,C] = (x - mean) * rstd * g + b;  mean[N], rstd[N] saved for backward.
+template <typename T> void layernorm_fwd(const T* x, const T* g, const T* b, T* y, T* mean, T* rstd, int64_t N, int64_t C, T eps);
+// dx[N,C] written; acc dg[C], db[C].
+template <typename T> void layernorm_bwd(const T* dy, const T* x, const T* g, const T* mean, const T* rstd, T* dx, T* dg, T* db,
+                                         int64_t N, int64_t C);
+// y[N,C] = x * rstd * g, rstd[N] = 1/sqrt(mean(x^2) + eps).
+template <typename T> void rmsnorm_fwd(const T* x, const T* g, T* y, T* rstd, int64_t N, int64_t C, T eps);
+// dx[N,C] written; acc dg[C].
+template <typename T> void rmsnorm_bwd(const T* dy, const T* x, const T* g, const T* rstd, T* dx, T* dg, int64_t N, int64_t C);
+
+// ---- activations ----
+// GELU, tanh approximation (GPT-2): y[n] = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))
+template <typename T> void gelu_fwd(const T* x, T* y, int64_t n);
+template <typename T> void gelu_bwd(const T* dy, const T* x, T* dx, int64_t n);  // dx written
+// SwiGLU: gu[N, 2F] holds gate in columns [0,F) and up in [F,2F); y[N,F] = silu(gate) * up.
+template <typename T> void swiglu_fwd(const T* gu, T* y, int64_t N, int64_t F);
+template <typename T> void swiglu_bwd(const T* dy, const T* gu, T* dgu, int64_t N, int64_t F);  // dgu[N,2F] written
+
+// ---- rotary embeddings (Hugging Face "rotate_half" convention: pairs (i, i + D/2)) ----
+// In place on x viewed as [B, T, row_stride]; heads h in [0,H) start at column h*D.
+// Position of token t is pos_offset + t. Backward is the same rotation with -theta: rope_bwd.
+template <typename T> void rope_fwd(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t row_stride, int64_t pos_offset,
+                                    double theta);
+template <typename T> void rope_bwd(T* dx, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t row_stride, int64_t pos_offset,
+                                    double theta);
+
+// ---- causal self-attention with grouped-query heads (tiled, memory-efficient) ----
+// q: [B, T, *] with head h at column h*D (row stride q_stride); k, v likewise with Hkv heads
+// (kv_stride); o: [B, T, *] (o_stride). Query head h uses kv head h / (H / Hkv).
+// lse[B, H, T] (log-sum-exp of the scaled scores) is saved for backward; no T x T matrix is kept.
+struct AttnDims {
+  int64_t B, T, H, Hkv, D;
+  int64_t q_stride, kv_stride, o_stride;
+};
+template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale);
+// dq (q_stride), dk, dv (kv_stride) are written (not accumulated); scores are recomputed tile by tile.
+template <typename T> void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
+                                         T* dv, const AttnDims& d, T scale);
+
+// ---- embedding ----
+// y[B*T, C] = wte[tok] (+ wpe[pos_offset + t] when wpe != null). tokens[B*T].
+template <typename T> void embedding_fwd(const int32_t* tokens, const T* wte, const T* wpe, T* y, int64_t B, int64_t T_, int64_t C,
+                                         int64_t pos_offset);
+// acc dwte[V, C], acc dwpe (when non-null).
+template <typename T> void embedding_bwd(const int32_t* tokens, const T* dy, T* dwte, T* dwpe, int64_t B, int64_t T_, int64_t C,
+                                         int64_t pos_offset);
+
+// ---- fused softmax cross-entropy over the vocabulary ----
+// losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]].
+// When dlogits != null also writes dlogits[N,V] = (softmax - onehot) * dloss[n]; dlogits may
+// alias logits (in-place, saves one [N,V] buffer). Targets < 0 are ignored (loss 0, grad 0).
+template <typename T> void cross_entropy_fwd_bwd(const T* logits, const int32_t* targets, T* losses, T* dlogits, const T* dloss,
+                                                 int64_t N, int64_t V);
+
+// ---- elementwise ----
+template <typename T> void add(const T* a, const T* b, T* y, int64_t n);      // y = a + b
+template <typename T> void add_inplace(T* y, const T* x, int64_t n);          // y += x
+template <typename T> void scale_inplace(T* y, T s, int64_t n);               // y *= s
+template <typename T> double sum_squares(const T* x, int64_t n);              // sum x^2 in double
+
+// ---- optimizer ----
+struct AdamWParams {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+};
+// Decoupled weight decay (Loshchilov & Hutter, as torch.optim.AdamW):
+// p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * mhat / (sqrt(vhat) + eps)
+template <typename T> void adamw_step(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& a);
+
+// ---- threading ----
+// Number of threads BLAS and the OpenMP loops use in this process (default from
+// DHELIX_THREADS or 1 per rank).
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace dhelix::cpu

@@ -1,0 +1,65 @@
+// The layer program: a model layer written once as an ordered list of operators for the
+// forward strand and one for the backward strand. Four consumers read it: the executor runs
+// it, the profiler times windows of it, the planner pairs windows of the two strands, and the
+// simulator prices it. Pure data: nothing here runs anything.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dhelix {
+
+enum class OpKind { kCompute, kCollective };
+
+enum class CollOp { kNone, kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kSendRecv };
+
+enum class StrandKind { kForward, kBackward };
+
+const char* coll_op_name(CollOp c);
+const char* strand_name(StrandKind s);
+
+// Cost terms used by the simulator, the analytical planner and MFU accounting.
+struct OpCost {
+  double flops = 0;       // floating-point operations (multiply-add = 2)
+  double bytes = 0;       // bytes read + written from memory by a compute op
+  double comm_bytes = 0;  // bytes each rank sends for a collective (per-rank buffer size)
+};
+
+struct Op {
+  std::string name;   // unique within its strand program: "attn.qkv", "attn.qkv.dgrad", "tp.ag.attn"
+  std::string code;   // the executor's binding: "linear", "linear_dgrad", "all_gather_seq", ...
+  OpKind kind = OpKind::kCompute;
+  CollOp coll = CollOp::kNone;
+  std::string group;  // process-group role of a collective: "tp", "dp", "cp", "ep" ("" for compute)
+  std::vector<std::string> inputs;   // buffer names read (strand environment of this layer)
+  std::vector<std::string> outputs;  // buffer names written
+  std::vector<std::string> params;   // parameter names of the layer read
+  std::vector<std::string> grads;    // parameter names whose gradient this op accumulates into
+  std::vector<std::string> frees;    // buffers released after this op (their last use)
+  std::map<std::string, int64_t> attrs;  // small integer attributes (extents, flags)
+  OpCost cost;
+
+  bool is_collective() const { return kind == OpKind::kCollective; }
+};
+
+// One layer: forward ops, then backward ops. Buffers named in `boundary_in/out` cross layers:
+// forward reads "x" and writes "y"; backward reads "dy" and writes "dx".
+struct LayerProgram {
+  std::string name;  // "block", "embed", "head"
+  std::vector<Op> fwd;
+  std::vector<Op> bwd;
+};
+
+// Segment index of every op: collectives are their own segments; maximal runs of compute ops
+// between collectives form the others. Windows used by the planner never cross a segment.
+std::vector<int> segment_ids(const std::vector<Op>& ops);
+
+// Sets each op's `frees` to the buffers whose last use (forward then backward order) it is.
+// Buffers in `keep` (layer outputs, parameters) are never freed.
+void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep);
+
+// Totals over a strand's ops.
+OpCost total_cost(const std::vector<Op>& ops);
+
+}  // namespace dhelix

@@ -1,0 +1,27 @@
+// An SI plan for one folded layer pair: an ordered list of blocks, each holding a contiguous
+// window of forward-strand ops, of backward-strand ops, or both, with at most one collective
+// per process group. Pure data; the checker and JSON format live beside it (PlanIO).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace dhelix {
+
+// Half-open op windows [begin, end) into the pair's forward and backward programs.
+// An empty window (begin == end) means the strand has nothing in this block.
+struct Block {
+  int fwd_begin = 0, fwd_end = 0;
+  int bwd_begin = 0, bwd_end = 0;
+  bool has_fwd() const { return fwd_end > fwd_begin; }
+  bool has_bwd() const { return bwd_end > bwd_begin; }
+};
+
+struct SIPlan {
+  static constexpr int kVersion = 1;
+  std::string pair;       // which layer pair program it is for: "block" (transformer layers)
+  std::string source;     // "default", "search", "file:<path>", ...
+  std::vector<Block> blocks;
+  double predicted_s = 0;  // the planner's predicted time for the pair (0 if unknown)
+};
+
+}  // namespace dhelix
