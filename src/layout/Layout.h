@@ -16,6 +16,10 @@ struct LayoutConfig {
   int world() const { return dp * pp * cp * ep * tp; }
 };
 
+// Every mismatch between `cfg` and a world of `world_size` ranks, one readable message each
+// ("world size 3 != dp*pp*cp*ep*tp = 4 (dp=2 tp=2)"); empty when the layout fits.
+std::vector<std::string> validate_layout(const LayoutConfig& cfg, int world_size);
+
 struct RankCoord {
   int dp = 0, pp = 0, cp = 0, ep = 0, tp = 0;
   int get(GroupRole r) const;

@@ -1,0 +1,57 @@
+// CommContext: group lookup, blame for abort messages, and the timeout setting.
+#include "comm/CommContext.h"
+
+#include <cstdlib>
+
+#include "base/Error.h"
+
+namespace dhelix {
+
+double comm_timeout_from_env() {
+  const char* v = std::getenv("DHELIX_COMM_TIMEOUT_S");
+  if (!v || !*v) return 120.0;
+  char* end = nullptr;
+  double s = std::strtod(v, &end);
+  DHX_CHECK(end && *end == '\0' && s > 0, ConfigError, "DHELIX_COMM_TIMEOUT_S='{}' must be a number of seconds > 0", v);
+  return s;
+}
+
+CommContext::CommContext(std::string backend, Layout layout, RoleGroups groups, std::unique_ptr<ProcessGroup> world,
+                         AbortFn abort_fn, std::shared_ptr<void> backend_state)
+    : backend_state_(std::move(backend_state)),
+      backend_(std::move(backend)),
+      layout_(std::move(layout)),
+      groups_(std::move(groups)),
+      world_(std::move(world)),
+      abort_fn_(std::move(abort_fn)) {
+  for (size_t i = 0; i < groups_.size(); ++i) DHX_ASSERT(groups_[i] != nullptr, "group {} missing", i);
+  DHX_ASSERT(world_ != nullptr, "world group missing");
+}
+
+CommContext::~CommContext() {
+  world_.reset();
+  for (auto& g : groups_) g.reset();
+}
+
+ProcessGroup& CommContext::group(GroupRole role) { return *groups_.at(static_cast<size_t>(role)); }
+
+std::string CommContext::last_collective() const {
+  std::shared_ptr<WorkState> oldest_open, newest;
+  auto consider = [&](const ProcessGroup& g) {
+    auto s = g.blame();
+    if (!s) return;
+    if (!s->is_completed() && (!oldest_open || s->issue_time() < oldest_open->issue_time())) oldest_open = s;
+    if (!newest || s->issue_time() > newest->issue_time()) newest = s;
+  };
+  for (const auto& g : groups_) consider(*g);
+  consider(*world_);
+  if (oldest_open) return oldest_open->describe() + " (unfinished)";
+  return newest ? newest->describe() : "none";
+}
+
+void CommContext::abort(const std::string& why) {
+  abort_fn_(fmt::format("rank {}: {}; last collective: {}", rank(), why, last_collective()));
+  std::abort();  // an AbortFn that returns is a bug
+}
+
+}  // namespace dhelix

@@ -1,0 +1,61 @@
+// CommContext: one rank's process groups for a Layout — tp, ep, cp, pp, dp and world — plus the
+// abort path. Backends build it: make_mpi_world (MpiBackend.h) or run_local_ranks (LocalBackend.h).
+// Not here: which collectives a model needs (parallel/), MPI types.
+#pragma once
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/ProcessGroup.h"
+#include "layout/Layout.h"
+
+namespace dhelix {
+
+// DHELIX_COMM_TIMEOUT_S (seconds, > 0), default 120; a bad value is a ConfigError.
+double comm_timeout_from_env();
+
+struct CommOptions {
+  double timeout_s = comm_timeout_from_env();  // bound on every Work::wait()
+};
+
+class CommContext {
+ public:
+  // Prints or throws the finished abort message; must not return normally.
+  using AbortFn = std::function<void(const std::string& message)>;
+  using RoleGroups = std::array<std::unique_ptr<ProcessGroup>, 5>;  // indexed by GroupRole
+
+  CommContext(std::string backend, Layout layout, RoleGroups groups, std::unique_ptr<ProcessGroup> world,
+              AbortFn abort_fn, std::shared_ptr<void> backend_state);
+  ~CommContext();  // groups first (their comm threads drain), then the backend state
+  CommContext(const CommContext&) = delete;
+  CommContext& operator=(const CommContext&) = delete;
+
+  const std::string& backend() const { return backend_; }  // "mpi" or "local"
+  const Layout& layout() const { return layout_; }
+  int rank() const { return layout_.rank(); }
+  int world_size() const { return layout_.world(); }
+  ProcessGroup& group(GroupRole role);
+  ProcessGroup& world() { return *world_; }
+
+  // describe() of the oldest unfinished op over all groups, else of the last one issued, else "none".
+  std::string last_collective() const;
+  // "rank R: <why>; last collective: <last_collective()>", then: MPI prints it and calls
+  // MPI_Abort(world, 1); local throws it as CommError (run_local_ranks then stops every rank).
+  [[noreturn]] void abort(const std::string& why);
+
+ private:
+  std::shared_ptr<void> backend_state_;  // declared first: destroyed last
+  std::string backend_;
+  Layout layout_;
+  RoleGroups groups_;
+  std::unique_ptr<ProcessGroup> world_;
+  AbortFn abort_fn_;
+};
+
+// Aborts the process's MPI world (the context make_mpi_world made, if any) with the message above,
+// so that every rank exits non-zero. Without an MPI world: prints and exits 1. Call it from main's
+// catch block; it is the one place a process-wide pointer is consulted (the crash path).
+[[noreturn]] void abort_world(const std::string& why);
+
+}  // namespace dhelix

@@ -1,0 +1,71 @@
+// The comm thread loop: FIFO tasks, failures recorded on the op's WorkState, and polling of
+// posted ops with a pause that grows from 20 us to 1 ms while nothing else is queued.
+#include "comm/CommStream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+
+namespace dhelix {
+
+CommStream::CommStream(std::string name, Poll poll) : name_(std::move(name)), poll_(std::move(poll)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+CommStream::~CommStream() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CommStream::submit(std::shared_ptr<WorkState> state, Task task) {
+  {
+    std::lock_guard lk(mu_);
+    queue_.push_back(Item{std::move(state), std::move(task)});
+  }
+  cv_.notify_one();
+}
+
+std::shared_ptr<WorkState> CommStream::oldest_unfinished() const {
+  std::lock_guard lk(mu_);
+  if (running_) return running_;
+  return queue_.empty() ? nullptr : queue_.front().state;
+}
+
+void CommStream::loop() {
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    bool outstanding = poll_ ? poll_() : false;
+    std::unique_lock lk(mu_);
+    if (queue_.empty()) {
+      if (stop_) return;
+      if (outstanding) {
+        cv_.wait_for(lk, pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      } else {
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      }
+      continue;
+    }
+    pause = std::chrono::microseconds(20);
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = item.state;
+    item.state->mark_started();
+    lk.unlock();
+    try {
+      if (item.task(item.state)) item.state->complete();
+    } catch (const std::exception& e) {
+      item.state->fail(e.what());
+    } catch (...) {
+      item.state->fail("unknown exception on comm thread " + name_);
+    }
+    lk.lock();
+    running_.reset();
+  }
+}
+
+}  // namespace dhelix

@@ -1,0 +1,315 @@
+// Open MPI process groups. Collectives run as blocking MPI calls on the group's comm thread, in
+// issue order, on the group's own communicator (so groups never interfere). send/recv are posted
+// as MPI_Isend/MPI_Irecv in issue order and completed by the thread's poll (MPI_Testsome), so a
+// rank may send and receive with the same peer without deadlock. bf16 reduces with user ops
+// (f32 arithmetic, bf16 on the wire).
+#include "comm/MpiBackend.h"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/ranges.h>
+
+#include "base/Error.h"
+#include "comm/Reduce.h"
+
+namespace dhelix {
+namespace {
+
+constexpr int kP2PTag = 7;
+
+void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw CommError(fmt::format("{} failed: {}", what, std::string(text, static_cast<size_t>(len))));
+}
+
+template <ReduceOp kOp>
+void bf16_user_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  bf16_combine(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len, kOp);
+}
+
+// Process-wide MPI state shared by the groups of one world: init ownership and the bf16 ops.
+struct MpiRuntime {
+  bool owns_init = false;
+  MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // indexed by ReduceOp
+
+  explicit MpiRuntime(bool owns) : owns_init(owns) {
+    mpi_check(MPI_Op_create(&bf16_user_op<ReduceOp::kSum>, 1, &bf16_ops[0]), "MPI_Op_create(bf16 sum)");
+    mpi_check(MPI_Op_create(&bf16_user_op<ReduceOp::kMax>, 1, &bf16_ops[1]), "MPI_Op_create(bf16 max)");
+    mpi_check(MPI_Op_create(&bf16_user_op<ReduceOp::kMin>, 1, &bf16_ops[2]), "MPI_Op_create(bf16 min)");
+  }
+  ~MpiRuntime();
+};
+
+// The context abort_world() aborts; set by make_mpi_world, cleared when that world is destroyed.
+std::atomic<CommContext*> g_active_world{nullptr};
+// Whether dhelix (not the embedding program) called MPI_Init_thread, and so must finalise.
+std::atomic<bool> g_dhelix_initialised_mpi{false};
+
+MpiRuntime::~MpiRuntime() {
+  g_active_world.store(nullptr);
+  for (MPI_Op& op : bf16_ops)
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  if (owns_init) MPI_Finalize();
+}
+
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kU16: return MPI_UINT16_T;
+    case DType::kBF16: return MPI_UINT16_T;  // reduced only through MpiRuntime::bf16_ops
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+int mpi_count(int64_t n, const WorkState& st) {
+  DHX_CHECK(n >= 0 && n <= INT_MAX, CommError, "{}: {} elements exceed MPI's int count", st.describe(), n);
+  return static_cast<int>(n);
+}
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  MpiProcessGroup(MPI_Comm comm, std::shared_ptr<MpiRuntime> rt, const std::string& role, int world_rank,
+                  double timeout_s)
+      : ProcessGroup(role, comm_rank(comm), comm_size(comm), world_rank, timeout_s), comm_(comm), rt_(std::move(rt)) {
+    mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    start_stream([this] { return poll(); });
+  }
+  ~MpiProcessGroup() override {
+    stop_stream();
+    MPI_Comm_free(&comm_);
+  }
+
+ protected:
+  Task all_reduce_task(Tensor t, ReduceOp op) override {
+    return [this, t, op](const std::shared_ptr<WorkState>& st) {
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()),
+                              mpi_op(t.dtype(), op), comm_),
+                "MPI_Allreduce");
+      return true;
+    };
+  }
+  Task all_gather_task(Tensor in, Tensor out) override {
+    return [this, in, out](const std::shared_ptr<WorkState>& st) {
+      int n = mpi_count(in.numel(), *st);
+      mpi_check(MPI_Allgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_),
+                "MPI_Allgather");
+      return true;
+    };
+  }
+  Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
+    return [this, in, out, op](const std::shared_ptr<WorkState>& st) {
+      mpi_check(MPI_Reduce_scatter_block(in.raw(), out.raw(), mpi_count(out.numel(), *st), mpi_type(in.dtype()),
+                                         mpi_op(in.dtype(), op), comm_),
+                "MPI_Reduce_scatter_block");
+      return true;
+    };
+  }
+  Task all_to_all_task(Tensor in, Tensor out) override {
+    return [this, in, out](const std::shared_ptr<WorkState>& st) {
+      int n = mpi_count(in.numel() / size(), *st);
+      mpi_check(MPI_Alltoall(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_),
+                "MPI_Alltoall");
+      return true;
+    };
+  }
+  Task broadcast_task(Tensor t, int root) override {
+    return [this, t, root](const std::shared_ptr<WorkState>& st) {
+      mpi_check(MPI_Bcast(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), root, comm_), "MPI_Bcast");
+      return true;
+    };
+  }
+  Task barrier_task() override {
+    return [this](const std::shared_ptr<WorkState>&) {
+      mpi_check(MPI_Barrier(comm_), "MPI_Barrier");
+      return true;
+    };
+  }
+  Task send_task(Tensor t, int peer) override {
+    return [this, t, peer](const std::shared_ptr<WorkState>& st) {
+      MPI_Request req;
+      mpi_check(MPI_Isend(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), peer, kP2PTag, comm_, &req),
+                "MPI_Isend");
+      posted_.push_back(Posted{req, st, t, -1});
+      return false;
+    };
+  }
+  Task recv_task(Tensor t, int peer) override {
+    return [this, t, peer](const std::shared_ptr<WorkState>& st) {
+      MPI_Request req;
+      int n = mpi_count(t.numel(), *st);
+      mpi_check(MPI_Irecv(t.raw(), n, mpi_type(t.dtype()), peer, kP2PTag, comm_, &req), "MPI_Irecv");
+      posted_.push_back(Posted{req, st, t, n});
+      return false;
+    };
+  }
+
+ private:
+  static int comm_rank(MPI_Comm c) {
+    int r = 0;
+    MPI_Comm_rank(c, &r);
+    return r;
+  }
+  static int comm_size(MPI_Comm c) {
+    int s = 0;
+    MPI_Comm_size(c, &s);
+    return s;
+  }
+  MPI_Op mpi_op(DType d, ReduceOp op) const {
+    if (d == DType::kBF16) return rt_->bf16_ops[static_cast<int>(op)];
+    switch (op) {
+      case ReduceOp::kSum: return MPI_SUM;
+      case ReduceOp::kMax: return MPI_MAX;
+      case ReduceOp::kMin: return MPI_MIN;
+    }
+    return MPI_OP_NULL;
+  }
+
+  // Completes finished posted send/recvs; true while some are still outstanding. Stream thread only.
+  bool poll() {
+    if (posted_.empty()) return false;
+    std::vector<MPI_Request> reqs;
+    for (const Posted& p : posted_) reqs.push_back(p.req);
+    std::vector<int> done(reqs.size());
+    std::vector<MPI_Status> statuses(reqs.size());
+    int count = 0;
+    int rc = MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &count, done.data(), statuses.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+      for (Posted& p : posted_) p.state->fail(fmt::format("MPI_Testsome failed (code {})", rc));
+      posted_.clear();
+      return false;
+    }
+    if (count == MPI_UNDEFINED || count == 0) return true;
+    std::vector<char> finished(posted_.size(), 0);
+    for (int k = 0; k < count; ++k) {
+      size_t i = static_cast<size_t>(done[static_cast<size_t>(k)]);
+      finished[i] = 1;
+      finish(posted_[i], statuses[static_cast<size_t>(k)], rc == MPI_ERR_IN_STATUS);
+    }
+    std::vector<Posted> rest;
+    for (size_t i = 0; i < posted_.size(); ++i)
+      if (!finished[i]) rest.push_back(std::move(posted_[i]));
+    posted_ = std::move(rest);
+    return !posted_.empty();
+  }
+
+  struct Posted {
+    MPI_Request req;
+    std::shared_ptr<WorkState> state;
+    Tensor keep_alive;
+    int expect = -1;  // recv: elements expected; send: -1
+  };
+
+  void finish(const Posted& p, const MPI_Status& status, bool check_error) {
+    if (check_error && status.MPI_ERROR != MPI_SUCCESS) {
+      p.state->fail(fmt::format("MPI error code {}", status.MPI_ERROR));
+      return;
+    }
+    if (p.expect >= 0) {
+      int got = 0;
+      MPI_Get_count(&status, mpi_type(p.keep_alive.dtype()), &got);
+      if (got != p.expect) {
+        p.state->fail(fmt::format("received {} elements, expected {}", got, p.expect));
+        return;
+      }
+    }
+    p.state->complete();
+  }
+
+  MPI_Comm comm_;
+  std::shared_ptr<MpiRuntime> rt_;
+  std::vector<Posted> posted_;
+};
+
+void mpi_abort_with(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+void init_mpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  DHX_CHECK(!finalized, CommError, "MPI was already finalised; one MPI world per process");
+  int inited = 0, provided = 0;
+  MPI_Initialized(&inited);
+  if (inited) {
+    MPI_Query_thread(&provided);
+  } else {
+    mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    g_dhelix_initialised_mpi.store(true);
+  }
+  DHX_CHECK(provided == MPI_THREAD_MULTIPLE, CommError,
+            "MPI provides thread level {} but dhelix's comm threads need MPI_THREAD_MULTIPLE ({})", provided,
+            MPI_THREAD_MULTIPLE);
+}
+
+}  // namespace
+
+int mpi_world_size() {
+  init_mpi();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommOptions& options) {
+  init_mpi();
+  DHX_CHECK(g_active_world.load() == nullptr, CommError, "make_mpi_world called twice; one MPI world per process");
+  auto rt = std::make_shared<MpiRuntime>(g_dhelix_initialised_mpi.load());
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto errors = validate_layout(cfg, size);
+  DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}", rank,
+            fmt::join(errors, "; "));
+  Layout layout(cfg, rank);
+
+  CommContext::RoleGroups groups;
+  for (GroupRole role : {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP}) {
+    auto all = layout.all_groups(role);
+    int color = -1, key = -1;
+    for (size_t gi = 0; gi < all.size(); ++gi)
+      for (size_t pos = 0; pos < all[gi].size(); ++pos)
+        if (all[gi][pos] == rank) color = static_cast<int>(gi), key = static_cast<int>(pos);
+    DHX_ASSERT(color >= 0, "rank {} is in no {} group", rank, group_role_name(role));
+    MPI_Comm comm;
+    mpi_check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
+    groups[static_cast<size_t>(role)] =
+        std::make_unique<MpiProcessGroup>(comm, rt, group_role_name(role), rank, options.timeout_s);
+  }
+  MPI_Comm world_comm;
+  mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm), "MPI_Comm_dup");
+  auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options.timeout_s);
+  auto ctx = std::make_unique<CommContext>("mpi", std::move(layout), std::move(groups), std::move(world),
+                                           mpi_abort_with, rt);
+  g_active_world.store(ctx.get());
+  return ctx;
+}
+
+void abort_world(const std::string& why) {
+  if (CommContext* ctx = g_active_world.load()) ctx->abort(why);
+  int inited = 0, finalized = 0, rank = -1;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    mpi_abort_with(fmt::format("rank {}: {}; last collective: none", rank, why));
+  }
+  std::fprintf(stderr, "rank ?: %s; last collective: none\n", why.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+}  // namespace dhelix

@@ -1,0 +1,19 @@
+// The Open MPI backend: make_mpi_world initialises MPI with MPI_THREAD_MULTIPLE, checks the layout
+// against the world size, splits one communicator per group (collectively, once) and gives each
+// group a comm thread. No MPI types leak out of this header; MpiBackend.cc holds them all.
+#pragma once
+#include <memory>
+
+#include "comm/CommContext.h"
+
+namespace dhelix {
+
+// Collective over MPI_COMM_WORLD. Throws ConfigError listing every mismatch when the layout does
+// not fit the world, CommError when MPI lacks MPI_THREAD_MULTIPLE. MPI is finalised when the
+// returned context is destroyed, if this call initialised it.
+std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& layout, const CommOptions& options = {});
+
+// Size of MPI_COMM_WORLD (initialising MPI if needed), for choosing a layout before make_mpi_world.
+int mpi_world_size();
+
+}  // namespace dhelix

@@ -1,0 +1,151 @@
+// Shape checks, sequence numbering and queuing shared by every backend.
+#include "comm/ProcessGroup.h"
+
+#include "base/Error.h"
+
+namespace dhelix {
+namespace {
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  auto* a0 = static_cast<const char*>(a.raw());
+  auto* b0 = static_cast<const char*>(b.raw());
+  return a.nbytes() && b.nbytes() && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+int64_t row_elems(const Tensor& t) { return t.dim(0) == 0 ? 0 : t.numel() / t.dim(0); }
+
+}  // namespace
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+ProcessGroup::ProcessGroup(const std::string& role, int rank, int size, int world_rank, double timeout_s)
+    : rank_(rank),
+      size_(size),
+      world_rank_(world_rank),
+      name_(fmt::format("{}[{}/{}]", role, rank, size)),
+      timeout_s_(timeout_s) {
+  DHX_CHECK(size >= 1 && rank >= 0 && rank < size, InternalError, "group {} rank {} of size {}", role, rank, size);
+  DHX_CHECK(timeout_s > 0, ConfigError, "comm timeout {} s must be > 0", timeout_s);
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::start_stream(CommStream::Poll poll) {
+  stream_ = std::make_unique<CommStream>(name_, std::move(poll));
+}
+
+void ProcessGroup::stop_stream() { stream_.reset(); }
+
+int64_t ProcessGroup::next_seq() const {
+  std::lock_guard lk(mu_);
+  return seq_;
+}
+
+double ProcessGroup::timeout_s() const {
+  std::lock_guard lk(mu_);
+  return timeout_s_;
+}
+
+void ProcessGroup::set_timeout_s(double seconds) {
+  DHX_CHECK(seconds > 0, ConfigError, "comm timeout {} s must be > 0", seconds);
+  std::lock_guard lk(mu_);
+  timeout_s_ = seconds;
+}
+
+std::shared_ptr<WorkState> ProcessGroup::blame() const {
+  std::lock_guard lk(mu_);
+  if (stream_) {
+    if (auto s = stream_->oldest_unfinished()) return s;
+  }
+  return last_issued_;
+}
+
+Work ProcessGroup::issue(std::string signature, Task task) {
+  std::lock_guard lk(mu_);
+  DHX_ASSERT(stream_ != nullptr, "group {} has no comm stream", name_);
+  auto state = std::make_shared<WorkState>(std::move(signature), name_, seq_++, world_rank_, timeout_s_);
+  last_issued_ = state;
+  stream_->submit(state, std::move(task));
+  return Work(std::move(state));
+}
+
+void ProcessGroup::check_peer(const char* op, int peer) const {
+  DHX_CHECK(peer >= 0 && peer < size_ && peer != rank_, CommError, "{} on {}: peer {} is not another rank of 0..{}",
+            op, name_, peer, size_ - 1);
+}
+
+Work ProcessGroup::all_reduce(Tensor t, ReduceOp op) {
+  DHX_CHECK(t.defined(), CommError, "all_reduce on {}: undefined tensor", name_);
+  std::string sig = op == ReduceOp::kSum ? fmt::format("all_reduce {}", t.describe())
+                                         : fmt::format("all_reduce({}) {}", reduce_op_name(op), t.describe());
+  return issue(std::move(sig), all_reduce_task(std::move(t), op));
+}
+
+Work ProcessGroup::all_gather(const Tensor& in, Tensor out) {
+  DHX_CHECK(in.defined() && out.defined() && in.ndim() >= 1 && out.ndim() >= 1, CommError,
+            "all_gather on {}: needs defined tensors with a dim0", name_);
+  DHX_CHECK(in.dtype() == out.dtype() && out.dim(0) == size_ * in.dim(0) && row_elems(in) == row_elems(out),
+            CommError, "all_gather on {}: out {} must be {} x in {} along dim0", name_, out.describe(), size_,
+            in.describe());
+  DHX_CHECK(!overlaps(in, out), CommError, "all_gather on {}: in {} and out {} overlap", name_, in.describe(),
+            out.describe());
+  std::string sig = fmt::format("all_gather {}", in.describe());
+  return issue(std::move(sig), all_gather_task(in, std::move(out)));
+}
+
+Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) {
+  DHX_CHECK(in.defined() && out.defined() && in.ndim() >= 1 && out.ndim() >= 1, CommError,
+            "reduce_scatter on {}: needs defined tensors with a dim0", name_);
+  DHX_CHECK(in.dtype() == out.dtype() && in.dim(0) == size_ * out.dim(0) && row_elems(in) == row_elems(out),
+            CommError, "reduce_scatter on {}: in {} must be {} x out {} along dim0", name_, in.describe(), size_,
+            out.describe());
+  DHX_CHECK(!overlaps(in, out), CommError, "reduce_scatter on {}: in {} and out {} overlap", name_, in.describe(),
+            out.describe());
+  std::string sig = op == ReduceOp::kSum ? fmt::format("reduce_scatter {}", in.describe())
+                                         : fmt::format("reduce_scatter({}) {}", reduce_op_name(op), in.describe());
+  return issue(std::move(sig), reduce_scatter_task(in, std::move(out), op));
+}
+
+Work ProcessGroup::all_to_all(const Tensor& in, Tensor out) {
+  DHX_CHECK(in.defined() && out.defined() && in.ndim() >= 1, CommError,
+            "all_to_all on {}: needs defined tensors with a dim0", name_);
+  DHX_CHECK(in.dtype() == out.dtype() && in.shape() == out.shape() && in.dim(0) % size_ == 0, CommError,
+            "all_to_all on {}: in {} and out {} must have one shape with dim0 divisible by {}", name_,
+            in.describe(), out.describe(), size_);
+  DHX_CHECK(!overlaps(in, out), CommError, "all_to_all on {}: in {} and out {} overlap", name_, in.describe(),
+            out.describe());
+  std::string sig = fmt::format("all_to_all {}", in.describe());
+  return issue(std::move(sig), all_to_all_task(in, std::move(out)));
+}
+
+Work ProcessGroup::broadcast(Tensor t, int root) {
+  DHX_CHECK(t.defined(), CommError, "broadcast on {}: undefined tensor", name_);
+  DHX_CHECK(root >= 0 && root < size_, CommError, "broadcast on {}: root {} outside 0..{}", name_, root, size_ - 1);
+  std::string sig = fmt::format("broadcast(root={}) {}", root, t.describe());
+  return issue(std::move(sig), broadcast_task(std::move(t), root));
+}
+
+Work ProcessGroup::send(const Tensor& t, int peer) {
+  DHX_CHECK(t.defined(), CommError, "send on {}: undefined tensor", name_);
+  check_peer("send", peer);
+  std::string sig = fmt::format("send(to={}) {}", peer, t.describe());
+  return issue(std::move(sig), send_task(t, peer));
+}
+
+Work ProcessGroup::recv(Tensor t, int peer) {
+  DHX_CHECK(t.defined(), CommError, "recv on {}: undefined tensor", name_);
+  check_peer("recv", peer);
+  std::string sig = fmt::format("recv(from={}) {}", peer, t.describe());  // before t is moved
+  return issue(std::move(sig), recv_task(std::move(t), peer));
+}
+
+void ProcessGroup::barrier() { issue("barrier", barrier_task()).wait(); }
+
+}  // namespace dhelix

@@ -1,0 +1,88 @@
+// ProcessGroup: one rank's handle on one group of ranks (a tp, dp, cp, ep, pp or world group).
+// Every op takes tensor views (counts come from the views), checks shapes here once, gets the
+// next sequence number and is queued on the group's CommStream; backends only say how to run it.
+// Not here: MPI or thread rendezvous (MpiBackend.cc, LocalBackend.cc), which groups exist (CommContext).
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/CommStream.h"
+#include "comm/Work.h"
+#include "tensor/Tensor.h"
+
+namespace dhelix {
+
+enum class ReduceOp { kSum, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);  // "sum", "max", "min"
+
+class ProcessGroup {
+ public:
+  // role: "tp", "dp", ..., "world"; name() becomes "tp[1/2]".
+  ProcessGroup(const std::string& role, int rank, int size, int world_rank, double timeout_s);
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int world_rank() const { return world_rank_; }
+  const std::string& name() const { return name_; }
+
+  // t (any shape) is reduced in place across the group.
+  Work all_reduce(Tensor t, ReduceOp op = ReduceOp::kSum);
+  // out.dim0 = size * in.dim0; out rows [r*in.dim0, (r+1)*in.dim0) come from group rank r.
+  Work all_gather(const Tensor& in, Tensor out);
+  // in.dim0 = size * out.dim0; out = reduction over ranks of their in rows [rank*out.dim0, ...).
+  Work reduce_scatter(const Tensor& in, Tensor out, ReduceOp op = ReduceOp::kSum);
+  // in and out have one shape with dim0 divisible by size; chunk j of in goes to rank j, and
+  // chunk j of out comes from rank j.
+  Work all_to_all(const Tensor& in, Tensor out);
+  Work broadcast(Tensor t, int root);
+  // Point-to-point with a group rank; matched in issue order per (sender, receiver). `t` must not
+  // change until the send's Work completes.
+  Work send(const Tensor& t, int peer);
+  Work recv(Tensor t, int peer);
+  // Queued like any op, then waited for.
+  void barrier();
+
+  // The sequence number the next op will get (ops on a group are numbered 0, 1, 2, ...).
+  int64_t next_seq() const;
+  double timeout_s() const;
+  void set_timeout_s(double seconds);  // for ops issued from now on
+  // The op to blame in an abort message: the oldest unfinished one, else the last issued
+  // (nullptr when nothing was ever issued).
+  std::shared_ptr<WorkState> blame() const;
+
+ protected:
+  using Task = CommStream::Task;
+  // Called by the backend's constructor when its members are ready (the thread may call poll).
+  void start_stream(CommStream::Poll poll = {});
+  // Called first in the backend's destructor: drains the queue and joins the thread.
+  void stop_stream();
+
+  // How to run each op; the tasks run on the stream thread, in issue order.
+  virtual Task all_reduce_task(Tensor t, ReduceOp op) = 0;
+  virtual Task all_gather_task(Tensor in, Tensor out) = 0;
+  virtual Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) = 0;
+  virtual Task all_to_all_task(Tensor in, Tensor out) = 0;
+  virtual Task broadcast_task(Tensor t, int root) = 0;
+  virtual Task send_task(Tensor t, int peer) = 0;
+  virtual Task recv_task(Tensor t, int peer) = 0;
+  virtual Task barrier_task() = 0;
+
+ private:
+  Work issue(std::string signature, Task task);
+  void check_peer(const char* op, int peer) const;
+
+  int rank_, size_, world_rank_;
+  std::string name_;
+  mutable std::mutex mu_;  // orders seq assignment with queueing, so seq order == stream order
+  int64_t seq_ = 0;
+  double timeout_s_;
+  std::shared_ptr<WorkState> last_issued_;
+  std::unique_ptr<CommStream> stream_;
+};
+
+}  // namespace dhelix

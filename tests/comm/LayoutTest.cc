@@ -1,0 +1,105 @@
+// Layout rank maps against closed forms: rank = ((((dp*PP+pp)*CP+cp)*EP+ep)*TP+tp); every role's
+// groups partition the world; tp groups are runs of consecutive ranks; validate_layout's text.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "base/Error.h"
+#include "layout/Layout.h"
+
+namespace dhelix {
+namespace {
+
+const GroupRole kRoles[] = {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP};
+
+std::vector<LayoutConfig> sample_configs() {
+  std::vector<LayoutConfig> out;
+  for (int dp : {1, 2, 3})
+    for (int pp : {1, 2})
+      for (int cp : {1, 2})
+        for (int ep : {1, 3})
+          for (int tp : {1, 2, 4}) out.push_back(LayoutConfig{dp, pp, cp, ep, tp});
+  return out;
+}
+
+TEST(Layout, CoordinatesFollowMegatronOrder) {
+  for (const LayoutConfig& c : sample_configs()) {
+    for (int rank = 0; rank < c.world(); ++rank) {
+      Layout l(c, rank);
+      const RankCoord& k = l.coord();
+      int closed = ((((k.dp * c.pp + k.pp) * c.cp + k.cp) * c.ep + k.ep) * c.tp + k.tp);
+      ASSERT_EQ(closed, rank) << "layout " << Layout(c, 0).describe();
+      ASSERT_EQ(l.rank_of(k), rank);
+    }
+  }
+}
+
+TEST(Layout, EveryRolePartitionsTheWorld) {
+  for (const LayoutConfig& c : sample_configs()) {
+    Layout l(c, 0);
+    for (GroupRole role : kRoles) {
+      auto groups = l.all_groups(role);
+      ASSERT_EQ(static_cast<int>(groups.size()) * l.size(role), c.world()) << group_role_name(role);
+      std::multiset<int> seen;
+      for (const auto& g : groups) {
+        ASSERT_EQ(static_cast<int>(g.size()), l.size(role));
+        for (size_t pos = 0; pos < g.size(); ++pos) {
+          seen.insert(g[pos]);
+          // Group rank pos is coordinate pos of the role; the other coordinates are shared.
+          RankCoord a = l.coord_of(g[pos]), b = l.coord_of(g[0]);
+          ASSERT_EQ(a.get(role), static_cast<int>(pos));
+          for (GroupRole other : kRoles) {
+            if (other != role) {
+              ASSERT_EQ(a.get(other), b.get(other)) << group_role_name(other);
+            }
+          }
+          ASSERT_EQ(l.group_ranks(role, g[pos]), g);
+        }
+      }
+      for (int r = 0; r < c.world(); ++r) ASSERT_EQ(seen.count(r), 1u) << "rank " << r << " in " << group_role_name(role);
+    }
+  }
+}
+
+TEST(Layout, TensorParallelGroupsAreContiguous) {
+  for (const LayoutConfig& c : sample_configs()) {
+    Layout l(c, 0);
+    for (int r = 0; r < c.world(); ++r) {
+      auto g = l.group_ranks(GroupRole::kTP, r);
+      int base = r - r % c.tp;
+      for (int i = 0; i < c.tp; ++i) ASSERT_EQ(g[static_cast<size_t>(i)], base + i);
+    }
+  }
+}
+
+TEST(Layout, DataParallelStrideIsWorldOverDp) {
+  LayoutConfig c{2, 2, 1, 1, 2};
+  Layout l(c, 0);
+  EXPECT_EQ(l.group_ranks(GroupRole::kDP, 3), (std::vector<int>{3, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kPP, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kTP, 5), (std::vector<int>{4, 5}));
+}
+
+TEST(Layout, Describe) {
+  EXPECT_EQ(Layout(LayoutConfig{2, 1, 1, 1, 2}, 1).describe(), "tp[1/2] dp[0/2]");
+  EXPECT_EQ(Layout(LayoutConfig{}, 0).describe(), "single");
+}
+
+TEST(Layout, ValidateListsEveryMismatch) {
+  EXPECT_TRUE(validate_layout(LayoutConfig{2, 1, 1, 1, 2}, 4).empty());
+  auto e = validate_layout(LayoutConfig{2, 1, 1, 1, 2}, 3);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0], "world size 3 != dp*pp*cp*ep*tp = 4 (dp=2 tp=2)");
+  e = validate_layout(LayoutConfig{0, 1, -1, 1, 1}, 4);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0], "cp=-1 must be >= 1");
+  EXPECT_EQ(e[1], "dp=0 must be >= 1");
+}
+
+TEST(Layout, RejectsRankOutsideWorld) {
+  EXPECT_THROW((void)Layout(LayoutConfig{2, 1, 1, 1, 2}, 4), ConfigError);
+  EXPECT_THROW((void)Layout(LayoutConfig{0, 1, 1, 1, 1}, 0), ConfigError);
+}
+
+}  // namespace
+}  // namespace dhelix
