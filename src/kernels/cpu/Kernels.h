@@ -58,6 +58,7 @@ struct AttnDims {
 };
 template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale);
 // dq (q_stride), dk, dv (kv_stride) are written (not accumulated); scores are recomputed tile by tile.
+// dout has o's layout (o_stride).
 template <typename T> void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                                          T* dv, const AttnDims& d, T scale);
 

@@ -1,0 +1,86 @@
+// GEMM and the linear layer built on it: thin wrappers over OpenBLAS cblas_{s,d}gemm, row-major.
+// Weights are [out, in] as in torch.nn.Linear, so the forward multiplies by w^T.
+// Not here: any GEMM of our own (attention calls gemm() on its tiles).
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cpu/Parallel.h"
+
+namespace dhelix::cpu {
+namespace {
+
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, double alpha,
+               const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // C = beta * C; BLAS would reject lda < 1 here
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  (void)num_threads();  // first use applies the default thread count to OpenBLAS
+  blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+            ldb, beta, C, ldc);
+}
+
+template <typename T>
+void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O) {
+  T beta = T(0);
+  if (b != nullptr) {  // y rows = b, then the GEMM accumulates onto them (one write pass, no re-read)
+#pragma omp parallel for num_threads(detail::threads_for(N * O)) schedule(static)
+    for (int64_t n = 0; n < N; ++n) std::copy(b, b + O, y + n * O);
+    beta = T(1);
+  }
+  // y[N,O] = x[N,I] @ w[O,I]^T (+ y)
+  gemm<T>(false, true, N, O, I, T(1), x, I, w, I, beta, y, O);
+}
+
+template <typename T>
+void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc) {
+  // dx[N,I] = dy[N,O] @ w[O,I]
+  gemm<T>(false, false, N, I, O, T(1), dy, O, w, I, acc == Accumulate::kYes ? T(1) : T(0), dx, I);
+}
+
+template <typename T>
+void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O) {
+  // dw[O,I] += dy[N,O]^T @ x[N,I]
+  gemm<T>(true, false, O, I, N, T(1), dy, O, x, I, T(1), dw, I);
+  if (db == nullptr) return;
+  // db[O] += column sums of dy: threads own column blocks (no races), rows stream through.
+  const int nt = detail::threads_for(N * O);
+  const int64_t block = std::max<int64_t>(16, (O + nt - 1) / nt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t o0 = 0; o0 < O; o0 += block) {
+    const int64_t o1 = std::min(O, o0 + block);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = dy + n * O;
+#pragma omp simd
+      for (int64_t o = o0; o < o1; ++o) db[o] += row[o];
+    }
+  }
+}
+
+#define DHX_INSTANTIATE(T)                                                                                   \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
+                        int64_t);                                                                            \
+  template void linear_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);                  \
+  template void linear_bwd_data<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, Accumulate);           \
+  template void linear_bwd_weight<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t);
+DHX_INSTANTIATE(float)
+DHX_INSTANTIATE(double)
+#undef DHX_INSTANTIATE
+
+}  // namespace dhelix::cpu

@@ -1,0 +1,118 @@
+// GEMM and linear-layer kernels. Oracles: a naive triple loop in double (forward, all transpose
+// combinations) and central finite differences in double (backward).
+#include <gtest/gtest.h>
+
+#include "Oracle.h"
+#include "kernels/cpu/Kernels.h"
+
+namespace dhelix::test {
+namespace {
+
+using cpu::Accumulate;
+
+// C = alpha op(A) op(B) + beta C, row-major, by definition.
+Vec naive_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const Vec& A, int64_t lda, const Vec& B,
+               int64_t ldb, double beta, Vec C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+      C[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
+    }
+  return C;
+}
+
+// Oracle: naive triple loop. Tolerance 1e-13 normwise: K = 7 products summed in a different order
+// differ by a few ulps.
+TEST(Gemm, AllTransposesWithPaddedLeadingDimsMatchNaive) {
+  std::mt19937 rng(1);
+  const int64_t M = 5, N = 6, K = 7;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+      Vec A = randn((ta ? K : M) * lda, rng), B = randn((tb ? N : K) * ldb, rng), C = randn(M * ldc, rng);
+      Vec want = naive_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, -0.3, C, ldc);
+      Vec got = C;
+      cpu::gemm<double>(ta, tb, M, N, K, 0.7, A.data(), lda, B.data(), ldb, -0.3, got.data(), ldc);
+      expect_close("gemm", got, want, 1e-13);
+    }
+}
+
+// Oracle: closed form. K = 0 leaves beta * C.
+TEST(Gemm, EmptyInnerDimensionScalesC) {
+  Vec C = {1, 2, 3, 4};
+  cpu::gemm<double>(false, false, 2, 2, 0, 1.0, nullptr, 1, nullptr, 2, 0.5, C.data(), 2);
+  expect_close("C", C, Vec{0.5, 1, 1.5, 2}, 0.0);
+}
+
+// Oracle: naive y = x w^T + b. Tolerance as above.
+TEST(Linear, ForwardMatchesNaive) {
+  std::mt19937 rng(2);
+  const int64_t N = 4, I = 9, O = 5;
+  Vec x = randn(N * I, rng), w = randn(O * I, rng), b = randn(O, rng);
+  Vec want(N * O);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = b[o];
+      for (int64_t i = 0; i < I; ++i) s += x[n * I + i] * w[o * I + i];
+      want[n * O + o] = s;
+    }
+  Vec y(N * O, 99.0);
+  cpu::linear_fwd<double>(x.data(), w.data(), b.data(), y.data(), N, I, O);
+  expect_close("y", y, want, 1e-13);
+  cpu::linear_fwd<double>(x.data(), w.data(), nullptr, y.data(), N, I, O);  // no bias
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) want[n * O + o] -= b[o];
+  expect_close("y (no bias)", y, want, 1e-13);
+}
+
+// Oracle: central finite differences of L = sum(y * r) (tolerance in Oracle.h). The accumulating
+// outputs start from random values, which the check subtracts: this also checks "+=".
+TEST(Linear, BackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(3);
+  const int64_t N = 3, I = 5, O = 4;
+  Vec x = randn(N * I, rng), w = randn(O * I, rng), b = randn(O, rng), r = randn(N * O, rng);
+  auto loss = [&] {
+    Vec y(N * O);
+    cpu::linear_fwd<double>(x.data(), w.data(), b.data(), y.data(), N, I, O);
+    return dot(y, r);
+  };
+  const double L = loss();
+  Vec dx(N * I, 5.0), dw0 = randn(O * I, rng), db0 = randn(O, rng), dw = dw0, db = db0;
+  cpu::linear_bwd_data<double>(r.data(), w.data(), dx.data(), N, I, O, Accumulate::kNo);
+  cpu::linear_bwd_weight<double>(r.data(), x.data(), dw.data(), db.data(), N, I, O);
+  for (size_t i = 0; i < dw.size(); ++i) dw[i] -= dw0[i];
+  for (size_t i = 0; i < db.size(); ++i) db[i] -= db0[i];
+  expect_grad_near("dx", dx, numeric_grad(x, loss), L);
+  expect_grad_near("dw", dw, numeric_grad(w, loss), L);
+  expect_grad_near("db", db, numeric_grad(b, loss), L);
+
+  // Accumulate::kYes adds onto what is there.
+  Vec dx2 = dx;
+  cpu::linear_bwd_data<double>(r.data(), w.data(), dx2.data(), N, I, O, Accumulate::kYes);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx2[i], 2 * dx[i], 1e-13 * (1 + std::abs(dx[i])));
+}
+
+// Oracle: the double kernel. Float tolerance 1e-5 normwise: fp32 rounding (6e-8) grows with the
+// inner dimension (64) to ~4e-6 in the worst case.
+TEST(Linear, FloatAgreesWithDouble) {
+  std::mt19937 rng(4);
+  const int64_t N = 33, I = 64, O = 17;
+  Vec x = randn(N * I, rng), w = randn(O * I, rng, 0.1), b = randn(O, rng), dy = randn(N * O, rng);
+  Vec y(N * O), dx(N * I), dw(O * I, 0.0), db(O, 0.0);
+  cpu::linear_fwd<double>(x.data(), w.data(), b.data(), y.data(), N, I, O);
+  cpu::linear_bwd_data<double>(dy.data(), w.data(), dx.data(), N, I, O, Accumulate::kNo);
+  cpu::linear_bwd_weight<double>(dy.data(), x.data(), dw.data(), db.data(), N, I, O);
+  auto xf = cast<float>(x), wf = cast<float>(w), bf = cast<float>(b), dyf = cast<float>(dy);
+  std::vector<float> yf(N * O), dxf(N * I), dwf(O * I, 0.f), dbf(O, 0.f);
+  cpu::linear_fwd<float>(xf.data(), wf.data(), bf.data(), yf.data(), N, I, O);
+  cpu::linear_bwd_data<float>(dyf.data(), wf.data(), dxf.data(), N, I, O, Accumulate::kNo);
+  cpu::linear_bwd_weight<float>(dyf.data(), xf.data(), dwf.data(), dbf.data(), N, I, O);
+  expect_close("y", yf, y, 1e-5);
+  expect_close("dx", dxf, dx, 1e-5);
+  expect_close("dw", dwf, dw, 1e-5);
+  expect_close("db", dbf, db, 1e-5);
+}
+
+}  // namespace
+}  // namespace dhelix::test
