@@ -1,0 +1,298 @@
+// Layer programs for the GPT and Llama families. One function per unit kind writes the forward
+// op list and the backward op list with shapes, FLOPs and bytes; the layout decides which
+// collectives appear. The op codes are bound to kernels by the runtime's OpRegistry.
+#include "model/Programs.h"
+
+#include "base/Error.h"
+#include "model/Params.h"
+
+namespace dhelix {
+namespace {
+
+constexpr double kF = 4.0;  // bytes per fp32 element
+
+struct Builder {
+  const ModelConfig& m;
+  const LayoutConfig& lay;
+  int64_t B, T, N, Ns, C, tp;
+
+  Op compute(std::string name, std::string code, std::vector<std::string> in, std::vector<std::string> out,
+             std::vector<std::string> params = {}, std::vector<std::string> grads = {}) const {
+    Op op;
+    op.name = std::move(name);
+    op.code = std::move(code);
+    op.inputs = std::move(in);
+    op.outputs = std::move(out);
+    op.params = std::move(params);
+    op.grads = std::move(grads);
+    return op;
+  }
+  // A tp collective on dim 0; returns the op (no-op callers check tp > 1 first).
+  Op coll(std::string name, CollOp c, const std::string& in, const std::string& out, double elems_full) const {
+    Op op;
+    op.name = std::move(name);
+    op.kind = OpKind::kCollective;
+    op.coll = c;
+    op.group = "tp";
+    op.code = coll_op_name(c);
+    op.inputs = {in};
+    op.outputs = {out};
+    // Per-rank buffer: the full (gathered / pre-scatter) tensor's bytes.
+    op.cost.comm_bytes = elems_full * kF;
+    op.cost.bytes = elems_full * kF;
+    return op;
+  }
+  void linear_cost(Op& op, double rows, double in, double out) const {
+    op.cost.flops = 2 * rows * in * out;
+    op.cost.bytes = kF * (rows * in + in * out + rows * out);
+  }
+  void elem_cost(Op& op, double elems, double flops_per = 1, double passes = 2) const {
+    op.cost.flops = elems * flops_per;
+    op.cost.bytes = kF * elems * passes;
+  }
+};
+
+// --- a column GEMM fed by the sequence-parallel all-gather, and its backward ------------------
+// fwd: [AG in -> in_g] ; out = in_g @ w^T (+b)     bwd: dgrad, wgrad, [RS d_in_g -> d_in]
+void column_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
+                const std::string& out, const std::string& w, const std::string& bias, int64_t out_local) {
+  std::string g = in;
+  if (b.tp > 1) {
+    g = in + "_g";
+    ops.push_back(b.coll("tp.ag." + tag, CollOp::kAllGather, in, g, double(b.N * b.C)));
+  }
+  std::vector<std::string> params = {w};
+  if (!bias.empty()) params.push_back(bias);
+  Op op = b.compute(tag, "linear", {g}, {out}, params);
+  b.linear_cost(op, double(b.N), double(b.C), double(out_local));
+  if (tag == "lm_head") op.attrs["vocab_rows"] = 1;
+  ops.push_back(op);
+}
+
+void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
+                const std::string& d_out, const std::string& d_in, const std::string& w, const std::string& bias,
+                int64_t out_local) {
+  std::string g = b.tp > 1 ? in + "_g" : in;
+  std::string dg = b.tp > 1 ? d_in + "_g" : d_in;
+  Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {d_out}, {dg}, {w});
+  b.linear_cost(dgrad, double(b.N), double(out_local), double(b.C));
+  std::vector<std::string> grads = {w};
+  if (!bias.empty()) grads.push_back(bias);
+  Op wgrad = b.compute(tag + ".wgrad", "linear_wgrad", {d_out, g}, {}, {}, grads);
+  b.linear_cost(wgrad, double(b.N), double(out_local), double(b.C));
+  if (tag == "lm_head") dgrad.attrs["vocab_rows"] = wgrad.attrs["vocab_rows"] = 1;
+  ops.push_back(dgrad);
+  ops.push_back(wgrad);
+  if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
+}
+
+// --- a row GEMM followed by the sequence-parallel reduce-scatter ------------------------------
+void row_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
+             const std::string& out, const std::string& w, int64_t in_local) {
+  std::string partial = b.tp > 1 ? out + "_p" : out;
+  Op op = b.compute(tag, "linear", {in}, {partial}, {w});
+  b.linear_cost(op, double(b.N), double(in_local), double(b.C));
+  ops.push_back(op);
+  if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag, CollOp::kReduceScatter, partial, out, double(b.N * b.C)));
+}
+
+void row_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
+             const std::string& d_out, const std::string& d_in, const std::string& w, int64_t in_local) {
+  std::string dg = d_out;
+  if (b.tp > 1) {
+    dg = d_out + "_g";
+    ops.push_back(b.coll("tp.ag." + tag + ".bwd", CollOp::kAllGather, d_out, dg, double(b.N * b.C)));
+  }
+  Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {dg}, {d_in}, {w});
+  b.linear_cost(dgrad, double(b.N), double(b.C), double(in_local));
+  Op wgrad = b.compute(tag + ".wgrad", "linear_wgrad", {dg, in}, {}, {}, {w});
+  b.linear_cost(wgrad, double(b.N), double(b.C), double(in_local));
+  ops.push_back(dgrad);
+  ops.push_back(wgrad);
+}
+
+Op norm_fwd(const Builder& b, const std::string& tag, const std::string& in, const std::string& out,
+            const std::string& prefix) {
+  bool gpt = b.m.family == ModelFamily::kGPT;
+  Op op = gpt ? b.compute(tag, "layernorm", {in}, {out, tag + ".mean", tag + ".rstd"},
+                          {prefix + ".weight", prefix + ".bias"})
+              : b.compute(tag, "rmsnorm", {in}, {out, tag + ".rstd"}, {prefix + ".weight"});
+  b.elem_cost(op, double(b.Ns * b.C), 5, 2);
+  return op;
+}
+
+// dx = d_res + norm_bwd(d_out); d_res may be empty (no residual path).
+Op norm_bwd(const Builder& b, const std::string& tag, const std::string& in, const std::string& d_out,
+            const std::string& d_res, const std::string& d_in, const std::string& prefix) {
+  bool gpt = b.m.family == ModelFamily::kGPT;
+  std::vector<std::string> inputs = {d_out, in};
+  if (gpt) inputs.push_back(tag + ".mean");
+  inputs.push_back(tag + ".rstd");
+  if (!d_res.empty()) inputs.push_back(d_res);
+  std::vector<std::string> grads = {prefix + ".weight"};
+  if (gpt) grads.push_back(prefix + ".bias");
+  Op op = b.compute(tag + ".bwd", gpt ? "layernorm_bwd" : "rmsnorm_bwd", inputs, {d_in}, {prefix + ".weight"}, grads);
+  op.attrs["residual"] = d_res.empty() ? 0 : 1;
+  b.elem_cost(op, double(b.Ns * b.C), 10, 4);
+  return op;
+}
+
+LayerProgram block_program(const Builder& b) {
+  const ModelConfig& m = b.m;
+  const bool gpt = m.family == ModelFamily::kGPT;
+  const int64_t D = m.head_dim(), Hl = m.n_heads / b.tp, Hkvl = m.n_kv_heads / b.tp, Fl = m.ffn_hidden / b.tp;
+  const int64_t qkv_l = (Hl + 2 * Hkvl) * D;
+  const std::string n1 = gpt ? "ln1" : "attn_norm", n2 = gpt ? "ln2" : "mlp_norm";
+  LayerProgram p;
+  p.name = "block";
+  auto& f = p.fwd;
+
+  // ---- attention ----
+  f.push_back(norm_fwd(b, n1, "x", "h1", n1));
+  column_fwd(b, f, "attn.qkv", "h1", "qkv", "wqkv", gpt ? "bqkv" : "", qkv_l);
+  std::string qkv_in = "qkv";
+  if (!gpt) {
+    Op rope = b.compute("attn.rope", "rope", {"qkv"}, {"qkv_r"});
+    b.elem_cost(rope, double(b.N * (Hl + Hkvl) * D), 3, 2);
+    f.push_back(rope);
+    qkv_in = "qkv_r";
+  }
+  Op attn = b.compute("attn.core", "attention", {qkv_in}, {"att", "att.lse"});
+  attn.attrs = {{"heads", Hl}, {"kv_heads", Hkvl}, {"head_dim", D}};
+  // QK^T and AV, causal: 2 * 2 * B * T^2 * H * D / 2
+  attn.cost.flops = 2.0 * b.B * double(b.T) * double(b.T) * double(Hl) * double(D);
+  attn.cost.bytes = kF * double(b.N) * double(qkv_l + Hl * D);
+  f.push_back(attn);
+  row_fwd(b, f, "attn.out", "att", "ao", "wo", Hl * D);
+  Op res1 = b.compute("attn.residual", "residual_add", {"x", "ao"}, {"x2"}, gpt ? std::vector<std::string>{"bo"}
+                                                                             : std::vector<std::string>{});
+  b.elem_cost(res1, double(b.Ns * b.C), 1, 3);
+  f.push_back(res1);
+
+  // ---- MLP ----
+  f.push_back(norm_fwd(b, n2, "x2", "h2", n2));
+  column_fwd(b, f, "mlp.fc", "h2", "fc", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl);
+  Op act = gpt ? b.compute("mlp.act", "gelu", {"fc"}, {"act"}) : b.compute("mlp.act", "swiglu", {"fc"}, {"act"});
+  b.elem_cost(act, double(b.N * Fl), gpt ? 10 : 6, gpt ? 2 : 3);
+  f.push_back(act);
+  row_fwd(b, f, "mlp.proj", "act", "mo", gpt ? "wproj" : "wdown", Fl);
+  Op res2 = b.compute("mlp.residual", "residual_add", {"x2", "mo"}, {"y"},
+                      gpt ? std::vector<std::string>{"bproj"} : std::vector<std::string>{});
+  b.elem_cost(res2, double(b.Ns * b.C), 1, 3);
+  f.push_back(res2);
+
+  // ---- backward: dy flows into the MLP branch and, through the residual, to the norm ----
+  auto& g = p.bwd;
+  if (gpt) {
+    Op bg = b.compute("mlp.residual.bwd", "bias_grad", {"dy"}, {}, {}, {"bproj"});
+    b.elem_cost(bg, double(b.Ns * b.C), 1, 1);
+    g.push_back(bg);
+  }
+  row_bwd(b, g, "mlp.proj", "act", "dy", "dact", gpt ? "wproj" : "wdown", Fl);
+  Op act_b = gpt ? b.compute("mlp.act.bwd", "gelu_bwd", {"dact", "fc"}, {"dfc"})
+                 : b.compute("mlp.act.bwd", "swiglu_bwd", {"dact", "fc"}, {"dfc"});
+  b.elem_cost(act_b, double(b.N * Fl), gpt ? 20 : 10, 3);
+  g.push_back(act_b);
+  column_bwd(b, g, "mlp.fc", "h2", "dfc", "dh2", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl);
+  g.push_back(norm_bwd(b, n2, "x2", "dh2", "dy", "dx2", n2));
+  if (gpt) {
+    Op bg = b.compute("attn.residual.bwd", "bias_grad", {"dx2"}, {}, {}, {"bo"});
+    b.elem_cost(bg, double(b.Ns * b.C), 1, 1);
+    g.push_back(bg);
+  }
+  row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D);
+  Op attn_b = b.compute("attn.core.bwd", "attention_bwd", {qkv_in, "att", "att.lse", "datt"},
+                        {gpt ? "dqkv" : "dqkv_r"});
+  attn_b.attrs = attn.attrs;
+  attn_b.cost.flops = 2.5 * attn.cost.flops;  // dS, dP recompute + dQ, dK, dV
+  attn_b.cost.bytes = 2 * attn.cost.bytes;
+  g.push_back(attn_b);
+  if (!gpt) {
+    Op rb = b.compute("attn.rope.bwd", "rope_bwd", {"dqkv_r"}, {"dqkv"});
+    b.elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
+    g.push_back(rb);
+  }
+  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l);
+  g.push_back(norm_bwd(b, n1, "x", "dh1", "dx2", "dx", n1));
+  return p;
+}
+
+LayerProgram embed_program(const Builder& b) {
+  const bool gpt = b.m.family == ModelFamily::kGPT;
+  LayerProgram p;
+  p.name = "embed";
+  std::string tok_out = b.tp > 1 ? "e_p" : (gpt ? "e" : "y");
+  Op e = b.compute("embed.tok", "embed", {"tokens"}, {tok_out}, {"wte"});
+  b.elem_cost(e, double(b.N * b.C), 0, 2);
+  p.fwd.push_back(e);
+  std::string shard = gpt ? "e" : "y";
+  if (b.tp > 1) p.fwd.push_back(b.coll("tp.rs.embed", CollOp::kReduceScatter, "e_p", shard, double(b.N * b.C)));
+  if (gpt) {
+    Op pe = b.compute("embed.pos", "pos_embed", {"e"}, {"y"}, {"wpe"});
+    b.elem_cost(pe, double(b.Ns * b.C), 1, 3);
+    p.fwd.push_back(pe);
+    Op pb = b.compute("embed.pos.bwd", "pos_embed_bwd", {"dy"}, {}, {}, {"wpe"});
+    b.elem_cost(pb, double(b.Ns * b.C), 1, 2);
+    p.bwd.push_back(pb);
+  }
+  std::string dg = "dy";
+  if (b.tp > 1) {
+    dg = "dy_g";
+    p.bwd.push_back(b.coll("tp.ag.embed.bwd", CollOp::kAllGather, "dy", dg, double(b.N * b.C)));
+  }
+  Op eb = b.compute("embed.tok.bwd", "embed_bwd", {"tokens", dg}, {}, {}, {"wte"});
+  b.elem_cost(eb, double(b.N * b.C), 1, 2);
+  p.bwd.push_back(eb);
+  return p;
+}
+
+LayerProgram head_program(const Builder& b) {
+  const bool gpt = b.m.family == ModelFamily::kGPT;
+  const int64_t Vl = padded_vocab(b.m, int(b.tp)) / b.tp;
+  const std::string w = b.m.tie_embeddings ? "wte" : "lm_head";
+  LayerProgram p;
+  p.name = "head";
+  auto& f = p.fwd;
+  f.push_back(norm_fwd(b, "final_norm", "x", "hf", "final_norm"));
+  column_fwd(b, f, "lm_head", "hf", "logits", w, "", Vl);
+  // Cross-entropy, vocab-parallel when tp > 1: local row max -> all-reduce(max) -> local
+  // sum-exp and target logit -> all-reduce(sum) -> loss and dlogits (written over the logits).
+  if (b.tp > 1) {
+    Op mx = b.compute("xent.max", "xent_max", {"logits"}, {"xent.m"});
+    b.elem_cost(mx, double(b.N * Vl), 1, 1);
+    f.push_back(mx);
+    Op ar1 = b.coll("tp.ar.xent.max", CollOp::kAllReduce, "xent.m", "xent.m", double(b.N));
+    ar1.attrs["reduce_max"] = 1;
+    f.push_back(ar1);
+    Op st = b.compute("xent.stats", "xent_stats", {"logits", "targets", "xent.m"}, {"xent.s"});
+    b.elem_cost(st, double(b.N * Vl), 3, 1);
+    f.push_back(st);
+    f.push_back(b.coll("tp.ar.xent.sum", CollOp::kAllReduce, "xent.s", "xent.s", double(2 * b.N)));
+    Op fin = b.compute("xent.loss", "xent_finish", {"logits", "targets", "xent.m", "xent.s"}, {"loss", "dlogits"});
+    b.elem_cost(fin, double(b.N * Vl), 4, 2);
+    f.push_back(fin);
+  } else {
+    Op x = b.compute("xent", "cross_entropy", {"logits", "targets"}, {"loss", "dlogits"});
+    b.elem_cost(x, double(b.N * Vl), 6, 3);
+    f.push_back(x);
+  }
+  auto& g = p.bwd;
+  column_bwd(b, g, "lm_head", "hf", "dlogits", "dhf", w, "", Vl);
+  g.push_back(norm_bwd(b, "final_norm", "x", "dhf", "", "dx", "final_norm"));
+  (void)gpt;
+  return p;
+}
+
+}  // namespace
+
+ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
+  Builder b{m, lay, mb.B, mb.T, mb.tokens(), 0, m.d_model, lay.tp};
+  DHX_CHECK(b.N % lay.tp == 0, ConfigError, "micro-batch tokens {} (B={} x T={}) are not divisible by parallel.tp={}",
+            b.N, mb.B, mb.T, lay.tp);
+  b.Ns = b.N / lay.tp;
+  ModelPrograms out{embed_program(b), block_program(b), head_program(b)};
+  for (LayerProgram* p : {&out.embed, &out.block, &out.head}) annotate_lifetimes(*p, boundary_buffers());
+  return out;
+}
+
+}  // namespace dhelix

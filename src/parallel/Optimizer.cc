@@ -1,0 +1,160 @@
+// Optimizer: clip + AdamW on owned elements; ZeRO-1 all-gather of updated parameters.
+#include "parallel/Optimizer.h"
+
+#include <cmath>
+#include <map>
+
+#include "base/Error.h"
+#include "kernels/cpu/Kernels.h"
+
+namespace dhelix {
+
+namespace {
+int dp_size(ProcessGroup* dp) { return dp ? dp->size() : 1; }
+int dp_rank(ProcessGroup* dp) { return dp ? dp->rank() : 0; }
+}  // namespace
+
+Optimizer::Optimizer(ParamStore& params, GradSync& sync, ProcessGroup* tp, ProcessGroup* dp, const AdamWConfig& cfg,
+                     MemoryTracker* tracker)
+    : params_(params), sync_(sync), tp_(tp), dp_(dp), cfg_(cfg) {
+  int64_t n = 0;
+  if (sync_.zero() == ZeroStage::kOne)
+    for (auto& b : params_.buckets()) n += (b.end - b.begin) / dp_size(dp_);
+  else
+    n = params_.flat_values().numel();
+  m_ = Tensor::zeros({n}, DType::kF32, tracker);
+  v_ = Tensor::zeros({n}, DType::kF32, tracker);
+}
+
+// Visits every (param, element range) this rank updates: all of them without ZeRO; the
+// intersection of each param with chunk dp_rank of its bucket with ZeRO-1. `owned` is the
+// offset of the range's first element in m_/v_ (and in the ZeRO owned-grad chunks).
+template <typename Fn>
+void Optimizer::for_each_owned(Fn fn) {
+  const bool zero = sync_.zero() == ZeroStage::kOne;
+  const int n = dp_size(dp_), r = dp_rank(dp_);
+  int64_t owned_base = 0;
+  const auto& buckets = params_.buckets();
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    const GradBucket& b = buckets[bi];
+    int64_t chunk = (b.end - b.begin) / n;
+    int64_t lo = zero ? b.begin + r * chunk : b.begin, hi = zero ? lo + chunk : b.end;
+    for (size_t pi : b.params) {
+      ParamEntry& e = params_.entries()[pi];
+      int64_t s = std::max(lo, e.offset), t = std::min(hi, e.offset + e.value.numel());
+      if (s < t) fn(e, bi, s, t, zero ? owned_base + (s - lo) : s);
+    }
+    owned_base += zero ? chunk : 0;
+  }
+}
+
+double Optimizer::step(double lr, int64_t step) {
+  const bool zero = sync_.zero() == ZeroStage::kOne;
+  const int tp = tp_ ? tp_->size() : 1;
+  float* flat_g = params_.flat_grads().f32();
+  float* flat_p = params_.flat_values().f32();
+  // The gradient of flat element s: the flat buffer, or with ZeRO-1 the owned reduced chunk.
+  auto grad_ptr = [&](size_t bi, int64_t s) -> float* {
+    if (!zero) return flat_g + s;
+    const GradBucket& b = params_.buckets()[bi];
+    int64_t lo = b.begin + dp_rank(dp_) * ((b.end - b.begin) / dp_size(dp_));
+    return sync_.owned_grad(bi).f32() + (s - lo);
+  };
+  // Global norm^2: tp-replicated elements are identical on every tp rank, so they count 1/tp each.
+  double ss = 0;
+  for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
+    double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
+    ss += e.spec.role == ShardRole::kReplicated ? part / tp : part;
+  });
+  Tensor norm_t = Tensor::empty({1}, DType::kF64);
+  norm_t.data<double>()[0] = ss;
+  if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_t).wait();
+  if (tp_ && tp > 1) tp_->all_reduce(norm_t).wait();
+  const double norm = std::sqrt(norm_t.data<double>()[0]);
+  const double clip = (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) ? cfg_.grad_clip / (norm + 1e-6) : 1.0;
+
+  cpu::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0, step};
+  for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t o) {
+    float* g = grad_ptr(bi, s);
+    if (clip != 1.0) cpu::scale_inplace<float>(g, static_cast<float>(clip), t - s);
+    cpu::AdamWParams ap = a;
+    ap.weight_decay = e.spec.weight_decay ? cfg_.weight_decay : 0.0;
+    cpu::adamw_step<float>(flat_p + s, g, m_.f32() + o, v_.f32() + o, t - s, ap);
+  });
+  if (zero && dp_ && dp_->size() > 1) {
+    std::vector<Work> works;
+    std::vector<Tensor> sends;
+    const int n = dp_->size(), r = dp_->rank();
+    for (auto& b : params_.buckets()) {
+      int64_t chunk = (b.end - b.begin) / n;
+      sends.push_back(params_.flat_values().narrow0(b.begin + r * chunk, chunk).clone());
+      works.push_back(dp_->all_gather(sends.back(), params_.flat_values().narrow0(b.begin, b.end - b.begin)));
+    }
+    for (auto& w : works) w.wait();
+  }
+  steps_ = step;
+  return norm;
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::shard_state() {
+  const bool zero = sync_.zero() == ZeroStage::kOne;
+  Tensor m_full = m_, v_full = v_;
+  if (zero) {
+    // Reassemble flat full-size m/v: all-gather each bucket's chunks over dp.
+    m_full = Tensor::zeros({params_.flat_values().numel()});
+    v_full = Tensor::zeros({params_.flat_values().numel()});
+    const int n = dp_size(dp_);
+    int64_t base = 0;
+    for (auto& b : params_.buckets()) {
+      int64_t chunk = (b.end - b.begin) / n;
+      for (auto [src, dst] : {std::pair{&m_, &m_full}, std::pair{&v_, &v_full}}) {
+        Tensor mine = src->narrow0(base, chunk);
+        Tensor out = dst->narrow0(b.begin, b.end - b.begin);
+        if (dp_ && n > 1)
+          dp_->all_gather(mine, out).wait();
+        else
+          out.copy_from(mine);
+      }
+      base += chunk;
+    }
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& e : params_.entries()) {
+    int64_t k = e.value.numel();
+    out.push_back({e.spec.name + ".exp_avg", m_full.narrow0(e.offset, k).view(e.spec.shard).clone()});
+    out.push_back({e.spec.name + ".exp_avg_sq", v_full.narrow0(e.offset, k).view(e.spec.shard).clone()});
+  }
+  return out;
+}
+
+void Optimizer::load_shard_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps) {
+  Tensor m_full = Tensor::zeros({params_.flat_values().numel()});
+  Tensor v_full = Tensor::zeros({params_.flat_values().numel()});
+  std::map<std::string, const Tensor*> byname;
+  for (auto& [k, t] : state) byname[k] = &t;
+  for (auto& e : params_.entries()) {
+    for (auto [suffix, dst] : {std::pair{".exp_avg", &m_full}, std::pair{".exp_avg_sq", &v_full}}) {
+      auto it = byname.find(e.spec.name + suffix);
+      DHX_CHECK(it != byname.end(), IoError, "optimizer state lacks '{}{}'", e.spec.name, suffix);
+      DHX_CHECK(it->second->numel() == e.value.numel(), IoError, "optimizer state '{}{}' has {} elements, expected {}",
+                e.spec.name, suffix, it->second->numel(), e.value.numel());
+      dst->narrow0(e.offset, e.value.numel()).copy_from(it->second->view({e.value.numel()}));
+    }
+  }
+  if (sync_.zero() == ZeroStage::kOne) {
+    const int n = dp_size(dp_), r = dp_rank(dp_);
+    int64_t base = 0;
+    for (auto& b : params_.buckets()) {
+      int64_t chunk = (b.end - b.begin) / n;
+      m_.narrow0(base, chunk).copy_from(m_full.narrow0(b.begin + r * chunk, chunk));
+      v_.narrow0(base, chunk).copy_from(v_full.narrow0(b.begin + r * chunk, chunk));
+      base += chunk;
+    }
+  } else {
+    m_.copy_from(m_full);
+    v_.copy_from(v_full);
+  }
+  steps_ = steps;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,46 @@
+// AdamW with global-norm gradient clipping over a sharded model, optionally ZeRO-1 (optimizer
+// state and the update split over dp, parameters all-gathered after). The global norm counts
+// every tp-sharded element once and every tp-replicated element once (not tp times).
+// Checkpoints see full, layout-free tensors: gather_state()/scatter_state().
+#pragma once
+#include <string>
+#include <vector>
+
+#include "comm/ProcessGroup.h"
+#include "parallel/GradSync.h"
+#include "parallel/ParamStore.h"
+
+namespace dhelix {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
+};
+
+class Optimizer {
+ public:
+  Optimizer(ParamStore& params, GradSync& sync, ProcessGroup* tp, ProcessGroup* dp, const AdamWConfig& cfg,
+            MemoryTracker* tracker);
+
+  // One update with learning rate `lr`; `step` is 1-based. Returns the pre-clip global grad norm.
+  double step(double lr, int64_t step);
+  int64_t steps_taken() const { return steps_; }
+
+  // Full (unsharded) tensors of this rank's tp slice: "<param>.exp_avg" / ".exp_avg_sq", gathered
+  // over dp when ZeRO-1 holds only chunks. Collective over dp.
+  std::vector<std::pair<std::string, Tensor>> shard_state();
+  // Inverse of shard_state (each tensor has the param's shard shape).
+  void load_shard_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps);
+
+ private:
+  template <typename Fn>
+  void for_each_owned(Fn fn);  // fn(entry, bucket, flat_begin, flat_end, state_offset)
+  ParamStore& params_;
+  GradSync& sync_;
+  ProcessGroup* tp_;
+  ProcessGroup* dp_;
+  AdamWConfig cfg_;
+  Tensor m_, v_;  // flat; full size without ZeRO, the owned chunks (concatenated) with ZeRO-1
+  int64_t steps_ = 0;
+};
+
+}  // namespace dhelix

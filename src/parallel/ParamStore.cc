@@ -1,0 +1,80 @@
+// ParamStore: flat layout in backward order, buckets, deterministic init, lookup.
+#include "parallel/ParamStore.h"
+
+#include "base/Error.h"
+
+namespace dhelix {
+
+ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed,
+                       MemoryTracker* tracker, int64_t bucket_elems)
+    : dp_(dp) {
+  // Pass 1: offsets. Units in backward order; a bucket closes when it reaches bucket_elems.
+  int64_t off = 0;
+  GradBucket cur;
+  auto close = [&] {
+    if (cur.params.empty()) return;
+    int64_t len = off - cur.begin;
+    int64_t padded = (len + dp - 1) / dp * dp;
+    off = cur.begin + padded;
+    cur.end = off;
+    buckets_.push_back(cur);
+    cur = GradBucket{};
+    cur.begin = off;
+  };
+  for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+    for (const auto& spec : units[u].params) {
+      ParamEntry e;
+      e.spec = spec;
+      e.unit = u;
+      e.offset = off;
+      off += shape_numel(spec.shard);
+      index_[spec.name] = entries_.size();
+      cur.params.push_back(entries_.size());
+      cur.min_unit = u;
+      entries_.push_back(std::move(e));
+    }
+    if (off - cur.begin >= bucket_elems) close();
+  }
+  close();
+  flat_values_ = Tensor::zeros({off}, DType::kF32, tracker);
+  flat_grads_ = Tensor::zeros({off}, DType::kF32, tracker);
+  // Pass 2: views and initial values.
+  for (auto& e : entries_) {
+    int64_t n = shape_numel(e.spec.shard);
+    e.value = flat_values_.narrow0(e.offset, n).view(e.spec.shard);
+    e.grad = flat_grads_.narrow0(e.offset, n).view(e.spec.shard);
+    Tensor full = Tensor::empty(e.spec.full);
+    init_full_param(e.spec, full, seed);
+    extract_shard(e.spec, full, e.value, tp_rank, tp);
+  }
+}
+
+ParamEntry& ParamStore::get(const std::string& name) {
+  auto it = index_.find(name);
+  DHX_CHECK(it != index_.end(), InternalError, "no parameter named '{}'", name);
+  return entries_[it->second];
+}
+
+const ParamEntry& ParamStore::get(const std::string& name) const {
+  auto it = index_.find(name);
+  DHX_CHECK(it != index_.end(), InternalError, "no parameter named '{}'", name);
+  return entries_[it->second];
+}
+
+ParamEntry& ParamStore::resolve(const UnitSpec& u, const std::string& local) {
+  auto it = index_.find(u.prefix + local);
+  if (it == index_.end()) it = index_.find(local);  // shared across units (tied embeddings)
+  DHX_CHECK(it != index_.end(), InternalError, "unit '{}{}' has no parameter '{}'", u.kind,
+            u.layer >= 0 ? std::to_string(u.layer) : "", local);
+  return entries_[it->second];
+}
+
+void ParamStore::zero_grads() { flat_grads_.zero_(); }
+
+int64_t ParamStore::num_elements() const {
+  int64_t n = 0;
+  for (auto& e : entries_) n += e.value.numel();
+  return n;
+}
+
+}  // namespace dhelix

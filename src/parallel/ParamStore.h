@@ -1,0 +1,61 @@
+// ParamStore: this rank's parameter shards and their gradients, one copy shared by both strands
+// (Strand Interleaving never replicates model states). Values and gradients live in two flat
+// buffers laid out in backward order (head, last layer, ..., first layer, embed), grouped into
+// buckets that data parallelism reduces as soon as backward has produced them; each bucket is
+// padded to a multiple of dp so ZeRO-1 can give rank r chunk r of every bucket.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/Params.h"
+#include "tensor/Tensor.h"
+
+namespace dhelix {
+
+struct ParamEntry {
+  ParamSpec spec;
+  int unit = 0;       // index of the owning unit in forward order
+  int64_t offset = 0; // element offset in the flat buffers
+  Tensor value;       // view into the flat values, shape spec.shard
+  Tensor grad;        // view into the flat grads, accumulated by both strands
+};
+
+struct GradBucket {
+  int64_t begin = 0, end = 0;  // element range in the flat buffers (end - begin divisible by dp)
+  int min_unit = 0;            // the bucket is complete once backward finished this unit
+  std::vector<size_t> params;  // entries inside it
+};
+
+class ParamStore {
+ public:
+  // Allocates every parameter of `units` (this rank's shards) and initialises them from the full
+  // deterministic init (so any layout starts from the single-process weights). Buckets hold about
+  // `bucket_elems` elements (whole units).
+  ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed, MemoryTracker* tracker,
+             int64_t bucket_elems = 4 << 20);
+
+  ParamEntry& get(const std::string& global_name);
+  const ParamEntry& get(const std::string& global_name) const;
+  // Resolves a program's parameter name inside unit `u` ("wqkv" -> "layers.3.wqkv"; tied "wte").
+  ParamEntry& resolve(const UnitSpec& u, const std::string& local);
+  bool has(const std::string& global_name) const { return index_.count(global_name) > 0; }
+
+  std::vector<ParamEntry>& entries() { return entries_; }
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  Tensor& flat_values() { return flat_values_; }
+  Tensor& flat_grads() { return flat_grads_; }
+  int dp() const { return dp_; }
+  void zero_grads();
+  int64_t num_elements() const;  // parameter elements (no padding)
+
+ private:
+  std::vector<ParamEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::vector<GradBucket> buckets_;
+  Tensor flat_values_, flat_grads_;
+  int dp_;
+};
+
+}  // namespace dhelix

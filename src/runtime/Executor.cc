@@ -1,0 +1,151 @@
+// Executor: op dispatch, collective issue/wait, block ordering and trace events.
+#include "runtime/Executor.h"
+
+#include <fmt/format.h>
+
+#include "base/Clock.h"
+#include "base/Error.h"
+
+namespace dhelix {
+
+Executor::Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs)
+    : ctx_(ctx), units_(units), progs_(progs) {}
+
+const LayerProgram& Executor::program(int u) const {
+  const std::string& k = units_.at(u).kind;
+  if (k == "embed") return progs_.embed;
+  if (k == "head") return progs_.head;
+  return progs_.block;
+}
+
+std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForward ? "compute fwd" : "compute bwd"; }
+
+void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
+  auto it = env.pending.find(buf);
+  if (it == env.pending.end()) return;
+  it->second.work.wait();
+  if (ctx_.trace) {
+    auto& p = it->second;
+    ctx_.trace->add("comm " + p.group, p.name, p.work.start_time(), p.work.end_time());
+  }
+  env.pending.erase(it);
+}
+
+void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
+  UnitEnv& env = *s.env;
+  for (auto& in : op.inputs) wait_pending(env, in);
+  auto git = ctx_.groups.find(op.group);
+  DHX_CHECK(git != ctx_.groups.end() && git->second, InternalError,
+            "op {} needs process group '{}' which this run does not have", op.name, op.group);
+  ProcessGroup& pg = *git->second;
+  Tensor in = env.at(op.inputs.at(0));
+  const int n = pg.size();
+  Work w;
+  switch (op.coll) {
+    case CollOp::kAllGather: {
+      Shape sh = in.shape();
+      sh[0] *= n;
+      Tensor out = Tensor::empty(sh, in.dtype(), ctx_.act_mem);
+      env.bufs[op.outputs.at(0)] = out;
+      w = pg.all_gather(in, out);
+      break;
+    }
+    case CollOp::kReduceScatter: {
+      Shape sh = in.shape();
+      DHX_ASSERT(sh[0] % n == 0, "{}: {} rows not divisible by {}", op.name, sh[0], n);
+      sh[0] /= n;
+      Tensor out = Tensor::empty(sh, in.dtype(), ctx_.act_mem);
+      env.bufs[op.outputs.at(0)] = out;
+      w = pg.reduce_scatter(in, out);
+      break;
+    }
+    case CollOp::kAllReduce: {
+      auto it = op.attrs.find("reduce_max");
+      bool mx = it != op.attrs.end() && it->second;
+      env.bufs[op.outputs.at(0)] = in;  // in place
+      w = pg.all_reduce(in, mx ? ReduceOp::kMax : ReduceOp::kSum);
+      break;
+    }
+    default:
+      throw InternalError(fmt::format("op {}: collective {} is not supported by the executor yet", op.name,
+                                      coll_op_name(op.coll)));
+  }
+  PendingColl pc;
+  pc.work = std::move(w);
+  pc.group = pg.name();
+  pc.name = fmt::format("{} mb{} u{}", op.name, s.mb, s.unit);
+  pc.issue_s = now_seconds();
+  env.pending[op.outputs.at(0)] = std::move(pc);
+  (void)kind;
+}
+
+void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
+                      std::vector<std::pair<UnitEnv*, std::string>>& issued) {
+  UnitEnv& env = *s.env;
+  if (op.is_collective()) {
+    issue_collective(kind, s, op);
+    issued.push_back({&env, op.outputs.at(0)});
+  } else {
+    for (auto& in : op.inputs) wait_pending(env, in);
+    double t0 = ctx_.trace ? now_seconds() : 0;
+    OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
+                ctx_.act_mem, ctx_.dloss};
+    lookup_op(op.code)(call);
+    if (ctx_.trace)
+      ctx_.trace->add(lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), t0, now_seconds());
+  }
+  for (auto& f : op.frees) {
+    if (env.pending.count(f)) continue;  // a collective still owns it; freed with the env
+    env.bufs.erase(f);
+  }
+}
+
+void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks) {
+  const std::vector<Op>* fops = f ? &program(f->unit).fwd : nullptr;
+  const std::vector<Op>* bops = b ? &program(b->unit).bwd : nullptr;
+  for (const Block& blk : blocks) {
+    std::vector<std::pair<UnitEnv*, std::string>> issued;
+    struct Win {
+      StrandKind kind;
+      StrandSlot* slot;
+      const std::vector<Op>* ops;
+      int begin, end;
+      int next;       // first op not yet run
+      bool waits;     // a compute op after a collective of this window reads its output
+    };
+    Win wins[2] = {{StrandKind::kForward, f, fops, blk.fwd_begin, blk.fwd_end, blk.fwd_begin, false},
+                   {StrandKind::kBackward, b, bops, blk.bwd_begin, blk.bwd_end, blk.bwd_begin, false}};
+    for (Win& w : wins) {
+      if (w.end <= w.begin) continue;
+      DHX_CHECK(w.slot && w.ops, InternalError, "plan block has {} ops but that strand is idle", strand_name(w.kind));
+      // 1) Leading collectives are issued first.
+      while (w.next < w.end && (*w.ops)[w.next].is_collective()) run_op(w.kind, *w.slot, (*w.ops)[w.next++], issued);
+      w.waits = false;
+      for (int i = w.next; i < w.end; ++i)
+        if ((*w.ops)[i].is_collective()) w.waits = true;
+      if (w.next > w.begin && w.next < w.end) w.waits = true;
+    }
+    // 2) The strand that does not wait on a collective of this block goes first; ties: backward
+    //    first, so freed activations are reused by the forward strand's new ones.
+    Win* order[2] = {&wins[1], &wins[0]};
+    if (wins[1].waits && !wins[0].waits) std::swap(order[0], order[1]);
+    for (Win* w : order)
+      for (; w->next < w->end; ++w->next) run_op(w->kind, *w->slot, (*w->ops)[w->next], issued);
+    // 3) The block completes before the next starts.
+    for (auto& [env, buf] : issued) wait_pending(*env, buf);
+  }
+}
+
+void Executor::run_alone(StrandSlot& s, StrandKind kind) {
+  const auto& ops = kind == StrandKind::kForward ? program(s.unit).fwd : program(s.unit).bwd;
+  Block blk;
+  if (kind == StrandKind::kForward) {
+    blk.fwd_end = static_cast<int>(ops.size());
+    run_pair(&s, nullptr, {blk});
+  } else {
+    blk.bwd_end = static_cast<int>(ops.size());
+    run_pair(nullptr, &s, {blk});
+  }
+}
+
+}  // namespace dhelix

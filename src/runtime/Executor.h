@@ -1,0 +1,68 @@
+// The executor: runs layer programs of two strands — the forward pass of one micro-batch and
+// the backward pass of another — block by block according to an SI plan. In each block the
+// collectives are issued first (they run on their group's comm thread), then the strand that
+// does not wait on them, then the strand that does; the block's collectives complete before the
+// next block starts. Compute of both strands runs on this (the rank's compute) thread.
+//
+//   compute thread : [bwd ops k ........][fwd ops k (wait AG)] | [ ...block k+1
+//   comm tp thread :  [AG fwd k ...........]                    |
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/ProcessGroup.h"
+#include "model/Programs.h"
+#include "plan/SIPlan.h"
+#include "runtime/Env.h"
+#include "runtime/OpRegistry.h"
+#include "parallel/ParamStore.h"
+#include "runtime/Trace.h"
+
+namespace dhelix {
+
+struct RunContext {
+  const ModelConfig* model = nullptr;
+  LayoutConfig layout;
+  int tp_rank = 0;
+  MicroBatchShape mb;
+  ParamStore* params = nullptr;
+  MemoryTracker* act_mem = nullptr;             // activation bytes (both strands)
+  std::map<std::string, ProcessGroup*> groups;  // "tp" -> this rank's tp group (absent if size 1)
+  Trace* trace = nullptr;
+  float dloss = 1.0f;                           // 1 / tokens per optimizer step (all mbs, all dp)
+};
+
+// One micro-batch positioned at one unit on one strand.
+struct StrandSlot {
+  int mb = 0;
+  int unit = 0;
+  UnitEnv* env = nullptr;
+};
+
+class Executor {
+ public:
+  Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs);
+
+  const LayerProgram& program(int unit) const;
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitSpec& unit(int u) const { return units_.at(u); }
+
+  // Runs fwd ops of `f` and bwd ops of `b` (either may be null) by `blocks`, whose windows index
+  // program(f->unit).fwd and program(b->unit).bwd.
+  void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks);
+  // Runs the whole forward (or backward) program of one slot, collectives exposed.
+  void run_alone(StrandSlot& s, StrandKind kind);
+
+ private:
+  void run_op(StrandKind kind, StrandSlot& s, const Op& op, std::vector<std::pair<UnitEnv*, std::string>>& issued);
+  void issue_collective(StrandKind kind, StrandSlot& s, const Op& op);
+  void wait_pending(UnitEnv& env, const std::string& buf);
+  std::string lane(StrandKind k) const;
+
+  RunContext& ctx_;
+  const std::vector<UnitSpec>& units_;
+  const ModelPrograms& progs_;
+};
+
+}  // namespace dhelix

@@ -1,0 +1,346 @@
+// Op bindings: layer-program op codes -> CPU kernels. Shapes: N = B*T rows of gathered tensors,
+// Ns = N/tp rows of a sequence shard; every binding derives its extents from its input views.
+#include "runtime/OpRegistry.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "base/Error.h"
+#include "kernels/cpu/Kernels.h"
+
+namespace dhelix {
+
+Tensor& UnitEnv::at(const std::string& name) {
+  auto it = bufs.find(name);
+  DHX_CHECK(it != bufs.end(), InternalError, "buffer '{}' is not in the environment", name);
+  return it->second;
+}
+
+Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
+  Tensor& t = env.bufs[op.outputs.at(i)];
+  t = Tensor::empty(shape, dt, act_mem);
+  return t;
+}
+
+namespace {
+
+using namespace cpu;
+
+int64_t rows(const Tensor& t) { return t.dim(0); }
+int64_t cols(const Tensor& t) { return t.numel() / std::max<int64_t>(1, t.dim(0)); }
+
+// Rows of the LM-head weight shard that are real vocabulary (the padding rows produce nothing).
+int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {
+  int64_t start = c.tp_rank * shard_rows;
+  return std::clamp<int64_t>(c.model.vocab_size - start, 0, shard_rows);
+}
+
+int64_t linear_out(const OpCall& c, const Tensor& w) {
+  return c.op.attrs.count("vocab_rows") ? vocab_valid(c, w.dim(0)) : w.dim(0);
+}
+
+void op_linear(OpCall& c) {
+  Tensor& x = c.in(0);
+  ParamEntry& w = c.param(0);
+  const float* b = c.op.params.size() > 1 ? c.param(1).value.f32() : nullptr;
+  int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
+  DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  Tensor& y = c.out_new(0, {N, O});
+  linear_fwd<float>(x.f32(), w.value.f32(), b, y.f32(), N, I, O);
+}
+
+void op_linear_dgrad(OpCall& c) {
+  Tensor& dy = c.in(0);
+  ParamEntry& w = c.param(0);
+  int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
+  DHX_ASSERT(O == linear_out(c, w.value), "{}: dy {} vs weight {}", c.op.name, dy.describe(), w.value.describe());
+  Tensor& dx = c.out_new(0, {N, I});
+  linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo);
+}
+
+void op_linear_wgrad(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  ParamEntry& w = c.grad(0);
+  float* db = c.op.grads.size() > 1 ? c.grad(1).grad.f32() : nullptr;
+  int64_t N = rows(dy), O = cols(dy), I = cols(x);
+  linear_bwd_weight<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O);
+}
+
+void op_layernorm(OpCall& c) {
+  Tensor& x = c.in(0);
+  int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C});
+  Tensor& mean = c.out_new(1, {N});
+  Tensor& rstd = c.out_new(2, {N});
+  layernorm_fwd<float>(x.f32(), c.param(0).value.f32(), c.param(1).value.f32(), y.f32(), mean.f32(), rstd.f32(), N, C,
+                       static_cast<float>(c.model.norm_eps));
+}
+
+void op_layernorm_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  int64_t N = rows(x), C = cols(x);
+  Tensor& dx = c.out_new(0, {N, C});
+  layernorm_bwd<float>(dy.f32(), x.f32(), c.param(0).value.f32(), c.in(2).f32(), c.in(3).f32(), dx.f32(),
+                       c.grad(0).grad.f32(), c.grad(1).grad.f32(), N, C);
+  if (c.op.attrs.at("residual")) add_inplace<float>(dx.f32(), c.in(4).f32(), N * C);
+}
+
+void op_rmsnorm(OpCall& c) {
+  Tensor& x = c.in(0);
+  int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C});
+  Tensor& rstd = c.out_new(1, {N});
+  rmsnorm_fwd<float>(x.f32(), c.param(0).value.f32(), y.f32(), rstd.f32(), N, C, static_cast<float>(c.model.norm_eps));
+}
+
+void op_rmsnorm_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  int64_t N = rows(x), C = cols(x);
+  Tensor& dx = c.out_new(0, {N, C});
+  rmsnorm_bwd<float>(dy.f32(), x.f32(), c.param(0).value.f32(), c.in(2).f32(), dx.f32(), c.grad(0).grad.f32(), N, C);
+  if (c.op.attrs.at("residual")) add_inplace<float>(dx.f32(), c.in(3).f32(), N * C);
+}
+
+int64_t attr(const OpCall& c, const char* k) {
+  auto it = c.op.attrs.find(k);
+  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
+  return it->second;
+}
+
+// Rotary embeddings over the q and k heads of the fused [N, (H + 2 Hkv) D] buffer (copy, then
+// rotate in place). Heads per rank: the local ones; positions are t within each sequence.
+void rope_common(OpCall& c, bool backward) {
+  Tensor& x = c.in(0);
+  int64_t N = rows(x), W = cols(x);
+  const int64_t D = c.model.head_dim();
+  const int64_t Hl = c.model.n_heads / c.tp, Hkvl = c.model.n_kv_heads / c.tp;
+  Tensor& y = c.out_new(0, {N, W});
+  y.copy_from(x);
+  if (backward)
+    rope_bwd<float>(y.f32(), c.mb.B, c.mb.T, Hl + Hkvl, D, W, 0, c.model.rope_theta);
+  else
+    rope_fwd<float>(y.f32(), c.mb.B, c.mb.T, Hl + Hkvl, D, W, 0, c.model.rope_theta);
+}
+void op_rope(OpCall& c) { rope_common(c, false); }
+void op_rope_bwd(OpCall& c) { rope_common(c, true); }
+
+AttnDims attn_dims(const OpCall& c, int64_t width) {
+  const int64_t H = attr(c, "heads"), Hkv = attr(c, "kv_heads"), D = attr(c, "head_dim");
+  return AttnDims{c.mb.B, c.mb.T, H, Hkv, D, width, width, H * D};
+}
+
+void op_attention(OpCall& c) {
+  Tensor& qkv = c.in(0);
+  int64_t N = rows(qkv), W = cols(qkv);
+  AttnDims d = attn_dims(c, W);
+  const float* q = qkv.f32();
+  const float* k = q + d.H * d.D;
+  const float* v = k + d.Hkv * d.D;
+  Tensor& o = c.out_new(0, {N, d.H * d.D});
+  Tensor& lse = c.out_new(1, {d.B, d.H, d.T});
+  attention_fwd<float>(q, k, v, o.f32(), lse.f32(), d, 1.0f / std::sqrt(static_cast<float>(d.D)));
+}
+
+void op_attention_bwd(OpCall& c) {
+  Tensor& qkv = c.in(0);
+  Tensor& o = c.in(1);
+  Tensor& lse = c.in(2);
+  Tensor& dout = c.in(3);
+  int64_t N = rows(qkv), W = cols(qkv);
+  AttnDims d = attn_dims(c, W);
+  const float* q = qkv.f32();
+  const float* k = q + d.H * d.D;
+  const float* v = k + d.Hkv * d.D;
+  Tensor& dqkv = c.out_new(0, {N, W});
+  float* dq = dqkv.f32();
+  attention_bwd<float>(q, k, v, o.f32(), lse.f32(), dout.f32(), dq, dq + d.H * d.D, dq + (d.H + d.Hkv) * d.D, d,
+                       1.0f / std::sqrt(static_cast<float>(d.D)));
+}
+
+void op_gelu(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& y = c.out_new(0, x.shape());
+  gelu_fwd<float>(x.f32(), y.f32(), x.numel());
+}
+void op_gelu_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  Tensor& dx = c.out_new(0, x.shape());
+  gelu_bwd<float>(dy.f32(), x.f32(), dx.f32(), x.numel());
+}
+void op_swiglu(OpCall& c) {
+  Tensor& gu = c.in(0);
+  int64_t N = rows(gu), F = cols(gu) / 2;
+  Tensor& y = c.out_new(0, {N, F});
+  swiglu_fwd<float>(gu.f32(), y.f32(), N, F);
+}
+void op_swiglu_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& gu = c.in(1);
+  int64_t N = rows(gu), F = cols(gu) / 2;
+  Tensor& dgu = c.out_new(0, {N, 2 * F});
+  swiglu_bwd<float>(dy.f32(), gu.f32(), dgu.f32(), N, F);
+}
+
+void op_residual_add(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& r = c.in(1);
+  int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C});
+  add<float>(x.f32(), r.f32(), y.f32(), N * C);
+  if (!c.op.params.empty()) {
+    const float* b = c.param(0).value.f32();
+    float* yp = y.f32();
+    for (int64_t n = 0; n < N; ++n) add_inplace<float>(yp + n * C, b, C);
+  }
+}
+
+void op_bias_grad(OpCall& c) {
+  Tensor& dy = c.in(0);
+  int64_t N = rows(dy), C = cols(dy);
+  float* db = c.grad(0).grad.f32();
+  const float* d = dy.f32();
+  for (int64_t n = 0; n < N; ++n) add_inplace<float>(db, d + n * C, C);
+}
+
+// Vocab-parallel embedding: this rank owns rows [r*Vl, (r+1)*Vl) of the padded table; tokens
+// outside contribute zeros (the tp reduce-scatter sums the partial rows).
+void op_embed(OpCall& c) {
+  Tensor& tok = c.in(0);
+  ParamEntry& w = c.param(0);
+  const int64_t N = tok.numel(), C = w.value.dim(1), Vl = w.value.dim(0), v0 = c.tp_rank * Vl;
+  Tensor& y = c.out_new(0, {N, C});
+  const int32_t* t = tok.data<int32_t>();
+  const float* W = w.value.f32();
+  float* Y = y.f32();
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t v = t[n] - v0;
+    if (v >= 0 && v < Vl)
+      std::copy(W + v * C, W + (v + 1) * C, Y + n * C);
+    else
+      std::fill(Y + n * C, Y + (n + 1) * C, 0.0f);
+  }
+}
+
+void op_embed_bwd(OpCall& c) {
+  Tensor& tok = c.in(0);
+  Tensor& dy = c.in(1);
+  ParamEntry& w = c.grad(0);
+  const int64_t N = tok.numel(), C = w.grad.dim(1), Vl = w.grad.dim(0), v0 = c.tp_rank * Vl;
+  const int32_t* t = tok.data<int32_t>();
+  float* G = w.grad.f32();
+  const float* D = dy.f32();
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t v = t[n] - v0;
+    if (v >= 0 && v < Vl) add_inplace<float>(G + v * C, D + n * C, C);
+  }
+}
+
+// Learned positions on the sequence shard: global row r*Ns + i has position (r*Ns + i) mod T.
+void op_pos_embed(OpCall& c) {
+  Tensor& e = c.in(0);
+  const int64_t Ns = rows(e), C = cols(e), row0 = c.tp_rank * Ns;
+  Tensor& y = c.out_new(0, {Ns, C});
+  const float* P = c.param(0).value.f32();
+  for (int64_t i = 0; i < Ns; ++i) add<float>(e.f32() + i * C, P + ((row0 + i) % c.mb.T) * C, y.f32() + i * C, C);
+}
+
+void op_pos_embed_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  const int64_t Ns = rows(dy), C = cols(dy), row0 = c.tp_rank * Ns;
+  float* G = c.grad(0).grad.f32();
+  for (int64_t i = 0; i < Ns; ++i) add_inplace<float>(G + ((row0 + i) % c.mb.T) * C, dy.f32() + i * C, C);
+}
+
+// Cross-entropy on a full (tp = 1) logits row: loss per token, dlogits written in place.
+void op_cross_entropy(OpCall& c) {
+  Tensor logits = c.in(0);
+  Tensor& tg = c.in(1);
+  int64_t N = rows(logits), V = cols(logits);
+  Tensor& loss = c.out_new(0, {N});
+  Tensor dl = Tensor::empty({N}, DType::kF32);
+  std::fill(dl.f32(), dl.f32() + N, c.dloss);
+  cross_entropy_fwd_bwd<float>(logits.f32(), tg.data<int32_t>(), loss.f32(), logits.f32(), dl.f32(), N, V);
+  c.env.bufs[c.op.outputs.at(1)] = logits;  // dlogits aliases the logits storage
+}
+
+// Vocab-parallel cross-entropy, step 1: local row max over this rank's real vocabulary columns.
+void op_xent_max(OpCall& c) {
+  Tensor& lg = c.in(0);
+  int64_t N = rows(lg), V = cols(lg);
+  Tensor& m = c.out_new(0, {N});
+  for (int64_t n = 0; n < N; ++n) {
+    float mx = -std::numeric_limits<float>::infinity();
+    const float* r = lg.f32() + n * V;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, r[j]);
+    m.f32()[n] = mx;
+  }
+}
+
+// Step 2: s[n] = (sum_j exp(l_j - m), target logit if the target is in this shard else 0).
+void op_xent_stats(OpCall& c) {
+  Tensor& lg = c.in(0);
+  Tensor& tg = c.in(1);
+  Tensor& m = c.in(2);
+  int64_t N = rows(lg), V = cols(lg);
+  const int64_t v0 = c.tp_rank * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  Tensor& s = c.out_new(0, {N, 2});
+  for (int64_t n = 0; n < N; ++n) {
+    const float* r = lg.f32() + n * V;
+    double sum = 0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(r[j] - m.f32()[n]));
+    int64_t t = tg.data<int32_t>()[n] - v0;
+    s.f32()[2 * n] = static_cast<float>(sum);
+    s.f32()[2 * n + 1] = (t >= 0 && t < V) ? r[t] : 0.0f;
+  }
+}
+
+// Step 3: loss = log(S) + m - target_logit; dlogits = (softmax - onehot) * dloss, in place.
+void op_xent_finish(OpCall& c) {
+  Tensor lg = c.in(0);
+  Tensor& tg = c.in(1);
+  Tensor& m = c.in(2);
+  Tensor& s = c.in(3);
+  int64_t N = rows(lg), V = cols(lg);
+  const int64_t v0 = c.tp_rank * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  Tensor& loss = c.out_new(0, {N});
+  for (int64_t n = 0; n < N; ++n) {
+    float S = s.f32()[2 * n], mx = m.f32()[n];
+    loss.f32()[n] = std::log(S) + mx - s.f32()[2 * n + 1];
+    float* r = lg.f32() + n * V;
+    float inv = 1.0f / S;
+    for (int64_t j = 0; j < V; ++j) r[j] = std::exp(r[j] - mx) * inv * c.dloss;
+    int64_t t = tg.data<int32_t>()[n] - v0;
+    if (t >= 0 && t < V) r[t] -= c.dloss;
+  }
+  c.env.bufs[c.op.outputs.at(1)] = lg;
+}
+
+const std::map<std::string, OpFn>& registry() {
+  static const std::map<std::string, OpFn> table = {
+      {"linear", op_linear},         {"linear_dgrad", op_linear_dgrad}, {"linear_wgrad", op_linear_wgrad},
+      {"layernorm", op_layernorm},   {"layernorm_bwd", op_layernorm_bwd}, {"rmsnorm", op_rmsnorm},
+      {"rmsnorm_bwd", op_rmsnorm_bwd}, {"rope", op_rope},               {"rope_bwd", op_rope_bwd},
+      {"attention", op_attention},   {"attention_bwd", op_attention_bwd}, {"gelu", op_gelu},
+      {"gelu_bwd", op_gelu_bwd},     {"swiglu", op_swiglu},             {"swiglu_bwd", op_swiglu_bwd},
+      {"residual_add", op_residual_add}, {"bias_grad", op_bias_grad},   {"embed", op_embed},
+      {"embed_bwd", op_embed_bwd},   {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
+      {"cross_entropy", op_cross_entropy}, {"xent_max", op_xent_max},   {"xent_stats", op_xent_stats},
+      {"xent_finish", op_xent_finish},
+  };
+  return table;
+}
+
+}  // namespace
+
+const OpFn& lookup_op(const std::string& code) {
+  auto it = registry().find(code);
+  DHX_CHECK(it != registry().end(), InternalError, "no kernel binding for op code '{}'", code);
+  return it->second;
+}
+
+}  // namespace dhelix

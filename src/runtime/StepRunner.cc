@@ -1,0 +1,132 @@
+// StepRunner: sequential and Strand-Interleaved micro-batch schedules over folded units.
+#include "runtime/StepRunner.h"
+
+#include <algorithm>
+
+#include "base/Error.h"
+#include "schedule/BasicPlans.h"
+
+namespace dhelix {
+
+SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd) {
+  bool any_coll = std::any_of(fwd.begin(), fwd.end(), [](const Op& o) { return o.is_collective(); }) ||
+                  std::any_of(bwd.begin(), bwd.end(), [](const Op& o) { return o.is_collective(); });
+  LayerProgram p;
+  p.name = "pair";
+  p.fwd = fwd;
+  p.bwd = bwd;
+  if (any_coll) return default_plan(p);
+  SIPlan plan;
+  plan.pair = "pair";
+  plan.source = "default";
+  Block b;
+  b.bwd_end = static_cast<int>(bwd.size());
+  if (b.has_bwd()) plan.blocks.push_back(b);
+  Block f;
+  f.fwd_end = static_cast<int>(fwd.size());
+  if (f.has_fwd()) plan.blocks.push_back(f);
+  return plan;
+}
+
+StepRunner::StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
+                       const SIPlan* block_plan, Interleave mode)
+    : ctx_(ctx), exec_(ctx, units, progs), mode_(mode) {
+  block_plan_ = block_plan ? *block_plan : pair_default_plan(progs.block.fwd, progs.block.bwd);
+}
+
+const std::vector<Block>& StepRunner::pair_plan(int fu, int bu) {
+  const std::string& fk = exec_.unit(fu).kind;
+  const std::string& bk = exec_.unit(bu).kind;
+  if (fk == "block" && bk == "block") return block_plan_.blocks;
+  auto key = std::make_pair(fk, bk);
+  for (size_t i = 0; i < edge_keys_.size(); ++i)
+    if (edge_keys_[i] == key) return edge_cache_[i];
+  edge_keys_.push_back(key);
+  edge_cache_.push_back(pair_default_plan(exec_.program(fu).fwd, exec_.program(bu).bwd).blocks);
+  return edge_cache_.back();
+}
+
+void StepRunner::start_mb(Inflight& f, int mb, const MicroBatch& data) {
+  f.mb = mb;
+  f.envs.clear();
+  for (int u = 0; u < exec_.num_units(); ++u) f.envs.push_back(std::make_unique<UnitEnv>());
+  f.envs.front()->bufs["tokens"] = data.tokens;
+  f.envs.back()->bufs["targets"] = data.targets;
+}
+
+void StepRunner::link_forward(Inflight& f, int unit) {
+  if (unit == 0) return;
+  f.envs[unit]->bufs["x"] = f.envs[unit - 1]->at("y");
+}
+
+void StepRunner::link_backward(Inflight& b, int unit) {
+  if (unit == exec_.num_units() - 1) return;
+  b.envs[unit]->bufs["dy"] = b.envs[unit + 1]->at("dx");
+}
+
+void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
+  UnitEnv& env = *b.envs[unit];
+  DHX_ASSERT(env.pending.empty(), "unit {} finished backward with collectives in flight", unit);
+  if (unit == exec_.num_units() - 1) {
+    Tensor& loss = env.at("loss");
+    const float* l = loss.f32();
+    for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += l[i];
+    st.tokens += loss.numel();
+  }
+  // The unit above already consumed our dy (its dx); release this unit's whole environment.
+  if (unit + 1 < exec_.num_units()) b.envs[unit + 1].reset();
+  if (unit == 0) b.envs[0].reset();
+  if (bwd_hook_) bwd_hook_(b.mb, unit);
+}
+
+StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
+  StepStats st;
+  const int M = static_cast<int>(mbs.size());
+  const int U = exec_.num_units();
+  DHX_CHECK(M >= 1, ConfigError, "a step needs at least one micro-batch, got {}", M);
+  if (ctx_.act_mem) ctx_.act_mem->reset_peak();
+
+  if (mode_ == Interleave::kOff || M < 2) {
+    for (int m = 0; m < M; ++m) {
+      Inflight f;
+      start_mb(f, m, mbs[m]);
+      for (int u = 0; u < U; ++u) {
+        link_forward(f, u);
+        StrandSlot s{m, u, f.envs[u].get()};
+        exec_.run_alone(s, StrandKind::kForward);
+      }
+      for (int u = U - 1; u >= 0; --u) {
+        link_backward(f, u);
+        StrandSlot s{m, u, f.envs[u].get()};
+        exec_.run_alone(s, StrandKind::kBackward);
+        finish_bwd_unit(f, u, st);
+      }
+    }
+  } else {
+    Inflight cur, prev;  // cur: forward strand, prev: backward strand
+    for (int slot = 0; slot <= M; ++slot) {
+      const bool has_f = slot < M, has_b = slot >= 1;
+      if (has_f) start_mb(cur, slot, mbs[slot]);
+      for (int k = 0; k < U; ++k) {
+        const int fu = k, bu = U - 1 - k;
+        StrandSlot fs{cur.mb, fu, has_f ? cur.envs[fu].get() : nullptr};
+        StrandSlot bs{prev.mb, bu, has_b ? prev.envs[bu].get() : nullptr};
+        if (has_f) link_forward(cur, fu);
+        if (has_b) link_backward(prev, bu);
+        if (has_f && has_b)
+          exec_.run_pair(&fs, &bs, pair_plan(fu, bu));
+        else if (has_f)
+          exec_.run_alone(fs, StrandKind::kForward);
+        else
+          exec_.run_alone(bs, StrandKind::kBackward);
+        if (has_b) finish_bwd_unit(prev, bu, st);
+      }
+      prev = std::move(cur);
+      cur = Inflight{};
+    }
+  }
+  if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
+  return st;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,67 @@
+// StepRunner: one optimizer step's worth of micro-batches through the executor, either
+// sequentially (forward then backward of each micro-batch) or with Strand Interleaving over
+// folded units: in slot s the forward strand carries micro-batch s and the backward strand
+// micro-batch s-1; pair k co-executes forward unit k with backward unit U-1-k, so layer l runs
+// beside layer L+1-l, the embedding beside the head and the head beside the embedding. Slot 0
+// is forward-only and slot M backward-only. Gradients accumulate into the one ParamStore.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "plan/SIPlan.h"
+#include "runtime/Executor.h"
+
+namespace dhelix {
+
+enum class Interleave { kOff, kOn };
+
+struct MicroBatch {
+  Tensor tokens;   // [B*T] int32
+  Tensor targets;  // [B*T] int32
+};
+
+struct StepStats {
+  double loss_sum = 0;   // sum of per-token losses over this rank's micro-batches
+  int64_t tokens = 0;    // tokens those losses cover
+  int64_t peak_activation_bytes = 0;
+};
+
+class StepRunner {
+ public:
+  // `block_plan` is the plan of the transformer-layer pair (windows into progs.block); the edge
+  // pairs (embed|head, head|embed) use the default rule. A null plan means the default plan.
+  StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
+             const SIPlan* block_plan, Interleave mode);
+
+  StepStats run(const std::vector<MicroBatch>& mbs);
+  // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
+  void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
+  const SIPlan& block_plan() const { return block_plan_; }
+  Executor& executor() { return exec_; }
+
+ private:
+  struct Inflight {
+    int mb = -1;
+    std::vector<std::unique_ptr<UnitEnv>> envs;  // one per unit
+  };
+  void start_mb(Inflight& f, int mb, const MicroBatch& data);
+  void link_forward(Inflight& f, int unit);     // y of unit-1 becomes x of unit
+  void link_backward(Inflight& b, int unit);    // dx of unit+1 becomes dy of unit
+  void finish_bwd_unit(Inflight& b, int unit, StepStats& st);
+  const std::vector<Block>& pair_plan(int fwd_unit, int bwd_unit);
+
+  RunContext& ctx_;
+  Executor exec_;
+  Interleave mode_;
+  SIPlan block_plan_;
+  std::vector<std::vector<Block>> edge_cache_;  // [kind pair] -> blocks
+  std::vector<std::pair<std::string, std::string>> edge_keys_;
+  std::function<void(int, int)> bwd_hook_;
+};
+
+// Plan for a pair of (forward program, backward program) by the default rule; when neither strand
+// has a collective, the backward strand runs first so the forward strand reuses freed memory.
+SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd);
+
+}  // namespace dhelix
