@@ -14,6 +14,7 @@ struct Block {
   int bwd_begin = 0, bwd_end = 0;
   bool has_fwd() const { return fwd_end > fwd_begin; }
   bool has_bwd() const { return bwd_end > bwd_begin; }
+  friend bool operator==(const Block&, const Block&) = default;
 };
 
 struct SIPlan {

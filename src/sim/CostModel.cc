@@ -1,0 +1,229 @@
+// Analytical block prices: roofline compute, ring collectives, executor-order replay.
+#include "sim/CostModel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/Error.h"
+
+namespace dhelix {
+
+using nlohmann::json;
+
+namespace {
+
+// Preset numbers are achievable (not peak) figures, rounded; they rank plans, they do not
+// promise times. Sources: vendor peak fp16 dense x ~0.6, NCCL bus bandwidth rules of thumb.
+CostModelConfig make_preset(const std::string& name) {
+  CostModelConfig c;
+  c.name = name;
+  if (name == "a40-pcie") {  // A40 150 TF fp16 peak, 696 GB/s; PCIe 4 ring; 100 Gb/s IB
+    c.flop_rate = 90e12, c.mem_bw = 600e9, c.op_overhead_s = 5e-6, c.block_overhead_s = 10e-6;
+    c.overlap_slowdown = 1.10;
+    c.links = {{"tp", {12e9, 10e-6}}, {"default", {10e9, 10e-6}}};
+  } else if (name == "a800-nvlink") {  // A800 312 TF, 2 TB/s; NVLink 400 GB/s; 4x200 Gb/s
+    c.flop_rate = 190e12, c.mem_bw = 1.6e12, c.op_overhead_s = 5e-6, c.block_overhead_s = 10e-6;
+    c.overlap_slowdown = 1.10;
+    c.links = {{"tp", {150e9, 5e-6}}, {"default", {12e9, 8e-6}}};
+  } else if (name == "h100-nvlink") {  // H100 989 TF, 3.35 TB/s; NVLink 900 GB/s; 400 Gb/s/GPU
+    c.flop_rate = 600e12, c.mem_bw = 3e12, c.op_overhead_s = 4e-6, c.block_overhead_s = 8e-6;
+    c.overlap_slowdown = 1.10;
+    c.links = {{"tp", {350e9, 4e-6}}, {"default", {45e9, 6e-6}}};
+  } else if (name == "cpu-1gbit") {  // one core per rank; the tc-shaped 1 Gbit/s emulated net
+    c.flop_rate = 50e9, c.mem_bw = 10e9, c.op_overhead_s = 2e-6, c.block_overhead_s = 20e-6;
+    c.overlap_slowdown = 1.05;
+    c.links = {{"default", {117e6, 50e-6}}};
+  } else {
+    throw ConfigError(fmt::format("unknown cost-model preset '{}' (choices: a40-pcie, "
+                                  "a800-nvlink, h100-nvlink, cpu-1gbit)",
+                                  name));
+  }
+  return c;
+}
+
+}  // namespace
+
+CostModelConfig CostModelConfig::preset(const std::string& name) { return make_preset(name); }
+
+std::vector<std::string> CostModelConfig::preset_names() {
+  return {"a40-pcie", "a800-nvlink", "h100-nvlink", "cpu-1gbit"};
+}
+
+void CostModelConfig::validate() const {
+  auto positive = [&](double v, const char* field) {
+    DHX_CHECK(std::isfinite(v) && v > 0, ConfigError, "cost model '{}': {}={} must be > 0", name,
+              field, v);
+  };
+  positive(flop_rate, "flop_rate");
+  positive(mem_bw, "mem_bw");
+  DHX_CHECK(op_overhead_s >= 0 && block_overhead_s >= 0, ConfigError,
+            "cost model '{}': op_overhead_s={} block_overhead_s={} must be >= 0", name,
+            op_overhead_s, block_overhead_s);
+  DHX_CHECK(overlap_slowdown >= 1 && comm_comm_slowdown >= 1, ConfigError,
+            "cost model '{}': overlap_slowdown={} comm_comm_slowdown={} must be >= 1", name,
+            overlap_slowdown, comm_comm_slowdown);
+  for (auto& [role, l] : links)
+    DHX_CHECK(l.bandwidth > 0 && l.latency >= 0, ConfigError,
+              "cost model '{}': link '{}' bandwidth={} latency={} (need bandwidth > 0, "
+              "latency >= 0)",
+              name, role, l.bandwidth, l.latency);
+  for (auto& [role, n] : group_sizes)
+    DHX_CHECK(n >= 1, ConfigError, "cost model '{}': group_sizes.{}={} must be >= 1", name, role,
+              n);
+}
+
+json CostModelConfig::to_json() const {
+  json l = json::object(), g = json::object();
+  for (auto& [role, s] : links) l[role] = {{"bandwidth", s.bandwidth}, {"latency", s.latency}};
+  for (auto& [role, n] : group_sizes) g[role] = n;
+  return {{"name", name},
+          {"flop_rate", flop_rate},
+          {"mem_bw", mem_bw},
+          {"op_overhead_s", op_overhead_s},
+          {"block_overhead_s", block_overhead_s},
+          {"overlap_slowdown", overlap_slowdown},
+          {"comm_comm_slowdown", comm_comm_slowdown},
+          {"links", l},
+          {"group_sizes", g}};
+}
+
+CostModelConfig CostModelConfig::from_json(const json& j, const std::string& origin) {
+  DHX_CHECK(j.is_object(), ConfigError, "{}: a cost model must be a JSON object", origin);
+  CostModelConfig c;
+  try {
+    if (j.contains("preset")) c = preset(j.at("preset").get<std::string>());
+    c.name = j.value("name", c.name);
+    c.flop_rate = j.value("flop_rate", c.flop_rate);
+    c.mem_bw = j.value("mem_bw", c.mem_bw);
+    c.op_overhead_s = j.value("op_overhead_s", c.op_overhead_s);
+    c.block_overhead_s = j.value("block_overhead_s", c.block_overhead_s);
+    c.overlap_slowdown = j.value("overlap_slowdown", c.overlap_slowdown);
+    c.comm_comm_slowdown = j.value("comm_comm_slowdown", c.comm_comm_slowdown);
+    if (j.contains("links"))
+      for (auto& [role, l] : j.at("links").items())
+        c.links[role] = {l.at("bandwidth").get<double>(), l.value("latency", 0.0)};
+    if (j.contains("group_sizes"))
+      for (auto& [role, n] : j.at("group_sizes").items()) c.group_sizes[role] = n.get<int>();
+  } catch (const json::exception& e) {
+    throw ConfigError(fmt::format("{}: malformed cost model: {}", origin, e.what()));
+  }
+  c.validate();
+  return c;
+}
+
+double CostModel::collective_time(CollOp coll, double bytes, int n, const LinkSpec& link) {
+  if (n <= 1) return 0;
+  const double steps = n - 1;
+  const double ring = steps / n * bytes / link.bandwidth + steps * link.latency;
+  switch (coll) {
+    case CollOp::kAllGather:
+    case CollOp::kReduceScatter:
+    case CollOp::kAllToAll: return ring;
+    case CollOp::kAllReduce: return 2 * ring;
+    case CollOp::kBroadcast: return bytes / link.bandwidth + steps * link.latency;
+    case CollOp::kSendRecv: return bytes / link.bandwidth + link.latency;
+    case CollOp::kNone: break;
+  }
+  throw InternalError(fmt::format("collective_time: not a collective ({})", coll_op_name(coll)));
+}
+
+CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::move(cfg)) {
+  cfg_.validate();
+  std::map<std::string, int> group_index;
+  auto price = [&](const std::vector<Op>& ops, const char* sname) {
+    std::vector<OpTime> out;
+    for (const Op& op : ops) {
+      if (!op.is_collective()) {
+        double t = std::max(op.cost.flops / cfg_.flop_rate, op.cost.bytes / cfg_.mem_bw);
+        out.push_back({cfg_.op_overhead_s + t, -1});
+        continue;
+      }
+      auto link = cfg_.links.find(op.group);
+      if (link == cfg_.links.end()) link = cfg_.links.find("default");
+      DHX_CHECK(link != cfg_.links.end(), ConfigError,
+                "cost model '{}': no link for group '{}' of {} op '{}' (and no 'default')",
+                cfg_.name, op.group, sname, op.name);
+      int n = 0;
+      if (auto a = op.attrs.find("group_size"); a != op.attrs.end()) {
+        n = static_cast<int>(a->second);
+      } else {
+        auto g = cfg_.group_sizes.find(op.group);
+        DHX_CHECK(g != cfg_.group_sizes.end(), ConfigError,
+                  "cost model '{}': size of group '{}' unknown for {} op '{}' (set "
+                  "group_sizes.{} or the op's attrs[\"group_size\"])",
+                  cfg_.name, op.group, sname, op.name, op.group);
+        n = g->second;
+      }
+      auto [it, fresh] = group_index.emplace(op.group, static_cast<int>(group_index.size()));
+      double t = collective_time(op.coll, op.cost.comm_bytes, n, link->second);
+      out.push_back({cfg_.op_overhead_s + t, it->second});
+    }
+    return out;
+  };
+  fwd_ = price(prog.fwd, "fwd");
+  bwd_ = price(prog.bwd, "bwd");
+  num_groups_ = static_cast<int>(group_index.size());
+}
+
+double CostModel::op_time(StrandKind strand, int i) const {
+  const auto& v = strand == StrandKind::kForward ? fwd_ : bwd_;
+  DHX_ASSERT(i >= 0 && i < static_cast<int>(v.size()), "op {} of {}", i, v.size());
+  return v[i].t;
+}
+
+// Replays the issue order: `first` strand's window [a,b), then `second`'s [c,d). Timeline of a
+// compute ∥ comm block (fwd collective, bwd compute queued first):
+//   comm[tp]: |==== fwd all_gather ====|
+//   engine:   |== bwd dgrad ==|== bwd wgrad ==|        -> makespan = max(M, C)
+double CostModel::makespan(const std::vector<OpTime>* first, int a, int b,
+                           const std::vector<OpTime>* second, int c, int d) const {
+  std::vector<double> channel_free(num_groups_, 0.0);
+  double engine_free = 0, end = 0;
+  auto run = [&](const std::vector<OpTime>* ops, int lo, int hi) {
+    double ready = 0;  // the strand's previous op has finished
+    for (int i = lo; i < hi; ++i) {
+      const OpTime& op = (*ops)[i];
+      double& resource = op.group < 0 ? engine_free : channel_free[op.group];
+      double start = std::max(ready, resource);
+      ready = resource = start + op.t;
+    }
+    end = std::max(end, ready);
+  };
+  if (first) run(first, a, b);
+  if (second) run(second, c, d);
+  return end;
+}
+
+double CostModel::solo_fwd(int a, int b) const {
+  return makespan(&fwd_, a, b, nullptr, 0, 0) + cfg_.block_overhead_s;
+}
+
+double CostModel::solo_bwd(int c, int d) const {
+  return makespan(&bwd_, c, d, nullptr, 0, 0) + cfg_.block_overhead_s;
+}
+
+double CostModel::pair(int a, int b, int c, int d) const {
+  auto has = [](const std::vector<OpTime>& ops, int lo, int hi, bool want_comm) {
+    for (int i = lo; i < hi; ++i)
+      if ((ops[i].group >= 0) == want_comm) return true;
+    return false;
+  };
+  // Two collectives of one group cannot share a block: the executor would reject it.
+  for (int i = a; i < b; ++i)
+    for (int j = c; j < d; ++j)
+      if (fwd_[i].group >= 0 && fwd_[i].group == bwd_[j].group) return kNoCost;
+  const bool f_comm = has(fwd_, a, b, true), b_comm = has(bwd_, c, d, true);
+  const bool f_comp = has(fwd_, a, b, false), b_comp = has(bwd_, c, d, false);
+  // The strand that waits on no collective of its own queues its compute first.
+  const bool bwd_first = f_comm && !b_comm;
+  double t = bwd_first ? makespan(&bwd_, c, d, &fwd_, a, b) : makespan(&fwd_, a, b, &bwd_, c, d);
+  if ((f_comm && b_comp) || (b_comm && f_comp))
+    t *= cfg_.overlap_slowdown;
+  else if (f_comm && b_comm)
+    t *= cfg_.comm_comm_slowdown;
+  return t + cfg_.block_overhead_s;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,90 @@
+// Analytical BlockCost: prices SI blocks from each Op's cost terms with a roofline for compute
+// and a ring model for collectives, so the plan search runs without hardware. It predicts; it
+// measures nothing (Profile holds measurements) and knows nothing about MPI or CUDA.
+//
+//   compute op       t = op_overhead + max(flops / flop_rate, bytes / mem_bw)
+//   collective on a group of n ranks, B = Op::cost.comm_bytes = the full (gathered / unreduced)
+//   buffer, bw = per-rank link bandwidth, L = per-step latency of the group's link:
+//     all_gather, reduce_scatter, all_to_all   t = (n-1)/n · B/bw + (n-1)·L
+//     all_reduce                              t = 2 · ((n-1)/n · B/bw + (n-1)·L)
+//     broadcast                               t = B/bw + (n-1)·L
+//     send_recv                               t = B/bw + L
+//     (n <= 1: 0) + op_overhead
+//   n = op.attrs["group_size"] when present, else config.group_sizes[op.group].
+//
+// A block is timed by replaying the executor's issue order on one compute engine and one
+// channel per process group: within a strand ops run in order; a collective starts when its
+// strand reaches it; compute ops queue on the single engine, the strand without a collective
+// first, then the other (the "dependent" strand). T = makespan, then
+//   solo window:                      T
+//   pair with compute beside comm:    T · overlap_slowdown     (SMs / memory shared with NCCL)
+//   pair of two pure-comm windows:    T · comm_comm_slowdown   (links shared)
+//   pair of two pure-compute windows: T (= Cf + Cb: one engine, no overlap)
+// and every block adds block_overhead (the barrier between blocks). So the pure cases are
+// max(C, M)·s for compute ∥ comm and Cf + Cb for compute + compute.
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "plan/BlockCost.h"
+#include "plan/Program.h"
+
+namespace dhelix {
+
+struct LinkSpec {
+  double bandwidth = 0;  // bytes/s each rank can push around the ring (bus bandwidth)
+  double latency = 0;    // seconds per ring step
+};
+
+struct CostModelConfig {
+  std::string name = "custom";
+  double flop_rate = 0;             // achievable FLOP/s of one compute engine
+  double mem_bw = 0;                // achievable bytes/s of device memory
+  double op_overhead_s = 0;         // launch cost of each op
+  double block_overhead_s = 0;      // barrier/join cost of each block
+  double overlap_slowdown = 1.0;    // >= 1: compute and comm co-running slow each other
+  double comm_comm_slowdown = 1.0;  // >= 1: two groups' collectives co-running
+  std::map<std::string, LinkSpec> links;   // per group role; "default" for any other role
+  std::map<std::string, int> group_sizes;  // ranks per role, for ops without attrs["group_size"]
+
+  // "a40-pcie", "a800-nvlink", "h100-nvlink", "cpu-1gbit" (ConfigError names the choices).
+  static CostModelConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  // {"preset":"h100-nvlink", ...overrides...}; every field optional. ConfigError on bad values.
+  nlohmann::json to_json() const;
+  static CostModelConfig from_json(const nlohmann::json& j, const std::string& origin = "<json>");
+  void validate() const;  // ConfigError naming the field and value
+};
+
+class CostModel final : public BlockCost {
+ public:
+  // Prices every op of `prog` up front; ConfigError when a collective's group has no link or
+  // no size.
+  CostModel(const LayerProgram& prog, CostModelConfig cfg);
+
+  double op_time(StrandKind strand, int i) const;
+  double solo_fwd(int a, int b) const override;
+  double solo_bwd(int c, int d) const override;
+  double pair(int a, int b, int c, int d) const override;
+
+  const CostModelConfig& config() const { return cfg_; }
+  // Seconds of one collective of `coll` kind over `bytes` on n ranks with `link`.
+  static double collective_time(CollOp coll, double bytes, int n, const LinkSpec& link);
+
+ private:
+  struct OpTime {
+    double t;
+    int group;  // -1 for compute, else index into the group channels
+  };
+  double makespan(const std::vector<OpTime>* first, int a, int b, const std::vector<OpTime>* second,
+                  int c, int d) const;
+
+  CostModelConfig cfg_;
+  std::vector<OpTime> fwd_, bwd_;
+  int num_groups_ = 0;
+};
+
+}  // namespace dhelix

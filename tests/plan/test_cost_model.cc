@@ -1,0 +1,78 @@
+// Analytical cost model. Oracles: the closed forms in sim/CostModel.h worked by hand for
+// small numbers (exact in binary floating point where written with ==).
+#include <gtest/gtest.h>
+
+#include "PlanTestUtil.h"
+#include "base/Error.h"
+#include "sim/CostModel.h"
+
+namespace dhelix {
+namespace {
+
+CostModelConfig unit_config() {
+  CostModelConfig c;
+  c.name = "unit";
+  c.flop_rate = 1e9;  // 1e9 flops -> 1 s
+  c.mem_bw = 1e9;
+  c.overlap_slowdown = 1.25;
+  c.links = {{"tp", {1e6, 0.5}}, {"cp", {2e6, 0}}};
+  c.group_sizes = {{"tp", 4}, {"cp", 2}};
+  return c;
+}
+
+TEST(CostModel, RingFormulas) {
+  LinkSpec l{1e6, 0.5};
+  // all-gather of 4e6 bytes on 4 ranks: 3/4 * 4 s + 3 * 0.5 s = 4.5 s
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllGather, 4e6, 4, l), 4.5);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kReduceScatter, 4e6, 4, l), 4.5);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, 4e6, 4, l), 9.0);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kSendRecv, 4e6, 2, l), 4.5);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllGather, 4e6, 1, l), 0.0);
+}
+
+TEST(CostModel, BlockRules) {
+  // fwd: f0 (1 s compute) f1.tp (AG of 1e6 B on 4 ranks: 0.75 + 1.5 = 2.25 s)
+  // bwd: b0 (1 s) b1.cp (AG of 1e6 B on 2 ranks at 2e6 B/s: 0.25 s) b2 (1 s)
+  LayerProgram prog = test::program_from("c tp", "c cp c");
+  CostModel m(prog, unit_config());
+  EXPECT_DOUBLE_EQ(m.op_time(StrandKind::kForward, 1), 2.25);
+  EXPECT_DOUBLE_EQ(m.solo_fwd(0, 2), 3.25);                 // chain
+  EXPECT_DOUBLE_EQ(m.pair(0, 1, 0, 1), 2.0);                // compute + compute, one engine
+  EXPECT_DOUBLE_EQ(m.pair(1, 2, 0, 1), 2.25 * 1.25);        // max(C, M) * slowdown
+  EXPECT_DOUBLE_EQ(m.pair(1, 2, 1, 2), 2.25);               // tp || cp: separate channels
+  // Dependent strand: bwd [b1.cp, b2] beside fwd f0: f0 runs first (0..1), cp AG 0..0.25,
+  // b2 waits for the engine: 1..2. Makespan 2, times the overlap slowdown.
+  EXPECT_DOUBLE_EQ(m.pair(0, 1, 1, 3), 2.0 * 1.25);
+  LayerProgram same = test::program_from("tp", "tp");
+  EXPECT_EQ(CostModel(same, unit_config()).pair(0, 1, 0, 1), kNoCost);
+}
+
+TEST(CostModel, PresetsAndJson) {
+  for (const std::string& name : CostModelConfig::preset_names())
+    EXPECT_NO_THROW(CostModelConfig::preset(name).validate()) << name;
+  EXPECT_THROW(CostModelConfig::preset("tpu"), ConfigError);
+  CostModelConfig c = CostModelConfig::from_json(
+      nlohmann::json::parse(R"({"preset":"cpu-1gbit","group_sizes":{"tp":2},"mem_bw":5e9})"));
+  EXPECT_EQ(c.name, "cpu-1gbit");
+  EXPECT_EQ(c.group_sizes.at("tp"), 2);
+  EXPECT_DOUBLE_EQ(c.mem_bw, 5e9);
+  CostModelConfig back = CostModelConfig::from_json(c.to_json());
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_THROW(CostModelConfig::from_json(nlohmann::json::parse(R"({"flop_rate":-1})")),
+               ConfigError);
+  // A group without a size is a configuration error that names the op.
+  LayerProgram prog = test::program_from("ep", "c");
+  CostModelConfig nosize = unit_config();
+  nosize.links["ep"] = {1e9, 0};
+  try {
+    CostModel m(prog, nosize);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("size of group 'ep' unknown for fwd op 'f0.ep'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
