@@ -1,0 +1,466 @@
+// The key table and everything generated from it: TOML and flag parsing, range checks, help text
+// and to_toml. Cross-field rules (divisibility, parallel sizes) are in validate_cross() below.
+// Not here: the model presets themselves (model/ModelConfig.cc via ModelHooks).
+#include "train/Config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "base/Error.h"
+#include "base/Files.h"
+
+namespace dhelix {
+namespace {
+
+enum class Kind { kInt, kFloat, kBool, kOnOff, kString, kFamily };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kInt: return "integer";
+    case Kind::kFloat: return "number";
+    case Kind::kBool: return "bool";
+    case Kind::kOnOff: return "on|off";
+    case Kind::kString: return "string";
+    case Kind::kFamily: return "gpt|llama";
+  }
+  return "?";
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Field {
+  const char* section;
+  const char* key;
+  Kind kind;
+  double lo, hi;  // inclusive range for kInt / kFloat
+  const char* help;
+  void* (*ref)(RunConfig&);
+  std::string name() const { return std::string(section) + "." + key; }
+};
+
+#define DHX_F(sec, key, expr, kind, lo, hi, help) \
+  Field{sec, key, Kind::kind, lo, hi, help, [](RunConfig& c) -> void* { return &(c.expr); }}
+
+const std::vector<Field>& table() {
+  static const std::vector<Field> t = {
+      DHX_F("model", "preset", model_preset, kString, 0, 0, "built-in shape to start from; keys below override it"),
+      DHX_F("model", "family", model.family, kFamily, 0, 0, "gpt (LayerNorm, GELU, learned positions) or llama (RMSNorm, SwiGLU, RoPE, GQA)"),
+      DHX_F("model", "vocab_size", model.vocab_size, kInt, 2, 1e9, "vocabulary size (must match the tokenizer)"),
+      DHX_F("model", "seq_len", model.seq_len, kInt, 1, 1e9, "context length T of every training window"),
+      DHX_F("model", "d_model", model.d_model, kInt, 1, 1e9, "hidden size"),
+      DHX_F("model", "n_layers", model.n_layers, kInt, 1, 1e6, "transformer layers"),
+      DHX_F("model", "n_heads", model.n_heads, kInt, 1, 1e6, "attention (query) heads"),
+      DHX_F("model", "n_kv_heads", model.n_kv_heads, kInt, 1, 1e6, "key/value heads (GQA when < n_heads)"),
+      DHX_F("model", "ffn_hidden", model.ffn_hidden, kInt, 1, 1e9, "MLP hidden size (GPT 4*d; Llama SwiGLU)"),
+      DHX_F("model", "norm_eps", model.norm_eps, kFloat, 0, 1, "epsilon of LayerNorm/RMSNorm"),
+      DHX_F("model", "rope_theta", model.rope_theta, kFloat, 1, kInf, "RoPE base (Llama)"),
+      DHX_F("model", "tie_embeddings", model.tie_embeddings, kBool, 0, 0, "share the token embedding with the LM head"),
+      DHX_F("model", "init_std", model.init_std, kFloat, 0, 10, "std of the normal weight init"),
+      DHX_F("training", "steps", training.steps, kInt, 1, 1e12, "optimizer steps"),
+      DHX_F("training", "micro_batch_size", training.micro_batch_size, kInt, 1, 1e9, "sequences per micro-batch per dp rank"),
+      DHX_F("training", "micro_batches", training.micro_batches, kInt, 1, 1e9, "micro-batches accumulated per step"),
+      DHX_F("training", "lr", training.lr, kFloat, 0, 10, "peak learning rate (after warm-up)"),
+      DHX_F("training", "min_lr", training.min_lr, kFloat, 0, 10, "learning rate at the end of the cosine decay"),
+      DHX_F("training", "warmup_steps", training.warmup_steps, kInt, 0, 1e12, "linear warm-up steps"),
+      DHX_F("training", "weight_decay", training.weight_decay, kFloat, 0, 10, "AdamW decoupled weight decay (matrices only)"),
+      DHX_F("training", "beta1", training.beta1, kFloat, 0, 0.999999, "AdamW beta1"),
+      DHX_F("training", "beta2", training.beta2, kFloat, 0, 0.999999999, "AdamW beta2"),
+      DHX_F("training", "adam_eps", training.adam_eps, kFloat, 1e-30, 1, "AdamW epsilon"),
+      DHX_F("training", "grad_clip", training.grad_clip, kFloat, 0, kInf, "clip the global gradient norm to this; 0 = off"),
+      DHX_F("training", "seed", training.seed, kInt, 0, 9.2e18, "seed of init, data order and sampling"),
+      DHX_F("training", "eval_interval", training.eval_interval, kInt, 0, 1e12, "steps between validation runs; 0 = never"),
+      DHX_F("training", "eval_batches", training.eval_batches, kInt, 1, 1e9, "validation micro-batches per evaluation"),
+      DHX_F("training", "log_interval", training.log_interval, kInt, 1, 1e12, "steps between metric lines"),
+      DHX_F("training", "sample_tokens", training.sample_tokens, kInt, 0, 1e9, "tokens sampled and printed at the end"),
+      DHX_F("training", "threads", training.threads, kInt, 0, 4096, "compute threads per rank; 0 = auto"),
+      DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
+      DHX_F("data", "tokenizer", data.tokenizer, kString, 0, 0, "SentencePiece model file"),
+      DHX_F("data", "corpus", data.corpus, kString, 0, 0, "text corpus, one document per line"),
+      DHX_F("data", "val_fraction", data.val_fraction, kFloat, 0, 0.9, "last fraction of documents held out for validation"),
+      DHX_F("parallel", "dp", parallel.dp, kInt, 1, 1e6, "data-parallel size"),
+      DHX_F("parallel", "tp", parallel.tp, kInt, 1, 1e6, "tensor-parallel size"),
+      DHX_F("parallel", "pp", parallel.pp, kInt, 1, 1e6, "pipeline-parallel stages"),
+      DHX_F("parallel", "cp", parallel.cp, kInt, 1, 1e6, "context-parallel size"),
+      DHX_F("parallel", "ep", parallel.ep, kInt, 1, 1e6, "expert-parallel size (carved out of dp)"),
+      DHX_F("parallel", "sequence_parallel", parallel.sequence_parallel, kBool, 0, 0, "Megatron sequence parallelism in TP regions"),
+      DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
+      DHX_F("schedule", "strand_interleaving", schedule.strand_interleaving, kOnOff, 0, 0, "co-execute fwd and bwd micro-batches"),
+      DHX_F("schedule", "plan", schedule.plan, kString, 0, 0, "SI plan JSON from `dhelix plan`; empty = default plan"),
+      DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
+      DHX_F("checkpoint", "interval", checkpoint.interval, kInt, 0, 1e12, "steps between checkpoints; 0 = only at the end"),
+      DHX_F("checkpoint", "resume", checkpoint.resume, kString, 0, 0, "\"\" (fresh), \"latest\", or a step_XXXXXXXX path"),
+      DHX_F("checkpoint", "keep", checkpoint.keep, kInt, 0, 1e9, "checkpoints retained; 0 = all"),
+      DHX_F("output", "dir", output.dir, kString, 0, 0, "run directory (resolved config, metrics)"),
+      DHX_F("output", "metrics", output.metrics, kString, 0, 0, "metrics JSONL; empty = <output.dir>/metrics.jsonl"),
+      DHX_F("output", "trace", output.trace, kString, 0, 0, "Chrome-trace JSON; empty = none"),
+  };
+  return t;
+}
+#undef DHX_F
+
+const Field* find_field(const std::string& name) {
+  for (const Field& f : table())
+    if (f.name() == name) return &f;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string unknown_key_message(const std::string& name, const std::string& origin) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const Field& f : table()) {
+    size_t d = edit_distance(name, f.name());
+    if (d < best_d) best_d = d, best = f.name();
+  }
+  std::string msg = fmt::format("unknown key '{}' ({})", name, origin);
+  if (best_d <= std::max<size_t>(3, name.size() / 3)) msg += fmt::format(": did you mean '{}'?", best);
+  else msg += "; see --help for the list of keys";
+  return msg;
+}
+
+// A scalar as it arrived: TOML values keep their type, flag values are text to be parsed.
+using Scalar = std::variant<int64_t, double, bool, std::string>;
+struct Incoming {
+  Scalar value;
+  bool from_flag;
+  std::string origin;  // "demo.toml:12" or "--training.steps"
+};
+
+std::string scalar_str(const Scalar& s) {
+  return std::visit([](const auto& v) -> std::string {
+    using V = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, std::string>) return "\"" + v + "\"";
+    else if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
+    else return fmt::format("{}", v);
+  }, s);
+}
+
+std::optional<bool> parse_bool(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (s == "on" || s == "true" || s == "1" || s == "yes") return true;
+  if (s == "off" || s == "false" || s == "0" || s == "no") return false;
+  return std::nullopt;
+}
+
+// Writes `in` into the field, or appends one message to `errors`.
+void assign(const Field& f, const Incoming& in, RunConfig& cfg, std::vector<std::string>& errors) {
+  auto bad = [&](const std::string& why) {
+    errors.push_back(fmt::format("{} = {} ({}): {}", f.name(), scalar_str(in.value), in.origin, why));
+  };
+  const std::string* text = std::get_if<std::string>(&in.value);
+  void* p = f.ref(cfg);
+  auto check_range = [&](double v) {
+    if (!(v >= f.lo && v <= f.hi)) {
+      bad(f.hi == kInf ? fmt::format("must be >= {}", f.lo) : fmt::format("must be in [{}, {}]", f.lo, f.hi));
+      return false;
+    }
+    return true;
+  };
+  switch (f.kind) {
+    case Kind::kInt: {
+      int64_t v = 0;
+      if (auto* i = std::get_if<int64_t>(&in.value)) v = *i;
+      else if (text && in.from_flag) {
+        auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+        if (ec != std::errc() || end != text->data() + text->size()) return bad("not an integer");
+      } else return bad(fmt::format("wrong type: expected an integer"));
+      if (check_range(static_cast<double>(v))) *static_cast<int64_t*>(p) = v;
+      return;
+    }
+    case Kind::kFloat: {
+      double v = 0;
+      if (auto* d = std::get_if<double>(&in.value)) v = *d;
+      else if (auto* i = std::get_if<int64_t>(&in.value)) v = static_cast<double>(*i);
+      else if (text && in.from_flag) {
+        char* end = nullptr;
+        v = std::strtod(text->c_str(), &end);
+        if (text->empty() || end != text->c_str() + text->size()) return bad("not a number");
+      } else return bad("wrong type: expected a number");
+      if (check_range(v)) *static_cast<double*>(p) = v;
+      return;
+    }
+    case Kind::kBool:
+    case Kind::kOnOff: {
+      std::optional<bool> v;
+      if (auto* b = std::get_if<bool>(&in.value)) v = *b;
+      else if (text) v = parse_bool(*text);
+      if (!v) return bad("expected on|off|true|false");
+      *static_cast<bool*>(p) = *v;
+      return;
+    }
+    case Kind::kString:
+      if (!text) return bad("wrong type: expected a string");
+      *static_cast<std::string*>(p) = *text;
+      return;
+    case Kind::kFamily:
+      if (text && *text == "gpt") *static_cast<ModelFamily*>(p) = ModelFamily::kGPT;
+      else if (text && *text == "llama") *static_cast<ModelFamily*>(p) = ModelFamily::kLlama;
+      else bad("expected \"gpt\" or \"llama\"");
+      return;
+  }
+}
+
+// Reads the TOML text into (key -> Incoming); structural problems go to `errors`.
+void collect_toml(const std::string& text, const std::string& origin, std::map<std::string, Incoming>& out,
+                  std::vector<std::string>& errors) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw ConfigError(fmt::format("{}:{}:{}: TOML syntax error: {}", origin, b.line, b.column, e.description()));
+  }
+  for (const auto& [sec_key, sec_node] : root) {
+    std::string sec(sec_key.str());
+    const toml::table* sec_table = sec_node.as_table();
+    if (!sec_table) {
+      errors.push_back(fmt::format("{}:{}: top-level key '{}' is not a [section]; keys live in sections "
+                                   "like [training]", origin, sec_node.source().begin.line, sec));
+      continue;
+    }
+    for (const auto& [key, node] : *sec_table) {
+      std::string name = sec + "." + std::string(key.str());
+      std::string where = fmt::format("{}:{}", origin, node.source().begin.line);
+      if (!find_field(name)) {
+        errors.push_back(unknown_key_message(name, where));
+        continue;
+      }
+      Scalar s;
+      if (auto v = node.value_exact<int64_t>()) s = *v;
+      else if (auto d = node.value_exact<double>()) s = *d;
+      else if (auto b = node.value_exact<bool>()) s = *b;
+      else if (auto str = node.value_exact<std::string>()) s = *str;
+      else {
+        const char* got = node.is_array() ? "array" : node.is_table() ? "table" : "date/time";
+        errors.push_back(fmt::format("{} ({}): wrong type: expected a {}, got a {}", name, where,
+                                     kind_name(find_field(name)->kind), got));
+        continue;
+      }
+      out[name] = Incoming{s, false, where};
+    }
+  }
+}
+
+// Basic model rules, used when no ModelConfig::validate hook is bound.
+std::vector<std::string> basic_model_checks(const ModelConfig& m) {
+  std::vector<std::string> e;
+  if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
+    e.push_back(fmt::format("model.d_model={} is not divisible by model.n_heads={}", m.d_model, m.n_heads));
+  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
+    e.push_back(fmt::format("model.n_heads={} is not divisible by model.n_kv_heads={}", m.n_heads, m.n_kv_heads));
+  if (m.family == ModelFamily::kGPT && m.n_kv_heads != m.n_heads)
+    e.push_back(fmt::format("model.family=gpt needs n_kv_heads == n_heads (got {} and {})", m.n_kv_heads, m.n_heads));
+  return e;
+}
+
+void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std::string>& e) {
+  const ModelConfig& m = c.model;
+  for (auto& msg : hooks.validate ? hooks.validate(m) : basic_model_checks(m)) e.push_back(msg);
+  const TrainingConfig& t = c.training;
+  const ParallelConfig& p = c.parallel;
+  if (t.min_lr > t.lr) e.push_back(fmt::format("training.min_lr={} exceeds training.lr={}", t.min_lr, t.lr));
+  auto divides = [&](const char* what, int64_t value, const char* by, int64_t n) {
+    if (n > 0 && value % n != 0)
+      e.push_back(fmt::format("{}={} is not divisible by {}={}", what, value, by, n));
+  };
+  divides("model.n_heads", m.n_heads, "parallel.tp", p.tp);
+  divides("model.n_kv_heads", m.n_kv_heads, "parallel.tp", p.tp);
+  divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp", p.tp);
+  divides("model.seq_len", m.seq_len, "parallel.cp", p.cp);
+  divides("parallel.dp", p.dp, "parallel.ep", p.ep);
+  if (p.sequence_parallel) divides("model.seq_len", m.seq_len, "parallel.tp (sequence_parallel)", p.tp);
+  if (p.pp > 1 && m.n_layers % p.pp != 0)
+    e.push_back(fmt::format("model.n_layers={} is not divisible by parallel.pp={}", m.n_layers, p.pp));
+  if (p.pp > 1 && t.micro_batches < p.pp)
+    e.push_back(fmt::format("training.micro_batches={} is below parallel.pp={}: the pipeline would never fill "
+                            "(global batch = micro_batch_size {} x micro_batches {} x dp {} = {})",
+                            t.micro_batches, p.pp, t.micro_batch_size, t.micro_batches, p.dp, c.global_batch()));
+  if (c.global_batch() > (int64_t{1} << 40))
+    e.push_back(fmt::format("global batch micro_batch_size {} x micro_batches {} x dp {} overflows", t.micro_batch_size,
+                            t.micro_batches, p.dp));
+  if (p.zero == 1 && p.dp == 1)
+    e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
+  if (c.data.prefix.empty()) e.push_back("data.prefix is empty");
+  if (c.output.dir.empty()) e.push_back("output.dir is empty");
+}
+
+std::string toml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\', out += static_cast<char>(ch);
+    else if (ch == '\n') out += "\\n";
+    else if (ch == '\t') out += "\\t";
+    else if (ch < 0x20 || ch == 0x7f) out += fmt::format("\\u{:04x}", ch);
+    else out += static_cast<char>(ch);
+  }
+  return out + "\"";
+}
+
+std::string value_str(const Field& f, const RunConfig& cfg) {
+  void* p = f.ref(const_cast<RunConfig&>(cfg));
+  switch (f.kind) {
+    case Kind::kInt: return fmt::format("{}", *static_cast<int64_t*>(p));
+    case Kind::kFloat: {
+      double v = *static_cast<double*>(p);
+      std::string s = fmt::format("{}", v);  // shortest text that reads back to the same double
+      if (std::isfinite(v) && s.find_first_of(".e") == std::string::npos) s += ".0";
+      return s;
+    }
+    case Kind::kBool: return *static_cast<bool*>(p) ? "true" : "false";
+    case Kind::kOnOff: return *static_cast<bool*>(p) ? "\"on\"" : "\"off\"";
+    case Kind::kString: return toml_quote(*static_cast<std::string*>(p));
+    case Kind::kFamily:
+      return *static_cast<ModelFamily*>(p) == ModelFamily::kGPT ? "\"gpt\"" : "\"llama\"";
+  }
+  return "";
+}
+
+RunConfig resolve(std::map<std::string, Incoming> incoming, const ModelHooks& hooks, std::vector<std::string>& errors) {
+  RunConfig cfg;
+  // 1. The preset replaces the whole model section; explicit model.* keys then override it.
+  auto it = incoming.find("model.preset");
+  if (it != incoming.end()) assign(*find_field("model.preset"), it->second, cfg, errors);
+  if (hooks.preset) {
+    try {
+      cfg.model = hooks.preset(cfg.model_preset);
+    } catch (const ConfigError& e) {
+      errors.push_back(fmt::format("model.preset = \"{}\": {}", cfg.model_preset, e.what()));
+    }
+  }
+  cfg.model.name = cfg.model_preset;
+  // 2. Everything else, in table order.
+  for (const Field& f : table()) {
+    auto in = incoming.find(f.name());
+    if (in != incoming.end() && f.name() != "model.preset") assign(f, in->second, cfg, errors);
+  }
+  // 3. Derived defaults.
+  if (cfg.output.metrics.empty()) cfg.output.metrics = cfg.output.dir + "/metrics.jsonl";
+  if (cfg.checkpoint.dir.empty()) cfg.checkpoint.dir = cfg.output.dir + "/checkpoints";
+  validate_cross(cfg, hooks, errors);
+  return cfg;
+}
+
+}  // namespace
+
+RunConfig load_config_text(const std::string& toml_text, const std::string& origin, const ConfigOverrides& overrides,
+                           const ModelHooks& hooks) {
+  std::vector<std::string> errors;
+  std::map<std::string, Incoming> incoming;
+  collect_toml(toml_text, origin, incoming, errors);
+  for (const auto& [name, value] : overrides) {
+    if (!find_field(name)) {
+      errors.push_back(unknown_key_message(name, "--" + name));
+      continue;
+    }
+    incoming[name] = Incoming{value, true, "--" + name};
+  }
+  RunConfig cfg = resolve(std::move(incoming), hooks, errors);
+  if (!errors.empty()) {
+    std::string msg = fmt::format("{} configuration error{}:", errors.size(), errors.size() == 1 ? "" : "s");
+    for (const auto& e : errors) msg += "\n  - " + e;
+    throw ConfigError(msg);
+  }
+  return cfg;
+}
+
+RunConfig load_config(const std::string& toml_path, const ConfigOverrides& overrides, const ModelHooks& hooks) {
+  if (toml_path.empty()) return load_config_text("", "(defaults)", overrides, hooks);
+  DHX_CHECK(file_exists(toml_path), IoError, "config file '{}' does not exist", toml_path);
+  return load_config_text(read_file(toml_path), toml_path, overrides, hooks);
+}
+
+std::string to_toml(const RunConfig& cfg) {
+  std::string out = "# dhelix resolved configuration (every key; `dhelix train --help` explains them)\n";
+  std::string section;
+  for (const Field& f : table()) {
+    if (section != f.section) {
+      section = f.section;
+      out += fmt::format("\n[{}]\n", section);
+    }
+    out += fmt::format("{} = {}\n", f.key, value_str(f, cfg));
+  }
+  return out;
+}
+
+std::string help_text() {
+  RunConfig defaults;
+  defaults.output.metrics = "<output.dir>/metrics.jsonl";
+  defaults.checkpoint.dir = "<output.dir>/checkpoints";
+  std::string out =
+      "Every key may be set in the TOML file ([section] key = value) or as a flag --section.key value.\n"
+      "Precedence: built-in defaults < model.preset < TOML file < flags. Booleans take on/off/true/false.\n";
+  std::string section;
+  for (const Field& f : table()) {
+    if (section != f.section) out += fmt::format("\n[{}]\n", section = f.section);
+    std::string flag = fmt::format("--{} <{}>", f.name(), kind_name(f.kind));
+    std::string def = std::string(f.name()) == "model.preset" ? "\"demo\"" : value_str(f, defaults);
+    if (std::string(f.section) == "model" && f.name() != "model.preset") def = "from preset";
+    out += fmt::format("  {:<44} {} (default: {})\n", flag, f.help, def);
+  }
+  return out;
+}
+
+CliArgs parse_cli_args(const std::vector<std::string>& words) {
+  CliArgs args;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w == "-h" || w == "--help") {
+      args.help = true;
+    } else if (w == "--config" || w.rfind("--config=", 0) == 0) {
+      if (w.size() > 8) args.config_path = w.substr(9);
+      else {
+        DHX_CHECK(i + 1 < words.size(), ConfigError, "--config needs a path");
+        args.config_path = words[++i];
+      }
+    } else if (w.rfind("--", 0) == 0) {
+      std::string name = w.substr(2), value;
+      size_t eq = name.find('=');
+      const Field* f = find_field(eq == std::string::npos ? name : name.substr(0, eq));
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name.resize(eq);
+      } else if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) {
+        value = words[++i];
+      } else if (f && (f->kind == Kind::kBool || f->kind == Kind::kOnOff)) {
+        value = "on";
+      } else {
+        throw ConfigError(fmt::format("flag --{} needs a value", name));
+      }
+      args.overrides.emplace_back(name, value);  // unknown names are reported by load_config
+    } else {
+      args.positional.push_back(w);
+    }
+  }
+  return args;
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const Field& f : table()) keys.push_back(f.name());
+  return keys;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,123 @@
+// RunConfig: everything one `dhelix train` run is told, resolved from defaults, a model preset,
+// a TOML file and `--section.key value` flags (in that order of precedence, lowest first).
+// One table of keys (Config.cc) drives the TOML parser, the flags, help text, validation and the
+// printed/saved TOML, so they cannot drift. Not here: the CLI verb dispatch (apps/), the model math.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/ModelConfig.h"
+
+namespace dhelix {
+
+struct TrainingConfig {
+  int64_t steps = 200;
+  int64_t micro_batch_size = 8;   // B per dp rank per micro-batch
+  int64_t micro_batches = 2;      // gradient-accumulation count per optimizer step
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 20;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;         // global-norm clip; 0 = off
+  int64_t seed = 1234;
+  int64_t eval_interval = 50;     // 0 = never
+  int64_t eval_batches = 8;
+  int64_t log_interval = 1;
+  int64_t sample_tokens = 64;     // tokens sampled and printed at the end; 0 = none
+  int64_t threads = 0;            // compute threads per rank; 0 = auto
+};
+
+struct DataConfig {
+  std::string prefix = "data/kjv";              // <prefix>.bin / <prefix>.idx (MMIDIDX)
+  std::string tokenizer = "data/kjv_bpe.model"; // SentencePiece model
+  std::string corpus = "data/kjv.txt";          // one document per line
+  double val_fraction = 0.05;                   // last fraction of documents -> validation
+};
+
+struct ParallelConfig {
+  int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  bool sequence_parallel = false;
+  int64_t zero = 0;  // 0: replicated optimizer state; 1: sharded over dp
+};
+
+struct ScheduleConfig {
+  bool strand_interleaving = true;  // "on" | "off"
+  std::string plan;                 // SI plan JSON; empty = the built-in default plan
+};
+
+struct CheckpointConfig {
+  std::string dir;      // empty = <output.dir>/checkpoints
+  int64_t interval = 0; // steps between saves; 0 = only at the end
+  std::string resume;   // "" | "latest" | path of a step_XXXXXXXX directory
+  int64_t keep = 3;     // checkpoints retained; 0 = all
+};
+
+struct OutputConfig {
+  std::string dir = "runs/demo";
+  std::string metrics;  // empty = <dir>/metrics.jsonl
+  std::string trace;    // Chrome-trace JSON path; empty = no trace
+};
+
+struct RunConfig {
+  std::string model_preset = "demo";
+  ModelConfig model;  // the preset's fields with explicit keys applied on top
+  TrainingConfig training;
+  DataConfig data;
+  ParallelConfig parallel;
+  ScheduleConfig schedule;
+  CheckpointConfig checkpoint;
+  OutputConfig output;
+
+  // Sequences (of seq_len tokens) per optimizer step, over all dp ranks.
+  int64_t global_batch() const { return training.micro_batch_size * training.micro_batches * parallel.dp; }
+  int64_t tokens_per_step() const { return global_batch() * model.seq_len; }
+};
+
+// The model layer is linked by the trainer but not by every test: load_config reaches presets and
+// ModelConfig::validate through these hooks. default_model_hooks() (ConfigModelHooks.cc) binds the
+// real ones; a null `validate` falls back to the basic divisibility checks in Config.cc.
+struct ModelHooks {
+  std::function<ModelConfig(const std::string&)> preset;                  // throws ConfigError
+  std::function<std::vector<std::string>(const ModelConfig&)> validate;   // one message per rule
+};
+ModelHooks default_model_hooks();
+
+using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;  // ("training.steps", "10")
+
+// Resolves defaults <- model preset <- TOML file (empty path: none) <- overrides. Every problem
+// (unknown key with a "did you mean", wrong type, bad value, inconsistent sizes) is collected and
+// thrown as one ConfigError listing them all, one per line. A TOML file that cannot be read or
+// parsed throws at once (IoError / ConfigError naming the file and position).
+RunConfig load_config(const std::string& toml_path, const ConfigOverrides& overrides,
+                      const ModelHooks& hooks = default_model_hooks());
+// Same, from TOML text (the `origin` names it in messages).
+RunConfig load_config_text(const std::string& toml_text, const std::string& origin,
+                           const ConfigOverrides& overrides, const ModelHooks& hooks = default_model_hooks());
+
+// Every key of the table with its resolved value, grouped by section, in table order; loading it
+// back gives the same RunConfig. Derived paths (metrics, checkpoint dir) are written resolved.
+std::string to_toml(const RunConfig& cfg);
+
+// "--section.key <type>   help (default: value)" for every key, generated from the table.
+std::string help_text();
+
+// Splits command-line words into `--config PATH`, `--section.key value` / `--section.key=value`
+// overrides (a bare boolean flag means "on") and everything else (positional, in order).
+struct CliArgs {
+  std::string config_path;
+  ConfigOverrides overrides;
+  std::vector<std::string> positional;
+  bool help = false;  // -h / --help seen
+};
+CliArgs parse_cli_args(const std::vector<std::string>& words);
+
+// All "section.key" names of the table, in order (for tests and completion).
+std::vector<std::string> config_keys();
+
+}  // namespace dhelix

@@ -1,0 +1,96 @@
+// Trainer: one training run, top to bottom. Builds the layout, the layer programs and the
+// parameter shards, then per step: this rank's micro-batches -> StepRunner (sequential or Strand
+// Interleaving) -> GradSync (tp partial grads, dp buckets overlapped with backward) -> AdamW.
+// Logs one line per step, writes metrics JSONL, evaluates held-out loss, checkpoints (atomic,
+// layout-free HF tensors) and resumes bitwise. Works single-process (comm == nullptr) or as one
+// rank of an MPI / local-threads world.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/CommContext.h"
+#include "parallel/GradSync.h"
+#include "parallel/Optimizer.h"
+#include "parallel/ParamStore.h"
+#include "runtime/StepRunner.h"
+#include "train/Config.h"
+#include "train/DataLoader.h"
+#include "train/IndexedDataset.h"
+#include "train/LrSchedule.h"
+
+namespace dhelix {
+
+struct StepReport {
+  int64_t step = 0;      // 1-based optimizer step just completed
+  double loss = 0;       // mean per-token loss over the global batch
+  double lr = 0;
+  double grad_norm = 0;
+  double seconds = 0;
+  double tokens_per_s = 0;
+  double model_flops_per_s = 0;
+  int64_t peak_activation_bytes = 0;
+  int64_t peak_bytes = 0;  // activations + model/optimizer states
+};
+
+enum class Quiet { kNo, kYes };
+
+class Trainer {
+ public:
+  // `comm` may be null for a single process; it must outlive the trainer.
+  Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet = Quiet::kNo);
+  ~Trainer();
+
+  // The whole run: resume if asked, train cfg.training.steps steps, eval, checkpoint, sample.
+  void run();
+  StepReport train_step();
+  double evaluate(int64_t batches);  // mean held-out loss (same on every rank)
+  // Saves a checkpoint of the current state; returns its directory (every rank calls it).
+  std::string save_checkpoint();
+  void load_checkpoint(const std::string& step_dir);
+  // Greedy/top-k sampling from the current weights (single tp rank only).
+  std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed);
+
+  int64_t step() const { return step_; }
+  const RunConfig& config() const { return cfg_; }
+  ParamStore& params() { return *params_; }
+  StepRunner& runner() { return *runner_; }
+  const ModelPrograms& programs() const { return progs_; }
+  // Full (unsharded, layout-free) internal tensors; collective over tp (and dp for the optimizer).
+  std::map<std::string, Tensor> gather_full_params();
+  double sgemm_flops_per_s() const { return sgemm_flops_; }
+  MemoryTracker& activation_memory() { return act_mem_; }
+
+ private:
+  std::vector<MicroBatch> next_micro_batches(DataLoader& loader);
+  bool is_logger() const;
+  void log(const std::string& line) const;
+
+  RunConfig cfg_;
+  CommContext* comm_;
+  Quiet quiet_;
+  LayoutConfig layout_;
+  int tp_rank_ = 0, dp_rank_ = 0;
+  MicroBatchShape mb_;
+  std::vector<UnitSpec> units_;
+  ModelPrograms progs_;
+  MemoryTracker act_mem_{"activations"}, state_mem_{"states"};
+  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<Optimizer> opt_;
+  RunContext ctx_;
+  std::optional<SIPlan> plan_;
+  std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<Trace> trace_;
+  std::unique_ptr<IndexedDataset> dataset_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  std::unique_ptr<LrSchedule> lr_;
+  int64_t step_ = 0;
+  double sgemm_flops_ = 0;
+};
+
+// sgemm FLOP/s of this machine right now (1024^3, median of a few runs, current thread count).
+double measure_sgemm_flops();
+
+}  // namespace dhelix

@@ -1,0 +1,154 @@
+// Config table tests. Oracles: hand-written TOML with known errors (every one must be listed),
+// to_toml -> load round trip (same resolved text and fields), precedence defaults < preset <
+// TOML < flags. Fake model hooks stand in for the model layer (see tests/train/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include "base/Error.h"
+#include "train/Config.h"
+
+namespace dhelix {
+namespace {
+
+ModelHooks fake_hooks() {
+  ModelHooks h;
+  h.preset = [](const std::string& name) {
+    ModelConfig m;
+    if (name == "demo") {
+      m.vocab_size = 2000, m.seq_len = 128, m.d_model = 256, m.n_layers = 4, m.n_heads = 8, m.n_kv_heads = 4;
+      m.ffn_hidden = 688;
+    } else if (name == "gpt2-124m") {
+      m.family = ModelFamily::kGPT, m.vocab_size = 50257, m.seq_len = 1024, m.d_model = 768, m.n_layers = 12;
+      m.n_heads = 12, m.n_kv_heads = 12, m.ffn_hidden = 3072;
+    } else {
+      throw ConfigError("unknown model preset '" + name + "'; known: demo, gpt2-124m");
+    }
+    m.name = name;
+    return m;
+  };
+  return h;  // validate: null -> Config.cc's basic checks
+}
+
+RunConfig load(const std::string& toml, const ConfigOverrides& ov = {}) {
+  return load_config_text(toml, "test.toml", ov, fake_hooks());
+}
+
+std::string error_of(const std::string& toml, const ConfigOverrides& ov = {}) {
+  try {
+    load(toml, ov);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsComeFromThePresetAndDerivedPaths) {
+  RunConfig c = load("");
+  EXPECT_EQ(c.model_preset, "demo");
+  EXPECT_EQ(c.model.d_model, 256);
+  EXPECT_EQ(c.model.n_kv_heads, 4);
+  EXPECT_EQ(c.output.metrics, c.output.dir + "/metrics.jsonl");
+  EXPECT_EQ(c.checkpoint.dir, c.output.dir + "/checkpoints");
+  EXPECT_EQ(c.global_batch(), c.training.micro_batch_size * c.training.micro_batches);
+}
+
+TEST(Config, ThreeErrorsAreAllListed) {
+  // Oracle: three independent mistakes, each must appear in the single ConfigError.
+  std::string msg = error_of(
+      "[training]\n"
+      "stpes = 10\n"          // unknown key -> did you mean training.steps
+      "lr = \"fast\"\n"       // wrong type
+      "min_lr = 1.0\n"        // cross-field: exceeds lr (default 0.003)
+  );
+  EXPECT_NE(msg.find("3 configuration errors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown key 'training.stpes' (test.toml:2): did you mean 'training.steps'?"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.lr = \"fast\" (test.toml:3): wrong type"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.min_lr=1 exceeds training.lr=0.003"), std::string::npos) << msg;
+}
+
+TEST(Config, ModelAndParallelRulesNameTheValues) {
+  std::string msg = error_of("[model]\nn_heads = 6\n[parallel]\ntp = 4\n");
+  EXPECT_NE(msg.find("model.d_model=256 is not divisible by model.n_heads=6"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.n_heads=6 is not divisible by model.n_kv_heads=4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.n_heads=6 is not divisible by parallel.tp=4"), std::string::npos) << msg;
+  msg = error_of("[parallel]\npp = 4\n[training]\nmicro_batches = 2\n");
+  EXPECT_NE(msg.find("training.micro_batches=2 is below parallel.pp=4"), std::string::npos) << msg;
+  msg = error_of("", {{"model.preset", "gpt5"}});
+  EXPECT_NE(msg.find("unknown model preset 'gpt5'"), std::string::npos) << msg;
+  msg = error_of("", {{"training.steps", "ten"}, {"training.beta1", "1.5"}, {"model.family", "rnn"}});
+  EXPECT_NE(msg.find("training.steps = \"ten\" (--training.steps): not an integer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.beta1 = \"1.5\" (--training.beta1): must be in [0, "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected \"gpt\" or \"llama\""), std::string::npos) << msg;
+  msg = error_of("steps = 3\n");
+  EXPECT_NE(msg.find("top-level key 'steps' is not a [section]"), std::string::npos) << msg;
+}
+
+TEST(Config, TomlSyntaxErrorNamesFileAndLine) {
+  try {
+    load("[training]\nsteps = = 3\n");
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.toml:2:"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, FlagOverridesTomlAndExplicitKeysOverridePreset) {
+  RunConfig c = load("[training]\nsteps = 100\nlr = 1e-3\n[model]\npreset = \"gpt2-124m\"\nn_layers = 2\n",
+                     {{"training.steps", "7"}, {"schedule.strand_interleaving", "off"},
+                      {"parallel.sequence_parallel", "on"}});
+  EXPECT_EQ(c.training.steps, 7);               // flag beats TOML
+  EXPECT_DOUBLE_EQ(c.training.lr, 1e-3);        // TOML beats default
+  EXPECT_EQ(c.model.family, ModelFamily::kGPT); // preset beats default
+  EXPECT_EQ(c.model.d_model, 768);
+  EXPECT_EQ(c.model.n_layers, 2);               // explicit key beats preset
+  EXPECT_FALSE(c.schedule.strand_interleaving);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.model.name, "gpt2-124m");
+}
+
+TEST(Config, BooleansAcceptOnOffTrueFalse) {
+  EXPECT_FALSE(load("[schedule]\nstrand_interleaving = \"off\"\n").schedule.strand_interleaving);
+  EXPECT_FALSE(load("[schedule]\nstrand_interleaving = false\n").schedule.strand_interleaving);
+  EXPECT_TRUE(load("[parallel]\nsequence_parallel = \"on\"\n").parallel.sequence_parallel);
+  EXPECT_TRUE(load("", {{"model.tie_embeddings", "true"}}).model.tie_embeddings);
+  EXPECT_FALSE(load("", {{"model.tie_embeddings", "off"}}).model.tie_embeddings);
+}
+
+TEST(Config, RoundTripThroughToToml) {
+  RunConfig a = load(
+      "[model]\nfamily = \"llama\"\nnorm_eps = 1e-6\nrope_theta = 500000\n"
+      "[training]\nlr = 0.0006\nmin_lr = 6e-05\nbeta2 = 0.999\nseed = 42\n"
+      "[data]\nprefix = \"some dir/with \\\"quotes\\\"\"\nval_fraction = 0.1\n"
+      "[parallel]\ndp = 2\nzero = 1\n[checkpoint]\nresume = \"latest\"\n[output]\ntrace = \"t.json\"\n");
+  std::string text = to_toml(a);
+  RunConfig b = load(text);
+  EXPECT_EQ(to_toml(b), text);
+  EXPECT_EQ(b.data.prefix, "some dir/with \"quotes\"");
+  EXPECT_EQ(b.model.norm_eps, 1e-6);  // bitwise: shortest round-trip formatting
+  EXPECT_EQ(b.training.min_lr, 6e-05);
+  EXPECT_EQ(b.model.rope_theta, 500000.0);
+  EXPECT_EQ(b.parallel.zero, 1);
+  EXPECT_EQ(b.output.metrics, a.output.metrics);
+}
+
+TEST(Config, HelpListsEveryKey) {
+  std::string help = help_text();
+  for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
+  EXPECT_EQ(config_keys().size(), 50u);
+}
+
+TEST(Config, CliArgsSplitConfigFlagsAndPositional) {
+  CliArgs a = parse_cli_args({"prepare", "--config", "c.toml", "--training.steps", "5", "--model.d_model=64",
+                              "--parallel.sequence_parallel", "--training.lr", "1e-3"});
+  EXPECT_EQ(a.config_path, "c.toml");
+  ASSERT_EQ(a.positional.size(), 1u);
+  EXPECT_EQ(a.positional[0], "prepare");
+  ConfigOverrides want = {{"training.steps", "5"}, {"model.d_model", "64"}, {"parallel.sequence_parallel", "on"},
+                          {"training.lr", "1e-3"}};
+  EXPECT_EQ(a.overrides, want);
+  EXPECT_THROW(parse_cli_args({"--training.steps"}), ConfigError);
+  std::string msg = error_of("", {{"trainig.steps", "3"}});
+  EXPECT_NE(msg.find("did you mean 'training.steps'"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dhelix
