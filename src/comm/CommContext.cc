@@ -17,18 +17,26 @@ double comm_timeout_from_env() {
 }
 
 CommContext::CommContext(std::string backend, Layout layout, RoleGroups groups, std::unique_ptr<ProcessGroup> world,
-                         AbortFn abort_fn, std::shared_ptr<void> backend_state)
+                         AbortFn abort_fn, std::shared_ptr<void> backend_state, TeardownFn teardown_fn)
     : backend_state_(std::move(backend_state)),
       backend_(std::move(backend)),
       layout_(std::move(layout)),
       groups_(std::move(groups)),
       world_(std::move(world)),
-      abort_fn_(std::move(abort_fn)) {
+      abort_fn_(std::move(abort_fn)),
+      teardown_fn_(std::move(teardown_fn)) {
   for (size_t i = 0; i < groups_.size(); ++i) DHX_ASSERT(groups_[i] != nullptr, "group {} missing", i);
   DHX_ASSERT(world_ != nullptr, "world group missing");
 }
 
 CommContext::~CommContext() {
+  if (teardown_fn_ && teardown_fn_(last_collective())) {
+    // Deliberate leak: the process is about to abort; joining threads stuck in MPI would hang.
+    (void)world_.release();
+    for (auto& g : groups_) (void)g.release();
+    new std::shared_ptr<void>(std::move(backend_state_));  // keeps MPI unfinalised
+    return;
+  }
   world_.reset();
   for (auto& g : groups_) g.reset();
 }

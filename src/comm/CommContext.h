@@ -23,11 +23,16 @@ class CommContext {
  public:
   // Prints or throws the finished abort message; must not return normally.
   using AbortFn = std::function<void(const std::string& message)>;
+  // Called first by the destructor with last_collective(); returns true to leave the groups (and
+  // their comm threads, perhaps blocked inside MPI) alive for an abort that is about to follow.
+  using TeardownFn = std::function<bool(const std::string& last_collective)>;
   using RoleGroups = std::array<std::unique_ptr<ProcessGroup>, 5>;  // indexed by GroupRole
 
   CommContext(std::string backend, Layout layout, RoleGroups groups, std::unique_ptr<ProcessGroup> world,
-              AbortFn abort_fn, std::shared_ptr<void> backend_state);
-  ~CommContext();  // groups first (their comm threads drain), then the backend state
+              AbortFn abort_fn, std::shared_ptr<void> backend_state, TeardownFn teardown_fn = {});
+  // Groups first (their comm threads drain), then the backend state — unless teardown_fn asks to
+  // leave them (MPI, when destroyed by an exception on its way to abort_world).
+  ~CommContext();
   CommContext(const CommContext&) = delete;
   CommContext& operator=(const CommContext&) = delete;
 
@@ -51,11 +56,14 @@ class CommContext {
   RoleGroups groups_;
   std::unique_ptr<ProcessGroup> world_;
   AbortFn abort_fn_;
+  TeardownFn teardown_fn_;
 };
 
 // Aborts the process's MPI world (the context make_mpi_world made, if any) with the message above,
-// so that every rank exits non-zero. Without an MPI world: prints and exits 1. Call it from main's
-// catch block; it is the one place a process-wide pointer is consulted (the crash path).
+// so that every rank exits non-zero. Call it from main's catch block: if the exception already
+// destroyed the context, its last collective was kept for this message and MPI was left
+// unfinalised. Without an MPI world: prints and exits 1. This is the one place a process-wide
+// pointer is consulted (the crash path).
 [[noreturn]] void abort_world(const std::string& why);
 
 }  // namespace dhelix

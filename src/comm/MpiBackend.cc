@@ -7,7 +7,8 @@
 
 #include <mpi.h>
 
-#include <atomic>
+#include <exception>
+#include <mutex>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -48,13 +49,20 @@ struct MpiRuntime {
   ~MpiRuntime();
 };
 
-// The context abort_world() aborts; set by make_mpi_world, cleared when that world is destroyed.
-std::atomic<CommContext*> g_active_world{nullptr};
+// What abort_world() needs: the live context make_mpi_world made, or — once an exception destroyed
+// it — the rank and last collective it left behind.
+struct ActiveWorld {
+  std::mutex mu;
+  CommContext* ctx = nullptr;
+  bool left_by_exception = false;
+  int rank = -1;
+  std::string last_collective;
+};
+ActiveWorld g_active;
 // Whether dhelix (not the embedding program) called MPI_Init_thread, and so must finalise.
 std::atomic<bool> g_dhelix_initialised_mpi{false};
 
 MpiRuntime::~MpiRuntime() {
-  g_active_world.store(nullptr);
   for (MPI_Op& op : bf16_ops)
     if (op != MPI_OP_NULL) MPI_Op_free(&op);
   if (owns_init) MPI_Finalize();
@@ -266,7 +274,10 @@ int mpi_world_size() {
 
 std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommOptions& options) {
   init_mpi();
-  DHX_CHECK(g_active_world.load() == nullptr, CommError, "make_mpi_world called twice; one MPI world per process");
+  {
+    std::lock_guard lk(g_active.mu);
+    DHX_CHECK(g_active.ctx == nullptr, CommError, "make_mpi_world called twice; one MPI world per process");
+  }
   auto rt = std::make_shared<MpiRuntime>(g_dhelix_initialised_mpi.load());
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -292,14 +303,30 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   MPI_Comm world_comm;
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm), "MPI_Comm_dup");
   auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options.timeout_s);
+  auto teardown = [rank](const std::string& last) {
+    std::lock_guard lk(g_active.mu);
+    g_active.ctx = nullptr;
+    if (std::uncaught_exceptions() == 0) return false;
+    g_active.left_by_exception = true;
+    g_active.rank = rank;
+    g_active.last_collective = last;
+    return true;
+  };
   auto ctx = std::make_unique<CommContext>("mpi", std::move(layout), std::move(groups), std::move(world),
-                                           mpi_abort_with, rt);
-  g_active_world.store(ctx.get());
+                                           mpi_abort_with, rt, teardown);
+  std::lock_guard lk(g_active.mu);
+  g_active.ctx = ctx.get();
   return ctx;
 }
 
 void abort_world(const std::string& why) {
-  if (CommContext* ctx = g_active_world.load()) ctx->abort(why);
+  std::unique_lock lk(g_active.mu);
+  if (CommContext* ctx = g_active.ctx) {
+    lk.unlock();
+    ctx->abort(why);
+  }
+  if (g_active.left_by_exception)
+    mpi_abort_with(fmt::format("rank {}: {}; last collective: {}", g_active.rank, why, g_active.last_collective));
   int inited = 0, finalized = 0, rank = -1;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);

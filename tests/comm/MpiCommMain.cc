@@ -1,0 +1,115 @@
+// The MPI test program (no GTest: one mpirun launch runs every check). Modes:
+//   checks [dp=N tp=N pp=N cp=N ep=N]  every collective x dtype x group against closed forms
+//                                      (CollectiveChecks.h); exit 1 if any rank saw a failure
+//   kill-one DIR        rank 1 SIGKILLs itself mid-loop (mpi_failure_test.sh checks the teardown)
+//   throw-one DIR       rank 1 throws mid-loop; main's catch calls abort_world
+//   bench MIB ITERS     times an f32 all_reduce of MIB MiB on the world group (rank 0 prints)
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/Clock.h"
+#include "CollectiveChecks.h"
+#include "comm/MpiBackend.h"
+
+namespace dhelix {
+namespace {
+
+LayoutConfig parse_layout(const std::vector<std::string>& args, int world) {
+  LayoutConfig cfg;
+  cfg.dp = 0;  // default: whatever the other dimensions leave
+  for (const std::string& a : args) {
+    auto eq = a.find('=');
+    DHX_CHECK(eq != std::string::npos, ConfigError, "expected key=value, got '{}'", a);
+    std::string k = a.substr(0, eq);
+    int v = std::stoi(a.substr(eq + 1));
+    if (k == "dp") cfg.dp = v;
+    else if (k == "tp") cfg.tp = v;
+    else if (k == "pp") cfg.pp = v;
+    else if (k == "cp") cfg.cp = v;
+    else if (k == "ep") cfg.ep = v;
+    else throw ConfigError(fmt::format("unknown layout key '{}'", k));
+  }
+  if (cfg.dp == 0) cfg.dp = std::max(1, world / (cfg.tp * cfg.pp * cfg.cp * cfg.ep));
+  return cfg;
+}
+
+int run_checks(const std::vector<std::string>& args) {
+  auto ctx = make_mpi_world(parse_layout(args, mpi_world_size()));
+  testing::CheckLog log;
+  double t0 = now_seconds();
+  testing::run_all_checks(log, *ctx);
+  for (const std::string& f : log.failures) std::fprintf(stderr, "FAIL %s\n", f.c_str());
+  Tensor counts = Tensor::empty({2}, DType::kI64);  // (checks, failures) summed over ranks
+  counts.data<int64_t>()[0] = log.checks;
+  counts.data<int64_t>()[1] = static_cast<int64_t>(log.failures.size());
+  ctx->world().all_reduce(counts).wait();
+  int64_t failures = counts.data<int64_t>()[1];
+  if (ctx->rank() == 0) {
+    std::printf("comm_mpi checks: %s on %d ranks (%s): %lld checks, %lld failures, %.2f s\n",
+                failures ? "FAILED" : "passed", ctx->world_size(), ctx->layout().describe().c_str(),
+                static_cast<long long>(counts.data<int64_t>()[0]), static_cast<long long>(failures),
+                now_seconds() - t0);
+  }
+  return failures ? 1 : 0;
+}
+
+// Loops all_reduces; rank 1 dies at step 20 (SIGKILL) or throws at step 5.
+int run_failure(const std::string& mode, const std::string& dir) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+  std::ofstream(fmt::format("{}/rank{}.pid", dir, ctx->rank())) << getpid() << "\n";
+  Tensor t = Tensor::zeros({1024});
+  for (int step = 0; step < 100000; ++step) {
+    if (ctx->rank() == 1 && mode == "kill-one" && step == 20) raise(SIGKILL);
+    if (ctx->rank() == 1 && mode == "throw-one" && step == 5)
+      throw CommError(fmt::format("injected failure at step {}", step));
+    ctx->world().all_reduce(t).wait();
+  }
+  std::ofstream(fmt::format("{}/rank{}.exit0", dir, ctx->rank())) << "finished normally\n";
+  return 0;
+}
+
+int run_bench(double mib, int iters) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+  int64_t n = static_cast<int64_t>(mib * (1 << 20) / 4);
+  Tensor t = Tensor::zeros({n});
+  std::vector<double> times;
+  for (int i = 0; i < iters + 1; ++i) {
+    ctx->world().barrier();
+    double t0 = now_seconds();
+    ctx->world().all_reduce(t).wait();
+    if (i > 0) times.push_back(now_seconds() - t0);  // the first is warm-up
+  }
+  std::sort(times.begin(), times.end());
+  if (ctx->rank() == 0) {
+    double med = times[times.size() / 2];
+    std::printf("all_reduce f32 %.1f MiB on %d ranks: median %.1f ms, min %.1f ms, max %.1f ms over %d; "
+                "algbw %.1f MB/s, busbw %.1f MB/s\n",
+                mib, ctx->world_size(), med * 1e3, times.front() * 1e3, times.back() * 1e3, iters,
+                mib * 1.048576 / med, mib * 1.048576 / med * 2.0 * (ctx->world_size() - 1) / ctx->world_size());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace dhelix
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (args.empty()) throw dhelix::ConfigError("usage: dhelix_comm_mpi_test checks|kill-one DIR|throw-one DIR|bench MIB ITERS");
+    std::string mode = args[0];
+    args.erase(args.begin());
+    if (mode == "checks") return dhelix::run_checks(args);
+    if ((mode == "kill-one" || mode == "throw-one") && args.size() == 1) return dhelix::run_failure(mode, args[0]);
+    if (mode == "bench" && args.size() == 2) return dhelix::run_bench(std::stod(args[0]), std::stoi(args[1]));
+    throw dhelix::ConfigError(fmt::format("bad arguments for mode '{}'", mode));
+  } catch (const std::exception& e) {
+    dhelix::abort_world(e.what());
+  }
+}

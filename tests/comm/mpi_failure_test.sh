@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A dying rank must take the whole MPI job down, quickly, with every rank exiting non-zero.
+# Case 1: rank 1 SIGKILLs itself mid-loop. Case 2: rank 1 throws; main calls abort_world, whose
+# message must name the rank and the last collective. Oracle: mpirun's status, elapsed time,
+# no rank process left alive, no rank that finished normally.
+# usage: mpi_failure_test.sh MPIRUN TEST_BINARY
+set -u
+MPIRUN=$1; BIN=$2; BOUND_S=30; NP=4
+fail=0
+run_case() {  # run_case MODE EXPECTED_TEXT
+  local mode=$1 want=$2 dir rc t0 t1 elapsed
+  dir=$(mktemp -d)
+  t0=$(date +%s.%N)
+  DHELIX_COMM_TIMEOUT_S=20 timeout 90 "$MPIRUN" -np $NP --oversubscribe --bind-to none "$BIN" "$mode" "$dir" >"$dir/out" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  elapsed=$(echo "$t1 - $t0" | bc)
+  echo "[$mode] mpirun exit $rc after ${elapsed} s"
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [$mode]: mpirun exit $rc (want non-zero, not a timeout)"; fail=1; fi
+  if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [$mode]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
+  local n=$(ls "$dir"/*.pid 2>/dev/null | wc -l)
+  [ "$n" -eq $NP ] || { echo "FAIL [$mode]: only $n of $NP ranks started"; fail=1; }
+  for f in "$dir"/*.pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f")
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done  # 5 s grace to die
+    if kill -0 "$pid" 2>/dev/null; then echo "FAIL [$mode]: $(basename "$f" .pid) (pid $pid) still alive"; kill -9 "$pid"; fail=1; fi
+  done
+  if ls "$dir"/*.exit0 >/dev/null 2>&1; then echo "FAIL [$mode]: a rank finished normally: $(ls "$dir"/*.exit0)"; fail=1; fi
+  if ! grep -qF -- "$want" "$dir/out"; then echo "FAIL [$mode]: output lacks '$want'"; fail=1; fi
+  echo "---- [$mode] mpirun output (first 15 lines) ----"; head -15 "$dir/out"
+  rm -rf "$dir"
+}
+run_case kill-one "exited on signal 9"
+run_case throw-one "rank 1: injected failure at step 5; last collective: all_reduce f32[1024] on world[1/4] seq=4"
+[ $fail -eq 0 ] && echo "mpi_failure_test: passed" || echo "mpi_failure_test: FAILED"
+exit $fail
