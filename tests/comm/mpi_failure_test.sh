@@ -7,6 +7,9 @@
 set -u
 MPIRUN=$1; BIN=$2; BOUND_S=30; NP=4
 fail=0
+alive() {  # a zombie (dead, not yet reaped by pid 1) counts as gone
+  kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
 run_case() {  # run_case MODE EXPECTED_TEXT
   local mode=$1 want=$2 dir rc t0 t1 elapsed
   dir=$(mktemp -d)
@@ -23,8 +26,8 @@ run_case() {  # run_case MODE EXPECTED_TEXT
   for f in "$dir"/*.pid; do
     [ -e "$f" ] || continue
     pid=$(cat "$f")
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done  # 5 s grace to die
-    if kill -0 "$pid" 2>/dev/null; then echo "FAIL [$mode]: $(basename "$f" .pid) (pid $pid) still alive"; kill -9 "$pid"; fail=1; fi
+    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done  # 5 s grace to die
+    if alive "$pid"; then echo "FAIL [$mode]: $(basename "$f" .pid) (pid $pid) still alive"; kill -9 "$pid"; fail=1; fi
   done
   if ls "$dir"/*.exit0 >/dev/null 2>&1; then echo "FAIL [$mode]: a rank finished normally: $(ls "$dir"/*.exit0)"; fail=1; fi
   if ! grep -qF -- "$want" "$dir/out"; then echo "FAIL [$mode]: output lacks '$want'"; fail=1; fi
