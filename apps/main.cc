@@ -1,1 +1,52 @@
-int main(){return 0;}
+// The `dhelix` command line: dispatches verbs and turns errors into exit codes. Bad input
+// (ConfigError, IoError, PlanError) prints one message and exits 2; anything else exits 1.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+
+#include "Commands.h"
+#include "base/Error.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: dhelix <command> [--config C.toml] [--section.key value ...]\n"
+    "commands:\n"
+    "  train      train a model (one process, or N under mpirun -np N)\n"
+    "  sample     generate text from a checkpoint\n"
+    "  data       data prepare: corpus, tokenizer, tokenized dataset\n"
+    "  profile    time every legal pair of operator windows of the two strands\n"
+    "  plan       search the best Strand-Interleaving plan for a profile\n"
+    "run `dhelix <command> --help` for the keys a command takes.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string verb = argv[1];
+  try {
+    if (verb == "train") return dhelix::cmd_train(argc - 1, argv + 1);
+    if (verb == "sample") return dhelix::cmd_sample(argc - 1, argv + 1);
+    if (verb == "data") return dhelix::cmd_data(argc - 1, argv + 1);
+    if (verb == "profile") return dhelix::cmd_profile(argc - 1, argv + 1);
+    if (verb == "plan") return dhelix::cmd_plan(argc - 1, argv + 1);
+    fmt::print(stderr, "dhelix: unknown command '{}'\n{}", verb, kUsage);
+    return 2;
+  } catch (const dhelix::ConfigError& e) {
+    fmt::print(stderr, "dhelix {}: configuration error:\n{}\n", verb, e.what());
+    return 2;
+  } catch (const dhelix::IoError& e) {
+    fmt::print(stderr, "dhelix {}: {}\n", verb, e.what());
+    return 2;
+  } catch (const dhelix::PlanError& e) {
+    fmt::print(stderr, "dhelix {}: invalid plan: {}\n", verb, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dhelix {}: error: {}\n", verb, e.what());
+    return 1;
+  }
+}

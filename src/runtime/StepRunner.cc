@@ -129,4 +129,23 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
   return st;
 }
 
+StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
+  StepStats st;
+  const int U = exec_.num_units();
+  for (int m = 0; m < static_cast<int>(mbs.size()); ++m) {
+    Inflight f;
+    start_mb(f, m, mbs[m]);
+    for (int u = 0; u < U; ++u) {
+      link_forward(f, u);
+      StrandSlot s{m, u, f.envs[u].get()};
+      exec_.run_alone(s, StrandKind::kForward);
+      if (u > 0) f.envs[u - 1].reset();
+    }
+    Tensor& loss = f.envs[U - 1]->at("loss");
+    for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += loss.f32()[i];
+    st.tokens += loss.numel();
+  }
+  return st;
+}
+
 }  // namespace dhelix

@@ -35,6 +35,8 @@ class StepRunner {
              const SIPlan* block_plan, Interleave mode);
 
   StepStats run(const std::vector<MicroBatch>& mbs);
+  // Forward passes only (held-out loss); touches no gradient.
+  StepStats forward_only(const std::vector<MicroBatch>& mbs);
   // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
   void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
   const SIPlan& block_plan() const { return block_plan_; }

@@ -1,0 +1,118 @@
+// `dhelix train` and `dhelix sample`: resolve the run config (TOML + flags), start the world
+// (MPI when launched under mpirun with more than one rank, otherwise a single process) and run
+// the Trainer. The resolved config is printed and saved with the run.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "Commands.h"
+#include "base/Error.h"
+#include "comm/MpiBackend.h"
+#include "train/CheckpointStore.h"
+#include "train/DataPrepare.h"
+#include "train/Trainer.h"
+
+namespace dhelix {
+
+namespace {
+
+bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
+
+LayoutConfig layout_of(const RunConfig& cfg) {
+  LayoutConfig l;
+  l.dp = static_cast<int>(cfg.parallel.dp);
+  l.tp = static_cast<int>(cfg.parallel.tp);
+  l.pp = static_cast<int>(cfg.parallel.pp);
+  l.cp = static_cast<int>(cfg.parallel.cp);
+  l.ep = static_cast<int>(cfg.parallel.ep);
+  l.sequence_parallel = cfg.parallel.tp > 1;
+  return l;
+}
+
+constexpr const char* kTrainUsage =
+    "usage: dhelix train --config C.toml [--section.key value ...]\n"
+    "       mpirun -np N dhelix train --config C.toml --parallel.dp D --parallel.tp T ...\n";
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  std::vector<std::string> words(argv + 1, argv + argc);
+  CliArgs args = parse_cli_args(words);
+  if (args.help) {
+    fmt::print("{}\n{}", kTrainUsage, help_text());
+    return 0;
+  }
+  DHX_CHECK(args.positional.empty(), ConfigError, "dhelix train: unexpected argument '{}'\n{}", args.positional[0],
+            kTrainUsage);
+  RunConfig cfg = load_config(args.config_path, args.overrides);
+  std::unique_ptr<CommContext> comm;
+  if (under_mpirun() || cfg.parallel.dp * cfg.parallel.tp > 1) comm = make_mpi_world(layout_of(cfg));
+  const bool rank0 = !comm || comm->rank() == 0;
+  if (rank0) {
+    fmt::print("# resolved configuration\n{}\n", to_toml(cfg));
+    prepare_data(cfg, [](const std::string& line) { fmt::print("data: {}\n", line); });
+  }
+  if (comm) comm->world().barrier();
+  try {
+    Trainer trainer(cfg, comm.get());
+    trainer.run();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const IoError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (comm && comm->world_size() > 1) comm->abort(e.what());
+    throw;
+  }
+  return 0;
+}
+
+int cmd_sample(int argc, char** argv) {
+  std::vector<std::string> words(argv + 1, argv + argc);
+  // Sampling options are not run-config keys; peel them off before the config parser sees them.
+  std::string checkpoint, prompt = "In the beginning";
+  double temperature = 0.8;
+  int64_t top_k = 40, tokens = 64;
+  uint64_t seed = 1;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < words.size(); ++i) {
+    auto val = [&](const char* flag) -> std::string {
+      DHX_CHECK(i + 1 < words.size(), ConfigError, "dhelix sample: {} needs a value", flag);
+      return words[++i];
+    };
+    const std::string& w = words[i];
+    try {
+      if (w == "--checkpoint") checkpoint = val("--checkpoint");
+      else if (w == "--prompt") prompt = val("--prompt");
+      else if (w == "--temperature") temperature = std::stod(val("--temperature"));
+      else if (w == "--top-k") top_k = std::stoll(val("--top-k"));
+      else if (w == "--tokens") tokens = std::stoll(val("--tokens"));
+      else if (w == "--seed") seed = std::stoull(val("--seed"));
+      else rest.push_back(w);
+    } catch (const std::invalid_argument&) {
+      throw ConfigError(fmt::format("dhelix sample: {} expects a number, got '{}'", w, words[i]));
+    }
+  }
+  CliArgs args = parse_cli_args(rest);
+  if (args.help) {
+    fmt::print("usage: dhelix sample --config C.toml [--checkpoint DIR|latest] [--prompt TEXT] [--tokens N]\n"
+               "       [--temperature X] [--top-k K] [--seed S] [--section.key value ...]\n");
+    return 0;
+  }
+  DHX_CHECK(temperature >= 0, ConfigError, "dhelix sample: --temperature {} must be >= 0", temperature);
+  DHX_CHECK(tokens > 0, ConfigError, "dhelix sample: --tokens {} must be positive", tokens);
+  RunConfig cfg = load_config(args.config_path, args.overrides);
+  cfg.parallel.dp = cfg.parallel.tp = 1;
+  std::string dir = cfg.checkpoint.dir.empty() ? cfg.output.dir + "/checkpoints" : cfg.checkpoint.dir;
+  CheckpointStore store(dir, 0);
+  auto path = store.resolve(checkpoint.empty() ? "latest" : checkpoint);
+  DHX_CHECK(path.has_value(), IoError, "dhelix sample: no checkpoint '{}' in '{}'; train first or pass --checkpoint",
+            checkpoint.empty() ? "latest" : checkpoint, dir);
+  Trainer trainer(cfg, nullptr, Quiet::kYes);
+  trainer.load_checkpoint(*path);
+  fmt::print("{}\n", trainer.sample(prompt, tokens, temperature, top_k, seed));
+  return 0;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,18 @@
+// Entry points of the `dhelix` verbs. Each takes the words after the program name (argv[0] is the
+// verb itself, e.g. "data") and returns the exit code; ConfigError / IoError propagate to main(),
+// which prints them and exits 2.
+#pragma once
+
+namespace dhelix {
+
+// dhelix data prepare --config C.toml [--section.key value ...]
+int cmd_data(int argc, char** argv);
+// dhelix train --config C.toml [...]; under mpirun: one rank of the world.
+int cmd_train(int argc, char** argv);
+// dhelix sample --config C.toml [--checkpoint DIR] [--prompt TEXT] ...
+int cmd_sample(int argc, char** argv);
+// dhelix profile / dhelix plan (apps/CmdPlan.cc).
+int cmd_profile(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
+
+}  // namespace dhelix

@@ -1,0 +1,124 @@
+// Internal <-> Hugging Face tensor layouts for GPT-2 and Llama checkpoints.
+#include "model/HfNames.h"
+
+#include <cstring>
+
+#include "base/Error.h"
+
+namespace dhelix {
+namespace {
+
+// rows [r0, r0+n) of a 2-D (or 1-D) tensor, copied.
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.narrow0(r0, n).clone(); }
+
+Tensor transpose2d(const Tensor& t) {
+  int64_t R = t.dim(0), C = t.dim(1);
+  Tensor o = Tensor::empty({C, R});
+  const float* s = t.f32();
+  float* d = o.f32();
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) d[j * R + i] = s[i * C + j];
+  return o;
+}
+
+// One HF tensor <-> a piece of an internal tensor.
+struct Piece {
+  std::string hf;
+  std::string internal;
+  int64_t row0 = 0, rows = -1;  // row range of the internal tensor (-1: all)
+  bool transpose = false;
+};
+
+std::vector<Piece> pieces(const ModelConfig& m) {
+  std::vector<Piece> out;
+  const int64_t C = m.d_model, D = m.head_dim(), F = m.ffn_hidden, V = m.vocab_size;
+  if (m.family == ModelFamily::kGPT) {
+    out.push_back({"transformer.wte.weight", "wte", 0, V});
+    out.push_back({"transformer.wpe.weight", "wpe"});
+    for (int l = 0; l < m.n_layers; ++l) {
+      std::string h = fmt::format("transformer.h.{}.", l), p = fmt::format("layers.{}.", l);
+      out.push_back({h + "ln_1.weight", p + "ln1.weight"});
+      out.push_back({h + "ln_1.bias", p + "ln1.bias"});
+      out.push_back({h + "attn.c_attn.weight", p + "wqkv", 0, -1, true});
+      out.push_back({h + "attn.c_attn.bias", p + "bqkv"});
+      out.push_back({h + "attn.c_proj.weight", p + "wo", 0, -1, true});
+      out.push_back({h + "attn.c_proj.bias", p + "bo"});
+      out.push_back({h + "ln_2.weight", p + "ln2.weight"});
+      out.push_back({h + "ln_2.bias", p + "ln2.bias"});
+      out.push_back({h + "mlp.c_fc.weight", p + "wfc", 0, -1, true});
+      out.push_back({h + "mlp.c_fc.bias", p + "bfc"});
+      out.push_back({h + "mlp.c_proj.weight", p + "wproj", 0, -1, true});
+      out.push_back({h + "mlp.c_proj.bias", p + "bproj"});
+    }
+    out.push_back({"transformer.ln_f.weight", "final_norm.weight"});
+    out.push_back({"transformer.ln_f.bias", "final_norm.bias"});
+    if (!m.tie_embeddings) out.push_back({"lm_head.weight", "lm_head", 0, V});
+  } else {
+    out.push_back({"model.embed_tokens.weight", "wte", 0, V});
+    const int64_t q = m.n_heads * D, kv = m.n_kv_heads * D;
+    for (int l = 0; l < m.n_layers; ++l) {
+      std::string h = fmt::format("model.layers.{}.", l), p = fmt::format("layers.{}.", l);
+      out.push_back({h + "input_layernorm.weight", p + "attn_norm.weight"});
+      out.push_back({h + "self_attn.q_proj.weight", p + "wqkv", 0, q});
+      out.push_back({h + "self_attn.k_proj.weight", p + "wqkv", q, kv});
+      out.push_back({h + "self_attn.v_proj.weight", p + "wqkv", q + kv, kv});
+      out.push_back({h + "self_attn.o_proj.weight", p + "wo"});
+      out.push_back({h + "post_attention_layernorm.weight", p + "mlp_norm.weight"});
+      out.push_back({h + "mlp.gate_proj.weight", p + "wgu", 0, F});
+      out.push_back({h + "mlp.up_proj.weight", p + "wgu", F, F});
+      out.push_back({h + "mlp.down_proj.weight", p + "wdown"});
+    }
+    out.push_back({"model.norm.weight", "final_norm.weight"});
+    if (!m.tie_embeddings) out.push_back({"lm_head.weight", "lm_head", 0, V});
+  }
+  (void)C;
+  return out;
+}
+
+}  // namespace
+
+TensorList to_hf(const ModelConfig& m, const std::map<std::string, Tensor>& full) {
+  TensorList out;
+  for (const Piece& p : pieces(m)) {
+    auto it = full.find(p.internal);
+    DHX_CHECK(it != full.end(), InternalError, "to_hf: no internal tensor '{}'", p.internal);
+    Tensor t = p.rows >= 0 ? rows_of(it->second, p.row0, p.rows) : it->second.clone();
+    if (p.transpose) t = transpose2d(t);
+    out.push_back({p.hf, t});
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<ParamSpec>& specs, const TensorList& hf) {
+  std::map<std::string, const Tensor*> byname;
+  for (auto& [k, t] : hf) byname[k] = &t;
+  std::map<std::string, Shape> shape_of;
+  for (auto& s : specs) shape_of[s.name] = s.full;
+  std::map<std::string, std::vector<std::pair<int64_t, Tensor>>> parts;
+  for (const Piece& p : pieces(m)) {
+    auto it = byname.find(p.hf);
+    DHX_CHECK(it != byname.end(), IoError, "checkpoint lacks tensor '{}' (model {} expects it)", p.hf, m.name);
+    Tensor t = *it->second;
+    DHX_CHECK(t.dtype() == DType::kF32, IoError, "tensor '{}' is {}, expected f32", p.hf, dtype_name(t.dtype()));
+    if (p.transpose) {
+      DHX_CHECK(t.ndim() == 2, IoError, "tensor '{}' has shape {}, expected 2-D", p.hf, shape_str(t.shape()));
+      t = transpose2d(t);
+    }
+    Shape want = shape_of.at(p.internal);
+    if (p.rows >= 0) want[0] = p.rows;
+    DHX_CHECK(t.shape() == want, IoError, "tensor '{}' has shape {} in the checkpoint but {} in the model", p.hf,
+              shape_str(t.shape()), shape_str(want));
+    parts[p.internal].push_back({p.row0, t});
+  }
+  std::map<std::string, Tensor> out;
+  for (auto& s : specs) {
+    auto& ps = parts.at(s.name);
+    Tensor full = Tensor::zeros(s.full);
+    int64_t row = s.full.size() > 1 ? s.full[1] : 1;
+    for (auto& [r0, t] : ps) std::memcpy(full.f32() + r0 * row, t.f32(), t.nbytes());
+    out[s.name] = full;
+  }
+  return out;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,26 @@
+// Hugging Face tensor names for checkpoints: GPT-2 layout (transformer.h.{i}.attn.c_attn, Conv1D
+// weights stored [in, out]) and Llama layout (model.layers.{i}.self_attn.q_proj, ...). Converts
+// between our full (unsharded) internal tensors and HF tensors: fused q|k|v and gate|up are
+// split, GPT-2 Conv1D weights transposed, vocabulary padding rows dropped.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/ModelConfig.h"
+#include "model/Params.h"
+#include "tensor/Tensor.h"
+
+namespace dhelix {
+
+using TensorList = std::vector<std::pair<std::string, Tensor>>;
+
+// `full` maps internal names (ParamSpec::name) to full tensors (ParamSpec::full shapes).
+TensorList to_hf(const ModelConfig& m, const std::map<std::string, Tensor>& full);
+// Inverse; `specs` gives the internal full shapes (padding rows of the vocabulary are zero).
+// Missing or mis-shaped HF tensors -> IoError naming the tensor, the expected and found shapes.
+std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<ParamSpec>& specs,
+                                      const TensorList& hf);
+
+}  // namespace dhelix

@@ -1,0 +1,272 @@
+// Trainer: construction, one optimizer step, evaluation, the run loop with logging and metrics.
+// Checkpointing and sampling live in TrainerIO.cc.
+#include "train/Trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "base/Clock.h"
+#include "base/Error.h"
+#include "base/Files.h"
+#include "base/Log.h"
+#include "kernels/cpu/Kernels.h"
+#include "plan/PlanCheck.h"
+#include "plan/PlanIO.h"
+#include "train/CheckpointStore.h"
+#include "train/Metrics.h"
+#include "train/ProgressBar.h"
+
+namespace dhelix {
+
+double measure_sgemm_flops() {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 5; ++rep) {
+    double t0 = now_seconds();
+    cpu::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double dt = now_seconds() - t0;
+    if (rep > 0) rates.push_back(2.0 * n * n * n / dt);  // first run warms the BLAS buffers
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+namespace {
+
+int auto_threads(const RunConfig& cfg, CommContext* comm) {
+  if (cfg.training.threads > 0) return static_cast<int>(cfg.training.threads);
+  int hw = std::max(1u, std::thread::hardware_concurrency());
+  int local = 1;
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
+  else if (comm) local = comm->world_size();  // local-threads backend: all ranks share this process
+  return std::max(1, hw / local);
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB"};
+  int i = 0;
+  while (b >= 1024 && i < 3) b /= 1024, ++i;
+  return fmt::format("{:.1f} {}", b, u[i]);
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cfg), comm_(comm), quiet_(quiet) {
+  const auto& p = cfg_.parallel;
+  layout_.dp = static_cast<int>(p.dp);
+  layout_.tp = static_cast<int>(p.tp);
+  layout_.pp = static_cast<int>(p.pp);
+  layout_.cp = static_cast<int>(p.cp);
+  layout_.ep = static_cast<int>(p.ep);
+  layout_.sequence_parallel = p.tp > 1;
+  DHX_CHECK(layout_.pp == 1 && layout_.cp == 1 && layout_.ep == 1, ConfigError,
+            "parallel.pp={} parallel.cp={} parallel.ep={}: this build trains with dp and tp only; set them to 1",
+            p.pp, p.cp, p.ep);
+  if (comm_) {
+    DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
+              "world size {} != parallel.dp*parallel.tp = {} (dp={} tp={}); launch with mpirun -np {}",
+              comm_->world_size(), layout_.world(), p.dp, p.tp, layout_.world());
+    tp_rank_ = comm_->layout().coord().tp;
+    dp_rank_ = comm_->layout().coord().dp;
+  } else {
+    DHX_CHECK(layout_.world() == 1, ConfigError,
+              "parallel.dp={} parallel.tp={} need {} processes; launch with mpirun -np {}", p.dp, p.tp,
+              layout_.world(), layout_.world());
+  }
+  cpu::set_num_threads(auto_threads(cfg_, comm_));
+  mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len};
+  units_ = model_units(cfg_.model, layout_, tp_rank_);
+  progs_ = build_programs(cfg_.model, layout_, mb_);
+  params_ = std::make_unique<ParamStore>(units_, tp_rank_, layout_.tp, layout_.dp,
+                                         static_cast<uint64_t>(cfg_.training.seed), &state_mem_);
+  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
+  ProcessGroup* dp = (comm_ && layout_.dp > 1) ? &comm_->group(GroupRole::kDP) : nullptr;
+  sync_ = std::make_unique<GradSync>(*params_, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone, &state_mem_);
+  AdamWConfig ac{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps, cfg_.training.weight_decay,
+                 cfg_.training.grad_clip};
+  opt_ = std::make_unique<Optimizer>(*params_, *sync_, tp, dp, ac, &state_mem_);
+
+  ctx_.model = &cfg_.model;
+  ctx_.layout = layout_;
+  ctx_.tp_rank = tp_rank_;
+  ctx_.mb = mb_;
+  ctx_.params = params_.get();
+  ctx_.act_mem = &act_mem_;
+  if (tp) ctx_.groups["tp"] = tp;
+  ctx_.dloss = 1.0f / static_cast<float>(cfg_.tokens_per_step());
+  if (!cfg_.output.trace.empty()) {
+    trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
+    ctx_.trace = trace_.get();
+  }
+  if (!cfg_.schedule.plan.empty()) {
+    plan_ = load_plan(cfg_.schedule.plan, progs_.block);
+    check_plan(*plan_, progs_.block);
+  }
+  runner_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr,
+                                         cfg_.schedule.strand_interleaving ? Interleave::kOn : Interleave::kOff);
+  const int M = static_cast<int>(cfg_.training.micro_batches);
+  runner_->set_bwd_unit_hook([this, M](int mb, int unit) {
+    if (mb == M - 1) sync_->on_unit_done(unit);
+  });
+  lr_ = std::make_unique<LrSchedule>(cfg_.training.lr, cfg_.training.min_lr, cfg_.training.warmup_steps,
+                                     cfg_.training.steps);
+  dataset_ = std::make_unique<IndexedDataset>(cfg_.data.prefix);
+  uint64_t seed = static_cast<uint64_t>(cfg_.training.seed);
+  train_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kTrain, mb_.B, mb_.T, seed, dp_rank_, layout_.dp,
+                                               cfg_.data.val_fraction);
+  val_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kVal, mb_.B, mb_.T, seed, dp_rank_, layout_.dp,
+                                             cfg_.data.val_fraction);
+  sgemm_flops_ = measure_sgemm_flops();
+}
+
+Trainer::~Trainer() = default;
+
+bool Trainer::is_logger() const { return quiet_ == Quiet::kNo && (!comm_ || comm_->rank() == 0); }
+
+void Trainer::log(const std::string& line) const {
+  if (is_logger()) {
+    std::fputs((line + "\n").c_str(), stdout);
+    std::fflush(stdout);
+  }
+}
+
+std::vector<MicroBatch> Trainer::next_micro_batches(DataLoader& loader) {
+  std::vector<MicroBatch> mbs;
+  for (int64_t i = 0; i < cfg_.training.micro_batches; ++i) {
+    Batch b = loader.next();
+    mbs.push_back({b.tokens.view({b.tokens.numel()}), b.targets.view({b.targets.numel()})});
+  }
+  return mbs;
+}
+
+StepReport Trainer::train_step() {
+  double t0 = now_seconds();
+  params_->zero_grads();
+  StepStats st = runner_->run(next_micro_batches(*train_loader_));
+  sync_->finish();
+  StepReport r;
+  r.step = step_ + 1;
+  r.lr = lr_->at(step_);
+  r.grad_norm = opt_->step(r.lr, r.step);
+  Tensor agg = Tensor::empty({2}, DType::kF64);
+  agg.data<double>()[0] = st.loss_sum;
+  agg.data<double>()[1] = static_cast<double>(st.tokens);
+  if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
+  r.loss = agg.data<double>()[0] / agg.data<double>()[1];
+  r.seconds = now_seconds() - t0;
+  double tokens = static_cast<double>(cfg_.tokens_per_step());
+  r.tokens_per_s = tokens / r.seconds;
+  r.model_flops_per_s = cfg_.model.flops_per_token(mb_.T) * tokens / r.seconds;
+  r.peak_activation_bytes = st.peak_activation_bytes;
+  r.peak_bytes = st.peak_activation_bytes + state_mem_.current();
+  ++step_;
+  return r;
+}
+
+double Trainer::evaluate(int64_t batches) {
+  val_loader_->reset();  // the same held-out batches every time, so evaluations compare
+  double loss = 0, tokens = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    Batch b = val_loader_->next();
+    StepStats st = runner_->forward_only({{b.tokens.view({b.tokens.numel()}), b.targets.view({b.targets.numel()})}});
+    loss += st.loss_sum;
+    tokens += static_cast<double>(st.tokens);
+  }
+  Tensor agg = Tensor::empty({2}, DType::kF64);
+  agg.data<double>()[0] = loss;
+  agg.data<double>()[1] = tokens;
+  if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
+  return agg.data<double>()[0] / agg.data<double>()[1];
+}
+
+void Trainer::run() {
+  namespace fs = std::filesystem;
+  const auto& tc = cfg_.training;
+  std::string ckdir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
+  if (!cfg_.checkpoint.resume.empty()) {
+    CheckpointStore store(ckdir, cfg_.checkpoint.keep);
+    auto path = store.resolve(cfg_.checkpoint.resume);
+    DHX_CHECK(path.has_value(), IoError, "checkpoint.resume='{}': no checkpoint found in '{}'", cfg_.checkpoint.resume,
+              ckdir);
+    load_checkpoint(*path);
+    log(fmt::format("resumed from {} at step {}", *path, step_));
+  }
+  std::unique_ptr<MetricsWriter> metrics;
+  if (is_logger()) {
+    fs::create_directories(cfg_.output.dir);
+    write_file_atomic(cfg_.output.dir + "/config.toml", to_toml(cfg_));
+    std::string mpath = cfg_.output.metrics.empty() ? cfg_.output.dir + "/metrics.jsonl" : cfg_.output.metrics;
+    metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
+  }
+  const double flops_tok = cfg_.model.flops_per_token(mb_.T);
+  log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} | "
+                  "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
+                  cfg_.model.name, family_name(cfg_.model.family), cfg_.model.num_params() / 1e6, cfg_.model.n_layers,
+                  cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.n_kv_heads,
+                  comm_ ? comm_->layout().describe() : "single process",
+                  cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
+                  mb_.T, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
+  log(fmt::format("sgemm {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}",
+                  sgemm_flops_ / 1e9, flops_tok));
+  const int world = comm_ ? comm_->world_size() : 1;
+  std::optional<double> first_val;
+  if (tc.eval_interval > 0 && step_ == 0) {
+    first_val = evaluate(tc.eval_batches);
+    log(fmt::format("step {} | val loss {:.4f}", step_, *first_val));
+    if (metrics) metrics->write_json({{"step", step_}, {"val_loss", *first_val}});
+  }
+  ProgressBar bar(tc.steps, "train");
+  while (step_ < tc.steps) {
+    StepReport r = train_step();
+    double frac = r.model_flops_per_s / (sgemm_flops_ * world);
+    if (is_logger() && (r.step % std::max<int64_t>(1, tc.log_interval) == 0 || r.step == tc.steps)) {
+      log(fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s "
+                      "({:.2f} of sgemm) | peak act {} | {:.3f} s",
+                      r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac,
+                      human_bytes(double(r.peak_activation_bytes)), r.seconds));
+    }
+    if (metrics) {
+      StepMetrics m;
+      m.step = r.step;
+      m.loss = r.loss;
+      m.lr = r.lr;
+      m.grad_norm = r.grad_norm;
+      m.tokens_per_s = r.tokens_per_s;
+      m.model_flops_per_s = r.model_flops_per_s;
+      m.sgemm_fraction = frac;
+      m.peak_bytes = r.peak_bytes;
+      m.extras["peak_activation_bytes"] = r.peak_activation_bytes;
+      m.extras["step_s"] = r.seconds;
+      metrics->write(m);
+    }
+    bar.update(r.step, fmt::format("loss {:.3f}", r.loss));
+    if (tc.eval_interval > 0 && (r.step % tc.eval_interval == 0 || r.step == tc.steps)) {
+      double v = evaluate(tc.eval_batches);
+      log(fmt::format("step {} | val loss {:.4f}", r.step, v));
+      if (metrics) metrics->write_json({{"step", r.step}, {"val_loss", v}});
+    }
+    if (cfg_.checkpoint.interval > 0 && r.step % cfg_.checkpoint.interval == 0 && r.step < tc.steps)
+      log("saved " + save_checkpoint());
+  }
+  bar.finish();
+  log("saved " + save_checkpoint());
+  if (trace_) {
+    std::string path = cfg_.output.trace;
+    if (world > 1) path += fmt::format(".rank{}", comm_->rank());
+    trace_->write(path);
+    log("trace written to " + path + (world > 1 ? " (one file per rank)" : ""));
+  }
+  if (tc.sample_tokens > 0) {
+    if (layout_.tp == 1 && (!comm_ || comm_->rank() == 0)) {
+      std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
+      log("sample: " + s);
+    }
+  }
+}
+
+}  // namespace dhelix

@@ -1,0 +1,164 @@
+// Trainer I/O: layout-free checkpoints (gather shards over tp/dp, HF names, atomic save by world
+// rank 0; every rank re-shards on load) and text sampling from the current weights.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "base/Error.h"
+#include "kernels/cpu/Kernels.h"
+#include "model/HfNames.h"
+#include "train/CheckpointStore.h"
+#include "train/Tokenizer.h"
+#include "train/Trainer.h"
+
+namespace dhelix {
+namespace {
+
+// Full tensor of a parameter-shaped shard: all-gather the flat shards over tp, then place each
+// rank's piece with insert_shard.
+Tensor gather_over_tp(const ParamSpec& spec, const Tensor& shard, ProcessGroup* tp) {
+  Tensor full = Tensor::zeros(spec.full);
+  const int n = tp ? tp->size() : 1;
+  if (spec.role == ShardRole::kReplicated || n == 1) {
+    if (spec.role == ShardRole::kReplicated) full.copy_from(shard.view(spec.full));
+    else insert_shard(spec, shard, full, 0, 1);
+    return full;
+  }
+  Tensor flat = shard.view({shard.numel()}).clone();
+  Tensor all = Tensor::empty({n * shard.numel()});
+  tp->all_gather(flat, all).wait();
+  for (int r = 0; r < n; ++r) insert_shard(spec, all.narrow0(r * shard.numel(), shard.numel()).view(spec.shard), full, r, n);
+  return full;
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> Trainer::gather_full_params() {
+  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
+  std::map<std::string, Tensor> out;
+  for (auto& e : params_->entries()) out[e.spec.name] = gather_over_tp(e.spec, e.value, tp);
+  return out;
+}
+
+std::string Trainer::save_checkpoint() {
+  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
+  std::map<std::string, Tensor> full = gather_full_params();
+  NamedTensors optim;
+  auto shard_state = opt_->shard_state();  // collective over dp
+  size_t i = 0;
+  for (auto& e : params_->entries()) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      DHX_ASSERT(shard_state[i].first == e.spec.name + suffix, "optimizer state order {}", shard_state[i].first);
+      optim.push_back({shard_state[i].first, gather_over_tp(e.spec, shard_state[i].second, tp)});
+      ++i;
+    }
+  }
+  std::string dir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
+  CheckpointStore store(dir, cfg_.checkpoint.keep);
+  std::string path = dir + "/" + CheckpointStore::step_name(step_);
+  if (!comm_ || comm_->rank() == 0) {
+    TrainState st;
+    st.step = step_;
+    st.data_loader = train_loader_->state();
+    st.config_toml = to_toml(cfg_);
+    st.extra = {{"model", cfg_.model.name}, {"family", family_name(cfg_.model.family)}};
+    path = store.save(st, to_hf(cfg_.model, full), optim);
+  }
+  if (comm_) comm_->world().barrier();
+  return path;
+}
+
+void Trainer::load_checkpoint(const std::string& step_dir) {
+  Checkpoint ck = CheckpointStore::load(step_dir);
+  std::vector<ParamSpec> specs;
+  for (auto& e : params_->entries()) specs.push_back(e.spec);
+  std::map<std::string, Tensor> full = from_hf(cfg_.model, specs, ck.model.tensors);
+  std::vector<std::pair<std::string, Tensor>> optim;
+  for (auto& e : params_->entries()) {
+    extract_shard(e.spec, full.at(e.spec.name), e.value, tp_rank_, layout_.tp);
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      std::string name = e.spec.name + suffix;
+      const Tensor* t = ck.optimizer.find(name);
+      DHX_CHECK(t != nullptr, IoError, "checkpoint {} lacks optimizer tensor '{}'", step_dir, name);
+      DHX_CHECK(t->shape() == e.spec.full, IoError, "optimizer tensor '{}' has shape {} in {} but the model needs {}",
+                name, shape_str(t->shape()), step_dir, shape_str(e.spec.full));
+      Tensor shard = Tensor::empty(e.spec.shard);
+      extract_shard(e.spec, *t, shard, tp_rank_, layout_.tp);
+      optim.push_back({name, shard});
+    }
+  }
+  opt_->load_shard_state(optim, ck.state.step);
+  step_ = ck.state.step;
+  DHX_CHECK(!ck.state.data_loader.is_null(), IoError, "checkpoint {} has no data-loader state", step_dir);
+  train_loader_->set_state(ck.state.data_loader);
+}
+
+std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double temperature, int64_t top_k,
+                            uint64_t seed) {
+  DHX_CHECK(layout_.tp == 1, ConfigError, "sampling needs the whole model on one rank (parallel.tp={})", layout_.tp);
+  Tokenizer tok(cfg_.data.tokenizer);
+  std::vector<int32_t> ids = tok.encode(prompt);
+  const size_t prompt_len = ids.size();
+  if (ids.empty()) ids.push_back(std::max<int32_t>(0, tok.bos_id()));
+  const int64_t T = cfg_.model.seq_len, C = cfg_.model.d_model, V = cfg_.model.vocab_size;
+  // A one-sequence forward over a fixed window; causal attention makes the padding invisible to
+  // the positions we read.
+  MicroBatchShape one{1, T};
+  ModelPrograms progs = build_programs(cfg_.model, layout_, one);
+  RunContext ctx = ctx_;
+  ctx.mb = one;
+  ctx.trace = nullptr;
+  MemoryTracker mem("sample");
+  ctx.act_mem = &mem;
+  Executor exec(ctx, units_, progs);
+  std::mt19937_64 rng(seed);
+  std::vector<float> logits(static_cast<size_t>(V));
+  const ParamEntry& w = params_->get(cfg_.model.tie_embeddings ? "wte" : "lm_head");
+  const ParamEntry& g = params_->get("final_norm.weight");
+  for (int64_t step = 0; step < n_tokens; ++step) {
+    std::vector<int32_t> window(ids.end() - std::min<int64_t>(T, static_cast<int64_t>(ids.size())), ids.end());
+    const int64_t cur = static_cast<int64_t>(window.size());
+    Tensor tokens = Tensor::zeros({T}, DType::kI32);
+    std::copy(window.begin(), window.end(), tokens.data<int32_t>());
+    std::vector<std::unique_ptr<UnitEnv>> envs;
+    for (int u = 0; u + 1 < exec.num_units(); ++u) {
+      envs.push_back(std::make_unique<UnitEnv>());
+      if (u == 0) envs[0]->bufs["tokens"] = tokens;
+      else envs[u]->bufs["x"] = envs[u - 1]->at("y");
+      StrandSlot s{0, u, envs[u].get()};
+      exec.run_alone(s, StrandKind::kForward);
+    }
+    const float* h = envs.back()->at("y").f32() + (cur - 1) * C;
+    std::vector<float> hn(static_cast<size_t>(C)), mean(1), rstd(1);
+    if (cfg_.model.family == ModelFamily::kGPT)
+      cpu::layernorm_fwd<float>(h, g.value.f32(), params_->get("final_norm.bias").value.f32(), hn.data(), mean.data(),
+                                rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));
+    else
+      cpu::rmsnorm_fwd<float>(h, g.value.f32(), hn.data(), rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));
+    cpu::linear_fwd<float>(hn.data(), w.value.f32(), nullptr, logits.data(), 1, C, V);
+    // top-k over temperature-scaled logits
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int32_t i = 0; i < V; ++i) idx[i] = i;
+    int64_t k = std::clamp<int64_t>(top_k <= 0 ? V : top_k, 1, V);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    int32_t next = idx[0];
+    if (temperature > 0) {
+      std::vector<double> p(static_cast<size_t>(k));
+      double mx = logits[idx[0]], sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[idx[i]] - mx) / temperature);
+      std::uniform_real_distribution<double> U(0.0, sum);
+      double r = U(rng);
+      for (int64_t i = 0; i < k; ++i) {
+        if ((r -= p[i]) <= 0) {
+          next = idx[i];
+          break;
+        }
+      }
+    }
+    ids.push_back(next);
+  }
+  // Decode prompt and continuation together so word boundaries between them survive.
+  return prompt_len > 0 ? tok.decode(ids) : prompt + tok.decode(std::span<const int32_t>(ids).subspan(1));
+}
+
+}  // namespace dhelix
