@@ -121,7 +121,6 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
                                                cfg_.data.val_fraction);
   val_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kVal, mb_.B, mb_.T, seed, dp_rank_, layout_.dp,
                                              cfg_.data.val_fraction);
-  sgemm_flops_ = measure_sgemm_flops();
 }
 
 Trainer::~Trainer() = default;
@@ -144,11 +143,16 @@ std::vector<MicroBatch> Trainer::next_micro_batches(DataLoader& loader) {
   return mbs;
 }
 
-StepReport Trainer::train_step() {
-  double t0 = now_seconds();
+StepStats Trainer::compute_gradients() {
   params_->zero_grads();
   StepStats st = runner_->run(next_micro_batches(*train_loader_));
   sync_->finish();
+  return st;
+}
+
+StepReport Trainer::train_step() {
+  double t0 = now_seconds();
+  StepStats st = compute_gradients();
   StepReport r;
   r.step = step_ + 1;
   r.lr = lr_->at(step_);
@@ -204,6 +208,7 @@ void Trainer::run() {
     metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
   }
   const double flops_tok = cfg_.model.flops_per_token(mb_.T);
+  sgemm_flops_ = measure_sgemm_flops();
   log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} | "
                   "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
                   cfg_.model.name, family_name(cfg_.model.family), cfg_.model.num_params() / 1e6, cfg_.model.n_layers,

@@ -45,6 +45,9 @@ class Trainer {
   // The whole run: resume if asked, train cfg.training.steps steps, eval, checkpoint, sample.
   void run();
   StepReport train_step();
+  // The first half of a step: zero gradients, forward+backward of this rank's micro-batches, and
+  // the gradient reductions (tp partial grads, dp buckets). train_step() = this + the update.
+  StepStats compute_gradients();
   double evaluate(int64_t batches);  // mean held-out loss (same on every rank)
   // Saves a checkpoint of the current state; returns its directory (every rank calls it).
   std::string save_checkpoint();
@@ -59,6 +62,8 @@ class Trainer {
   const ModelPrograms& programs() const { return progs_; }
   // Full (unsharded, layout-free) internal tensors; collective over tp (and dp for the optimizer).
   std::map<std::string, Tensor> gather_full_params();
+  // Full gradients (layout-free) after compute_gradients(); plain dp (no ZeRO) only.
+  std::map<std::string, Tensor> gather_full_grads();
   double sgemm_flops_per_s() const { return sgemm_flops_; }
   MemoryTracker& activation_memory() { return act_mem_; }
 

@@ -40,6 +40,14 @@ std::map<std::string, Tensor> Trainer::gather_full_params() {
   return out;
 }
 
+std::map<std::string, Tensor> Trainer::gather_full_grads() {
+  DHX_CHECK(sync_->zero() == ZeroStage::kNone, InternalError, "gather_full_grads needs plain data parallelism");
+  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
+  std::map<std::string, Tensor> out;
+  for (auto& e : params_->entries()) out[e.spec.name] = gather_over_tp(e.spec, e.grad, tp);
+  return out;
+}
+
 std::string Trainer::save_checkpoint() {
   ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   std::map<std::string, Tensor> full = gather_full_params();
