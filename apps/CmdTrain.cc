@@ -8,9 +8,9 @@
 
 #include "Commands.h"
 #include "base/Error.h"
+#include "base/Files.h"
 #include "comm/MpiBackend.h"
 #include "train/CheckpointStore.h"
-#include "train/DataPrepare.h"
 #include "train/Trainer.h"
 
 namespace dhelix {
@@ -49,17 +49,17 @@ int cmd_train(int argc, char** argv) {
   std::unique_ptr<CommContext> comm;
   if (under_mpirun() || cfg.parallel.dp * cfg.parallel.tp > 1) comm = make_mpi_world(layout_of(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
-  if (rank0) {
-    fmt::print("# resolved configuration\n{}\n", to_toml(cfg));
-    prepare_data(cfg, [](const std::string& line) { fmt::print("data: {}\n", line); });
-  }
+  if (rank0) fmt::print("# resolved configuration\n{}\n", to_toml(cfg));
   if (comm) comm->world().barrier();
   try {
     Trainer trainer(cfg, comm.get());
     trainer.run();
   } catch (const ConfigError&) {
     throw;
-  } catch (const IoError&) {
+  } catch (const IoError& e) {
+    if (!file_exists(cfg.data.prefix + ".idx") || !file_exists(cfg.data.prefix + ".bin"))
+      throw IoError(fmt::format("{}\nhint: make the dataset with `dhelix data prepare --config ...` "
+                                "(scripts/setup does this for configs/demo.toml)", e.what()));
     throw;
   } catch (const std::exception& e) {
     if (comm && comm->world_size() > 1) comm->abort(e.what());

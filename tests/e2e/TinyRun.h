@@ -1,0 +1,77 @@
+// Helpers for end-to-end trainer tests: a tiny model config and a synthetic token dataset in a
+// temporary directory (no tokenizer, no corpus needed).
+#pragma once
+#include <stdlib.h>
+
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "train/Config.h"
+#include "train/IndexedDataset.h"
+
+namespace dhelix::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "dhelix_e2e_XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Documents of a noisy repeating pattern over `vocab` tokens (learnable, so loss falls).
+inline void write_synthetic_dataset(const std::string& prefix, int64_t vocab, int64_t docs, uint64_t seed) {
+  IndexedDatasetWriter w(prefix, IndexDType::kU16);
+  std::mt19937_64 rng(seed);
+  for (int64_t d = 0; d < docs; ++d) {
+    std::vector<int32_t> toks(64 + rng() % 64);
+    int32_t start = static_cast<int32_t>(rng() % vocab);
+    for (size_t i = 0; i < toks.size(); ++i)
+      toks[i] = (rng() % 8 == 0) ? static_cast<int32_t>(rng() % vocab) : static_cast<int32_t>((start + 3 * i) % vocab);
+    w.add_document(toks);
+  }
+  w.finish();
+}
+
+inline RunConfig tiny_config(const std::string& dir, const std::string& family) {
+  std::string toml = R"(
+[model]
+preset = "demo"
+family = ")" + family + R"("
+vocab_size = 200
+seq_len = 32
+d_model = 64
+n_layers = 2
+n_heads = 4
+n_kv_heads = )" + (family == "gpt" ? "4" : "2") + R"(
+ffn_hidden = 128
+[training]
+steps = 6
+micro_batch_size = 2
+micro_batches = 2
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 2
+eval_interval = 0
+sample_tokens = 0
+threads = 1
+[data]
+prefix = ")" + dir + R"(/data"
+[checkpoint]
+keep = 0
+[output]
+dir = ")" + dir + R"(/run"
+)";
+  return load_config_text(toml, "tiny", {});
+}
+
+}  // namespace dhelix::testing
