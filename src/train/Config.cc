@@ -442,10 +442,12 @@ CliArgs parse_cli_args(const std::vector<std::string>& words) {
       if (eq != std::string::npos) {
         value = name.substr(eq + 1);
         name.resize(eq);
+      } else if (f && (f->kind == Kind::kBool || f->kind == Kind::kOnOff)) {
+        // A bare boolean flag means "on"; the next word is its value only if it reads as a boolean.
+        if (i + 1 < words.size() && parse_bool(words[i + 1])) value = words[++i];
+        else value = "on";
       } else if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) {
         value = words[++i];
-      } else if (f && (f->kind == Kind::kBool || f->kind == Kind::kOnOff)) {
-        value = "on";
       } else {
         throw ConfigError(fmt::format("flag --{} needs a value", name));
       }

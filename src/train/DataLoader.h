@@ -44,7 +44,9 @@ class DataLoader {
   // the shape fields match this loader (ConfigError naming the field otherwise).
   nlohmann::json state() const;
   void set_state(const nlohmann::json& s);
-  void reset() { epoch_ = 0, position_ = 0, order_epoch_ = -1; }
+  // Back to the first batch of epoch 0; call before each evaluation so every evaluation sees the
+  // same validation batches.
+  void reset() { epoch_ = 0, position_ = 0; }
 
  private:
   int64_t window_at(int64_t k);  // k-th window of the current epoch's order

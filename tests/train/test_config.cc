@@ -146,6 +146,10 @@ TEST(Config, CliArgsSplitConfigFlagsAndPositional) {
                           {"training.lr", "1e-3"}};
   EXPECT_EQ(a.overrides, want);
   EXPECT_THROW(parse_cli_args({"--training.steps"}), ConfigError);
+  CliArgs b = parse_cli_args({"--parallel.sequence_parallel", "prepare", "--schedule.strand_interleaving", "off"});
+  EXPECT_EQ(b.positional, std::vector<std::string>{"prepare"});
+  ConfigOverrides want_b = {{"parallel.sequence_parallel", "on"}, {"schedule.strand_interleaving", "off"}};
+  EXPECT_EQ(b.overrides, want_b);
   std::string msg = error_of("", {{"trainig.steps", "3"}});
   EXPECT_NE(msg.find("did you mean 'training.steps'"), std::string::npos) << msg;
 }
