@@ -100,9 +100,11 @@ std::string render_plan_svg(const SIPlan& plan, const LayerProgram& prog, const 
     const double x0 = kLeft + t0 * scale, w = dur[k] * scale;
     svg += fmt::format(
         "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
-        "stroke=\"#999\" stroke-width=\"0.5\"/>\n<text x=\"{:.2f}\" y=\"{:.1f}\" "
-        "fill=\"#555\">{}</text>\n",
-        x0, kTop, w, axis_y - kTop - 8, k % 2 ? "#f4f4f4" : "#ffffff", x0 + 2, kTop + 13, k);
+        "stroke=\"#999\" stroke-width=\"0.5\"/>\n",
+        x0, kTop, w, axis_y - kTop - 8, k % 2 ? "#f4f4f4" : "#ffffff");
+    if (w >= 8.0 * std::to_string(k).size())  // block index, where it fits
+      svg += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" fill=\"#555\">{}</text>\n", x0 + 2,
+                         kTop + 13, k);
     // One strand's window, ops end to end from the block start.
     auto draw = [&](const std::vector<Op>& ops, int lo, int hi, const char* sname,
                     const Palette& pal) {
