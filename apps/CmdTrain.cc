@@ -43,7 +43,7 @@ int cmd_train(int argc, char** argv) {
     fmt::print("{}\n{}", kTrainUsage, help_text());
     return 0;
   }
-  DHX_CHECK(args.positional.empty(), ConfigError, "dhelix train: unexpected argument '{}'\n{}", args.positional[0],
+  DHX_CHECK(args.positional.empty(), ConfigError, "unexpected argument '{}'\n{}", args.positional[0],
             kTrainUsage);
   RunConfig cfg = load_config(args.config_path, args.overrides);
   std::unique_ptr<CommContext> comm;
@@ -78,7 +78,7 @@ int cmd_sample(int argc, char** argv) {
   std::vector<std::string> rest;
   for (size_t i = 0; i < words.size(); ++i) {
     auto val = [&](const char* flag) -> std::string {
-      DHX_CHECK(i + 1 < words.size(), ConfigError, "dhelix sample: {} needs a value", flag);
+      DHX_CHECK(i + 1 < words.size(), ConfigError, "{} needs a value", flag);
       return words[++i];
     };
     const std::string& w = words[i];
@@ -91,7 +91,7 @@ int cmd_sample(int argc, char** argv) {
       else if (w == "--seed") seed = std::stoull(val("--seed"));
       else rest.push_back(w);
     } catch (const std::invalid_argument&) {
-      throw ConfigError(fmt::format("dhelix sample: {} expects a number, got '{}'", w, words[i]));
+      throw ConfigError(fmt::format("{} expects a number, got '{}'", w, words[i]));
     }
   }
   CliArgs args = parse_cli_args(rest);
@@ -100,14 +100,14 @@ int cmd_sample(int argc, char** argv) {
                "       [--temperature X] [--top-k K] [--seed S] [--section.key value ...]\n");
     return 0;
   }
-  DHX_CHECK(temperature >= 0, ConfigError, "dhelix sample: --temperature {} must be >= 0", temperature);
-  DHX_CHECK(tokens > 0, ConfigError, "dhelix sample: --tokens {} must be positive", tokens);
+  DHX_CHECK(temperature >= 0, ConfigError, "--temperature {} must be >= 0", temperature);
+  DHX_CHECK(tokens > 0, ConfigError, "--tokens {} must be positive", tokens);
   RunConfig cfg = load_config(args.config_path, args.overrides);
   cfg.parallel.dp = cfg.parallel.tp = 1;
   std::string dir = cfg.checkpoint.dir.empty() ? cfg.output.dir + "/checkpoints" : cfg.checkpoint.dir;
   CheckpointStore store(dir, 0);
   auto path = store.resolve(checkpoint.empty() ? "latest" : checkpoint);
-  DHX_CHECK(path.has_value(), IoError, "dhelix sample: no checkpoint '{}' in '{}'; train first or pass --checkpoint",
+  DHX_CHECK(path.has_value(), IoError, "no checkpoint '{}' in '{}'; train first or pass --checkpoint",
             checkpoint.empty() ? "latest" : checkpoint, dir);
   Trainer trainer(cfg, nullptr, Quiet::kYes);
   trainer.load_checkpoint(*path);
