@@ -40,7 +40,6 @@ template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* 
   const int64_t nq = (Tn + kTile - 1) / kTile;
   const int64_t BH = d.B * H, items = BH * nq;
   const int nt = detail::threads_for(BH * Tn * D);
-  detail::BlasSerialScope serial_blas(nt);
 #pragma omp parallel num_threads(nt)
   {
     std::vector<T> S(kTile * kTile), acc(kTile * D), mrow(kTile), lrow(kTile);  // per thread
@@ -112,7 +111,6 @@ void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse,
   const int64_t nq = (Tn + kTile - 1) / kTile;
   const int64_t items = d.B * Hkv;
   const int nt = std::min<int64_t>(detail::threads_for(d.B * H * Tn * D), std::max<int64_t>(items, 1));
-  detail::BlasSerialScope serial_blas(nt);
 #pragma omp parallel num_threads(nt)
   {
     // per thread: P and dP/dS tiles [kTile, kTile], dK/dV accumulators [kTile, D], D_i for the group [G, T]

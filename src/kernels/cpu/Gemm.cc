@@ -1,7 +1,14 @@
-// GEMM and the linear layer built on it: thin wrappers over OpenBLAS cblas_{s,d}gemm, row-major.
+// GEMM and the linear layer built on it: wrappers over OpenBLAS cblas_{s,d}gemm, row-major.
 // Weights are [out, in] as in torch.nn.Linear, so the forward multiplies by w^T.
-// Not here: any GEMM of our own (attention calls gemm() on its tiles).
+// Threading: OpenBLAS always runs single-threaded (Threads.cc); a large gemm() is cut into
+// num_threads() slabs of C (rows or columns, whichever extent is larger, in multiples of
+// kSlabAlign) and each OpenMP thread runs one serial BLAS call on its slab. So one thread pool
+// serves GEMMs and the elementwise kernels (two pools spinning against each other on a loaded
+// machine cost more than the GEMMs gain), and every C element is one serial BLAS dot-product
+// order fixed by the thread count: bitwise reproducible. Inside a parallel region (attention
+// tiles) gemm() is one serial call. Not here: any GEMM kernel of our own.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -20,6 +27,11 @@ void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int
   cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// Below this many multiply-adds a GEMM stays on one thread (a fork costs more than it saves).
+constexpr int64_t kMinParallelMacs = int64_t{1} << 21;
+// Slab extents are multiples of this (whole micro-kernel tiles and 64-byte lines per thread).
+constexpr int64_t kSlabAlign = 64;
+
 }  // namespace
 
 template <typename T>
@@ -31,9 +43,26 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
-  (void)num_threads();  // first use applies the default thread count to OpenBLAS
-  blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-            ldb, beta, C, ldc);
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int nt = num_threads();  // the first use also makes OpenBLAS serial
+  const int64_t split = std::max(M, N);
+  const int64_t slabs = std::min<int64_t>(nt, (split + kSlabAlign - 1) / kSlabAlign);
+  if (slabs < 2 || omp_in_parallel() || M * N * K < kMinParallelMacs) {
+    blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // Slab s covers [s*len, min(split, (s+1)*len)) of the split extent, len a multiple of kSlabAlign.
+  const int64_t len = ((split + slabs - 1) / slabs + kSlabAlign - 1) / kSlabAlign * kSlabAlign;
+  const bool by_rows = M >= N;
+#pragma omp parallel for num_threads(static_cast<int>(slabs)) schedule(static, 1)
+  for (int64_t s = 0; s < slabs; ++s) {
+    const int64_t lo = s * len, n = std::min(split, lo + len) - lo;
+    if (n <= 0) continue;
+    if (by_rows)  // rows [lo, lo+n) of C and op(A): A[lo,:] or, transposed, column lo of A[K,M]
+      blas_gemm(ta, tb, n, N, K, alpha, trans_a ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+    else  // columns [lo, lo+n) of C and op(B): column lo of B[K,N] or, transposed, row lo of B[N,K]
+      blas_gemm(ta, tb, M, n, K, alpha, A, lda, trans_b ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+  }
 }
 
 template <typename T>

@@ -1,6 +1,7 @@
-// Thread count shared by OpenBLAS and the OpenMP loops of the CPU kernels. It is one process-wide
-// setting by nature (both libraries keep it globally); default from DHELIX_THREADS, else 1
-// (one rank per core). Not here: pinning, the comm threads.
+// Thread count of the OpenMP loops of the CPU kernels (GEMMs included: gemm() slabs C over the
+// OpenMP threads and OpenBLAS itself stays single-threaded, so there is one thread pool). It is
+// one process-wide setting by nature (both libraries keep it globally); default from
+// DHELIX_THREADS, else 1 (one rank per core). Not here: pinning, the comm threads.
 #include <omp.h>
 #include <cblas.h>
 
@@ -26,7 +27,7 @@ int default_threads() {
 }
 
 void apply(int n) {
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);  // gemm() threads over OpenMP; see Gemm.cc
   omp_set_num_threads(n);
 }
 
@@ -55,15 +56,4 @@ int num_threads() {
   return g_threads.load();
 }
 
-namespace detail {
-
-BlasSerialScope::BlasSerialScope(int omp_threads) : active_(omp_threads > 1 && num_threads() > 1) {
-  if (active_) openblas_set_num_threads(1);
-}
-
-BlasSerialScope::~BlasSerialScope() {
-  if (active_) openblas_set_num_threads(num_threads());
-}
-
-}  // namespace detail
 }  // namespace dhelix::cpu
