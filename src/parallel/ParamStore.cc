@@ -1,6 +1,8 @@
 // ParamStore: flat layout in backward order, buckets, deterministic init, lookup.
 #include "parallel/ParamStore.h"
 
+#include <algorithm>
+
 #include "base/Error.h"
 
 namespace dhelix {
@@ -8,6 +10,12 @@ namespace dhelix {
 ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed,
                        MemoryTracker* tracker, int64_t bucket_elems)
     : dp_(dp) {
+  if (bucket_elems <= 0) {
+    int64_t total = 0;
+    for (const auto& u : units)
+      for (const auto& spec : u.params) total += shape_numel(spec.shard);
+    bucket_elems = auto_bucket_elems(total);
+  }
   // Pass 1: offsets. Units in backward order; a bucket closes when it reaches bucket_elems.
   int64_t off = 0;
   GradBucket cur;
@@ -47,6 +55,10 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
     init_full_param(e.spec, full, seed);
     extract_shard(e.spec, full, e.value, tp_rank, tp);
   }
+}
+
+int64_t ParamStore::auto_bucket_elems(int64_t param_elems) {
+  return std::clamp<int64_t>(param_elems / 8, int64_t{64} << 10, int64_t{4} << 20);
 }
 
 ParamEntry& ParamStore::get(const std::string& name) {

@@ -31,9 +31,13 @@ class ParamStore {
  public:
   // Allocates every parameter of `units` (this rank's shards) and initialises them from the full
   // deterministic init (so any layout starts from the single-process weights). Buckets hold about
-  // `bucket_elems` elements (whole units).
+  // `bucket_elems` elements (whole units); 0 = auto_bucket_elems().
   ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed, MemoryTracker* tracker,
-             int64_t bucket_elems = 4 << 20);
+             int64_t bucket_elems = 0);
+  // 1/8 of this rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets
+  // several buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of
+  // later layers; a large one gets 16 MiB buckets (fewer, larger messages).
+  static int64_t auto_bucket_elems(int64_t param_elems);
 
   ParamEntry& get(const std::string& global_name);
   const ParamEntry& get(const std::string& global_name) const;

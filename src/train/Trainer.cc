@@ -2,6 +2,8 @@
 // Checkpointing and sampling live in TrainerIO.cc.
 #include "train/Trainer.h"
 
+#include <signal.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +47,40 @@ int auto_threads(const RunConfig& cfg, CommContext* comm) {
   if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
   else if (comm) local = comm->world_size();  // local-threads backend: all ranks share this process
   return std::max(1, hw / local);
+}
+
+// TEST HOOK (tests/parallel/mpi_train_failure_test.sh): DHELIX_FAULT_INJECT=RANK:STEP[:throw]
+// makes world rank RANK fail mid-backward of optimizer step STEP (1-based): once the step's last
+// micro-batch has finished its middle unit, so dp buckets are in flight. By default it prints its
+// rank and last collective and raises SIGKILL (a crashed process); with ":throw" it throws
+// CommError, which `dhelix train` turns into an abort of the world. Unset in normal runs.
+struct FaultInjection {
+  int rank = -1;
+  int64_t step = 0;
+  bool kill = true;
+};
+
+std::optional<FaultInjection> fault_injection_from_env() {
+  const char* v = std::getenv("DHELIX_FAULT_INJECT");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  FaultInjection f;
+  char mode[8] = {0};
+  int n = std::sscanf(v, "%d:%ld:%7s", &f.rank, &f.step, mode);
+  DHX_CHECK(n >= 2 && f.rank >= 0 && f.step >= 1 && (n == 2 || std::string(mode) == "throw"), ConfigError,
+            "DHELIX_FAULT_INJECT='{}' is not RANK:STEP or RANK:STEP:throw (rank >= 0, step >= 1)", v);
+  f.kill = n == 2;
+  return f;
+}
+
+void inject_fault(const FaultInjection& f, int unit, CommContext* comm) {
+  std::string where = fmt::format("DHELIX_FAULT_INJECT: failing in step {} (backward of unit {})", f.step, unit);
+  if (!f.kill) throw CommError(where);
+  std::fputs(fmt::format("rank {}: {} by SIGKILL; last collective: {}\n", f.rank, where,
+                         comm ? comm->last_collective() : "none")
+                 .c_str(),
+             stderr);
+  std::fflush(stderr);
+  raise(SIGKILL);
 }
 
 std::string human_bytes(double b) {
@@ -110,8 +146,12 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   runner_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr,
                                          cfg_.schedule.strand_interleaving ? Interleave::kOn : Interleave::kOff);
   const int M = static_cast<int>(cfg_.training.micro_batches);
-  runner_->set_bwd_unit_hook([this, M](int mb, int unit) {
+  const std::optional<FaultInjection> fault = fault_injection_from_env();
+  const int world_rank = comm_ ? comm_->rank() : 0, mid_unit = static_cast<int>(units_.size()) / 2;
+  runner_->set_bwd_unit_hook([this, M, fault, world_rank, mid_unit](int mb, int unit) {
     if (mb == M - 1) sync_->on_unit_done(unit);
+    if (fault && fault->rank == world_rank && fault->step == step_ + 1 && mb == M - 1 && unit == mid_unit)
+      inject_fault(*fault, unit, comm_);
   });
   lr_ = std::make_unique<LrSchedule>(cfg_.training.lr, cfg_.training.min_lr, cfg_.training.warmup_steps,
                                      cfg_.training.steps);

@@ -59,6 +59,8 @@ class Trainer {
   const RunConfig& config() const { return cfg_; }
   ParamStore& params() { return *params_; }
   StepRunner& runner() { return *runner_; }
+  GradSync& grad_sync() { return *sync_; }  // dp_comm_seconds() of the last step (benchmarks)
+  Trace* trace() { return trace_.get(); }   // non-null when output.trace is set
   const ModelPrograms& programs() const { return progs_; }
   // Full (unsharded, layout-free) internal tensors; collective over tp (and dp for the optimizer).
   std::map<std::string, Tensor> gather_full_params();
