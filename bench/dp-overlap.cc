@@ -69,7 +69,7 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   RunConfig solo_cfg = cfg;
   solo_cfg.parallel.dp = 1;
   Trainer overlap(cfg, &comm, Quiet::kYes), serial_sync(cfg, &comm, Quiet::kYes), solo(solo_cfg, nullptr, Quiet::kYes);
-  serial_sync.runner().set_bwd_unit_hook([](int, int) {});  // GradSync::finish then issues every bucket
+  serial_sync.grad_sync().set_overlap(GradOverlap::kOff);  // GradSync::finish then issues every bucket
   ProcessGroup& dp = comm.group(GroupRole::kDP);
   const auto& buckets = overlap.params().buckets();
   Tensor scratch = Tensor::zeros({overlap.params().flat_grads().numel()});

@@ -7,6 +7,9 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <thread>
+
 #include <exception>
 #include <mutex>
 #include <climits>
@@ -85,6 +88,21 @@ int mpi_count(int64_t n, const WorkState& st) {
   return static_cast<int>(n);
 }
 
+// Completes a non-blocking collective from the comm thread. Open MPI progresses it only inside
+// MPI calls, and its blocking collectives busy-poll a core that the compute thread needs (2 cores,
+// 2 ranks per machine here), so the thread tests with a short yield-then-sleep backoff instead.
+void wait_request(MPI_Request& req, const char* what) {
+  int done = 0;
+  for (int spins = 0;; ++spins) {
+    mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+    if (done) return;
+    if (spins < 32)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(spins < 256 ? 20 : 80));
+  }
+}
+
 class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, std::shared_ptr<MpiRuntime> rt, const std::string& role, int world_rank,
@@ -101,39 +119,49 @@ class MpiProcessGroup final : public ProcessGroup {
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {
     return [this, t, op](const std::shared_ptr<WorkState>& st) {
-      mpi_check(MPI_Allreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()),
-                              mpi_op(t.dtype(), op), comm_),
-                "MPI_Allreduce");
+      MPI_Request req;
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()),
+                               mpi_op(t.dtype(), op), comm_, &req),
+                "MPI_Iallreduce");
+      wait_request(req, "MPI_Iallreduce");
       return true;
     };
   }
   Task all_gather_task(Tensor in, Tensor out) override {
     return [this, in, out](const std::shared_ptr<WorkState>& st) {
       int n = mpi_count(in.numel(), *st);
-      mpi_check(MPI_Allgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_),
-                "MPI_Allgather");
+      MPI_Request req;
+      mpi_check(MPI_Iallgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
+                "MPI_Iallgather");
+      wait_request(req, "MPI_Iallgather");
       return true;
     };
   }
   Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
     return [this, in, out, op](const std::shared_ptr<WorkState>& st) {
-      mpi_check(MPI_Reduce_scatter_block(in.raw(), out.raw(), mpi_count(out.numel(), *st), mpi_type(in.dtype()),
-                                         mpi_op(in.dtype(), op), comm_),
-                "MPI_Reduce_scatter_block");
+      MPI_Request req;
+      mpi_check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), mpi_count(out.numel(), *st), mpi_type(in.dtype()),
+                                          mpi_op(in.dtype(), op), comm_, &req),
+                "MPI_Ireduce_scatter_block");
+      wait_request(req, "MPI_Ireduce_scatter_block");
       return true;
     };
   }
   Task all_to_all_task(Tensor in, Tensor out) override {
     return [this, in, out](const std::shared_ptr<WorkState>& st) {
       int n = mpi_count(in.numel() / size(), *st);
-      mpi_check(MPI_Alltoall(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_),
-                "MPI_Alltoall");
+      MPI_Request req;
+      mpi_check(MPI_Ialltoall(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
+                "MPI_Ialltoall");
+      wait_request(req, "MPI_Ialltoall");
       return true;
     };
   }
   Task broadcast_task(Tensor t, int root) override {
     return [this, t, root](const std::shared_ptr<WorkState>& st) {
-      mpi_check(MPI_Bcast(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), root, comm_), "MPI_Bcast");
+      MPI_Request req;
+      mpi_check(MPI_Ibcast(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), root, comm_, &req), "MPI_Ibcast");
+      wait_request(req, "MPI_Ibcast");
       return true;
     };
   }

@@ -1,10 +1,10 @@
 // GradSync: moves gradients between ranks after backward. Sequence-parallel partial gradients
-// (norm weights, row biases, positions) are all-reduced over tp; then data parallelism reduces
-// each bucket as soon as backward of the step's last micro-batch has produced it, so the traffic
-// runs on the dp comm thread under the rest of the backward pass:
+// (norm weights, row biases, positions) are all-reduced over tp when their unit's backward ends;
+// data parallelism reduces each bucket as soon as the step's last micro-batch has produced the
+// last gradient in it (per op, not per layer), on the dp comm thread, under the rest of backward:
 //
-//   compute : [bwd head][bwd L-1][bwd L-2] ... [bwd 0][embed]   | wait | optimizer
-//   comm dp :            [bucket 0 AR   ][bucket 1 AR   ] ...  [last]
+//   compute : [bwd head][bwd L-1 ........][bwd L-2 ........] ... [bwd 0][embed] | wait | optimizer
+//   comm dp :       [b0 AR][b1 AR]  [b2 AR][b3 AR]  [b4 AR] ...          [last] |
 //
 // Without ZeRO the buckets are all-reduced in place; with ZeRO-1 they are reduce-scattered and
 // rank r keeps chunk r of every bucket (the optimizer updates only that chunk).
@@ -12,24 +12,32 @@
 #include <vector>
 
 #include "comm/ProcessGroup.h"
+#include "model/Programs.h"
 #include "parallel/ParamStore.h"
 
 namespace dhelix {
 
 enum class ZeroStage { kNone = 0, kOne = 1 };
+// kOff holds every bucket until finish() (the no-overlap reference of benchmarks).
+enum class GradOverlap { kOn, kOff };
 
 class GradSync {
  public:
-  // tp/dp may be null (size 1).
-  GradSync(ParamStore& params, ProcessGroup* tp, ProcessGroup* dp, ZeroStage zero, MemoryTracker* tracker);
+  // tp/dp may be null (size 1). `units` and `progs` tell how many backward ops accumulate into each
+  // parameter per micro-batch (a tied embedding gets two: the head's and the embedding's).
+  GradSync(ParamStore& params, const std::vector<UnitSpec>& units, const ModelPrograms& progs, ProcessGroup* tp,
+           ProcessGroup* dp, ZeroStage zero, MemoryTracker* tracker);
 
-  // Call after backward of the step's last micro-batch finished `unit` (units finish in order
-  // U-1 .. 0). Issues the tp all-reduce of that unit's partial gradients, and every dp bucket that
-  // became complete.
+  // After a backward op of the step's last micro-batch accumulated its gradients (op.grads).
+  void on_grad_op(int unit, const Op& op);
+  // After backward of the step's last micro-batch finished `unit`: the tp all-reduce of that unit's
+  // partial gradients, which then count as ready for their dp buckets.
   void on_unit_done(int unit);
-  // Waits for all outstanding reductions; returns the seconds this thread spent blocked.
+  // Issues what is left, waits for all reductions and re-arms the counters; returns the seconds
+  // this thread spent blocked.
   double finish();
 
+  void set_overlap(GradOverlap o) { overlap_ = o; }
   // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/dp).
   Tensor& owned_grad(size_t b) { return owned_grads_.at(b); }
   ZeroStage zero() const { return zero_; }
@@ -37,13 +45,22 @@ class GradSync {
   double dp_comm_seconds() const { return dp_comm_s_; }
 
  private:
+  void param_ready(size_t entry);
+  void issue_bucket(size_t b);
+  bool tp_partial(const ParamEntry& e) const { return e.spec.tp_partial_grad && tp_ && tp_->size() > 1; }
+
   ParamStore& params_;
+  const std::vector<UnitSpec>& units_;
   ProcessGroup* tp_;
   ProcessGroup* dp_;
   ZeroStage zero_;
+  GradOverlap overlap_ = GradOverlap::kOn;
   std::vector<Tensor> owned_grads_;
+  std::vector<int> grad_ops_;         // per entry: backward ops accumulating into it per micro-batch
+  std::vector<int> pending_ops_;      // per entry: of those, not yet run in this step's last micro-batch
+  std::vector<int> pending_params_;   // per bucket: entries not yet ready
+  std::vector<char> issued_;          // per bucket
   std::vector<Work> inflight_;
-  size_t next_bucket_ = 0;
   double dp_comm_s_ = 0;
 };
 

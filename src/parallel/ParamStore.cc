@@ -16,7 +16,9 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
       for (const auto& spec : u.params) total += shape_numel(spec.shard);
     bucket_elems = auto_bucket_elems(total);
   }
-  // Pass 1: offsets. Units in backward order; a bucket closes when it reaches bucket_elems.
+  // Pass 1: offsets. Units in backward order and, inside a unit, parameters in reverse
+  // declaration order (about the order backward produces their gradients); a bucket closes as soon
+  // as it holds bucket_elems, so it is complete early in the backward pass.
   int64_t off = 0;
   GradBucket cur;
   auto close = [&] {
@@ -30,18 +32,19 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
     cur.begin = off;
   };
   for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
-    for (const auto& spec : units[u].params) {
+    for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it) {
       ParamEntry e;
-      e.spec = spec;
+      e.spec = *it;
       e.unit = u;
       e.offset = off;
-      off += shape_numel(spec.shard);
-      index_[spec.name] = entries_.size();
+      e.bucket = buckets_.size();
+      off += shape_numel(it->shard);
+      index_[it->name] = entries_.size();
       cur.params.push_back(entries_.size());
       cur.min_unit = u;
       entries_.push_back(std::move(e));
+      if (off - cur.begin >= bucket_elems) close();
     }
-    if (off - cur.begin >= bucket_elems) close();
   }
   close();
   flat_values_ = Tensor::zeros({off}, DType::kF32, tracker);
@@ -58,7 +61,7 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
 }
 
 int64_t ParamStore::auto_bucket_elems(int64_t param_elems) {
-  return std::clamp<int64_t>(param_elems / 8, int64_t{64} << 10, int64_t{4} << 20);
+  return std::clamp<int64_t>(param_elems / 16, int64_t{64} << 10, int64_t{4} << 20);
 }
 
 ParamEntry& ParamStore::get(const std::string& name) {

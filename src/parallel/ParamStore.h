@@ -17,6 +17,7 @@ struct ParamEntry {
   ParamSpec spec;
   int unit = 0;       // index of the owning unit in forward order
   int64_t offset = 0; // element offset in the flat buffers
+  size_t bucket = 0;  // index of the gradient bucket holding it
   Tensor value;       // view into the flat values, shape spec.shard
   Tensor grad;        // view into the flat grads, accumulated by both strands
 };
@@ -31,10 +32,10 @@ class ParamStore {
  public:
   // Allocates every parameter of `units` (this rank's shards) and initialises them from the full
   // deterministic init (so any layout starts from the single-process weights). Buckets hold about
-  // `bucket_elems` elements (whole units); 0 = auto_bucket_elems().
+  // `bucket_elems` elements; 0 = auto_bucket_elems().
   ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed, MemoryTracker* tracker,
              int64_t bucket_elems = 0);
-  // 1/8 of this rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets
+  // 1/16 of this rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets
   // several buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of
   // later layers; a large one gets 16 MiB buckets (fewer, larger messages).
   static int64_t auto_bucket_elems(int64_t param_elems);

@@ -7,6 +7,7 @@
 //   compute thread : [bwd ops k ........][fwd ops k (wait AG)] | [ ...block k+1
 //   comm tp thread :  [AG fwd k ...........]                    |
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct RunContext {
   std::map<std::string, ProcessGroup*> groups;  // "tp" -> this rank's tp group (absent if size 1)
   Trace* trace = nullptr;
   float dloss = 1.0f;                           // 1 / tokens per optimizer step (all mbs, all dp)
+  // Called after a compute op that accumulated parameter gradients (op.grads non-empty) ran for
+  // micro-batch `mb` in unit `unit` (data-parallel buckets start as soon as they are complete).
+  std::function<void(int mb, int unit, const Op& op)> on_grad_op;
 };
 
 // One micro-batch positioned at one unit on one strand.

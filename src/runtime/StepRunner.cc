@@ -15,7 +15,7 @@ SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd)
   p.name = "pair";
   p.fwd = fwd;
   p.bwd = bwd;
-  if (any_coll) return default_plan(p);
+  if (any_coll) return cover_plan(p);
   SIPlan plan;
   plan.pair = "pair";
   plan.source = "default";
@@ -56,12 +56,18 @@ void StepRunner::start_mb(Inflight& f, int mb, const MicroBatch& data) {
 
 void StepRunner::link_forward(Inflight& f, int unit) {
   if (unit == 0) return;
-  f.envs[unit]->bufs["x"] = f.envs[unit - 1]->at("y");
+  // The output moves to the next unit: backward never reads a unit's own "y".
+  auto& prev = f.envs[unit - 1]->bufs;
+  f.envs[unit]->bufs["x"] = prev.at("y");
+  prev.erase("y");
 }
 
 void StepRunner::link_backward(Inflight& b, int unit) {
   if (unit == exec_.num_units() - 1) return;
   b.envs[unit]->bufs["dy"] = b.envs[unit + 1]->at("dx");
+  // Unit+1 finished its backward; its "dx" lives on as our "dy", the rest is dead. Releasing it
+  // before this pair runs lets the forward strand reuse the memory.
+  b.envs[unit + 1].reset();
 }
 
 void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
@@ -73,8 +79,7 @@ void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
     for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += l[i];
     st.tokens += loss.numel();
   }
-  // The unit above already consumed our dy (its dx); release this unit's whole environment.
-  if (unit + 1 < exec_.num_units()) b.envs[unit + 1].reset();
+  // The unit above was released when our dy was linked; the first unit has no consumer.
   if (unit == 0) b.envs[0].reset();
   if (bwd_hook_) bwd_hook_(b.mb, unit);
 }

@@ -30,7 +30,7 @@ struct StepStats {
 class StepRunner {
  public:
   // `block_plan` is the plan of the transformer-layer pair (windows into progs.block); the edge
-  // pairs (embed|head, head|embed) use the default rule. A null plan means the default plan.
+  // pairs (embed|head, head|embed) use pair_default_plan. A null plan means pair_default_plan.
   StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
              const SIPlan* block_plan, Interleave mode);
 
@@ -62,7 +62,7 @@ class StepRunner {
   std::function<void(int, int)> bwd_hook_;
 };
 
-// Plan for a pair of (forward program, backward program) by the default rule; when neither strand
+// Plan for a pair of (forward program, backward program): cover_plan (BasicPlans.h); when neither strand
 // has a collective, the backward strand runs first so the forward strand reuses freed memory.
 SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd);
 

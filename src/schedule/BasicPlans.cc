@@ -1,6 +1,8 @@
 // Default (one collective beside the other strand's next compute segment) and sequential plans.
 #include "schedule/BasicPlans.h"
 
+#include <algorithm>
+
 #include "plan/Windows.h"
 
 namespace dhelix {
@@ -44,6 +46,99 @@ SIPlan default_plan(const LayerProgram& prog) {
   }
   for (; i < fs.size(); ++i) plan.blocks.push_back(fwd_block(fs[i]));
   for (; j < bs.size(); ++j) plan.blocks.push_back(bwd_block(bs[j]));
+  return plan;
+}
+
+namespace {
+
+double flops_of(const std::vector<Op>& ops, int a, int b) {
+  double f = 0;
+  for (int i = a; i < b; ++i) f += ops[i].cost.flops;
+  return f;
+}
+
+// One strand being walked: its ops, segment ends and the "small compute" threshold.
+struct Walk {
+  const std::vector<Op>& ops;
+  std::vector<int> ends;
+  double small = 0;  // compute segments below this many FLOPs cannot hide a collective
+  int next = 0;
+
+  explicit Walk(const std::vector<Op>& o) : ops(o), ends(segment_ends(o)) {
+    double biggest = 0;
+    for (int i = 0; i < size(); i = ends[i])
+      if (!ops[i].is_collective()) biggest = std::max(biggest, flops_of(ops, i, ends[i]));
+    small = 0.1 * biggest;
+  }
+  int size() const { return static_cast<int>(ops.size()); }
+  bool done() const { return next >= size(); }
+  bool at_collective() const { return ops[next].is_collective(); }
+  int seg_end() const { return ends[next]; }
+  // The compute run starting at `next` is followed by a collective.
+  bool leads_to_collective() const { return seg_end() < size(); }
+  // Collectives from the one at `next` on, up to the first big compute segment or the end.
+  int collectives_to_cover() const {
+    int n = 0;
+    for (int i = next; i < size();) {
+      if (ops[i].is_collective()) {
+        ++n, ++i;
+      } else {
+        if (flops_of(ops, i, ends[i]) >= small) break;
+        i = ends[i];
+      }
+    }
+    return n;
+  }
+  // The shortest prefix of the compute run at `next` holding >= 1/n of its FLOPs (>= 1 op).
+  int cover_end(int n) const {
+    const int e = seg_end();
+    const double want = flops_of(ops, next, e) / std::max(n, 1);
+    int k = next + 1;
+    while (k < e && flops_of(ops, next, k) < want) ++k;
+    return k;
+  }
+};
+
+}  // namespace
+
+SIPlan cover_plan(const LayerProgram& prog) {
+  SIPlan plan;
+  plan.pair = prog.name;
+  plan.source = "cover";
+  Walk f(prog.fwd), b(prog.bwd);
+  auto emit = [&](int fe, int be) {
+    plan.blocks.push_back({f.next, fe, b.next, be});
+    f.next = fe;
+    b.next = be;
+  };
+  auto one = [](const Walk& w) { return w.at_collective() ? w.next + 1 : w.seg_end(); };
+  while (!f.done() || !b.done()) {
+    if (b.done()) {
+      emit(one(f), b.next);
+    } else if (f.done()) {
+      emit(f.next, one(b));
+    } else if (f.at_collective() && b.at_collective()) {
+      emit(f.next + 1, b.next);
+    } else if (f.at_collective()) {  // fwd collective over a share of the bwd compute
+      emit(f.next + 1, b.cover_end(f.collectives_to_cover()));
+    } else if (b.at_collective()) {
+      emit(f.cover_end(b.collectives_to_cover()), b.next + 1);
+    } else {  // both compute
+      const bool fl = f.leads_to_collective(), bl = b.leads_to_collective();
+      if (fl && bl) {
+        if (flops_of(f.ops, f.next, f.seg_end()) < flops_of(b.ops, b.next, b.seg_end()))
+          emit(f.seg_end(), b.next);
+        else
+          emit(f.next, b.seg_end());
+      } else if (fl) {
+        emit(f.seg_end(), b.next);
+      } else if (bl) {
+        emit(f.next, b.seg_end());
+      } else {
+        emit(f.seg_end(), b.seg_end());
+      }
+    }
+  }
   return plan;
 }
 

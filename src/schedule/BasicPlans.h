@@ -15,6 +15,21 @@ namespace dhelix {
 // source = "default".
 SIPlan default_plan(const LayerProgram& prog);
 
+// Cover plan: every collective beside a compute window of the other strand, sized so that the
+// other strand's compute is shared among the collectives that must hide under it. Walks both
+// strands op by op:
+//   collective of S facing compute segment G of S' -> one block: the collective and the first
+//     1/n of G by FLOPs (at least one op), where n counts this and the following collectives of
+//     S separated only by small compute (< 10% of S's largest compute segment): those must also
+//     hide under G;
+//   both compute -> the strand whose segment leads to a collective runs it alone (the smaller
+//     one when both do; backward on a tie), so its collective then faces the other's compute;
+//     neither leads to a collective -> both in one block;
+//   both collective -> the forward collective alone.
+// Windows stay inside segments and hold at most one collective. source = "cover". The runtime
+// uses it when no plan file is given.
+SIPlan cover_plan(const LayerProgram& prog);
+
 // Forward strand first, then backward, one segment per block. source = "sequential".
 SIPlan sequential_plan(const LayerProgram& prog);
 

@@ -122,7 +122,8 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
                                          static_cast<uint64_t>(cfg_.training.seed), &state_mem_);
   ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   ProcessGroup* dp = (comm_ && layout_.dp > 1) ? &comm_->group(GroupRole::kDP) : nullptr;
-  sync_ = std::make_unique<GradSync>(*params_, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone, &state_mem_);
+  sync_ = std::make_unique<GradSync>(*params_, units_, progs_, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone,
+                                     &state_mem_);
   AdamWConfig ac{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps, cfg_.training.weight_decay,
                  cfg_.training.grad_clip};
   opt_ = std::make_unique<Optimizer>(*params_, *sync_, tp, dp, ac, &state_mem_);
@@ -134,6 +135,10 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   ctx_.params = params_.get();
   ctx_.act_mem = &act_mem_;
   if (tp) ctx_.groups["tp"] = tp;
+  const int last_mb = static_cast<int>(cfg_.training.micro_batches) - 1;
+  ctx_.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
+    if (mb == last_mb) sync_->on_grad_op(unit, op);
+  };
   ctx_.dloss = 1.0f / static_cast<float>(cfg_.tokens_per_step());
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
