@@ -4,12 +4,14 @@
 // the sgemm FLOP/s (1024^3 sampled before every step and after the last, both through our gemm()
 // and through OpenBLAS's own threading; the larger median is the denominator, so the fraction is
 // conservative), and PyTorch's CPU eager training of the same model and batch
-// (bench/cpu_train_torch.py under /usr/bin/python3, same thread count). Prints a table, then one
+// (bench/cpu_train_torch.py under /usr/bin/python3, same thread count, its steps alternating with
+// ours so both see the same load; the median of its timed steps). Prints a table, then one
 // JSON line: tokens_per_s, model_flops_per_s, sgemm_flops_per_s, sgemm_fraction, torch_tokens_per_s.
 // Model FLOPs/token = 6*N_matmul + 6*L*T*d (ModelConfig::flops_per_token). --profile adds a
 // per-op time table (from a Trace of the timed steps). Not here: data loading, checkpoints.
 #include <cblas.h>
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,15 +129,100 @@ struct SgemmSamples {
   }
 };
 
+// PyTorch eager peer: bench/cpu_train_torch.py --serve under `python`, one training step per
+// request, so its steps alternate with ours and both see the same machine load. When it cannot
+// run, `why()` says why (no torch under that python, script missing, the process failed).
+class TorchPeer {
+ public:
+  explicit TorchPeer(const Args& a) {
+    if (!a.torch) { fail("skipped (--no-torch)"); return; }
+    if (!std::filesystem::exists(a.torch_script))
+      { fail(fmt::format("{} not found (run from the repository root)", a.torch_script)); return; }
+    if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", a.python).c_str()) != 0)
+      { fail(fmt::format("no torch under {} (scripts/setup --torch)", a.python)); return; }
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) { fail("pipe failed"); return; }
+    std::vector<std::string> argv = {a.python, a.torch_script, "--serve", "--batch", std::to_string(a.B), "--seq",
+                                     std::to_string(a.T), "--micro-batches", std::to_string(a.micro_batches),
+                                     "--threads", std::to_string(a.threads)};
+    std::fflush(stdout);
+    pid_ = fork();
+    if (pid_ == 0) {  // child: stdin <- in[0], stdout and stderr -> out[1]
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      dup2(out[1], 2);
+      close(in[1]);
+      close(out[0]);
+      std::vector<char*> args;
+      for (auto& x : argv) args.push_back(x.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+    for (std::string line; read_line(line);) {
+      if (line == "ready") return;
+      fmt::print("  torch: {}\n", line);
+    }
+    fail(fmt::format("the torch process exited before it was ready"));
+  }
+  ~TorchPeer() {
+    if (to_) std::fclose(to_);  // EOF ends the serve loop
+    if (from_) std::fclose(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  TorchPeer(const TorchPeer&) = delete;
+  TorchPeer& operator=(const TorchPeer&) = delete;
+
+  bool ok() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+  // One torch training step; its seconds, or nullopt (and why()) when the process failed.
+  std::optional<double> step() {
+    if (!ok()) return std::nullopt;
+    std::fputs("step\n", to_);
+    std::fflush(to_);
+    for (std::string line; read_line(line);) {
+      if (line.empty() || line[0] != '{') {
+        fmt::print("  torch: {}\n", line);
+        continue;
+      }
+      auto j = nlohmann::json::parse(line);
+      fmt::print("  torch step {:>8.3f} s  loss {:.4f}\n", j["step_s"].get<double>(), j["loss"].get<double>());
+      return j["step_s"].get<double>();
+    }
+    fail("the torch process failed mid-run");
+    return std::nullopt;
+  }
+
+ private:
+  void fail(std::string reason) { why_ = std::move(reason); }
+  bool read_line(std::string& line) {
+    char buf[4096];
+    if (!from_ || !std::fgets(buf, sizeof buf, from_)) return false;
+    line = buf;
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    return true;
+  }
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+  std::string why_;
+};
+
 struct OursResult {
   double step_s = 0, loss_first = 0, loss_last = 0;
   int64_t peak_act = 0;
   std::map<std::string, double> op_s;  // per step, when profiled
   double opt_s = 0;                    // optimizer seconds per step
+  std::optional<double> torch_step_s;  // median of the peer's timed steps
 };
 
-// Builds the model like Trainer does (single process) and trains warmup + steps steps.
-OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm) {
+// Builds the model like Trainer does (single process) and trains warmup + steps steps; after each
+// of ours, the torch peer (when it runs) trains one step of its own.
+OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm, TorchPeer& torch) {
   LayoutConfig layout;
   layout.sequence_parallel = false;
   MicroBatchShape mb{a.B, a.T};
@@ -143,7 +230,7 @@ OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm
   ModelPrograms progs = build_programs(model, layout, mb);
   MemoryTracker act_mem{"activations"}, state_mem{"states"};
   ParamStore params(units, 0, 1, 1, /*seed=*/1234, &state_mem);
-  GradSync sync(params, nullptr, nullptr, ZeroStage::kNone, &state_mem);
+  GradSync sync(params, units, progs, nullptr, nullptr, ZeroStage::kNone, &state_mem);
   Optimizer opt(params, sync, nullptr, nullptr, AdamWConfig{}, &state_mem);
   RunContext ctx;
   ctx.model = &model;
@@ -152,9 +239,12 @@ OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm
   ctx.params = &params;
   ctx.act_mem = &act_mem;
   ctx.dloss = 1.0f / static_cast<float>(a.B * a.T * a.micro_batches);
+  const int M = static_cast<int>(a.micro_batches);
+  ctx.on_grad_op = [&sync, M](int m, int unit, const Op& op) {
+    if (m == M - 1) sync.on_grad_op(unit, op);
+  };
   std::unique_ptr<Trace> trace;
   StepRunner runner(ctx, units, progs, nullptr, a.interleave);
-  const int M = static_cast<int>(a.micro_batches);
   runner.set_bwd_unit_hook([&sync, M](int m, int unit) {
     if (m == M - 1) sync.on_unit_done(unit);
   });
@@ -171,7 +261,7 @@ OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm
   }
 
   OursResult r;
-  std::vector<double> times;
+  std::vector<double> times, torch_times;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     if (a.profile && s == a.warmup) {
       trace = std::make_unique<Trace>(0);
@@ -195,8 +285,10 @@ OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm
     r.peak_act = std::max(r.peak_act, st.peak_activation_bytes);
     fmt::print("  ours step {:>2} {:>8.3f} s  loss {:.4f}{}\n", s + 1, t2 - t0, loss, s < a.warmup ? "  (warmup)" : "");
     std::fflush(stdout);
+    if (std::optional<double> ts = torch.step(); ts && s >= a.warmup) torch_times.push_back(*ts);
   }
   r.step_s = median(times);
+  if (torch.ok() && !torch_times.empty()) r.torch_step_s = median(torch_times);
   if (trace) {
     auto path = (std::filesystem::temp_directory_path() / fmt::format("dhelix_cpu_train_{}.json", getpid())).string();
     trace->write(path);
@@ -204,32 +296,6 @@ OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm
     std::filesystem::remove(path);
   }
   return r;
-}
-
-// PyTorch eager on the same shape; its last stdout line is {"tokens_per_s": ..., ...}.
-std::optional<double> run_torch(const Args& a) {
-  if (!a.torch) return std::nullopt;
-  if (!std::filesystem::exists(a.torch_script)) {
-    fmt::print("  torch: {} not found (run from the repository root); skipped\n", a.torch_script);
-    return std::nullopt;
-  }
-  std::string cmd = fmt::format("{} {} --batch {} --seq {} --steps {} --warmup {} --micro-batches {} --threads {} 2>&1",
-                                a.python, a.torch_script, a.B, a.T, a.steps, a.warmup, a.micro_batches, a.threads);
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out, last;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) {
-    std::string line = buf;
-    fmt::print("  {}", line);
-    std::fflush(stdout);
-    if (!line.empty() && line[0] == '{') last = line;
-  }
-  int rc = pclose(p);
-  if (rc != 0 || last.empty()) return std::nullopt;
-  auto j = nlohmann::json::parse(last);
-  if (!j.contains("tokens_per_s") || j["tokens_per_s"].is_null()) return std::nullopt;
-  return j["tokens_per_s"].get<double>();
 }
 
 std::string gflops(double f) { return fmt::format("{:.1f} GFLOP/s", f / 1e9); }
@@ -248,11 +314,13 @@ int run(int argc, char** argv) {
   fmt::print("model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.4g}\n", flops_tok);
 
   SgemmSamples samples;
-  OursResult ours = run_ours(a, model, samples);
+  TorchPeer torch(a);
+  OursResult ours = run_ours(a, model, samples, torch);
   samples.take(a.threads);
   const double sgemm_ours = median(samples.ours), sgemm_blas = median(samples.openblas);
   const double sgemm = std::max(sgemm_ours, sgemm_blas);
-  std::optional<double> torch_tps = run_torch(a);
+  std::optional<double> torch_tps;
+  if (ours.torch_step_s) torch_tps = tokens / *ours.torch_step_s;
 
   const double tps = tokens / ours.step_s, mflops = tps * flops_tok, frac = mflops / sgemm;
   if (a.profile) {
@@ -281,7 +349,7 @@ int run(int argc, char** argv) {
     fmt::print("{:<30} {:>18.1f}\n", "torch eager tokens/s", *torch_tps);
     fmt::print("{:<30} {:>18.2f}\n", "ours / torch", tps / *torch_tps);
   } else {
-    fmt::print("{:<30} {:>18}\n", "torch eager tokens/s", "n/a (no torch)");
+    fmt::print("{:<30} {:>18}  {}\n", "torch eager tokens/s", "null", torch.why());
   }
   nlohmann::json j = {{"tokens_per_s", tps},
                       {"model_flops_per_s", mflops},

@@ -5,12 +5,16 @@ Same model and batch as dhelix's "gpt2-124m" preset: 12 layers, d=768, 12 heads,
 written in plain ops (q k^T, mask, softmax, p v), AdamW (0.9, 0.95, eps 1e-8, weight decay 0.1
 on matrices only), global-norm clip 1.0, random tokens. Not here: torch.compile, fused kernels.
 Prints one line per step and, last, one JSON object: {"tokens_per_s": ..., "step_s": ...}.
-Run by dhelix_bench_cpu_train under /usr/bin/python3 with the same --threads.
+With --serve it builds the model, prints "ready", then runs one step per "step" line read from
+stdin and answers {"step_s": ..., "loss": ...}; dhelix_bench_cpu_train drives it that way under
+/usr/bin/python3 with the same --threads, alternating its own steps with torch's so both see the
+same machine load.
 """
 import argparse
 import json
 import math
 import statistics
+import sys
 import time
 
 import torch
@@ -61,7 +65,7 @@ class GPT(nn.Module):
         for b in self.blocks:
             x = b(x, self.mask)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # tied LM head, (B, T, V)
-        return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
 
 def main():
@@ -72,6 +76,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--serve", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -82,8 +87,8 @@ def main():
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
     V = model.wte.weight.shape[0]
     data = [torch.randint(0, V, (a.batch, a.seq + 1)) for _ in range(a.micro_batches)]
-    times = []
-    for s in range(a.warmup + a.steps):
+
+    def step():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -93,7 +98,19 @@ def main():
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        dt = time.perf_counter() - t0
+        return time.perf_counter() - t0, total
+
+    if a.serve:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "step":
+                break
+            dt, loss = step()
+            print(json.dumps({"step_s": dt, "loss": loss}), flush=True)
+        return
+    times = []
+    for s in range(a.warmup + a.steps):
+        dt, total = step()
         if s >= a.warmup:
             times.append(dt)
         print(f"torch step {s + 1:>2} {dt:8.3f} s  loss {total:.4f}{'  (warmup)' if s < a.warmup else ''}", flush=True)
@@ -101,7 +118,6 @@ def main():
     tokens = a.batch * a.seq * a.micro_batches
     print(json.dumps({"tokens_per_s": tokens / step_s, "step_s": step_s, "torch": torch.__version__,
                       "threads": torch.get_num_threads()}))
-
 
 if __name__ == "__main__":
     main()

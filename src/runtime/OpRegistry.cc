@@ -191,20 +191,15 @@ void op_residual_add(OpCall& c) {
   Tensor& r = c.in(1);
   int64_t N = rows(x), C = cols(x);
   Tensor& y = c.out_new(0, {N, C});
-  add<float>(x.f32(), r.f32(), y.f32(), N * C);
-  if (!c.op.params.empty()) {
-    const float* b = c.param(0).value.f32();
-    float* yp = y.f32();
-    for (int64_t n = 0; n < N; ++n) add_inplace<float>(yp + n * C, b, C);
-  }
+  if (c.op.params.empty())
+    add<float>(x.f32(), r.f32(), y.f32(), N * C);
+  else
+    add_bias<float>(x.f32(), r.f32(), c.param(0).value.f32(), y.f32(), N, C);
 }
 
 void op_bias_grad(OpCall& c) {
   Tensor& dy = c.in(0);
-  int64_t N = rows(dy), C = cols(dy);
-  float* db = c.grad(0).grad.f32();
-  const float* d = dy.f32();
-  for (int64_t n = 0; n < N; ++n) add_inplace<float>(db, d + n * C, C);
+  bias_grad<float>(dy.f32(), c.grad(0).grad.f32(), rows(dy), cols(dy));
 }
 
 // Vocab-parallel embedding: this rank owns rows [r*Vl, (r+1)*Vl) of the padded table; tokens

@@ -1,5 +1,6 @@
 // GEMM and linear-layer kernels. Oracles: a naive triple loop in double (forward, all transpose
 // combinations) and central finite differences in double (backward).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "Oracle.h"
@@ -39,6 +40,50 @@ TEST(Gemm, AllTransposesWithPaddedLeadingDimsMatchNaive) {
 }
 
 // Oracle: closed form. K = 0 leaves beta * C.
+// Oracle: naive triple loop, as above. With 2 threads these shapes are cut into slabs of C (rows
+// when M >= N, else columns), the last slab partial; each slab is a serial BLAS call.
+// Tolerance 1e-12 normwise: K = 300 products summed in a blocked order.
+TEST(Gemm, ThreadSlabsOfRowsAndColumnsMatchNaive) {
+  std::mt19937 rng(3);
+  cpu::set_num_threads(2);
+  const int64_t K = 300;
+  for (auto [M, N] : {std::pair<int64_t, int64_t>{130, 70}, {70, 130}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+        Vec A = randn((ta ? K : M) * lda, rng), B = randn((tb ? N : K) * ldb, rng), C = randn(M * ldc, rng);
+        Vec want = naive_gemm(ta, tb, M, N, K, 1.5, A, lda, B, ldb, 0.5, C, ldc);
+        Vec got = C;
+        cpu::gemm<double>(ta, tb, M, N, K, 1.5, A.data(), lda, B.data(), ldb, 0.5, got.data(), ldc);
+        expect_close(fmt::format("gemm M={} N={} ta={} tb={}", M, N, ta, tb).c_str(), got, want, 1e-12);
+      }
+  cpu::set_num_threads(1);
+}
+
+// Oracle: the serial row loops they replace (y = a + b, then y[n,:] += bias; db += dy[n,:] for
+// n in order): bitwise, with 1 and 2 threads.
+TEST(Linear, BiasAddAndBiasGradMatchRowLoopsBitwise) {
+  std::mt19937 rng(4);
+  const int64_t N = 300, C = 250;
+  Vec a = randn(N * C, rng), b = randn(N * C, rng), bias = randn(C, rng), db0 = randn(C, rng);
+  Vec want_y(N * C), want_db = db0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      want_y[n * C + c] = a[n * C + c] + b[n * C + c];
+      want_y[n * C + c] += bias[c];
+      want_db[c] += a[n * C + c];
+    }
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    Vec y(N * C), db = db0;
+    cpu::add_bias<double>(a.data(), b.data(), bias.data(), y.data(), N, C);
+    cpu::bias_grad<double>(a.data(), db.data(), N, C);
+    EXPECT_EQ(y, want_y) << threads << " threads";
+    EXPECT_EQ(db, want_db) << threads << " threads";
+  }
+  cpu::set_num_threads(1);
+}
+
 TEST(Gemm, EmptyInnerDimensionScalesC) {
   Vec C = {1, 2, 3, 4};
   cpu::gemm<double>(false, false, 2, 2, 0, 1.0, nullptr, 1, nullptr, 2, 0.5, C.data(), 2);

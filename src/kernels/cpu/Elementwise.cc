@@ -15,6 +15,16 @@ template <typename T> void add(const T* a, const T* b, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
+template <typename T> void add_bias(const T* a, const T* b, const T* bias, T* y, int64_t N, int64_t C) {
+#pragma omp parallel for num_threads(detail::threads_for(N * C)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T *ar = a + n * C, *br = b + n * C;
+    T* yr = y + n * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = (ar[c] + br[c]) + bias[c];
+  }
+}
+
 template <typename T> void add_inplace(T* y, const T* x, int64_t n) {
 #pragma omp parallel for simd num_threads(detail::threads_for(n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
@@ -44,6 +54,7 @@ template <typename T> double sum_squares(const T* x, int64_t n) {
 
 #define DHX_INSTANTIATE(T)                                    \
   template void add<T>(const T*, const T*, T*, int64_t);      \
+  template void add_bias<T>(const T*, const T*, const T*, T*, int64_t, int64_t); \
   template void add_inplace<T>(T*, const T*, int64_t);        \
   template void scale_inplace<T>(T*, T, int64_t);             \
   template double sum_squares<T>(const T*, int64_t);

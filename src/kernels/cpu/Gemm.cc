@@ -87,8 +87,11 @@ template <typename T>
 void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O) {
   // dw[O,I] += dy[N,O]^T @ x[N,I]
   gemm<T>(true, false, O, I, N, T(1), dy, O, x, I, T(1), dw, I);
-  if (db == nullptr) return;
-  // db[O] += column sums of dy: threads own column blocks (no races), rows stream through.
+  if (db != nullptr) bias_grad<T>(dy, db, N, O);
+}
+
+template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O) {
+  // Threads own column blocks (no races), rows stream through in order.
   const int nt = detail::threads_for(N * O);
   const int64_t block = std::max<int64_t>(16, (O + nt - 1) / nt);
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -107,7 +110,8 @@ void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t
                         int64_t);                                                                            \
   template void linear_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);                  \
   template void linear_bwd_data<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, Accumulate);           \
-  template void linear_bwd_weight<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t);
+  template void linear_bwd_weight<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t);                \
+  template void bias_grad<T>(const T*, T*, int64_t, int64_t);
 DHX_INSTANTIATE(float)
 DHX_INSTANTIATE(double)
 #undef DHX_INSTANTIATE

@@ -17,6 +17,8 @@ template <typename T> void linear_fwd(const T* x, const T* w, const T* b, T* y, 
 template <typename T> void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc);
 // acc dw[O,I] += dy[N,O]^T @ x[N,I];  acc db[O] += sum_n dy[n,:]  (db may be null)
 template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O);
+// acc db[O] += sum_n dy[n,:], rows summed in order n = 0..N-1 for every thread count.
+template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O);
 // General sgemm/dgemm: C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major.
 template <typename T> void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                                 int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
@@ -79,6 +81,8 @@ template <typename T> void cross_entropy_fwd_bwd(const T* logits, const int32_t*
 
 // ---- elementwise ----
 template <typename T> void add(const T* a, const T* b, T* y, int64_t n);      // y = a + b
+// y[N,C] = (a + b) + bias[C], bias broadcast over rows (bitwise add() then a row add).
+template <typename T> void add_bias(const T* a, const T* b, const T* bias, T* y, int64_t N, int64_t C);
 template <typename T> void add_inplace(T* y, const T* x, int64_t n);          // y += x
 template <typename T> void scale_inplace(T* y, T s, int64_t n);               // y *= s
 template <typename T> double sum_squares(const T* x, int64_t n);              // sum x^2 in double
