@@ -1,0 +1,445 @@
+// si_overlap: how much tensor-parallel communication Strand Interleaving hides. Run it on two
+// ranks (tp = 2), one per emulated host (bench/si-overlap.sh: scripts/cluster, 1 Gbit/s), so the
+// collectives are wire-bound. One process measures, round-robin in every timed round (so drift
+// and noise hit all four alike; medians over the rounds, each the max over ranks):
+//
+//   T_base  a step with SI off: fwd then bwd of each micro-batch, collectives exposed
+//   T_si    the same step with SI on (default plan, or --plan): collectives of one strand
+//           issued beside compute of the other
+//   C       compute only: the SI-off step with the tp group replaced by a local stand-in of the
+//           same rank/size whose collectives are local copies of the same shapes (all-gather
+//           writes our rows into every slot, reduce-scatter keeps our slice, all-reduce nothing)
+//   M       comm only: the collectives that stand-in recorded during C (same ops, shapes and
+//           order, including GradSync's tp all-reduces) replayed on the real tp group back to
+//           back: issued together on its comm thread, waited for at the end
+//
+// overlap efficiency = (T_base - T_si) / min(C, M); speedup T_base / T_si beside the ideal
+// (C + M) / max(C, M). A step = zero grads + forward/backward of all micro-batches + gradient
+// reductions; the AdamW update (the same either way, no comm at dp = 1) is not timed. Peak
+// activation bytes (StepStats) are reported with SI off and on for this shape and, from one
+// extra step each, the "demo" preset. Prints a table, then one JSON line.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/Clock.h"
+#include "base/Error.h"
+#include "comm/CommContext.h"
+#include "comm/MpiBackend.h"
+#include "kernels/cpu/Kernels.h"
+#include "parallel/GradSync.h"
+#include "parallel/ParamStore.h"
+#include "plan/PlanCheck.h"
+#include "plan/PlanIO.h"
+#include "runtime/StepRunner.h"
+
+namespace dhelix {
+namespace {
+
+struct Args {
+  std::string preset = "gpt2-124m";
+  int64_t B = 1, T = 256, micro_batches = 4, steps = 3, warmup = 1;
+  std::string plan;   // SI plan JSON for the block pair; empty = default plan
+  std::string trace;  // writes a trace of one SI step and one SI-off step: PATH.rank<r>
+};
+
+void usage() {
+  std::puts(
+      "usage: dhelix_bench_si_overlap [--preset gpt2-124m] [--batch B=1] [--seq T=256] [--micro-batches M=4]\n"
+      "         [--steps N=3] [--warmup N=1] [--plan PLAN.json] [--trace PATH]\n"
+      "       run on 2 ranks (tp = 2): scripts/bench si-overlap [ARGS]");
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      DHX_CHECK(i + 1 < argc, ConfigError, "{} needs a value", k);
+      return argv[++i];
+    };
+    auto num = [&]() -> int64_t {
+      std::string v = val();
+      char* end = nullptr;
+      long long n = std::strtoll(v.c_str(), &end, 10);
+      DHX_CHECK(end != v.c_str() && *end == '\0' && n >= 0, ConfigError, "{}={} is not a count", k, v);
+      return n;
+    };
+    if (k == "--preset") a.preset = val();
+    else if (k == "--batch") a.B = num();
+    else if (k == "--seq") a.T = num();
+    else if (k == "--micro-batches") a.micro_batches = num();
+    else if (k == "--steps") a.steps = num();
+    else if (k == "--warmup") a.warmup = num();
+    else if (k == "--plan") a.plan = val();
+    else if (k == "--trace") a.trace = val();
+    else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
+    else throw ConfigError(fmt::format("unknown argument '{}'", k));
+  }
+  DHX_CHECK(a.B >= 1 && a.T >= 1 && a.steps >= 1 && a.micro_batches >= 2, ConfigError,
+            "--batch={} --seq={} --steps={} must be >= 1 and --micro-batches={} >= 2 (SI pairs two)", a.B, a.T,
+            a.steps, a.micro_batches);
+  return a;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// A tp group of the real group's rank and size whose collectives are local copies of the same
+// shapes (no bytes leave the rank); it records every op so that M can replay them for real.
+class LocalStandInGroup final : public ProcessGroup {
+ public:
+  enum class Kind { kAllReduce, kAllGather, kReduceScatter };
+  struct Call {
+    Kind kind;
+    Shape in, out;
+    DType dtype;
+    ReduceOp op;
+  };
+
+  explicit LocalStandInGroup(const ProcessGroup& real)
+      : ProcessGroup("tp", real.rank(), real.size(), real.world_rank(), real.timeout_s()) {
+    start_stream();
+  }
+  ~LocalStandInGroup() override { stop_stream(); }
+
+  void start_recording() {
+    std::lock_guard lk(mu_);
+    calls_.clear();
+    recording_ = true;
+  }
+  std::vector<Call> stop_recording() {
+    std::lock_guard lk(mu_);
+    recording_ = false;
+    return calls_;
+  }
+
+ protected:
+  Task all_reduce_task(Tensor t, ReduceOp op) override {
+    record({Kind::kAllReduce, t.shape(), t.shape(), t.dtype(), op});
+    return [](const std::shared_ptr<WorkState>&) { return true; };
+  }
+  Task all_gather_task(Tensor in, Tensor out) override {
+    record({Kind::kAllGather, in.shape(), out.shape(), in.dtype(), ReduceOp::kSum});
+    return [in, out, n = size()](const std::shared_ptr<WorkState>&) {
+      for (int r = 0; r < n; ++r) std::memcpy(static_cast<char*>(out.raw()) + r * in.nbytes(), in.raw(), in.nbytes());
+      return true;
+    };
+  }
+  Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
+    record({Kind::kReduceScatter, in.shape(), out.shape(), in.dtype(), op});
+    return [in, out, r = rank()](const std::shared_ptr<WorkState>&) {
+      std::memcpy(out.raw(), static_cast<const char*>(in.raw()) + r * out.nbytes(), out.nbytes());
+      return true;
+    };
+  }
+  Task all_to_all_task(Tensor, Tensor) override { return unsupported("all_to_all"); }
+  Task broadcast_task(Tensor, int) override { return unsupported("broadcast"); }
+  Task send_task(Tensor, int) override { return unsupported("send"); }
+  Task recv_task(Tensor, int) override { return unsupported("recv"); }
+  Task barrier_task() override {
+    return [](const std::shared_ptr<WorkState>&) { return true; };
+  }
+
+ private:
+  static Task unsupported(const char* op) {
+    return [op](const std::shared_ptr<WorkState>&) -> bool {
+      throw InternalError(fmt::format("si_overlap: the local stand-in tp group has no {}", op));
+    };
+  }
+  void record(Call c) {
+    std::lock_guard lk(mu_);
+    if (recording_) calls_.push_back(std::move(c));
+  }
+  std::mutex mu_;
+  bool recording_ = false;
+  std::vector<Call> calls_;
+};
+
+// The recorded collectives on the real group, with buffers allocated once.
+class CommReplay {
+ public:
+  CommReplay(ProcessGroup& pg, const std::vector<LocalStandInGroup::Call>& calls) : pg_(pg), calls_(calls) {
+    for (const auto& c : calls_) {
+      ins_.push_back(Tensor::zeros(c.in, c.dtype));
+      outs_.push_back(c.kind == LocalStandInGroup::Kind::kAllReduce ? ins_.back() : Tensor::zeros(c.out, c.dtype));
+      bytes_ += static_cast<int64_t>(std::max(ins_.back().nbytes(), outs_.back().nbytes()));
+    }
+  }
+  // Issues every op (the comm thread runs them back to back), then waits for all.
+  void run() {
+    std::vector<Work> ws;
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      switch (calls_[i].kind) {
+        case LocalStandInGroup::Kind::kAllReduce: ws.push_back(pg_.all_reduce(ins_[i], calls_[i].op)); break;
+        case LocalStandInGroup::Kind::kAllGather: ws.push_back(pg_.all_gather(ins_[i], outs_[i])); break;
+        case LocalStandInGroup::Kind::kReduceScatter:
+          ws.push_back(pg_.reduce_scatter(ins_[i], outs_[i], calls_[i].op));
+          break;
+      }
+    }
+    for (auto& w : ws) w.wait();
+  }
+  size_t count() const { return calls_.size(); }
+  int64_t bytes() const { return bytes_; }  // full (gathered / unscattered) bytes over all ops
+
+ private:
+  ProcessGroup& pg_;
+  std::vector<LocalStandInGroup::Call> calls_;
+  std::vector<Tensor> ins_, outs_;
+  int64_t bytes_ = 0;
+};
+
+enum class Variant { kBase, kSi, kCompute };
+
+// One model on this rank's tp shard: parameters, programs, both schedules and two GradSyncs
+// (real tp group, stand-in group), so the variants differ only in schedule and group.
+class Rig {
+ public:
+  Rig(const ModelConfig& model, MicroBatchShape mb, int M, ProcessGroup& tp, LocalStandInGroup& standin,
+      const std::string& plan_path)
+      : model_(model), tp_(tp), standin_(standin), M_(M) {
+    layout_.tp = tp.size();
+    layout_.sequence_parallel = true;
+    units_ = model_units(model_, layout_, tp.rank());
+    progs_ = build_programs(model_, layout_, mb);
+    params_ = std::make_unique<ParamStore>(units_, tp.rank(), layout_.tp, 1, /*seed=*/1234, &state_mem_);
+    sync_real_ = std::make_unique<GradSync>(*params_, units_, progs_, &tp_, nullptr, ZeroStage::kNone, &state_mem_);
+    sync_local_ = std::make_unique<GradSync>(*params_, units_, progs_, &standin_, nullptr, ZeroStage::kNone, &state_mem_);
+    ctx_.model = &model_;
+    ctx_.layout = layout_;
+    ctx_.tp_rank = tp.rank();
+    ctx_.mb = mb;
+    ctx_.params = params_.get();
+    ctx_.act_mem = &act_mem_;
+    ctx_.dloss = 1.0f / static_cast<float>(mb.tokens() * M);
+    if (!plan_path.empty()) {
+      plan_ = load_plan(plan_path, progs_.block);
+      check_plan(*plan_, progs_.block);
+    }
+    off_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, Interleave::kOff);
+    on_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, Interleave::kOn);
+    ctx_.on_grad_op = [this](int m, int unit, const Op& op) {
+      if (m == M_ - 1) active_sync_->on_grad_op(unit, op);
+    };
+    for (StepRunner* r : {off_.get(), on_.get()})
+      r->set_bwd_unit_hook([this](int m, int unit) {
+        if (m == M_ - 1) active_sync_->on_unit_done(unit);
+      });
+    // Random tokens, the same on both tp ranks (one seed); next-token targets within a sequence.
+    std::mt19937_64 rng(42);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model_.vocab_size - 1));
+    for (int m = 0; m < M; ++m) {
+      MicroBatch x{Tensor::empty({mb.tokens()}, DType::kI32), Tensor::empty({mb.tokens()}, DType::kI32)};
+      int32_t* t = x.tokens.data<int32_t>();
+      int32_t* y = x.targets.data<int32_t>();
+      for (int64_t i = 0; i < mb.tokens(); ++i) t[i] = tok(rng);
+      for (int64_t i = 0; i < mb.tokens(); ++i) y[i] = (i + 1) % mb.T == 0 ? tok(rng) : t[i + 1];
+      mbs_.push_back(std::move(x));
+    }
+  }
+
+  // One timed step of `v` on this rank; returns seconds and the step's stats.
+  std::pair<double, StepStats> step(Variant v) {
+    const bool local = v == Variant::kCompute;
+    ctx_.groups["tp"] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
+    active_sync_ = local ? sync_local_.get() : sync_real_.get();
+    StepRunner& r = v == Variant::kSi ? *on_ : *off_;
+    double t0 = now_seconds();
+    params_->zero_grads();
+    StepStats st = r.run(mbs_);
+    active_sync_->finish();
+    return {now_seconds() - t0, st};
+  }
+  void set_trace(Trace* t) { ctx_.trace = t; }
+  const SIPlan& plan() const { return on_->block_plan(); }
+
+ private:
+  ModelConfig model_;
+  ProcessGroup& tp_;
+  LocalStandInGroup& standin_;
+  int M_;
+  LayoutConfig layout_;
+  std::vector<UnitSpec> units_;
+  ModelPrograms progs_;
+  MemoryTracker act_mem_{"activations"}, state_mem_{"states"};
+  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<GradSync> sync_real_, sync_local_;
+  GradSync* active_sync_ = nullptr;
+  RunContext ctx_;
+  std::optional<SIPlan> plan_;
+  std::unique_ptr<StepRunner> off_, on_;
+  std::vector<MicroBatch> mbs_;
+};
+
+// The slowest rank's value (steps end when every rank's step ended).
+double max_over(ProcessGroup& tp, double x) {
+  Tensor t = Tensor::empty({1}, DType::kF64);
+  t.data<double>()[0] = x;
+  tp.all_reduce(t, ReduceOp::kMax).wait();
+  return t.data<double>()[0];
+}
+
+struct Peaks {
+  int64_t off = 0, on = 0;
+};
+
+// Peak activation bytes of one step with SI off and one with SI on (after one warm-up step each).
+Peaks peak_activations(Rig& rig) {
+  Peaks p;
+  for (int i = 0; i < 2; ++i) {
+    p.off = rig.step(Variant::kBase).second.peak_activation_bytes;
+    p.on = rig.step(Variant::kSi).second.peak_activation_bytes;
+  }
+  return p;
+}
+
+std::string mib(int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / 1048576.0); }
+
+int run(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  cpu::set_num_threads(1);  // one BLAS thread per rank: two ranks share this machine's cores
+  LayoutConfig layout;
+  layout.tp = 2;
+  layout.sequence_parallel = true;
+  std::unique_ptr<CommContext> comm = make_mpi_world(layout);
+  ProcessGroup& tp = comm->group(GroupRole::kTP);
+  const bool root = comm->rank() == 0;
+  LocalStandInGroup standin(tp);
+
+  ModelConfig model = model_preset(a.preset);
+  DHX_CHECK(a.T <= model.seq_len, ConfigError, "--seq={} exceeds the {} context {}", a.T, a.preset, model.seq_len);
+  const MicroBatchShape mb{a.B, a.T};
+  const int M = static_cast<int>(a.micro_batches);
+  Rig rig(model, mb, M, tp, standin, a.plan);
+  if (root) {
+    fmt::print("si-overlap: {} ({:.1f}M params), tp={} (one rank per host), B={} T={} x {} micro-batches, "
+               "{} timed rounds after {} warm-up, plan '{}' ({} blocks per layer pair)\n",
+               a.preset, model.num_params() / 1e6, tp.size(), a.B, a.T, M, a.steps, a.warmup, rig.plan().source,
+               rig.plan().blocks.size());
+    std::fflush(stdout);
+  }
+
+  // Record the step's collectives once (a compute-only step), then build their replay.
+  standin.start_recording();
+  rig.step(Variant::kCompute);
+  CommReplay replay(tp, standin.stop_recording());
+
+  std::vector<double> base, si, comp, comm_only;
+  std::vector<double> round_eff;  // efficiency within one round: robust to load drifting between rounds
+  Peaks peaks;
+  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
+    double t[4];
+    StepStats st_base, st_si;
+    tp.barrier();
+    std::tie(t[0], st_base) = rig.step(Variant::kBase);
+    tp.barrier();
+    std::tie(t[1], st_si) = rig.step(Variant::kSi);
+    tp.barrier();
+    t[2] = rig.step(Variant::kCompute).first;
+    tp.barrier();
+    double t0 = now_seconds();
+    replay.run();
+    t[3] = now_seconds() - t0;
+    for (double& x : t) x = max_over(tp, x);
+    DHX_CHECK(st_base.loss_sum == st_si.loss_sum, InternalError,
+              "SI changed the loss: {} (off) vs {} (on)", st_base.loss_sum, st_si.loss_sum);
+    peaks.off = std::max(peaks.off, st_base.peak_activation_bytes);
+    peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
+    if (root) {
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f} s{}\n", s + 1, t[0], t[1], t[2], t[3],
+                 s < a.warmup ? "  (warm-up)" : "");
+      std::fflush(stdout);
+    }
+    if (s < a.warmup) continue;
+    base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]);
+    round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
+  }
+  if (!a.trace.empty()) {  // one traced SI step and one SI-off step, for looking at what is exposed
+    Trace trace(comm->rank());
+    trace.set_origin(now_seconds());
+    rig.set_trace(&trace);
+    tp.barrier();
+    rig.step(Variant::kSi);
+    tp.barrier();
+    rig.step(Variant::kBase);
+    rig.set_trace(nullptr);
+    const std::string path = fmt::format("{}.rank{}", a.trace, comm->rank());
+    trace.write(path);
+    if (root) fmt::print("  trace of one SI step then one SI-off step: {}\n", path);
+  }
+
+  // The demo preset's activation peaks (same tp = 2 layout, one rank's shard), T <= its context.
+  ModelConfig demo = model_preset("demo");
+  Rig demo_rig(demo, MicroBatchShape{a.B, std::min(a.T, demo.seq_len)}, M, tp, standin, "");
+  Peaks demo_peaks = peak_activations(demo_rig);
+
+  const double T_base = median(base), T_si = median(si), C = median(comp), Mc = median(comm_only);
+  const double eff = (T_base - T_si) / std::min(C, Mc);
+  const double speedup = T_base / T_si, ideal = (C + Mc) / std::max(C, Mc);
+  if (root) {
+    fmt::print("\nsi-overlap, medians over {} rounds (each the slowest rank's time)\n", a.steps);
+    fmt::print("  {:<56} {:>10}\n", "quantity", "value");
+    fmt::print("  {:<56} {:>10.3f}\n", "T_base: step, SI off (s)", T_base);
+    fmt::print("  {:<56} {:>10.3f}\n", "T_si:   step, SI on (s)", T_si);
+    fmt::print("  {:<56} {:>10.3f}\n", "C: compute only, tp collectives -> local copies (s)", C);
+    fmt::print("  {:<56} {:>10.3f}\n",
+               fmt::format("M: comm only, the step's {} collectives replayed (s)", replay.count()), Mc);
+    fmt::print("  {:<56} {:>10.1f}\n", "   collective payload per step, full tensors (MiB)", replay.bytes() / 1048576.0);
+    fmt::print("  {:<56} {:>10.3f}\n", "T_base - (C + M): unexplained by C + M (s)", T_base - C - Mc);
+    fmt::print("  {:<56} {:>10.3f}\n", "overlap efficiency (T_base - T_si) / min(C, M)", eff);
+    fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round efficiencies", median(round_eff));
+    fmt::print("  {:<56} {:>10.3f}\n", "speedup T_base / T_si", speedup);
+    fmt::print("  {:<56} {:>10.3f}\n", "ideal speedup (C + M) / max(C, M)", ideal);
+    fmt::print("  {:<56} {:>10}\n", fmt::format("peak activations {} B={} T={}, off / on (MiB)", a.preset, a.B, a.T),
+               fmt::format("{} / {}", mib(peaks.off), mib(peaks.on)));
+    fmt::print("  {:<56} {:>10.3f}\n", "   on / off", static_cast<double>(peaks.on) / static_cast<double>(peaks.off));
+    fmt::print("  {:<56} {:>10}\n",
+               fmt::format("peak activations demo B={} T={}, off / on (MiB)", a.B, std::min(a.T, demo.seq_len)),
+               fmt::format("{} / {}", mib(demo_peaks.off), mib(demo_peaks.on)));
+    fmt::print("  {:<56} {:>10.3f}\n", "   on / off",
+               static_cast<double>(demo_peaks.on) / static_cast<double>(demo_peaks.off));
+    nlohmann::json j = {{"t_base_s", T_base},
+                        {"t_si_s", T_si},
+                        {"compute_s", C},
+                        {"comm_s", Mc},
+                        {"overlap_efficiency", eff},
+                        {"speedup", speedup},
+                        {"ideal_speedup", ideal},
+                        {"overlap_efficiency_round_median", median(round_eff)},
+                        {"peak_activation_bytes_off", peaks.off},
+                        {"peak_activation_bytes_on", peaks.on},
+                        {"demo_peak_activation_bytes_off", demo_peaks.off},
+                        {"demo_peak_activation_bytes_on", demo_peaks.on}};
+    fmt::print("{}\n", j.dump());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace dhelix
+
+int main(int argc, char** argv) {
+  try {
+    return dhelix::run(argc, argv);
+  } catch (const dhelix::ConfigError& e) {
+    std::fprintf(stderr, "si_overlap: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "si_overlap: %s\n", e.what());
+    dhelix::abort_world(e.what());
+  }
+}

@@ -1,0 +1,85 @@
+// cover_plan (src/schedule/BasicPlans.h), the plan the runtime uses when no plan file is given.
+// Oracles: the plan checker (check_plan: coverage, order, one collective per group per block) and
+// windows_within_segments, on the real layer programs and on random strands; and, for the
+// transformer block pair, the dependency argument of reference/dhelix.md §6.2: only the forward
+// strand's first collective (after the first norm) and the backward strand's last (before the
+// last norm backward) have no large compute of the other strand available, so at least 6 of the
+// 8 tp collectives must sit beside compute of the other strand.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "../plan/PlanTestUtil.h"
+#include "model/Programs.h"
+#include "plan/PlanCheck.h"
+#include "schedule/BasicPlans.h"
+
+namespace dhelix {
+namespace {
+
+int collectives(const std::vector<Op>& ops, int a, int b) {
+  int n = 0;
+  for (int i = a; i < b; ++i) n += ops[i].is_collective();
+  return n;
+}
+
+// Collectives in a block whose other-strand window is non-empty compute.
+int covered(const SIPlan& plan, const LayerProgram& p) {
+  int n = 0;
+  for (const Block& k : plan.blocks) {
+    const int cf = collectives(p.fwd, k.fwd_begin, k.fwd_end), cb = collectives(p.bwd, k.bwd_begin, k.bwd_end);
+    if (cf && k.has_bwd() && cb == 0) n += cf;
+    if (cb && k.has_fwd() && cf == 0) n += cb;
+  }
+  return n;
+}
+
+void expect_valid(const SIPlan& plan, const LayerProgram& p, const std::string& what) {
+  EXPECT_EQ(find_violations(plan, p).size(), 0u) << what;
+  EXPECT_NO_THROW(check_plan(plan, p)) << what;
+  EXPECT_TRUE(windows_within_segments(plan, p)) << what;
+}
+
+class CoverPlanOnModels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CoverPlanOnModels, ValidAndCoversSixOfEightBlockCollectives) {
+  ModelConfig m = model_preset(GetParam());
+  LayoutConfig lay;
+  lay.tp = 2;
+  lay.sequence_parallel = true;
+  ModelPrograms progs = build_programs(m, lay, MicroBatchShape{1, 256});
+  SIPlan block = cover_plan(progs.block);
+  expect_valid(block, progs.block, "block");
+  EXPECT_EQ(collectives(progs.block.fwd, 0, int(progs.block.fwd.size())) +
+                collectives(progs.block.bwd, 0, int(progs.block.bwd.size())),
+            8);
+  EXPECT_GE(covered(block, progs.block), 6);
+  // The edge pairs of the folded schedule: embed beside head, head beside embed.
+  for (auto [f, b] : {std::pair{&progs.embed, &progs.head}, std::pair{&progs.head, &progs.embed}}) {
+    LayerProgram pair{"pair", f->fwd, b->bwd};
+    expect_valid(cover_plan(pair), pair, f->name + "|" + b->name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CoverPlanOnModels, ::testing::Values("gpt2-124m", "demo"));
+
+// Random strands of compute ops (random FLOPs, including 0) and collectives on two groups.
+TEST(CoverPlan, RandomStrandsAlwaysPassTheChecker) {
+  std::mt19937_64 rng(2024);
+  const char* toks[] = {"c", "c", "tp", "cp"};
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string f, b;
+    for (int i = 0, n = int(rng() % 13); i < n; ++i) f += std::string(toks[rng() % 4]) + " ";
+    for (int i = 0, n = int(rng() % 13); i < n; ++i) b += std::string(toks[rng() % 4]) + " ";
+    LayerProgram p = test::program_from(f, b);
+    for (auto* s : {&p.fwd, &p.bwd})
+      for (Op& op : *s)
+        if (!op.is_collective()) op.cost.flops = double(rng() % 4) * 1e8;
+    expect_valid(cover_plan(p), p, "fwd '" + f + "' bwd '" + b + "'");
+    if (HasFailure()) break;
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
