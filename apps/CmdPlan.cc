@@ -1,18 +1,317 @@
 // `dhelix profile` and `dhelix plan`: the automatic half of Strand Interleaving (profiling the
-// operator windows of the folded layer pair, then the DP plan search).
+// operator windows of the folded layer pair, then the DP plan search with final validation).
+// Command-specific flags are peeled off here; every other word goes to the run-config parser,
+// so any config key (--model.preset, --parallel.tp, ...) is a flag of both commands.
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <thread>
+
 #include "Commands.h"
+#include "base/Clock.h"
 #include "base/Error.h"
+#include "base/Files.h"
+#include "comm/MpiBackend.h"
+#include "kernels/cpu/Kernels.h"
+#include "plan/PlanCheck.h"
+#include "plan/PlanIO.h"
+#include "plan/PlanRender.h"
+#include "plan/PlanSvg.h"
+#include "profile/PlanValidation.h"
+#include "profile/Profiler.h"
+#include "sim/CostModel.h"
+#include "train/Config.h"
+#include "train/ProgressBar.h"
 
 namespace dhelix {
 
+namespace {
+
+bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
+
+LayoutConfig layout_of(const RunConfig& cfg) {
+  LayoutConfig l;
+  l.dp = static_cast<int>(cfg.parallel.dp);
+  l.tp = static_cast<int>(cfg.parallel.tp);
+  l.pp = static_cast<int>(cfg.parallel.pp);
+  l.cp = static_cast<int>(cfg.parallel.cp);
+  l.ep = static_cast<int>(cfg.parallel.ep);
+  l.sequence_parallel = cfg.parallel.tp > 1;
+  return l;
+}
+
+MicroBatchShape micro_batch_of(const RunConfig& cfg) {
+  return MicroBatchShape{cfg.training.micro_batch_size, cfg.model.seq_len};
+}
+
+// Compute threads per rank: the config's, else the cores shared by this node's ranks.
+void set_threads(const RunConfig& cfg) {
+  int n = static_cast<int>(cfg.training.threads);
+  if (n <= 0) {
+    int local = 1;
+    if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
+    n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+  }
+  cpu::set_num_threads(n);
+}
+
+// The world for timing on real process groups: MPI under mpirun or when the layout needs more
+// than one rank (make_mpi_world then names the mismatch), else none.
+std::unique_ptr<CommContext> make_world(const LayoutConfig& lay) {
+  if (under_mpirun() || lay.world() > 1) return make_mpi_world(lay);
+  return nullptr;
+}
+
+// Command-specific flags: `--name value`, peeled off before parse_cli_args sees the words.
+class Flags {
+ public:
+  Flags(const char* verb, int argc, char** argv) : verb_(verb), words_(argv + 1, argv + argc) {}
+  std::optional<std::string> take(const std::string& flag) {
+    for (size_t i = 0; i < words_.size(); ++i) {
+      if (words_[i] == flag) {
+        DHX_CHECK(i + 1 < words_.size(), ConfigError, "dhelix {}: {} needs a value", verb_, flag);
+        std::string v = words_[i + 1];
+        words_.erase(words_.begin() + i, words_.begin() + i + 2);
+        return v;
+      }
+      if (words_[i].rfind(flag + "=", 0) == 0) {
+        std::string v = words_[i].substr(flag.size() + 1);
+        words_.erase(words_.begin() + i);
+        return v;
+      }
+    }
+    return std::nullopt;
+  }
+  bool take_switch(const std::string& flag) {
+    for (size_t i = 0; i < words_.size(); ++i)
+      if (words_[i] == flag) {
+        words_.erase(words_.begin() + i);
+        return true;
+      }
+    return false;
+  }
+  int take_int(const std::string& flag, int def, int min) {
+    auto v = take(flag);
+    if (!v) return def;
+    int x = 0;
+    try {
+      size_t used = 0;
+      x = std::stoi(*v, &used);
+      DHX_CHECK(used == v->size(), ConfigError, "");
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("dhelix {}: {} expects an integer, got '{}'", verb_, flag, *v));
+    }
+    DHX_CHECK(x >= min, ConfigError, "dhelix {}: {} {} must be >= {}", verb_, flag, x, min);
+    return x;
+  }
+  const std::vector<std::string>& rest() const { return words_; }
+
+ private:
+  const char* verb_;
+  std::vector<std::string> words_;
+};
+
+std::string default_path(const RunConfig& cfg, const char* file) { return cfg.output.dir + "/" + file; }
+
+void make_parent_dir(const std::string& path) {
+  auto parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  DHX_CHECK(!ec, IoError, "cannot create directory '{}': {}", parent.string(), ec.message());
+}
+
+std::string svg_path_for(const std::string& plan_path) {
+  std::filesystem::path p(plan_path);
+  return (p.extension() == ".json" ? p.replace_extension(".svg") : std::filesystem::path(plan_path + ".svg")).string();
+}
+
+// A cost-model preset name, or a JSON file of CostModelConfig fields ({"preset": ..., overrides}).
+CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& lay) {
+  CostModelConfig c;
+  if (arg.size() > 5 && arg.substr(arg.size() - 5) == ".json") {
+    DHX_CHECK(file_exists(arg), IoError, "dhelix plan: cost-model file '{}' does not exist", arg);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(arg));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw ConfigError(fmt::format("dhelix plan: cost-model file '{}' is not JSON: {}", arg, e.what()));
+    }
+    c = CostModelConfig::from_json(j, arg);
+  } else {
+    c = CostModelConfig::preset(arg);
+  }
+  c.group_sizes = {{"tp", lay.tp}, {"dp", lay.dp}, {"pp", lay.pp}, {"cp", lay.cp}, {"ep", lay.ep}};
+  c.validate();
+  return c;
+}
+
+constexpr const char* kProfileUsage =
+    "usage: dhelix profile --config C.toml [--out FILE] [--repeats R] [--warmup W] [--max-window N]\n"
+    "                      [--section.key value ...]\n"
+    "       mpirun -np N dhelix profile --config C.toml --parallel.tp T ...\n"
+    "Times every forward window, backward window and legal (fwd, bwd) window pair of the\n"
+    "transformer-layer pair on the real executor and process groups; writes the profile JSON\n"
+    "(default <output.dir>/profile.json).\n";
+
+constexpr const char* kPlanUsage =
+    "usage: dhelix plan --config C.toml (--profile FILE | --cost-model PRESET|FILE.json)\n"
+    "                   [--top-k K] [--out FILE] [--repeats R] [--warmup W] [--no-validate]\n"
+    "                   [--max-window N] [--section.key value ...]\n"
+    "Searches the best Strand-Interleaving plan (DP, top K); with --profile the K candidates and the\n"
+    "default plan are timed on the real layer pair (run it like `dhelix profile`: under mpirun for\n"
+    "tp > 1) and the fastest is kept. Writes the plan JSON (default <output.dir>/plan.json), an SVG\n"
+    "beside it and prints the plan as a table. Cost-model presets: a40-pcie, a800-nvlink,\n"
+    "h100-nvlink, cpu-1gbit (no hardware needed).\n";
+
+}  // namespace
+
 int cmd_profile(int argc, char** argv) {
-  throw ConfigError("dhelix profile: not available in this build yet");
+  Flags fl("profile", argc, argv);
+  std::optional<std::string> out = fl.take("--out");
+  ProfileOptions opts;
+  opts.timing.repeats = fl.take_int("--repeats", 5, 1);
+  opts.timing.warmup = fl.take_int("--warmup", 1, 0);
+  opts.max_window = fl.take_int("--max-window", 0, 0);
+  CliArgs args = parse_cli_args(fl.rest());
+  if (args.help) {
+    fmt::print("{}\n{}", kProfileUsage, help_text());
+    return 0;
+  }
+  DHX_CHECK(args.positional.empty(), ConfigError, "dhelix profile: unexpected argument '{}'\n{}", args.positional[0],
+            kProfileUsage);
+  RunConfig cfg = load_config(args.config_path, args.overrides);
+  const std::string path = out.value_or(default_path(cfg, "profile.json"));
+  const LayoutConfig lay = layout_of(cfg);
+  std::unique_ptr<CommContext> comm = make_world(lay);
+  const bool rank0 = !comm || comm->rank() == 0;
+  set_threads(cfg);
+  try {
+    const double t0 = now_seconds();
+    LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm.get(),
+                         static_cast<uint64_t>(cfg.training.seed));
+    const int64_t total = profile_entry_count(bench.program(), opts.windows, opts.max_window);
+    if (rank0)
+      fmt::print("profile: {} | {} | {} | {} fwd ops, {} bwd ops | {} entries x ({} warm-up + {} timed)\n",
+                 describe_model(cfg.model), describe_layout(lay), describe_shapes(bench.micro_batch()),
+                 bench.program().fwd.size(), bench.program().bwd.size(), total, opts.timing.warmup,
+                 opts.timing.repeats);
+    std::optional<ProgressBar> bar;
+    if (rank0) bar.emplace(total, "profile");
+    const int64_t every = std::max<int64_t>(1, total / 10);
+    opts.progress = [&](int64_t done, int64_t n) {
+      if (!rank0) return;
+      bar->update(done);
+      if (!bar->enabled() && (done % every == 0 || done == n))
+        fmt::print("  {}/{} entries timed ({:.0f} s)\n", done, n, now_seconds() - t0), std::fflush(stdout);
+    };
+    Profile p = profile_layer_pair(bench, cfg.model, lay, comm.get(), opts);
+    if (bar) bar->finish();
+    if (rank0) {
+      make_parent_dir(path);
+      p.save(path);
+      fmt::print("profile: {} solo fwd, {} solo bwd, {} pairs in {:.1f} s -> {}\n", p.num_solo_fwd(),
+                 p.num_solo_bwd(), p.num_pairs(), now_seconds() - t0, path);
+    }
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (comm && comm->world_size() > 1) comm->abort(e.what());
+    throw;
+  }
+  return 0;
 }
 
 int cmd_plan(int argc, char** argv) {
-  throw ConfigError("dhelix plan: not available in this build yet");
+  Flags fl("plan", argc, argv);
+  std::optional<std::string> out = fl.take("--out"), profile_path = fl.take("--profile"),
+                             cost_arg = fl.take("--cost-model");
+  SearchOptions sopts;
+  sopts.top_k = fl.take_int("--top-k", 4, 1);
+  sopts.max_window = fl.take_int("--max-window", 0, 0);
+  BenchTiming timing;
+  timing.repeats = fl.take_int("--repeats", 5, 1);
+  timing.warmup = fl.take_int("--warmup", 1, 0);
+  const bool no_validate = fl.take_switch("--no-validate");
+  CliArgs args = parse_cli_args(fl.rest());
+  if (args.help) {
+    fmt::print("{}\n{}", kPlanUsage, help_text());
+    return 0;
+  }
+  DHX_CHECK(args.positional.empty(), ConfigError, "dhelix plan: unexpected argument '{}'\n{}", args.positional[0],
+            kPlanUsage);
+  DHX_CHECK(profile_path.has_value() != cost_arg.has_value(), ConfigError,
+            "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", kPlanUsage);
+  RunConfig cfg = load_config(args.config_path, args.overrides);
+  const LayoutConfig lay = layout_of(cfg);
+  const MicroBatchShape mb = micro_batch_of(cfg);
+  // Programs only: no dataset, no parameters, no world (a cost model plans a 70B layer on a laptop).
+  const ModelPrograms progs = build_programs(cfg.model, lay, mb);
+  const LayerProgram& prog = progs.block;
+  const std::string path = out.value_or(default_path(cfg, "plan.json"));
+
+  std::unique_ptr<BlockCost> cost;
+  std::string cost_name;
+  if (profile_path) {
+    DHX_CHECK(file_exists(*profile_path), IoError, "dhelix plan: profile file '{}' does not exist (make it with "
+              "`dhelix profile --config ... --out {}`)", *profile_path, *profile_path);
+    auto p = std::make_unique<Profile>(Profile::load(*profile_path));
+    check_profile_fits(*p, cfg.model, lay, mb, prog);
+    cost_name = fmt::format("profile {} ({})", *profile_path, p->meta.machine);
+    cost = std::move(p);
+  } else {
+    CostModelConfig c = cost_model_config(*cost_arg, lay);
+    cost_name = "cost model " + c.name;
+    cost = std::make_unique<CostModel>(prog, c);
+  }
+
+  std::unique_ptr<CommContext> comm;
+  std::unique_ptr<LayerPairBench> bench;
+  const bool validate = profile_path && !no_validate;
+  if (validate) {
+    comm = make_world(lay);
+    set_threads(cfg);
+  }
+  const bool rank0 = !comm || comm->rank() == 0;
+  PlanChoice choice;
+  try {
+    if (validate)
+      bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed));
+    const double t0 = now_seconds();
+    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing);
+    if (rank0) {
+      fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
+                 cost_name);
+      fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12}\n", "#", "source", "blocks", "predicted", "measured");
+      for (size_t i = 0; i < choice.candidates.size(); ++i) {
+        const auto& k = choice.candidates[i];
+        fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
+                   format_seconds(k.predicted_s), bench ? format_seconds(k.measured_s) : "-",
+                   static_cast<int>(i) == choice.chosen ? "  <- kept" : "");
+      }
+      if (!bench)
+        fmt::print("(not validated: {})\n", profile_path ? "--no-validate" : "a cost model needs no hardware");
+      fmt::print("search{} took {:.3f} s\n\n", bench ? " + validation" : "", now_seconds() - t0);
+    }
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (comm && comm->world_size() > 1) comm->abort(e.what());
+    throw;
+  }
+  if (rank0) {
+    const SIPlan& plan = choice.plan();
+    check_plan(plan, prog);
+    make_parent_dir(path);
+    save_plan(path, plan, prog);
+    const std::string svg = svg_path_for(path);
+    write_file_atomic(svg, render_plan_svg(plan, prog, cost.get()));
+    fmt::print("{}\nwrote {} and {}\ntrain with it: dhelix train --config ... --schedule.plan {}\n",
+               render_plan(plan, prog, cost.get()), path, svg, path);
+  }
+  return 0;
 }
 
 }  // namespace dhelix

@@ -1,0 +1,166 @@
+// LayerPairBench: unit/parameter setup, strand snapshots, timed runs and cross-rank agreement.
+#include "profile/LayerPairBench.h"
+
+#include <algorithm>
+#include <random>
+
+#include "base/Clock.h"
+#include "base/Error.h"
+#include "model/Params.h"
+
+namespace dhelix {
+
+namespace {
+
+// [Ns, C] of N(0, 1) values; seeded per (seed, rank) so ranks hold different shards.
+Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem) {
+  Tensor t = Tensor::empty({rows, cols}, DType::kF32, mem);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  float* p = t.f32();
+  for (int64_t i = 0; i < rows * cols; ++i) p[i] = nd(rng);
+  return t;
+}
+
+double median_of(std::vector<double> v) {
+  DHX_ASSERT(!v.empty(), "median of no samples");
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
+                               CommContext* comm, uint64_t seed)
+    : model_(model), layout_(layout), mb_(mb), comm_(comm) {
+  if (comm_) {
+    DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
+              "world size {} != layout world {} (dp={} tp={}); launch with mpirun -np {}", comm_->world_size(),
+              layout_.world(), layout_.dp, layout_.tp, layout_.world());
+    tp_rank_ = comm_->layout().coord().tp;
+  } else {
+    DHX_CHECK(layout_.world() == 1, ConfigError, "layout dp={} tp={} needs {} processes; launch with mpirun -np {}",
+              layout_.dp, layout_.tp, layout_.world(), layout_.world());
+  }
+  DHX_CHECK(model_.n_layers >= 1, ConfigError, "model.n_layers={} has no transformer layer to profile",
+            model_.n_layers);
+  // Model folding pairs forward layer l with backward layer L+1-l: two weight sets, as in training.
+  std::vector<UnitSpec> all = model_units(model_, layout_, tp_rank_);
+  std::vector<UnitSpec> blocks;
+  for (auto& u : all)
+    if (u.kind == "block") blocks.push_back(u);
+  units_.push_back(blocks.front());
+  if (blocks.size() > 1) units_.push_back(blocks.back());
+  progs_ = build_programs(model_, layout_, mb_);
+  params_ = std::make_unique<ParamStore>(units_, tp_rank_, layout_.tp, layout_.dp, seed, &state_mem_);
+
+  ctx_.model = &model_;
+  ctx_.layout = layout_;
+  ctx_.tp_rank = tp_rank_;
+  ctx_.mb = mb_;
+  ctx_.params = params_.get();
+  ctx_.act_mem = &act_mem_;
+  if (comm_ && layout_.tp > 1) ctx_.groups["tp"] = &comm_->group(GroupRole::kTP);
+  ctx_.dloss = 1.0f / static_cast<float>(std::max<int64_t>(1, mb_.tokens()));
+  exec_ = std::make_unique<Executor>(ctx_, units_, progs_);
+  fslot_ = StrandSlot{1, 0, &fenv_};
+  bslot_ = StrandSlot{0, static_cast<int>(units_.size()) - 1, &benv_};
+  build_snapshots(seed);
+}
+
+LayerPairBench::~LayerPairBench() = default;
+
+void LayerPairBench::build_snapshots(uint64_t seed) {
+  const int64_t Ns = mb_.tokens() / layout_.tp, C = model_.d_model;
+  const uint64_t rank = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
+  const auto& fwd = progs_.block.fwd;
+  const auto& bwd = progs_.block.bwd;
+  // Forward strand: ops one at a time (collectives included, so every rank runs the same).
+  fenv_.bufs.clear();
+  fenv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 1, &act_mem_);
+  fsnap_.assign(1, fenv_.bufs);
+  for (int k = 0; k < static_cast<int>(fwd.size()); ++k) {
+    Block b;
+    b.fwd_begin = k, b.fwd_end = k + 1;
+    exec_->run_pair(&fslot_, nullptr, {b});
+    fsnap_.push_back(fenv_.bufs);
+  }
+  // Backward strand: another micro-batch's forward, then dy, then the backward ops one at a time.
+  benv_.bufs.clear();
+  benv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 2, &act_mem_);
+  exec_->run_alone(bslot_, StrandKind::kForward);
+  benv_.bufs["dy"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 7919, &act_mem_);
+  bsnap_.assign(1, benv_.bufs);
+  for (int k = 0; k < static_cast<int>(bwd.size()); ++k) {
+    Block b;
+    b.bwd_begin = k, b.bwd_end = k + 1;
+    exec_->run_pair(nullptr, &bslot_, {b});
+    bsnap_.push_back(benv_.bufs);
+  }
+  fenv_.bufs.clear();
+  benv_.bufs.clear();
+}
+
+void LayerPairBench::restore(UnitEnv& env, const std::vector<std::map<std::string, Tensor>>& snaps, int k,
+                             const std::vector<Op>& ops, int begin, int end) {
+  DHX_ASSERT(env.pending.empty(), "restoring an environment with collectives in flight");
+  env.bufs = snaps.at(k);
+  // The executor's all-reduce writes its input in place: give it a private copy so the snapshot
+  // (and the next run) sees the original values.
+  for (int i = begin; i < end; ++i) {
+    const Op& op = ops[i];
+    if (op.is_collective() && op.coll == CollOp::kAllReduce) {
+      auto it = env.bufs.find(op.inputs.at(0));
+      if (it != env.bufs.end()) it->second = it->second.clone(&act_mem_);
+    }
+  }
+}
+
+double LayerPairBench::run_once(const std::vector<Block>& blocks) {
+  DHX_CHECK(!blocks.empty(), InternalError, "run_once: no blocks");
+  int f0 = -1, f1 = -1, b0 = -1, b1 = -1;
+  for (const Block& k : blocks) {
+    if (k.has_fwd()) {
+      if (f0 < 0) f0 = k.fwd_begin;
+      f1 = k.fwd_end;
+    }
+    if (k.has_bwd()) {
+      if (b0 < 0) b0 = k.bwd_begin;
+      b1 = k.bwd_end;
+    }
+  }
+  if (f0 >= 0) restore(fenv_, fsnap_, f0, progs_.block.fwd, f0, f1);
+  if (b0 >= 0) restore(benv_, bsnap_, b0, progs_.block.bwd, b0, b1);
+  if (comm_) comm_->world().barrier();  // ranks start together: a collective's time is not a late peer's
+  const double t0 = now_seconds();
+  exec_->run_pair(f0 >= 0 ? &fslot_ : nullptr, b0 >= 0 ? &bslot_ : nullptr, blocks);
+  const double dt = now_seconds() - t0;
+  fenv_.bufs.clear();
+  benv_.bufs.clear();
+  return dt;
+}
+
+double LayerPairBench::local_median(const std::vector<Block>& blocks, const BenchTiming& t) {
+  DHX_CHECK(t.repeats >= 1 && t.warmup >= 0, ConfigError, "repeats={} must be >= 1 and warmup={} >= 0", t.repeats,
+            t.warmup);
+  for (int i = 0; i < t.warmup; ++i) run_once(blocks);
+  std::vector<double> s;
+  for (int i = 0; i < t.repeats; ++i) s.push_back(run_once(blocks));
+  return median_of(s);
+}
+
+std::vector<double> LayerPairBench::agree_max(const std::vector<double>& local) {
+  if (!comm_ || comm_->world_size() == 1 || local.empty()) return local;
+  Tensor t = Tensor::empty({static_cast<int64_t>(local.size())}, DType::kF64);
+  std::copy(local.begin(), local.end(), t.data<double>());
+  comm_->world().all_reduce(t, ReduceOp::kMax).wait();
+  const double* p = t.data<double>();
+  return std::vector<double>(p, p + local.size());
+}
+
+double LayerPairBench::time_plan(const SIPlan& plan, const BenchTiming& t) {
+  return agree_max({local_median(plan.blocks, t)}).front();
+}
+
+}  // namespace dhelix

@@ -1,0 +1,77 @@
+// LayerPairBench: the folded transformer-layer pair of a run (forward strand on the first layer,
+// backward strand on the last) set up on the real executor, kernels and process groups, so that
+// any SI block — a forward window, a backward window or both — or a whole plan can be timed from
+// the exact state the training step would reach it in. The profiler and the plan validation both
+// time through it. It times; it does not decide what to time (Profiler) or which plan wins.
+//
+// State: snapshot k of a strand = the environment's buffer map after that strand's ops [0, k).
+// Forward: "x" random [Ns, C], then the forward ops one by one. Backward: another micro-batch's
+// full forward, "dy" random [Ns, C], then the backward ops one by one. Ops write new tensors, so a
+// shallow copy of the map restores a state; the one in-place op (the executor's all-reduce) gets
+// its input cloned before every run.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/CommContext.h"
+#include "plan/SIPlan.h"
+#include "runtime/Executor.h"
+
+namespace dhelix {
+
+struct BenchTiming {
+  int warmup = 1;   // untimed runs before the timed ones
+  int repeats = 5;  // timed runs; the median is kept
+};
+
+class LayerPairBench {
+ public:
+  // `comm` may be null (one process: the layout must be world size 1). Every rank of the world
+  // constructs it and then makes the same calls in the same order (collectives inside).
+  LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
+                 CommContext* comm, uint64_t seed = 1234);
+  ~LayerPairBench();
+  LayerPairBench(const LayerPairBench&) = delete;
+  LayerPairBench& operator=(const LayerPairBench&) = delete;
+
+  const LayerProgram& program() const { return progs_.block; }
+  const MicroBatchShape& micro_batch() const { return mb_; }
+
+  // Seconds of one run of `blocks` (windows into program()), from the state where the first
+  // block's windows start; this rank's wall clock, after a world barrier. Each block's windows
+  // must continue where the previous block's ended (a plan, or a single block).
+  double run_once(const std::vector<Block>& blocks);
+
+  // warmup + repeats runs of run_once; this rank's median.
+  double local_median(const std::vector<Block>& blocks, const BenchTiming& t);
+
+  // Element-wise max over the world of `local` (every rank passes the same length); identity
+  // for one process. The agreed time of an entry is the slowest rank's median.
+  std::vector<double> agree_max(const std::vector<double>& local);
+
+  // Median seconds of a whole plan, agreed across ranks.
+  double time_plan(const SIPlan& plan, const BenchTiming& t);
+
+ private:
+  void build_snapshots(uint64_t seed);
+  void restore(UnitEnv& env, const std::vector<std::map<std::string, Tensor>>& snaps, int k,
+               const std::vector<Op>& ops, int begin, int end);
+
+  ModelConfig model_;
+  LayoutConfig layout_;
+  MicroBatchShape mb_;
+  CommContext* comm_;
+  int tp_rank_ = 0;
+  MemoryTracker act_mem_{"profile activations"}, state_mem_{"profile states"};
+  std::vector<UnitSpec> units_;  // [first block, last block] (one unit when n_layers == 1)
+  ModelPrograms progs_;
+  std::unique_ptr<ParamStore> params_;
+  RunContext ctx_;
+  std::unique_ptr<Executor> exec_;
+  UnitEnv fenv_, benv_;
+  StrandSlot fslot_, bslot_;
+  std::vector<std::map<std::string, Tensor>> fsnap_, bsnap_;  // [k]: buffers after ops [0, k)
+};
+
+}  // namespace dhelix

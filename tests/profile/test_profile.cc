@@ -1,0 +1,190 @@
+// Profiler and planner tests: the whole flow profile -> search -> validation -> plan file ->
+// training, on a tiny model with tp = 2 on threads-as-ranks (so the programs hold collectives).
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "../e2e/TinyRun.h"
+#include "base/Error.h"
+#include "comm/LocalBackend.h"
+#include "plan/PlanCheck.h"
+#include "plan/PlanIO.h"
+#include "profile/PlanValidation.h"
+#include "profile/Profiler.h"
+#include "sim/CostModel.h"
+#include "train/Trainer.h"
+
+namespace dhelix {
+namespace {
+
+using testing::TempDir;
+using testing::tiny_config;
+using testing::write_synthetic_dataset;
+
+LayoutConfig tp_layout(int tp) {
+  LayoutConfig l;
+  l.tp = tp;
+  l.sequence_parallel = tp > 1;
+  return l;
+}
+
+MicroBatchShape mb_of(const RunConfig& c) { return {c.training.micro_batch_size, c.model.seq_len}; }
+
+// Every rule of check_plan, and the segment rule the search promises.
+void expect_legal(const SIPlan& p, const LayerProgram& prog) {
+  for (const auto& v : find_violations(p, prog)) ADD_FAILURE() << p.source << ": " << v.message();
+  EXPECT_TRUE(windows_within_segments(p, prog)) << p.source;
+}
+
+std::vector<double> train_losses(const RunConfig& cfg, int tp, int steps) {
+  std::vector<double> losses;
+  std::mutex mu;
+  run_local_ranks(tp_layout(tp), [&](CommContext& comm) {
+    Trainer t(cfg, &comm, Quiet::kYes);
+    std::vector<double> mine;
+    for (int i = 0; i < steps; ++i) mine.push_back(t.train_step().loss);
+    if (comm.rank() == 0) {
+      std::lock_guard<std::mutex> g(mu);
+      losses = mine;
+    }
+  });
+  return losses;
+}
+
+// Oracle: the sequential schedule (Strand Interleaving off). A searched plan only regroups whole
+// ops of two micro-batches into blocks; every reduction keeps its order, so the losses of
+// training with it must be bitwise equal to the sequential run's. The profile itself is checked
+// for completeness (every window and legal pair priced, identical on both ranks), and every plan
+// the flow emits must pass check_plan.
+TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialTp2) {
+  TempDir dir;
+  write_synthetic_dataset(dir.path() + "/data", 200, 300, 13);
+  RunConfig cfg = tiny_config(dir.path(), "llama");
+  cfg.training.micro_batches = 3;
+  cfg.parallel.tp = 2;
+  const LayoutConfig lay = tp_layout(2);
+  const std::string plan_path = dir.path() + "/plan.json", profile_path = dir.path() + "/profile.json";
+
+  std::vector<Profile> profiles(2);
+  std::vector<PlanChoice> choices(2);
+  run_local_ranks(lay, [&](CommContext& comm) {
+    LayerPairBench bench(cfg.model, lay, mb_of(cfg), &comm, 7);
+    ProfileOptions po;
+    po.timing = {0, 1};
+    Profile p = profile_layer_pair(bench, cfg.model, lay, &comm, po);
+    SearchOptions so;
+    so.top_k = 3;
+    PlanChoice c = search_and_validate(bench.program(), p, so, &bench, {0, 1});
+    profiles[comm.rank()] = p;
+    choices[comm.rank()] = c;
+    if (comm.rank() == 0) {
+      p.save(profile_path);
+      // The search's best plan, or, should that be the default plan, the next search plan (the
+      // point is to train with a plan the search made).
+      const SIPlan def = block_default_plan(bench.program());
+      for (const auto& k : c.candidates)
+        if (k.plan.blocks != def.blocks) {
+          save_plan(plan_path, k.plan, bench.program());
+          break;
+        }
+    }
+  });
+
+  const LayerProgram prog = build_programs(cfg.model, lay, mb_of(cfg)).block;
+  ASSERT_TRUE(std::any_of(prog.fwd.begin(), prog.fwd.end(), [](const Op& o) { return o.is_collective(); }));
+  const Profile& p = profiles[0];
+  EXPECT_EQ(p.num_solo_fwd(), strand_windows(prog.fwd, WindowRule::kWithinSegments).size());
+  EXPECT_EQ(p.num_solo_bwd(), strand_windows(prog.bwd, WindowRule::kWithinSegments).size());
+  EXPECT_EQ(p.num_pairs(), legal_pairs(prog, WindowRule::kWithinSegments).size());
+  EXPECT_EQ(p.to_json(), profiles[1].to_json()) << "ranks disagree on the agreed (max) times";
+  EXPECT_NO_THROW(check_profile_fits(Profile::load(profile_path), cfg.model, lay, mb_of(cfg), prog));
+
+  // Both ranks kept the same plan (timings are agreed), and every candidate is legal.
+  EXPECT_EQ(choices[0].chosen, choices[1].chosen);
+  EXPECT_EQ(choices[0].plan().blocks, choices[1].plan().blocks);
+  ASSERT_GE(choices[0].candidates.size(), 2u);
+  for (const auto& k : choices[0].candidates) {
+    expect_legal(k.plan, prog);
+    EXPECT_GT(k.measured_s, 0) << k.plan.source;
+  }
+  const SIPlan searched = load_plan(plan_path, prog);
+  EXPECT_EQ(searched.source, "search");
+  EXPECT_NE(searched.blocks, block_default_plan(prog).blocks);
+
+  RunConfig with_plan = cfg;
+  with_plan.schedule.plan = plan_path;
+  RunConfig sequential = cfg;
+  sequential.schedule.strand_interleaving = false;
+  const std::vector<double> a = train_losses(with_plan, 2, 3), b = train_losses(sequential, 2, 3);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+}
+
+// Oracle: the profile's identity strings and op lists. A profile measured for tp = 2 is refused
+// for a tp = 1 run and for another d_model, with the mismatched fields named.
+TEST(ProfilePlanTrain, ProfileOfAnotherRunIsRefused) {
+  TempDir dir;
+  RunConfig cfg = tiny_config(dir.path(), "gpt");
+  const LayoutConfig lay2 = tp_layout(2), lay1 = tp_layout(1);
+  const auto mb = mb_of(cfg);
+  Profile p;
+  p.describe_program(build_programs(cfg.model, lay2, mb).block);
+  p.meta.model = describe_model(cfg.model);
+  p.meta.layout = describe_layout(lay2);
+  p.meta.shapes = describe_shapes(mb);
+  EXPECT_NO_THROW(check_profile_fits(p, cfg.model, lay2, mb, build_programs(cfg.model, lay2, mb).block));
+  try {
+    check_profile_fits(p, cfg.model, lay1, mb, build_programs(cfg.model, lay1, mb).block);
+    FAIL() << "a tp=2 profile was accepted for tp=1";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("layout"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ops"), std::string::npos) << e.what();
+  }
+  ModelConfig wider = cfg.model;
+  wider.d_model = 128;
+  try {
+    check_profile_fits(p, wider, lay2, mb, build_programs(wider, lay2, mb).block);
+    FAIL() << "a d_model=64 profile was accepted for d_model=128";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
+  }
+}
+
+// Oracle: check_plan. Every plan the flow emits with a cost model (top-k candidates and the
+// default), for the papers' shapes and layouts, keeps every plan rule and the segment rule.
+TEST(ProfilePlanTrain, EveryEmittedPlanPassesCheckPlan) {
+  struct Case {
+    const char* preset;
+    int tp;
+    int64_t B, T;
+    const char* hw;
+  };
+  for (const Case& c : {Case{"llama-70b", 8, 1, 4096, "h100-nvlink"}, Case{"gpt2-124m", 2, 4, 1024, "cpu-1gbit"},
+                        Case{"llama-8b", 4, 2, 2048, "a40-pcie"}, Case{"gpt2-124m", 1, 1, 256, "a800-nvlink"}}) {
+    SCOPED_TRACE(c.preset);
+    ModelConfig m = model_preset(c.preset);
+    const LayoutConfig lay = tp_layout(c.tp);
+    const LayerProgram prog = build_programs(m, lay, {c.B, c.T}).block;
+    CostModelConfig cc = CostModelConfig::preset(c.hw);
+    cc.group_sizes = {{"tp", c.tp}};
+    CostModel cost(prog, cc);
+    SearchOptions so;
+    so.top_k = 5;
+    so.max_window = c.tp == 1 ? 4 : 0;
+    PlanChoice ch = search_and_validate(prog, cost, so, nullptr, {});
+    ASSERT_FALSE(ch.candidates.empty());
+    EXPECT_EQ(ch.chosen, 0);
+    for (const auto& k : ch.candidates) {
+      expect_legal(k.plan, prog);
+      EXPECT_EQ(k.measured_s, 0);
+      // (The default plan may use windows longer than max_window, so only search plans compare.)
+      if (k.plan.source == "search") {
+        EXPECT_LE(ch.candidates.front().predicted_s, k.predicted_s) << "the search's best is not the cheapest";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
