@@ -159,12 +159,12 @@ constexpr const char* kProfileUsage =
 constexpr const char* kPlanUsage =
     "usage: dhelix plan --config C.toml (--profile FILE | --cost-model PRESET|FILE.json)\n"
     "                   [--top-k K] [--out FILE] [--repeats R] [--warmup W] [--no-validate]\n"
-    "                   [--max-window N] [--section.key value ...]\n"
+    "                   [--max-window N] [--min-gain G] [--section.key value ...]\n"
     "Searches the best Strand-Interleaving plan (DP, top K); with --profile the K candidates and the\n"
     "default plan are timed on the real layer pair (run it like `dhelix profile`: under mpirun for\n"
-    "tp > 1) and the fastest is kept. Writes the plan JSON (default <output.dir>/plan.json), an SVG\n"
-    "beside it and prints the plan as a table. Cost-model presets: a40-pcie, a800-nvlink,\n"
-    "h100-nvlink, cpu-1gbit (no hardware needed).\n";
+    "tp > 1); the fastest is kept if it beats the default plan by the fraction G (default 0.03).\n"
+    "Writes the plan JSON (default <output.dir>/plan.json), an SVG beside it and prints the plan as\n"
+    "a table. Cost-model presets: a40-pcie, a800-nvlink, h100-nvlink, cpu-1gbit (no hardware needed).\n";
 
 }  // namespace
 
@@ -235,6 +235,15 @@ int cmd_plan(int argc, char** argv) {
   timing.repeats = fl.take_int("--repeats", 5, 1);
   timing.warmup = fl.take_int("--warmup", 1, 0);
   const bool no_validate = fl.take_switch("--no-validate");
+  double min_gain = kDefaultMinGain;
+  if (auto g = fl.take("--min-gain")) {
+    try {
+      min_gain = std::stod(*g);
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("dhelix plan: --min-gain expects a number, got '{}'", *g));
+    }
+    DHX_CHECK(min_gain >= 0 && min_gain < 1, ConfigError, "dhelix plan: --min-gain {} must be in [0, 1)", min_gain);
+  }
   CliArgs args = parse_cli_args(fl.rest());
   if (args.help) {
     fmt::print("{}\n{}", kPlanUsage, help_text());
@@ -280,7 +289,7 @@ int cmd_plan(int argc, char** argv) {
     if (validate)
       bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed));
     const double t0 = now_seconds();
-    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing);
+    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain);
     if (rank0) {
       fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
                  cost_name);

@@ -1,6 +1,8 @@
 // PlanValidation: top-k search, then timing of the candidates on the real layer pair.
 #include "profile/PlanValidation.h"
 
+#include <algorithm>
+
 #include "plan/PlanCheck.h"
 #include "runtime/StepRunner.h"
 
@@ -14,7 +16,7 @@ SIPlan block_default_plan(const LayerProgram& prog) {
 }
 
 PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, const SearchOptions& opts,
-                               LayerPairBench* bench, const BenchTiming& timing) {
+                               LayerPairBench* bench, const BenchTiming& timing, double min_gain) {
   SearchResult r = search_plans(prog, cost, opts);
   PlanChoice c;
   for (SIPlan& p : r.plans) {
@@ -33,9 +35,28 @@ PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, 
   }
   c.chosen = 0;
   if (!bench) return c;
-  for (auto& k : c.candidates) k.measured_s = bench->time_plan(k.plan, timing);
-  for (size_t i = 1; i < c.candidates.size(); ++i)
-    if (c.candidates[i].measured_s < c.candidates[c.chosen].measured_s) c.chosen = static_cast<int>(i);
+  // Round-robin: every round runs each candidate once, so slow phases of a noisy machine hit all.
+  const size_t n = c.candidates.size();
+  std::vector<std::vector<double>> samples(n);
+  for (int r = 0; r < timing.warmup + timing.repeats; ++r)
+    for (size_t i = 0; i < n; ++i) {
+      double t = bench->run_once(c.candidates[i].plan.blocks);
+      if (r >= timing.warmup) samples[i].push_back(t);
+    }
+  std::vector<double> med(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::sort(samples[i].begin(), samples[i].end());
+    const auto& v = samples[i];
+    med[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+  med = bench->agree_max(med);
+  int best = 0, def_i = 0;
+  for (size_t i = 0; i < n; ++i) {
+    c.candidates[i].measured_s = med[i];
+    if (med[i] < med[best]) best = static_cast<int>(i);
+    if (c.candidates[i].plan.blocks == def.blocks) def_i = static_cast<int>(i);
+  }
+  c.chosen = med[best] <= med[def_i] * (1.0 - min_gain) ? best : def_i;
   SIPlan& win = c.candidates[c.chosen].plan;
   if (win.source == "search") win.source = "search+validated";
   return c;

@@ -27,10 +27,19 @@ struct PlanChoice {
 // with pair = prog.name so it checks against `prog`.
 SIPlan block_default_plan(const LayerProgram& prog);
 
+// A searched plan replaces the default only when measured at least this fraction faster: below
+// that the difference is within the run-to-run noise of a shared machine (DESIGN: up to 3x
+// swings; round-robin medians of a few runs agree to a few percent), and the DP, which picks
+// the lowest of many noisy entries, is biased towards plans whose entries were measured low.
+inline constexpr double kDefaultMinGain = 0.03;
+
 // search_plans(top_k), then — when `bench` is not null — times each candidate and the default
-// plan (collective over the world) and picks the fastest measured; otherwise the best predicted.
-// The chosen plan's source says how it was chosen ("search", "search+validated", "default").
+// plan (collective over the world; round-robin over candidates in each of timing.repeats rounds,
+// so drift hits all alike) and keeps the fastest measured, if it beats the default by min_gain;
+// otherwise (no bench) the best predicted. The chosen plan's source says how it was chosen
+// ("search", "search+validated", "default").
 PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, const SearchOptions& opts,
-                               LayerPairBench* bench, const BenchTiming& timing);
+                               LayerPairBench* bench, const BenchTiming& timing,
+                               double min_gain = kDefaultMinGain);
 
 }  // namespace dhelix
