@@ -82,8 +82,11 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   b.linear_cost(wgrad, double(b.N), double(out_local), double(b.C));
   if (tag == "lm_head") dgrad.attrs["vocab_rows"] = wgrad.attrs["vocab_rows"] = 1;
   ops.push_back(dgrad);
-  ops.push_back(wgrad);
+  // With tp > 1 the input-gradient reduce-scatter goes out before the weight-gradient GEMM, which
+  // does not need it: the collective then also runs under this strand's wgrad (Megatron's
+  // dgrad-RS / wgrad overlap), not only under the other strand's compute.
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
+  ops.push_back(wgrad);
 }
 
 // --- a row GEMM followed by the sequence-parallel reduce-scatter ------------------------------
