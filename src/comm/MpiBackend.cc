@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -91,15 +92,28 @@ int mpi_count(int64_t n, const WorkState& st) {
 // Completes a non-blocking collective from the comm thread. Open MPI progresses it only inside
 // MPI calls, and its blocking collectives busy-poll a core that the compute thread needs (2 cores,
 // 2 ranks per machine here), so the thread tests with a short yield-then-sleep backoff instead.
+// Sleep between tests once the op has not finished quickly: DHELIX_MPI_POLL_US (default 200 us).
+// Each test drives Open MPI's progress (the TCP transport moves data only inside MPI calls);
+// 200 us moves at most ~25 KB at 1 Gbit/s, well inside a socket buffer, and keeps the thread
+// from waking thousands of times a second on cores the compute threads need.
+int poll_sleep_us() {
+  static const int us = [] {
+    const char* v = std::getenv("DHELIX_MPI_POLL_US");
+    int x = v ? std::atoi(v) : 200;
+    return std::clamp(x, 1, 100000);
+  }();
+  return us;
+}
+
 void wait_request(MPI_Request& req, const char* what) {
   int done = 0;
   for (int spins = 0;; ++spins) {
     mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
     if (done) return;
-    if (spins < 32)
+    if (spins < 16)
       std::this_thread::yield();
     else
-      std::this_thread::sleep_for(std::chrono::microseconds(spins < 256 ? 20 : 80));
+      std::this_thread::sleep_for(std::chrono::microseconds(spins < 64 ? 20 : poll_sleep_us()));
   }
 }
 

@@ -101,6 +101,45 @@ struct Walk {
 
 }  // namespace
 
+namespace {
+
+// True when op `i` reads a buffer written by op `c`.
+bool reads_output_of(const std::vector<Op>& ops, int i, int c) {
+  for (const auto& in : ops[i].inputs)
+    for (const auto& out : ops[c].outputs)
+      if (in == out) return true;
+  return false;
+}
+
+// A window that ends with a collective gets the strand's following compute ops that do not read
+// the collective's output (e.g. the weight-gradient GEMM after an input-gradient reduce-scatter),
+// taken from the start of the strand's next window: they run in the same block, so the collective
+// hides under them too instead of the block's barrier waiting for it alone.
+void extend_tails(std::vector<Block>& blocks, const std::vector<Op>& ops, int Block::*begin, int Block::*end) {
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    Block& b = blocks[k];
+    if (b.*end <= b.*begin || !ops[b.*end - 1].is_collective()) continue;
+    const int c = b.*end - 1;
+    size_t n = k + 1;
+    while (n < blocks.size() && blocks[n].*end <= blocks[n].*begin) ++n;  // this strand's next window
+    if (n == blocks.size()) continue;
+    Block& next = blocks[n];
+    while (next.*begin < next.*end && !ops[next.*begin].is_collective() && !reads_output_of(ops, next.*begin, c)) {
+      ++(next.*begin);
+      ++(b.*end);
+    }
+  }
+  blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [](const Block& b) { return !b.has_fwd() && !b.has_bwd(); }),
+               blocks.end());
+}
+
+}  // namespace
+
+void extend_over_independent_tails(SIPlan& plan, const LayerProgram& prog) {
+  extend_tails(plan.blocks, prog.fwd, &Block::fwd_begin, &Block::fwd_end);
+  extend_tails(plan.blocks, prog.bwd, &Block::bwd_begin, &Block::bwd_end);
+}
+
 SIPlan cover_plan(const LayerProgram& prog) {
   SIPlan plan;
   plan.pair = prog.name;
@@ -139,6 +178,7 @@ SIPlan cover_plan(const LayerProgram& prog) {
       }
     }
   }
+  extend_over_independent_tails(plan, prog);
   return plan;
 }
 

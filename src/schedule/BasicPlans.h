@@ -26,9 +26,15 @@ SIPlan default_plan(const LayerProgram& prog);
 //     one when both do; backward on a tie), so its collective then faces the other's compute;
 //     neither leads to a collective -> both in one block;
 //   both collective -> the forward collective alone.
-// Windows stay inside segments and hold at most one collective. source = "cover". The runtime
-// uses it when no plan file is given.
+// Then extend_over_independent_tails. Windows hold at most one collective and stay inside segments
+// except for those independent tails. source = "cover". The runtime uses it when no plan file is
+// given.
 SIPlan cover_plan(const LayerProgram& prog);
+
+// Moves into a window that ends with a collective the strand's following compute ops that do not
+// read the collective's output (taken from the strand's next window; emptied blocks are dropped),
+// so the collective also runs under its own strand's independent work (dgrad-RS beside wgrad).
+void extend_over_independent_tails(SIPlan& plan, const LayerProgram& prog);
 
 // Forward strand first, then backward, one segment per block. source = "sequential".
 SIPlan sequential_plan(const LayerProgram& prog);
