@@ -30,19 +30,6 @@ namespace dhelix {
 
 namespace {
 
-bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
-
-LayoutConfig layout_of(const RunConfig& cfg) {
-  LayoutConfig l;
-  l.dp = static_cast<int>(cfg.parallel.dp);
-  l.tp = static_cast<int>(cfg.parallel.tp);
-  l.pp = static_cast<int>(cfg.parallel.pp);
-  l.cp = static_cast<int>(cfg.parallel.cp);
-  l.ep = static_cast<int>(cfg.parallel.ep);
-  l.sequence_parallel = cfg.parallel.tp > 1;
-  return l;
-}
-
 MicroBatchShape micro_batch_of(const RunConfig& cfg) {
   return MicroBatchShape{cfg.training.micro_batch_size, cfg.model.seq_len};
 }
@@ -61,7 +48,7 @@ void set_threads(const RunConfig& cfg) {
 // The world for timing on real process groups: MPI under mpirun or when the layout needs more
 // than one rank (make_mpi_world then names the mismatch), else none.
 std::unique_ptr<CommContext> make_world(const LayoutConfig& lay) {
-  if (under_mpirun() || lay.world() > 1) return make_mpi_world(lay);
+  if (launched_by_mpirun() || lay.world() > 1) return make_mpi_world(lay);
   return nullptr;
 }
 
@@ -184,7 +171,7 @@ int cmd_profile(int argc, char** argv) {
             kProfileUsage);
   RunConfig cfg = load_config(args.config_path, args.overrides);
   const std::string path = out.value_or(default_path(cfg, "profile.json"));
-  const LayoutConfig lay = layout_of(cfg);
+  const LayoutConfig lay = layout_config(cfg);
   std::unique_ptr<CommContext> comm = make_world(lay);
   const bool rank0 = !comm || comm->rank() == 0;
   set_threads(cfg);
@@ -254,7 +241,7 @@ int cmd_plan(int argc, char** argv) {
   DHX_CHECK(profile_path.has_value() != cost_arg.has_value(), ConfigError,
             "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", kPlanUsage);
   RunConfig cfg = load_config(args.config_path, args.overrides);
-  const LayoutConfig lay = layout_of(cfg);
+  const LayoutConfig lay = layout_config(cfg);
   const MicroBatchShape mb = micro_batch_of(cfg);
   // Programs only: no dataset, no parameters, no world (a cost model plans a 70B layer on a laptop).
   const ModelPrograms progs = build_programs(cfg.model, lay, mb);

@@ -17,19 +17,6 @@ namespace dhelix {
 
 namespace {
 
-bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
-
-LayoutConfig layout_of(const RunConfig& cfg) {
-  LayoutConfig l;
-  l.dp = static_cast<int>(cfg.parallel.dp);
-  l.tp = static_cast<int>(cfg.parallel.tp);
-  l.pp = static_cast<int>(cfg.parallel.pp);
-  l.cp = static_cast<int>(cfg.parallel.cp);
-  l.ep = static_cast<int>(cfg.parallel.ep);
-  l.sequence_parallel = cfg.parallel.tp > 1;
-  return l;
-}
-
 constexpr const char* kTrainUsage =
     "usage: dhelix train --config C.toml [--section.key value ...]\n"
     "       mpirun -np N dhelix train --config C.toml --parallel.dp D --parallel.tp T ...\n";
@@ -47,7 +34,7 @@ int cmd_train(int argc, char** argv) {
             kTrainUsage);
   RunConfig cfg = load_config(args.config_path, args.overrides);
   std::unique_ptr<CommContext> comm;
-  if (under_mpirun() || cfg.parallel.dp * cfg.parallel.tp > 1) comm = make_mpi_world(layout_of(cfg));
+  if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp > 1) comm = make_mpi_world(layout_config(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
   if (rank0) fmt::print("# resolved configuration\n{}\n", to_toml(cfg));
   if (comm) comm->world().barrier();

@@ -307,6 +307,8 @@ void init_mpi() {
 
 }  // namespace
 
+bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
+
 int mpi_world_size() {
   init_mpi();
   int size = 0;

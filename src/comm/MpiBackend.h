@@ -13,6 +13,9 @@ namespace dhelix {
 // returned context is destroyed, if this call initialised it.
 std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& layout, const CommOptions& options = {});
 
+// Whether this process was started by mpirun (Open MPI's or PMIx's rank variables are set).
+bool launched_by_mpirun();
+
 // Size of MPI_COMM_WORLD (initialising MPI if needed), for choosing a layout before make_mpi_world.
 int mpi_world_size();
 

@@ -465,4 +465,15 @@ std::vector<std::string> config_keys() {
   return keys;
 }
 
+LayoutConfig layout_config(const RunConfig& cfg) {
+  LayoutConfig l;
+  l.dp = static_cast<int>(cfg.parallel.dp);
+  l.tp = static_cast<int>(cfg.parallel.tp);
+  l.pp = static_cast<int>(cfg.parallel.pp);
+  l.cp = static_cast<int>(cfg.parallel.cp);
+  l.ep = static_cast<int>(cfg.parallel.ep);
+  l.sequence_parallel = cfg.parallel.tp > 1;
+  return l;
+}
+
 }  // namespace dhelix

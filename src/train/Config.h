@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "layout/Layout.h"
 #include "model/ModelConfig.h"
 
 namespace dhelix {
@@ -89,6 +90,9 @@ struct ModelHooks {
 ModelHooks default_model_hooks();
 
 using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;  // ("training.steps", "10")
+
+// The rank grid a run asks for (sequence parallelism on whenever tp > 1).
+LayoutConfig layout_config(const RunConfig& cfg);
 
 // Resolves defaults <- model preset <- TOML file (empty path: none) <- overrides. Every problem
 // (unknown key with a "did you mean", wrong type, bad value, inconsistent sizes) is collected and

@@ -94,12 +94,7 @@ std::string human_bytes(double b) {
 
 Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cfg), comm_(comm), quiet_(quiet) {
   const auto& p = cfg_.parallel;
-  layout_.dp = static_cast<int>(p.dp);
-  layout_.tp = static_cast<int>(p.tp);
-  layout_.pp = static_cast<int>(p.pp);
-  layout_.cp = static_cast<int>(p.cp);
-  layout_.ep = static_cast<int>(p.ep);
-  layout_.sequence_parallel = p.tp > 1;
+  layout_ = layout_config(cfg_);
   DHX_CHECK(layout_.pp == 1 && layout_.cp == 1 && layout_.ep == 1, ConfigError,
             "parallel.pp={} parallel.cp={} parallel.ep={}: this build trains with dp and tp only; set them to 1",
             p.pp, p.cp, p.ep);
