@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 namespace dhelix {
 
@@ -80,13 +81,22 @@ void CommStream::loop() {
     running_ = item.state;
     item.state->mark_started();
     lk.unlock();
+    bool finished = false;
+    std::string error;
     try {
-      if (item.task(item.state)) item.state->complete();
+      finished = item.task(item.state);
     } catch (const std::exception& e) {
-      item.state->fail(e.what());
+      error = e.what();
     } catch (...) {
-      item.state->fail("unknown exception on comm thread " + name_);
+      error = "unknown exception on comm thread " + name_;
     }
+    // Drop the task (and the tensors it holds) before the waiter can see the op finish: once it
+    // does, it may free what those tensors are charged to (a MemoryTracker, a whole trainer).
+    item.task = nullptr;
+    if (!error.empty())
+      item.state->fail(error);
+    else if (finished)
+      item.state->complete();
     lk.lock();
     running_.reset();
   }

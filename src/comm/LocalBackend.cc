@@ -128,6 +128,7 @@ class LocalProcessGroup final : public ProcessGroup {
         throw CommError(msg);
       }
       p.dst.copy_from(t);
+      p.dst = Tensor();  // release the receiver's buffer before it can see the recv finish
       p.state->complete();
       return true;
     };

@@ -260,20 +260,20 @@ class MpiProcessGroup final : public ProcessGroup {
     int expect = -1;  // recv: elements expected; send: -1
   };
 
-  void finish(const Posted& p, const MPI_Status& status, bool check_error) {
+  void finish(Posted& p, const MPI_Status& status, bool check_error) {
+    std::string error;
     if (check_error && status.MPI_ERROR != MPI_SUCCESS) {
-      p.state->fail(fmt::format("MPI error code {}", status.MPI_ERROR));
-      return;
-    }
-    if (p.expect >= 0) {
+      error = fmt::format("MPI error code {}", status.MPI_ERROR);
+    } else if (p.expect >= 0) {
       int got = 0;
       MPI_Get_count(&status, mpi_type(p.keep_alive.dtype()), &got);
-      if (got != p.expect) {
-        p.state->fail(fmt::format("received {} elements, expected {}", got, p.expect));
-        return;
-      }
+      if (got != p.expect) error = fmt::format("received {} elements, expected {}", got, p.expect);
     }
-    p.state->complete();
+    p.keep_alive = Tensor();  // release our reference before the waiter can see the op finish
+    if (error.empty())
+      p.state->complete();
+    else
+      p.state->fail(error);
   }
 
   MPI_Comm comm_;
