@@ -52,7 +52,7 @@ void write_random_dataset(const std::string& prefix, int64_t vocab) {
 }
 
 RunConfig demo_config(int dp, int tp, const std::string& dir) {
-  ConfigOverrides ov = {{"model.preset", "demo"},          {"training.micro_batch_size", "2"},
+  ConfigOverrides ov = {{"model.preset", "demo"},          {"training.micro_batch_size", "8"},
                         {"training.micro_batches", "2"},   {"training.threads", "1"},
                         {"training.eval_interval", "0"},   {"training.sample_tokens", "0"},
                         {"data.prefix", dir + "/random"},  {"parallel.dp", std::to_string(dp)},
@@ -99,12 +99,12 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   int64_t grad_bytes = overlap.params().flat_grads().numel() * 4;
   std::string b_sizes;
   for (const GradBucket& b : buckets) b_sizes += fmt::format("{}{:.2f}", b_sizes.empty() ? "" : " ", (b.end - b.begin) * 4 / 1048576.0);
-  std::string out = fmt::format("dp-overlap: demo model ({:.2f}M params), dp=2, B=2 x T=128 x 2 micro-batches per rank, "
+  std::string out = fmt::format("dp-overlap: demo model ({:.2f}M params), dp=2, B=8 x T=128 x 2 micro-batches per rank, "
                                 "{} gradient buckets [{}] MiB, medians of {} rounds (rank 0)\n",
                                 cfg.model.num_params() / 1e6, buckets.size(), b_sizes, steps);
   out += row("T_step (bucketed dp overlap)", step, "train_step()");
   out += row("T_step without overlap (buckets after bwd)", noovl, "same step, buckets issued in finish()");
-  out += row("T_compute (comm-free, same per-rank work)", comp, "single-rank trainer, B=2 per rank");
+  out += row("T_compute (comm-free, same per-rank work)", comp, "single-rank trainer, B=8 per rank");
   out += row("T_comm_dp (bucket all-reduces alone)", cm, fmt::format("{:.1f} MiB all-reduced", grad_bytes / 1048576.0).c_str());
   out += row("dp comm busy during the overlapped step", busy, "GradSync::dp_comm_seconds()");
   out += fmt::format("  dp_comm_hidden_fraction = (T_compute + T_comm_dp - T_step) / T_comm_dp = {:.3f}\n", hidden);
@@ -150,7 +150,7 @@ int bench_tp(CommContext& comm, const std::string& dir, int steps) {
   const double step = median(t_step), hidden_lb = 1 - (step - compute) / comm_tp;
   if (comm.rank() != 0) return 0;
   std::string out = fmt::format("dp-overlap: demo model, tp=2 (sequence parallel, Strand Interleaving {}), "
-                                "B=2 x T=128 x 2 micro-batches, {} steps (rank 0; busy times are per-step means)\n",
+                                "B=8 x T=128 x 2 micro-batches, {} steps (rank 0; busy times are per-step means)\n",
                                 cfg.schedule.strand_interleaving ? "on" : "off", steps);
   out += row("T_step", step, "train_step(), median");
   out += row("T_compute (compute thread busy in layer ops)", compute, "trace: compute lanes");

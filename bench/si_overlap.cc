@@ -115,6 +115,7 @@ class LocalStandInGroup final : public ProcessGroup {
     start_stream();
   }
   ~LocalStandInGroup() override { stop_stream(); }
+  std::string transport() const override { return "none (local copies)"; }
 
   void start_recording() {
     std::lock_guard lk(mu_);

@@ -65,6 +65,7 @@ class LocalProcessGroup final : public ProcessGroup {
     start_stream();
   }
   ~LocalProcessGroup() override { stop_stream(); }
+  std::string transport() const override { return "threads"; }
 
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {

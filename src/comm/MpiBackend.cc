@@ -1,5 +1,7 @@
-// Open MPI process groups. Collectives run as blocking MPI calls on the group's comm thread, in
-// issue order, on the group's own communicator (so groups never interfere). send/recv are posted
+// Open MPI process groups. Ops run on the group's comm thread, in issue order, on the group's own
+// communicator (so groups never interfere). All-reduce, reduce-scatter and all-gather move their
+// data over the group's SocketRing (DHELIX_COMM_TRANSPORT=mpi: Open MPI's non-blocking collectives,
+// completed by a test loop); the other collectives always use Open MPI. send/recv are posted
 // as MPI_Isend/MPI_Irecv in issue order and completed by the thread's poll (MPI_Testsome), so a
 // rank may send and receive with the same peer without deadlock. bf16 reduces with user ops
 // (f32 arithmetic, bf16 on the wire).
@@ -21,6 +23,7 @@
 
 #include "base/Error.h"
 #include "comm/Reduce.h"
+#include "comm/SocketRing.h"
 
 namespace dhelix {
 namespace {
@@ -120,11 +123,13 @@ void wait_request(MPI_Request& req, const char* what) {
 class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, std::shared_ptr<MpiRuntime> rt, const std::string& role, int world_rank,
-                  double timeout_s)
+                  double timeout_s, CommTransport transport)
       : ProcessGroup(role, comm_rank(comm), comm_size(comm), world_rank, timeout_s), comm_(comm), rt_(std::move(rt)) {
     mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    if (size() > 1 && transport == CommTransport::kSocket) connect_ring();
     start_stream([this] { return poll(); });
   }
+  std::string transport() const override { return ring_ ? "socket " + ring_->right_address() : "mpi"; }
   ~MpiProcessGroup() override {
     stop_stream();
     MPI_Comm_free(&comm_);
@@ -133,6 +138,10 @@ class MpiProcessGroup final : public ProcessGroup {
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {
     return [this, t, op](const std::shared_ptr<WorkState>& st) {
+      if (ring_) {
+        ring_->all_reduce(t.raw(), t.numel(), t.dtype(), op);
+        return true;
+      }
       MPI_Request req;
       mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()),
                                mpi_op(t.dtype(), op), comm_, &req),
@@ -143,6 +152,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task all_gather_task(Tensor in, Tensor out) override {
     return [this, in, out](const std::shared_ptr<WorkState>& st) {
+      if (ring_) {
+        ring_->all_gather(in.raw(), out.raw(), in.numel(), in.dtype());
+        return true;
+      }
       int n = mpi_count(in.numel(), *st);
       MPI_Request req;
       mpi_check(MPI_Iallgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
@@ -153,6 +166,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
     return [this, in, out, op](const std::shared_ptr<WorkState>& st) {
+      if (ring_) {
+        ring_->reduce_scatter(in.raw(), out.raw(), out.numel(), in.dtype(), op);
+        return true;
+      }
       MPI_Request req;
       mpi_check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), mpi_count(out.numel(), *st), mpi_type(in.dtype()),
                                           mpi_op(in.dtype(), op), comm_, &req),
@@ -225,6 +242,32 @@ class MpiProcessGroup final : public ProcessGroup {
     return MPI_OP_NULL;
   }
 
+  // Collective over the group: every rank builds its ring, then all agree — one failure anywhere
+  // and every rank keeps Open MPI's transport (with a warning from group rank 0), so no two ranks
+  // run one collective over different transports.
+  void connect_ring() {
+    std::string error;
+    try {
+      ring_ = std::make_unique<SocketRing>(
+          rank(), size(), name(),
+          [this](const void* mine, void* all, size_t bytes) {
+            mpi_check(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes), MPI_BYTE,
+                                    comm_),
+                      "MPI_Allgather(socket endpoints)");
+          },
+          /*connect_timeout_s=*/20.0);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    int ok = ring_ ? 1 : 0, all_ok = 0;
+    mpi_check(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce(socket ring agreement)");
+    if (all_ok) return;
+    ring_.reset();
+    if (!error.empty() || rank() == 0)
+      std::fprintf(stderr, "dhelix: %s: %s; collectives use Open MPI's transport\n", name().c_str(),
+                   error.empty() ? "another rank could not join the socket ring" : error.c_str());
+  }
+
   // Completes finished posted send/recvs; true while some are still outstanding. Stream thread only.
   bool poll() {
     if (posted_.empty()) return false;
@@ -278,6 +321,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   MPI_Comm comm_;
   std::shared_ptr<MpiRuntime> rt_;
+  std::unique_ptr<SocketRing> ring_;  // all-reduce, reduce-scatter, all-gather data path; null: MPI's
   std::vector<Posted> posted_;
 };
 
@@ -330,6 +374,7 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}", rank,
             fmt::join(errors, "; "));
   Layout layout(cfg, rank);
+  const CommTransport transport = comm_transport_from_env();
 
   CommContext::RoleGroups groups;
   for (GroupRole role : {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP}) {
@@ -342,11 +387,11 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
     MPI_Comm comm;
     mpi_check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
     groups[static_cast<size_t>(role)] =
-        std::make_unique<MpiProcessGroup>(comm, rt, group_role_name(role), rank, options.timeout_s);
+        std::make_unique<MpiProcessGroup>(comm, rt, group_role_name(role), rank, options.timeout_s, transport);
   }
   MPI_Comm world_comm;
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm), "MPI_Comm_dup");
-  auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options.timeout_s);
+  auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options.timeout_s, transport);
   auto teardown = [rank](const std::string& last) {
     std::lock_guard lk(g_active.mu);
     g_active.ctx = nullptr;

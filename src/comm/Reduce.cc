@@ -1,4 +1,4 @@
-// Typed folds behind reduce_buffers and bf16_combine.
+// Typed folds behind reduce_buffers, combine_into and bf16_combine.
 #include "comm/Reduce.h"
 
 #include <algorithm>
@@ -40,7 +40,35 @@ void fold_bf16(const std::vector<const void*>& srcs, void* dst, int64_t n, Reduc
   for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(acc[static_cast<size_t>(i)]);
 }
 
+template <typename T>
+void combine(const void* in, void* inout, int64_t n, ReduceOp op) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  switch (op) {
+    case ReduceOp::kSum:
+      for (int64_t i = 0; i < n; ++i) b[i] = static_cast<T>(a[i] + b[i]);
+      return;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < n; ++i) b[i] = std::max(a[i], b[i]);
+      return;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < n; ++i) b[i] = std::min(a[i], b[i]);
+      return;
+  }
+}
+
 }  // namespace
+
+void combine_into(const void* in, void* inout, int64_t n, DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::kF32: return combine<float>(in, inout, n, op);
+    case DType::kF64: return combine<double>(in, inout, n, op);
+    case DType::kI32: return combine<int32_t>(in, inout, n, op);
+    case DType::kI64: return combine<int64_t>(in, inout, n, op);
+    case DType::kU16: return combine<uint16_t>(in, inout, n, op);
+    case DType::kBF16: return bf16_combine(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), n, op);
+  }
+}
 
 void reduce_buffers(const std::vector<const void*>& srcs, void* dst, int64_t n, DType dtype, ReduceOp op) {
   DHX_ASSERT(!srcs.empty(), "reduce over no sources");

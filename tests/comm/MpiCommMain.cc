@@ -18,6 +18,7 @@
 #include "base/Clock.h"
 #include "CollectiveChecks.h"
 #include "comm/MpiBackend.h"
+#include "comm/SocketRing.h"
 
 namespace dhelix {
 namespace {
@@ -45,6 +46,15 @@ int run_checks(const std::vector<std::string>& args) {
   auto ctx = make_mpi_world(parse_layout(args, mpi_world_size()));
   testing::CheckLog log;
   double t0 = now_seconds();
+  // The transport the environment asks for is the one in use: a silent fall-back from the socket
+  // ring to Open MPI's transport would pass every closed-form check above and still be a defect.
+  const bool want_socket = comm_transport_from_env() == CommTransport::kSocket;
+  for (ProcessGroup* g : {&ctx->world(), &ctx->group(GroupRole::kTP), &ctx->group(GroupRole::kDP)}) {
+    if (g->size() < 2) continue;
+    bool socket = g->transport().rfind("socket ", 0) == 0;
+    log.expect(socket == want_socket, fmt::format("{} transport is '{}', want {}", g->name(), g->transport(),
+                                                  want_socket ? "socket" : "mpi"));
+  }
   testing::run_all_checks(log, *ctx);
   for (const std::string& f : log.failures) std::fprintf(stderr, "FAIL %s\n", f.c_str());
   Tensor counts = Tensor::empty({2}, DType::kI64);  // (checks, failures) summed over ranks
