@@ -136,19 +136,21 @@ inline void check_group_collectives(CheckLog& log, ProcessGroup& g) {
   }
   g.barrier();
   // Sizes around the ring's block split: 1 element (empty blocks on every rank but one) and a
-  // buffer larger than a socket's buffers, not divisible by the group size (partial sends).
-  for (int64_t n : {int64_t{1}, int64_t{(1 << 20) + 3}}) {
-    Tensor t = filled({n}, DType::kF32, r);
+  // buffer larger than a socket's buffers, not divisible by the group size (partial sends); f64 keeps
+  // the closed-form sums exact at these indices.
+  for (int64_t n : {int64_t{1}, int64_t{(1 << 19) + 3}}) {
+    Tensor t = filled({n}, DType::kF64, r);
     g.all_reduce(t).wait();
-    expect_all(log, fmt::format("all_reduce(sum) {} f32[{}]", g.name(), n), t,
-               [&](int64_t i) { return fold(DType::kF32, S, i, ReduceOp::kSum); });
-    Tensor in = filled({S * n}, DType::kF32, r), rs = Tensor::zeros({n}), ag = Tensor::zeros({S * n});
+    expect_all(log, fmt::format("all_reduce(sum) {} f64[{}]", g.name(), n), t,
+               [&](int64_t i) { return fold(DType::kF64, S, i, ReduceOp::kSum); });
+    Tensor in = filled({S * n}, DType::kF64, r), rs = Tensor::zeros({n}, DType::kF64),
+           ag = Tensor::zeros({S * n}, DType::kF64);
     g.reduce_scatter(in, rs).wait();
-    expect_all(log, fmt::format("reduce_scatter {} f32[{}]", g.name(), S * n), rs,
-               [&](int64_t i) { return fold(DType::kF32, S, r * n + i, ReduceOp::kSum); });
-    g.all_gather(filled({n}, DType::kF32, r), ag).wait();
-    expect_all(log, fmt::format("all_gather {} f32[{}]", g.name(), n), ag,
-               [&](int64_t j) { return contribution(DType::kF32, static_cast<int>(j / n), j % n); });
+    expect_all(log, fmt::format("reduce_scatter {} f64[{}]", g.name(), S * n), rs,
+               [&](int64_t i) { return fold(DType::kF64, S, r * n + i, ReduceOp::kSum); });
+    g.all_gather(filled({n}, DType::kF64, r), ag).wait();
+    expect_all(log, fmt::format("all_gather {} f64[{}]", g.name(), n), ag,
+               [&](int64_t j) { return contribution(DType::kF64, static_cast<int>(j / n), j % n); });
   }
 }
 
