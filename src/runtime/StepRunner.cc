@@ -32,43 +32,6 @@ StepRunner::StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, cons
                        const SIPlan* block_plan, Interleave mode)
     : ctx_(ctx), exec_(ctx, units, progs), mode_(mode) {
   block_plan_ = block_plan ? *block_plan : pair_default_plan(progs.block.fwd, progs.block.bwd);
-  use_slot_plan_ = block_plan == nullptr;
-  if (use_slot_plan_) {
-    LayerProgram slot;
-    slot.name = "slot";
-    const int U = exec_.num_units();
-    for (int u = 0; u < U; ++u) {
-      const auto& f = exec_.program(u).fwd;
-      const auto& b = exec_.program(U - 1 - u).bwd;
-      slot.fwd.insert(slot.fwd.end(), f.begin(), f.end());
-      slot.bwd.insert(slot.bwd.end(), b.begin(), b.end());
-    }
-    slot_plan_ = pair_default_plan(slot.fwd, slot.bwd);
-    slot_plan_.pair = "slot";
-  }
-}
-
-void StepRunner::run_paired_slot(Inflight& cur, Inflight& prev, StepStats& st) {
-  const int U = exec_.num_units();
-  StrandRun f, b;
-  f.kind = StrandKind::kForward;
-  b.kind = StrandKind::kBackward;
-  for (int k = 0; k < U; ++k) {
-    f.segs.push_back(StrandSlot{cur.mb, k, cur.envs[k].get()});
-    b.segs.push_back(StrandSlot{prev.mb, U - 1 - k, prev.envs[U - 1 - k].get()});
-  }
-  f.on_enter = [&](int k) {
-    if (k > 0) exec_.wait_all_pending(*cur.envs[k - 1]);  // its "y" may come from a collective
-    link_forward(cur, k);
-  };
-  b.on_enter = [&](int k) {
-    const int unit = U - 1 - k;
-    if (unit < U - 1) exec_.wait_all_pending(*prev.envs[unit + 1]);
-    link_backward(prev, unit);
-    b.segs[static_cast<size_t>(k)].env = prev.envs[unit].get();
-  };
-  b.on_done = [&](int k) { finish_bwd_unit(prev, U - 1 - k, st); };
-  exec_.run_strands(&f, &b, slot_plan_.blocks);
 }
 
 const std::vector<Block>& StepRunner::pair_plan(int fu, int bu) {
@@ -149,12 +112,6 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
     for (int slot = 0; slot <= M; ++slot) {
       const bool has_f = slot < M, has_b = slot >= 1;
       if (has_f) start_mb(cur, slot, mbs[slot]);
-      if (has_f && has_b && use_slot_plan_) {
-        run_paired_slot(cur, prev, st);
-        prev = std::move(cur);
-        cur = Inflight{};
-        continue;
-      }
       for (int k = 0; k < U; ++k) {
         const int fu = k, bu = U - 1 - k;
         StrandSlot fs{cur.mb, fu, has_f ? cur.envs[fu].get() : nullptr};

@@ -31,12 +31,6 @@ class StepRunner {
  public:
   // `block_plan` is the plan of the transformer-layer pair (windows into progs.block); the edge
   // pairs (embed|head, head|embed) use pair_default_plan. A null plan means pair_default_plan.
-  //
-  // Without a plan file the paired slots run by one slot-level plan instead: cover_plan over the
-  // forward strand's programs of units 0..U-1 concatenated and the backward strand's of units
-  // U-1..0, so a collective at the start of one layer pair hides under the tail of the previous
-  // pair's compute (per-pair plans end every pair with a barrier that exposes it). Folding still
-  // holds: the plan advances both strands in proportion, so layer l runs near layer L+1-l.
   StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
              const SIPlan* block_plan, Interleave mode);
 
@@ -46,9 +40,6 @@ class StepRunner {
   // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
   void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
   const SIPlan& block_plan() const { return block_plan_; }
-  // The slot-level plan of paired slots (empty blocks when a plan file gives per-pair plans).
-  const SIPlan& slot_plan() const { return slot_plan_; }
-  bool uses_slot_plan() const { return use_slot_plan_; }
   Executor& executor() { return exec_; }
 
  private:
@@ -61,14 +52,11 @@ class StepRunner {
   void link_backward(Inflight& b, int unit);    // dx of unit+1 becomes dy of unit
   void finish_bwd_unit(Inflight& b, int unit, StepStats& st);
   const std::vector<Block>& pair_plan(int fwd_unit, int bwd_unit);
-  void run_paired_slot(Inflight& cur, Inflight& prev, StepStats& st);
 
   RunContext& ctx_;
   Executor exec_;
   Interleave mode_;
   SIPlan block_plan_;
-  bool use_slot_plan_ = false;
-  SIPlan slot_plan_;
   std::vector<std::vector<Block>> edge_cache_;  // [kind pair] -> blocks
   std::vector<std::pair<std::string, std::string>> edge_keys_;
   std::function<void(int, int)> bwd_hook_;
