@@ -9,6 +9,11 @@
 //   C       compute only: the SI-off step with the tp group replaced by a local stand-in of the
 //           same rank/size whose collectives are local copies of the same shapes (all-gather
 //           writes our rows into every slot, reduce-scatter keeps our slice, all-reduce nothing)
+//   T_exposed  the SI-off step with every collective waited for as soon as it is issued: no
+//           overlap at all. T_base is already below it, because within one strand a reduce-
+//           scatter of input gradients runs under the weight-gradient GEMM that follows it
+//           (as in Megatron-LM); (T_exposed - T_si) / min(C, M) is the share SI and that
+//           intra-strand overlap hide together.
 //   M       comm only: the collectives that stand-in recorded during C (same ops, shapes and
 //           order, including GradSync's tp all-reduces) replayed on the real tp group back to
 //           back: issued together on its comm thread, waited for at the end
@@ -204,7 +209,7 @@ class CommReplay {
   int64_t bytes_ = 0;
 };
 
-enum class Variant { kBase, kSi, kCompute };
+enum class Variant { kBase, kSi, kCompute, kExposed };
 
 // One model on this rank's tp shard: parameters, programs, both schedules and two GradSyncs
 // (real tp group, stand-in group), so the variants differ only in schedule and group.
@@ -259,6 +264,7 @@ class Rig {
     ctx_.groups["tp"] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
     active_sync_ = local ? sync_local_.get() : sync_real_.get();
     StepRunner& r = v == Variant::kSi ? *on_ : *off_;
+    ctx_.expose_collectives = v == Variant::kExposed;
     double t0 = now_seconds();
     params_->zero_grads();
     StepStats st = r.run(mbs_);
@@ -339,11 +345,11 @@ int run(int argc, char** argv) {
   rig.step(Variant::kCompute);
   CommReplay replay(tp, standin.stop_recording());
 
-  std::vector<double> base, si, comp, comm_only;
+  std::vector<double> base, si, comp, comm_only, exposed;
   std::vector<double> round_eff;  // efficiency within one round: robust to load drifting between rounds
   Peaks peaks;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    double t[4];
+    double t[5];
     StepStats st_base, st_si;
     tp.barrier();
     std::tie(t[0], st_base) = rig.step(Variant::kBase);
@@ -355,18 +361,20 @@ int run(int argc, char** argv) {
     double t0 = now_seconds();
     replay.run();
     t[3] = now_seconds() - t0;
+    tp.barrier();
+    t[4] = rig.step(Variant::kExposed).first;
     for (double& x : t) x = max_over(tp, x);
     DHX_CHECK(st_base.loss_sum == st_si.loss_sum, InternalError,
               "SI changed the loss: {} (off) vs {} (on)", st_base.loss_sum, st_si.loss_sum);
     peaks.off = std::max(peaks.off, st_base.peak_activation_bytes);
     peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
     if (root) {
-      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f} s{}\n", s + 1, t[0], t[1], t[2], t[3],
-                 s < a.warmup ? "  (warm-up)" : "");
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f}  T_exposed {:.3f} s{}\n", s + 1, t[0], t[1],
+                 t[2], t[3], t[4], s < a.warmup ? "  (warm-up)" : "");
       std::fflush(stdout);
     }
     if (s < a.warmup) continue;
-    base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]);
+    base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]), exposed.push_back(t[4]);
     round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
   }
   if (!a.trace.empty()) {  // one traced SI step and one SI-off step, for looking at what is exposed
@@ -389,7 +397,9 @@ int run(int argc, char** argv) {
   Peaks demo_peaks = peak_activations(demo_rig);
 
   const double T_base = median(base), T_si = median(si), C = median(comp), Mc = median(comm_only);
+  const double T_exp = median(exposed);
   const double eff = (T_base - T_si) / std::min(C, Mc);
+  const double eff_vs_exposed = (T_exp - T_si) / std::min(C, Mc);
   const double speedup = T_base / T_si, ideal = (C + Mc) / std::max(C, Mc);
   if (root) {
     fmt::print("\nsi-overlap, medians over {} rounds (each the slowest rank's time)\n", a.steps);
@@ -403,6 +413,9 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "T_base - (C + M): unexplained by C + M (s)", T_base - C - Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "overlap efficiency (T_base - T_si) / min(C, M)", eff);
     fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round efficiencies", median(round_eff));
+    fmt::print("  {:<56} {:>10.3f}\n", "T_exposed: SI off, every collective waited at issue (s)", T_exp);
+    fmt::print("  {:<56} {:>10.3f}\n", "   comm SI off already hides (T_exposed - T_base) / M", (T_exp - T_base) / Mc);
+    fmt::print("  {:<56} {:>10.3f}\n", "   comm SI hides (T_exposed - T_si) / min(C, M)", eff_vs_exposed);
     fmt::print("  {:<56} {:>10.3f}\n", "speedup T_base / T_si", speedup);
     fmt::print("  {:<56} {:>10.3f}\n", "ideal speedup (C + M) / max(C, M)", ideal);
     fmt::print("  {:<56} {:>10}\n", fmt::format("peak activations {} B={} T={}, off / on (MiB)", a.preset, a.B, a.T),
@@ -421,6 +434,8 @@ int run(int argc, char** argv) {
                         {"speedup", speedup},
                         {"ideal_speedup", ideal},
                         {"overlap_efficiency_round_median", median(round_eff)},
+                        {"t_exposed_s", T_exp},
+                        {"overlap_efficiency_vs_exposed", eff_vs_exposed},
                         {"peak_activation_bytes_off", peaks.off},
                         {"peak_activation_bytes_on", peaks.on},
                         {"demo_peak_activation_bytes_off", demo_peaks.off},

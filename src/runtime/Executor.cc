@@ -84,7 +84,10 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   UnitEnv& env = *s.env;
   if (op.is_collective()) {
     issue_collective(kind, s, op);
-    issued.push_back({&env, op.outputs.at(0)});
+    if (ctx_.expose_collectives)
+      wait_pending(env, op.outputs.at(0));
+    else
+      issued.push_back({&env, op.outputs.at(0)});
   } else {
     for (auto& in : op.inputs) wait_pending(env, in);
     double t0 = ctx_.trace ? now_seconds() : 0;

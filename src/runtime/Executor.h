@@ -35,6 +35,9 @@ struct RunContext {
   // Called after a compute op that accumulated parameter gradients (op.grads non-empty) ran for
   // micro-batch `mb` in unit `unit` (data-parallel buckets start as soon as they are complete).
   std::function<void(int mb, int unit, const Op& op)> on_grad_op;
+  // Wait for every collective right after issuing it: no overlap of any kind, not even within a
+  // strand (benchmarks measure the fully exposed step with it).
+  bool expose_collectives = false;
 };
 
 // One micro-batch positioned at one unit on one strand.
