@@ -95,6 +95,7 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
       DHX_F("schedule", "strand_interleaving", schedule.strand_interleaving, kOnOff, 0, 0, "co-execute fwd and bwd micro-batches"),
       DHX_F("schedule", "plan", schedule.plan, kString, 0, 0, "SI plan JSON from `dhelix plan`; empty = default plan"),
+      DHX_F("schedule", "expose_collectives", schedule.expose_collectives, kBool, 0, 0, "wait for every collective as soon as it is issued (no overlap at all; for measuring what overlap hides)"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
       DHX_F("checkpoint", "interval", checkpoint.interval, kInt, 0, 1e12, "steps between checkpoints; 0 = only at the end"),
       DHX_F("checkpoint", "resume", checkpoint.resume, kString, 0, 0, "\"\" (fresh), \"latest\", or a step_XXXXXXXX path"),

@@ -50,6 +50,7 @@ struct ParallelConfig {
 struct ScheduleConfig {
   bool strand_interleaving = true;  // "on" | "off"
   std::string plan;                 // SI plan JSON; empty = the built-in default plan
+  bool expose_collectives = false;  // wait for each collective at issue (measurement only)
 };
 
 struct CheckpointConfig {

@@ -135,6 +135,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
   ctx_.dloss = 1.0f / static_cast<float>(cfg_.tokens_per_step());
+  ctx_.expose_collectives = cfg_.schedule.expose_collectives;
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
     ctx_.trace = trace_.get();

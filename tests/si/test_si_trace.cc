@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,40 @@ int mb_of(const std::string& name) {
   return std::regex_search(name, m, re) ? std::stoi(m[1]) : -1;
 }
 
+// The comm and compute intervals of rank 0's trace; every lane and op must be named.
+struct Lanes {
+  std::vector<Interval> comm, compute;
+  std::vector<std::string> names;
+};
+Lanes read_trace(const std::string& path) {
+  Lanes out;
+  EXPECT_TRUE(std::filesystem::exists(path)) << path;
+  const auto doc = nlohmann::json::parse(read_file(path));
+  EXPECT_TRUE(doc.contains("traceEvents"));
+  std::map<int, std::string> lanes;  // tid -> lane name
+  for (const auto& e : doc["traceEvents"])
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name")
+      lanes[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+  for (const auto& e : doc["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const int tid = e["tid"].get<int>();
+    EXPECT_TRUE(lanes.count(tid)) << "event " << e.dump() << " is on an unnamed lane";
+    Interval iv{lanes[tid], e.value("name", ""), -1, e["ts"].get<double>(), 0};
+    iv.end = iv.begin + e["dur"].get<double>();
+    EXPECT_FALSE(iv.name.empty()) << "unnamed op on lane " << iv.lane;
+    iv.mb = mb_of(iv.name);
+    EXPECT_GE(iv.mb, 0) << "op '" << iv.name << "' does not name its micro-batch";
+    if (iv.lane.rfind("comm tp[", 0) == 0)
+      out.comm.push_back(iv);
+    else if (iv.lane == "compute fwd" || iv.lane == "compute bwd")
+      out.compute.push_back(iv);
+    else
+      ADD_FAILURE() << "unexpected lane '" << iv.lane << "'";
+  }
+  for (auto& [tid, n] : lanes) out.names.push_back(n);
+  return out;
+}
+
 TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   testing::TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
@@ -41,36 +76,10 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   cfg.training.steps = 3;
   cfg.output.trace = dir.path() + "/trace.json";
   testing::on_local_ranks(cfg, [&](CommContext& comm) { Trainer(cfg, &comm, Quiet::kYes).run(); });
-
-  const std::string path = cfg.output.trace + ".rank0";
-  ASSERT_TRUE(std::filesystem::exists(path)) << path;
-  const auto doc = nlohmann::json::parse(read_file(path));
-  ASSERT_TRUE(doc.contains("traceEvents"));
-
-  std::map<int, std::string> lanes;  // tid -> lane name
-  for (const auto& e : doc["traceEvents"])
-    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name")
-      lanes[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
-
-  std::vector<Interval> comm, compute;
-  for (const auto& e : doc["traceEvents"]) {
-    if (e.value("ph", "") != "X") continue;
-    const int tid = e["tid"].get<int>();
-    ASSERT_TRUE(lanes.count(tid)) << "event " << e.dump() << " is on an unnamed lane";
-    Interval iv{lanes[tid], e.value("name", ""), -1, e["ts"].get<double>(), 0};
-    iv.end = iv.begin + e["dur"].get<double>();
-    ASSERT_FALSE(iv.name.empty()) << "unnamed op on lane " << iv.lane;
-    iv.mb = mb_of(iv.name);
-    ASSERT_GE(iv.mb, 0) << "op '" << iv.name << "' does not name its micro-batch";
-    if (iv.lane.rfind("comm tp[", 0) == 0)
-      comm.push_back(iv);
-    else if (iv.lane == "compute fwd" || iv.lane == "compute bwd")
-      compute.push_back(iv);
-    else
-      ADD_FAILURE() << "unexpected lane '" << iv.lane << "'";
-  }
-  std::vector<std::string> names;
-  for (auto& [tid, n] : lanes) names.push_back(n);
+  const Lanes t = read_trace(cfg.output.trace + ".rank0");
+  const auto& comm = t.comm;
+  const auto& compute = t.compute;
+  const auto& names = t.names;
   for (const char* want : {"compute fwd", "compute bwd"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << "no lane '" << want << "'";
   EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const std::string& n) { return n == "comm tp[0/2]"; }))
@@ -90,6 +99,40 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   EXPECT_GT(overlaps, 0) << comm.size() << " collectives, " << compute.size()
                          << " compute ops, none overlapping the other strand";
   std::printf("%d collective/other-strand-compute overlaps, e.g. %s\n", overlaps, example.c_str());
+}
+
+// schedule.expose_collectives: every collective is waited for where it is issued. Oracles: the
+// arithmetic is unchanged (same ops, same order, only waits move), so losses are bitwise those of
+// the normal run; and in its trace no collective interval intersects any compute interval.
+TEST(SiTrace, ExposedCollectivesOverlapNothingAndChangeNoLoss) {
+  testing::TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
+  for (bool interleave : {false, true}) {
+    RunConfig cfg = testing::si_config(dir.path(), "gpt", /*dp=*/1, /*tp=*/2, interleave);
+    cfg.training.steps = 3;
+    const std::vector<double> normal = testing::run_si(cfg).losses;
+    cfg.schedule.expose_collectives = true;
+    cfg.output.dir += "_exposed";
+    cfg.output.trace = dir.path() + "/exposed.json";
+    std::vector<double> exposed;
+    testing::on_local_ranks(cfg, [&](CommContext& comm) {
+      Trainer t(cfg, &comm, Quiet::kYes);
+      std::vector<double> losses;
+      for (int64_t s = 0; s < cfg.training.steps; ++s) losses.push_back(t.train_step().loss);
+      t.trace()->write(fmt::format("{}.rank{}", cfg.output.trace, comm.rank()));
+      if (comm.rank() == 0) exposed = losses;
+    });
+    ASSERT_EQ(exposed.size(), normal.size());
+    for (size_t i = 0; i < normal.size(); ++i)
+      EXPECT_EQ(std::memcmp(&exposed[i], &normal[i], sizeof(double)), 0)
+          << "SI " << interleave << " step " << i << ": " << exposed[i] << " vs " << normal[i];
+    const Lanes t = read_trace(cfg.output.trace + ".rank0");
+    ASSERT_FALSE(t.comm.empty());
+    for (const auto& c : t.comm)
+      for (const auto& x : t.compute)
+        EXPECT_FALSE(std::max(c.begin, x.begin) < std::min(c.end, x.end))
+            << "SI " << interleave << ": '" << c.name << "' overlaps '" << x.name << "'";
+  }
 }
 
 }  // namespace
