@@ -32,6 +32,9 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
     cur.begin = off;
   };
   for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+    // The first unit's gradients come from the last ops of the backward pass, so nothing is left
+    // to hide their bucket under: it holds them alone, keeping the exposed tail as short as it can be.
+    if (u == 0) close();
     for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it) {
       ParamEntry e;
       e.spec = *it;
