@@ -69,9 +69,11 @@ void column_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   ops.push_back(op);
 }
 
+// `held`: weight-gradient ops of earlier GEMMs held back to run here, after the reduce-scatter,
+// ahead of this GEMM's own wgrad (see row_bwd).
 void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
                 const std::string& d_out, const std::string& d_in, const std::string& w, const std::string& bias,
-                int64_t out_local) {
+                int64_t out_local, std::vector<Op> held = {}) {
   std::string g = b.tp > 1 ? in + "_g" : in;
   std::string dg = b.tp > 1 ? d_in + "_g" : d_in;
   Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {d_out}, {dg}, {w});
@@ -86,6 +88,7 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   // does not need it: the collective then also runs under this strand's wgrad (Megatron's
   // dgrad-RS / wgrad overlap), not only under the other strand's compute.
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
+  for (Op& h : held) ops.push_back(std::move(h));
   ops.push_back(wgrad);
 }
 
@@ -99,8 +102,13 @@ void row_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, con
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag, CollOp::kReduceScatter, partial, out, double(b.N * b.C)));
 }
 
-void row_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
-             const std::string& d_out, const std::string& d_in, const std::string& w, int64_t in_local) {
+// With tp > 1 the weight-gradient GEMM is returned, not appended: nothing in the layer reads its
+// result, so the caller runs it after the next column GEMM's input-gradient reduce-scatter. There
+// the backward strand has two weight-gradient GEMMs in a row — enough compute to hide both that
+// reduce-scatter and a collective of the forward strand beside it under Strand Interleaving.
+// Gradients are unchanged: each GEMM writes its own parameters' gradients.
+std::vector<Op> row_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
+                        const std::string& d_out, const std::string& d_in, const std::string& w, int64_t in_local) {
   std::string dg = d_out;
   if (b.tp > 1) {
     dg = d_out + "_g";
@@ -111,7 +119,9 @@ void row_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, con
   Op wgrad = b.compute(tag + ".wgrad", "linear_wgrad", {dg, in}, {}, {}, {w});
   b.linear_cost(wgrad, double(b.N), double(b.C), double(in_local));
   ops.push_back(dgrad);
+  if (b.tp > 1) return {wgrad};
   ops.push_back(wgrad);
+  return {};
 }
 
 Op norm_fwd(const Builder& b, const std::string& tag, const std::string& in, const std::string& out,
@@ -191,19 +201,20 @@ LayerProgram block_program(const Builder& b) {
     b.elem_cost(bg, double(b.Ns * b.C), 1, 1);
     g.push_back(bg);
   }
-  row_bwd(b, g, "mlp.proj", "act", "dy", "dact", gpt ? "wproj" : "wdown", Fl);
+  std::vector<Op> held = row_bwd(b, g, "mlp.proj", "act", "dy", "dact", gpt ? "wproj" : "wdown", Fl);
   Op act_b = gpt ? b.compute("mlp.act.bwd", "gelu_bwd", {"dact", "fc"}, {"dfc"})
                  : b.compute("mlp.act.bwd", "swiglu_bwd", {"dact", "fc"}, {"dfc"});
   b.elem_cost(act_b, double(b.N * Fl), gpt ? 20 : 10, 3);
   g.push_back(act_b);
-  column_bwd(b, g, "mlp.fc", "h2", "dfc", "dh2", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl);
+  column_bwd(b, g, "mlp.fc", "h2", "dfc", "dh2", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl,
+             std::move(held));
   g.push_back(norm_bwd(b, n2, "x2", "dh2", "dy", "dx2", n2));
   if (gpt) {
     Op bg = b.compute("attn.residual.bwd", "bias_grad", {"dx2"}, {}, {}, {"bo"});
     b.elem_cost(bg, double(b.Ns * b.C), 1, 1);
     g.push_back(bg);
   }
-  row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D);
+  held = row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D);
   Op attn_b = b.compute("attn.core.bwd", "attention_bwd", {qkv_in, "att", "att.lse", "datt"},
                         {gpt ? "dqkv" : "dqkv_r"});
   attn_b.attrs = attn.attrs;
@@ -215,7 +226,7 @@ LayerProgram block_program(const Builder& b) {
     b.elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
     g.push_back(rb);
   }
-  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l);
+  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l, std::move(held));
   g.push_back(norm_bwd(b, n1, "x", "dh1", "dx2", "dx", n1));
   return p;
 }

@@ -2,6 +2,7 @@
 #include "schedule/BasicPlans.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "plan/Windows.h"
 
@@ -89,13 +90,15 @@ struct Walk {
     }
     return n;
   }
-  // The shortest prefix of the compute run at `next` holding >= 1/n of its FLOPs (>= 1 op).
+  // The prefix of the compute run at `next` whose FLOPs come closest to 1/n of the run's (>= 1
+  // op; ties: the shorter), so n collectives in a row share the run about evenly.
   int cover_end(int n) const {
     const int e = seg_end();
     const double want = flops_of(ops, next, e) / std::max(n, 1);
-    int k = next + 1;
-    while (k < e && flops_of(ops, next, k) < want) ++k;
-    return k;
+    int best = next + 1;
+    for (int k = next + 1; k <= e; ++k)
+      if (std::abs(flops_of(ops, next, k) - want) < std::abs(flops_of(ops, next, best) - want)) best = k;
+    return best;
   }
 };
 
@@ -114,11 +117,17 @@ bool reads_output_of(const std::vector<Op>& ops, int i, int c) {
 // A window that ends with a collective gets the strand's following compute ops that do not read
 // the collective's output (e.g. the weight-gradient GEMM after an input-gradient reduce-scatter),
 // taken from the start of the strand's next window: they run in the same block, so the collective
-// hides under them too instead of the block's barrier waiting for it alone.
-void extend_tails(std::vector<Block>& blocks, const std::vector<Op>& ops, int Block::*begin, int Block::*end) {
+// hides under them too instead of the block's barrier waiting for it alone. Only where the block
+// holds little compute of the other strand (below `other_small` FLOPs): where it holds more, that
+// compute already covers the collective, and the ops taken would leave the next window — and
+// whatever collective of the other strand it was chosen to cover — short.
+void extend_tails(std::vector<Block>& blocks, const std::vector<Op>& ops, int Block::*begin, int Block::*end,
+                  const std::vector<Op>& other_ops, int Block::*other_begin, int Block::*other_end,
+                  double other_small) {
   for (size_t k = 0; k < blocks.size(); ++k) {
     Block& b = blocks[k];
     if (b.*end <= b.*begin || !ops[b.*end - 1].is_collective()) continue;
+    if (flops_of(other_ops, b.*other_begin, b.*other_end) >= other_small) continue;
     const int c = b.*end - 1;
     size_t n = k + 1;
     while (n < blocks.size() && blocks[n].*end <= blocks[n].*begin) ++n;  // this strand's next window
@@ -136,8 +145,11 @@ void extend_tails(std::vector<Block>& blocks, const std::vector<Op>& ops, int Bl
 }  // namespace
 
 void extend_over_independent_tails(SIPlan& plan, const LayerProgram& prog) {
-  extend_tails(plan.blocks, prog.fwd, &Block::fwd_begin, &Block::fwd_end);
-  extend_tails(plan.blocks, prog.bwd, &Block::bwd_begin, &Block::bwd_end);
+  const double fwd_small = Walk(prog.fwd).small, bwd_small = Walk(prog.bwd).small;
+  extend_tails(plan.blocks, prog.fwd, &Block::fwd_begin, &Block::fwd_end, prog.bwd, &Block::bwd_begin,
+               &Block::bwd_end, bwd_small);
+  extend_tails(plan.blocks, prog.bwd, &Block::bwd_begin, &Block::bwd_end, prog.fwd, &Block::fwd_begin,
+               &Block::fwd_end, fwd_small);
 }
 
 SIPlan cover_plan(const LayerProgram& prog) {
