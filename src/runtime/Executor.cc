@@ -104,73 +104,29 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   }
 }
 
-void Executor::wait_all_pending(UnitEnv& env) {
-  while (!env.pending.empty()) wait_pending(env, env.pending.begin()->first);
-}
-
-namespace {
-
-// Where a strand run stands: its ops flattened over segments, and which segments are done.
-struct RunCursor {
-  StrandRun* run = nullptr;
-  std::vector<const Op*> ops;
-  std::vector<int> seg_of;  // op index -> segment
-  int entered = -1;         // last segment on_enter was called for
-  int done = -1;            // last segment completed
-};
-
-}  // namespace
-
-void Executor::run_strands(StrandRun* f, StrandRun* b, const std::vector<Block>& blocks) {
-  RunCursor cur[2];
-  StrandRun* runs[2] = {f, b};
-  for (int s = 0; s < 2; ++s) {
-    if (!runs[s]) continue;
-    cur[s].run = runs[s];
-    for (size_t k = 0; k < runs[s]->segs.size(); ++k) {
-      const LayerProgram& p = program(runs[s]->segs[k].unit);
-      for (const Op& op : runs[s]->kind == StrandKind::kForward ? p.fwd : p.bwd) {
-        cur[s].ops.push_back(&op);
-        cur[s].seg_of.push_back(static_cast<int>(k));
-      }
-    }
-  }
-  auto complete = [&](RunCursor& c, int seg) {
-    wait_all_pending(*c.run->segs[static_cast<size_t>(seg)].env);
-    c.done = seg;
-    if (c.run->on_done) c.run->on_done(seg);
-  };
-  auto run_one = [&](RunCursor& c, int i, std::vector<std::pair<UnitEnv*, std::string>>& issued) {
-    const int seg = c.seg_of[static_cast<size_t>(i)];
-    while (c.entered < seg) {
-      if (c.entered >= 0 && c.done < c.entered) complete(c, c.entered);
-      ++c.entered;
-      if (c.run->on_enter) c.run->on_enter(c.entered);
-    }
-    run_op(c.run->kind, c.run->segs[static_cast<size_t>(seg)], *c.ops[static_cast<size_t>(i)], issued);
-  };
+void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks) {
+  const std::vector<Op>* fops = f ? &program(f->unit).fwd : nullptr;
+  const std::vector<Op>* bops = b ? &program(b->unit).bwd : nullptr;
   for (const Block& blk : blocks) {
     std::vector<std::pair<UnitEnv*, std::string>> issued;
     struct Win {
-      RunCursor* c;
+      StrandKind kind;
+      StrandSlot* slot;
+      const std::vector<Op>* ops;
       int begin, end;
-      int next;    // first op not yet run
-      bool waits;  // a compute op after a collective of this window reads its output
+      int next;       // first op not yet run
+      bool waits;     // a compute op after a collective of this window reads its output
     };
-    Win wins[2] = {{&cur[0], blk.fwd_begin, blk.fwd_end, blk.fwd_begin, false},
-                   {&cur[1], blk.bwd_begin, blk.bwd_end, blk.bwd_begin, false}};
-    for (int s = 0; s < 2; ++s) {
-      Win& w = wins[s];
+    Win wins[2] = {{StrandKind::kForward, f, fops, blk.fwd_begin, blk.fwd_end, blk.fwd_begin, false},
+                   {StrandKind::kBackward, b, bops, blk.bwd_begin, blk.bwd_end, blk.bwd_begin, false}};
+    for (Win& w : wins) {
       if (w.end <= w.begin) continue;
-      DHX_CHECK(w.c->run, InternalError, "plan block has {} ops but that strand is idle",
-                strand_name(s == 0 ? StrandKind::kForward : StrandKind::kBackward));
-      DHX_CHECK(w.end <= static_cast<int>(w.c->ops.size()), InternalError, "plan window [{}, {}) beyond the {} ops of the {} strand",
-                w.begin, w.end, w.c->ops.size(), strand_name(w.c->run->kind));
+      DHX_CHECK(w.slot && w.ops, InternalError, "plan block has {} ops but that strand is idle", strand_name(w.kind));
       // 1) Leading collectives are issued first.
-      while (w.next < w.end && w.c->ops[static_cast<size_t>(w.next)]->is_collective()) run_one(*w.c, w.next++, issued);
+      while (w.next < w.end && (*w.ops)[w.next].is_collective()) run_op(w.kind, *w.slot, (*w.ops)[w.next++], issued);
       w.waits = false;
       for (int i = w.next; i < w.end; ++i)
-        if (w.c->ops[static_cast<size_t>(i)]->is_collective()) w.waits = true;
+        if ((*w.ops)[i].is_collective()) w.waits = true;
       if (w.next > w.begin && w.next < w.end) w.waits = true;
     }
     // 2) The strand that does not wait on a collective of this block goes first; ties: backward
@@ -178,34 +134,10 @@ void Executor::run_strands(StrandRun* f, StrandRun* b, const std::vector<Block>&
     Win* order[2] = {&wins[1], &wins[0]};
     if (wins[1].waits && !wins[0].waits) std::swap(order[0], order[1]);
     for (Win* w : order)
-      for (; w->next < w->end; ++w->next) run_one(*w->c, w->next, issued);
-    // 3) The block completes before the next starts; so does a segment whose last op ran.
+      for (; w->next < w->end; ++w->next) run_op(w->kind, *w->slot, (*w->ops)[w->next], issued);
+    // 3) The block completes before the next starts.
     for (auto& [env, buf] : issued) wait_pending(*env, buf);
-    for (RunCursor& c : cur) {
-      if (!c.run || c.entered < 0 || c.done >= c.entered) continue;
-      const int seg = c.entered;
-      const int last = static_cast<int>(c.ops.size()) - 1;
-      int seg_last = last;
-      while (seg_last >= 0 && c.seg_of[static_cast<size_t>(seg_last)] > seg) --seg_last;
-      const Win& w = wins[&c == &cur[0] ? 0 : 1];
-      if (w.end > w.begin && w.end - 1 >= seg_last) complete(c, seg);
-    }
   }
-  for (RunCursor& c : cur)  // segments with no ops at all still enter and complete, in order
-    while (c.run && c.done < static_cast<int>(c.run->segs.size()) - 1) {
-      if (c.entered <= c.done) {
-        ++c.entered;
-        if (c.run->on_enter) c.run->on_enter(c.entered);
-      }
-      complete(c, c.entered);
-    }
-}
-
-void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks) {
-  StrandRun fr, br;
-  if (f) fr.kind = StrandKind::kForward, fr.segs = {*f};
-  if (b) br.kind = StrandKind::kBackward, br.segs = {*b};
-  run_strands(f ? &fr : nullptr, b ? &br : nullptr, blocks);
 }
 
 void Executor::run_alone(StrandSlot& s, StrandKind kind) {

@@ -47,17 +47,6 @@ struct StrandSlot {
   UnitEnv* env = nullptr;
 };
 
-// One strand's ops over consecutive units — a whole slot's forward (units 0..U-1) or backward
-// (units U-1..0) — for a slot-level plan whose windows index the concatenation of the units'
-// programs. Entering segment k first completes segment k-1 (its collectives waited, on_done
-// called), then calls on_enter(k); a segment whose last op ran is completed at its block's end.
-struct StrandRun {
-  StrandKind kind = StrandKind::kForward;
-  std::vector<StrandSlot> segs;                 // unit and env of each segment, in run order
-  std::function<void(int seg)> on_enter;        // before the first op of segment seg (link)
-  std::function<void(int seg)> on_done;         // after segment seg completed (finish)
-};
-
 class Executor {
  public:
   Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs);
@@ -71,11 +60,6 @@ class Executor {
   void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks);
   // Runs the whole forward (or backward) program of one slot, collectives exposed.
   void run_alone(StrandSlot& s, StrandKind kind);
-  // Runs two strand runs (either may be null) by `blocks`, whose windows index the concatenated
-  // programs of each run's segments (fwd programs for the forward run, bwd for the backward).
-  void run_strands(StrandRun* f, StrandRun* b, const std::vector<Block>& blocks);
-  // Completes every collective still pending in `env` (before its buffers move to another unit).
-  void wait_all_pending(UnitEnv& env);
 
  private:
   void run_op(StrandKind kind, StrandSlot& s, const Op& op, std::vector<std::pair<UnitEnv*, std::string>>& issued);
