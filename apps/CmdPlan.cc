@@ -162,13 +162,9 @@ int cmd_profile(int argc, char** argv) {
   opts.timing.repeats = fl.take_int("--repeats", 5, 1);
   opts.timing.warmup = fl.take_int("--warmup", 1, 0);
   opts.max_window = fl.take_int("--max-window", 0, 0);
-  CliArgs args = parse_cli_args(fl.rest());
-  if (args.help) {
-    fmt::print("{}\n{}", kProfileUsage, help_text());
-    return 0;
-  }
-  DHX_CHECK(args.positional.empty(), ConfigError, "dhelix profile: unexpected argument '{}'\n{}", args.positional[0],
-            kProfileUsage);
+  std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "profile", kProfileUsage);
+  if (!parsed) return 0;
+  const CliArgs& args = *parsed;
   RunConfig cfg = load_config(args.config_path, args.overrides);
   const std::string path = out.value_or(default_path(cfg, "profile.json"));
   const LayoutConfig lay = layout_config(cfg);
@@ -231,13 +227,9 @@ int cmd_plan(int argc, char** argv) {
     }
     DHX_CHECK(min_gain >= 0 && min_gain < 1, ConfigError, "dhelix plan: --min-gain {} must be in [0, 1)", min_gain);
   }
-  CliArgs args = parse_cli_args(fl.rest());
-  if (args.help) {
-    fmt::print("{}\n{}", kPlanUsage, help_text());
-    return 0;
-  }
-  DHX_CHECK(args.positional.empty(), ConfigError, "dhelix plan: unexpected argument '{}'\n{}", args.positional[0],
-            kPlanUsage);
+  std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "plan", kPlanUsage);
+  if (!parsed) return 0;
+  const CliArgs& args = *parsed;
   DHX_CHECK(profile_path.has_value() != cost_arg.has_value(), ConfigError,
             "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", kPlanUsage);
   RunConfig cfg = load_config(args.config_path, args.overrides);

@@ -25,13 +25,9 @@ constexpr const char* kTrainUsage =
 
 int cmd_train(int argc, char** argv) {
   std::vector<std::string> words(argv + 1, argv + argc);
-  CliArgs args = parse_cli_args(words);
-  if (args.help) {
-    fmt::print("{}\n{}", kTrainUsage, help_text());
-    return 0;
-  }
-  DHX_CHECK(args.positional.empty(), ConfigError, "unexpected argument '{}'\n{}", args.positional[0],
-            kTrainUsage);
+  std::optional<CliArgs> parsed = parse_verb_args(words, "train", kTrainUsage);
+  if (!parsed) return 0;
+  const CliArgs& args = *parsed;
   RunConfig cfg = load_config(args.config_path, args.overrides);
   std::unique_ptr<CommContext> comm;
   if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp > 1) comm = make_mpi_world(layout_config(cfg));

@@ -2,8 +2,18 @@
 // verb itself, e.g. "data") and returns the exit code; ConfigError / IoError propagate to main(),
 // which prints them and exits 2.
 #pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/Config.h"
 
 namespace dhelix {
+
+// The config words of a verb (`--config`, `--section.key value`): on --help prints `usage` and
+// every key and returns nullopt (the verb exits 0); a positional word is a ConfigError naming the
+// verb. apps/Commands.cc.
+std::optional<CliArgs> parse_verb_args(const std::vector<std::string>& words, const char* verb, const char* usage);
 
 // dhelix data prepare --config C.toml [--section.key value ...]
 int cmd_data(int argc, char** argv);
