@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "base/Clock.h"
+#include "BenchFlags.h"
 #include "base/Error.h"
 #include "base/Files.h"
 #include "kernels/cpu/Kernels.h"
@@ -57,30 +58,20 @@ void usage() {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      DHX_CHECK(i + 1 < argc, ConfigError, "{} needs a value", k);
-      return argv[++i];
-    };
-    auto num = [&]() -> int64_t {
-      std::string v = val();
-      char* end = nullptr;
-      long long n = std::strtoll(v.c_str(), &end, 10);
-      DHX_CHECK(end != v.c_str() && *end == '\0' && n >= 0, ConfigError, "{}={} is not a count", k, v);
-      return n;
-    };
-    if (k == "--batch") a.B = num();
-    else if (k == "--seq") a.T = num();
-    else if (k == "--steps") a.steps = num();
-    else if (k == "--warmup") a.warmup = num();
-    else if (k == "--micro-batches") a.micro_batches = num();
-    else if (k == "--threads") a.threads = static_cast<int>(num());
-    else if (k == "--interleave") a.interleave = val() == "on" ? Interleave::kOn : Interleave::kOff;
+  BenchFlags fl(argc, argv);
+  while (fl.next()) {
+    const std::string& k = fl.key();
+    if (k == "--batch") a.B = fl.count();
+    else if (k == "--seq") a.T = fl.count();
+    else if (k == "--steps") a.steps = fl.count();
+    else if (k == "--warmup") a.warmup = fl.count();
+    else if (k == "--micro-batches") a.micro_batches = fl.count();
+    else if (k == "--threads") a.threads = static_cast<int>(fl.count());
+    else if (k == "--interleave") a.interleave = fl.value() == "on" ? Interleave::kOn : Interleave::kOff;
     else if (k == "--profile") a.profile = true;
     else if (k == "--no-torch") a.torch = false;
-    else if (k == "--torch-script") a.torch_script = val();
-    else if (k == "--python") a.python = val();
+    else if (k == "--torch-script") a.torch_script = fl.value();
+    else if (k == "--python") a.python = fl.value();
     else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
     else throw ConfigError(fmt::format("unknown argument '{}'", k));
   }

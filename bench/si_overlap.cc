@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "base/Clock.h"
+#include "BenchFlags.h"
 #include "base/Error.h"
 #include "comm/CommContext.h"
 #include "comm/MpiBackend.h"
@@ -68,27 +69,17 @@ void usage() {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      DHX_CHECK(i + 1 < argc, ConfigError, "{} needs a value", k);
-      return argv[++i];
-    };
-    auto num = [&]() -> int64_t {
-      std::string v = val();
-      char* end = nullptr;
-      long long n = std::strtoll(v.c_str(), &end, 10);
-      DHX_CHECK(end != v.c_str() && *end == '\0' && n >= 0, ConfigError, "{}={} is not a count", k, v);
-      return n;
-    };
-    if (k == "--preset") a.preset = val();
-    else if (k == "--batch") a.B = num();
-    else if (k == "--seq") a.T = num();
-    else if (k == "--micro-batches") a.micro_batches = num();
-    else if (k == "--steps") a.steps = num();
-    else if (k == "--warmup") a.warmup = num();
-    else if (k == "--plan") a.plan = val();
-    else if (k == "--trace") a.trace = val();
+  BenchFlags fl(argc, argv);
+  while (fl.next()) {
+    const std::string& k = fl.key();
+    if (k == "--preset") a.preset = fl.value();
+    else if (k == "--batch") a.B = fl.count();
+    else if (k == "--seq") a.T = fl.count();
+    else if (k == "--micro-batches") a.micro_batches = fl.count();
+    else if (k == "--steps") a.steps = fl.count();
+    else if (k == "--warmup") a.warmup = fl.count();
+    else if (k == "--plan") a.plan = fl.value();
+    else if (k == "--trace") a.trace = fl.value();
     else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
     else throw ConfigError(fmt::format("unknown argument '{}'", k));
   }
