@@ -27,7 +27,7 @@
 #include "base/Clock.h"
 #include "base/Error.h"
 #include "comm/MpiBackend.h"
-#include "runtime/Trace.h"
+#include "base/Trace.h"
 #include "train/IndexedDataset.h"
 #include "train/Trainer.h"
 

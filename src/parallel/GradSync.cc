@@ -2,10 +2,13 @@
 // reduce-scatter in the order buckets complete (identical on every rank: all run one program).
 #include "parallel/GradSync.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "base/Trace.h"
 
 namespace dhelix {
 
@@ -37,11 +40,11 @@ void GradSync::issue_bucket(size_t b) {
   Tensor range = params_.flat_grads().narrow0(bk.begin, bk.end - bk.begin);
   if (zero_ == ZeroStage::kOne) {
     if (dp_ && dp_->size() > 1)
-      inflight_.push_back(dp_->reduce_scatter(range, owned_grads_[b]));
+      inflight_.push_back(dp_->reduce_scatter(range, owned_grads_[b])), inflight_bucket_.push_back(b);
     else
       owned_grads_[b].copy_from(range);
   } else if (dp_ && dp_->size() > 1) {
-    inflight_.push_back(dp_->all_reduce(range));
+    inflight_.push_back(dp_->all_reduce(range)), inflight_bucket_.push_back(b);
   }
 }
 
@@ -77,12 +80,18 @@ double GradSync::finish() {
   double t0 = now_seconds();
   for (size_t b = 0; b < issued_.size(); ++b) issue_bucket(b);  // anything held back (overlap off)
   double busy = 0;
-  for (auto& w : inflight_) {
+  for (size_t i = 0; i < inflight_.size(); ++i) {
+    Work& w = inflight_[i];
     w.wait();
     busy += w.end_time() - w.start_time();
+    if (trace_) {
+      const GradBucket& bk = params_.buckets()[inflight_bucket_[i]];
+      trace_->add("comm " + dp_->name(), fmt::format("dp.{}.bucket{}", zero_ == ZeroStage::kOne ? "rs" : "ar", inflight_bucket_[i]),
+                  w.start_time(), w.end_time(), fmt::format(R"({{"mib":{:.3f}}})", (bk.end - bk.begin) * 4 / 1048576.0));
+    }
   }
   dp_comm_s_ = busy;
-  inflight_.clear();
+  inflight_.clear(), inflight_bucket_.clear();
   pending_ops_ = grad_ops_;
   for (size_t b = 0; b < params_.buckets().size(); ++b)
     pending_params_[b] = static_cast<int>(params_.buckets()[b].params.size());

@@ -17,6 +17,8 @@
 
 namespace dhelix {
 
+class Trace;
+
 enum class ZeroStage { kNone = 0, kOne = 1 };
 // kOff holds every bucket until finish() (the no-overlap reference of benchmarks).
 enum class GradOverlap { kOn, kOff };
@@ -43,6 +45,8 @@ class GradSync {
   ZeroStage zero() const { return zero_; }
   // Seconds the dp comm thread spent running bucket reductions in the last step.
   double dp_comm_seconds() const { return dp_comm_s_; }
+  // When set, finish() records every bucket reduction on the lane "comm <dp group name>".
+  void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
   void param_ready(size_t entry);
@@ -62,6 +66,8 @@ class GradSync {
   std::vector<char> issued_;          // per bucket
   std::vector<Work> inflight_;
   double dp_comm_s_ = 0;
+  Trace* trace_ = nullptr;
+  std::vector<size_t> inflight_bucket_;  // per inflight_ entry: its bucket
 };
 
 }  // namespace dhelix

@@ -18,7 +18,7 @@
 #include "runtime/Env.h"
 #include "runtime/OpRegistry.h"
 #include "parallel/ParamStore.h"
-#include "runtime/Trace.h"
+#include "base/Trace.h"
 
 namespace dhelix {
 

@@ -139,6 +139,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
     ctx_.trace = trace_.get();
+    sync_->set_trace(trace_.get());
   }
   if (!cfg_.schedule.plan.empty()) {
     plan_ = load_plan(cfg_.schedule.plan, progs_.block);
@@ -197,7 +198,9 @@ StepReport Trainer::train_step() {
   StepReport r;
   r.step = step_ + 1;
   r.lr = lr_->at(step_);
+  const double t_opt = now_seconds();
   r.grad_norm = opt_->step(r.lr, r.step);
+  if (trace_) trace_->add("compute optimizer", "adamw", t_opt, now_seconds());
   Tensor agg = Tensor::empty({2}, DType::kF64);
   agg.data<double>()[0] = st.loss_sum;
   agg.data<double>()[1] = static_cast<double>(st.tokens);

@@ -38,6 +38,7 @@ int mb_of(const std::string& name) {
 // The comm and compute intervals of rank 0's trace; every lane and op must be named.
 struct Lanes {
   std::vector<Interval> comm, compute;
+  std::vector<Interval> dp, optimizer;  // dp bucket reductions; AdamW updates (no micro-batch)
   std::vector<std::string> names;
 };
 Lanes read_trace(const std::string& path) {
@@ -56,6 +57,10 @@ Lanes read_trace(const std::string& path) {
     Interval iv{lanes[tid], e.value("name", ""), -1, e["ts"].get<double>(), 0};
     iv.end = iv.begin + e["dur"].get<double>();
     EXPECT_FALSE(iv.name.empty()) << "unnamed op on lane " << iv.lane;
+    if (iv.lane.rfind("comm dp[", 0) == 0 || iv.lane == "compute optimizer") {
+      (iv.lane == "compute optimizer" ? out.optimizer : out.dp).push_back(iv);
+      continue;
+    }
     iv.mb = mb_of(iv.name);
     EXPECT_GE(iv.mb, 0) << "op '" << iv.name << "' does not name its micro-batch";
     if (iv.lane.rfind("comm tp[", 0) == 0)
@@ -99,6 +104,47 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   EXPECT_GT(overlaps, 0) << comm.size() << " collectives, " << compute.size()
                          << " compute ops, none overlapping the other strand";
   std::printf("%d collective/other-strand-compute overlaps, e.g. %s\n", overlaps, example.c_str());
+}
+
+// dp = 2: the trace also holds every dp bucket reduction (lane "comm dp[0/2]") and every AdamW
+// update (lane "compute optimizer"). Oracles: GradSync's contract — one reduction per bucket per
+// step, each before that step's update (the update needs the reduced gradients), and buckets
+// issued as their gradients complete, so at least one reduction runs while backward compute of
+// the same step is still going on.
+TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
+  testing::TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
+  RunConfig cfg = testing::si_config(dir.path(), "llama", /*dp=*/2, /*tp=*/1, /*interleave=*/true);
+  cfg.training.steps = 3;
+  cfg.output.trace = dir.path() + "/trace.json";
+  size_t buckets = 0;
+  testing::on_local_ranks(cfg, [&](CommContext& comm) {
+    Trainer t(cfg, &comm, Quiet::kYes);
+    if (comm.rank() == 0) buckets = t.params().buckets().size();
+    t.run();
+  });
+  const Lanes t = read_trace(cfg.output.trace + ".rank0");
+  ASSERT_GE(buckets, 2u);
+  ASSERT_EQ(t.optimizer.size(), static_cast<size_t>(cfg.training.steps));
+  ASSERT_EQ(t.dp.size(), buckets * static_cast<size_t>(cfg.training.steps));
+  EXPECT_EQ(t.dp.front().lane, "comm dp[0/2]");
+  int overlapping = 0;
+  for (size_t s = 0; s < t.optimizer.size(); ++s) {
+    const double step_begin = s == 0 ? 0 : t.optimizer[s - 1].end, update = t.optimizer[s].begin;
+    for (size_t b = s * buckets; b < (s + 1) * buckets; ++b) {
+      const Interval& r = t.dp[b];
+      EXPECT_GE(r.begin, step_begin) << r.name << " of step " << s + 1 << " starts before the step";
+      EXPECT_LE(r.end, update) << r.name << " of step " << s + 1 << " ends after that step's update began";
+      for (const auto& x : t.compute)
+        if (x.lane == "compute bwd" && x.begin >= step_begin && x.end <= update &&
+            std::max(r.begin, x.begin) < std::min(r.end, x.end)) {
+          ++overlapping;
+          break;
+        }
+    }
+  }
+  EXPECT_GT(overlapping, 0) << "no dp bucket reduction ran under backward compute";
+  std::printf("%d of %zu dp bucket reductions ran under backward compute\n", overlapping, t.dp.size());
 }
 
 // schedule.expose_collectives: every collective is waited for where it is issued. Oracles: the

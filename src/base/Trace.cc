@@ -1,5 +1,5 @@
 // Chrome trace-event JSON writer.
-#include "runtime/Trace.h"
+#include "base/Trace.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
