@@ -5,8 +5,9 @@
 //   dp: (a) a dp=2 step with bucketed overlap (T_step; GradSync's dp_comm_seconds = the bucket
 //       reductions' busy time on the comm thread), (b) the same step without overlap (every bucket
 //       issued after backward), (c) the same per-rank step in a comm-free single-rank trainer
-//       (same micro-batch per rank, same model: T_compute), (d) the step's bucket all-reduces
-//       alone, issued back to back as GradSync does (T_comm_dp).
+//       (same micro-batch per rank, same model: T_compute), (d) the step's dp collectives alone,
+//       issued back to back as GradSync does (T_comm_dp): every bucket all-reduce and, with the
+//       sparse embedding exchange on (parallel.sparse_embed_grad), its two all-gathers.
 //       dp_comm_hidden_fraction = (T_compute + T_comm_dp - T_step) / T_comm_dp: the share of the
 //       bucket traffic that did not lengthen the step (1 = all hidden, 0 = fully exposed),
 //       computed per round from that round's timings; the median over rounds is reported.
@@ -74,6 +75,11 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   ProcessGroup& dp = comm.group(GroupRole::kDP);
   const auto& buckets = overlap.params().buckets();
   Tensor scratch = Tensor::zeros({overlap.params().flat_grads().numel()});
+  // With the sparse embedding exchange on, GradSync also all-gathers N token ids and N x C rows.
+  const bool sparse = overlap.grad_sync().sparse_embedding();
+  const int64_t N = cfg.training.micro_batch_size * cfg.model.seq_len, C = cfg.model.d_model;
+  Tensor tok_in = Tensor::zeros({N}, DType::kI32), tok_out = Tensor::zeros({2 * N}, DType::kI32);
+  Tensor rows_in = Tensor::zeros({N, C}), rows_out = Tensor::zeros({2 * N, C});
   std::vector<double> t_step, t_busy, t_noovl, t_comp, t_comm, round_hidden;
   const int warm = 2;
   for (int i = 0; i < warm + steps; ++i) {
@@ -87,6 +93,10 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
     double t0 = now_seconds();
     std::vector<Work> works;
     for (const GradBucket& b : buckets) works.push_back(dp.all_reduce(scratch.narrow0(b.begin, b.end - b.begin)));
+    if (sparse) {  // GradSync's all-gathers of the last micro-batch's embedding rows and token ids
+      works.push_back(dp.all_gather(tok_in, tok_out));
+      works.push_back(dp.all_gather(rows_in, rows_out));
+    }
     for (auto& w : works) w.wait();
     double comm_s = now_seconds() - t0;
     // A synchronous job's step lasts as long as its slowest rank: every figure is the max over
@@ -117,7 +127,10 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   out += row("T_step (bucketed dp overlap)", step, "train_step()");
   out += row("T_step without overlap (buckets after bwd)", noovl, "same step, buckets issued in finish()");
   out += row("T_compute (comm-free, same per-rank work)", comp, "single-rank trainer, B=8 per rank");
-  out += row("T_comm_dp (bucket all-reduces alone)", cm, fmt::format("{:.1f} MiB all-reduced", grad_bytes / 1048576.0).c_str());
+  out += row("T_comm_dp (GradSync's collectives alone)", cm,
+             (fmt::format("{:.1f} MiB all-reduced", grad_bytes / 1048576.0) +
+              (sparse ? fmt::format(" + {:.2f} MiB of embedding rows all-gathered", (N * C + N) * 4 / 1048576.0) : ""))
+                 .c_str());
   out += row("dp comm busy during the overlapped step", busy, "GradSync::dp_comm_seconds()");
   out += fmt::format("  dp_comm_hidden_fraction = (T_compute + T_comm_dp - T_step) / T_comm_dp = {:.3f} "
                      "(median over rounds; from the medians above: {:.3f})\n",
@@ -125,9 +138,11 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   out += fmt::format("  without overlap:          (T_compute + T_comm_dp - T_step_noovl) / T_comm_dp = {:.3f}\n",
                      (comp + cm - noovl) / cm);
   out += fmt::format(R"({{"layout":"dp2","dp_comm_hidden_fraction":{:.4f},"dp_comm_hidden_fraction_of_medians":{:.4f},"step_s":{:.5f},"step_no_overlap_s":{:.5f},)"
-                     R"("compute_s":{:.5f},"comm_dp_s":{:.5f},"comm_dp_busy_in_step_s":{:.5f},"buckets":{},"grad_mib":{:.2f}}})"
+                     R"("compute_s":{:.5f},"comm_dp_s":{:.5f},"comm_dp_busy_in_step_s":{:.5f},"buckets":{},"grad_mib":{:.2f},)"
+                     R"("sparse_embed_grad":{}}})"
                      "\n",
-                     hidden, hidden_of_medians, step, noovl, comp, cm, busy, buckets.size(), grad_bytes / 1048576.0);
+                     hidden, hidden_of_medians, step, noovl, comp, cm, busy, buckets.size(), grad_bytes / 1048576.0,
+                     sparse ? "true" : "false");
   std::fputs(out.c_str(), stdout);
   return 0;
 }

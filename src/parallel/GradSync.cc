@@ -14,7 +14,7 @@ namespace dhelix {
 
 GradSync::GradSync(ParamStore& params, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
                    ProcessGroup* tp, ProcessGroup* dp, ZeroStage zero, MemoryTracker* tracker)
-    : params_(params), units_(units), tp_(tp), dp_(dp), zero_(zero) {
+    : params_(params), units_(units), tp_(tp), dp_(dp), zero_(zero), tracker_(tracker) {
   const int n = dp ? dp->size() : 1;
   const auto& buckets = params_.buckets();
   if (zero_ == ZeroStage::kOne)
@@ -53,7 +53,65 @@ void GradSync::param_ready(size_t entry) {
   if (--pending_params_[b] == 0 && overlap_ == GradOverlap::kOn) issue_bucket(b);
 }
 
+bool GradSync::enable_sparse_embedding(int64_t tokens_per_mb) {
+  if (!dp_ || dp_->size() <= 1 || (tp_ && tp_->size() > 1) || sparse_entry_ >= 0) return sparse_entry_ >= 0;
+  if (units_.empty() || units_[0].kind != "embed") return false;
+  const ParamEntry& e = params_.resolve(units_[0], "wte");
+  const size_t i = static_cast<size_t>(&e - params_.entries().data());
+  const int64_t V = e.grad.dim(0);
+  if (tokens_per_mb * dp_->size() >= 2 * V) return false;
+  DHX_CHECK(params_.buckets()[e.bucket].params.size() == 1, InternalError,
+            "the token embedding shares gradient bucket {} with other parameters", e.bucket);
+  DHX_CHECK(grad_ops_[i] >= 1, InternalError, "no backward op accumulates the token embedding");
+  --grad_ops_[i];  // the last micro-batch's embedding backward no longer writes the dense gradient
+  pending_ops_[i] = grad_ops_[i];
+  sparse_entry_ = static_cast<int64_t>(i);
+  return true;
+}
+
+bool GradSync::take_embedding_rows(const Tensor& tokens, const Tensor& dy) {
+  if (sparse_entry_ < 0) return false;
+  const ParamEntry& e = params_.entries()[static_cast<size_t>(sparse_entry_)];
+  const int64_t N = tokens.numel(), C = e.grad.dim(1), n = dp_->size();
+  DHX_CHECK(tokens.dtype() == DType::kI32 && dy.numel() == N * C, InternalError,
+            "embedding rows: {} tokens but a gradient of {} elements (C = {})", N, dy.numel(), C);
+  DHX_CHECK(!rows_taken_, InternalError, "embedding rows taken twice in one step");
+  tokens_all_ = Tensor::empty({n * N}, DType::kI32, tracker_);
+  rows_all_ = Tensor::empty({n * N, C}, DType::kF32, tracker_);
+  inflight_.push_back(dp_->all_gather(tokens.view({N}), tokens_all_)), inflight_bucket_.push_back(kTokensTag);
+  inflight_.push_back(dp_->all_gather(dy.view({N, C}), rows_all_)), inflight_bucket_.push_back(kRowsTag);
+  rows_taken_ = true;
+  return true;
+}
+
+// Every rank adds rank 0's rows, then rank 1's, ... in token order: the same sums on every rank.
+// Without ZeRO into the dense gradient; with ZeRO-1 only the elements inside this rank's chunk.
+void GradSync::add_gathered_rows() {
+  const ParamEntry& e = params_.entries()[static_cast<size_t>(sparse_entry_)];
+  const GradBucket& bk = params_.buckets()[e.bucket];
+  const int64_t V = e.grad.dim(0), C = e.grad.dim(1), rows = tokens_all_.numel();
+  int64_t lo = bk.begin, hi = bk.end;  // flat range this rank holds reduced
+  float* dst = params_.flat_grads().f32() + lo;
+  if (zero_ == ZeroStage::kOne) {
+    const int64_t len = (bk.end - bk.begin) / dp_->size();
+    lo = bk.begin + dp_->rank() * len, hi = lo + len;
+    dst = owned_grads_[e.bucket].f32();
+  }
+  const int32_t* tok = tokens_all_.data<int32_t>();
+  const float* src = rows_all_.f32();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (tok[r] < 0 || tok[r] >= V) continue;  // as the embedding backward: ids outside the table add nothing
+    const int64_t row = e.offset + tok[r] * C, a = std::max(row, lo), z = std::min(row + C, hi);
+    for (int64_t k = a; k < z; ++k) dst[k - lo] += src[r * C + (k - row)];
+  }
+}
+
 void GradSync::on_grad_op(int unit, const Op& op) {
+  if (!bwd_started_) {  // the token embedding's dense part is complete (sparse path, untied)
+    bwd_started_ = true;
+    if (sparse_entry_ >= 0 && grad_ops_[static_cast<size_t>(sparse_entry_)] == 0)
+      param_ready(static_cast<size_t>(sparse_entry_));
+  }
   for (const auto& g : op.grads) {
     ParamEntry& e = params_.resolve(units_.at(unit), g);
     size_t i = &e - params_.entries().data();
@@ -85,11 +143,20 @@ double GradSync::finish() {
     w.wait();
     busy += w.end_time() - w.start_time();
     if (trace_) {
-      const GradBucket& bk = params_.buckets()[inflight_bucket_[i]];
-      trace_->add("comm " + dp_->name(), fmt::format("dp.{}.bucket{}", zero_ == ZeroStage::kOne ? "rs" : "ar", inflight_bucket_[i]),
-                  w.start_time(), w.end_time(), fmt::format(R"({{"mib":{:.3f}}})", (bk.end - bk.begin) * 4 / 1048576.0));
+      const size_t b = inflight_bucket_[i];
+      std::string name = b == kTokensTag ? "dp.ag.embed.tokens"
+                         : b == kRowsTag ? "dp.ag.embed.rows"
+                                         : fmt::format("dp.{}.bucket{}", zero_ == ZeroStage::kOne ? "rs" : "ar", b);
+      const int64_t elems = b == kTokensTag  ? tokens_all_.numel()
+                            : b == kRowsTag ? rows_all_.numel()
+                                            : params_.buckets()[b].end - params_.buckets()[b].begin;
+      trace_->add("comm " + dp_->name(), name, w.start_time(), w.end_time(),
+                  fmt::format(R"({{"mib":{:.3f}}})", elems * 4 / 1048576.0));
     }
   }
+  if (rows_taken_) add_gathered_rows();
+  rows_taken_ = false, bwd_started_ = false;
+  tokens_all_ = Tensor(), rows_all_ = Tensor();
   dp_comm_s_ = busy;
   inflight_.clear(), inflight_bucket_.clear();
   pending_ops_ = grad_ops_;

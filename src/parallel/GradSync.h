@@ -39,6 +39,20 @@ class GradSync {
   // this thread spent blocked.
   double finish();
 
+  // Sparse exchange of the token embedding's gradient (dp > 1, tp = 1). The last micro-batch's
+  // embedding backward is not scattered into the dense gradient: its rows (one per token, N x C)
+  // and token ids are all-gathered over dp, and after the dense part (earlier micro-batches and,
+  // when tied, the head) has been reduced every rank adds all ranks' rows in rank order. The dense
+  // part is complete when the last micro-batch's backward starts, so its bucket is reduced under
+  // that backward; what is left after the last op is N x C per rank instead of V x C. Turns on
+  // when it moves fewer bytes at the end: tokens_per_mb x dp < 2 x V (a ring all-reduce sends
+  // 2 (dp-1)/dp x V x C per rank, the all-gather (dp-1) x N x C). Returns whether it is on.
+  bool enable_sparse_embedding(int64_t tokens_per_mb);
+  bool sparse_embedding() const { return sparse_entry_ >= 0; }
+  // From the last micro-batch's embedding backward (RunContext::divert_grad_op): starts the
+  // all-gathers of `tokens` (N int32) and `dy` (N x C). False (nothing taken) when sparse is off.
+  bool take_embedding_rows(const Tensor& tokens, const Tensor& dy);
+
   void set_overlap(GradOverlap o) { overlap_ = o; }
   // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/dp).
   Tensor& owned_grad(size_t b) { return owned_grads_.at(b); }
@@ -50,6 +64,7 @@ class GradSync {
 
  private:
   void param_ready(size_t entry);
+  void add_gathered_rows();
   void issue_bucket(size_t b);
   bool tp_partial(const ParamEntry& e) const { return e.spec.tp_partial_grad && tp_ && tp_->size() > 1; }
 
@@ -67,7 +82,13 @@ class GradSync {
   std::vector<Work> inflight_;
   double dp_comm_s_ = 0;
   Trace* trace_ = nullptr;
-  std::vector<size_t> inflight_bucket_;  // per inflight_ entry: its bucket
+  std::vector<size_t> inflight_bucket_;  // per inflight_ entry: its bucket, or kRowsTag / kTokensTag
+  static constexpr size_t kTokensTag = ~size_t{0}, kRowsTag = ~size_t{0} - 1;
+  int64_t sparse_entry_ = -1;   // the token embedding's entry when the sparse path is on
+  bool bwd_started_ = false;    // the last micro-batch's first gradient op has run this step
+  bool rows_taken_ = false;     // take_embedding_rows ran this step
+  Tensor tokens_all_, rows_all_;  // gathered: dp x N token ids, dp x N rows of C
+  MemoryTracker* tracker_ = nullptr;
 };
 
 }  // namespace dhelix

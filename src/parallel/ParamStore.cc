@@ -46,7 +46,9 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
       cur.params.push_back(entries_.size());
       cur.min_unit = u;
       entries_.push_back(std::move(e));
-      if (off - cur.begin >= bucket_elems) close();
+      // The first unit's parameters each get a bucket: the token embedding's may be reduced
+      // early (GradSync's sparse path) while the others' wait for the last backward ops.
+      if (u == 0 || off - cur.begin >= bucket_elems) close();
     }
   }
   close();

@@ -93,8 +93,11 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     double t0 = ctx_.trace ? now_seconds() : 0;
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
                 ctx_.act_mem, ctx_.dloss};
-    lookup_op(op.code)(call);
-    if (!op.grads.empty() && ctx_.on_grad_op) ctx_.on_grad_op(s.mb, s.unit, op);
+    const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op, env);
+    if (!diverted) {
+      lookup_op(op.code)(call);
+      if (!op.grads.empty() && ctx_.on_grad_op) ctx_.on_grad_op(s.mb, s.unit, op);
+    }
     if (ctx_.trace)
       ctx_.trace->add(lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), t0, now_seconds());
   }

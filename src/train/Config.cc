@@ -93,6 +93,7 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "ep", parallel.ep, kInt, 1, 1e6, "expert-parallel size (carved out of dp)"),
       DHX_F("parallel", "sequence_parallel", parallel.sequence_parallel, kBool, 0, 0, "Megatron sequence parallelism in TP regions"),
       DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
+      DHX_F("parallel", "sparse_embed_grad", parallel.sparse_embed_grad, kOnOff, 0, 0, "dp > 1, tp = 1: the last micro-batch's token-embedding gradient is all-gathered as rows (when tokens x dp < 2 x vocab) instead of all-reduced whole at the end of backward"),
       DHX_F("schedule", "strand_interleaving", schedule.strand_interleaving, kOnOff, 0, 0, "co-execute fwd and bwd micro-batches"),
       DHX_F("schedule", "plan", schedule.plan, kString, 0, 0, "SI plan JSON from `dhelix plan`; empty = default plan"),
       DHX_F("schedule", "expose_collectives", schedule.expose_collectives, kBool, 0, 0, "wait for every collective as soon as it is issued (no overlap at all; for measuring what overlap hides)"),

@@ -45,6 +45,7 @@ struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   bool sequence_parallel = false;
   int64_t zero = 0;  // 0: replicated optimizer state; 1: sharded over dp
+  bool sparse_embed_grad = true;  // GradSync::enable_sparse_embedding (when it pays)
 };
 
 struct ScheduleConfig {

@@ -134,6 +134,10 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   ctx_.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
+  if (p.sparse_embed_grad && sync_->enable_sparse_embedding(mb_.B * mb_.T))
+    ctx_.divert_grad_op = [this, last_mb](int mb, const Op& op, UnitEnv& env) {
+      return mb == last_mb && op.code == "embed_bwd" && sync_->take_embedding_rows(env.at(op.inputs.at(0)), env.at(op.inputs.at(1)));
+    };
   ctx_.dloss = 1.0f / static_cast<float>(cfg_.tokens_per_step());
   ctx_.expose_collectives = cfg_.schedule.expose_collectives;
   if (!cfg_.output.trace.empty()) {

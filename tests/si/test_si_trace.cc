@@ -118,14 +118,22 @@ TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
   cfg.training.steps = 3;
   cfg.output.trace = dir.path() + "/trace.json";
   size_t buckets = 0;
+  bool sparse = false;
   testing::on_local_ranks(cfg, [&](CommContext& comm) {
     Trainer t(cfg, &comm, Quiet::kYes);
-    if (comm.rank() == 0) buckets = t.params().buckets().size();
+    if (comm.rank() == 0) buckets = t.params().buckets().size(), sparse = t.grad_sync().sparse_embedding();
     t.run();
   });
-  const Lanes t = read_trace(cfg.output.trace + ".rank0");
+  Lanes t = read_trace(cfg.output.trace + ".rank0");
   ASSERT_GE(buckets, 2u);
   ASSERT_EQ(t.optimizer.size(), static_cast<size_t>(cfg.training.steps));
+  // The sparse embedding exchange adds two all-gathers (token ids, rows) per step.
+  const size_t gathers = static_cast<size_t>(std::count_if(t.dp.begin(), t.dp.end(), [](const Interval& r) {
+    return r.name == "dp.ag.embed.tokens" || r.name == "dp.ag.embed.rows";
+  }));
+  EXPECT_EQ(gathers, sparse ? 2u * static_cast<size_t>(cfg.training.steps) : 0u);
+  t.dp.erase(std::remove_if(t.dp.begin(), t.dp.end(), [](const Interval& r) { return r.name.rfind("dp.ag.", 0) == 0; }),
+             t.dp.end());
   ASSERT_EQ(t.dp.size(), buckets * static_cast<size_t>(cfg.training.steps));
   EXPECT_EQ(t.dp.front().lane, "comm dp[0/2]");
   int overlapping = 0;
