@@ -6,6 +6,11 @@
 //   compute : [bwd head][bwd L-1 ........][bwd L-2 ........] ... [bwd 0][embed] | wait | optimizer
 //   comm dp :       [b0 AR][b1 AR]  [b2 AR][b3 AR]  [b4 AR] ...          [last] |
 //
+// With the sparse embedding exchange (enable_sparse_embedding) the token table's bucket goes
+// first and only the last micro-batch's embedding rows are left for the end:
+//
+//   comm dp : [wte AR][b0 AR][b1 AR] ...  [b4 AR] ...                [rows AG] |
+//
 // Without ZeRO the buckets are all-reduced in place; with ZeRO-1 they are reduce-scattered and
 // rank r keeps chunk r of every bucket (the optimizer updates only that chunk).
 #pragma once
