@@ -117,6 +117,9 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   // load drifting between rounds (this machine's timings swing by up to 3x); its median is the
   // reported figure, the fraction of the medians is printed beside it.
   const double hidden_of_medians = (comp + cm - step) / cm, hidden = median(round_hidden);
+  std::vector<double> sorted_hidden = round_hidden;
+  std::sort(sorted_hidden.begin(), sorted_hidden.end());
+  const double q1 = sorted_hidden[sorted_hidden.size() / 4], q3 = sorted_hidden[sorted_hidden.size() * 3 / 4];
   if (comm.rank() != 0) return 0;
   int64_t grad_bytes = overlap.params().flat_grads().numel() * 4;
   std::string b_sizes;
@@ -133,15 +136,15 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
                  .c_str());
   out += row("dp comm busy during the overlapped step", busy, "GradSync::dp_comm_seconds()");
   out += fmt::format("  dp_comm_hidden_fraction = (T_compute + T_comm_dp - T_step) / T_comm_dp = {:.3f} "
-                     "(median over rounds; from the medians above: {:.3f})\n",
-                     hidden, hidden_of_medians);
+                     "(median over rounds, quartiles {:.3f} .. {:.3f}; from the medians above: {:.3f})\n",
+                     hidden, q1, q3, hidden_of_medians);
   out += fmt::format("  without overlap:          (T_compute + T_comm_dp - T_step_noovl) / T_comm_dp = {:.3f}\n",
                      (comp + cm - noovl) / cm);
-  out += fmt::format(R"({{"layout":"dp2","dp_comm_hidden_fraction":{:.4f},"dp_comm_hidden_fraction_of_medians":{:.4f},"step_s":{:.5f},"step_no_overlap_s":{:.5f},)"
+  out += fmt::format(R"({{"layout":"dp2","dp_comm_hidden_fraction":{:.4f},"dp_comm_hidden_fraction_q1":{:.4f},"dp_comm_hidden_fraction_q3":{:.4f},"dp_comm_hidden_fraction_of_medians":{:.4f},"step_s":{:.5f},"step_no_overlap_s":{:.5f},)"
                      R"("compute_s":{:.5f},"comm_dp_s":{:.5f},"comm_dp_busy_in_step_s":{:.5f},"buckets":{},"grad_mib":{:.2f},)"
                      R"("sparse_embed_grad":{}}})"
                      "\n",
-                     hidden, hidden_of_medians, step, noovl, comp, cm, busy, buckets.size(), grad_bytes / 1048576.0,
+                     hidden, q1, q3, hidden_of_medians, step, noovl, comp, cm, busy, buckets.size(), grad_bytes / 1048576.0,
                      sparse ? "true" : "false");
   std::fputs(out.c_str(), stdout);
   return 0;
