@@ -71,9 +71,10 @@ void column_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
 
 // `held`: weight-gradient ops of earlier GEMMs held back to run here, after the reduce-scatter,
 // ahead of this GEMM's own wgrad (see row_bwd).
+// `deferred`: when given, the weight-gradient GEMMs (held and own) go there instead of into ops.
 void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
                 const std::string& d_out, const std::string& d_in, const std::string& w, const std::string& bias,
-                int64_t out_local, std::vector<Op> held = {}) {
+                int64_t out_local, std::vector<Op> held = {}, std::vector<Op>* deferred = nullptr) {
   std::string g = b.tp > 1 ? in + "_g" : in;
   std::string dg = b.tp > 1 ? d_in + "_g" : d_in;
   Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {d_out}, {dg}, {w});
@@ -88,8 +89,9 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   // does not need it: the collective then also runs under this strand's wgrad (Megatron's
   // dgrad-RS / wgrad overlap), not only under the other strand's compute.
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
-  for (Op& h : held) ops.push_back(std::move(h));
-  ops.push_back(wgrad);
+  std::vector<Op>& dst = deferred ? *deferred : ops;
+  for (Op& h : held) dst.push_back(std::move(h));
+  dst.push_back(wgrad);
 }
 
 // --- a row GEMM followed by the sequence-parallel reduce-scatter ------------------------------
@@ -107,8 +109,10 @@ void row_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, con
 // the backward strand has two weight-gradient GEMMs in a row — enough compute to hide both that
 // reduce-scatter and a collective of the forward strand beside it under Strand Interleaving.
 // Gradients are unchanged: each GEMM writes its own parameters' gradients.
+// `hold` returns the weight-gradient GEMM with tp = 1 as well.
 std::vector<Op> row_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
-                        const std::string& d_out, const std::string& d_in, const std::string& w, int64_t in_local) {
+                        const std::string& d_out, const std::string& d_in, const std::string& w, int64_t in_local,
+                        bool hold = false) {
   std::string dg = d_out;
   if (b.tp > 1) {
     dg = d_out + "_g";
@@ -119,7 +123,7 @@ std::vector<Op> row_bwd(const Builder& b, std::vector<Op>& ops, const std::strin
   Op wgrad = b.compute(tag + ".wgrad", "linear_wgrad", {dg, in}, {}, {}, {w});
   b.linear_cost(wgrad, double(b.N), double(b.C), double(in_local));
   ops.push_back(dgrad);
-  if (b.tp > 1) return {wgrad};
+  if (b.tp > 1 || hold) return {wgrad};
   ops.push_back(wgrad);
   return {};
 }
@@ -214,7 +218,14 @@ LayerProgram block_program(const Builder& b) {
     b.elem_cost(bg, double(b.Ns * b.C), 1, 1);
     g.push_back(bg);
   }
-  held = row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D);
+  // tp = 1: the attention's weight-gradient GEMMs, which nothing in the layer reads, run after the
+  // layer's input gradient (ln1.bwd), so the unit below gets dx two GEMMs earlier. Below the first
+  // layer is the embedding: GradSync's all-gather of its rows (sparse exchange) then runs under
+  // them instead of after the last backward op. With tp > 1 they stay ahead of ln1.bwd, under the
+  // reduce-scatter that ln1.bwd waits for.
+  const bool defer = b.tp == 1;
+  std::vector<Op> deferred;
+  held = row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D, defer);
   Op attn_b = b.compute("attn.core.bwd", "attention_bwd", {qkv_in, "att", "att.lse", "datt"},
                         {gpt ? "dqkv" : "dqkv_r"});
   attn_b.attrs = attn.attrs;
@@ -226,8 +237,10 @@ LayerProgram block_program(const Builder& b) {
     b.elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
     g.push_back(rb);
   }
-  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l, std::move(held));
+  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l, std::move(held),
+             defer ? &deferred : nullptr);
   g.push_back(norm_bwd(b, n1, "x", "dh1", "dx2", "dx", n1));
+  for (Op& w : deferred) g.push_back(std::move(w));
   return p;
 }
 

@@ -54,9 +54,11 @@ class GradSync {
   // 2 (dp-1)/dp x V x C per rank, the all-gather (dp-1) x N x C). Returns whether it is on.
   bool enable_sparse_embedding(int64_t tokens_per_mb);
   bool sparse_embedding() const { return sparse_entry_ >= 0; }
-  // From the last micro-batch's embedding backward (RunContext::divert_grad_op): starts the
-  // all-gathers of `tokens` (N int32) and `dy` (N x C). False (nothing taken) when sparse is off.
+  // The last micro-batch's gradient at the embedding output, `dy` (N x C), and its `tokens`
+  // (N int32), as soon as the first layer's backward produced it: starts their all-gathers.
+  // False (nothing taken) when sparse is off.
   bool take_embedding_rows(const Tensor& tokens, const Tensor& dy);
+  bool embedding_rows_taken() const { return rows_taken_; }
 
   void set_overlap(GradOverlap o) { overlap_ = o; }
   // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/dp).

@@ -97,6 +97,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     if (!diverted) {
       lookup_op(op.code)(call);
       if (!op.grads.empty() && ctx_.on_grad_op) ctx_.on_grad_op(s.mb, s.unit, op);
+      if (ctx_.on_op_done) ctx_.on_op_done(s.mb, s.unit, op, env);
     }
     if (ctx_.trace)
       ctx_.trace->add(lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), t0, now_seconds());

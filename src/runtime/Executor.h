@@ -39,6 +39,8 @@ struct RunContext {
   // took the op's inputs (env) to reduce that gradient another way, and the op's kernel and
   // on_grad_op are skipped (GradSync's sparse exchange of the last micro-batch's embedding rows).
   std::function<bool(int mb, const Op& op, UnitEnv& env)> divert_grad_op;
+  // Called after every compute op that ran, with its unit's buffers (its outputs are there).
+  std::function<void(int mb, int unit, const Op& op, UnitEnv& env)> on_op_done;
   // Wait for every collective right after issuing it: no overlap of any kind, not even within a
   // strand (benchmarks measure the fully exposed step with it).
   bool expose_collectives = false;

@@ -134,10 +134,21 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   ctx_.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
-  if (p.sparse_embed_grad && sync_->enable_sparse_embedding(mb_.B * mb_.T))
-    ctx_.divert_grad_op = [this, last_mb](int mb, const Op& op, UnitEnv& env) {
-      return mb == last_mb && op.code == "embed_bwd" && sync_->take_embedding_rows(env.at(op.inputs.at(0)), env.at(op.inputs.at(1)));
+  if (p.sparse_embed_grad && sync_->enable_sparse_embedding(mb_.B * mb_.T)) {
+    // The first layer's input gradient is the embedding output's gradient: its rows leave as soon
+    // as the layer's backward writes "dx" (ahead of the layer's last weight-gradient GEMMs), and
+    // the last micro-batch's embedding backward then has nothing left to do.
+    ctx_.on_op_done = [this, last_mb](int mb, int unit, const Op& op, UnitEnv& env) {
+      if (mb == last_mb && unit == 1 && std::find(op.outputs.begin(), op.outputs.end(), "dx") != op.outputs.end())
+        sync_->take_embedding_rows(last_tokens_, env.at("dx"));
     };
+    ctx_.divert_grad_op = [this, last_mb](int mb, const Op& op, UnitEnv&) {
+      if (mb != last_mb || op.code != "embed_bwd") return false;
+      DHX_CHECK(sync_->embedding_rows_taken(), InternalError,
+                "the last micro-batch's embedding rows were not handed to GradSync before its embedding backward");
+      return true;
+    };
+  }
   ctx_.dloss = 1.0f / static_cast<float>(cfg_.tokens_per_step());
   ctx_.expose_collectives = cfg_.schedule.expose_collectives;
   if (!cfg_.output.trace.empty()) {
@@ -191,7 +202,9 @@ std::vector<MicroBatch> Trainer::next_micro_batches(DataLoader& loader) {
 
 StepStats Trainer::compute_gradients() {
   params_->zero_grads();
-  StepStats st = runner_->run(next_micro_batches(*train_loader_));
+  std::vector<MicroBatch> mbs = next_micro_batches(*train_loader_);
+  last_tokens_ = mbs.back().tokens;
+  StepStats st = runner_->run(mbs);
   sync_->finish();
   return st;
 }

@@ -90,6 +90,7 @@ class Trainer {
   std::optional<SIPlan> plan_;
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Trace> trace_;
+  Tensor last_tokens_;  // the step's last micro-batch's tokens (GradSync's sparse embedding rows)
   std::unique_ptr<IndexedDataset> dataset_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<LrSchedule> lr_;

@@ -138,3 +138,42 @@ TEST(CoverPlan, RandomStrandsAlwaysPassTheChecker) {
 
 }  // namespace
 }  // namespace dhelix
+
+namespace dhelix {
+namespace {
+
+// Layer-program order for tp = 1 (src/model/Programs.cc, block_program): the block's input
+// gradient (the first norm's backward writes "dx") comes before the attention's weight-gradient GEMMs, so the unit
+// below — for the first layer, GradSync's embedding-row all-gather — gets it two GEMMs earlier;
+// with tp > 1 the wgrads stay ahead of ln1.bwd, under the reduce-scatter it waits for. Oracle: the
+// op lists themselves, plus the dataflow rule that nothing after "dx" in the block reads a wgrad.
+TEST(BlockProgram, InputGradientBeforeAttentionWgradsOnlyWithoutTp) {
+  for (const char* preset : {"demo", "gpt2-124m"}) {
+    ModelConfig m = model_preset(preset);
+    for (int tp : {1, 2}) {
+      LayoutConfig lay;
+      lay.tp = tp;
+      lay.sequence_parallel = tp > 1;
+      const auto& bwd = build_programs(m, lay, MicroBatchShape{1, 64}).block.bwd;
+      auto index_of = [&](const std::string& name, const std::string& output) {
+        for (size_t i = 0; i < bwd.size(); ++i)
+          if (bwd[i].name == name || (!output.empty() && !bwd[i].outputs.empty() && bwd[i].outputs[0] == output))
+            return static_cast<int>(i);
+        ADD_FAILURE() << preset << " tp=" << tp << ": no op " << name << output;
+        return -1;
+      };
+      const int dx = index_of("", "dx"), wo = index_of("attn.out.wgrad", ""), wqkv = index_of("attn.qkv.wgrad", "");
+      if (tp == 1) {
+        EXPECT_LT(dx, wo) << preset;
+        EXPECT_LT(dx, wqkv) << preset;
+        EXPECT_EQ(wqkv, static_cast<int>(bwd.size()) - 1) << preset << ": the block's last op is a wgrad";
+      } else {
+        EXPECT_GT(dx, wo) << preset;
+        EXPECT_GT(dx, wqkv) << preset;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
