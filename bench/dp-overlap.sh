@@ -7,7 +7,8 @@
 #   {"dp_comm_hidden_fraction": ..., "dp": {...}, "tp": {...}}
 # Open MPI runs with mpi_yield_when_idle=1: a blocking collective otherwise spins its comm thread
 # on a core the compute threads need (this machine has 2 cores for both hosts' ranks).
-# Needs root (network namespaces).
+# Each emulated host gets one core (scripts/cluster --cpus auto); DHELIX_CLUSTER_CPUS=none lets
+# both hosts use both cores. Needs root (network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-10}
@@ -23,7 +24,7 @@ work=$(mktemp -d /tmp/dhelix_dp_overlap.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 yield=(--mpirun-arg --mca --mpirun-arg mpi_yield_when_idle --mpirun-arg 1)
 for layout in dp tp; do
-  scripts/cluster --hosts 2 --rate 1gbit --np-per-host 1 "${yield[@]}" -- "$BIN" "$layout" "$work/$layout" "$ROUNDS" \
+  scripts/cluster --hosts 2 --rate 1gbit --np-per-host 1 --cpus "${DHELIX_CLUSTER_CPUS:-auto}" "${yield[@]}" -- "$BIN" "$layout" "$work/$layout" "$ROUNDS" \
     > "$work/$layout.out"
   grep -v '^{' "$work/$layout.out" | grep -v '^cluster:' || true
   tail -n 1 "$work/$layout.out" > "$work/$layout.json"
