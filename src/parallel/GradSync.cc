@@ -40,11 +40,11 @@ void GradSync::issue_bucket(size_t b) {
   Tensor range = params_.flat_grads().narrow0(bk.begin, bk.end - bk.begin);
   if (zero_ == ZeroStage::kOne) {
     if (dp_ && dp_->size() > 1)
-      inflight_.push_back(dp_->reduce_scatter(range, owned_grads_[b])), inflight_bucket_.push_back(b);
+      inflight_.push_back({dp_->reduce_scatter(range, owned_grads_[b]), fmt::format("dp.rs.bucket{}", b), range.numel()});
     else
       owned_grads_[b].copy_from(range);
   } else if (dp_ && dp_->size() > 1) {
-    inflight_.push_back(dp_->all_reduce(range)), inflight_bucket_.push_back(b);
+    inflight_.push_back({dp_->all_reduce(range), fmt::format("dp.ar.bucket{}", b), range.numel()});
   }
 }
 
@@ -78,8 +78,8 @@ bool GradSync::take_embedding_rows(const Tensor& tokens, const Tensor& dy) {
   DHX_CHECK(!rows_taken_, InternalError, "embedding rows taken twice in one step");
   tokens_all_ = Tensor::empty({n * N}, DType::kI32, tracker_);
   rows_all_ = Tensor::empty({n * N, C}, DType::kF32, tracker_);
-  inflight_.push_back(dp_->all_gather(tokens.view({N}), tokens_all_)), inflight_bucket_.push_back(kTokensTag);
-  inflight_.push_back(dp_->all_gather(dy.view({N, C}), rows_all_)), inflight_bucket_.push_back(kRowsTag);
+  inflight_.push_back({dp_->all_gather(tokens.view({N}), tokens_all_), "dp.ag.embed.tokens", tokens_all_.numel()});
+  inflight_.push_back({dp_->all_gather(dy.view({N, C}), rows_all_), "dp.ag.embed.rows", rows_all_.numel()});
   rows_taken_ = true;
   return true;
 }
@@ -138,27 +138,18 @@ double GradSync::finish() {
   double t0 = now_seconds();
   for (size_t b = 0; b < issued_.size(); ++b) issue_bucket(b);  // anything held back (overlap off)
   double busy = 0;
-  for (size_t i = 0; i < inflight_.size(); ++i) {
-    Work& w = inflight_[i];
-    w.wait();
-    busy += w.end_time() - w.start_time();
-    if (trace_) {
-      const size_t b = inflight_bucket_[i];
-      std::string name = b == kTokensTag ? "dp.ag.embed.tokens"
-                         : b == kRowsTag ? "dp.ag.embed.rows"
-                                         : fmt::format("dp.{}.bucket{}", zero_ == ZeroStage::kOne ? "rs" : "ar", b);
-      const int64_t elems = b == kTokensTag  ? tokens_all_.numel()
-                            : b == kRowsTag ? rows_all_.numel()
-                                            : params_.buckets()[b].end - params_.buckets()[b].begin;
-      trace_->add("comm " + dp_->name(), name, w.start_time(), w.end_time(),
-                  fmt::format(R"({{"mib":{:.3f}}})", elems * 4 / 1048576.0));
-    }
+  for (Inflight& f : inflight_) {
+    f.work.wait();
+    busy += f.work.end_time() - f.work.start_time();
+    if (trace_)
+      trace_->add("comm " + dp_->name(), f.name, f.work.start_time(), f.work.end_time(),
+                  fmt::format(R"({{"mib":{:.3f}}})", f.elems * 4 / 1048576.0));
   }
   if (rows_taken_) add_gathered_rows();
   rows_taken_ = false, bwd_started_ = false;
   tokens_all_ = Tensor(), rows_all_ = Tensor();
   dp_comm_s_ = busy;
-  inflight_.clear(), inflight_bucket_.clear();
+  inflight_.clear();
   pending_ops_ = grad_ops_;
   for (size_t b = 0; b < params_.buckets().size(); ++b)
     pending_params_[b] = static_cast<int>(params_.buckets()[b].params.size());

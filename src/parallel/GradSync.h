@@ -14,6 +14,7 @@
 // Without ZeRO the buckets are all-reduced in place; with ZeRO-1 they are reduce-scattered and
 // rank r keeps chunk r of every bucket (the optimizer updates only that chunk).
 #pragma once
+#include <string>
 #include <vector>
 
 #include "comm/ProcessGroup.h"
@@ -86,11 +87,14 @@ class GradSync {
   std::vector<int> pending_ops_;      // per entry: of those, not yet run in this step's last micro-batch
   std::vector<int> pending_params_;   // per bucket: entries not yet ready
   std::vector<char> issued_;          // per bucket
-  std::vector<Work> inflight_;
+  struct Inflight {
+    Work work;
+    std::string name;  // trace name: "dp.ar.bucket3", "dp.ag.embed.rows", ...
+    int64_t elems;     // elements it moves (4 bytes each)
+  };
+  std::vector<Inflight> inflight_;
   double dp_comm_s_ = 0;
   Trace* trace_ = nullptr;
-  std::vector<size_t> inflight_bucket_;  // per inflight_ entry: its bucket, or kRowsTag / kTokensTag
-  static constexpr size_t kTokensTag = ~size_t{0}, kRowsTag = ~size_t{0} - 1;
   int64_t sparse_entry_ = -1;   // the token embedding's entry when the sparse path is on
   bool bwd_started_ = false;    // the last micro-batch's first gradient op has run this step
   bool rows_taken_ = false;     // take_embedding_rows ran this step

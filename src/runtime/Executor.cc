@@ -93,7 +93,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     double t0 = ctx_.trace ? now_seconds() : 0;
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
                 ctx_.act_mem, ctx_.dloss};
-    const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op, env);
+    const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op);
     if (!diverted) {
       lookup_op(op.code)(call);
       if (!op.grads.empty() && ctx_.on_grad_op) ctx_.on_grad_op(s.mb, s.unit, op);

@@ -35,10 +35,10 @@ struct RunContext {
   // Called after a compute op that accumulated parameter gradients (op.grads non-empty) ran for
   // micro-batch `mb` in unit `unit` (data-parallel buckets start as soon as they are complete).
   std::function<void(int mb, int unit, const Op& op)> on_grad_op;
-  // Asked before a compute op that accumulates parameter gradients runs; when it returns true it
-  // took the op's inputs (env) to reduce that gradient another way, and the op's kernel and
-  // on_grad_op are skipped (GradSync's sparse exchange of the last micro-batch's embedding rows).
-  std::function<bool(int mb, const Op& op, UnitEnv& env)> divert_grad_op;
+  // Asked before a compute op that accumulates parameter gradients runs; when it returns true
+  // that gradient is reduced another way, and the op's kernel and on_grad_op are skipped
+  // (GradSync's sparse exchange of the last micro-batch's embedding rows).
+  std::function<bool(int mb, const Op& op)> divert_grad_op;
   // Called after every compute op that ran, with its unit's buffers (its outputs are there).
   std::function<void(int mb, int unit, const Op& op, UnitEnv& env)> on_op_done;
   // Wait for every collective right after issuing it: no overlap of any kind, not even within a

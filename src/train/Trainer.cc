@@ -142,7 +142,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
       if (mb == last_mb && unit == 1 && std::find(op.outputs.begin(), op.outputs.end(), "dx") != op.outputs.end())
         sync_->take_embedding_rows(last_tokens_, env.at("dx"));
     };
-    ctx_.divert_grad_op = [this, last_mb](int mb, const Op& op, UnitEnv&) {
+    ctx_.divert_grad_op = [this, last_mb](int mb, const Op& op) {
       if (mb != last_mb || op.code != "embed_bwd") return false;
       DHX_CHECK(sync_->embedding_rows_taken(), InternalError,
                 "the last micro-batch's embedding rows were not handed to GradSync before its embedding backward");

@@ -74,12 +74,18 @@ Lanes read_trace(const std::string& path) {
   return out;
 }
 
-TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
-  testing::TempDir dir;
+// A 3-step llama SI run of dp x tp on a synthetic dataset in `dir`, tracing to <dir>/trace.json.
+RunConfig traced_llama_config(const testing::TempDir& dir, int dp, int tp) {
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
-  RunConfig cfg = testing::si_config(dir.path(), "llama", /*dp=*/1, /*tp=*/2, /*interleave=*/true);
+  RunConfig cfg = testing::si_config(dir.path(), "llama", dp, tp, /*interleave=*/true);
   cfg.training.steps = 3;
   cfg.output.trace = dir.path() + "/trace.json";
+  return cfg;
+}
+
+TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
+  testing::TempDir dir;
+  const RunConfig cfg = traced_llama_config(dir, /*dp=*/1, /*tp=*/2);
   testing::on_local_ranks(cfg, [&](CommContext& comm) { Trainer(cfg, &comm, Quiet::kYes).run(); });
   const Lanes t = read_trace(cfg.output.trace + ".rank0");
   const auto& comm = t.comm;
@@ -113,10 +119,7 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
 // the same step is still going on.
 TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
   testing::TempDir dir;
-  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
-  RunConfig cfg = testing::si_config(dir.path(), "llama", /*dp=*/2, /*tp=*/1, /*interleave=*/true);
-  cfg.training.steps = 3;
-  cfg.output.trace = dir.path() + "/trace.json";
+  const RunConfig cfg = traced_llama_config(dir, /*dp=*/2, /*tp=*/1);
   size_t buckets = 0;
   bool sparse = false;
   testing::on_local_ranks(cfg, [&](CommContext& comm) {
