@@ -48,6 +48,7 @@
 #include "parallel/ParamStore.h"
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
+#include "plan/PlanRender.h"
 #include "runtime/StepRunner.h"
 
 namespace dhelix {
@@ -264,6 +265,7 @@ class Rig {
   }
   void set_trace(Trace* t) { ctx_.trace = t; }
   const SIPlan& plan() const { return on_->block_plan(); }
+  const LayerProgram& block_program() const { return progs_.block; }
 
  private:
   ModelConfig model_;
@@ -328,6 +330,7 @@ int run(int argc, char** argv) {
                "{} timed rounds after {} warm-up, plan '{}' ({} blocks per layer pair)\n",
                a.preset, model.num_params() / 1e6, tp.size(), a.B, a.T, M, a.steps, a.warmup, rig.plan().source,
                rig.plan().blocks.size());
+    fmt::print("{}", render_plan(rig.plan(), rig.block_program()));
     std::fflush(stdout);
   }
 

@@ -71,10 +71,12 @@ void column_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
 
 // `held`: weight-gradient ops of earlier GEMMs held back to run here, after the reduce-scatter,
 // ahead of this GEMM's own wgrad (see row_bwd).
-// `deferred`: when given, the weight-gradient GEMMs (held and own) go there instead of into ops.
+// `deferred`: when given, this GEMM's own weight-gradient op goes there instead of into ops, and
+// so do the held ones when `defer_held`.
 void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
                 const std::string& d_out, const std::string& d_in, const std::string& w, const std::string& bias,
-                int64_t out_local, std::vector<Op> held = {}, std::vector<Op>* deferred = nullptr) {
+                int64_t out_local, std::vector<Op> held = {}, std::vector<Op>* deferred = nullptr,
+                bool defer_held = true) {
   std::string g = b.tp > 1 ? in + "_g" : in;
   std::string dg = b.tp > 1 ? d_in + "_g" : d_in;
   Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {d_out}, {dg}, {w});
@@ -89,9 +91,8 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   // does not need it: the collective then also runs under this strand's wgrad (Megatron's
   // dgrad-RS / wgrad overlap), not only under the other strand's compute.
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
-  std::vector<Op>& dst = deferred ? *deferred : ops;
-  for (Op& h : held) dst.push_back(std::move(h));
-  dst.push_back(wgrad);
+  for (Op& h : held) (deferred && defer_held ? *deferred : ops).push_back(std::move(h));
+  (deferred ? *deferred : ops).push_back(wgrad);
 }
 
 // --- a row GEMM followed by the sequence-parallel reduce-scatter ------------------------------
@@ -221,8 +222,10 @@ LayerProgram block_program(const Builder& b) {
   // tp = 1: the attention's weight-gradient GEMMs, which nothing in the layer reads, run after the
   // layer's input gradient (ln1.bwd), so the unit below gets dx two GEMMs earlier. Below the first
   // layer is the embedding: GradSync's all-gather of its rows (sparse exchange) then runs under
-  // them instead of after the last backward op. With tp > 1 they stay ahead of ln1.bwd, under the
-  // reduce-scatter that ln1.bwd waits for.
+  // them instead of after the last backward op. With tp > 1 the held attn.out.wgrad stays ahead of
+  // ln1.bwd, under the reduce-scatter that ln1.bwd waits for, and attn.qkv.wgrad comes last: a
+  // trailing op that only accumulates gradients, which a Strand-Interleaving plan may carry into
+  // the next layer pair, under its first collective (SIPlan::carry).
   const bool defer = b.tp == 1;
   std::vector<Op> deferred;
   held = row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D, defer);
@@ -237,8 +240,8 @@ LayerProgram block_program(const Builder& b) {
     b.elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
     g.push_back(rb);
   }
-  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l, std::move(held),
-             defer ? &deferred : nullptr);
+  column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l, std::move(held), &deferred,
+             /*defer_held=*/defer);
   g.push_back(norm_bwd(b, n1, "x", "dh1", "dx2", "dx", n1));
   for (Op& w : deferred) g.push_back(std::move(w));
   return p;

@@ -108,6 +108,22 @@ std::vector<PlanViolation> find_violations(const SIPlan& plan, const LayerProgra
     scan(prog.fwd, fwd_window(b), "fwd");
     scan(prog.bwd, bwd_window(b), "bwd");
   }
+  if (plan.carry < 0 || plan.carry > nbw) {
+    out.push_back({-1, kRuleCarry, fmt::format("carry {} is outside 0..{} (the backward program's op count)",
+                                               plan.carry, nbw)});
+  } else {
+    for (int i = nbw - plan.carry; i < nbw; ++i) {
+      const Op& op = prog.bwd[i];
+      if (op.is_collective() || !op.outputs.empty() || op.grads.empty())
+        out.push_back({-1, kRuleCarry,
+                       fmt::format("bwd op #{} '{}' is carried into the next pair but {}; only trailing "
+                                   "weight-gradient ops (no outputs, some gradients) may run late",
+                                   i, op.name,
+                                   op.is_collective()      ? "is a collective"
+                                   : !op.outputs.empty() ? fmt::format("writes '{}'", op.outputs.front())
+                                                         : "accumulates no gradient")});
+    }
+  }
   check_strand(plan, prog.fwd, StrandKind::kForward, bounds_ok, out);
   check_strand(plan, prog.bwd, StrandKind::kBackward, bounds_ok, out);
   std::stable_sort(out.begin(), out.end(),

@@ -17,6 +17,7 @@ inline constexpr const char* kRuleExactlyOnce = "each op exactly once";
 inline constexpr const char* kRuleOrder = "strand order kept";
 inline constexpr const char* kRuleGroup = "one collective per process group";
 inline constexpr const char* kRulePair = "plan made for this layer pair";
+inline constexpr const char* kRuleCarry = "carried ops write nothing";
 
 struct PlanViolation {
   int block = -1;    // block index, or -1 for the plan as a whole
@@ -36,7 +37,10 @@ struct PlanViolation {
 //   group:       at most one collective per Op::group among a block's fwd and bwd ops. A
 //                window holding a collective and later compute that reads its result is legal
 //                (the "dependent strand": the executor waits on the collective first).
-//   pair:        plan.pair, when set, equals prog.name.
+//   pair:        plan.pair, when set, equals prog.name;
+//   carry:       0 <= plan.carry <= #bwd ops, and each carried (trailing) backward op is a compute
+//                op that writes no buffer (it only accumulates parameter gradients), so nothing
+//                after its pair -- the unit below, the next pair -- can depend on it.
 std::vector<PlanViolation> find_violations(const SIPlan& plan, const LayerProgram& prog);
 
 // Throws PlanError listing every violation (the first one leads the message).

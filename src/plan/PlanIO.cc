@@ -83,6 +83,8 @@ json plan_to_json(const SIPlan& plan, const LayerProgram& prog) {
           {"predicted_s", plan.predicted_s},
           {"fwd_ops", names_of(prog.fwd, 0, static_cast<int>(prog.fwd.size()))},
           {"bwd_ops", names_of(prog.bwd, 0, static_cast<int>(prog.bwd.size()))},
+          {"carry_bwd", names_of(prog.bwd, static_cast<int>(prog.bwd.size()) - plan.carry,
+                                 static_cast<int>(prog.bwd.size()))},
           {"blocks", blocks}};
 }
 
@@ -94,8 +96,8 @@ SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string
   DHX_CHECK(j.contains("version") && j["version"].is_number_integer(), PlanError,
             "{}: missing integer 'version'", origin);
   int version = j["version"].get<int>();
-  DHX_CHECK(version == SIPlan::kVersion, PlanError,
-            "{}: plan version {} is not supported (this build reads version {})", origin,
+  DHX_CHECK(version == 1 || version == SIPlan::kVersion, PlanError,
+            "{}: plan version {} is not supported (this build reads versions 1 and {})", origin,
             version, SIPlan::kVersion);
   SIPlan plan;
   try {
@@ -112,6 +114,20 @@ SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string
   DHX_CHECK(j.contains("blocks") && j["blocks"].is_array(), PlanError,
             "{}: missing array 'blocks'", origin);
   auto fwd_index = index_of(prog.fwd), bwd_index = index_of(prog.bwd);
+  // carry_bwd (version 2): the trailing backward ops run in the next pair, named in program order.
+  if (version >= 2 && j.contains("carry_bwd")) {
+    const json& c = j["carry_bwd"];
+    DHX_CHECK(c.is_array(), PlanError, "{}: 'carry_bwd' must be an array of op names", origin);
+    const int n = static_cast<int>(prog.bwd.size());
+    const int nc = static_cast<int>(c.size());
+    DHX_CHECK(nc <= n, PlanError, "{}: 'carry_bwd' names {} ops, the backward program has {}", origin, nc, n);
+    for (int i = 0; i < nc; ++i)
+      DHX_CHECK(c[i].is_string() && c[i].get<std::string>() == prog.bwd[n - nc + i].name, PlanError,
+                "{}: 'carry_bwd'[{}] is {}, expected '{}': carried ops must be the last {} backward ops, "
+                "in program order",
+                origin, i, c[i].dump(), prog.bwd[n - nc + i].name, nc);
+    plan.carry = nc;
+  }
   int k = 0;
   for (const json& jb : j["blocks"]) {
     DHX_CHECK(jb.is_object(), PlanError, "{}: block {} must be an object", origin, k);

@@ -72,6 +72,12 @@ std::string render_plan(const SIPlan& plan, const LayerProgram& prog, const Bloc
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
   }
+  if (plan.carry > 0) {
+    std::string names;
+    for (size_t i = prog.bwd.size() - static_cast<size_t>(plan.carry); i < prog.bwd.size(); ++i)
+      names += (names.empty() ? "" : " ") + prog.bwd[i].name;
+    out += fmt::format(" carry: bwd {} runs in the next pair, after its first collective is issued\n", names);
+  }
   return out;
 }
 

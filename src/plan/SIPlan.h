@@ -18,10 +18,16 @@ struct Block {
 };
 
 struct SIPlan {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;  // 2 added `carry`; version 1 files read as carry = 0
   std::string pair;       // which layer pair program it is for: "block" (transformer layers)
   std::string source;     // "default", "search", "file:<path>", ...
   std::vector<Block> blocks;
+  // The last `carry` backward ops (trailing weight-gradient GEMMs, which write no buffer) do not
+  // run in their own pair: the executor runs them in the next layer pair of the slot, right after
+  // that pair's first collective is issued, so they hide it. Both strands start a layer with a
+  // collective after only tiny compute (norm / residual), so without carry the first collective
+  // of every pair has nothing of the other strand to hide under.
+  int carry = 0;
   double predicted_s = 0;  // the planner's predicted time for the pair (0 if unknown)
 };
 

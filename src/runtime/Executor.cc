@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "base/Clock.h"
 #include "base/Error.h"
 
@@ -108,9 +110,30 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   }
 }
 
-void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks) {
+void Executor::run_carried(CarriedOps& c) {
+  if (c.empty()) return;
+  const std::vector<Op>& ops = program(c.slot.unit).bwd;
+  std::vector<std::pair<UnitEnv*, std::string>> issued;
+  for (int i = c.begin; i < c.end; ++i) run_op(StrandKind::kBackward, c.slot, ops[i], issued);
+  DHX_ASSERT(issued.empty(), "carried backward ops of unit {} issued a collective", c.slot.unit);
+  c.begin = c.end;
+}
+
+void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out,
+                        CarriedOps* carry_in) {
   const std::vector<Op>* fops = f ? &program(f->unit).fwd : nullptr;
   const std::vector<Op>* bops = b ? &program(b->unit).bwd : nullptr;
+  const int bwd_stop = bops ? static_cast<int>(bops->size()) - carry_out : 0;
+  DHX_ASSERT(carry_out == 0 || (bops && bwd_stop >= 0), "carry {} without a backward strand", carry_out);
+  if (carry_in && !carry_in->empty()) {
+    bool any = false;
+    for (const Block& blk : blocks)
+      for (int i = blk.fwd_begin; fops && i < blk.fwd_end && !any; ++i) any = (*fops)[i].is_collective();
+    for (const Block& blk : blocks)
+      for (int i = blk.bwd_begin; bops && i < std::min(blk.bwd_end, bwd_stop) && !any; ++i)
+        any = (*bops)[i].is_collective();
+    if (!any) run_carried(*carry_in);
+  }
   for (const Block& blk : blocks) {
     std::vector<std::pair<UnitEnv*, std::string>> issued;
     struct Win {
@@ -122,7 +145,8 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
       bool waits;     // a compute op after a collective of this window reads its output
     };
     Win wins[2] = {{StrandKind::kForward, f, fops, blk.fwd_begin, blk.fwd_end, blk.fwd_begin, false},
-                   {StrandKind::kBackward, b, bops, blk.bwd_begin, blk.bwd_end, blk.bwd_begin, false}};
+                   {StrandKind::kBackward, b, bops, blk.bwd_begin, std::min(blk.bwd_end, bwd_stop), blk.bwd_begin,
+                    false}};
     for (Win& w : wins) {
       if (w.end <= w.begin) continue;
       DHX_CHECK(w.slot && w.ops, InternalError, "plan block has {} ops but that strand is idle", strand_name(w.kind));
@@ -133,6 +157,8 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
         if ((*w.ops)[i].is_collective()) w.waits = true;
       if (w.next > w.begin && w.next < w.end) w.waits = true;
     }
+    // Ops carried in from the previous pair wait on nothing here: they hide its first collective.
+    if (carry_in && !carry_in->empty() && !issued.empty()) run_carried(*carry_in);
     // 2) The strand that does not wait on a collective of this block goes first; ties: backward
     //    first, so freed activations are reused by the forward strand's new ones.
     Win* order[2] = {&wins[1], &wins[0]};
@@ -142,6 +168,7 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
     // 3) The block completes before the next starts.
     for (auto& [env, buf] : issued) wait_pending(*env, buf);
   }
+  if (carry_in && !carry_in->empty()) run_carried(*carry_in);  // no block issued a leading collective
 }
 
 void Executor::run_alone(StrandSlot& s, StrandKind kind) {

@@ -53,6 +53,14 @@ struct StrandSlot {
   UnitEnv* env = nullptr;
 };
 
+// Backward ops [begin, end) of slot.unit's program that a pair's plan carried out of it
+// (SIPlan::carry): they run in the next pair, after its first collective is issued.
+struct CarriedOps {
+  StrandSlot slot;
+  int begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+};
+
 class Executor {
  public:
   Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs);
@@ -62,8 +70,14 @@ class Executor {
   const UnitSpec& unit(int u) const { return units_.at(u); }
 
   // Runs fwd ops of `f` and bwd ops of `b` (either may be null) by `blocks`, whose windows index
-  // program(f->unit).fwd and program(b->unit).bwd.
-  void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks);
+  // program(f->unit).fwd and program(b->unit).bwd. The last `carry_out` bwd ops are skipped (the
+  // caller runs them later: SIPlan::carry). `carry_in` (may be null or empty), ops an earlier pair
+  // carried out, run in the first block that holds a collective, right after its leading
+  // collectives are issued, or before the first block when no block holds one.
+  void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out = 0,
+                CarriedOps* carry_in = nullptr);
+  // Runs carried ops now (the slot's last pair carried some and no pair follows).
+  void run_carried(CarriedOps& c);
   // Runs the whole forward (or backward) program of one slot, collectives exposed.
   void run_alone(StrandSlot& s, StrandKind kind);
 

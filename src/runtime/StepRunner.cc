@@ -34,15 +34,15 @@ StepRunner::StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, cons
   block_plan_ = block_plan ? *block_plan : pair_default_plan(progs.block.fwd, progs.block.bwd);
 }
 
-const std::vector<Block>& StepRunner::pair_plan(int fu, int bu) {
+const SIPlan& StepRunner::pair_plan(int fu, int bu) {
   const std::string& fk = exec_.unit(fu).kind;
   const std::string& bk = exec_.unit(bu).kind;
-  if (fk == "block" && bk == "block") return block_plan_.blocks;
+  if (fk == "block" && bk == "block") return block_plan_;
   auto key = std::make_pair(fk, bk);
   for (size_t i = 0; i < edge_keys_.size(); ++i)
     if (edge_keys_[i] == key) return edge_cache_[i];
   edge_keys_.push_back(key);
-  edge_cache_.push_back(pair_default_plan(exec_.program(fu).fwd, exec_.program(bu).bwd).blocks);
+  edge_cache_.push_back(pair_default_plan(exec_.program(fu).fwd, exec_.program(bu).bwd));
   return edge_cache_.back();
 }
 
@@ -62,12 +62,12 @@ void StepRunner::link_forward(Inflight& f, int unit) {
   prev.erase("y");
 }
 
-void StepRunner::link_backward(Inflight& b, int unit) {
+void StepRunner::link_backward(Inflight& b, int unit, bool release_above) {
   if (unit == exec_.num_units() - 1) return;
   b.envs[unit]->bufs["dy"] = b.envs[unit + 1]->at("dx");
   // Unit+1 finished its backward; its "dx" lives on as our "dy", the rest is dead. Releasing it
   // before this pair runs lets the forward strand reuse the memory.
-  b.envs[unit + 1].reset();
+  if (release_above) b.envs[unit + 1].reset();
 }
 
 void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
@@ -112,20 +112,41 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
     for (int slot = 0; slot <= M; ++slot) {
       const bool has_f = slot < M, has_b = slot >= 1;
       if (has_f) start_mb(cur, slot, mbs[slot]);
+      // Backward ops the previous pair's plan carried out (SIPlan::carry); their unit finishes
+      // (DP hook, loss, release) once they ran, inside the next pair.
+      CarriedOps carry;
+      auto finish_carried = [&] {
+        if (carry.slot.env == nullptr) return;
+        const int u = carry.slot.unit;
+        finish_bwd_unit(prev, u, st);
+        if (u > 0) prev.envs[u].reset();  // finish_bwd_unit releases unit 0 itself
+        carry = CarriedOps{};
+      };
       for (int k = 0; k < U; ++k) {
         const int fu = k, bu = U - 1 - k;
         StrandSlot fs{cur.mb, fu, has_f ? cur.envs[fu].get() : nullptr};
         StrandSlot bs{prev.mb, bu, has_b ? prev.envs[bu].get() : nullptr};
         if (has_f) link_forward(cur, fu);
-        if (has_b) link_backward(prev, bu);
-        if (has_f && has_b)
-          exec_.run_pair(&fs, &bs, pair_plan(fu, bu));
-        else if (has_f)
+        if (has_b) link_backward(prev, bu, /*release_above=*/carry.slot.env == nullptr);
+        if (has_f && has_b) {
+          const SIPlan& plan = pair_plan(fu, bu);
+          exec_.run_pair(&fs, &bs, plan.blocks, plan.carry, &carry);
+          finish_carried();
+          if (plan.carry > 0) {
+            const int n = static_cast<int>(exec_.program(bu).bwd.size());
+            carry = CarriedOps{bs, n - plan.carry, n};
+          } else {
+            finish_bwd_unit(prev, bu, st);
+          }
+        } else if (has_f) {
           exec_.run_alone(fs, StrandKind::kForward);
-        else
+        } else {
           exec_.run_alone(bs, StrandKind::kBackward);
-        if (has_b) finish_bwd_unit(prev, bu, st);
+          finish_bwd_unit(prev, bu, st);
+        }
       }
+      exec_.run_carried(carry);  // the slot's last pair carried ops out: nothing follows to hide
+      finish_carried();
       prev = std::move(cur);
       cur = Inflight{};
     }

@@ -5,6 +5,7 @@
 // beside layer L+1-l, the embedding beside the head and the head beside the embedding. Slot 0
 // is forward-only and slot M backward-only. Gradients accumulate into the one ParamStore.
 #pragma once
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -49,15 +50,17 @@ class StepRunner {
   };
   void start_mb(Inflight& f, int mb, const MicroBatch& data);
   void link_forward(Inflight& f, int unit);     // y of unit-1 becomes x of unit
-  void link_backward(Inflight& b, int unit);    // dx of unit+1 becomes dy of unit
+  // dx of unit+1 becomes dy of unit; unit+1's env is released unless `release_above` is false
+  // (its carried ops have not run yet).
+  void link_backward(Inflight& b, int unit, bool release_above = true);
   void finish_bwd_unit(Inflight& b, int unit, StepStats& st);
-  const std::vector<Block>& pair_plan(int fwd_unit, int bwd_unit);
+  const SIPlan& pair_plan(int fwd_unit, int bwd_unit);
 
   RunContext& ctx_;
   Executor exec_;
   Interleave mode_;
   SIPlan block_plan_;
-  std::vector<std::vector<Block>> edge_cache_;  // [kind pair] -> blocks
+  std::deque<SIPlan> edge_cache_;  // [kind pair] -> plan
   std::vector<std::pair<std::string, std::string>> edge_keys_;
   std::function<void(int, int)> bwd_hook_;
 };

@@ -191,7 +191,32 @@ SIPlan cover_plan(const LayerProgram& prog) {
     }
   }
   extend_over_independent_tails(plan, prog);
+  carry_trailing_wgrads(plan, prog);
   return plan;
+}
+
+void carry_trailing_wgrads(SIPlan& plan, const LayerProgram& prog) {
+  const std::vector<Op>& bwd = prog.bwd;
+  const int n = static_cast<int>(bwd.size());
+  int c = 0;
+  while (c < n && !bwd[n - 1 - c].is_collective() && bwd[n - 1 - c].outputs.empty() && !bwd[n - 1 - c].grads.empty())
+    ++c;
+  plan.carry = 0;
+  if (c == 0) return;
+  const Walk fw(prog.fwd), bw(prog.bwd);
+  for (const Block& b : plan.blocks) {
+    auto coll_in = [](const std::vector<Op>& ops, int a, int e) {
+      for (int i = a; i < e; ++i)
+        if (ops[i].is_collective()) return true;
+      return false;
+    };
+    const bool fc = coll_in(prog.fwd, b.fwd_begin, b.fwd_end), bc = coll_in(bwd, b.bwd_begin, b.bwd_end);
+    if (!fc && !bc) continue;
+    // The pair's first collective: carry when the other strand gives it only small compute.
+    const double beside = fc ? flops_of(bwd, b.bwd_begin, b.bwd_end) : flops_of(prog.fwd, b.fwd_begin, b.fwd_end);
+    if (beside < (fc ? bw.small : fw.small)) plan.carry = c;
+    return;
+  }
 }
 
 SIPlan sequential_plan(const LayerProgram& prog) {

@@ -36,6 +36,12 @@ SIPlan cover_plan(const LayerProgram& prog);
 // so the collective also runs under its own strand's independent work (dgrad-RS beside wgrad).
 void extend_over_independent_tails(SIPlan& plan, const LayerProgram& prog);
 
+// Sets plan.carry (SIPlan::carry) to the backward program's trailing ops that write no buffer and
+// accumulate gradients (weight-gradient GEMMs) when the plan's first collective has only small
+// compute of the other strand beside it (below 10% of that strand's largest compute segment);
+// else 0. cover_plan ends with it.
+void carry_trailing_wgrads(SIPlan& plan, const LayerProgram& prog);
+
 // Forward strand first, then backward, one segment per block. source = "sequential".
 SIPlan sequential_plan(const LayerProgram& prog);
 

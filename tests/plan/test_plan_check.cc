@@ -113,6 +113,37 @@ TEST(PlanCheck, RejectsBoundsAndEmptyBlocksAndWrongPair) {
   EXPECT_TRUE(has(2, kRuleBounds));
 }
 
+// SIPlan::carry: only trailing backward ops that write no buffer and accumulate gradients may
+// run in the next pair. Oracle: hand-set outputs/grads whose verdict the rule states.
+TEST(PlanCheck, CarryOnlyTrailingWeightGradientOps) {
+  LayerProgram prog = program_from("c tp c", "tp c c c");
+  prog.bwd[1].outputs = {"h"};
+  prog.bwd[1].grads = {"w1"};
+  prog.bwd[2].grads = {"w2"};
+  prog.bwd[3].grads = {"w3"};
+  SIPlan p = plan_of({{0, 1, 0, 1}, {1, 2, 1, 4}, {2, 3, 0, 0}});
+  ASSERT_EQ(check_message(p, prog), "");
+  p.carry = 2;  // b2 b3: gradients only
+  EXPECT_EQ(check_message(p, prog), "");
+  p.carry = 3;
+  std::string m = check_message(p, prog);
+  EXPECT_NE(m.find("plan: rule 'carried ops write nothing': bwd op #1 'b1' is carried into the next pair but "
+                   "writes 'h'"),
+            std::string::npos)
+      << m;
+  p.carry = 4;
+  m = check_message(p, prog);
+  EXPECT_NE(m.find("bwd op #0 'b0.tp' is carried into the next pair but is a collective"), std::string::npos) << m;
+  p.carry = 5;
+  m = check_message(p, prog);
+  EXPECT_NE(m.find("rule 'carried ops write nothing': carry 5 is outside 0..4"), std::string::npos) << m;
+  p.carry = 1;
+  prog.bwd[3].grads.clear();
+  m = check_message(p, prog);
+  EXPECT_NE(m.find("bwd op #3 'b3' is carried into the next pair but accumulates no gradient"), std::string::npos)
+      << m;
+}
+
 TEST(PlanCheck, DependentStrandWindowIsLegal) {
   // A window holding a collective and the compute that consumes it, beside the other strand's
   // compute: legal (crosses a segment, so not "within segments").

@@ -34,13 +34,34 @@ TEST(PlanIO, RoundTripKeepsBlocksAndHeader) {
   SIPlan plan = search_plans(prog, cost, {.top_k = 3}).plans[2];
   json j = plan_to_json(plan, prog);
   EXPECT_EQ(j["format"], "dhelix-si-plan");
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], 2);
   EXPECT_EQ(j["fwd_ops"].size(), 13u);
   SIPlan back = plan_from_json(json::parse(j.dump()), prog);
   EXPECT_EQ(back.blocks, plan.blocks);
   EXPECT_EQ(back.pair, "block");
   EXPECT_EQ(back.source, "search");
   EXPECT_DOUBLE_EQ(back.predicted_s, plan.predicted_s);
+}
+
+// carry_bwd (version 2) round-trips; version-1 files (no carry) still load, as carry 0; a
+// carry_bwd that is not the program's trailing ops is rejected. Oracle: the plan written.
+TEST(PlanIO, CarryRoundTripsAndVersionOneLoads) {
+  LayerProgram prog = test::program_from("c tp c c", "tp c c");
+  prog.bwd[2].grads = {"w"};
+  SIPlan plan = default_plan(prog);
+  plan.carry = 1;
+  json j = plan_to_json(plan, prog);
+  EXPECT_EQ(j["carry_bwd"], json::array({"b2"}));
+  EXPECT_EQ(plan_from_json(json::parse(j.dump()), prog).carry, 1);
+  json v1 = j;
+  v1["version"] = 1;
+  v1.erase("carry_bwd");
+  EXPECT_EQ(plan_from_json(v1, prog).carry, 0);
+  j["carry_bwd"] = json::array({"b1"});
+  EXPECT_NE(error_of(j, prog).find("'carry_bwd'[0] is \"b1\", expected 'b2': carried ops must be the last 1 "
+                                   "backward ops"),
+            std::string::npos)
+      << error_of(j, prog);
 }
 
 TEST(PlanIO, FileRoundTrip) {
@@ -62,8 +83,8 @@ TEST(PlanIO, RejectsBadFiles) {
   j["format"] = "other";
   EXPECT_NE(error_of(j, prog).find("format is 'other'"), std::string::npos);
   j = good;
-  j["version"] = 2;
-  EXPECT_NE(error_of(j, prog).find("plan version 2 is not supported"), std::string::npos);
+  j["version"] = 3;
+  EXPECT_NE(error_of(j, prog).find("plan version 3 is not supported"), std::string::npos);
   j = good;
   j["blocks"][1]["fwd"] = json::array({"f2", "nope"});
   EXPECT_NE(error_of(j, prog).find("block 1: unknown fwd op 'nope'"), std::string::npos);

@@ -112,6 +112,44 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   std::printf("%d collective/other-strand-compute overlaps, e.g. %s\n", overlaps, example.c_str());
 }
 
+// SIPlan::carry on the tp = 2 block pair: the upper layer's (u2) trailing attn.qkv.wgrad leaves its
+// pair and runs in the next one (forward u2 beside backward u1), right after that pair's first
+// collective is issued — the all-gather before u1's first backward GEMM, issued after u1's first
+// backward op (GPT: the residual's bias gradient). Oracle: the executor's carry contract read off the trace as op order
+// (deterministic, unlike comm timings): in every paired slot the carried op runs after u1's first
+// backward op and before its second, the GEMM that waits for that all-gather; in the backward-only
+// last slot (no pairs, nothing carried) it ends before any backward op of u1 starts.
+TEST(SiTrace, CarriedWeightGradientRunsUnderTheNextPairsFirstCollective) {
+  testing::TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
+  RunConfig cfg = testing::si_config(dir.path(), "gpt", /*dp=*/1, /*tp=*/2, /*interleave=*/true);
+  cfg.training.steps = 1;
+  cfg.output.trace = dir.path() + "/trace.json";
+  testing::on_local_ranks(cfg, [&](CommContext& comm) { Trainer(cfg, &comm, Quiet::kYes).run(); });
+  const Lanes t = read_trace(cfg.output.trace + ".rank0");
+  const int M = static_cast<int>(cfg.training.micro_batches);
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (int m = 0; m < M; ++m) {
+    const std::string carried = "attn.qkv.wgrad mb" + std::to_string(m) + " u2";
+    auto it = std::find_if(t.compute.begin(), t.compute.end(), [&](const Interval& x) { return x.name == carried; });
+    ASSERT_NE(it, t.compute.end()) << "no '" << carried << "' in the trace";
+    std::vector<Interval> u1;  // backward compute of u1, micro-batch m, in time order
+    for (const Interval& x : t.compute)
+      if (x.lane == "compute bwd" && ends_with(x.name, " mb" + std::to_string(m) + " u1")) u1.push_back(x);
+    std::sort(u1.begin(), u1.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+    ASSERT_GE(u1.size(), 2u);
+    if (m + 1 < M) {
+      EXPECT_LE(u1[0].end, it->begin) << carried << " ran before '" << u1[0].name << "': it did not leave its pair";
+      EXPECT_LE(it->end, u1[1].begin) << carried << " ran after '" << u1[1].name
+                                      << "': not under the next pair's first collective";
+    } else {
+      EXPECT_LE(it->end, u1[0].begin) << carried << " (backward-only slot) ran after '" << u1[0].name << "'";
+    }
+  }
+}
+
 // dp = 2: the trace also holds every dp bucket reduction (lane "comm dp[0/2]") and every AdamW
 // update (lane "compute optimizer"). Oracles: GradSync's contract — one reduction per bucket per
 // step, each before that step's update (the update needs the reduced gradients), and buckets
