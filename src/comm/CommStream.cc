@@ -4,8 +4,6 @@
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <pthread.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,12 +22,6 @@ namespace {
 // weight (nice DHELIX_COMM_NICE, default -10) lets it run as soon as it wakes. Best effort: without
 // the privilege it keeps the default weight.
 void raise_comm_thread_priority() {
-  const char* m = std::getenv("DHELIX_COMM_SCHED");
-  if (m && std::string(m) == "fifo") {
-    sched_param p{};
-    p.sched_priority = 1;
-    if (::pthread_setschedparam(::pthread_self(), SCHED_FIFO, &p) == 0) return;
-  }
   const char* v = std::getenv("DHELIX_COMM_NICE");
   int nice = v ? std::atoi(v) : -10;
   if (nice == 0) return;
