@@ -2,7 +2,7 @@
 # bench/si-overlap.sh [ARGS...]: the si_overlap program (bench/si_overlap.cc) on the emulated
 # cluster — two hosts joined at 1 Gbit/s, one rank each, tp = 2 — so the tensor-parallel
 # collectives are wire-bound and Strand Interleaving has something to hide. Defaults: GPT-2 124M
-# shape, B=1, T=256, 4 micro-batches, 3 timed rounds after 1 warm-up. Needs root (scripts/cluster).
+# shape, B=1, T=256, 4 micro-batches, 5 timed rounds after 1 warm-up. Needs root (scripts/cluster).
 # mpi_yield_when_idle: Open MPI's blocking waits otherwise spin a full core while waiting on TCP;
 # with two ranks on this 2-core machine a spinning comm thread takes the compute thread's core
 # under SI (with blocking collectives it stretched the comm-only step ~4x: 10.5 s vs 2.6 s).

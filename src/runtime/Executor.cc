@@ -117,6 +117,7 @@ void Executor::run_carried(CarriedOps& c) {
   for (int i = c.begin; i < c.end; ++i) run_op(StrandKind::kBackward, c.slot, ops[i], issued);
   DHX_ASSERT(issued.empty(), "carried backward ops of unit {} issued a collective", c.slot.unit);
   c.begin = c.end;
+  if (auto done = std::move(c.on_done)) done();
 }
 
 void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out,

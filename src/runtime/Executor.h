@@ -54,10 +54,12 @@ struct StrandSlot {
 };
 
 // Backward ops [begin, end) of slot.unit's program that a pair's plan carried out of it
-// (SIPlan::carry): they run in the next pair, after its first collective is issued.
+// (SIPlan::carry): they run in the next pair, after its first collective is issued; then
+// `on_done` (the unit's backward is complete: hooks, release of its buffers) is called.
 struct CarriedOps {
   StrandSlot slot;
   int begin = 0, end = 0;
+  std::function<void()> on_done;
   bool empty() const { return end <= begin; }
 };
 

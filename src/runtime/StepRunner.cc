@@ -113,28 +113,24 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
       const bool has_f = slot < M, has_b = slot >= 1;
       if (has_f) start_mb(cur, slot, mbs[slot]);
       // Backward ops the previous pair's plan carried out (SIPlan::carry); their unit finishes
-      // (DP hook, loss, release) once they ran, inside the next pair.
+      // (DP hook, loss, release) as soon as they ran, inside the next pair.
       CarriedOps carry;
-      auto finish_carried = [&] {
-        if (carry.slot.env == nullptr) return;
-        const int u = carry.slot.unit;
-        finish_bwd_unit(prev, u, st);
-        if (u > 0) prev.envs[u].reset();  // finish_bwd_unit releases unit 0 itself
-        carry = CarriedOps{};
-      };
       for (int k = 0; k < U; ++k) {
         const int fu = k, bu = U - 1 - k;
         StrandSlot fs{cur.mb, fu, has_f ? cur.envs[fu].get() : nullptr};
         StrandSlot bs{prev.mb, bu, has_b ? prev.envs[bu].get() : nullptr};
         if (has_f) link_forward(cur, fu);
-        if (has_b) link_backward(prev, bu, /*release_above=*/carry.slot.env == nullptr);
+        if (has_b) link_backward(prev, bu, /*release_above=*/carry.empty());
         if (has_f && has_b) {
           const SIPlan& plan = pair_plan(fu, bu);
           exec_.run_pair(&fs, &bs, plan.blocks, plan.carry, &carry);
-          finish_carried();
+          DHX_ASSERT(carry.empty(), "pair ({}, {}) left carried ops unrun", fu, bu);
           if (plan.carry > 0) {
             const int n = static_cast<int>(exec_.program(bu).bwd.size());
-            carry = CarriedOps{bs, n - plan.carry, n};
+            carry = CarriedOps{bs, n - plan.carry, n, [this, &prev, &st, bu] {
+                                 finish_bwd_unit(prev, bu, st);
+                                 if (bu > 0) prev.envs[bu].reset();  // finish_bwd_unit releases unit 0 itself
+                               }};
           } else {
             finish_bwd_unit(prev, bu, st);
           }
@@ -146,7 +142,6 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
         }
       }
       exec_.run_carried(carry);  // the slot's last pair carried ops out: nothing follows to hide
-      finish_carried();
       prev = std::move(cur);
       cur = Inflight{};
     }
