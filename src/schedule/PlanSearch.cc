@@ -17,6 +17,7 @@
 #include <queue>
 
 #include "base/Error.h"
+#include "schedule/BasicPlans.h"
 
 namespace dhelix {
 
@@ -133,6 +134,7 @@ SearchResult search_plans(const LayerProgram& prog, const BlockCost& cost,
       rank = e.prev_rank;
     }
     std::reverse(plan.blocks.begin(), plan.blocks.end());
+    carry_trailing_wgrads(plan, prog);  // not priced: it only moves independent ops into the next pair
     res.plans.push_back(std::move(plan));
   }
   return res;

@@ -22,7 +22,9 @@ struct SearchOptions {
 };
 
 struct SearchResult {
-  std::vector<SIPlan> plans;  // best first, pairwise distinct, at most top_k; predicted_s set
+  // best first, pairwise distinct, at most top_k; predicted_s set; carry as carry_trailing_wgrads
+  // (BasicPlans.h) sets it, which the cost model does not price
+  std::vector<SIPlan> plans;
   int64_t blocks_priced = 0;  // BlockCost calls made (a measure of work)
   int64_t paths = 0;          // brute force only: complete plans enumerated
 };
