@@ -22,8 +22,8 @@
 // overlap efficiency = (T_base - T_si) / min(C, M); speedup T_base / T_si beside the ideal
 // (C + M) / max(C, M). The ceiling (T_base - C) / min(C, M) is the efficiency of a schedule that
 // hides all communication (T_si = C): what T_base already hides (T_exposed - T_base) is not
-// there for SI to gain, so with M < C the efficiency cannot exceed 1 - (T_exposed - T_base) / M. A step = zero grads + forward/backward of all micro-batches + gradient
-// reductions; the AdamW update (the same either way, no comm at dp = 1) is not timed. Peak
+// there for SI to gain, so with M < C the efficiency cannot exceed 1 - (T_exposed - T_base) / M.
+// A step = zero grads + forward/backward of all micro-batches + gradient reductions; the AdamW update (the same either way, no comm at dp = 1) is not timed. Peak
 // activation bytes (StepStats) are reported with SI off and on for this shape and, from one
 // extra step each, the "demo" preset. Prints a table, then one JSON line.
 #include <fmt/format.h>

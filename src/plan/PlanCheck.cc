@@ -114,7 +114,7 @@ std::vector<PlanViolation> find_violations(const SIPlan& plan, const LayerProgra
   } else {
     for (int i = nbw - plan.carry; i < nbw; ++i) {
       const Op& op = prog.bwd[i];
-      if (op.is_collective() || !op.outputs.empty() || op.grads.empty())
+      if (!only_accumulates_grads(op))
         out.push_back({-1, kRuleCarry,
                        fmt::format("bwd op #{} '{}' is carried into the next pair but {}; only trailing "
                                    "weight-gradient ops (no outputs, some gradients) may run late",

@@ -51,6 +51,10 @@ void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep
   for (auto* op : order) std::sort(op->frees.begin(), op->frees.end());
 }
 
+bool only_accumulates_grads(const Op& op) {
+  return !op.is_collective() && op.outputs.empty() && !op.grads.empty();
+}
+
 OpCost total_cost(const std::vector<Op>& ops) {
   OpCost c;
   for (auto& op : ops) {

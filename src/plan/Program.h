@@ -62,4 +62,8 @@ void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep
 // Totals over a strand's ops.
 OpCost total_cost(const std::vector<Op>& ops);
 
+// A compute op that writes no buffer and accumulates parameter gradients (a weight-gradient
+// GEMM): no later op can read what it does, so it may run late (SIPlan::carry).
+bool only_accumulates_grads(const Op& op);
+
 }  // namespace dhelix

@@ -126,15 +126,6 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
   const std::vector<Op>* bops = b ? &program(b->unit).bwd : nullptr;
   const int bwd_stop = bops ? static_cast<int>(bops->size()) - carry_out : 0;
   DHX_ASSERT(carry_out == 0 || (bops && bwd_stop >= 0), "carry {} without a backward strand", carry_out);
-  if (carry_in && !carry_in->empty()) {
-    bool any = false;
-    for (const Block& blk : blocks)
-      for (int i = blk.fwd_begin; fops && i < blk.fwd_end && !any; ++i) any = (*fops)[i].is_collective();
-    for (const Block& blk : blocks)
-      for (int i = blk.bwd_begin; bops && i < std::min(blk.bwd_end, bwd_stop) && !any; ++i)
-        any = (*bops)[i].is_collective();
-    if (!any) run_carried(*carry_in);
-  }
   for (const Block& blk : blocks) {
     std::vector<std::pair<UnitEnv*, std::string>> issued;
     struct Win {
@@ -159,7 +150,7 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
       if (w.next > w.begin && w.next < w.end) w.waits = true;
     }
     // Ops carried in from the previous pair wait on nothing here: they hide its first collective.
-    if (carry_in && !carry_in->empty() && !issued.empty()) run_carried(*carry_in);
+    if (carry_in && !issued.empty()) run_carried(*carry_in);
     // 2) The strand that does not wait on a collective of this block goes first; ties: backward
     //    first, so freed activations are reused by the forward strand's new ones.
     Win* order[2] = {&wins[1], &wins[0]};
@@ -169,7 +160,7 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
     // 3) The block completes before the next starts.
     for (auto& [env, buf] : issued) wait_pending(*env, buf);
   }
-  if (carry_in && !carry_in->empty()) run_carried(*carry_in);  // no block issued a leading collective
+  if (carry_in) run_carried(*carry_in);  // no block issued a leading collective
 }
 
 void Executor::run_alone(StrandSlot& s, StrandKind kind) {

@@ -74,8 +74,8 @@ class Executor {
   // Runs fwd ops of `f` and bwd ops of `b` (either may be null) by `blocks`, whose windows index
   // program(f->unit).fwd and program(b->unit).bwd. The last `carry_out` bwd ops are skipped (the
   // caller runs them later: SIPlan::carry). `carry_in` (may be null or empty), ops an earlier pair
-  // carried out, run in the first block that holds a collective, right after its leading
-  // collectives are issued, or before the first block when no block holds one.
+  // carried out, run in the first block that issues a leading collective, right after issuing it,
+  // or after the last block when none does.
   void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out = 0,
                 CarriedOps* carry_in = nullptr);
   // Runs carried ops now (the slot's last pair carried some and no pair follows).

@@ -199,18 +199,13 @@ void carry_trailing_wgrads(SIPlan& plan, const LayerProgram& prog) {
   const std::vector<Op>& bwd = prog.bwd;
   const int n = static_cast<int>(bwd.size());
   int c = 0;
-  while (c < n && !bwd[n - 1 - c].is_collective() && bwd[n - 1 - c].outputs.empty() && !bwd[n - 1 - c].grads.empty())
-    ++c;
+  while (c < n && only_accumulates_grads(bwd[n - 1 - c])) ++c;
   plan.carry = 0;
   if (c == 0) return;
   const Walk fw(prog.fwd), bw(prog.bwd);
   for (const Block& b : plan.blocks) {
-    auto coll_in = [](const std::vector<Op>& ops, int a, int e) {
-      for (int i = a; i < e; ++i)
-        if (ops[i].is_collective()) return true;
-      return false;
-    };
-    const bool fc = coll_in(prog.fwd, b.fwd_begin, b.fwd_end), bc = coll_in(bwd, b.bwd_begin, b.bwd_end);
+    const bool fc = !window_groups(prog.fwd, {b.fwd_begin, b.fwd_end}).empty();
+    const bool bc = !window_groups(bwd, {b.bwd_begin, b.bwd_end}).empty();
     if (!fc && !bc) continue;
     // The pair's first collective: carry when the other strand gives it only small compute.
     const double beside = fc ? flops_of(bwd, b.bwd_begin, b.bwd_end) : flops_of(prog.fwd, b.fwd_begin, b.fwd_end);
