@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -91,6 +92,13 @@ Args parse(int argc, char** argv) {
             "--batch={} --seq={} --steps={} must be >= 1 and --micro-batches={} >= 2 (SI pairs two)", a.B, a.T,
             a.steps, a.micro_batches);
   return a;
+}
+
+// CPU seconds used by this process (all threads, user + system) so far.
+double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -342,7 +350,7 @@ int run(int argc, char** argv) {
   rig.step(Variant::kCompute);
   CommReplay replay(tp, standin.stop_recording());
 
-  std::vector<double> base, si, comp, comm_only, exposed;
+  std::vector<double> base, si, comp, comm_only, exposed, comm_cpu;
   std::vector<double> round_eff;  // efficiency within one round: robust to load drifting between rounds
   Peaks peaks;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
@@ -359,9 +367,10 @@ int run(int argc, char** argv) {
     tp.barrier();
     t[2] = rig.step(Variant::kCompute).first;
     tp.barrier();
-    double t0 = now_seconds();
+    double t0 = now_seconds(), c0 = process_cpu_seconds();
     replay.run();
     t[3] = now_seconds() - t0;
+    double cpu = max_over(tp, process_cpu_seconds() - c0);
     tp.barrier();
     t[4] = rig.step(Variant::kExposed).first;
     for (double& x : t) x = max_over(tp, x);
@@ -370,12 +379,13 @@ int run(int argc, char** argv) {
     peaks.off = std::max(peaks.off, st_base.peak_activation_bytes);
     peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
     if (root) {
-      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f}  T_exposed {:.3f} s{}\n", s + 1, t[0], t[1],
-                 t[2], t[3], t[4], s < a.warmup ? "  (warm-up)" : "");
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f} (cpu {:.3f})  T_exposed {:.3f} s{}\n",
+                 s + 1, t[0], t[1], t[2], t[3], cpu, t[4], s < a.warmup ? "  (warm-up)" : "");
       std::fflush(stdout);
     }
     if (s < a.warmup) continue;
     base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]), exposed.push_back(t[4]);
+    comm_cpu.push_back(cpu);
     round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
   }
   if (!a.trace.empty()) {  // one traced SI step and one SI-off step, for looking at what is exposed
@@ -412,6 +422,7 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n",
                fmt::format("M: comm only, the step's {} collectives replayed (s)", replay.count()), Mc);
     fmt::print("  {:<56} {:>10.1f}\n", "   collective payload per step, full tensors (MiB)", replay.bytes() / 1048576.0);
+    fmt::print("  {:<56} {:>10.3f}\n", "   CPU the replay costs a rank (all threads; s)", median(comm_cpu));
     fmt::print("  {:<56} {:>10.3f}\n", "T_base - (C + M): unexplained by C + M (s)", T_base - C - Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "overlap efficiency (T_base - T_si) / min(C, M)", eff);
     fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round efficiencies", median(round_eff));
@@ -439,6 +450,7 @@ int run(int argc, char** argv) {
                         {"overlap_efficiency_round_median", median(round_eff)},
                         {"overlap_efficiency_ceiling", ceiling},
                         {"t_exposed_s", T_exp},
+                        {"comm_cpu_s", median(comm_cpu)},
                         {"overlap_efficiency_vs_exposed", eff_vs_exposed},
                         {"peak_activation_bytes_off", peaks.off},
                         {"peak_activation_bytes_on", peaks.on},

@@ -54,6 +54,7 @@ class SocketRing {
   int rank_, size_;
   std::string what_;
   int right_fd_ = -1, left_fd_ = -1;
+  int rcvlowat_ = 1;  // the left socket's SO_RCVLOWAT as last set
   std::string right_addr_;
   std::vector<char> scratch_;
 };
