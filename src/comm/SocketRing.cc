@@ -303,20 +303,24 @@ void SocketRing::reduce_scatter(const void* in, void* out, int64_t n, DType dtyp
   char* acc = scratch_.data();          // the partial sum this rank sends next
   char* recv = scratch_.data() + bytes;  // the partial sum arriving from the left
   // Step s sends the partial of block (rank - s - 1) and receives that of block (rank - s - 2),
-  // adding this rank's own contribution; the last block received is block `rank`.
+  // adding this rank's own contribution; the last block received is block `rank`, so the last step
+  // receives straight into `out` (when `out` is not inside `in`), saving a copy of the result.
+  char* dst = static_cast<char*>(out);
+  const bool direct = dst + bytes <= src || dst >= src + static_cast<size_t>(size_) * bytes;
   for (int s = 0; s < size_ - 1; ++s) {
     const char* send = s == 0 ? src + static_cast<size_t>(mod(rank_ - 1, size_)) * bytes : acc;
+    if (direct && s == size_ - 2) recv = dst;
     exchange_step(send, bytes, recv, bytes);
     combine_into(src + static_cast<size_t>(mod(rank_ - s - 2, size_)) * bytes, recv, n, dtype, op);
     std::swap(acc, recv);
   }
-  std::memcpy(out, acc, bytes);
+  if (acc != dst) std::memcpy(dst, acc, bytes);
 }
 
 void SocketRing::all_gather(const void* in, void* out, int64_t n, DType dtype) {
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   char* o = static_cast<char*>(out);
-  std::memcpy(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+  if (o + static_cast<size_t>(rank_) * bytes != in) std::memcpy(o + static_cast<size_t>(rank_) * bytes, in, bytes);
   for (int s = 0; s < size_ - 1; ++s)
     exchange_step(o + static_cast<size_t>(mod(rank_ - s, size_)) * bytes, bytes,
                   o + static_cast<size_t>(mod(rank_ - s - 1, size_)) * bytes, bytes);
