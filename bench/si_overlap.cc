@@ -23,24 +23,34 @@
 // (C + M) / max(C, M). The ceiling (T_base - C) / min(C, M) is the efficiency of a schedule that
 // hides all communication (T_si = C): what T_base already hides (T_exposed - T_base) is not
 // there for SI to gain, so with M < C the efficiency cannot exceed 1 - (T_exposed - T_base) / M.
-// A step = zero grads + forward/backward of all micro-batches + gradient reductions; the AdamW update (the same either way, no comm at dp = 1) is not timed. Peak
-// activation bytes (StepStats) are reported with SI off and on for this shape and, from one
-// extra step each, the "demo" preset. Prints a table, then one JSON line.
+// A step = zero grads + forward/backward of all micro-batches + gradient reductions; the AdamW
+// update (the same either way, no comm at dp = 1) is not timed. Peak activation bytes (StepStats)
+// are reported with SI off and on for this shape and, from one extra step each, the "demo"
+// preset. Two diagnostics per round: the process CPU time of the replay (comm_cpu_s: kernel TCP
+// copies and reductions, which under SI come out of the compute core's time) and the CPU time
+// the hypervisor stole from the rank's cores (/proc/stat), which explains some outlier rounds.
+// Prints a table, then one JSON line.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <sched.h>
+#include <unistd.h>
 
 #include "base/Clock.h"
 #include "BenchFlags.h"
@@ -99,6 +109,29 @@ double process_cpu_seconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Steal time so far (s) summed over the CPUs this process may run on: time the hypervisor ran
+// something else while these virtual CPUs had work (/proc/stat, 8th field). -1 where unknown.
+double steal_seconds() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+  std::ifstream f("/proc/stat");
+  if (!f) return -1;
+  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  double sum = 0;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(static_cast<unsigned char>(line[3]))) continue;
+    std::istringstream in(line.substr(3));
+    int cpu = -1;
+    double v[8] = {};
+    in >> cpu;
+    for (double& x : v) in >> x;
+    if (in && cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &set)) sum += v[7] / hz;
+  }
+  return sum;
 }
 
 double median(std::vector<double> v) {
@@ -350,10 +383,11 @@ int run(int argc, char** argv) {
   rig.step(Variant::kCompute);
   CommReplay replay(tp, standin.stop_recording());
 
-  std::vector<double> base, si, comp, comm_only, exposed, comm_cpu;
+  std::vector<double> base, si, comp, comm_only, exposed, comm_cpu, steal;
   std::vector<double> round_eff;  // efficiency within one round: robust to load drifting between rounds
   Peaks peaks;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
+    const double steal0 = steal_seconds();
     double t[5];
     StepStats st_base, st_si;
     // Odd rounds run SI first: a drift in machine speed then favours neither side.
@@ -374,18 +408,20 @@ int run(int argc, char** argv) {
     tp.barrier();
     t[4] = rig.step(Variant::kExposed).first;
     for (double& x : t) x = max_over(tp, x);
+    const double stolen = steal0 < 0 ? -1 : max_over(tp, steal_seconds() - steal0);
     DHX_CHECK(st_base.loss_sum == st_si.loss_sum, InternalError,
               "SI changed the loss: {} (off) vs {} (on)", st_base.loss_sum, st_si.loss_sum);
     peaks.off = std::max(peaks.off, st_base.peak_activation_bytes);
     peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
     if (root) {
-      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f} (cpu {:.3f})  T_exposed {:.3f} s{}\n",
-                 s + 1, t[0], t[1], t[2], t[3], cpu, t[4], s < a.warmup ? "  (warm-up)" : "");
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f} (CPU {:.3f})  T_exposed {:.3f}  stolen {} s{}\n",
+                 s + 1, t[0], t[1], t[2], t[3], cpu, t[4], stolen < 0 ? "-" : fmt::format("{:.2f}", stolen),
+                 s < a.warmup ? "  (warm-up)" : "");
       std::fflush(stdout);
     }
     if (s < a.warmup) continue;
     base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]), exposed.push_back(t[4]);
-    comm_cpu.push_back(cpu);
+    comm_cpu.push_back(cpu), steal.push_back(stolen);
     round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
   }
   if (!a.trace.empty()) {  // one traced SI step and one SI-off step, for looking at what is exposed
@@ -431,6 +467,8 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI off already hides (T_exposed - T_base) / M", (T_exp - T_base) / Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI hides (T_exposed - T_si) / min(C, M)", eff_vs_exposed);
     fmt::print("  {:<56} {:>10.3f}\n", "speedup T_base / T_si", speedup);
+    fmt::print("  {:<56} {:>10.2f}\n", "CPU time stolen by the hypervisor in a round, max (s)",
+               *std::max_element(steal.begin(), steal.end()));
     fmt::print("  {:<56} {:>10.3f}\n", "ideal speedup (C + M) / max(C, M)", ideal);
     fmt::print("  {:<56} {:>10}\n", fmt::format("peak activations {} B={} T={}, off / on (MiB)", a.preset, a.B, a.T),
                fmt::format("{} / {}", mib(peaks.off), mib(peaks.on)));
