@@ -1,5 +1,6 @@
 // The benchmark programs' flag reading: `--name value` words in order, a missing value or a
-// count that is not a non-negative integer is a ConfigError naming the flag.
+// count that is not a non-negative integer (or a number that does not parse) is a ConfigError
+// naming the flag.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -30,6 +31,13 @@ class BenchFlags {
     const long long n = std::strtoll(v.c_str(), &end, 10);
     DHX_CHECK(end != v.c_str() && *end == '\0' && n >= 0, ConfigError, "{}={} is not a count", key_, v);
     return n;
+  }
+  double number() {
+    const std::string v = value();
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    DHX_CHECK(end != v.c_str() && *end == '\0', ConfigError, "{}={} is not a number", key_, v);
+    return x;
   }
 
  private:
