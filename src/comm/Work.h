@@ -63,6 +63,7 @@ class [[nodiscard]] Work {
   }
   std::string describe() const { return state_ ? state_->describe() : "(no op)"; }
   int64_t seq() const { return state_ ? state_->seq() : -1; }
+  double issue_time() const { return state_ ? state_->issue_time() : 0; }
   double start_time() const { return state_ ? state_->start_time() : 0; }
   double end_time() const { return state_ ? state_->end_time() : 0; }
 

@@ -143,7 +143,8 @@ double GradSync::finish() {
     busy += f.work.end_time() - f.work.start_time();
     if (trace_)
       trace_->add("comm " + dp_->name(), f.name, f.work.start_time(), f.work.end_time(),
-                  fmt::format(R"({{"mib":{:.3f}}})", f.elems * 4 / 1048576.0));
+                  fmt::format(R"({{"mib":{:.3f},"queued_us":{:.3f}}})", f.elems * 4 / 1048576.0,
+                              (f.work.start_time() - f.work.issue_time()) * 1e6));
   }
   if (rows_taken_) add_gathered_rows();
   rows_taken_ = false, bwd_started_ = false;

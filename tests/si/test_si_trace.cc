@@ -26,6 +26,7 @@ struct Interval {
   std::string lane, name;
   int mb = -1;
   double begin = 0, end = 0;  // microseconds
+  double issued = 0;          // dp reductions: when the compute thread issued it (begin - queued_us)
 };
 
 // "attn.qkv mb3 u2" -> 3
@@ -57,6 +58,8 @@ Lanes read_trace(const std::string& path) {
     Interval iv{lanes[tid], e.value("name", ""), -1, e["ts"].get<double>(), 0};
     iv.end = iv.begin + e["dur"].get<double>();
     EXPECT_FALSE(iv.name.empty()) << "unnamed op on lane " << iv.lane;
+    iv.issued = iv.begin;
+    if (e.contains("args") && e["args"].contains("queued_us")) iv.issued -= e["args"]["queued_us"].get<double>();
     if (iv.lane.rfind("comm dp[", 0) == 0 || iv.lane == "compute optimizer") {
       (iv.lane == "compute optimizer" ? out.optimizer : out.dp).push_back(iv);
       continue;
@@ -153,8 +156,11 @@ TEST(SiTrace, CarriedWeightGradientRunsUnderTheNextPairsFirstCollective) {
 // dp = 2: the trace also holds every dp bucket reduction (lane "comm dp[0/2]") and every AdamW
 // update (lane "compute optimizer"). Oracles: GradSync's contract — one reduction per bucket per
 // step, each before that step's update (the update needs the reduced gradients), and buckets
-// issued as their gradients complete, so at least one reduction runs while backward compute of
-// the same step is still going on.
+// issued as their gradients complete, so at least one reduction is issued while backward compute
+// of the same step is still to run. The issue time (the event's begin minus its queued_us) is
+// set by the compute thread in program order; when the comm thread then gets a core is the OS
+// scheduler's choice, so actual overlap is only printed (on a loaded 2-core machine about 1 run
+// in 20 started every reduction after backward).
 TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
   testing::TempDir dir;
   const RunConfig cfg = traced_llama_config(dir, /*dp=*/2, /*tp=*/1);
@@ -177,13 +183,19 @@ TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
              t.dp.end());
   ASSERT_EQ(t.dp.size(), buckets * static_cast<size_t>(cfg.training.steps));
   EXPECT_EQ(t.dp.front().lane, "comm dp[0/2]");
-  int overlapping = 0;
+  int overlapping = 0, issued_early = 0;
   for (size_t s = 0; s < t.optimizer.size(); ++s) {
     const double step_begin = s == 0 ? 0 : t.optimizer[s - 1].end, update = t.optimizer[s].begin;
+    double last_bwd_begin = step_begin;  // the step's last backward compute op
+    for (const auto& x : t.compute)
+      if (x.lane == "compute bwd" && x.begin >= step_begin && x.end <= update)
+        last_bwd_begin = std::max(last_bwd_begin, x.begin);
     for (size_t b = s * buckets; b < (s + 1) * buckets; ++b) {
       const Interval& r = t.dp[b];
-      EXPECT_GE(r.begin, step_begin) << r.name << " of step " << s + 1 << " starts before the step";
+      EXPECT_GE(r.issued, step_begin) << r.name << " of step " << s + 1 << " issued before the step";
+      EXPECT_LE(r.issued, r.begin) << r.name << ": queued_us is negative";
       EXPECT_LE(r.end, update) << r.name << " of step " << s + 1 << " ends after that step's update began";
+      if (r.issued < last_bwd_begin) ++issued_early;
       for (const auto& x : t.compute)
         if (x.lane == "compute bwd" && x.begin >= step_begin && x.end <= update &&
             std::max(r.begin, x.begin) < std::min(r.end, x.end)) {
@@ -192,8 +204,9 @@ TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
         }
     }
   }
-  EXPECT_GT(overlapping, 0) << "no dp bucket reduction ran under backward compute";
-  std::printf("%d of %zu dp bucket reductions ran under backward compute\n", overlapping, t.dp.size());
+  EXPECT_GT(issued_early, 0) << "every dp bucket reduction was issued after the last backward op began";
+  std::printf("%d of %zu dp bucket reductions issued before the last backward op, %d ran under backward compute\n",
+              issued_early, t.dp.size(), overlapping);
 }
 
 // schedule.expose_collectives: every collective is waited for where it is issued. Oracles: the
