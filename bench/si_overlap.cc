@@ -29,11 +29,12 @@
 // preset. Two diagnostics per round: the process CPU time of the replay (comm_cpu_s: kernel TCP
 // copies and reductions, which under SI come out of the compute core's time) and the CPU time
 // the hypervisor stole from the rank's cores (/proc/stat). On a shared virtual machine steal comes
-// in bursts (up to 86 s of a 120 s round was measured) and makes any timing it hits meaningless,
-// for every variant alike, so a round in which any rank lost more than --max-steal (default 2%)
-// of any of its five timings to steal is repeated, up to 3N attempts for N rounds; the figures are
-// over the rounds kept, and overlap_efficiency_all_rounds gives the same figure over every timed
-// round. Prints a table, then one JSON line.
+// in bursts (up to 86 s of a 120 s round was measured) on top of a background of a few percent; a
+// burst makes the timing it hits meaningless, and it hits one variant, not all alike. So a round in
+// which any rank lost more than --max-steal (default 5%, above that background) of any of its five
+// timings to steal is repeated, up to 3N attempts for N rounds; the figures are over the rounds
+// kept, and overlap_efficiency_all_rounds gives the same figure over every timed round. Prints a
+// table, then one JSON line.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -75,7 +76,7 @@ namespace {
 struct Args {
   std::string preset = "gpt2-124m";
   int64_t B = 1, T = 256, micro_batches = 4, steps = 5, warmup = 1;
-  double max_steal = 0.02;  // a round is repeated when a rank lost more than this share of a timing to steal
+  double max_steal = 0.05;  // a round is repeated when a rank lost more than this share of a timing to steal
   std::string plan;   // SI plan JSON for the block pair; empty = default plan
   std::string trace;  // writes a trace of one SI step and one SI-off step: PATH.rank<r>
 };
@@ -83,7 +84,7 @@ struct Args {
 void usage() {
   std::puts(
       "usage: dhelix_bench_si_overlap [--preset gpt2-124m] [--batch B=1] [--seq T=256] [--micro-batches M=4]\n"
-      "         [--steps N=5] [--warmup N=1] [--max-steal F=0.02] [--plan PLAN.json] [--trace PATH]\n"
+      "         [--steps N=5] [--warmup N=1] [--max-steal F=0.05] [--plan PLAN.json] [--trace PATH]\n"
       "       --max-steal: repeat a round (at most 3N attempts) in which the hypervisor stole more than F\n"
       "         of a rank's time during any of its timings; F >= 1 keeps every round\n"
       "       run on 2 ranks (tp = 2): scripts/bench si-overlap [ARGS]");
