@@ -48,8 +48,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -495,14 +495,14 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "T_base - (C + M): unexplained by C + M (s)", T_base - C - Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "overlap efficiency (T_base - T_si) / min(C, M)", eff);
     fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round efficiencies", median(round_eff));
+    fmt::print("  {:<56} {:>10.3f}\n", "   over every timed round, repeated ones included", eff_all);
     fmt::print("  {:<56} {:>10.3f}\n", "   ceiling, all comm hidden (T_base - C) / min(C, M)", ceiling);
     fmt::print("  {:<56} {:>10.3f}\n", "T_exposed: SI off, every collective waited at issue (s)", T_exp);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI off already hides (T_exposed - T_base) / M", (T_exp - T_base) / Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI hides (T_exposed - T_si) / min(C, M)", eff_vs_exposed);
     fmt::print("  {:<56} {:>10.3f}\n", "speedup T_base / T_si", speedup);
-    fmt::print("  {:<56} {:>10.3f}\n", "   over every timed round, repeated ones included", eff_all);
-    fmt::print("  {:<56} {:>9.1f}%\n", "largest share of a timing stolen by the hypervisor", 100 * worst_steal);
     fmt::print("  {:<56} {:>10.3f}\n", "ideal speedup (C + M) / max(C, M)", ideal);
+    fmt::print("  {:<56} {:>9.1f}%\n", "largest share of a timing stolen by the hypervisor", 100 * worst_steal);
     fmt::print("  {:<56} {:>10}\n", fmt::format("peak activations {} B={} T={}, off / on (MiB)", a.preset, a.B, a.T),
                fmt::format("{} / {}", mib(peaks.off), mib(peaks.on)));
     fmt::print("  {:<56} {:>10.3f}\n", "   on / off", static_cast<double>(peaks.on) / static_cast<double>(peaks.off));

@@ -323,7 +323,8 @@ void SocketRing::reduce_scatter(const void* in, void* out, int64_t n, DType dtyp
 void SocketRing::all_gather(const void* in, void* out, int64_t n, DType dtype) {
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   char* o = static_cast<char*>(out);
-  if (o + static_cast<size_t>(rank_) * bytes != in) std::memcpy(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+  char* mine = o + static_cast<size_t>(rank_) * bytes;
+  if (mine != in) std::memcpy(mine, in, bytes);
   for (int s = 0; s < size_ - 1; ++s)
     exchange_step(o + static_cast<size_t>(mod(rank_ - s, size_)) * bytes, bytes,
                   o + static_cast<size_t>(mod(rank_ - s - 1, size_)) * bytes, bytes);
