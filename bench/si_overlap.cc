@@ -10,6 +10,8 @@
 //   C       compute only: the SI-off step with the tp group replaced by a local stand-in of the
 //           same rank/size whose collectives are local copies of the same shapes (all-gather
 //           writes our rows into every slot, reduce-scatter keeps our slice, all-reduce nothing)
+//   C_si    compute only in SI's op order (the SI step with the same stand-in): what
+//           interleaving the strands costs or saves the compute itself (working set, caches)
 //   T_exposed  the SI-off step with every collective waited for as soon as it is issued: no
 //           overlap at all. T_base is already below it, because within one strand a reduce-
 //           scatter of input gradients runs under the weight-gradient GEMM that follows it
@@ -31,7 +33,7 @@
 // the hypervisor stole from the rank's cores (/proc/stat). On a shared virtual machine steal comes
 // in bursts (up to 86 s of a 120 s round was measured) on top of a background of a few percent; a
 // burst makes the timing it hits meaningless, and it hits one variant, not all alike. So a round in
-// which any rank lost more than --max-steal (default 5%, above that background) of any of its five
+// which any rank lost more than --max-steal (default 5%, above that background) of any of its six
 // timings to steal is repeated, up to 3N attempts for N rounds; the figures are over the rounds
 // kept, and overlap_efficiency_all_rounds gives the same figure over every timed round. Prints a
 // table, then one JSON line.
@@ -42,7 +44,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -113,13 +114,6 @@ Args parse(int argc, char** argv) {
   DHX_CHECK(a.max_steal > 0, ConfigError, "--max-steal={} must be > 0 (a share of a timing; >= 1 keeps every round)",
             a.max_steal);
   return a;
-}
-
-// CPU seconds used by this process (all threads, user + system) so far.
-double process_cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Steal time so far (s) summed over the CPUs this process may run on: time the hypervisor ran
@@ -256,7 +250,7 @@ class CommReplay {
   int64_t bytes_ = 0;
 };
 
-enum class Variant { kBase, kSi, kCompute, kExposed };
+enum class Variant { kBase, kSi, kCompute, kComputeSi, kExposed };
 
 // One model on this rank's tp shard: parameters, programs, both schedules and two GradSyncs
 // (real tp group, stand-in group), so the variants differ only in schedule and group.
@@ -307,10 +301,10 @@ class Rig {
 
   // One timed step of `v` on this rank; returns seconds and the step's stats.
   std::pair<double, StepStats> step(Variant v) {
-    const bool local = v == Variant::kCompute;
+    const bool local = v == Variant::kCompute || v == Variant::kComputeSi;
     ctx_.groups["tp"] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
     active_sync_ = local ? sync_local_.get() : sync_real_.get();
-    StepRunner& r = v == Variant::kSi ? *on_ : *off_;
+    StepRunner& r = v == Variant::kSi || v == Variant::kComputeSi ? *on_ : *off_;
     ctx_.expose_collectives = v == Variant::kExposed;
     double t0 = now_seconds();
     params_->zero_grads();
@@ -394,7 +388,7 @@ int run(int argc, char** argv) {
   rig.step(Variant::kCompute);
   CommReplay replay(tp, standin.stop_recording());
 
-  std::vector<double> base, si, comp, comm_only, exposed, comm_cpu;
+  std::vector<double> base, si, comp, comp_si, comm_only, exposed, comm_cpu;
   std::vector<double> round_eff;  // efficiency within one round: robust to load drifting between rounds
   std::vector<double> all_base, all_si, all_comm;  // every timed round, disturbed ones included
   double worst_steal = 0;  // the largest share of a timing stolen, over all timed rounds
@@ -408,7 +402,7 @@ int run(int argc, char** argv) {
     return std::pair{dt, s0 < 0 || s1 < 0 ? 0.0 : (s1 - s0) / dt};
   };
   for (int64_t s = 0, kept = 0; kept < a.steps && s < a.warmup + 3 * a.steps; ++s) {
-    double t[5], share[5];
+    double t[6], share[6];
     StepStats st_base, st_si;
     // Odd rounds run SI first: a drift in machine speed then favours neither side.
     for (int k = 0; k < 2; ++k) {
@@ -426,17 +420,19 @@ int run(int argc, char** argv) {
     const double cpu = max_over(tp, process_cpu_seconds() - c0);
     tp.barrier();
     std::tie(t[4], share[4]) = timed([&] { rig.step(Variant::kExposed); });
+    tp.barrier();
+    std::tie(t[5], share[5]) = timed([&] { rig.step(Variant::kComputeSi); });
     double stolen = 0;
-    for (int i = 0; i < 5; ++i) t[i] = max_over(tp, t[i]), stolen = std::max(stolen, max_over(tp, share[i]));
+    for (int i = 0; i < 6; ++i) t[i] = max_over(tp, t[i]), stolen = std::max(stolen, max_over(tp, share[i]));
     DHX_CHECK(st_base.loss_sum == st_si.loss_sum, InternalError,
               "SI changed the loss: {} (off) vs {} (on)", st_base.loss_sum, st_si.loss_sum);
     peaks.off = std::max(peaks.off, st_base.peak_activation_bytes);
     peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
     const bool warm = s < a.warmup, disturbed = !warm && stolen > a.max_steal;
     if (root) {
-      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f}  M {:.3f} (CPU {:.3f})  T_exposed {:.3f} s  "
-                 "stolen <= {:.1f}%{}\n",
-                 s + 1, t[0], t[1], t[2], t[3], cpu, t[4], 100 * stolen,
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f} (SI order {:.3f})  M {:.3f} (CPU {:.3f})  "
+                 "T_exposed {:.3f} s  stolen <= {:.1f}%{}\n",
+                 s + 1, t[0], t[1], t[2], t[5], t[3], cpu, t[4], 100 * stolen,
                  warm ? "  (warm-up)" : disturbed ? "  (repeated: steal)" : "");
       std::fflush(stdout);
     }
@@ -449,6 +445,7 @@ int run(int argc, char** argv) {
     }
     ++kept;
     base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]), exposed.push_back(t[4]);
+    comp_si.push_back(t[5]);
     comm_cpu.push_back(cpu);
     round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
   }
@@ -475,7 +472,7 @@ int run(int argc, char** argv) {
   Peaks demo_peaks = peak_activations(demo_rig);
 
   const double T_base = median(base), T_si = median(si), C = median(comp), Mc = median(comm_only);
-  const double T_exp = median(exposed);
+  const double T_exp = median(exposed), C_si = median(comp_si);
   const double eff = (T_base - T_si) / std::min(C, Mc);
   const double eff_vs_exposed = (T_exp - T_si) / std::min(C, Mc);
   const double speedup = T_base / T_si, ideal = (C + Mc) / std::max(C, Mc);
@@ -488,6 +485,7 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "T_base: step, SI off (s)", T_base);
     fmt::print("  {:<56} {:>10.3f}\n", "T_si:   step, SI on (s)", T_si);
     fmt::print("  {:<56} {:>10.3f}\n", "C: compute only, tp collectives -> local copies (s)", C);
+    fmt::print("  {:<56} {:>10.3f}\n", "   the same in SI's op order (s)", C_si);
     fmt::print("  {:<56} {:>10.3f}\n",
                fmt::format("M: comm only, the step's {} collectives replayed (s)", replay.count()), Mc);
     fmt::print("  {:<56} {:>10.1f}\n", "   collective payload per step, full tensors (MiB)", replay.bytes() / 1048576.0);
@@ -522,6 +520,7 @@ int run(int argc, char** argv) {
                         {"overlap_efficiency_ceiling", ceiling},
                         {"t_exposed_s", T_exp},
                         {"comm_cpu_s", median(comm_cpu)},
+                        {"compute_si_order_s", C_si},
                         {"rounds", base.size()},
                         {"rounds_repeated_for_steal", discarded},
                         {"overlap_efficiency_all_rounds", eff_all},

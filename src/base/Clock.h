@@ -1,5 +1,8 @@
-// Monotonic wall-clock helpers (seconds as double) used by timers, metrics and traces.
+// Monotonic wall-clock helpers (seconds as double) used by timers, metrics and traces, and the
+// process's CPU time.
 #pragma once
+#include <time.h>
+
 #include <chrono>
 
 namespace dhelix {
@@ -7,6 +10,13 @@ namespace dhelix {
 inline double now_seconds() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time used so far by every thread of this process (s).
+inline double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 }  // namespace dhelix
