@@ -198,7 +198,11 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task barrier_task() override {
     return [this](const std::shared_ptr<WorkState>&) {
-      mpi_check(MPI_Barrier(comm_), "MPI_Barrier");
+      // Non-blocking plus the test loop, as the other collectives: a blocking MPI_Barrier spins a
+      // whole core (even with mpi_yield_when_idle) while a slower rank is still computing.
+      MPI_Request req;
+      mpi_check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+      wait_request(req, "MPI_Ibarrier");
       return true;
     };
   }

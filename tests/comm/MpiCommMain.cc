@@ -6,6 +6,11 @@
 //   bench MIB ITERS     times an f32 all_reduce of MIB MiB on the world group (rank 0 prints)
 //   overlap MIB ITERS   the same all_reduce alone, a compute loop of equal length alone, and both
 //                       at once (all_reduce issued, compute, then wait): overlap hides the shorter
+//   barrier-idle SECONDS  the last rank sleeps SECONDS, then all meet at a world barrier; every
+//                       other rank must wait there without burning its core. Oracle: the process
+//                       CPU time the waiting rank used across the barrier (kernel accounting) is
+//                       under a quarter of the wait; a spinning wait (blocking MPI_Barrier) uses
+//                       about all of it. Exit 1 on failure.
 #include <signal.h>
 #include <unistd.h>
 
@@ -146,19 +151,37 @@ int run_overlap(double mib, int iters) {
   return 0;
 }
 
+int run_barrier_idle(double seconds) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+  ctx->world().barrier();  // every rank is up and the group's comm thread is running
+  const bool sleeper = ctx->rank() == ctx->world_size() - 1;
+  const double t0 = now_seconds(), c0 = process_cpu_seconds();
+  if (sleeper) usleep(static_cast<useconds_t>(seconds * 1e6));
+  ctx->world().barrier();
+  const double wall = now_seconds() - t0, cpu = process_cpu_seconds() - c0;
+  if (sleeper) return 0;
+  // A quarter: the comm thread's test loop sleeps between polls (tens of microseconds of work per
+  // poll interval), so an idle wait costs a few percent of a core; a spin costs ~100%.
+  const bool ok = cpu < 0.25 * wall;
+  std::printf("rank %d: barrier waited %.2f s for the last rank, using %.3f s of CPU (%.0f%%)%s\n", ctx->rank(), wall,
+              cpu, 100.0 * cpu / wall, ok ? "" : " -- FAIL: the wait spins a core");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace dhelix
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    if (args.empty()) throw dhelix::ConfigError("usage: dhelix_comm_mpi_test checks|kill-one DIR|throw-one DIR|bench MIB ITERS|overlap MIB ITERS");
+    if (args.empty()) throw dhelix::ConfigError("usage: dhelix_comm_mpi_test checks|kill-one DIR|throw-one DIR|bench MIB ITERS|overlap MIB ITERS|barrier-idle SECONDS");
     std::string mode = args[0];
     args.erase(args.begin());
     if (mode == "checks") return dhelix::run_checks(args);
     if ((mode == "kill-one" || mode == "throw-one") && args.size() == 1) return dhelix::run_failure(mode, args[0]);
     if (mode == "bench" && args.size() == 2) return dhelix::run_bench(std::stod(args[0]), std::stoi(args[1]));
     if (mode == "overlap" && args.size() == 2) return dhelix::run_overlap(std::stod(args[0]), std::stoi(args[1]));
+    if (mode == "barrier-idle" && args.size() == 1) return dhelix::run_barrier_idle(std::stod(args[0]));
     throw dhelix::ConfigError(fmt::format("bad arguments for mode '{}'", mode));
   } catch (const std::exception& e) {
     dhelix::abort_world(e.what());
