@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,11 @@ Args parse(int argc, char** argv) {
   DHX_CHECK(a.B >= 1 && a.T >= 1 && a.steps >= 1 && a.micro_batches >= 2, ConfigError,
             "--batch={} --seq={} --steps={} must be >= 1 and --micro-batches={} >= 2 (SI pairs two)", a.B, a.T,
             a.steps, a.micro_batches);
+  if (!a.trace.empty()) {  // checked now, not after the timed rounds
+    const std::filesystem::path dir = std::filesystem::absolute(a.trace).parent_path();
+    DHX_CHECK(std::filesystem::is_directory(dir), ConfigError,
+              "--trace={}: directory '{}' does not exist (create it first)", a.trace, dir.string());
+  }
   DHX_CHECK(a.max_steal > 0, ConfigError, "--max-steal={} must be > 0 (a share of a timing; >= 1 keeps every round)",
             a.max_steal);
   return a;
