@@ -28,9 +28,11 @@
 // A step = zero grads + forward/backward of all micro-batches + gradient reductions; the AdamW
 // update (the same either way, no comm at dp = 1) is not timed. Peak activation bytes (StepStats)
 // are reported with SI off and on for this shape and, from one extra step each, the "demo"
-// preset. Two diagnostics per round: the process CPU time of the replay (comm_cpu_s: kernel TCP
-// copies and reductions, which under SI come out of the compute core's time) and the CPU time
-// the hypervisor stole from the rank's cores (/proc/stat). On a shared virtual machine steal comes
+// preset. Diagnostics per round: the process CPU time of the replay (comm_cpu_s: kernel TCP
+// copies and reductions, which under SI come out of the compute core's time), the irq/softirq
+// time on the rank's cores during it (comm_irq_s: packet processing the kernel charges to no
+// process, which also comes out of compute under SI), and the CPU time the hypervisor stole from
+// the rank's cores (/proc/stat). On a shared virtual machine steal comes
 // in bursts (up to 86 s of a 120 s round was measured) on top of a background of a few percent; a
 // burst makes the timing it hits meaningless, and it hits one variant, not all alike. So a round in
 // which any rank lost more than --max-steal (default 5%, above that background) of any of its six
@@ -122,9 +124,9 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Steal time so far (s) summed over the CPUs this process may run on: time the hypervisor ran
-// something else while these virtual CPUs had work (/proc/stat, 8th field). -1 where unknown.
-double steal_seconds() {
+// Time so far (s) in /proc/stat's fields [first, last] (0 user ... 5 irq, 6 softirq, 7 steal),
+// summed over the CPUs this process may run on. -1 where unknown.
+double cpu_stat_seconds(int first, int last) {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof set, &set) != 0) return -1;
@@ -140,10 +142,16 @@ double steal_seconds() {
     double v[8] = {};
     in >> cpu;
     for (double& x : v) in >> x;
-    if (in && cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &set)) sum += v[7] / hz;
+    if (in && cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &set))
+      for (int i = first; i <= last; ++i) sum += v[i] / hz;
   }
   return sum;
 }
+// Steal: time the hypervisor ran something else while these virtual CPUs had work.
+double steal_seconds() { return cpu_stat_seconds(7, 7); }
+// Interrupt and softirq time: the kernel's packet processing (veth, bridge, tbf, TCP receive),
+// charged to whatever the CPU was running, not to the process whose packets they are.
+double irq_seconds() { return cpu_stat_seconds(5, 6); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -394,7 +402,7 @@ int run(int argc, char** argv) {
   rig.step(Variant::kCompute);
   CommReplay replay(tp, standin.stop_recording());
 
-  std::vector<double> base, si, comp, comp_si, comm_only, exposed, comm_cpu;
+  std::vector<double> base, si, comp, comp_si, comm_only, exposed, comm_cpu, comm_irq;
   std::vector<double> round_eff;  // efficiency within one round: robust to load drifting between rounds
   std::vector<double> all_base, all_si, all_comm;  // every timed round, disturbed ones included
   double worst_steal = 0;  // the largest share of a timing stolen, over all timed rounds
@@ -421,9 +429,10 @@ int run(int argc, char** argv) {
     tp.barrier();
     std::tie(t[2], share[2]) = timed([&] { rig.step(Variant::kCompute); });
     tp.barrier();
-    const double c0 = process_cpu_seconds();
+    const double c0 = process_cpu_seconds(), q0 = irq_seconds();
     std::tie(t[3], share[3]) = timed([&] { replay.run(); });
     const double cpu = max_over(tp, process_cpu_seconds() - c0);
+    const double irq = q0 < 0 ? 0.0 : max_over(tp, irq_seconds() - q0);
     tp.barrier();
     std::tie(t[4], share[4]) = timed([&] { rig.step(Variant::kExposed); });
     tp.barrier();
@@ -436,9 +445,9 @@ int run(int argc, char** argv) {
     peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
     const bool warm = s < a.warmup, disturbed = !warm && stolen > a.max_steal;
     if (root) {
-      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f} (SI order {:.3f})  M {:.3f} (CPU {:.3f})  "
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f} (SI order {:.3f})  M {:.3f} (CPU {:.3f} + irq {:.2f})  "
                  "T_exposed {:.3f} s  stolen <= {:.1f}%{}\n",
-                 s + 1, t[0], t[1], t[2], t[5], t[3], cpu, t[4], 100 * stolen,
+                 s + 1, t[0], t[1], t[2], t[5], t[3], cpu, irq, t[4], 100 * stolen,
                  warm ? "  (warm-up)" : disturbed ? "  (repeated: steal)" : "");
       std::fflush(stdout);
     }
@@ -452,7 +461,7 @@ int run(int argc, char** argv) {
     ++kept;
     base.push_back(t[0]), si.push_back(t[1]), comp.push_back(t[2]), comm_only.push_back(t[3]), exposed.push_back(t[4]);
     comp_si.push_back(t[5]);
-    comm_cpu.push_back(cpu);
+    comm_cpu.push_back(cpu), comm_irq.push_back(irq);
     round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
   }
   DHX_CHECK(!base.empty(), InternalError,
@@ -496,6 +505,7 @@ int run(int argc, char** argv) {
                fmt::format("M: comm only, the step's {} collectives replayed (s)", replay.count()), Mc);
     fmt::print("  {:<56} {:>10.1f}\n", "   collective payload per step, full tensors (MiB)", replay.bytes() / 1048576.0);
     fmt::print("  {:<56} {:>10.3f}\n", "   CPU the replay costs a rank (all threads; s)", median(comm_cpu));
+    fmt::print("  {:<56} {:>10.2f}\n", "   + irq/softirq time on its cores (packet processing; s)", median(comm_irq));
     fmt::print("  {:<56} {:>10.3f}\n", "T_base - (C + M): unexplained by C + M (s)", T_base - C - Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "overlap efficiency (T_base - T_si) / min(C, M)", eff);
     fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round efficiencies", median(round_eff));
@@ -527,6 +537,7 @@ int run(int argc, char** argv) {
                         {"t_exposed_s", T_exp},
                         {"comm_cpu_s", median(comm_cpu)},
                         {"compute_si_order_s", C_si},
+                        {"comm_irq_s", median(comm_irq)},
                         {"rounds", base.size()},
                         {"rounds_repeated_for_steal", discarded},
                         {"overlap_efficiency_all_rounds", eff_all},
