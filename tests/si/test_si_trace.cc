@@ -4,6 +4,7 @@
 // compute runs on its strand lane, so at least one comm interval must intersect a compute
 // interval of a *different* micro-batch (the sequential schedule never has two micro-batches in
 // flight, so such an intersection can only come from interleaving). Every lane and op is named.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -143,12 +144,17 @@ TEST(SiTrace, CarriedWeightGradientRunsUnderTheNextPairsFirstCollective) {
       if (x.lane == "compute bwd" && ends_with(x.name, " mb" + std::to_string(m) + " u1")) u1.push_back(x);
     std::sort(u1.begin(), u1.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
     ASSERT_GE(u1.size(), 2u);
+    // On failure, the times (us) involved, so that a rare failure can be read from its log.
+    const std::string when = fmt::format("; {} [{:.3f}, {:.3f}], {} [{:.3f}, {:.3f}], {} [{:.3f}, {:.3f}]", carried,
+                                         it->begin, it->end, u1[0].name, u1[0].begin, u1[0].end, u1[1].name,
+                                         u1[1].begin, u1[1].end);
     if (m + 1 < M) {
-      EXPECT_LE(u1[0].end, it->begin) << carried << " ran before '" << u1[0].name << "': it did not leave its pair";
+      EXPECT_LE(u1[0].end, it->begin) << carried << " ran before '" << u1[0].name << "': it did not leave its pair"
+                                      << when;
       EXPECT_LE(it->end, u1[1].begin) << carried << " ran after '" << u1[1].name
-                                      << "': not under the next pair's first collective";
+                                      << "': not under the next pair's first collective" << when;
     } else {
-      EXPECT_LE(it->end, u1[0].begin) << carried << " (backward-only slot) ran after '" << u1[0].name << "'";
+      EXPECT_LE(it->end, u1[0].begin) << carried << " (backward-only slot) ran after '" << u1[0].name << "'" << when;
     }
   }
 }
