@@ -30,6 +30,7 @@
 #include "BenchFlags.h"
 #include "base/Error.h"
 #include "base/Files.h"
+#include "base/Stats.h"
 #include "kernels/cpu/Kernels.h"
 #include "parallel/GradSync.h"
 #include "parallel/Optimizer.h"
@@ -79,11 +80,6 @@ Args parse(int argc, char** argv) {
             "--batch={} --seq={} --steps={} --micro-batches={} --threads={} must all be >= 1", a.B, a.T, a.steps,
             a.micro_batches, a.threads);
   return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // Per op name ("attn.qkv.dgrad"), total seconds over the traced steps, from the Chrome trace.

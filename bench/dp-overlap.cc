@@ -27,6 +27,7 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "base/Stats.h"
 #include "comm/MpiBackend.h"
 #include "base/Trace.h"
 #include "train/IndexedDataset.h"
@@ -34,11 +35,6 @@
 
 namespace dhelix {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // 200 documents x 600 random tokens over the demo vocabulary (timing does not need text).
 void write_random_dataset(const std::string& prefix, int64_t vocab) {
@@ -117,9 +113,7 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   // load drifting between rounds (this machine's timings swing by up to 3x); its median is the
   // reported figure, the fraction of the medians is printed beside it.
   const double hidden_of_medians = (comp + cm - step) / cm, hidden = median(round_hidden);
-  std::vector<double> sorted_hidden = round_hidden;
-  std::sort(sorted_hidden.begin(), sorted_hidden.end());
-  const double q1 = sorted_hidden[sorted_hidden.size() / 4], q3 = sorted_hidden[sorted_hidden.size() * 3 / 4];
+  const double q1 = quantile(round_hidden, 0.25), q3 = quantile(round_hidden, 0.75);
   if (comm.rank() != 0) return 0;
   int64_t grad_bytes = overlap.params().flat_grads().numel() * 4;
   std::string b_sizes;

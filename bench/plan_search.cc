@@ -24,6 +24,7 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "base/Stats.h"
 #include "comm/MpiBackend.h"
 #include "plan/PlanRender.h"
 #include "plan/Profile.h"
@@ -35,11 +36,6 @@
 
 namespace dhelix {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 int run_search(int repeats, int top_k) {
   ModelConfig m = model_preset("llama-70b");

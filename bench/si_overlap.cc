@@ -64,6 +64,7 @@
 #include "base/Clock.h"
 #include "BenchFlags.h"
 #include "base/Error.h"
+#include "base/Stats.h"
 #include "comm/CommContext.h"
 #include "comm/MpiBackend.h"
 #include "kernels/cpu/Kernels.h"
@@ -152,11 +153,6 @@ double steal_seconds() { return cpu_stat_seconds(7, 7); }
 // Interrupt and softirq time: the kernel's packet processing (veth, bridge, tbf, TCP receive),
 // charged to whatever the CPU was running, not to the process whose packets they are.
 double irq_seconds() { return cpu_stat_seconds(5, 6); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // A tp group of the real group's rank and size whose collectives are local copies of the same
 // shapes (no bytes leave the rank); it records every op so that M can replay them for real.
@@ -509,6 +505,8 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "T_base - (C + M): unexplained by C + M (s)", T_base - C - Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "overlap efficiency (T_base - T_si) / min(C, M)", eff);
     fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round efficiencies", median(round_eff));
+    fmt::print("  {:<56} {:>10}\n", "   their quartiles (the spread between rounds)",
+               fmt::format("{:.3f} {:.3f}", quantile(round_eff, 0.25), quantile(round_eff, 0.75)));
     fmt::print("  {:<56} {:>10.3f}\n", "   over every timed round, repeated ones included", eff_all);
     fmt::print("  {:<56} {:>10.3f}\n", "   ceiling, all comm hidden (T_base - C) / min(C, M)", ceiling);
     fmt::print("  {:<56} {:>10.3f}\n", "T_exposed: SI off, every collective waited at issue (s)", T_exp);
@@ -533,6 +531,8 @@ int run(int argc, char** argv) {
                         {"speedup", speedup},
                         {"ideal_speedup", ideal},
                         {"overlap_efficiency_round_median", median(round_eff)},
+                        {"overlap_efficiency_round_q1", quantile(round_eff, 0.25)},
+                        {"overlap_efficiency_round_q3", quantile(round_eff, 0.75)},
                         {"overlap_efficiency_ceiling", ceiling},
                         {"t_exposed_s", T_exp},
                         {"comm_cpu_s", median(comm_cpu)},

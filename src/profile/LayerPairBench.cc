@@ -6,6 +6,7 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "base/Stats.h"
 #include "model/Params.h"
 
 namespace dhelix {
@@ -20,13 +21,6 @@ Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem
   float* p = t.f32();
   for (int64_t i = 0; i < rows * cols; ++i) p[i] = nd(rng);
   return t;
-}
-
-double median_of(std::vector<double> v) {
-  DHX_ASSERT(!v.empty(), "median of no samples");
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace
@@ -147,7 +141,7 @@ double LayerPairBench::local_median(const std::vector<Block>& blocks, const Benc
   for (int i = 0; i < t.warmup; ++i) run_once(blocks);
   std::vector<double> s;
   for (int i = 0; i < t.repeats; ++i) s.push_back(run_once(blocks));
-  return median_of(s);
+  return median(s);
 }
 
 std::vector<double> LayerPairBench::agree_max(const std::vector<double>& local) {
