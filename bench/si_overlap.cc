@@ -32,13 +32,13 @@
 // copies and reductions, which under SI come out of the compute core's time), the irq/softirq
 // time on the rank's cores during it (comm_irq_s: packet processing the kernel charges to no
 // process, which also comes out of compute under SI), and the CPU time the hypervisor stole from
-// the rank's cores (/proc/stat). On a shared virtual machine steal comes
-// in bursts (up to 86 s of a 120 s round was measured) on top of a background of a few percent; a
-// burst makes the timing it hits meaningless, and it hits one variant, not all alike. So a round in
-// which any rank lost more than --max-steal (default 5%, above that background) of any of its six
-// timings to steal is repeated, up to 3N attempts for N rounds; the figures are over the rounds
-// kept, and overlap_efficiency_all_rounds gives the same figure over every timed round. Prints a
-// table, then one JSON line.
+// the rank's cores (/proc/stat). On a shared virtual machine steal comes in bursts (up to 86 s of
+// a 120 s round was measured) on top of a background of a few percent; a burst makes the timing
+// it hits meaningless, and it hits one variant, not all alike. So a round in which any rank lost
+// more than --max-steal (default 5%, above that background) of any of its six timings to steal is
+// repeated, up to 3N attempts for N rounds; the figures are over the rounds kept (with the
+// quartiles of the per-round efficiencies), and overlap_efficiency_all_rounds gives the same
+// figure over every timed round. Prints a table, then one JSON line.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -441,8 +441,8 @@ int run(int argc, char** argv) {
     peaks.on = std::max(peaks.on, st_si.peak_activation_bytes);
     const bool warm = s < a.warmup, disturbed = !warm && stolen > a.max_steal;
     if (root) {
-      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f} (SI order {:.3f})  M {:.3f} (CPU {:.3f} + irq {:.2f})  "
-                 "T_exposed {:.3f} s  stolen <= {:.1f}%{}\n",
+      fmt::print("  round {:>2}: T_base {:.3f}  T_si {:.3f}  C {:.3f} (SI order {:.3f})  "
+                 "M {:.3f} (CPU {:.3f} + irq {:.2f})  T_exposed {:.3f} s  stolen <= {:.1f}%{}\n",
                  s + 1, t[0], t[1], t[2], t[5], t[3], cpu, irq, t[4], 100 * stolen,
                  warm ? "  (warm-up)" : disturbed ? "  (repeated: steal)" : "");
       std::fflush(stdout);
