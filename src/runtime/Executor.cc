@@ -25,10 +25,17 @@ std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForwar
 void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
   auto it = env.pending.find(buf);
   if (it == env.pending.end()) return;
+  const double wait_called = ctx_.trace ? now_seconds() : 0;
   it->second.work.wait();
   if (ctx_.trace) {
+    // Besides when the comm thread ran it: when the compute thread issued it (queued_us before the
+    // begin) and began to wait for it (wait_us after the begin; negative if before), so the
+    // window the schedule gave it, issue to wait, can be read off the trace too.
     auto& p = it->second;
-    ctx_.trace->add("comm " + p.group, p.name, p.work.start_time(), p.work.end_time());
+    const double begin = p.work.start_time();
+    ctx_.trace->add("comm " + p.group, p.name, begin, p.work.end_time(),
+                    fmt::format(R"({{"queued_us":{:.3f},"wait_us":{:.3f}}})", (begin - p.work.issue_time()) * 1e6,
+                                (wait_called - begin) * 1e6));
   }
   env.pending.erase(it);
 }

@@ -1,9 +1,10 @@
 // The trace of a tp = 2 Strand-Interleaving run (threads-as-ranks). Oracle: the executor's
 // contract (DESIGN.md, Strand Interleaving) read off the Chrome trace it writes — in a paired
-// block the collective of one micro-batch runs on the comm lane while the other micro-batch's
-// compute runs on its strand lane, so at least one comm interval must intersect a compute
-// interval of a *different* micro-batch (the sequential schedule never has two micro-batches in
-// flight, so such an intersection can only come from interleaving). Every lane and op is named.
+// block the collective of one micro-batch is issued, the other micro-batch's compute runs, and
+// only then is the collective waited for, so at least one collective's issue-to-wait window must
+// hold a compute op of a *different* micro-batch (the sequential schedule never has two
+// micro-batches in flight, so such a window can only come from interleaving). Every lane and op
+// is named.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -27,7 +28,8 @@ struct Interval {
   std::string lane, name;
   int mb = -1;
   double begin = 0, end = 0;  // microseconds
-  double issued = 0;          // dp reductions: when the compute thread issued it (begin - queued_us)
+  double issued = 0;          // collectives: when the compute thread issued it (begin - queued_us)
+  double waited = 0;          // tp collectives: when the compute thread began to wait (begin + wait_us)
 };
 
 // "attn.qkv mb3 u2" -> 3
@@ -60,7 +62,9 @@ Lanes read_trace(const std::string& path) {
     iv.end = iv.begin + e["dur"].get<double>();
     EXPECT_FALSE(iv.name.empty()) << "unnamed op on lane " << iv.lane;
     iv.issued = iv.begin;
+    iv.waited = iv.end;
     if (e.contains("args") && e["args"].contains("queued_us")) iv.issued -= e["args"]["queued_us"].get<double>();
+    if (e.contains("args") && e["args"].contains("wait_us")) iv.waited = iv.begin + e["args"]["wait_us"].get<double>();
     if (iv.lane.rfind("comm dp[", 0) == 0 || iv.lane == "compute optimizer") {
       (iv.lane == "compute optimizer" ? out.optimizer : out.dp).push_back(iv);
       continue;
@@ -102,18 +106,24 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   ASSERT_FALSE(comm.empty());
   ASSERT_FALSE(compute.empty());
 
-  // Intervals that intersect with positive length: a collective of micro-batch a against compute
-  // of micro-batch b != a (the other strand of the same slot).
-  int overlaps = 0;
+  // The schedule's part, which is deterministic: a collective of micro-batch a whose window from
+  // issue to wait holds a whole compute op of micro-batch b != a (the other strand of the same
+  // slot). Whether the comm thread then got a core during that op is the OS scheduler's choice
+  // (beside two spinning processes it once got none in ~130 runs), so actual overlap, intervals
+  // that intersect with positive length, is printed, not asserted.
+  int windows = 0, overlaps = 0;
   std::string example;
   for (const auto& c : comm)
-    for (const auto& x : compute)
-      if (c.mb != x.mb && std::max(c.begin, x.begin) < std::min(c.end, x.end)) {
-        if (overlaps++ == 0) example = "'" + c.name + "' [" + c.lane + "] under '" + x.name + "' [" + x.lane + "]";
-      }
-  EXPECT_GT(overlaps, 0) << comm.size() << " collectives, " << compute.size()
-                         << " compute ops, none overlapping the other strand";
-  std::printf("%d collective/other-strand-compute overlaps, e.g. %s\n", overlaps, example.c_str());
+    for (const auto& x : compute) {
+      if (c.mb == x.mb) continue;
+      if (c.issued <= x.begin && x.end <= c.waited && windows++ == 0)
+        example = "'" + c.name + "' [" + c.lane + "] issued before '" + x.name + "' [" + x.lane + "], waited after it";
+      if (std::max(c.begin, x.begin) < std::min(c.end, x.end)) ++overlaps;
+    }
+  EXPECT_GT(windows, 0) << comm.size() << " collectives, " << compute.size()
+                        << " compute ops, none left in flight across an op of the other strand";
+  std::printf("%d collective windows hold other-strand compute, e.g. %s; %d actually overlapped\n", windows,
+              example.c_str(), overlaps);
 }
 
 // SIPlan::carry on the tp = 2 block pair: the upper layer's (u2) trailing attn.qkv.wgrad leaves its
