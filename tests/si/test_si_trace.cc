@@ -109,7 +109,7 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   // The schedule's part, which is deterministic: a collective of micro-batch a whose window from
   // issue to wait holds a whole compute op of micro-batch b != a (the other strand of the same
   // slot). Whether the comm thread then got a core during that op is the OS scheduler's choice
-  // (beside two spinning processes it once got none in ~130 runs), so actual overlap, intervals
+  // (beside two spinning processes it once got none, in run 65), so actual overlap, intervals
   // that intersect with positive length, is printed, not asserted.
   int windows = 0, overlaps = 0;
   std::string example;
