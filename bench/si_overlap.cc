@@ -428,7 +428,7 @@ int run(int argc, char** argv) {
     const double c0 = process_cpu_seconds(), q0 = irq_seconds();
     std::tie(t[3], share[3]) = timed([&] { replay.run(); });
     const double cpu = max_over(tp, process_cpu_seconds() - c0);
-    const double irq = q0 < 0 ? 0.0 : max_over(tp, irq_seconds() - q0);
+    const double irq = max_over(tp, q0 < 0 ? 0.0 : irq_seconds() - q0);  // every rank joins the collective
     tp.barrier();
     std::tie(t[4], share[4]) = timed([&] { rig.step(Variant::kExposed); });
     tp.barrier();

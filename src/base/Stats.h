@@ -1,6 +1,8 @@
 // Order statistics of timing samples, shared by the benchmarks and the profiler.
 #pragma once
 #include <algorithm>
+#include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "base/Error.h"
