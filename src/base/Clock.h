@@ -1,5 +1,5 @@
 // Monotonic wall-clock helpers (seconds as double) used by timers, metrics and traces, and the
-// process's CPU time.
+// process's and the calling thread's CPU time.
 #pragma once
 #include <time.h>
 
@@ -16,6 +16,13 @@ inline double now_seconds() {
 inline double process_cpu_seconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU time used so far by the calling thread alone (s): what it computed, not what it waited.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 

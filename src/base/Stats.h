@@ -1,6 +1,7 @@
 // Order statistics of timing samples, shared by the benchmarks and the profiler.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -23,5 +24,35 @@ inline double quantile(std::vector<double> v, double q) {
 
 // The middle value; the mean of the two middle values for an even count.
 inline double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+
+// A distribution-free confidence interval for the median: the order statistics x_(k) and
+// x_(n+1-k) of n samples bracket the true median with probability 1 - 2 P(Bin(n, 1/2) < k),
+// whatever the distribution (continuous, samples independent). k is the largest whose coverage
+// still reaches `level`; with too few samples for that, k = 1 (min and max) and `coverage` says
+// how far short it falls (n = 4: 0.875).
+struct MedianInterval {
+  double lo = 0, hi = 0;
+  double coverage = 0;  // the exact probability that [lo, hi] holds the median
+};
+
+inline MedianInterval median_interval(std::vector<double> v, double level) {
+  DHX_ASSERT(!v.empty(), "median interval of no samples");
+  DHX_ASSERT(level > 0 && level < 1, "confidence level {} outside (0, 1)", level);
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  // cdf[k] = P(Bin(n, 1/2) < k) = sum_{i<k} C(n, i) / 2^n, built term by term in double
+  // (C(n, i) / 2^n stays finite for any n a benchmark reaches).
+  auto coverage_of = [n](size_t k) {
+    double term = std::pow(0.5, static_cast<double>(n)), below = 0;  // C(n, 0) / 2^n
+    for (size_t i = 0; i < k; ++i) {
+      below += term;
+      term = term * static_cast<double>(n - i) / static_cast<double>(i + 1);
+    }
+    return 1 - 2 * below;
+  };
+  size_t k = 1;
+  while (2 * (k + 1) <= n + 1 && coverage_of(k + 1) >= level) ++k;
+  return {v[k - 1], v[n - k], coverage_of(k)};
+}
 
 }  // namespace dhelix
