@@ -72,11 +72,14 @@ void column_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
 // `held`: weight-gradient ops of earlier GEMMs held back to run here, after the reduce-scatter,
 // ahead of this GEMM's own wgrad (see row_bwd).
 // `deferred`: when given, this GEMM's own weight-gradient op goes there instead of into ops, and
-// so do the held ones when `defer_held`.
+// so do the held ones when `defer_held`. `split_wgrad` (with `deferred`): the weight gradient is
+// cut in two ops over the halves of the weight's rows, "<tag>.wgrad.0" into ops (after the held
+// ones) and "<tag>.wgrad.1" into deferred: the first adds cover for the reduce-scatter, the second
+// stays a trailing op. Together they compute exactly what the one op would.
 void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
                 const std::string& d_out, const std::string& d_in, const std::string& w, const std::string& bias,
                 int64_t out_local, std::vector<Op> held = {}, std::vector<Op>* deferred = nullptr,
-                bool defer_held = true) {
+                bool defer_held = true, bool split_wgrad = false) {
   std::string g = b.tp > 1 ? in + "_g" : in;
   std::string dg = b.tp > 1 ? d_in + "_g" : d_in;
   Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {d_out}, {dg}, {w});
@@ -92,6 +95,18 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   // dgrad-RS / wgrad overlap), not only under the other strand's compute.
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
   for (Op& h : held) (deferred && defer_held ? *deferred : ops).push_back(std::move(h));
+  if (split_wgrad && deferred && out_local >= 2) {
+    const int64_t half = out_local / 2;
+    for (int part = 0; part < 2; ++part) {
+      Op piece = wgrad;
+      piece.name = tag + ".wgrad." + std::to_string(part);
+      piece.attrs["rows_lo"] = part == 0 ? 0 : half;
+      piece.attrs["rows_hi"] = part == 0 ? half : out_local;
+      b.linear_cost(piece, double(b.N), double(piece.attrs["rows_hi"] - piece.attrs["rows_lo"]), double(b.C));
+      (part == 0 ? ops : *deferred).push_back(std::move(piece));
+    }
+    return;
+  }
   (deferred ? *deferred : ops).push_back(wgrad);
 }
 
@@ -223,9 +238,12 @@ LayerProgram block_program(const Builder& b) {
   // layer's input gradient (ln1.bwd), so the unit below gets dx two GEMMs earlier. Below the first
   // layer is the embedding: GradSync's all-gather of its rows (sparse exchange) then runs under
   // them instead of after the last backward op. With tp > 1 the held attn.out.wgrad stays ahead of
-  // ln1.bwd, under the reduce-scatter that ln1.bwd waits for, and attn.qkv.wgrad comes last: a
-  // trailing op that only accumulates gradients, which a Strand-Interleaving plan may carry into
-  // the next layer pair, under its first collective (SIPlan::carry).
+  // ln1.bwd, under the reduce-scatter that ln1.bwd waits for. attn.qkv's weight gradient is cut
+  // in two halves: attn.qkv.wgrad.0 joins attn.out.wgrad under that reduce-scatter (attn.out.wgrad
+  // alone, a quarter of the FLOPs of the MLP's pair, left ~3 ms of it exposed per layer in traces
+  // at 1 Gbit/s), and attn.qkv.wgrad.1 comes last: a trailing op that only accumulates gradients,
+  // which a Strand-Interleaving plan may carry into the next layer pair, under its first
+  // collective (SIPlan::carry).
   const bool defer = b.tp == 1;
   std::vector<Op> deferred;
   held = row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D, defer);
@@ -241,7 +259,7 @@ LayerProgram block_program(const Builder& b) {
     g.push_back(rb);
   }
   column_bwd(b, g, "attn.qkv", "h1", "dqkv", "dh1", "wqkv", gpt ? "bqkv" : "", qkv_l, std::move(held), &deferred,
-             /*defer_held=*/defer);
+             /*defer_held=*/defer, /*split_wgrad=*/b.tp > 1);
   g.push_back(norm_bwd(b, n1, "x", "dh1", "dx2", "dx", n1));
   for (Op& w : deferred) g.push_back(std::move(w));
   return p;

@@ -65,7 +65,12 @@ void op_linear_wgrad(OpCall& c) {
   ParamEntry& w = c.grad(0);
   float* db = c.op.grads.size() > 1 ? c.grad(1).grad.f32() : nullptr;
   int64_t N = rows(dy), O = cols(dy), I = cols(x);
-  linear_bwd_weight<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O);
+  // A piece of a split weight gradient (Programs.cc column_bwd) covers weight rows [lo, hi).
+  auto lo = c.op.attrs.find("rows_lo"), hi = c.op.attrs.find("rows_hi");
+  if (lo != c.op.attrs.end() && hi != c.op.attrs.end())
+    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O, lo->second, hi->second);
+  else
+    linear_bwd_weight<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O);
 }
 
 void op_layernorm(OpCall& c) {

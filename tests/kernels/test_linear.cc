@@ -1,6 +1,9 @@
 // GEMM and linear-layer kernels. Oracles: a naive triple loop in double (forward, all transpose
 // combinations) and central finite differences in double (backward).
 #include <fmt/format.h>
+#include <cstring>
+#include <random>
+#include <tuple>
 #include <gtest/gtest.h>
 
 #include "Oracle.h"
@@ -157,6 +160,38 @@ TEST(Linear, FloatAgreesWithDouble) {
   expect_close("dx", dxf, dx, 1e-5);
   expect_close("dw", dwf, dw, 1e-5);
   expect_close("db", dbf, db, 1e-5);
+}
+
+}  // namespace
+}  // namespace dhelix::test
+
+namespace dhelix::test {
+namespace {
+
+// A weight gradient cut into row pieces (linear_bwd_weight_rows, what a split wgrad op runs) must
+// equal the whole call bitwise: Strand Interleaving places the pieces apart, and training with
+// and without the split is compared bitwise. Oracle: linear_bwd_weight on the same inputs; the
+// shapes include a piece boundary inside a BLAS tile (odd split) and a weight tall enough that
+// gemm() slabs it over threads when there are several.
+TEST(Linear, WeightGradientInRowPiecesEqualsTheWholeBitwise) {
+  std::mt19937 rng(11);
+  for (auto [N, I, O, cut] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{33, 64, 17, 8},
+                              {256, 96, 576, 288}, {64, 40, 130, 77}}) {
+    auto dy = cast<float>(randn(N * O, rng)), x = cast<float>(randn(N * I, rng));
+    auto dw0 = cast<float>(randn(O * I, rng)), db0 = cast<float>(randn(O, rng));
+    std::vector<float> dw_whole = dw0, db_whole = db0, dw_split = dw0, db_split = db0;
+    cpu::linear_bwd_weight<float>(dy.data(), x.data(), dw_whole.data(), db_whole.data(), N, I, O);
+    cpu::linear_bwd_weight_rows<float>(dy.data(), x.data(), dw_split.data(), db_split.data(), N, I, O, cut, O);
+    cpu::linear_bwd_weight_rows<float>(dy.data(), x.data(), dw_split.data(), db_split.data(), N, I, O, 0, cut);
+    EXPECT_EQ(0, std::memcmp(dw_whole.data(), dw_split.data(), dw_whole.size() * sizeof(float)))
+        << "dw, N=" << N << " I=" << I << " O=" << O << " cut=" << cut;
+    EXPECT_EQ(0, std::memcmp(db_whole.data(), db_split.data(), db_whole.size() * sizeof(float)))
+        << "db, N=" << N << " I=" << I << " O=" << O << " cut=" << cut;
+    // Rows outside the piece are untouched.
+    std::vector<float> dw_part = dw0;
+    cpu::linear_bwd_weight_rows<float>(dy.data(), x.data(), dw_part.data(), nullptr, N, I, O, 0, cut);
+    EXPECT_EQ(0, std::memcmp(dw_part.data() + cut * I, dw0.data() + cut * I, (O - cut) * I * sizeof(float)));
+  }
 }
 
 }  // namespace

@@ -145,9 +145,11 @@ namespace {
 // Layer-program order for tp = 1 (src/model/Programs.cc, block_program): the block's input
 // gradient (the first norm's backward writes "dx") comes before the attention's weight-gradient GEMMs, so the unit
 // below — for the first layer, GradSync's embedding-row all-gather — gets it two GEMMs earlier;
-// with tp > 1 attn.out.wgrad stays ahead of ln1.bwd, under the reduce-scatter it waits for, and
-// attn.qkv.wgrad is the block's last op (what an SI plan carries into the next pair). Oracle: the
-// op lists themselves, plus the dataflow rule that nothing after "dx" in the block reads a wgrad.
+// with tp > 1 attn.out.wgrad and the first half of attn.qkv's weight gradient (attn.qkv.wgrad.0)
+// stay ahead of ln1.bwd, under the reduce-scatter it waits for, and the second half
+// (attn.qkv.wgrad.1) is the block's last op (what an SI plan carries into the next pair). Oracle:
+// the op lists themselves, plus the dataflow rule that nothing after "dx" in the block reads a
+// wgrad; the halves' row ranges tile the weight.
 TEST(BlockProgram, InputGradientBeforeAttentionWgradsOnlyWithoutTp) {
   for (const char* preset : {"demo", "gpt2-124m"}) {
     ModelConfig m = model_preset(preset);
@@ -163,15 +165,27 @@ TEST(BlockProgram, InputGradientBeforeAttentionWgradsOnlyWithoutTp) {
         ADD_FAILURE() << preset << " tp=" << tp << ": no op " << name << output;
         return -1;
       };
-      const int dx = index_of("", "dx"), wo = index_of("attn.out.wgrad", ""), wqkv = index_of("attn.qkv.wgrad", "");
+      const int dx = index_of("", "dx"), wo = index_of("attn.out.wgrad", "");
       if (tp == 1) {
+        const int wqkv = index_of("attn.qkv.wgrad", "");
         EXPECT_LT(dx, wo) << preset;
         EXPECT_LT(dx, wqkv) << preset;
         EXPECT_EQ(wqkv, static_cast<int>(bwd.size()) - 1) << preset << ": the block's last op is a wgrad";
       } else {
+        const int w0 = index_of("attn.qkv.wgrad.0", ""), w1 = index_of("attn.qkv.wgrad.1", "");
+        const int rs = index_of("tp.rs.attn.qkv.bwd", "");
         EXPECT_GT(dx, wo) << preset;
-        EXPECT_LT(dx, wqkv) << preset;
-        EXPECT_EQ(wqkv, static_cast<int>(bwd.size()) - 1) << preset << ": the block's last op is a wgrad";
+        EXPECT_LT(rs, w0) << preset << ": the first half runs after the reduce-scatter is issued";
+        EXPECT_GT(dx, w0) << preset << ": the first half runs before ln1.bwd waits on it";
+        EXPECT_LT(dx, w1) << preset;
+        EXPECT_EQ(w1, static_cast<int>(bwd.size()) - 1) << preset << ": the block's last op is a wgrad";
+        const Op& a = bwd[static_cast<size_t>(w0)];
+        const Op& b = bwd[static_cast<size_t>(w1)];
+        const int64_t rows = (m.n_heads + 2 * m.n_kv_heads) / tp * m.head_dim();  // qkv rows per rank
+        EXPECT_EQ(a.attrs.at("rows_lo"), 0);
+        EXPECT_EQ(a.attrs.at("rows_hi"), b.attrs.at("rows_lo"));
+        EXPECT_EQ(b.attrs.at("rows_hi"), rows) << preset;
+        EXPECT_EQ(a.cost.flops + b.cost.flops, 2.0 * 64 * static_cast<double>(rows) * m.d_model) << preset;
       }
     }
   }

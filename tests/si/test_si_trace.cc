@@ -126,7 +126,7 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
               example.c_str(), overlaps);
 }
 
-// SIPlan::carry on the tp = 2 block pair: the upper layer's (u2) trailing attn.qkv.wgrad leaves its
+// SIPlan::carry on the tp = 2 block pair: the upper layer's (u2) trailing attn.qkv.wgrad.1 leaves its
 // pair and runs in the next one (forward u2 beside backward u1), right after that pair's first
 // collective is issued — the all-gather before u1's first backward GEMM, issued after u1's first
 // backward op (GPT: the residual's bias gradient). Oracle: the executor's carry contract read off the trace as op order
@@ -146,7 +146,7 @@ TEST(SiTrace, CarriedWeightGradientRunsUnderTheNextPairsFirstCollective) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
   for (int m = 0; m < M; ++m) {
-    const std::string carried = "attn.qkv.wgrad mb" + std::to_string(m) + " u2";
+    const std::string carried = "attn.qkv.wgrad.1 mb" + std::to_string(m) + " u2";
     auto it = std::find_if(t.compute.begin(), t.compute.end(), [&](const Interval& x) { return x.name == carried; });
     ASSERT_NE(it, t.compute.end()) << "no '" << carried << "' in the trace";
     std::vector<Interval> u1;  // backward compute of u1, micro-batch m, in time order

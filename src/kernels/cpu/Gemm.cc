@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "base/Error.h"
 #include "kernels/cpu/Kernels.h"
 #include "kernels/cpu/Parallel.h"
 
@@ -83,27 +84,40 @@ void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64
   gemm<T>(false, false, N, I, O, T(1), dy, O, w, I, acc == Accumulate::kYes ? T(1) : T(0), dx, I);
 }
 
-template <typename T>
-void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O) {
-  // dw[O,I] += dy[N,O]^T @ x[N,I]
-  gemm<T>(true, false, O, I, N, T(1), dy, O, x, I, T(1), dw, I);
-  if (db != nullptr) bias_grad<T>(dy, db, N, O);
-}
-
-template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O) {
-  // Threads own column blocks (no races), rows stream through in order.
-  const int nt = detail::threads_for(N * O);
-  const int64_t block = std::max<int64_t>(16, (O + nt - 1) / nt);
+namespace {
+// db[o0, o1) += sum_n dy[n, o0:o1] (dy rows of stride O). Threads own column blocks (no races),
+// rows stream through in order.
+template <typename T> void bias_grad_cols(const T* dy, T* db, int64_t N, int64_t O, int64_t o0, int64_t o1) {
+  const int64_t W = o1 - o0;
+  const int nt = detail::threads_for(N * W);
+  const int64_t block = std::max<int64_t>(16, (W + nt - 1) / nt);
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t o0 = 0; o0 < O; o0 += block) {
-    const int64_t o1 = std::min(O, o0 + block);
+  for (int64_t b0 = o0; b0 < o1; b0 += block) {
+    const int64_t b1 = std::min(o1, b0 + block);
     for (int64_t n = 0; n < N; ++n) {
       const T* row = dy + n * O;
 #pragma omp simd
-      for (int64_t o = o0; o < o1; ++o) db[o] += row[o];
+      for (int64_t o = b0; o < b1; ++o) db[o] += row[o];
     }
   }
 }
+}  // namespace
+
+template <typename T>
+void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O, int64_t o0,
+                            int64_t o1) {
+  DHX_ASSERT(0 <= o0 && o0 <= o1 && o1 <= O, "weight rows [{}, {}) outside [0, {})", o0, o1, O);
+  // dw[o0:o1, I] += dy[N, o0:o1]^T @ x[N, I]: op(A) rows are columns o0.. of dy (leading dim O)
+  gemm<T>(true, false, o1 - o0, I, N, T(1), dy + o0, O, x, I, T(1), dw + o0 * I, I);
+  if (db != nullptr) bias_grad_cols<T>(dy, db, N, O, o0, o1);
+}
+
+template <typename T>
+void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O) {
+  linear_bwd_weight_rows<T>(dy, x, dw, db, N, I, O, 0, O);
+}
+
+template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O) { bias_grad_cols<T>(dy, db, N, O, 0, O); }
 
 #define DHX_INSTANTIATE(T)                                                                                   \
   template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
@@ -111,6 +125,7 @@ template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O) {
   template void linear_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);                  \
   template void linear_bwd_data<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, Accumulate);           \
   template void linear_bwd_weight<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t);                \
+  template void linear_bwd_weight_rows<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t); \
   template void bias_grad<T>(const T*, T*, int64_t, int64_t);
 DHX_INSTANTIATE(float)
 DHX_INSTANTIATE(double)
