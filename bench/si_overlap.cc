@@ -440,14 +440,12 @@ int run(int argc, char** argv) {
     // Odd rounds run SI first: a drift in machine speed then favours neither side.
     for (int k = 0; k < 2; ++k) {
       tp.barrier();
+      const int i = (k == 0) == (s % 2 == 0) ? 0 : 1;  // 0: SI off, 1: SI on
       const double c0 = thread_cpu_seconds();
-      if ((k == 0) == (s % 2 == 0)) {
-        std::tie(t[0], share[0]) = timed([&] { st_base = rig.step(Variant::kBase).second; });
-        idle[0] = t[0] - (thread_cpu_seconds() - c0);
-      } else {
-        std::tie(t[1], share[1]) = timed([&] { st_si = rig.step(Variant::kSi).second; });
-        idle[1] = t[1] - (thread_cpu_seconds() - c0);
-      }
+      std::tie(t[i], share[i]) = timed([&] {
+        (i == 0 ? st_base : st_si) = rig.step(i == 0 ? Variant::kBase : Variant::kSi).second;
+      });
+      idle[i] = t[i] - (thread_cpu_seconds() - c0);
     }
     tp.barrier();
     std::tie(t[2], share[2]) = timed([&] { rig.step(Variant::kCompute); });

@@ -40,19 +40,16 @@ inline MedianInterval median_interval(std::vector<double> v, double level) {
   DHX_ASSERT(level > 0 && level < 1, "confidence level {} outside (0, 1)", level);
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
-  // cdf[k] = P(Bin(n, 1/2) < k) = sum_{i<k} C(n, i) / 2^n, built term by term in double
-  // (C(n, i) / 2^n stays finite for any n a benchmark reaches).
-  auto coverage_of = [n](size_t k) {
-    double term = std::pow(0.5, static_cast<double>(n)), below = 0;  // C(n, 0) / 2^n
-    for (size_t i = 0; i < k; ++i) {
-      below += term;
-      term = term * static_cast<double>(n - i) / static_cast<double>(i + 1);
-    }
-    return 1 - 2 * below;
-  };
+  // One pass over k: below = P(Bin(n, 1/2) < k) and term = C(n, k) / 2^n, in double (finite for
+  // any n a benchmark reaches). Start at k = 1: below = C(n, 0) / 2^n.
+  double below = std::pow(0.5, static_cast<double>(n)), term = below * static_cast<double>(n);
   size_t k = 1;
-  while (2 * (k + 1) <= n + 1 && coverage_of(k + 1) >= level) ++k;
-  return {v[k - 1], v[n - k], coverage_of(k)};
+  while (2 * (k + 1) <= n + 1 && 1 - 2 * (below + term) >= level) {
+    below += term;
+    term = term * static_cast<double>(n - k) / static_cast<double>(k + 1);
+    ++k;
+  }
+  return {v[k - 1], v[n - k], 1 - 2 * below};
 }
 
 }  // namespace dhelix

@@ -98,11 +98,12 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   if (split_wgrad && deferred && out_local >= 2) {
     const int64_t half = out_local / 2;
     for (int part = 0; part < 2; ++part) {
+      const int64_t lo = part == 0 ? 0 : half, hi = part == 0 ? half : out_local;
       Op piece = wgrad;
       piece.name = tag + ".wgrad." + std::to_string(part);
-      piece.attrs["rows_lo"] = part == 0 ? 0 : half;
-      piece.attrs["rows_hi"] = part == 0 ? half : out_local;
-      b.linear_cost(piece, double(b.N), double(piece.attrs["rows_hi"] - piece.attrs["rows_lo"]), double(b.C));
+      piece.attrs["rows_lo"] = lo;
+      piece.attrs["rows_hi"] = hi;
+      b.linear_cost(piece, double(b.N), double(hi - lo), double(b.C));
       (part == 0 ? ops : *deferred).push_back(std::move(piece));
     }
     return;

@@ -59,18 +59,27 @@ void op_linear_dgrad(OpCall& c) {
   linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo);
 }
 
+int64_t attr(const OpCall& c, const char* k) {
+  auto it = c.op.attrs.find(k);
+  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
+  return it->second;
+}
+
+int64_t attr_or(const OpCall& c, const char* k, int64_t fallback) {
+  auto it = c.op.attrs.find(k);
+  return it == c.op.attrs.end() ? fallback : it->second;
+}
+
 void op_linear_wgrad(OpCall& c) {
   Tensor& dy = c.in(0);
   Tensor& x = c.in(1);
   ParamEntry& w = c.grad(0);
   float* db = c.op.grads.size() > 1 ? c.grad(1).grad.f32() : nullptr;
   int64_t N = rows(dy), O = cols(dy), I = cols(x);
-  // A piece of a split weight gradient (Programs.cc column_bwd) covers weight rows [lo, hi).
-  auto lo = c.op.attrs.find("rows_lo"), hi = c.op.attrs.find("rows_hi");
-  if (lo != c.op.attrs.end() && hi != c.op.attrs.end())
-    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O, lo->second, hi->second);
-  else
-    linear_bwd_weight<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O);
+  // A piece of a split weight gradient (Programs.cc column_bwd) covers weight rows [lo, hi);
+  // a whole one all of them.
+  linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O, attr_or(c, "rows_lo", 0),
+                                attr_or(c, "rows_hi", O));
 }
 
 void op_layernorm(OpCall& c) {
@@ -108,12 +117,6 @@ void op_rmsnorm_bwd(OpCall& c) {
   Tensor& dx = c.out_new(0, {N, C});
   rmsnorm_bwd<float>(dy.f32(), x.f32(), c.param(0).value.f32(), c.in(2).f32(), dx.f32(), c.grad(0).grad.f32(), N, C);
   if (c.op.attrs.at("residual")) add_inplace<float>(dx.f32(), c.in(3).f32(), N * C);
-}
-
-int64_t attr(const OpCall& c, const char* k) {
-  auto it = c.op.attrs.find(k);
-  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
-  return it->second;
 }
 
 // Rotary embeddings over the q and k heads of the fused [N, (H + 2 Hkv) D] buffer (copy, then
