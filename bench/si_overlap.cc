@@ -54,6 +54,13 @@
 //     timers) to the thread it interrupted, so under SI the part of comm_irq_s that lands during
 //     compute counts as compute. overlap_efficiency_idle_low therefore also subtracts all of
 //     comm_irq_s / min(C, M): a lower bound (the true value lies between the two).
+// What bounds it: no plan takes I_si below a floor measured in the same SI step (IdleFloor,
+// through StepRunner's slot hook): the idle time of the two unpaired slots (0 and M, where one
+// strand runs alone), plus, on a rank with one core (the emulated cluster's), the CPU time of the
+// process's other threads -- the comm thread and the kernel's TCP work in its system calls --
+// during the paired slots, which the compute thread cannot run beside. So
+// overlap_efficiency_idle_bound = (I_base - floor) / min(C, M) is the most any plan could reach
+// on these ranks; the gap between it and overlap_efficiency_idle is what a better plan could win.
 // Prints a table, then one JSON line.
 #include <fmt/format.h>
 
@@ -64,6 +71,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -140,6 +148,39 @@ Args parse(int argc, char** argv) {
             a.max_steal);
   return a;
 }
+
+// Cores this process may run on (its affinity mask); 0 where unknown.
+int cores_allowed() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+// What no SI plan can take out of a step's compute-thread idle time, measured per SI step on this
+// rank through StepRunner's slot hook:
+//   edge   the idle time of the unpaired slots (slot 0 forward only, slot M backward only),
+//          where there is no other strand to put beside a collective;
+//   other  the CPU time of the process's other threads (the comm thread, and the kernel's TCP
+//          work its system calls do) during the paired slots. On a rank that has one core, the
+//          compute thread is off the core whenever they run, so that much of the paired slots'
+//          time is idle whatever the plan; with more cores it need not be, and is not counted.
+struct IdleFloor {
+  double edge = 0, other = 0;
+  double w0 = 0, t0 = 0, p0 = 0;
+  int M = 0;
+  bool metering = false;
+  void mark(int slot, bool begin) {
+    if (!metering) return;
+    const double w = now_seconds(), t = thread_cpu_seconds(), p = process_cpu_seconds();
+    if (begin) {
+      w0 = w, t0 = t, p0 = p;
+    } else if (slot == 0 || slot == M) {
+      edge += (w - w0) - (t - t0);
+    } else {
+      other += (p - p0) - (t - t0);
+    }
+  }
+};
 
 // Time so far (s) in /proc/stat's fields [first, last] (0 user ... 5 irq, 6 softirq, 7 steal),
 // summed over the CPUs this process may run on. -1 where unknown.
@@ -339,6 +380,9 @@ class Rig {
     return {now_seconds() - t0, st};
   }
   void set_trace(Trace* t) { ctx_.trace = t; }
+  void set_slot_hook(const std::function<void(int, bool)>& hook) {
+    for (StepRunner* r : {off_.get(), on_.get()}) r->set_slot_hook(hook);
+  }
   const SIPlan& plan() const { return on_->block_plan(); }
   const LayerProgram& block_program() const { return progs_.block; }
 
@@ -424,6 +468,12 @@ int run(int argc, char** argv) {
   // also idles while a slower peer catches up, and that measures the peer's speed, not the comm.
   std::vector<double> idle_base, idle_si, round_eff_idle;
   std::vector<double> all_base, all_si, all_comm;  // every timed round, disturbed ones included
+  // The floor under I_si (IdleFloor), least over the ranks like I itself.
+  IdleFloor floor;
+  floor.M = M;
+  const bool one_core = cores_allowed() == 1;
+  rig.set_slot_hook([&floor](int slot, bool begin) { floor.mark(slot, begin); });
+  std::vector<double> idle_edge, idle_floor;
   double worst_steal = 0;  // the largest share of a timing stolen, over all timed rounds
   int64_t discarded = 0;
   Peaks peaks;
@@ -435,17 +485,20 @@ int run(int argc, char** argv) {
     return std::pair{dt, s0 < 0 || s1 < 0 ? 0.0 : (s1 - s0) / dt};
   };
   for (int64_t s = 0, kept = 0; kept < a.steps && s < a.warmup + 3 * a.steps; ++s) {
-    double t[6], share[6], idle[2];
+    double t[6], share[6], idle[2], edge = 0, other = 0;
     StepStats st_base, st_si;
     // Odd rounds run SI first: a drift in machine speed then favours neither side.
     for (int k = 0; k < 2; ++k) {
       tp.barrier();
       const int i = (k == 0) == (s % 2 == 0) ? 0 : 1;  // 0: SI off, 1: SI on
       const double c0 = thread_cpu_seconds();
+      floor = IdleFloor{.M = M, .metering = i == 1};
       std::tie(t[i], share[i]) = timed([&] {
         (i == 0 ? st_base : st_si) = rig.step(i == 0 ? Variant::kBase : Variant::kSi).second;
       });
       idle[i] = t[i] - (thread_cpu_seconds() - c0);
+      if (i == 1) edge = floor.edge, other = one_core ? floor.other : 0.0;
+      floor.metering = false;
     }
     tp.barrier();
     std::tie(t[2], share[2]) = timed([&] { rig.step(Variant::kCompute); });
@@ -461,6 +514,8 @@ int run(int argc, char** argv) {
     double stolen = 0;
     for (int i = 0; i < 6; ++i) t[i] = max_over(tp, t[i]), stolen = std::max(stolen, max_over(tp, share[i]));
     for (double& x : idle) x = -max_over(tp, -x);
+    const double floor_all = -max_over(tp, -(edge + other));
+    edge = -max_over(tp, -edge);
     DHX_CHECK(st_base.loss_sum == st_si.loss_sum, InternalError,
               "SI changed the loss: {} (off) vs {} (on)", st_base.loss_sum, st_si.loss_sum);
     peaks.off = std::max(peaks.off, st_base.peak_activation_bytes);
@@ -486,6 +541,7 @@ int run(int argc, char** argv) {
     comm_cpu.push_back(cpu), comm_irq.push_back(irq);
     round_eff.push_back((t[0] - t[1]) / std::min(t[2], t[3]));
     idle_base.push_back(idle[0]), idle_si.push_back(idle[1]);
+    idle_edge.push_back(edge), idle_floor.push_back(floor_all);
     round_eff_idle.push_back((idle[0] - idle[1]) / std::min(t[2], t[3]));
   }
   DHX_CHECK(!base.empty(), InternalError,
@@ -525,6 +581,9 @@ int run(int argc, char** argv) {
   const double eff_idle = (I_base - I_si) / std::min(C, Mc);
   const double eff_idle_low = eff_idle - median(comm_irq) / std::min(C, Mc);
   const MedianInterval ci_idle = median_interval(round_eff_idle, 0.9);
+  // The most any plan could reach on these ranks: I_si no lower than its floor (IdleFloor).
+  const double I_floor = median(idle_floor);
+  const double eff_idle_bound = (I_base - I_floor) / std::min(C, Mc);
   if (root) {
     fmt::print("\nsi-overlap, medians over {} rounds (each the slowest rank's time); {} rounds repeated for steal\n",
                base.size(), discarded);
@@ -554,6 +613,12 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "   median of the per-round ones", median(round_eff_idle));
     fmt::print("  {:<56} {:>10}\n", fmt::format("   {:.0f}% interval for that median", 100 * ci_idle.coverage),
                fmt::format("{:.3f} {:.3f}", ci_idle.lo, ci_idle.hi));
+    fmt::print("  {:<56} {:>10.3f}\n", "   SI on: idle in the unpaired slots 0 and M (s)", median(idle_edge));
+    fmt::print("  {:<56} {:>10.3f}\n",
+               one_core ? "   floor: that + other threads' CPU in paired slots (s)"
+                        : "   floor: that alone (more than one core per rank; s)",
+               I_floor);
+    fmt::print("  {:<56} {:>10.3f}\n", "   bound on any plan here (I_off - floor) / min(C, M)", eff_idle_bound);
     fmt::print("  {:<56} {:>10.3f}\n", "T_exposed: SI off, every collective waited at issue (s)", T_exp);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI off already hides (T_exposed - T_base) / M", (T_exp - T_base) / Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI hides (T_exposed - T_si) / min(C, M)", eff_vs_exposed);
@@ -589,6 +654,9 @@ int run(int argc, char** argv) {
                         {"overlap_efficiency_idle_round_median_lo", ci_idle.lo},
                         {"overlap_efficiency_idle_round_median_hi", ci_idle.hi},
                         {"overlap_efficiency_ceiling", ceiling},
+                        {"idle_si_edge_s", median(idle_edge)},
+                        {"idle_si_floor_s", I_floor},
+                        {"overlap_efficiency_idle_bound", eff_idle_bound},
                         {"t_exposed_s", T_exp},
                         {"comm_cpu_s", median(comm_cpu)},
                         {"compute_si_order_s", C_si},

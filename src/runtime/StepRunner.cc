@@ -93,6 +93,7 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
 
   if (mode_ == Interleave::kOff || M < 2) {
     for (int m = 0; m < M; ++m) {
+      if (slot_hook_) slot_hook_(m, true);
       Inflight f;
       start_mb(f, m, mbs[m]);
       for (int u = 0; u < U; ++u) {
@@ -106,11 +107,13 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
         exec_.run_alone(s, StrandKind::kBackward);
         finish_bwd_unit(f, u, st);
       }
+      if (slot_hook_) slot_hook_(m, false);
     }
   } else {
     Inflight cur, prev;  // cur: forward strand, prev: backward strand
     for (int slot = 0; slot <= M; ++slot) {
       const bool has_f = slot < M, has_b = slot >= 1;
+      if (slot_hook_) slot_hook_(slot, true);
       if (has_f) start_mb(cur, slot, mbs[slot]);
       // Backward ops the previous pair's plan carried out (SIPlan::carry); their unit finishes
       // (DP hook, loss, release) as soon as they ran, inside the next pair.
@@ -142,6 +145,7 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
         }
       }
       exec_.run_carried(carry);  // the slot's last pair carried ops out: nothing follows to hide
+      if (slot_hook_) slot_hook_(slot, false);
       prev = std::move(cur);
       cur = Inflight{};
     }

@@ -40,6 +40,10 @@ class StepRunner {
   StepStats forward_only(const std::vector<MicroBatch>& mbs);
   // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
   void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
+  // Called as each slot of run() begins (begin = true) and ends. With SI on, slot s in [0, M]
+  // carries the forward of micro-batch s beside the backward of s - 1 (slot 0 forward only, slot M
+  // backward only); with SI off, slot m in [0, M) is micro-batch m's forward then backward.
+  void set_slot_hook(std::function<void(int slot, bool begin)> hook) { slot_hook_ = std::move(hook); }
   const SIPlan& block_plan() const { return block_plan_; }
   Executor& executor() { return exec_; }
 
@@ -63,6 +67,7 @@ class StepRunner {
   std::deque<SIPlan> edge_cache_;  // [kind pair] -> plan
   std::vector<std::pair<std::string, std::string>> edge_keys_;
   std::function<void(int, int)> bwd_hook_;
+  std::function<void(int, bool)> slot_hook_;
 };
 
 // Plan for a pair of (forward program, backward program): cover_plan (BasicPlans.h); when neither strand

@@ -4,6 +4,7 @@
 // logits. Not here: data files, optimizers, collectives.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,8 +46,11 @@ class ModelHarness {
   // Overwrites every parameter from full internal tensors.
   void set_values(const std::map<std::string, Tensor>& full);
   // Zeroes the gradients, then runs one step over `mbs` (size must be the constructor's count)
-  // with a fresh StepRunner in `mode` (default block plan).
-  StepStats step(const std::vector<MicroBatch>& mbs, Interleave mode);
+  // with a fresh StepRunner in `mode` (default block plan), with the runner's slot and
+  // backward-unit hooks set when given.
+  StepStats step(const std::vector<MicroBatch>& mbs, Interleave mode,
+                 std::function<void(int slot, bool begin)> slot_hook = {},
+                 std::function<void(int mb, int unit)> bwd_unit_hook = {});
   // Copies of the accumulated gradients, full internal shapes, keyed by internal name.
   std::map<std::string, Tensor> full_grads() const;
   // Forward pass of one micro-batch through the executor: the head's per-token "loss" [B*T].

@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "ModelHarness.h"
 
@@ -70,6 +72,44 @@ TEST(StrandInterleaving, PeakActivationsGpt2SmallBatchWithin5Percent) {
   GTEST_SKIP() << "sized for the release build; the sanitizer build checks the demo shape";
 #endif
   EXPECT_LE(peak_ratio(model_preset("gpt2-124m"), {1, 256}, 2), 1.05);
+}
+
+// The slot hook brackets the slots as StepRunner.h documents them (oracle: the schedule's
+// definition). SI on: M + 1 slots; a micro-batch's backward finishes in the slot after the one
+// its forward starts in, slot 0 finishes none and slot M finishes the last. SI off: M slots, each
+// finishing its own micro-batch. The backward finishes a micro-batch when it finishes unit 0.
+void expect_slots_bracket_backward(Interleave mode, int micro_batches) {
+  const ModelConfig m = reference_config(ModelFamily::kGPT);
+  const MicroBatchShape mb{kRefB, kRefT};
+  ModelHarness h(m, mb, micro_batches);
+  const auto mbs = random_micro_batches(m, mb, micro_batches, 10);
+  std::vector<std::pair<int, bool>> marks;
+  int open = -1;                         // the slot now running, -1 between slots
+  std::vector<int> finished_in;          // [mb] -> slot in which its backward finished unit 0
+  finished_in.assign(micro_batches, -2);
+  h.step(
+      mbs, mode,
+      [&](int slot, bool begin) {
+        marks.push_back({slot, begin});
+        open = begin ? slot : -1;
+      },
+      [&](int mbi, int unit) {
+        if (unit == 0) finished_in.at(mbi) = open;
+      });
+  const bool on = mode == Interleave::kOn;
+  const int slots = on ? micro_batches + 1 : micro_batches;
+  ASSERT_EQ(static_cast<int>(marks.size()), 2 * slots) << "SI " << on;
+  for (int s = 0; s < slots; ++s) {
+    EXPECT_EQ(marks[2 * s], (std::pair<int, bool>{s, true})) << "SI " << on << " slot " << s;
+    EXPECT_EQ(marks[2 * s + 1], (std::pair<int, bool>{s, false})) << "SI " << on << " slot " << s;
+  }
+  for (int i = 0; i < micro_batches; ++i)
+    EXPECT_EQ(finished_in[i], on ? i + 1 : i) << "SI " << on << ": backward of micro-batch " << i;
+}
+
+TEST(StrandInterleaving, SlotHookBracketsEachSlotsBackward) {
+  expect_slots_bracket_backward(Interleave::kOn, 3);
+  expect_slots_bracket_backward(Interleave::kOff, 3);
 }
 
 }  // namespace
