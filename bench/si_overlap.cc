@@ -59,8 +59,10 @@
 // strand runs alone), plus, on a rank with one core (the emulated cluster's), the CPU time of the
 // process's other threads -- the comm thread and the kernel's TCP work in its system calls --
 // during the paired slots, which the compute thread cannot run beside. So
-// overlap_efficiency_idle_bound = (I_base - floor) / min(C, M) is the most any plan could reach
-// on these ranks; the gap between it and overlap_efficiency_idle is what a better plan could win.
+// overlap_efficiency_idle_bound = (I_base - floor) / min(C, M) is about the most any plan could
+// reach on these ranks, and the gap between it and overlap_efficiency_idle about what a better
+// plan could win. About: a rank's idle in slot M can also hold the other rank's lag carried in
+// from the paired slots, which a plan does shape; the floor's other terms are hard.
 // Prints a table, then one JSON line.
 #include <fmt/format.h>
 
@@ -470,7 +472,6 @@ int run(int argc, char** argv) {
   std::vector<double> all_base, all_si, all_comm;  // every timed round, disturbed ones included
   // The floor under I_si (IdleFloor), least over the ranks like I itself.
   IdleFloor floor;
-  floor.M = M;
   const bool one_core = cores_allowed() == 1;
   rig.set_slot_hook([&floor](int slot, bool begin) { floor.mark(slot, begin); });
   std::vector<double> idle_edge, idle_floor;
@@ -581,7 +582,7 @@ int run(int argc, char** argv) {
   const double eff_idle = (I_base - I_si) / std::min(C, Mc);
   const double eff_idle_low = eff_idle - median(comm_irq) / std::min(C, Mc);
   const MedianInterval ci_idle = median_interval(round_eff_idle, 0.9);
-  // The most any plan could reach on these ranks: I_si no lower than its floor (IdleFloor).
+  // About the most any plan could reach on these ranks: I_si no lower than its floor (IdleFloor).
   const double I_floor = median(idle_floor);
   const double eff_idle_bound = (I_base - I_floor) / std::min(C, Mc);
   if (root) {
@@ -618,7 +619,7 @@ int run(int argc, char** argv) {
                one_core ? "   floor: that + other threads' CPU in paired slots (s)"
                         : "   floor: that alone (more than one core per rank; s)",
                I_floor);
-    fmt::print("  {:<56} {:>10.3f}\n", "   bound on any plan here (I_off - floor) / min(C, M)", eff_idle_bound);
+    fmt::print("  {:<56} {:>10.3f}\n", "   about the best any plan (I_off - floor) / min(C, M)", eff_idle_bound);
     fmt::print("  {:<56} {:>10.3f}\n", "T_exposed: SI off, every collective waited at issue (s)", T_exp);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI off already hides (T_exposed - T_base) / M", (T_exp - T_base) / Mc);
     fmt::print("  {:<56} {:>10.3f}\n", "   comm SI hides (T_exposed - T_si) / min(C, M)", eff_vs_exposed);
