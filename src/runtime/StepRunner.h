@@ -40,9 +40,9 @@ class StepRunner {
   StepStats forward_only(const std::vector<MicroBatch>& mbs);
   // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
   void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
-  // Called as each slot of run() begins (begin = true) and ends. With SI on, slot s in [0, M]
-  // carries the forward of micro-batch s beside the backward of s - 1 (slot 0 forward only, slot M
-  // backward only); with SI off, slot m in [0, M) is micro-batch m's forward then backward.
+  // Called as each slot of run() begins (begin = true) and ends. With SI on and M >= 2, slot s in
+  // [0, M] carries the forward of micro-batch s beside the backward of s - 1 (slot 0 forward only,
+  // slot M backward only); otherwise slot m in [0, M) is micro-batch m's forward then backward.
   void set_slot_hook(std::function<void(int slot, bool begin)> hook) { slot_hook_ = std::move(hook); }
   const SIPlan& block_plan() const { return block_plan_; }
   Executor& executor() { return exec_; }
