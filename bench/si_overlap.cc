@@ -382,9 +382,8 @@ class Rig {
     return {now_seconds() - t0, st};
   }
   void set_trace(Trace* t) { ctx_.trace = t; }
-  void set_slot_hook(const std::function<void(int, bool)>& hook) {
-    for (StepRunner* r : {off_.get(), on_.get()}) r->set_slot_hook(hook);
-  }
+  // The SI runner's slot hook (Variant::kSi and kComputeSi steps).
+  void set_si_slot_hook(std::function<void(int, bool)> hook) { on_->set_slot_hook(std::move(hook)); }
   const SIPlan& plan() const { return on_->block_plan(); }
   const LayerProgram& block_program() const { return progs_.block; }
 
@@ -473,7 +472,7 @@ int run(int argc, char** argv) {
   // The floor under I_si (IdleFloor), least over the ranks like I itself.
   IdleFloor floor;
   const bool one_core = cores_allowed() == 1;
-  rig.set_slot_hook([&floor](int slot, bool begin) { floor.mark(slot, begin); });
+  rig.set_si_slot_hook([&floor](int slot, bool begin) { floor.mark(slot, begin); });
   std::vector<double> idle_edge, idle_floor;
   double worst_steal = 0;  // the largest share of a timing stolen, over all timed rounds
   int64_t discarded = 0;

@@ -242,9 +242,10 @@ LayerProgram block_program(const Builder& b) {
   // ln1.bwd, under the reduce-scatter that ln1.bwd waits for. attn.qkv's weight gradient is cut
   // in two halves: attn.qkv.wgrad.0 joins attn.out.wgrad under that reduce-scatter (attn.out.wgrad
   // alone, an eighth of the FLOPs of the two MLP wgrads under the MLP's reduce-scatter, left gaps
-  // of 2.4-3.5 ms per layer before ln1.bwd in a GPT-2 124M SI trace at 1 Gbit/s), and attn.qkv.wgrad.1 comes last: a trailing op that only accumulates gradients,
-  // which a Strand-Interleaving plan may carry into the next layer pair, under its first
-  // collective (SIPlan::carry).
+  // of 2.4-3.5 ms per layer before ln1.bwd in a GPT-2 124M SI trace at 1 Gbit/s), and
+  // attn.qkv.wgrad.1 comes last: a trailing op that only accumulates gradients, which a
+  // Strand-Interleaving plan may carry into the next layer pair, under its first collective
+  // (SIPlan::carry).
   const bool defer = b.tp == 1;
   std::vector<Op> deferred;
   held = row_bwd(b, g, "attn.out", "att", "dx2", "datt", "wo", Hl * D, defer);

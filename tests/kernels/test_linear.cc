@@ -1,10 +1,11 @@
 // GEMM and linear-layer kernels. Oracles: a naive triple loop in double (forward, all transpose
 // combinations) and central finite differences in double (backward).
 #include <fmt/format.h>
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
 #include <tuple>
-#include <gtest/gtest.h>
 
 #include "Oracle.h"
 #include "kernels/cpu/Kernels.h"
@@ -162,11 +163,6 @@ TEST(Linear, FloatAgreesWithDouble) {
   expect_close("db", dbf, db, 1e-5);
 }
 
-}  // namespace
-}  // namespace dhelix::test
-
-namespace dhelix::test {
-namespace {
 
 // A weight gradient cut into row pieces (linear_bwd_weight_rows, what a split wgrad op runs) must
 // equal the whole call bitwise: Strand Interleaving places the pieces apart, and training with
