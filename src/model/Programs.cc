@@ -96,7 +96,10 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   if (b.tp > 1) ops.push_back(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
   for (Op& h : held) (deferred && defer_held ? *deferred : ops).push_back(std::move(h));
   if (split_wgrad && deferred && out_local >= 2) {
-    const int64_t half = out_local / 2;
+    // The cut falls on a multiple of 96 rows when the weight has enough (a whole row tile of every
+    // OpenBLAS sgemm kernel measured, so the pieces equal the unsplit op bitwise); a small weight is
+    // cut at its half (equal within rounding).
+    const int64_t half = out_local / 2 >= 96 ? out_local / 2 / 96 * 96 : out_local / 2;
     for (int part = 0; part < 2; ++part) {
       const int64_t lo = part == 0 ? 0 : half, hi = part == 0 ? half : out_local;
       Op piece = wgrad;

@@ -18,8 +18,9 @@ template <typename T> void linear_bwd_data(const T* dy, const T* w, T* dx, int64
 // acc dw[O,I] += dy[N,O]^T @ x[N,I];  acc db[O] += sum_n dy[n,:]  (db may be null)
 template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O);
 // The same for the weight rows [o0, o1) only (and db[o0, o1)): a weight gradient cut in pieces
-// that a schedule can place apart. Every element gets the same serial BLAS dot product as in the
-// whole call, so the pieces together equal it bitwise (tested).
+// that a schedule can place apart. Pieces cut at multiples of 96 rows equal the whole call bitwise
+// (a whole row tile of every OpenBLAS sgemm kernel measured); other cuts within rounding, since a
+// kernel may handle a tail of rows with a different summation order (tested).
 template <typename T> void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I,
                                                   int64_t O, int64_t o0, int64_t o1);
 // acc db[O] += sum_n dy[n,:], rows summed in order n = 0..N-1 for every thread count.
