@@ -18,6 +18,7 @@ constexpr const char* kUsage =
     "  data       data prepare: corpus, tokenizer, tokenized dataset\n"
     "  profile    time every legal pair of operator windows of the two strands\n"
     "  plan       search the best Strand-Interleaving plan for a profile\n"
+    "  schedule   print and draw a pipeline step schedule (1f1b, interleaved, w); no hardware\n"
     "run `dhelix <command> --help` for the keys a command takes.\n";
 
 }  // namespace
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     if (verb == "data") return dhelix::cmd_data(argc - 1, argv + 1);
     if (verb == "profile") return dhelix::cmd_profile(argc - 1, argv + 1);
     if (verb == "plan") return dhelix::cmd_plan(argc - 1, argv + 1);
+    if (verb == "schedule") return dhelix::cmd_schedule(argc - 1, argv + 1);
     fmt::print(stderr, "dhelix: unknown command '{}'\n{}", verb, kUsage);
     return 2;
   } catch (const dhelix::ConfigError& e) {

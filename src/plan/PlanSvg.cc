@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/Svg.h"
 #include "plan/PlanRender.h"
 
 namespace dhelix {
@@ -19,28 +20,6 @@ namespace dhelix {
 namespace {
 
 constexpr double kLeft = 110, kPlotW = 1100, kTop = 48, kLaneH = 34, kGap = 6;
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
-}
-
-// Text that fits `width` px at ~6.2 px per character (11 px sans-serif).
-std::string fit_label(const std::string& s, double width) {
-  size_t max_chars = width > 8 ? static_cast<size_t>((width - 4) / 6.2) : 0;
-  if (s.size() <= max_chars) return s;
-  if (max_chars < 2) return "";
-  return s.substr(0, max_chars - 1) + "~";
-}
 
 struct Palette {
   const char* compute;
