@@ -44,7 +44,7 @@ namespace {
 struct Args {
   int64_t B = 4, T = 256, steps = 3, warmup = 1, micro_batches = 1;
   int threads = 2;
-  Interleave interleave = Interleave::kOff;
+  CoExecute interleave = CoExecute::kOff;
   bool torch = true, profile = false;
   std::string torch_script = "bench/cpu_train_torch.py";
   std::string python = "/usr/bin/python3";
@@ -68,7 +68,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = fl.count();
     else if (k == "--micro-batches") a.micro_batches = fl.count();
     else if (k == "--threads") a.threads = static_cast<int>(fl.count());
-    else if (k == "--interleave") a.interleave = fl.value() == "on" ? Interleave::kOn : Interleave::kOff;
+    else if (k == "--interleave") a.interleave = fl.value() == "on" ? CoExecute::kOn : CoExecute::kOff;
     else if (k == "--profile") a.profile = true;
     else if (k == "--no-torch") a.torch = false;
     else if (k == "--torch-script") a.torch_script = fl.value();
@@ -231,7 +231,7 @@ OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm
     if (m == M - 1) sync.on_grad_op(unit, op);
   };
   std::unique_ptr<Trace> trace;
-  StepRunner runner(ctx, units, progs, nullptr, a.interleave);
+  StepRunner runner(ctx, units, progs, nullptr, single_stage(a.interleave));
   runner.set_bwd_unit_hook([&sync, M](int m, int unit) {
     if (m == M - 1) sync.on_unit_done(unit);
   });

@@ -346,8 +346,8 @@ class Rig {
       plan_ = load_plan(plan_path, progs_.block);
       check_plan(*plan_, progs_.block);
     }
-    off_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, Interleave::kOff);
-    on_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, Interleave::kOn);
+    off_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, single_stage(CoExecute::kOff));
+    on_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, single_stage(CoExecute::kOn));
     ctx_.on_grad_op = [this](int m, int unit, const Op& op) {
       if (m == M_ - 1) active_sync_->on_grad_op(unit, op);
     };

@@ -5,6 +5,7 @@
 
 #include "plan/PlanCheck.h"
 #include "runtime/StepRunner.h"
+#include "schedule/BasicPlans.h"
 
 namespace dhelix {
 

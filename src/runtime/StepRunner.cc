@@ -1,37 +1,20 @@
-// StepRunner: sequential and Strand-Interleaved micro-batch schedules over folded units.
+// StepRunner: runs a step schedule's slots, single passes alone and co-executed ones pair by pair.
 #include "runtime/StepRunner.h"
 
 #include <algorithm>
+#include <map>
 
 #include "base/Error.h"
+#include "plan/StepSchedule.h"
 #include "schedule/BasicPlans.h"
 
 namespace dhelix {
 
-SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd) {
-  bool any_coll = std::any_of(fwd.begin(), fwd.end(), [](const Op& o) { return o.is_collective(); }) ||
-                  std::any_of(bwd.begin(), bwd.end(), [](const Op& o) { return o.is_collective(); });
-  LayerProgram p;
-  p.name = "pair";
-  p.fwd = fwd;
-  p.bwd = bwd;
-  if (any_coll) return cover_plan(p);
-  SIPlan plan;
-  plan.pair = "pair";
-  plan.source = "default";
-  Block b;
-  b.bwd_end = static_cast<int>(bwd.size());
-  if (b.has_bwd()) plan.blocks.push_back(b);
-  Block f;
-  f.fwd_end = static_cast<int>(fwd.size());
-  if (f.has_fwd()) plan.blocks.push_back(f);
-  return plan;
-}
-
 StepRunner::StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
-                       const SIPlan* block_plan, Interleave mode)
-    : ctx_(ctx), exec_(ctx, units, progs), mode_(mode) {
+                       const SIPlan* block_plan, const PipelineSpec& pipeline)
+    : ctx_(ctx), exec_(ctx, units, progs), pipeline_(pipeline) {
   block_plan_ = block_plan ? *block_plan : pair_default_plan(progs.block.fwd, progs.block.bwd);
+  pipeline_.n_layers = static_cast<int>(units.size()) - 2;
 }
 
 const SIPlan& StepRunner::pair_plan(int fu, int bu) {
@@ -46,19 +29,16 @@ const SIPlan& StepRunner::pair_plan(int fu, int bu) {
   return edge_cache_.back();
 }
 
-void StepRunner::start_mb(Inflight& f, int mb, const MicroBatch& data) {
-  f.mb = mb;
-  f.envs.clear();
-  for (int u = 0; u < exec_.num_units(); ++u) f.envs.push_back(std::make_unique<UnitEnv>());
-  f.envs.front()->bufs["tokens"] = data.tokens;
-  f.envs.back()->bufs["targets"] = data.targets;
-}
-
-void StepRunner::link_forward(Inflight& f, int unit) {
+void StepRunner::link_forward(Inflight& f, int unit, const MicroBatch& data) {
+  auto& env = f.envs[unit];
+  DHX_ASSERT(!env, "micro-batch {} runs its forward through unit {} twice", f.mb, unit);
+  env = std::make_unique<UnitEnv>();
+  if (unit == 0) env->bufs["tokens"] = data.tokens;
+  if (unit == exec_.num_units() - 1) env->bufs["targets"] = data.targets;
   if (unit == 0) return;
   // The output moves to the next unit: backward never reads a unit's own "y".
   auto& prev = f.envs[unit - 1]->bufs;
-  f.envs[unit]->bufs["x"] = prev.at("y");
+  env->bufs["x"] = prev.at("y");
   prev.erase("y");
 }
 
@@ -84,72 +64,96 @@ void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
   if (bwd_hook_) bwd_hook_(b.mb, unit);
 }
 
+// Co-executed slot: forward unit fc.begin+i beside backward unit bc.end-1-i for i < the shorter
+// chunk's length, then the longer chunk's remaining units alone. A pair's plan may carry the
+// backward unit's trailing weight-gradient ops into the next pair (SIPlan::carry); their unit
+// finishes (DP hook, loss, release) as soon as they ran.
+void StepRunner::run_slot(Inflight* f, const Chunk* fc, Inflight* b, const Chunk* bc, const MicroBatch* fdata,
+                          StepStats& st) {
+  const int nf = f ? fc->size() : 0, nb = b ? bc->size() : 0, n = std::min(nf, nb);
+  auto fwd_unit = [&](int i) { return fc->unit_begin + i; };
+  auto bwd_unit = [&](int i) { return bc->unit_end - 1 - i; };
+  CarriedOps carry;
+  // A carried unit's env is released once its carried ops ran inside the next pair, whose backward
+  // unit has taken its "dx"; carried out of the slot's last pair, its "dx" may still be owed to a
+  // later slot (the next chunk's backward), and the link that takes it releases the env.
+  bool release_carried = true;
+  for (int i = 0; i < n; ++i) {
+    const int fu = fwd_unit(i), bu = bwd_unit(i);
+    link_forward(*f, fu, *fdata);
+    link_backward(*b, bu, /*release_above=*/carry.empty());
+    StrandSlot fs{f->mb, fu, f->envs[fu].get()};
+    StrandSlot bs{b->mb, bu, b->envs[bu].get()};
+    const SIPlan& plan = pair_plan(fu, bu);
+    exec_.run_pair(&fs, &bs, plan.blocks, plan.carry, &carry);
+    DHX_ASSERT(carry.empty(), "pair ({}, {}) left carried ops unrun", fu, bu);
+    if (plan.carry > 0) {
+      const int nops = static_cast<int>(exec_.program(bu).bwd.size());
+      carry = CarriedOps{bs, nops - plan.carry, nops, [this, b, &st, bu, &release_carried] {
+                           finish_bwd_unit(*b, bu, st);
+                           // finish_bwd_unit releases unit 0 itself
+                           if (bu > 0 && release_carried) b->envs[bu].reset();
+                         }};
+    } else {
+      finish_bwd_unit(*b, bu, st);
+    }
+  }
+  release_carried = false;
+  exec_.run_carried(carry);  // the last pair carried ops out: nothing of this slot follows to hide
+  for (int i = n; i < nf; ++i) {
+    const int fu = fwd_unit(i);
+    link_forward(*f, fu, *fdata);
+    StrandSlot s{f->mb, fu, f->envs[fu].get()};
+    exec_.run_alone(s, StrandKind::kForward);
+  }
+  for (int i = n; i < nb; ++i) {
+    const int bu = bwd_unit(i);
+    link_backward(*b, bu);
+    StrandSlot s{b->mb, bu, b->envs[bu].get()};
+    exec_.run_alone(s, StrandKind::kBackward);
+    finish_bwd_unit(*b, bu, st);
+  }
+}
+
 StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
+  PipelineSpec spec = pipeline_;
+  spec.micro_batches = static_cast<int>(mbs.size());
+  return run_schedule(make_schedule(spec), mbs);
+}
+
+StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<MicroBatch>& mbs) {
   StepStats st;
   const int M = static_cast<int>(mbs.size());
   const int U = exec_.num_units();
   DHX_CHECK(M >= 1, ConfigError, "a step needs at least one micro-batch, got {}", M);
+  DHX_CHECK(sch.micro_batches == M && sch.num_units == U, InternalError,
+            "schedule '{}' is for {} micro-batches over {} units; this step has {} over {}", sch.name,
+            sch.micro_batches, sch.num_units, M, U);
+  DHX_CHECK(sch.pp == 1, ConfigError,
+            "schedule '{}' has pp={}: this build runs single-stage schedules only (pipeline stages and their "
+            "point-to-point transfers are not wired yet); use parallel.pp=1",
+            sch.name, sch.pp);
+  check_schedule(sch);
   if (ctx_.act_mem) ctx_.act_mem->reset_peak();
 
-  if (mode_ == Interleave::kOff || M < 2) {
-    for (int m = 0; m < M; ++m) {
-      if (slot_hook_) slot_hook_(m, true);
-      Inflight f;
-      start_mb(f, m, mbs[m]);
-      for (int u = 0; u < U; ++u) {
-        link_forward(f, u);
-        StrandSlot s{m, u, f.envs[u].get()};
-        exec_.run_alone(s, StrandKind::kForward);
-      }
-      for (int u = U - 1; u >= 0; --u) {
-        link_backward(f, u);
-        StrandSlot s{m, u, f.envs[u].get()};
-        exec_.run_alone(s, StrandKind::kBackward);
-        finish_bwd_unit(f, u, st);
-      }
-      if (slot_hook_) slot_hook_(m, false);
-    }
-  } else {
-    Inflight cur, prev;  // cur: forward strand, prev: backward strand
-    for (int slot = 0; slot <= M; ++slot) {
-      const bool has_f = slot < M, has_b = slot >= 1;
-      if (slot_hook_) slot_hook_(slot, true);
-      if (has_f) start_mb(cur, slot, mbs[slot]);
-      // Backward ops the previous pair's plan carried out (SIPlan::carry); their unit finishes
-      // (DP hook, loss, release) as soon as they ran, inside the next pair.
-      CarriedOps carry;
-      for (int k = 0; k < U; ++k) {
-        const int fu = k, bu = U - 1 - k;
-        StrandSlot fs{cur.mb, fu, has_f ? cur.envs[fu].get() : nullptr};
-        StrandSlot bs{prev.mb, bu, has_b ? prev.envs[bu].get() : nullptr};
-        if (has_f) link_forward(cur, fu);
-        if (has_b) link_backward(prev, bu, /*release_above=*/carry.empty());
-        if (has_f && has_b) {
-          const SIPlan& plan = pair_plan(fu, bu);
-          exec_.run_pair(&fs, &bs, plan.blocks, plan.carry, &carry);
-          DHX_ASSERT(carry.empty(), "pair ({}, {}) left carried ops unrun", fu, bu);
-          if (plan.carry > 0) {
-            const int n = static_cast<int>(exec_.program(bu).bwd.size());
-            carry = CarriedOps{bs, n - plan.carry, n, [this, &prev, &st, bu] {
-                                 finish_bwd_unit(prev, bu, st);
-                                 if (bu > 0) prev.envs[bu].reset();  // finish_bwd_unit releases unit 0 itself
-                               }};
-          } else {
-            finish_bwd_unit(prev, bu, st);
-          }
-        } else if (has_f) {
-          exec_.run_alone(fs, StrandKind::kForward);
-        } else {
-          exec_.run_alone(bs, StrandKind::kBackward);
-          finish_bwd_unit(prev, bu, st);
-        }
-      }
-      exec_.run_carried(carry);  // the slot's last pair carried ops out: nothing follows to hide
-      if (slot_hook_) slot_hook_(slot, false);
-      prev = std::move(cur);
-      cur = Inflight{};
-    }
+  std::map<int, Inflight> live;  // micro-batches with a unit between its forward and backward
+  auto inflight = [&](int mb) -> Inflight& {
+    Inflight& f = live[mb];
+    if (f.envs.empty()) f.mb = mb, f.envs.resize(U);
+    return f;
+  };
+  const std::vector<Slot>& slots = sch.ranks.at(0);
+  for (int k = 0; k < static_cast<int>(slots.size()); ++k) {
+    const Slot& sl = slots[k];
+    if (slot_hook_) slot_hook_(k, true);
+    Inflight* f = sl.fwd.active() ? &inflight(sl.fwd.mb) : nullptr;
+    Inflight* b = sl.bwd.active() ? &inflight(sl.bwd.mb) : nullptr;
+    run_slot(f, f ? &sch.chunks[sl.fwd.chunk] : nullptr, b, b ? &sch.chunks[sl.bwd.chunk] : nullptr,
+             f ? &mbs[sl.fwd.mb] : nullptr, st);
+    if (b && std::all_of(b->envs.begin(), b->envs.end(), [](const auto& e) { return !e; })) live.erase(sl.bwd.mb);
+    if (slot_hook_) slot_hook_(k, false);
   }
+  DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
   return st;
 }
@@ -158,10 +162,10 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   StepStats st;
   const int U = exec_.num_units();
   for (int m = 0; m < static_cast<int>(mbs.size()); ++m) {
-    Inflight f;
-    start_mb(f, m, mbs[m]);
+    Inflight f{m, {}};
+    f.envs.resize(U);
     for (int u = 0; u < U; ++u) {
-      link_forward(f, u);
+      link_forward(f, u, mbs[m]);
       StrandSlot s{m, u, f.envs[u].get()};
       exec_.run_alone(s, StrandKind::kForward);
       if (u > 0) f.envs[u - 1].reset();

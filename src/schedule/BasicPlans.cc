@@ -223,4 +223,24 @@ SIPlan sequential_plan(const LayerProgram& prog) {
   return plan;
 }
 
+SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd) {
+  bool any_coll = std::any_of(fwd.begin(), fwd.end(), [](const Op& o) { return o.is_collective(); }) ||
+                  std::any_of(bwd.begin(), bwd.end(), [](const Op& o) { return o.is_collective(); });
+  LayerProgram p;
+  p.name = "pair";
+  p.fwd = fwd;
+  p.bwd = bwd;
+  if (any_coll) return cover_plan(p);
+  SIPlan plan;
+  plan.pair = "pair";
+  plan.source = "default";
+  Block b;
+  b.bwd_end = static_cast<int>(bwd.size());
+  if (b.has_bwd()) plan.blocks.push_back(b);
+  Block f;
+  f.fwd_end = static_cast<int>(fwd.size());
+  if (f.has_fwd()) plan.blocks.push_back(f);
+  return plan;
+}
+
 }  // namespace dhelix

@@ -42,6 +42,11 @@ void extend_over_independent_tails(SIPlan& plan, const LayerProgram& prog);
 // else 0. cover_plan ends with it.
 void carry_trailing_wgrads(SIPlan& plan, const LayerProgram& prog);
 
+// Plan for a pair of (forward program, backward program) of any two units: cover_plan; when neither
+// strand has a collective, one block of the whole backward, then one of the whole forward (the
+// forward strand reuses the memory the backward freed). The runtime's default for every pair.
+SIPlan pair_default_plan(const std::vector<Op>& fwd, const std::vector<Op>& bwd);
+
 // Forward strand first, then backward, one segment per block. source = "sequential".
 SIPlan sequential_plan(const LayerProgram& prog);
 

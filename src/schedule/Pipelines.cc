@@ -136,6 +136,12 @@ void gen_w(const PipelineSpec& spec, StepSchedule& sch) {
 
 }  // namespace
 
+PipelineSpec single_stage(CoExecute co) {
+  PipelineSpec s;
+  s.co_execute = co;
+  return s;
+}
+
 std::vector<std::string> pipeline_spec_errors(const PipelineSpec& s) {
   std::vector<std::string> e;
   const std::string kind = fmt::format("schedule.pipeline={}", pipeline_kind_name(s.kind));

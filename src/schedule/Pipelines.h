@@ -28,6 +28,10 @@ struct PipelineSpec {
   CoExecute co_execute = CoExecute::kOff;
 };
 
+// The single-stage schedule (1F1B at pp = 1): co-execution off, each micro-batch forward then
+// backward; on, Strand Interleaving over the whole model as one folded chunk.
+PipelineSpec single_stage(CoExecute co);
+
 // Every impossible combination, one message each (config key names, values, a hint); empty when
 // the spec can be generated.
 std::vector<std::string> pipeline_spec_errors(const PipelineSpec& spec);

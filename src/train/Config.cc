@@ -91,10 +91,11 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "pp", parallel.pp, kInt, 1, 1e6, "pipeline-parallel stages"),
       DHX_F("parallel", "cp", parallel.cp, kInt, 1, 1e6, "context-parallel size"),
       DHX_F("parallel", "ep", parallel.ep, kInt, 1, 1e6, "expert-parallel size (carved out of dp)"),
-      DHX_F("parallel", "sequence_parallel", parallel.sequence_parallel, kBool, 0, 0, "Megatron sequence parallelism in TP regions"),
       DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
       DHX_F("parallel", "sparse_embed_grad", parallel.sparse_embed_grad, kOnOff, 0, 0, "dp > 1, tp = 1: the last micro-batch's token-embedding gradient is all-gathered as rows (when tokens x dp < 2 x vocab) instead of all-reduced whole at the end of backward"),
       DHX_F("schedule", "strand_interleaving", schedule.strand_interleaving, kOnOff, 0, 0, "co-execute fwd and bwd micro-batches"),
+      DHX_F("schedule", "pipeline", schedule.pipeline, kString, 0, 0, "step schedule: 1f1b, interleaved (virtual stages) or w (the folded W: layer l beside layer L+1-l on one stage); `dhelix schedule` draws them"),
+      DHX_F("schedule", "virtual_stages", schedule.virtual_stages, kInt, 1, 1e6, "interleaved: model chunks per pipeline rank"),
       DHX_F("schedule", "plan", schedule.plan, kString, 0, 0, "SI plan JSON from `dhelix plan`; empty = default plan"),
       DHX_F("schedule", "expose_collectives", schedule.expose_collectives, kBool, 0, 0, "wait for every collective as soon as it is issued (no overlap at all; for measuring what overlap hides)"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
@@ -293,13 +294,13 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp", p.tp);
   divides("model.seq_len", m.seq_len, "parallel.cp", p.cp);
   divides("parallel.dp", p.dp, "parallel.ep", p.ep);
-  if (p.sequence_parallel) divides("model.seq_len", m.seq_len, "parallel.tp (sequence_parallel)", p.tp);
-  if (p.pp > 1 && m.n_layers % p.pp != 0)
-    e.push_back(fmt::format("model.n_layers={} is not divisible by parallel.pp={}", m.n_layers, p.pp));
-  if (p.pp > 1 && t.micro_batches < p.pp)
-    e.push_back(fmt::format("training.micro_batches={} is below parallel.pp={}: the pipeline would never fill "
-                            "(global batch = micro_batch_size {} x micro_batches {} x dp {} = {})",
-                            t.micro_batches, p.pp, t.micro_batch_size, t.micro_batches, p.dp, c.global_batch()));
+  // tp > 1 always runs Megatron's sequence parallelism: norms, residuals and dropout see T / tp rows.
+  divides("model.seq_len", m.seq_len, "parallel.tp (sequence parallelism shards the sequence)", p.tp);
+  if (!parse_pipeline_kind(c.schedule.pipeline))
+    e.push_back(fmt::format("schedule.pipeline=\"{}\" is not a step schedule; use 1f1b, interleaved or w",
+                            c.schedule.pipeline));
+  else
+    for (auto& msg : pipeline_spec_errors(pipeline_spec(c))) e.push_back(msg);
   if (c.global_batch() > (int64_t{1} << 40))
     e.push_back(fmt::format("global batch micro_batch_size {} x micro_batches {} x dp {} overflows", t.micro_batch_size,
                             t.micro_batches, p.dp));
@@ -476,6 +477,17 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.sequence_parallel = cfg.parallel.tp > 1;
   return l;
+}
+
+PipelineSpec pipeline_spec(const RunConfig& cfg) {
+  PipelineSpec s;
+  s.kind = parse_pipeline_kind(cfg.schedule.pipeline).value_or(PipelineKind::k1F1B);
+  s.pp = static_cast<int>(cfg.parallel.pp);
+  s.virtual_stages = static_cast<int>(cfg.schedule.virtual_stages);
+  s.n_layers = static_cast<int>(cfg.model.n_layers);
+  s.micro_batches = static_cast<int>(cfg.training.micro_batches);
+  s.co_execute = cfg.schedule.strand_interleaving ? CoExecute::kOn : CoExecute::kOff;
+  return s;
 }
 
 }  // namespace dhelix

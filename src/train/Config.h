@@ -11,6 +11,7 @@
 
 #include "layout/Layout.h"
 #include "model/ModelConfig.h"
+#include "schedule/Pipelines.h"
 
 namespace dhelix {
 
@@ -43,13 +44,14 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
-  bool sequence_parallel = false;
   int64_t zero = 0;  // 0: replicated optimizer state; 1: sharded over dp
   bool sparse_embed_grad = true;  // GradSync::enable_sparse_embedding (when it pays)
 };
 
 struct ScheduleConfig {
   bool strand_interleaving = true;  // "on" | "off"
+  std::string pipeline = "1f1b";    // step schedule: "1f1b" | "interleaved" | "w" (schedule/Pipelines.h)
+  int64_t virtual_stages = 1;       // interleaved: chunks per pp rank
   std::string plan;                 // SI plan JSON; empty = the built-in default plan
   bool expose_collectives = false;  // wait for each collective at issue (measurement only)
 };
@@ -93,8 +95,12 @@ ModelHooks default_model_hooks();
 
 using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;  // ("training.steps", "10")
 
-// The rank grid a run asks for (sequence parallelism on whenever tp > 1).
+// The rank grid a run asks for (sequence parallelism on whenever tp > 1; there is no TP without it).
 LayoutConfig layout_config(const RunConfig& cfg);
+
+// The step schedule a run asks for (kind, pp, virtual stages, layers, micro-batches, co-execution
+// from schedule.strand_interleaving). Call on a validated config (the kind name then parses).
+PipelineSpec pipeline_spec(const RunConfig& cfg);
 
 // Resolves defaults <- model preset <- TOML file (empty path: none) <- overrides. Every problem
 // (unknown key with a "did you mean", wrong type, bad value, inconsistent sizes) is collected and

@@ -96,7 +96,9 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   const auto& p = cfg_.parallel;
   layout_ = layout_config(cfg_);
   DHX_CHECK(layout_.pp == 1 && layout_.cp == 1 && layout_.ep == 1, ConfigError,
-            "parallel.pp={} parallel.cp={} parallel.ep={}: this build trains with dp and tp only; set them to 1",
+            "parallel.pp={} parallel.cp={} parallel.ep={}: this build trains with dp and tp only; set them to 1 "
+            "(pipeline schedules can be drawn and checked with `dhelix schedule`; at pp=1, schedule.pipeline = "
+            "interleaved or w runs the model as several chunks on one rank)",
             p.pp, p.cp, p.ep);
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
@@ -160,8 +162,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
     plan_ = load_plan(cfg_.schedule.plan, progs_.block);
     check_plan(*plan_, progs_.block);
   }
-  runner_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr,
-                                         cfg_.schedule.strand_interleaving ? Interleave::kOn : Interleave::kOff);
+  runner_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, pipeline_spec(cfg_));
   const int M = static_cast<int>(cfg_.training.micro_batches);
   const std::optional<FaultInjection> fault = fault_injection_from_env();
   const int world_rank = comm_ ? comm_->rank() : 0, mid_unit = static_cast<int>(units_.size()) / 2;
@@ -270,12 +271,12 @@ void Trainer::run() {
   }
   const double flops_tok = cfg_.model.flops_per_token(mb_.T);
   sgemm_flops_ = measure_sgemm_flops();
-  log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} | "
+  log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} {} | "
                   "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
                   cfg_.model.name, family_name(cfg_.model.family), cfg_.model.num_params() / 1e6, cfg_.model.n_layers,
                   cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.n_kv_heads,
                   comm_ ? comm_->layout().describe() : "single process",
-                  cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
+                  fmt::format("schedule {},", cfg_.schedule.pipeline), cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
                   mb_.T, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
   log(fmt::format("sgemm {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}",
                   sgemm_flops_ / 1e9, flops_tok));

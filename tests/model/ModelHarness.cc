@@ -101,12 +101,12 @@ void ModelHarness::set_values(const std::map<std::string, Tensor>& full) {
   }
 }
 
-StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, Interleave mode,
+StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineSpec& pipeline,
                              std::function<void(int, bool)> slot_hook, std::function<void(int, int)> bwd_unit_hook) {
   DHX_CHECK(static_cast<int>(mbs.size()) == micro_batches_, InternalError,
             "step got {} micro-batches, the harness's dloss assumes {}", mbs.size(), micro_batches_);
   params_->zero_grads();
-  StepRunner runner(ctx_, units_, progs_, nullptr, mode);
+  StepRunner runner(ctx_, units_, progs_, nullptr, pipeline);
   if (slot_hook) runner.set_slot_hook(std::move(slot_hook));
   if (bwd_unit_hook) runner.set_bwd_unit_hook(std::move(bwd_unit_hook));
   return runner.run(mbs);

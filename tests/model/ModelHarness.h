@@ -46,9 +46,9 @@ class ModelHarness {
   // Overwrites every parameter from full internal tensors.
   void set_values(const std::map<std::string, Tensor>& full);
   // Zeroes the gradients, then runs one step over `mbs` (size must be the constructor's count)
-  // with a fresh StepRunner in `mode` (default block plan), with the runner's slot and
+  // with a fresh StepRunner running `pipeline`'s schedule (pp = 1; default block plan), with the runner's slot and
   // backward-unit hooks set when given.
-  StepStats step(const std::vector<MicroBatch>& mbs, Interleave mode,
+  StepStats step(const std::vector<MicroBatch>& mbs, const PipelineSpec& pipeline,
                  std::function<void(int slot, bool begin)> slot_hook = {},
                  std::function<void(int mb, int unit)> bwd_unit_hook = {});
   // Copies of the accumulated gradients, full internal shapes, keyed by internal name.

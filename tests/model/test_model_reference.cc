@@ -129,7 +129,7 @@ TEST_P(ModelReference, StepLossAndEveryGradientMatchTorch) {
   Reference r = load_reference(GetParam());
   ModelHarness h(r.model, {kRefB, kRefT}, kRefMicroBatches);
   h.set_values(from_hf(r.model, h.specs(), r.file.tensors));
-  StepStats st = h.step(r.mbs, Interleave::kOff);
+  StepStats st = h.step(r.mbs, single_stage(CoExecute::kOff));
 
   const Tensor& ref_loss = r.at("ref.loss");
   double ref_sum = 0;

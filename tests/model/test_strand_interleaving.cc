@@ -1,7 +1,8 @@
-// Strand Interleaving against the sequential schedule (oracle: Interleave::kOff on the same
-// weights and micro-batches). SI only reorders which micro-batch's forward and backward ops run
-// when; each gradient still accumulates micro-batch 0, then 1, ... with unchanged kernels, so
-// losses and gradients must be bitwise equal. Peak activation memory with SI is bounded by the
+// Strand Interleaving and every other single-rank step schedule against the sequential schedule
+// (oracle: 1F1B at pp = 1 without co-execution, on the same weights and micro-batches). A schedule
+// only reorders which micro-batch's forward and backward ops run when; each gradient still
+// accumulates micro-batch 0, then 1, ... with unchanged kernels, so losses and gradients must be
+// bitwise equal. Peak activation memory with SI is bounded by the
 // sequential peak plus 5% (the DHelix claim: the backward strand frees what the forward strand
 // allocates, so two micro-batches in flight cost about one).
 #include <gtest/gtest.h>
@@ -16,17 +17,22 @@
 namespace dhelix::test {
 namespace {
 
-void expect_bitwise_equal_steps(ModelFamily family, int micro_batches) {
+const PipelineSpec kSequential = single_stage(CoExecute::kOff);
+const PipelineSpec kSi = single_stage(CoExecute::kOn);
+
+void expect_bitwise_equal_steps(ModelFamily family, int micro_batches, const PipelineSpec& pipe = kSi) {
   const ModelConfig m = reference_config(family);
   const MicroBatchShape mb{kRefB, kRefT};
   ModelHarness h(m, mb, micro_batches);
   h.set_values(random_full_values(m, 7));
   const auto mbs = random_micro_batches(m, mb, micro_batches, 8);
-  StepStats off = h.step(mbs, Interleave::kOff);
+  StepStats off = h.step(mbs, kSequential);
   auto g_off = h.full_grads();
-  StepStats on = h.step(mbs, Interleave::kOn);
+  StepStats on = h.step(mbs, pipe);
   auto g_on = h.full_grads();
-  const std::string ctx = fmt::format("{} M={}", family_name(family), micro_batches);
+  const std::string ctx = fmt::format("{} M={} {}{} v={}", family_name(family), micro_batches,
+                                      pipeline_kind_name(pipe.kind), pipe.co_execute == CoExecute::kOn ? "+si" : "",
+                                      pipe.virtual_stages);
   EXPECT_EQ(on.tokens, off.tokens) << ctx;
   EXPECT_EQ(std::memcmp(&on.loss_sum, &off.loss_sum, sizeof(double)), 0)
       << ctx << ": loss sum " << on.loss_sum << " (SI) vs " << off.loss_sum << " (sequential)";
@@ -45,12 +51,28 @@ TEST(StrandInterleaving, LlamaLossesAndGradientsBitwiseEqualSequential) {
   for (int M : {2, 3}) expect_bitwise_equal_steps(ModelFamily::kLlama, M);
 }
 
+// The folded W and interleaved 1F1B at pp = 1 run the model as two chunks on one rank (the W's
+// down chunk embedding + layer 1, its up chunk layer 2 + head; interleaved: chunk i = layer i+1
+// with the embedding and head at the ends), with and without co-execution.
+TEST(StrandInterleaving, TwoChunkSchedulesBitwiseEqualSequential) {
+  for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama})
+    for (PipelineKind k : {PipelineKind::kW, PipelineKind::kInterleaved})
+      for (CoExecute co : {CoExecute::kOff, CoExecute::kOn})
+        for (int M : {2, 3}) {
+          PipelineSpec pipe;
+          pipe.kind = k;
+          pipe.virtual_stages = k == PipelineKind::kInterleaved ? 2 : 1;
+          pipe.co_execute = co;
+          expect_bitwise_equal_steps(f, M, pipe);
+        }
+}
+
 // Peak activation bytes of one step, SI on over off, same harness (same weights and data).
 double peak_ratio(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches) {
   ModelHarness h(m, mb, micro_batches);
   const auto mbs = random_micro_batches(m, mb, micro_batches, 9);
-  const StepStats off = h.step(mbs, Interleave::kOff);
-  const StepStats on = h.step(mbs, Interleave::kOn);
+  const StepStats off = h.step(mbs, kSequential);
+  const StepStats on = h.step(mbs, kSi);
   EXPECT_GT(off.peak_activation_bytes, 0);
   const double ratio = double(on.peak_activation_bytes) / double(off.peak_activation_bytes);
   std::printf("[%s B=%ld T=%ld M=%d] peak activations: SI off %.2f MiB, on %.2f MiB, ratio %.4f\n", m.name.c_str(),
@@ -74,21 +96,25 @@ TEST(StrandInterleaving, PeakActivationsGpt2SmallBatchWithin5Percent) {
   EXPECT_LE(peak_ratio(model_preset("gpt2-124m"), {1, 256}, 2), 1.05);
 }
 
-// The slot hook brackets the slots as StepRunner.h documents them (oracle: the schedule's
-// definition). SI on: M + 1 slots; a micro-batch's backward finishes in the slot after the one
-// its forward starts in, slot 0 finishes none and slot M finishes the last. SI off: M slots, each
-// finishing its own micro-batch. The backward finishes a micro-batch when it finishes unit 0.
-void expect_slots_bracket_backward(Interleave mode, int micro_batches) {
+// The slot hook brackets the slots of the schedule the runner was handed (oracle: that schedule's
+// slot list): one begin and one end mark per slot, in order, and each micro-batch's backward
+// finishes unit 0 inside the slot whose backward pass is that micro-batch on the first chunk. With
+// one chunk: SI off, slot 2i + 1 (F0 B0 F1 B1 ...); SI on, slot i + 1 (slot 0 finishes none).
+void expect_slots_bracket_backward(const PipelineSpec& pipe, int micro_batches) {
   const ModelConfig m = reference_config(ModelFamily::kGPT);
   const MicroBatchShape mb{kRefB, kRefT};
   ModelHarness h(m, mb, micro_batches);
   const auto mbs = random_micro_batches(m, mb, micro_batches, 10);
+  PipelineSpec full = pipe;
+  full.n_layers = static_cast<int>(m.n_layers);
+  full.micro_batches = micro_batches;
+  const StepSchedule sch = make_schedule(full);
   std::vector<std::pair<int, bool>> marks;
   int open = -1;                         // the slot now running, -1 between slots
   std::vector<int> finished_in;          // [mb] -> slot in which its backward finished unit 0
   finished_in.assign(micro_batches, -2);
   h.step(
-      mbs, mode,
+      mbs, pipe,
       [&](int slot, bool begin) {
         marks.push_back({slot, begin});
         open = begin ? slot : -1;
@@ -96,20 +122,31 @@ void expect_slots_bracket_backward(Interleave mode, int micro_batches) {
       [&](int mbi, int unit) {
         if (unit == 0) finished_in.at(mbi) = open;
       });
-  const bool on = mode == Interleave::kOn;
-  const int slots = on ? micro_batches + 1 : micro_batches;
-  ASSERT_EQ(static_cast<int>(marks.size()), 2 * slots) << "SI " << on;
+  const int slots = static_cast<int>(sch.ranks[0].size());
+  ASSERT_EQ(static_cast<int>(marks.size()), 2 * slots) << sch.name;
   for (int s = 0; s < slots; ++s) {
-    EXPECT_EQ(marks[2 * s], (std::pair<int, bool>{s, true})) << "SI " << on << " slot " << s;
-    EXPECT_EQ(marks[2 * s + 1], (std::pair<int, bool>{s, false})) << "SI " << on << " slot " << s;
+    EXPECT_EQ(marks[2 * s], (std::pair<int, bool>{s, true})) << sch.name << " slot " << s;
+    EXPECT_EQ(marks[2 * s + 1], (std::pair<int, bool>{s, false})) << sch.name << " slot " << s;
   }
-  for (int i = 0; i < micro_batches; ++i)
-    EXPECT_EQ(finished_in[i], on ? i + 1 : i) << "SI " << on << ": backward of micro-batch " << i;
+  for (int i = 0; i < micro_batches; ++i) {
+    int want = -1;
+    for (int s = 0; s < slots; ++s)
+      if (sch.ranks[0][s].bwd == Pass{i, 0}) want = s;
+    EXPECT_EQ(finished_in[i], want) << sch.name << ": backward of micro-batch " << i;
+  }
+  if (full.kind == PipelineKind::k1F1B) {
+    for (int i = 0; i < micro_batches; ++i)
+      EXPECT_EQ(finished_in[i], full.co_execute == CoExecute::kOn ? i + 1 : 2 * i + 1) << sch.name;
+  }
 }
 
 TEST(StrandInterleaving, SlotHookBracketsEachSlotsBackward) {
-  expect_slots_bracket_backward(Interleave::kOn, 3);
-  expect_slots_bracket_backward(Interleave::kOff, 3);
+  expect_slots_bracket_backward(kSi, 3);
+  expect_slots_bracket_backward(kSequential, 3);
+  PipelineSpec w;
+  w.kind = PipelineKind::kW;
+  w.co_execute = CoExecute::kOn;
+  expect_slots_bracket_backward(w, 3);
 }
 
 }  // namespace

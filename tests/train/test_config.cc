@@ -82,6 +82,35 @@ TEST(Config, ModelAndParallelRulesNameTheValues) {
   EXPECT_NE(msg.find("top-level key 'steps' is not a [section]"), std::string::npos) << msg;
 }
 
+// Oracle: every impossible pipeline combination of the list is reported in the one error.
+TEST(Config, PipelineRulesAreAllReported) {
+  std::string msg = error_of(
+      "[model]\nn_layers = 12\n[parallel]\npp = 4\n[training]\nmicro_batches = 3\n"
+      "[schedule]\npipeline = \"w\"\nvirtual_stages = 2\n");
+  EXPECT_NE(msg.find("3 configuration errors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("schedule.virtual_stages=2 applies to schedule.pipeline=interleaved only"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("model.n_layers=12 is not divisible by 2 x parallel.pp = 8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.micro_batches=3 is below parallel.pp=4"), std::string::npos) << msg;
+  msg = error_of("[model]\nn_layers = 6\n[parallel]\npp = 2\n[training]\nmicro_batches = 4\n"
+                 "[schedule]\npipeline = \"interleaved\"\nvirtual_stages = 2\n");
+  EXPECT_NE(msg.find("model.n_layers=6 is not divisible by parallel.pp x schedule.virtual_stages = 2 x 2 = 4"),
+            std::string::npos)
+      << msg;
+  msg = error_of("[schedule]\npipeline = \"zigzag\"\n");
+  EXPECT_NE(msg.find("schedule.pipeline=\"zigzag\" is not a step schedule; use 1f1b, interleaved or w"),
+            std::string::npos)
+      << msg;
+  RunConfig ok = load("[model]\nn_layers = 8\n[parallel]\npp = 2\n[training]\nmicro_batches = 4\n"
+                      "[schedule]\npipeline = \"w\"\n");
+  PipelineSpec s = pipeline_spec(ok);
+  EXPECT_EQ(s.kind, PipelineKind::kW);
+  EXPECT_EQ(s.pp, 2);
+  EXPECT_EQ(s.n_layers, 8);
+  EXPECT_EQ(s.micro_batches, 4);
+  EXPECT_EQ(s.co_execute, CoExecute::kOn);  // schedule.strand_interleaving defaults to on
+}
+
 TEST(Config, TomlSyntaxErrorNamesFileAndLine) {
   try {
     load("[training]\nsteps = = 3\n");
@@ -94,21 +123,21 @@ TEST(Config, TomlSyntaxErrorNamesFileAndLine) {
 TEST(Config, FlagOverridesTomlAndExplicitKeysOverridePreset) {
   RunConfig c = load("[training]\nsteps = 100\nlr = 1e-3\n[model]\npreset = \"gpt2-124m\"\nn_layers = 2\n",
                      {{"training.steps", "7"}, {"schedule.strand_interleaving", "off"},
-                      {"parallel.sequence_parallel", "on"}});
+                      {"parallel.sparse_embed_grad", "off"}});
   EXPECT_EQ(c.training.steps, 7);               // flag beats TOML
   EXPECT_DOUBLE_EQ(c.training.lr, 1e-3);        // TOML beats default
   EXPECT_EQ(c.model.family, ModelFamily::kGPT); // preset beats default
   EXPECT_EQ(c.model.d_model, 768);
   EXPECT_EQ(c.model.n_layers, 2);               // explicit key beats preset
   EXPECT_FALSE(c.schedule.strand_interleaving);
-  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_FALSE(c.parallel.sparse_embed_grad);
   EXPECT_EQ(c.model.name, "gpt2-124m");
 }
 
 TEST(Config, BooleansAcceptOnOffTrueFalse) {
   EXPECT_FALSE(load("[schedule]\nstrand_interleaving = \"off\"\n").schedule.strand_interleaving);
   EXPECT_FALSE(load("[schedule]\nstrand_interleaving = false\n").schedule.strand_interleaving);
-  EXPECT_TRUE(load("[parallel]\nsequence_parallel = \"on\"\n").parallel.sequence_parallel);
+  EXPECT_TRUE(load("[schedule]\nexpose_collectives = \"on\"\n").schedule.expose_collectives);
   EXPECT_TRUE(load("", {{"model.tie_embeddings", "true"}}).model.tie_embeddings);
   EXPECT_FALSE(load("", {{"model.tie_embeddings", "off"}}).model.tie_embeddings);
 }
@@ -133,22 +162,22 @@ TEST(Config, RoundTripThroughToToml) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 52u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 53u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {
   CliArgs a = parse_cli_args({"prepare", "--config", "c.toml", "--training.steps", "5", "--model.d_model=64",
-                              "--parallel.sequence_parallel", "--training.lr", "1e-3"});
+                              "--schedule.expose_collectives", "--training.lr", "1e-3"});
   EXPECT_EQ(a.config_path, "c.toml");
   ASSERT_EQ(a.positional.size(), 1u);
   EXPECT_EQ(a.positional[0], "prepare");
-  ConfigOverrides want = {{"training.steps", "5"}, {"model.d_model", "64"}, {"parallel.sequence_parallel", "on"},
+  ConfigOverrides want = {{"training.steps", "5"}, {"model.d_model", "64"}, {"schedule.expose_collectives", "on"},
                           {"training.lr", "1e-3"}};
   EXPECT_EQ(a.overrides, want);
   EXPECT_THROW(parse_cli_args({"--training.steps"}), ConfigError);
-  CliArgs b = parse_cli_args({"--parallel.sequence_parallel", "prepare", "--schedule.strand_interleaving", "off"});
+  CliArgs b = parse_cli_args({"--schedule.expose_collectives", "prepare", "--schedule.strand_interleaving", "off"});
   EXPECT_EQ(b.positional, std::vector<std::string>{"prepare"});
-  ConfigOverrides want_b = {{"parallel.sequence_parallel", "on"}, {"schedule.strand_interleaving", "off"}};
+  ConfigOverrides want_b = {{"schedule.expose_collectives", "on"}, {"schedule.strand_interleaving", "off"}};
   EXPECT_EQ(b.overrides, want_b);
   std::string msg = error_of("", {{"trainig.steps", "3"}});
   EXPECT_NE(msg.find("did you mean 'training.steps'"), std::string::npos) << msg;
