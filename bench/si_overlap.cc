@@ -264,8 +264,8 @@ class LocalStandInGroup final : public ProcessGroup {
   }
   Task all_to_all_task(Tensor, Tensor) override { return unsupported("all_to_all"); }
   Task broadcast_task(Tensor, int) override { return unsupported("broadcast"); }
-  Task send_task(Tensor, int) override { return unsupported("send"); }
-  Task recv_task(Tensor, int) override { return unsupported("recv"); }
+  Task send_task(Tensor, int, int) override { return unsupported("send"); }
+  Task recv_task(Tensor, int, int) override { return unsupported("recv"); }
   Task barrier_task() override {
     return [](const std::shared_ptr<WorkState>&) { return true; };
   }

@@ -40,7 +40,7 @@ struct LocalWorld {
   bool aborted = false;
   std::string reason;
   std::map<std::pair<std::string, int64_t>, Slot> slots;             // (group key, seq)
-  std::map<std::tuple<std::string, int, int>, Mailbox> boxes;        // (group key, src, dst)
+  std::map<std::tuple<std::string, int, int, int>, Mailbox> boxes;   // (group key, src, dst, tag)
 
   void abort(const std::string& why) {
     std::lock_guard lk(mu);
@@ -112,11 +112,11 @@ class LocalProcessGroup final : public ProcessGroup {
       return true;
     };
   }
-  Task send_task(Tensor t, int peer) override {
-    return [this, t, peer](const std::shared_ptr<WorkState>&) {
+  Task send_task(Tensor t, int peer, int tag) override {
+    return [this, t, peer, tag](const std::shared_ptr<WorkState>&) {
       std::lock_guard lk(w_->mu);
       w_->check_alive();
-      auto& box = w_->boxes[{key_, rank(), peer}];
+      auto& box = w_->boxes[{key_, rank(), peer, tag}];
       if (box.waiting.empty()) {
         box.sent.push_back(t.clone());
         return true;
@@ -134,11 +134,11 @@ class LocalProcessGroup final : public ProcessGroup {
       return true;
     };
   }
-  Task recv_task(Tensor t, int peer) override {
-    return [this, t, peer](const std::shared_ptr<WorkState>& st) {
+  Task recv_task(Tensor t, int peer, int tag) override {
+    return [this, t, peer, tag](const std::shared_ptr<WorkState>& st) {
       std::lock_guard lk(w_->mu);
       w_->check_alive();
-      auto& box = w_->boxes[{key_, peer, rank()}];
+      auto& box = w_->boxes[{key_, peer, rank(), tag}];
       if (box.sent.empty()) {
         box.waiting.push_back({t, st});
         return false;  // the matching send completes it

@@ -206,20 +206,20 @@ class MpiProcessGroup final : public ProcessGroup {
       return true;
     };
   }
-  Task send_task(Tensor t, int peer) override {
-    return [this, t, peer](const std::shared_ptr<WorkState>& st) {
+  Task send_task(Tensor t, int peer, int tag) override {
+    return [this, t, peer, tag](const std::shared_ptr<WorkState>& st) {
       MPI_Request req;
-      mpi_check(MPI_Isend(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), peer, kP2PTag, comm_, &req),
+      mpi_check(MPI_Isend(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), peer, kP2PTag + tag, comm_, &req),
                 "MPI_Isend");
       posted_.push_back(Posted{req, st, t, -1});
       return false;
     };
   }
-  Task recv_task(Tensor t, int peer) override {
-    return [this, t, peer](const std::shared_ptr<WorkState>& st) {
+  Task recv_task(Tensor t, int peer, int tag) override {
+    return [this, t, peer, tag](const std::shared_ptr<WorkState>& st) {
       MPI_Request req;
       int n = mpi_count(t.numel(), *st);
-      mpi_check(MPI_Irecv(t.raw(), n, mpi_type(t.dtype()), peer, kP2PTag, comm_, &req), "MPI_Irecv");
+      mpi_check(MPI_Irecv(t.raw(), n, mpi_type(t.dtype()), peer, kP2PTag + tag, comm_, &req), "MPI_Irecv");
       posted_.push_back(Posted{req, st, t, n});
       return false;
     };

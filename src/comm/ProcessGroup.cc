@@ -132,18 +132,21 @@ Work ProcessGroup::broadcast(Tensor t, int root) {
   return issue(std::move(sig), broadcast_task(std::move(t), root));
 }
 
-Work ProcessGroup::send(const Tensor& t, int peer) {
+Work ProcessGroup::send(const Tensor& t, int peer, int tag) {
   DHX_CHECK(t.defined(), CommError, "send on {}: undefined tensor", name_);
   check_peer("send", peer);
-  std::string sig = fmt::format("send(to={}) {}", peer, t.describe());
-  return issue(std::move(sig), send_task(t, peer));
+  DHX_CHECK(tag >= 0 && tag <= kMaxP2PTag, CommError, "send on {}: tag {} outside [0, {}]", name_, tag, kMaxP2PTag);
+  std::string sig = fmt::format("send(to={}{}) {}", peer, tag ? fmt::format(" tag={}", tag) : "", t.describe());
+  return issue(std::move(sig), send_task(t, peer, tag));
 }
 
-Work ProcessGroup::recv(Tensor t, int peer) {
+Work ProcessGroup::recv(Tensor t, int peer, int tag) {
   DHX_CHECK(t.defined(), CommError, "recv on {}: undefined tensor", name_);
   check_peer("recv", peer);
-  std::string sig = fmt::format("recv(from={}) {}", peer, t.describe());  // before t is moved
-  return issue(std::move(sig), recv_task(std::move(t), peer));
+  DHX_CHECK(tag >= 0 && tag <= kMaxP2PTag, CommError, "recv on {}: tag {} outside [0, {}]", name_, tag, kMaxP2PTag);
+  // before t is moved
+  std::string sig = fmt::format("recv(from={}{}) {}", peer, tag ? fmt::format(" tag={}", tag) : "", t.describe());
+  return issue(std::move(sig), recv_task(std::move(t), peer, tag));
 }
 
 void ProcessGroup::barrier() { issue("barrier", barrier_task()).wait(); }

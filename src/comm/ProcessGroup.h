@@ -40,10 +40,11 @@ class ProcessGroup {
   // chunk j of out comes from rank j.
   Work all_to_all(const Tensor& in, Tensor out);
   Work broadcast(Tensor t, int root);
-  // Point-to-point with a group rank; matched in issue order per (sender, receiver). `t` must not
-  // change until the send's Work completes.
-  Work send(const Tensor& t, int peer);
-  Work recv(Tensor t, int peer);
+  // Point-to-point with a group rank; matched by (sender, receiver, tag), in issue order among
+  // equal tags. `t` must not change until the send's Work completes. 0 <= tag <= kMaxP2PTag.
+  static constexpr int kMaxP2PTag = (1 << 22) - 1;
+  Work send(const Tensor& t, int peer, int tag = 0);
+  Work recv(Tensor t, int peer, int tag = 0);
   // Queued like any op, then waited for.
   void barrier();
 
@@ -72,8 +73,8 @@ class ProcessGroup {
   virtual Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) = 0;
   virtual Task all_to_all_task(Tensor in, Tensor out) = 0;
   virtual Task broadcast_task(Tensor t, int root) = 0;
-  virtual Task send_task(Tensor t, int peer) = 0;
-  virtual Task recv_task(Tensor t, int peer) = 0;
+  virtual Task send_task(Tensor t, int peer, int tag) = 0;
+  virtual Task recv_task(Tensor t, int peer, int tag) = 0;
   virtual Task barrier_task() = 0;
 
  private:

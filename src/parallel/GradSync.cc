@@ -21,6 +21,7 @@ GradSync::GradSync(ParamStore& params, const std::vector<UnitSpec>& units, const
     for (auto& b : buckets) owned_grads_.push_back(Tensor::zeros({(b.end - b.begin) / n}, DType::kF32, tracker));
   grad_ops_.assign(params_.entries().size(), 0);
   for (size_t u = 0; u < units_.size(); ++u) {
+    if (!params_.owns_unit(static_cast<int>(u))) continue;  // another pipeline stage's
     const LayerProgram& p = units_[u].kind == "embed" ? progs.embed : units_[u].kind == "head" ? progs.head : progs.block;
     for (const Op& op : p.bwd)
       for (const auto& g : op.grads) {
@@ -55,7 +56,7 @@ void GradSync::param_ready(size_t entry) {
 
 bool GradSync::enable_sparse_embedding(int64_t tokens_per_mb) {
   if (!dp_ || dp_->size() <= 1 || (tp_ && tp_->size() > 1) || sparse_entry_ >= 0) return sparse_entry_ >= 0;
-  if (units_.empty() || units_[0].kind != "embed") return false;
+  if (units_.empty() || units_[0].kind != "embed" || !params_.owns_unit(0)) return false;
   const ParamEntry& e = params_.resolve(units_[0], "wte");
   const size_t i = static_cast<size_t>(&e - params_.entries().data());
   const int64_t V = e.grad.dim(0);
@@ -147,6 +148,20 @@ double GradSync::finish() {
                               (f.work.start_time() - f.work.issue_time()) * 1e6));
   }
   if (rows_taken_) add_gathered_rows();
+  if (tied_pp_) {
+    const ParamEntry* copy = params_.tied_copy();
+    Tensor mine = copy ? copy->grad : params_.get("wte").grad;
+    DHX_CHECK(zero_ == ZeroStage::kNone, InternalError, "tied embedding copies on two stages need zero = 0");
+    Tensor other = Tensor::empty(mine.shape(), mine.dtype(), tracker_);
+    Tensor out = mine.clone();
+    Work s = tied_pp_->send(out, tied_peer_, ProcessGroup::kMaxP2PTag);
+    Work r = tied_pp_->recv(other, tied_peer_, ProcessGroup::kMaxP2PTag);
+    r.wait();
+    s.wait();
+    float* g = mine.f32();
+    const float* o = other.f32();
+    for (int64_t i = 0; i < mine.numel(); ++i) g[i] += o[i];  // a + b == b + a: both stages agree
+  }
   rows_taken_ = false, bwd_started_ = false;
   tokens_all_ = Tensor(), rows_all_ = Tensor();
   dp_comm_s_ = busy;

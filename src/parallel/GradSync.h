@@ -62,6 +62,12 @@ class GradSync {
   bool embedding_rows_taken() const { return rows_taken_; }
 
   void set_overlap(GradOverlap o) { overlap_ = o; }
+  // Pipelines whose embedding and head live on different stages of a tied model: after the dp
+  // reductions, finish() sums the two copies of "wte" (the embedding's on one stage, the head's
+  // ParamStore::tied_copy() on the other) with pp rank `peer`, so both hold E + H. Their sum is
+  // E + H where one stage sums h0 + e0 + h1 + e1 + ... in micro-batch order: bitwise different,
+  // equal within rounding.
+  void set_tied_peer(ProcessGroup* pp, int peer) { tied_pp_ = pp, tied_peer_ = peer; }
   // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/dp).
   Tensor& owned_grad(size_t b) { return owned_grads_.at(b); }
   ZeroStage zero() const { return zero_; }
@@ -100,6 +106,8 @@ class GradSync {
   bool rows_taken_ = false;     // take_embedding_rows ran this step
   Tensor tokens_all_, rows_all_;  // gathered: dp x N token ids, dp x N rows of C
   MemoryTracker* tracker_ = nullptr;
+  ProcessGroup* tied_pp_ = nullptr;
+  int tied_peer_ = -1;
 };
 
 }  // namespace dhelix

@@ -61,16 +61,24 @@ double Optimizer::step(double lr, int64_t step) {
     return sync_.owned_grad(bi).f32() + (s - lo);
   };
   // Global norm^2: tp-replicated elements are identical on every tp rank, so they count 1/tp each.
-  double ss = 0;
+  // Each entry's part goes to its slot of the whole model's entry list (ParamStore global order);
+  // the slots are summed over the groups that split the parameters (a slot is filled on one rank of
+  // pp, so that sum is exact) and then added in slot order, so a pipeline adds the same parts in the
+  // same order as one process does. A tied embedding's second copy is not counted.
+  Tensor parts = Tensor::zeros({params_.num_global_entries()}, DType::kF64);
+  double* pt = parts.data<double>();
+  const ParamEntry* copy = params_.tied_copy();
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
+    if (&e == copy) return;
     double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
-    ss += e.spec.role == ShardRole::kReplicated ? part / tp : part;
+    pt[e.global_index] += e.spec.role == ShardRole::kReplicated ? part / tp : part;
   });
-  Tensor norm_t = Tensor::empty({1}, DType::kF64);
-  norm_t.data<double>()[0] = ss;
-  if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_t).wait();
-  if (tp_ && tp > 1) tp_->all_reduce(norm_t).wait();
-  const double norm = std::sqrt(norm_t.data<double>()[0]);
+  if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(parts).wait();
+  if (tp_ && tp > 1) tp_->all_reduce(parts).wait();
+  if (pp_ && pp_->size() > 1) pp_->all_reduce(parts).wait();
+  double ss = 0;
+  for (int64_t i = 0; i < parts.numel(); ++i) ss += pt[i];
+  const double norm = std::sqrt(ss);
   const double clip = (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) ? cfg_.grad_clip / (norm + 1e-6) : 1.0;
 
   cpu::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0, step};

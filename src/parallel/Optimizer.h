@@ -24,6 +24,8 @@ class Optimizer {
   // One update with learning rate `lr`; `step` is 1-based. Returns the pre-clip global grad norm.
   double step(double lr, int64_t step);
   int64_t steps_taken() const { return steps_; }
+  // Pipeline stages: the gradient norm sums every stage's parameters (over `pp`).
+  void set_pipeline_group(ProcessGroup* pp) { pp_ = pp; }
 
   // Full (unsharded) tensors of this rank's tp slice: "<param>.exp_avg" / ".exp_avg_sq", gathered
   // over dp when ZeRO-1 holds only chunks. Collective over dp.
@@ -38,6 +40,7 @@ class Optimizer {
   GradSync& sync_;
   ProcessGroup* tp_;
   ProcessGroup* dp_;
+  ProcessGroup* pp_ = nullptr;
   AdamWConfig cfg_;
   Tensor m_, v_;  // flat; full size without ZeRO, the owned chunks (concatenated) with ZeRO-1
   int64_t steps_ = 0;

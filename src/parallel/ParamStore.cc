@@ -2,14 +2,46 @@
 #include "parallel/ParamStore.h"
 
 #include <algorithm>
+#include <map>
 
 #include "base/Error.h"
 
 namespace dhelix {
 
+namespace {
+std::vector<int> all_units(size_t n) {
+  std::vector<int> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int>(i);
+  return v;
+}
+}  // namespace
+
 ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed,
                        MemoryTracker* tracker, int64_t bucket_elems)
-    : dp_(dp) {
+    : ParamStore(units, all_units(units.size()), tp_rank, tp, dp, seed, tracker, bucket_elems) {}
+
+ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>& owned_units, int tp_rank, int tp,
+                       int dp, uint64_t seed, MemoryTracker* tracker, int64_t bucket_elems)
+    : dp_(dp), owned_(owned_units) {
+  std::sort(owned_.begin(), owned_.end());
+  DHX_CHECK(!owned_.empty() && owned_.front() >= 0 && owned_.back() < static_cast<int>(all.size()), InternalError,
+            "owned units must be a non-empty subset of the model's {} units", all.size());
+  // This store's view of the model: the owned units' parameters (others empty), plus the head's
+  // copy of a tied embedding when the embedding lives on another stage.
+  std::vector<UnitSpec> units = all;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u)
+    if (!owns_unit(u)) units[u].params.clear();
+  const int head = static_cast<int>(all.size()) - 1;
+  const bool tied = std::none_of(all[head].params.begin(), all[head].params.end(),
+                                 [](const ParamSpec& p) { return p.local == "lm_head"; });
+  if (tied && owns_unit(head) && !owns_unit(0))
+    for (const ParamSpec& p : all[0].params)
+      if (p.local == "wte") units[head].params.push_back(p);
+  // Global positions: the order a store owning every unit gives its entries (units backward,
+  // parameters in reverse declaration order).
+  std::map<std::string, int64_t> global;
+  for (int u = static_cast<int>(all.size()) - 1; u >= 0; --u)
+    for (auto it = all[u].params.rbegin(); it != all[u].params.rend(); ++it) global[it->name] = num_global_++;
   if (bucket_elems <= 0) {
     int64_t total = 0;
     for (const auto& u : units)
@@ -36,11 +68,13 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, 
     // to hide their bucket under: it holds them alone, keeping the exposed tail as short as it can be.
     if (u == 0) close();
     for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it) {
+      if (u == head && it->local == "wte") tied_copy_ = static_cast<int64_t>(entries_.size());
       ParamEntry e;
       e.spec = *it;
       e.unit = u;
       e.offset = off;
       e.bucket = buckets_.size();
+      e.global_index = global.at(it->name);
       off += shape_numel(it->shard);
       index_[it->name] = entries_.size();
       cur.params.push_back(entries_.size());
@@ -90,6 +124,8 @@ ParamEntry& ParamStore::resolve(const UnitSpec& u, const std::string& local) {
 }
 
 void ParamStore::zero_grads() { flat_grads_.zero_(); }
+
+bool ParamStore::owns_unit(int unit) const { return std::binary_search(owned_.begin(), owned_.end(), unit); }
 
 int64_t ParamStore::num_elements() const {
   int64_t n = 0;

@@ -18,6 +18,7 @@ struct ParamEntry {
   int unit = 0;       // index of the owning unit in forward order
   int64_t offset = 0; // element offset in the flat buffers
   size_t bucket = 0;  // index of the gradient bucket holding it
+  int64_t global_index = 0;  // position among the whole model's entries (a one-stage store's order)
   Tensor value;       // view into the flat values, shape spec.shard
   Tensor grad;        // view into the flat grads, accumulated by both strands
 };
@@ -35,6 +36,12 @@ class ParamStore {
   // `bucket_elems` elements; 0 = auto_bucket_elems().
   ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed, MemoryTracker* tracker,
              int64_t bucket_elems = 0);
+  // A pipeline stage's store: only the parameters of `owned_units` (indices into `units`, which is
+  // the whole model), entries keeping their unit's index in `units`. A stage that owns the head but
+  // not the embedding of a tied model gets its own copy of "wte" (entry unit = the head's index);
+  // GradSync sums the two copies' gradients (tied_copy()).
+  ParamStore(const std::vector<UnitSpec>& units, const std::vector<int>& owned_units, int tp_rank, int tp, int dp,
+             uint64_t seed, MemoryTracker* tracker, int64_t bucket_elems = 0);
   // 1/16 of this rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets
   // several buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of
   // later layers; a large one gets 16 MiB buckets (fewer, larger messages).
@@ -52,6 +59,11 @@ class ParamStore {
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
   int dp() const { return dp_; }
+  bool owns_unit(int unit) const;
+  // Entries of the whole model (every stage's, the tied copy not counted): global_index bound.
+  int64_t num_global_entries() const { return num_global_; }
+  // The head's copy of a tied "wte" on a stage without the embedding; null elsewhere.
+  const ParamEntry* tied_copy() const { return tied_copy_ < 0 ? nullptr : &entries_[tied_copy_]; }
   void zero_grads();
   int64_t num_elements() const;  // parameter elements (no padding)
 
@@ -61,6 +73,9 @@ class ParamStore {
   std::vector<GradBucket> buckets_;
   Tensor flat_values_, flat_grads_;
   int dp_;
+  std::vector<int> owned_;  // sorted unit indices
+  int64_t tied_copy_ = -1;
+  int64_t num_global_ = 0;
 };
 
 }  // namespace dhelix

@@ -29,21 +29,29 @@ const SIPlan& StepRunner::pair_plan(int fu, int bu) {
   return edge_cache_.back();
 }
 
-void StepRunner::link_forward(Inflight& f, int unit, const MicroBatch& data) {
+void StepRunner::link_forward(Inflight& f, int unit, const MicroBatch& data, Tensor received) {
   auto& env = f.envs[unit];
   DHX_ASSERT(!env, "micro-batch {} runs its forward through unit {} twice", f.mb, unit);
   env = std::make_unique<UnitEnv>();
   if (unit == 0) env->bufs["tokens"] = data.tokens;
   if (unit == exec_.num_units() - 1) env->bufs["targets"] = data.targets;
   if (unit == 0) return;
+  if (received.defined()) {  // from the previous stage
+    env->bufs["x"] = received;
+    return;
+  }
   // The output moves to the next unit: backward never reads a unit's own "y".
   auto& prev = f.envs[unit - 1]->bufs;
   env->bufs["x"] = prev.at("y");
   prev.erase("y");
 }
 
-void StepRunner::link_backward(Inflight& b, int unit, bool release_above) {
+void StepRunner::link_backward(Inflight& b, int unit, bool release_above, Tensor received) {
   if (unit == exec_.num_units() - 1) return;
+  if (received.defined()) {  // from the next stage
+    b.envs[unit]->bufs["dy"] = received;
+    return;
+  }
   b.envs[unit]->bufs["dy"] = b.envs[unit + 1]->at("dx");
   // Unit+1 finished its backward; its "dx" lives on as our "dy", the rest is dead. Releasing it
   // before this pair runs lets the forward strand reuse the memory.
@@ -68,8 +76,8 @@ void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
 // chunk's length, then the longer chunk's remaining units alone. A pair's plan may carry the
 // backward unit's trailing weight-gradient ops into the next pair (SIPlan::carry); their unit
 // finishes (DP hook, loss, release) as soon as they ran.
-void StepRunner::run_slot(Inflight* f, const Chunk* fc, Inflight* b, const Chunk* bc, const MicroBatch* fdata,
-                          StepStats& st) {
+void StepRunner::run_slot(Inflight* f, const Chunk* fc, Tensor f_in, Inflight* b, const Chunk* bc, Tensor b_in,
+                          const MicroBatch* fdata, StepStats& st) {
   const int nf = f ? fc->size() : 0, nb = b ? bc->size() : 0, n = std::min(nf, nb);
   auto fwd_unit = [&](int i) { return fc->unit_begin + i; };
   auto bwd_unit = [&](int i) { return bc->unit_end - 1 - i; };
@@ -80,8 +88,8 @@ void StepRunner::run_slot(Inflight* f, const Chunk* fc, Inflight* b, const Chunk
   bool release_carried = true;
   for (int i = 0; i < n; ++i) {
     const int fu = fwd_unit(i), bu = bwd_unit(i);
-    link_forward(*f, fu, *fdata);
-    link_backward(*b, bu, /*release_above=*/carry.empty());
+    link_forward(*f, fu, *fdata, i == 0 ? f_in : Tensor());
+    link_backward(*b, bu, /*release_above=*/carry.empty(), i == 0 ? b_in : Tensor());
     StrandSlot fs{f->mb, fu, f->envs[fu].get()};
     StrandSlot bs{b->mb, bu, b->envs[bu].get()};
     const SIPlan& plan = pair_plan(fu, bu);
@@ -102,13 +110,13 @@ void StepRunner::run_slot(Inflight* f, const Chunk* fc, Inflight* b, const Chunk
   exec_.run_carried(carry);  // the last pair carried ops out: nothing of this slot follows to hide
   for (int i = n; i < nf; ++i) {
     const int fu = fwd_unit(i);
-    link_forward(*f, fu, *fdata);
+    link_forward(*f, fu, *fdata, i == 0 ? f_in : Tensor());
     StrandSlot s{f->mb, fu, f->envs[fu].get()};
     exec_.run_alone(s, StrandKind::kForward);
   }
   for (int i = n; i < nb; ++i) {
     const int bu = bwd_unit(i);
-    link_backward(*b, bu);
+    link_backward(*b, bu, true, i == 0 ? b_in : Tensor());
     StrandSlot s{b->mb, bu, b->envs[bu].get()};
     exec_.run_alone(s, StrandKind::kBackward);
     finish_bwd_unit(*b, bu, st);
@@ -121,18 +129,37 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
   return run_schedule(make_schedule(spec), mbs);
 }
 
+Shape StepRunner::boundary_shape() const {
+  const int64_t tp = std::max(1, ctx_.layout.tp);
+  return {ctx_.mb.tokens() / tp, ctx_.model->d_model};
+}
+
+namespace {
+// A message's tag on the pp group: unique per (kind, micro-batch, boundary) within a step.
+int transfer_tag(const Transfer& t, int num_chunks) {
+  return (t.mb * num_chunks + t.boundary) * 2 + (t.kind == TransferKind::kGradient ? 1 : 0);
+}
+}  // namespace
+
 StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<MicroBatch>& mbs) {
   StepStats st;
   const int M = static_cast<int>(mbs.size());
   const int U = exec_.num_units();
+  const int S = static_cast<int>(sch.chunks.size());
   DHX_CHECK(M >= 1, ConfigError, "a step needs at least one micro-batch, got {}", M);
   DHX_CHECK(sch.micro_batches == M && sch.num_units == U, InternalError,
             "schedule '{}' is for {} micro-batches over {} units; this step has {} over {}", sch.name,
             sch.micro_batches, sch.num_units, M, U);
-  DHX_CHECK(sch.pp == 1, ConfigError,
-            "schedule '{}' has pp={}: this build runs single-stage schedules only (pipeline stages and their "
-            "point-to-point transfers are not wired yet); use parallel.pp=1",
-            sch.name, sch.pp);
+  const int rank = ctx_.pp_rank;
+  DHX_CHECK(rank >= 0 && rank < sch.pp, InternalError, "pp rank {} outside schedule '{}' of pp={}", rank, sch.name,
+            sch.pp);
+  auto git = ctx_.groups.find("pp");
+  ProcessGroup* pp = git == ctx_.groups.end() ? nullptr : git->second;
+  DHX_CHECK(sch.pp == 1 || (pp && pp->size() == sch.pp), InternalError,
+            "schedule '{}' has pp={} but this run's pp group has {} ranks", sch.name, sch.pp, pp ? pp->size() : 1);
+  DHX_CHECK(int64_t{M} * S * 2 < ProcessGroup::kMaxP2PTag, ConfigError,
+            "training.micro_batches={} x {} chunks is too many pipeline messages for the P2P tags (< {})", M, S,
+            ProcessGroup::kMaxP2PTag / 2);
   check_schedule(sch);
   if (ctx_.act_mem) ctx_.act_mem->reset_peak();
 
@@ -142,17 +169,62 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     if (f.envs.empty()) f.mb = mb, f.envs.resize(U);
     return f;
   };
-  const std::vector<Slot>& slots = sch.ranks.at(0);
+  struct Posted {
+    Tensor buf;
+    Work work;
+  };
+  std::map<int, Posted> recvs;      // tag -> posted receive
+  std::vector<Posted> sends;        // in flight until the step ends
+  const std::vector<Slot>& slots = sch.ranks.at(rank);
+  int posted_upto = 0;              // slots whose receives are posted: [0, posted_upto)
+  auto post_until = [&](int k) {
+    for (; posted_upto < std::min(k, static_cast<int>(slots.size())); ++posted_upto)
+      for (const Transfer& t : slots[posted_upto].recvs) {
+        Tensor buf = Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
+        Work w = pp->recv(buf, t.peer, transfer_tag(t, S));
+        recvs[transfer_tag(t, S)] = Posted{buf, std::move(w)};
+      }
+  };
+  auto take = [&](const Transfer& t) {
+    auto it = recvs.find(transfer_tag(t, S));
+    DHX_ASSERT(it != recvs.end(), "receive of the {} of micro-batch {} across boundary {} was not posted",
+               transfer_kind_name(t.kind), t.mb, t.boundary);
+    it->second.work.wait();
+    Tensor buf = it->second.buf;
+    recvs.erase(it);
+    return buf;
+  };
   for (int k = 0; k < static_cast<int>(slots.size()); ++k) {
     const Slot& sl = slots[k];
     if (slot_hook_) slot_hook_(k, true);
+    post_until(k + 1 + sch.recv_lookahead);
+    Tensor f_in, b_in;
+    for (const Transfer& t : sl.recvs) (t.kind == TransferKind::kActivation ? f_in : b_in) = take(t);
     Inflight* f = sl.fwd.active() ? &inflight(sl.fwd.mb) : nullptr;
     Inflight* b = sl.bwd.active() ? &inflight(sl.bwd.mb) : nullptr;
-    run_slot(f, f ? &sch.chunks[sl.fwd.chunk] : nullptr, b, b ? &sch.chunks[sl.bwd.chunk] : nullptr,
-             f ? &mbs[sl.fwd.mb] : nullptr, st);
+    const Chunk* fc = f ? &sch.chunks[sl.fwd.chunk] : nullptr;
+    const Chunk* bc = b ? &sch.chunks[sl.bwd.chunk] : nullptr;
+    run_slot(f, fc, f_in, b, bc, b_in, f ? &mbs[sl.fwd.mb] : nullptr, st);
+    for (const Transfer& t : sl.sends) {
+      // An activation leaves as the chunk's last forward output ("y", which no backward reads);
+      // a gradient as its first unit's "dx", after which that unit's env is dead.
+      Tensor out;
+      if (t.kind == TransferKind::kActivation) {
+        auto& env = f->envs[fc->unit_end - 1];
+        out = env->at("y");
+        env->bufs.erase("y");
+      } else {
+        auto& env = b->envs[bc->unit_begin];
+        out = env->at("dx");
+        env.reset();
+      }
+      sends.push_back(Posted{out, pp->send(out, t.peer, transfer_tag(t, S))});
+    }
     if (b && std::all_of(b->envs.begin(), b->envs.end(), [](const auto& e) { return !e; })) live.erase(sl.bwd.mb);
     if (slot_hook_) slot_hook_(k, false);
   }
+  for (Posted& p : sends) p.work.wait();
+  DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
   return st;
@@ -161,19 +233,47 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
 StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   StepStats st;
   const int U = exec_.num_units();
+  PipelineSpec spec = pipeline_;
+  spec.micro_batches = std::max<int>(spec.pp, static_cast<int>(mbs.size()));  // any count places the chunks
+  const std::vector<Chunk> chunks = pipeline_chunks(spec);
+  const int S = static_cast<int>(chunks.size());
+  auto git = ctx_.groups.find("pp");
+  ProcessGroup* pp = git == ctx_.groups.end() ? nullptr : git->second;
+  std::vector<Work> sends;
+  std::vector<Tensor> keep;
   for (int m = 0; m < static_cast<int>(mbs.size()); ++m) {
     Inflight f{m, {}};
     f.envs.resize(U);
-    for (int u = 0; u < U; ++u) {
-      link_forward(f, u, mbs[m]);
-      StrandSlot s{m, u, f.envs[u].get()};
-      exec_.run_alone(s, StrandKind::kForward);
-      if (u > 0) f.envs[u - 1].reset();
+    // Each micro-batch walks the chunks in forward order; a rank runs its own and takes the input
+    // of each from the previous chunk's rank (a blocking receive: producers never wait on it).
+    for (int c = 0; c < S; ++c) {
+      const Chunk& ch = chunks[c];
+      if (ch.rank != ctx_.pp_rank) continue;
+      Tensor in;
+      if (c > 0 && chunks[c - 1].rank != ch.rank) {
+        in = Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
+        pp->recv(in, chunks[c - 1].rank, transfer_tag({TransferKind::kActivation, m, c, 0}, S)).wait();
+      }
+      for (int u = ch.unit_begin; u < ch.unit_end; ++u) {
+        link_forward(f, u, mbs[m], u == ch.unit_begin ? in : Tensor());
+        StrandSlot s{m, u, f.envs[u].get()};
+        exec_.run_alone(s, StrandKind::kForward);
+        if (u > 0) f.envs[u - 1].reset();  // its "y" moved on; a forward-only pass keeps nothing
+      }
+      if (c + 1 < S && chunks[c + 1].rank != ch.rank) {
+        Tensor y = f.envs[ch.unit_end - 1]->at("y");
+        keep.push_back(y);
+        sends.push_back(pp->send(y, chunks[c + 1].rank, transfer_tag({TransferKind::kActivation, m, c + 1, 0}, S)));
+      }
+      if (ch.unit_end == U) {
+        Tensor& loss = f.envs[U - 1]->at("loss");
+        for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += loss.f32()[i];
+        st.tokens += loss.numel();
+      }
+      if (c + 1 == S || chunks[c + 1].rank != ch.rank) f.envs[ch.unit_end - 1].reset();
     }
-    Tensor& loss = f.envs[U - 1]->at("loss");
-    for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += loss.f32()[i];
-    st.tokens += loss.numel();
   }
+  for (Work& w : sends) w.wait();
   return st;
 }
 

@@ -4,7 +4,13 @@
 // begin+i beside backward unit end-1-i, so with one chunk layer l runs beside layer L+1-l, the
 // embedding beside the head. The single-stage schedules are 1F1B at pp = 1: co-execution off runs
 // each micro-batch forward then backward; on, fwd(mb i) beside bwd(mb i-1). Gradients accumulate
-// into the one ParamStore. Not yet here: point-to-point transfers (pp > 1).
+// into the one ParamStore. With pp > 1 each rank runs its own slot list; a pass whose input lives
+// on another stage waits for it (received on the "pp" group, posted recv_lookahead slots ahead),
+// and outputs other stages need are sent, non-blocking, as their slot ends:
+//
+//   stage 0 : [F0 c0][F1 c0]     [F2 c0 || B0 c0] ...      recv posted one slot ahead
+//                  \ act mb0      ^ grad mb0                sends complete by step end
+//   stage 1 :       [F0 c1 || -][F1 c1 || B0 c1] ...
 #pragma once
 #include <deque>
 #include <functional>
@@ -40,10 +46,11 @@ class StepRunner {
 
   // Runs make_schedule(pipeline, N = mbs.size()).
   StepStats run(const std::vector<MicroBatch>& mbs);
-  // Runs `schedule` (it must pass check_schedule, be made for this model's units and mbs.size()
-  // micro-batches, and have pp = 1).
+  // Runs this rank's (RunContext::pp_rank) slots of `schedule` (it must pass check_schedule and be
+  // made for this model's units and mbs.size() micro-batches).
   StepStats run_schedule(const StepSchedule& schedule, const std::vector<MicroBatch>& mbs);
-  // Forward passes only (held-out loss); touches no gradient.
+  // Forward passes only (held-out loss), each micro-batch through the chunks of the schedule
+  // run() makes, in order; touches no gradient. The loss is on the rank holding the head.
   StepStats forward_only(const std::vector<MicroBatch>& mbs);
   // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
   void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
@@ -61,14 +68,18 @@ class StepRunner {
   };
   // Creates unit's env for the forward pass (with the tokens on unit 0, the targets on the head)
   // and links its input: y of unit-1 becomes x of unit.
-  void link_forward(Inflight& f, int unit, const MicroBatch& data);
+  void link_forward(Inflight& f, int unit, const MicroBatch& data, Tensor received = Tensor());
   // dx of unit+1 becomes dy of unit; unit+1's env is released unless `release_above` is false
   // (its carried ops have not run yet).
-  void link_backward(Inflight& b, int unit, bool release_above = true);
+  void link_backward(Inflight& b, int unit, bool release_above = true, Tensor received = Tensor());
   void finish_bwd_unit(Inflight& b, int unit, StepStats& st);
   const SIPlan& pair_plan(int fwd_unit, int bwd_unit);
-  // One slot: `f` and `b` (either may be null) through their chunks.
-  void run_slot(Inflight* f, const Chunk* fc, Inflight* b, const Chunk* bc, const MicroBatch* fdata, StepStats& st);
+  // One slot: `f` and `b` (either may be null) through their chunks. `f_in` / `b_in`: the chunk's
+  // input received from another stage (activation x of the first forward unit, gradient dy of the
+  // last backward unit), or undefined when the neighbouring unit is this rank's.
+  void run_slot(Inflight* f, const Chunk* fc, Tensor f_in, Inflight* b, const Chunk* bc, Tensor b_in,
+                const MicroBatch* fdata, StepStats& st);
+  Shape boundary_shape() const;  // [B*T / tp, C]: the sequence-sharded activation
 
   RunContext& ctx_;
   Executor exec_;

@@ -95,48 +95,63 @@ std::string human_bytes(double b) {
 Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cfg), comm_(comm), quiet_(quiet) {
   const auto& p = cfg_.parallel;
   layout_ = layout_config(cfg_);
-  DHX_CHECK(layout_.pp == 1 && layout_.cp == 1 && layout_.ep == 1, ConfigError,
-            "parallel.pp={} parallel.cp={} parallel.ep={}: this build trains with dp and tp only; set them to 1 "
-            "(pipeline schedules can be drawn and checked with `dhelix schedule`; at pp=1, schedule.pipeline = "
-            "interleaved or w runs the model as several chunks on one rank)",
-            p.pp, p.cp, p.ep);
+  DHX_CHECK(layout_.cp == 1 && layout_.ep == 1, ConfigError,
+            "parallel.cp={} parallel.ep={}: this build trains with dp, tp and pp only; set them to 1", p.cp, p.ep);
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
-              "world size {} != parallel.dp*parallel.tp = {} (dp={} tp={}); launch with mpirun -np {}",
-              comm_->world_size(), layout_.world(), p.dp, p.tp, layout_.world());
+              "world size {} != parallel.dp*parallel.pp*parallel.tp = {} (dp={} pp={} tp={}); launch with mpirun -np {}",
+              comm_->world_size(), layout_.world(), p.dp, p.pp, p.tp, layout_.world());
     tp_rank_ = comm_->layout().coord().tp;
     dp_rank_ = comm_->layout().coord().dp;
+    pp_rank_ = comm_->layout().coord().pp;
   } else {
     DHX_CHECK(layout_.world() == 1, ConfigError,
-              "parallel.dp={} parallel.tp={} need {} processes; launch with mpirun -np {}", p.dp, p.tp,
-              layout_.world(), layout_.world());
+              "parallel.dp={} parallel.pp={} parallel.tp={} need {} processes; launch with mpirun -np {}", p.dp, p.pp,
+              p.tp, layout_.world(), layout_.world());
   }
   cpu::set_num_threads(auto_threads(cfg_, comm_));
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len};
   units_ = model_units(cfg_.model, layout_, tp_rank_);
   progs_ = build_programs(cfg_.model, layout_, mb_);
-  params_ = std::make_unique<ParamStore>(units_, tp_rank_, layout_.tp, layout_.dp,
+  // A pipeline stage builds and stores only the units of its chunks.
+  const std::vector<Chunk> chunks = pipeline_chunks(pipeline_spec(cfg_));
+  std::vector<int> owned;
+  for (const Chunk& c : chunks)
+    for (int u = c.unit_begin; u < c.unit_end; ++u)
+      if (c.rank == pp_rank_) owned.push_back(u);
+  params_ = std::make_unique<ParamStore>(units_, owned, tp_rank_, layout_.tp, layout_.dp,
                                          static_cast<uint64_t>(cfg_.training.seed), &state_mem_);
   ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   ProcessGroup* dp = (comm_ && layout_.dp > 1) ? &comm_->group(GroupRole::kDP) : nullptr;
+  pp_ = (comm_ && layout_.pp > 1) ? &comm_->group(GroupRole::kPP) : nullptr;
   sync_ = std::make_unique<GradSync>(*params_, units_, progs_, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone,
                                      &state_mem_);
+  // A tied embedding whose head sits on another stage (1F1B, interleaved): the two copies' gradients
+  // are summed between the first and the last stage (Megatron's embedding group).
+  const int embed_rank = chunks.front().rank, head_rank = chunks.back().rank;
+  if (pp_ && cfg_.model.tie_embeddings && embed_rank != head_rank && (pp_rank_ == embed_rank || pp_rank_ == head_rank))
+    sync_->set_tied_peer(pp_, pp_rank_ == embed_rank ? head_rank : embed_rank);
   AdamWConfig ac{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps, cfg_.training.weight_decay,
                  cfg_.training.grad_clip};
   opt_ = std::make_unique<Optimizer>(*params_, *sync_, tp, dp, ac, &state_mem_);
+  opt_->set_pipeline_group(pp_);
 
   ctx_.model = &cfg_.model;
   ctx_.layout = layout_;
   ctx_.tp_rank = tp_rank_;
+  ctx_.pp_rank = pp_rank_;
   ctx_.mb = mb_;
   ctx_.params = params_.get();
   ctx_.act_mem = &act_mem_;
   if (tp) ctx_.groups["tp"] = tp;
+  if (pp_) ctx_.groups["pp"] = pp_;
   const int last_mb = static_cast<int>(cfg_.training.micro_batches) - 1;
   ctx_.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
-  if (p.sparse_embed_grad && sync_->enable_sparse_embedding(mb_.B * mb_.T)) {
+  // (With pp > 1 the first stage's embedding gradient takes the dense path; its bucket still
+  // overlaps the stage's remaining backward.)
+  if (p.sparse_embed_grad && layout_.pp == 1 && sync_->enable_sparse_embedding(mb_.B * mb_.T)) {
     // The first layer's input gradient is the embedding output's gradient: its rows leave as soon
     // as the layer's backward writes "dx" (ahead of the layer's last weight-gradient GEMMs), and
     // the last micro-batch's embedding backward then has nothing left to do.
@@ -222,6 +237,7 @@ StepReport Trainer::train_step() {
   Tensor agg = Tensor::empty({2}, DType::kF64);
   agg.data<double>()[0] = st.loss_sum;
   agg.data<double>()[1] = static_cast<double>(st.tokens);
+  if (pp_) pp_->all_reduce(agg).wait();  // the stage holding the head has the loss; the others add 0
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   r.loss = agg.data<double>()[0] / agg.data<double>()[1];
   r.seconds = now_seconds() - t0;
@@ -246,6 +262,7 @@ double Trainer::evaluate(int64_t batches) {
   Tensor agg = Tensor::empty({2}, DType::kF64);
   agg.data<double>()[0] = loss;
   agg.data<double>()[1] = tokens;
+  if (pp_) pp_->all_reduce(agg).wait();
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   return agg.data<double>()[0] / agg.data<double>()[1];
 }
@@ -329,9 +346,11 @@ void Trainer::run() {
     log("trace written to " + path + (world > 1 ? " (one file per rank)" : ""));
   }
   if (tc.sample_tokens > 0) {
-    if (layout_.tp == 1 && (!comm_ || comm_->rank() == 0)) {
+    if (layout_.tp == 1 && layout_.pp == 1 && (!comm_ || comm_->rank() == 0)) {
       std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
       log("sample: " + s);
+    } else if (layout_.tp > 1 || layout_.pp > 1) {
+      log("sample skipped: the model is split over tp/pp ranks; run `dhelix sample` on the checkpoint");
     }
   }
 }

@@ -5,6 +5,8 @@
 // layout-free HF tensors) and resumes bitwise. Works single-process (comm == nullptr) or as one
 // rank of an MPI / local-threads world.
 #pragma once
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +73,8 @@ class Trainer {
 
  private:
   std::vector<MicroBatch> next_micro_batches(DataLoader& loader);
+  std::map<std::string, Tensor> gather_full(const std::function<Tensor(const ParamEntry&)>& get,
+                                            const std::string& suffix);
   bool is_logger() const;
   void log(const std::string& line) const;
 
@@ -78,7 +82,8 @@ class Trainer {
   CommContext* comm_;
   Quiet quiet_;
   LayoutConfig layout_;
-  int tp_rank_ = 0, dp_rank_ = 0;
+  int tp_rank_ = 0, dp_rank_ = 0, pp_rank_ = 0;
+  ProcessGroup* pp_ = nullptr;  // the pipeline group (pp > 1)
   MicroBatchShape mb_;
   std::vector<UnitSpec> units_;
   ModelPrograms progs_;

@@ -1,5 +1,6 @@
-// Trainer I/O: layout-free checkpoints (gather shards over tp/dp, HF names, atomic save by world
-// rank 0; every rank re-shards on load) and text sampling from the current weights.
+// Trainer I/O: layout-free checkpoints (gather shards over tp/dp and pipeline stages, HF names,
+// atomic save by world rank 0; every rank re-shards on load, taking its own stage's parameters) and
+// text sampling from the current weights.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -31,21 +32,52 @@ Tensor gather_over_tp(const ParamSpec& spec, const Tensor& shard, ProcessGroup* 
   return full;
 }
 
+// Every parameter of the model, in the global order (ParamStore), with the pp rank that owns it:
+// the rank of the chunk holding its unit (a tied "wte": the embedding's).
+struct OwnedSpec {
+  ParamSpec spec;
+  int pp_rank;
+};
+std::vector<OwnedSpec> model_param_owners(const std::vector<UnitSpec>& units, const std::vector<Chunk>& chunks) {
+  std::vector<OwnedSpec> out;
+  for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+    int owner = 0;
+    for (const Chunk& c : chunks)
+      if (u >= c.unit_begin && u < c.unit_end) owner = c.rank;
+    for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it) out.push_back({*it, owner});
+  }
+  return out;
+}
+
 }  // namespace
 
-std::map<std::string, Tensor> Trainer::gather_full_params() {
+// Full tensors of every parameter-shaped value `get` gives (its name + suffix), gathered over tp and,
+// with pp > 1, broadcast over the pipeline group from the stage that owns each (collective over
+// tp and pp, every rank gets all).
+std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(const ParamEntry&)>& get,
+                                                  const std::string& suffix) {
   ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   std::map<std::string, Tensor> out;
-  for (auto& e : params_->entries()) out[e.spec.name] = gather_over_tp(e.spec, e.value, tp);
+  const ParamEntry* copy = params_->tied_copy();
+  for (auto& e : params_->entries())
+    if (&e != copy) out[e.spec.name + suffix] = gather_over_tp(e.spec, get(e), tp);
+  if (!pp_) return out;
+  for (const OwnedSpec& o : model_param_owners(units_, pipeline_chunks(pipeline_spec(cfg_)))) {
+    const std::string name = o.spec.name + suffix;
+    Tensor t = o.pp_rank == pp_rank_ ? out.at(name) : Tensor::zeros(o.spec.full);
+    pp_->broadcast(t, o.pp_rank).wait();
+    out[name] = t;
+  }
   return out;
+}
+
+std::map<std::string, Tensor> Trainer::gather_full_params() {
+  return gather_full([](const ParamEntry& e) { return e.value; }, "");
 }
 
 std::map<std::string, Tensor> Trainer::gather_full_grads() {
   DHX_CHECK(sync_->zero() == ZeroStage::kNone, InternalError, "gather_full_grads needs plain data parallelism");
-  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
-  std::map<std::string, Tensor> out;
-  for (auto& e : params_->entries()) out[e.spec.name] = gather_over_tp(e.spec, e.grad, tp);
-  return out;
+  return gather_full([](const ParamEntry& e) { return e.grad; }, "");
 }
 
 std::string Trainer::save_checkpoint() {
@@ -53,13 +85,13 @@ std::string Trainer::save_checkpoint() {
   std::map<std::string, Tensor> full = gather_full_params();
   NamedTensors optim;
   auto shard_state = opt_->shard_state();  // collective over dp
-  size_t i = 0;
-  for (auto& e : params_->entries()) {
-    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
-      DHX_ASSERT(shard_state[i].first == e.spec.name + suffix, "optimizer state order {}", shard_state[i].first);
-      optim.push_back({shard_state[i].first, gather_over_tp(e.spec, shard_state[i].second, tp)});
-      ++i;
-    }
+  std::map<std::string, Tensor> state;     // "<param>.exp_avg" -> this rank's tp shard
+  for (auto& [name, t] : shard_state) state[name] = t;
+  (void)tp;
+  for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+    std::map<std::string, Tensor> s =
+        gather_full([&](const ParamEntry& e) { return state.at(e.spec.name + suffix); }, suffix);
+    for (auto& [name, t] : s) optim.push_back({name, t});
   }
   std::string dir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
   CheckpointStore store(dir, cfg_.checkpoint.keep);
@@ -103,7 +135,10 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
 
 std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double temperature, int64_t top_k,
                             uint64_t seed) {
-  DHX_CHECK(layout_.tp == 1, ConfigError, "sampling needs the whole model on one rank (parallel.tp={})", layout_.tp);
+  DHX_CHECK(layout_.tp == 1 && layout_.pp == 1, ConfigError,
+            "sampling needs the whole model on one rank (parallel.tp={} parallel.pp={}); sample from a checkpoint "
+            "with `dhelix sample`",
+            layout_.tp, layout_.pp);
   Tokenizer tok(cfg_.data.tokenizer);
   std::vector<int32_t> ids = tok.encode(prompt);
   const size_t prompt_len = ids.size();

@@ -132,6 +132,18 @@ inline void check_group_collectives(CheckLog& log, ProcessGroup& g) {
       rv.wait();
       s.wait();
       expect_all(log, "send/recv ring " + where, in, [&](int64_t i) { return contribution(d, prev, i); });
+      // Tags: receives posted in the opposite order of the sends are matched by tag, not order
+      // (a pipeline's activation and gradient messages between two ranks interleave).
+      Tensor a = filled({5}, d, r), b = filled({7}, d, r + 1);
+      Tensor ia = Tensor::zeros({5}, d), ib = Tensor::zeros({7}, d);
+      Work rb = g.recv(ib, prev, 2), ra = g.recv(ia, prev, 1);
+      Work sa = g.send(a, next, 1), sb = g.send(b, next, 2);
+      ra.wait();
+      rb.wait();
+      sa.wait();
+      sb.wait();
+      expect_all(log, "send/recv tag 1 " + where, ia, [&](int64_t i) { return contribution(d, prev, i); });
+      expect_all(log, "send/recv tag 2 " + where, ib, [&](int64_t i) { return contribution(d, prev + 1, i); });
     }
   }
   g.barrier();

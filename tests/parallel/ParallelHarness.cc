@@ -80,10 +80,7 @@ RunResult run_serial(const RunConfig& cfg, Grads grads) {
 }
 
 void on_local_ranks(const RunConfig& cfg, const std::function<void(CommContext*)>& fn) {
-  LayoutConfig layout;
-  layout.dp = static_cast<int>(cfg.parallel.dp);
-  layout.tp = static_cast<int>(cfg.parallel.tp);
-  layout.sequence_parallel = layout.tp > 1;
+  const LayoutConfig layout = layout_config(cfg);
   if (layout.world() == 1) return fn(nullptr);
   run_local_ranks(layout, [&](CommContext& comm) { fn(&comm); });
 }

@@ -45,7 +45,7 @@ struct RunResult {
 
 enum class Grads { kSkip, kCollect };
 
-// Runs fn on every rank of cfg's dp x tp layout: in this thread with a null context when the
+// Runs fn on every rank of cfg's dp x pp x tp layout: in this thread with a null context when the
 // layout is one rank, else on threads-as-ranks (run_local_ranks).
 void on_local_ranks(const RunConfig& cfg, const std::function<void(CommContext*)>& fn);
 
