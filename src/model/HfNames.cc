@@ -98,13 +98,15 @@ std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<Pa
   for (const Piece& p : pieces(m)) {
     auto it = byname.find(p.hf);
     DHX_CHECK(it != byname.end(), IoError, "checkpoint lacks tensor '{}' (model {} expects it)", p.hf, m.name);
+    auto sh = shape_of.find(p.internal);
+    if (sh == shape_of.end()) continue;  // another pipeline stage's parameter (every one must be there)
     Tensor t = *it->second;
     DHX_CHECK(t.dtype() == DType::kF32, IoError, "tensor '{}' is {}, expected f32", p.hf, dtype_name(t.dtype()));
     if (p.transpose) {
       DHX_CHECK(t.ndim() == 2, IoError, "tensor '{}' has shape {}, expected 2-D", p.hf, shape_str(t.shape()));
       t = transpose2d(t);
     }
-    Shape want = shape_of.at(p.internal);
+    Shape want = sh->second;
     if (p.rows >= 0) want[0] = p.rows;
     DHX_CHECK(t.shape() == want, IoError, "tensor '{}' has shape {} in the checkpoint but {} in the model", p.hf,
               shape_str(t.shape()), shape_str(want));

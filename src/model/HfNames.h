@@ -18,8 +18,9 @@ using TensorList = std::vector<std::pair<std::string, Tensor>>;
 
 // `full` maps internal names (ParamSpec::name) to full tensors (ParamSpec::full shapes).
 TensorList to_hf(const ModelConfig& m, const std::map<std::string, Tensor>& full);
-// Inverse; `specs` gives the internal full shapes (padding rows of the vocabulary are zero).
-// Missing or mis-shaped HF tensors -> IoError naming the tensor, the expected and found shapes.
+// Inverse for the parameters in `specs` (all of the model, or one pipeline stage's), which give the
+// internal full shapes (padding rows of the vocabulary are zero). Every HF tensor of the model must
+// be present; missing or mis-shaped ones -> IoError naming the tensor, the expected and found shapes.
 std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<ParamSpec>& specs,
                                       const TensorList& hf);
 

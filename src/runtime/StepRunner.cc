@@ -1,9 +1,12 @@
 // StepRunner: runs a step schedule's slots, single passes alone and co-executed ones pair by pair.
 #include "runtime/StepRunner.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 
+#include "base/Clock.h"
 #include "base/Error.h"
 #include "plan/StepSchedule.h"
 #include "schedule/BasicPlans.h"
@@ -175,6 +178,12 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   };
   std::map<int, Posted> recvs;      // tag -> posted receive
   std::vector<Posted> sends;        // in flight until the step ends
+  std::vector<std::string> send_names;
+  auto trace_p2p = [&](const Work& w, const std::string& name) {
+    if (ctx_.trace && pp)
+      ctx_.trace->add("comm " + pp->name(), name, w.start_time(), w.end_time(),
+                      fmt::format(R"({{"queued_us":{:.3f}}})", (w.start_time() - w.issue_time()) * 1e6));
+  };
   const std::vector<Slot>& slots = sch.ranks.at(rank);
   int posted_upto = 0;              // slots whose receives are posted: [0, posted_upto)
   auto post_until = [&](int k) {
@@ -190,6 +199,8 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     DHX_ASSERT(it != recvs.end(), "receive of the {} of micro-batch {} across boundary {} was not posted",
                transfer_kind_name(t.kind), t.mb, t.boundary);
     it->second.work.wait();
+    trace_p2p(it->second.work, fmt::format("recv {} mb{} b{} <-r{}", transfer_kind_name(t.kind), t.mb, t.boundary,
+                                           t.peer));
     Tensor buf = it->second.buf;
     recvs.erase(it);
     return buf;
@@ -197,6 +208,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   for (int k = 0; k < static_cast<int>(slots.size()); ++k) {
     const Slot& sl = slots[k];
     if (slot_hook_) slot_hook_(k, true);
+    const double slot_t0 = ctx_.trace ? now_seconds() : 0;
     post_until(k + 1 + sch.recv_lookahead);
     Tensor f_in, b_in;
     for (const Transfer& t : sl.recvs) (t.kind == TransferKind::kActivation ? f_in : b_in) = take(t);
@@ -219,11 +231,25 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
         env.reset();
       }
       sends.push_back(Posted{out, pp->send(out, t.peer, transfer_tag(t, S))});
+      send_names.push_back(fmt::format("send {} mb{} b{} ->r{}", transfer_kind_name(t.kind), t.mb, t.boundary, t.peer));
+    }
+    if (ctx_.trace) {
+      // The schedule lane: one box per slot, named by its passes, so the pipeline's shape (the W's
+      // down- and up-passes) and the co-executed pairs read off the trace.
+      auto pass = [](const char* k, const Pass& p) { return fmt::format("{}{} c{}", k, p.mb, p.chunk); };
+      std::string name = sl.co_executed() ? pass("F", sl.fwd) + " || " + pass("B", sl.bwd)
+                         : sl.fwd.active() ? pass("F", sl.fwd)
+                                           : pass("B", sl.bwd);
+      ctx_.trace->add(fmt::format("schedule stage {}", rank), name, slot_t0, now_seconds(),
+                      fmt::format(R"({{"slot":{},"phase":"{}"}})", k, sl.phase));
     }
     if (b && std::all_of(b->envs.begin(), b->envs.end(), [](const auto& e) { return !e; })) live.erase(sl.bwd.mb);
     if (slot_hook_) slot_hook_(k, false);
   }
-  for (Posted& p : sends) p.work.wait();
+  for (size_t i = 0; i < sends.size(); ++i) {
+    sends[i].work.wait();
+    trace_p2p(sends[i].work, send_names[i]);
+  }
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A rank that dies mid-step of a real `dhelix train` (np 2, dp 2) must take the whole job down,
+# A rank that dies mid-step of a real `dhelix train` (np 2: dp 2, then pp 2 with the W) must take
+# the whole job down,
 # quickly, every rank exiting non-zero, with a message naming the rank and the last collective.
 # The fault comes from the trainer's test hook DHELIX_FAULT_INJECT=RANK:STEP[:throw]
 # (src/train/Trainer.cc): mid-backward of step 3, with dp buckets in flight.
@@ -39,12 +40,13 @@ alive_ranks() {  # pids of rank processes of this test still alive (matched by o
   done
 }
 
-run_case() {  # run_case FAULT EXPECTED_TEXT...
+layout=(--parallel.dp 2)
+run_case() {  # run_case FAULT EXPECTED_TEXT...   (layout: the array above)
   local fault=$1 rc t0 t1 elapsed want; shift
   rm -rf "$dir/run"
   t0=$(date +%s.%N)
   DHELIX_FAULT_INJECT=$fault DHELIX_COMM_TIMEOUT_S=60 timeout 120 "$MPIRUN" -np $NP --oversubscribe --bind-to none \
-    "$DHELIX" train "${args[@]}" --parallel.dp 2 > "$dir/out" 2>&1
+    "$DHELIX" train "${args[@]}" "${layout[@]}" > "$dir/out" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   elapsed=$(echo "$t1 - $t0" | bc)
@@ -70,5 +72,13 @@ run_case() {  # run_case FAULT EXPECTED_TEXT...
 run_case 1:3 "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 2) by SIGKILL; last collective: " \
   "exited on signal 9||rank 1 closed its connection (it exited or failed); last collective: "
 run_case 1:3:throw "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 2); last collective: "
+
+# Pipeline: pp 2 with the folded W over 4 layers (stage 1 holds units 2 and 3, layers 2 and 3); the
+# fault fires in stage 1's backward of unit 3 in the step's last micro-batch, while stage 0 waits
+# for that micro-batch's gradient: rank 0's message names its pending receive on the pp group.
+layout=(--parallel.pp 2 --schedule.pipeline w --model.n_layers 4 --training.micro_batches 4)
+run_case 1:3 "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 3) by SIGKILL; last collective: " \
+  "exited on signal 9||rank 1 closed its connection (it exited or failed); last collective: "
+run_case 1:3:throw "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 3); last collective: " "on pp[1/2]"
 [ $fail -eq 0 ] && echo "mpi_train_failure_test: passed" || echo "mpi_train_failure_test: FAILED"
 exit $fail

@@ -17,6 +17,7 @@
 
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include "../train/TempDir.h"
@@ -123,6 +124,67 @@ TEST(PipelineTpDp, WithinTolerances) {
     EXPECT_EQ(par.first_grads.size(), serial.first_grads.size());
     EXPECT_LE(grad_dev, kGradRelTol) << family_name(f) << " worst tensor " << worst;
     EXPECT_LE(loss_dev, kLossRelTol) << family_name(f);
+  }
+}
+
+}  // namespace
+}  // namespace dhelix::testing
+
+namespace dhelix::testing {
+namespace {
+
+// Layout-free checkpoints across pipelines. Oracle: the pp = 2 W run itself, continued past its
+// step-6 checkpoint; a run resumed from that checkpoint at pp = 2 (W), pp = 1 and pp = 4 (1F1B) must
+// take bitwise the same next steps (untied Llama: no layout here changes a reduction order, as the
+// tests above show), at tp = 2 within kLossRelTol (tp regroups fp32 sums).
+TEST(PipelineResharding, WCheckpointResumesOnOtherPipelinesAndTp) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  constexpr int kBefore = 6, kAfter = 4;
+  auto cfg_of = [&](int tp, int pp, PipelineKind kind, const std::string& out) {
+    RunConfig c = pipe_config(ModelFamily::kLlama, 1, tp, pp, kind, CoExecute::kOn, prefix, dir / out);
+    c.model.tie_embeddings = false;
+    c.training.micro_batches = 4;
+    c.checkpoint.dir = dir / "ck";
+    c.checkpoint.keep = 0;
+    return c;
+  };
+  std::vector<double> ref;
+  std::string ck;
+  std::mutex mu;
+  const RunConfig w2 = cfg_of(1, 2, PipelineKind::kW, "w2");
+  on_local_ranks(w2, [&](CommContext* comm) {
+    Trainer t(w2, comm, Quiet::kYes);
+    for (int s = 0; s < kBefore; ++s) t.train_step();
+    std::string path = t.save_checkpoint();
+    std::vector<double> after;
+    for (int s = 0; s < kAfter; ++s) after.push_back(t.train_step().loss);
+    if (comm->rank() == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      ref = after, ck = path;
+    }
+  });
+  ASSERT_EQ(ref.size(), size_t(kAfter));
+  for (auto [tp, pp, kind] : {std::tuple{1, 2, PipelineKind::kW}, std::tuple{1, 1, PipelineKind::k1F1B},
+                              std::tuple{1, 4, PipelineKind::k1F1B}, std::tuple{2, 1, PipelineKind::k1F1B}}) {
+    const RunConfig c = cfg_of(tp, pp, kind, fmt::format("resume_tp{}_pp{}_{}", tp, pp, pipeline_kind_name(kind)));
+    std::vector<double> got;
+    on_local_ranks(c, [&](CommContext* comm) {
+      Trainer t(c, comm, Quiet::kYes);
+      t.load_checkpoint(ck);
+      EXPECT_EQ(t.step(), kBefore);
+      std::vector<double> after;
+      for (int s = 0; s < kAfter; ++s) after.push_back(t.train_step().loss);
+      if (!comm || comm->rank() == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        got = after;
+      }
+    });
+    const double dev = max_rel_deviation(got, ref);
+    fmt::print("[measured] resume pp=2 w step-{} checkpoint on tp={} pp={} {}: max rel dev over {} steps {:.2e}\n",
+               kBefore, tp, pp, pipeline_kind_name(kind), kAfter, dev);
+    if (tp == 1) EXPECT_EQ(got, ref) << "pp=" << pp << " " << pipeline_kind_name(kind) << " must resume bitwise";
+    else EXPECT_LE(dev, kLossRelTol) << "tp=" << tp;
   }
 }
 
