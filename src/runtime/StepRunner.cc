@@ -184,6 +184,17 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
       ctx_.trace->add("comm " + pp->name(), name, w.start_time(), w.end_time(),
                       fmt::format(R"({{"queued_us":{:.3f}}})", (w.start_time() - w.issue_time()) * 1e6));
   };
+  // Drops the sends that completed (all of them, waiting, with `wait`), in issue order.
+  auto reap_sends = [&](bool wait) {
+    size_t i = 0;
+    for (; i < sends.size(); ++i) {
+      if (wait) sends[i].work.wait();
+      else if (!sends[i].work.is_completed()) break;
+      trace_p2p(sends[i].work, send_names[i]);
+    }
+    sends.erase(sends.begin(), sends.begin() + static_cast<std::ptrdiff_t>(i));
+    send_names.erase(send_names.begin(), send_names.begin() + static_cast<std::ptrdiff_t>(i));
+  };
   const std::vector<Slot>& slots = sch.ranks.at(rank);
   int posted_upto = 0;              // slots whose receives are posted: [0, posted_upto)
   auto post_until = [&](int k) {
@@ -209,6 +220,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     const Slot& sl = slots[k];
     if (slot_hook_) slot_hook_(k, true);
     const double slot_t0 = ctx_.trace ? now_seconds() : 0;
+    reap_sends(/*wait=*/false);  // sent activations and gradients free their memory once delivered
     post_until(k + 1 + sch.recv_lookahead);
     Tensor f_in, b_in;
     for (const Transfer& t : sl.recvs) (t.kind == TransferKind::kActivation ? f_in : b_in) = take(t);
@@ -246,10 +258,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     if (b && std::all_of(b->envs.begin(), b->envs.end(), [](const auto& e) { return !e; })) live.erase(sl.bwd.mb);
     if (slot_hook_) slot_hook_(k, false);
   }
-  for (size_t i = 0; i < sends.size(); ++i) {
-    sends[i].work.wait();
-    trace_p2p(sends[i].work, send_names[i]);
-  }
+  reap_sends(/*wait=*/true);
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();

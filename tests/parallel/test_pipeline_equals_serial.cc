@@ -13,8 +13,10 @@
 // regrouping) and, as the updates then differ by rounding, the losses to kLossRelTol; every other
 // step-1 gradient stays bitwise.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -185,6 +187,58 @@ TEST(PipelineResharding, WCheckpointResumesOnOtherPipelinesAndTp) {
                kBefore, tp, pp, pipeline_kind_name(kind), kAfter, dev);
     if (tp == 1) EXPECT_EQ(got, ref) << "pp=" << pp << " " << pipeline_kind_name(kind) << " must resume bitwise";
     else EXPECT_LE(dev, kLossRelTol) << "tp=" << tp;
+  }
+}
+
+}  // namespace
+}  // namespace dhelix::testing
+
+namespace dhelix::testing {
+namespace {
+
+// Per-stage peak activation bytes of one step (each rank's StepReport), pp ranks in order.
+std::vector<int64_t> stage_peaks(const RunConfig& cfg) {
+  std::vector<int64_t> peaks(static_cast<size_t>(cfg.parallel.pp), 0);
+  std::mutex mu;
+  on_local_ranks(cfg, [&](CommContext* comm) {
+    Trainer t(cfg, comm, Quiet::kYes);
+    const int64_t peak = t.train_step().peak_activation_bytes;
+    std::lock_guard<std::mutex> lock(mu);
+    peaks[static_cast<size_t>(comm ? comm->layout().coord().pp : 0)] = peak;
+  });
+  return peaks;
+}
+
+// The W's memory claim (reference/dhelix.md §8.4): every stage holds about one micro-batch of the
+// whole model, as 1F1B's first stage does, and no more. Oracle: the largest per-stage peak of 1F1B
+// (co-execution off, Megatron's schedule) on the same model and batches; bound 1.05 x that (the
+// issue's 5%). The claim is about the W with co-execution (DHeLlam's schedule): a co-executed
+// slot's backward frees its layer's activations as the forward allocates the mirror layer's. Run
+// one after the other (co-execution off) the W's forward allocates before the backward frees, and
+// stage 0's first chunk keeps a micro-batch from its forward's first pass to its backward's last,
+// ~2p slots: measured 1.27x (pp = 2) and 1.16x (pp = 4) 1F1B's largest stage, near Megatron's
+// interleaved schedule with the same two chunks per stage. Those are printed, not bounded.
+TEST(PipelineMemory, WWithStrandInterleavingPeakPerStageWithinOneF1BLargestStage) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  for (int pp : {2, 4}) {
+    auto peaks_of = [&](PipelineKind k, CoExecute si) {
+      RunConfig c = pipe_config(ModelFamily::kLlama, 1, 1, pp, k, si, prefix,
+                                dir / fmt::format("mem_{}_{}_{}", pp, pipeline_kind_name(k), si == CoExecute::kOn));
+      c.training.micro_batches = 4 * pp;
+      std::vector<int64_t> p = stage_peaks(c);
+      fmt::print("[measured] pp={} N={} {}{}: per-stage peak activations {} (max {})\n", pp, 4 * pp,
+                 pipeline_kind_name(k), si == CoExecute::kOn ? "+si" : "", fmt::join(p, " "),
+                 *std::max_element(p.begin(), p.end()));
+      return *std::max_element(p.begin(), p.end());
+    };
+    const double f1b = static_cast<double>(peaks_of(PipelineKind::k1F1B, CoExecute::kOff));
+    const double w_si = static_cast<double>(peaks_of(PipelineKind::kW, CoExecute::kOn));
+    const double w = static_cast<double>(peaks_of(PipelineKind::kW, CoExecute::kOff));
+    const double il = static_cast<double>(peaks_of(PipelineKind::kInterleaved, CoExecute::kOff));
+    fmt::print("[measured] pp={}: largest stage over 1F1B's: W+SI {:.3f}, W {:.3f}, interleaved v=2 {:.3f}\n", pp,
+               w_si / f1b, w / f1b, il / f1b);
+    EXPECT_LE(w_si, 1.05 * f1b) << "pp=" << pp;
   }
 }
 
