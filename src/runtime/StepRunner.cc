@@ -209,7 +209,9 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     auto it = recvs.find(transfer_tag(t, S));
     DHX_ASSERT(it != recvs.end(), "receive of the {} of micro-batch {} across boundary {} was not posted",
                transfer_kind_name(t.kind), t.mb, t.boundary);
+    const double w0 = now_seconds();
     it->second.work.wait();
+    st.p2p_wait_s += now_seconds() - w0;
     trace_p2p(it->second.work, fmt::format("recv {} mb{} b{} <-r{}", transfer_kind_name(t.kind), t.mb, t.boundary,
                                            t.peer));
     Tensor buf = it->second.buf;
@@ -258,7 +260,9 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     if (b && std::all_of(b->envs.begin(), b->envs.end(), [](const auto& e) { return !e; })) live.erase(sl.bwd.mb);
     if (slot_hook_) slot_hook_(k, false);
   }
+  const double w0 = now_seconds();
   reap_sends(/*wait=*/true);
+  st.p2p_wait_s += now_seconds() - w0;
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();

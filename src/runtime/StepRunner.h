@@ -33,6 +33,10 @@ struct StepStats {
   double loss_sum = 0;   // sum of per-token losses over this rank's micro-batches
   int64_t tokens = 0;    // tokens those losses cover
   int64_t peak_activation_bytes = 0;
+  // Seconds this rank's compute thread spent blocked on the pipeline: waiting for a received input
+  // and, at the step's end, for its last sends to be delivered (0 at pp = 1). The schedule's
+  // bubble, with the stages' imbalance and the transfer time the schedule did not hide.
+  double p2p_wait_s = 0;
 };
 
 class StepRunner {
