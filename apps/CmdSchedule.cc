@@ -97,15 +97,6 @@ std::optional<int> int_flag(const ScheduleArgs& a, const std::string& flag, int 
   return std::nullopt;
 }
 
-// The uniform-layer cost of bubble_formula: a chunk's forward costs its transformer layers (the
-// embedding, unit 0, and the head, unit num_units - 1, are free), its backward r times that.
-PassCost uniform_layer_cost(int num_units, double r) {
-  return [num_units, r](const Chunk& ch, bool backward) {
-    const int layers = ch.size() - (ch.unit_begin == 0 ? 1 : 0) - (ch.unit_end == num_units ? 1 : 0);
-    return (backward ? r : 1.0) * layers;
-  };
-}
-
 // In 64 bits: the bound on passes below must see a count past int's range.
 int64_t chunks_of(PipelineKind k, int pp, int v) {
   return k == PipelineKind::kW ? 2 * int64_t{pp} : k == PipelineKind::kInterleaved ? int64_t{pp} * v : pp;

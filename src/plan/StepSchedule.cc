@@ -269,6 +269,13 @@ void check_schedule(const StepSchedule& s) {
   throw PlanError(msg);
 }
 
+PassCost uniform_layer_cost(int num_units, double bwd_over_fwd) {
+  return [num_units, bwd_over_fwd](const Chunk& ch, bool backward) {
+    const int layers = ch.size() - (ch.unit_begin == 0 ? 1 : 0) - (ch.unit_end == num_units ? 1 : 0);
+    return (backward ? bwd_over_fwd : 1.0) * layers;
+  };
+}
+
 double ScheduleTimeline::bubble(int rank) const { return makespan > 0 ? 1.0 - busy.at(rank) / makespan : 0.0; }
 
 double ScheduleTimeline::max_bubble() const {

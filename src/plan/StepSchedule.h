@@ -117,6 +117,11 @@ void check_schedule(const StepSchedule& s);
 // Seconds (or any unit) of a pass: `units` of the chunk, forward or backward.
 using PassCost = std::function<double(const Chunk& chunk, bool backward)>;
 
+// The uniform-layer cost of the bubble formulas (schedule/Pipelines.h): a chunk's forward costs
+// its transformer layers (the embedding, unit 0, and the head, unit num_units - 1, are free), its
+// backward bwd_over_fwd times that.
+PassCost uniform_layer_cost(int num_units, double bwd_over_fwd = 2.0);
+
 struct SlotTime {
   double start = 0, end = 0;
 };

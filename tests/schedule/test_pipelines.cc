@@ -8,37 +8,15 @@
 #include "base/Error.h"
 #include "plan/StepSchedule.h"
 #include "schedule/Pipelines.h"
+#include "ScheduleTestUtil.h"
 
 namespace dhelix {
 namespace {
 
-PipelineSpec spec(PipelineKind k, int p, int N, int L, int v = 1, CoExecute co = CoExecute::kOff) {
-  PipelineSpec s;
-  s.kind = k;
-  s.pp = p;
-  s.micro_batches = N;
-  s.n_layers = L;
-  s.virtual_stages = v;
-  s.co_execute = co;
-  return s;
-}
-
-Slot F(int mb, int c) {
-  Slot s;
-  s.fwd = {mb, c};
-  return s;
-}
-Slot B(int mb, int c) {
-  Slot s;
-  s.bwd = {mb, c};
-  return s;
-}
-Slot FB(Pass f, Pass b) {
-  Slot s;
-  s.fwd = f;
-  s.bwd = b;
-  return s;
-}
+using test::B;
+using test::F;
+using test::FB;
+using test::spec;
 
 std::string all_messages(const std::vector<ScheduleViolation>& v) {
   std::string o;
@@ -136,11 +114,7 @@ TEST(Pipelines, TimelineBubbleMatchesFormula) {
             const int N = p * mult, v = k == PipelineKind::kInterleaved ? 2 : 1;
             PipelineSpec s = spec(k, p, N, 4 * p * v, v, co);
             StepSchedule sch = make_schedule(s);
-            auto cost = [&](const Chunk& ch, bool bwd) {
-              int layers = ch.size() - (ch.unit_begin == 0 ? 1 : 0) - (ch.unit_end == sch.num_units ? 1 : 0);
-              return (bwd ? ratio : 1.0) * layers;
-            };
-            ScheduleTimeline tl = simulate_timeline(sch, cost);
+            ScheduleTimeline tl = simulate_timeline(sch, uniform_layer_cost(sch.num_units, ratio));
             EXPECT_NEAR(tl.max_bubble(), bubble_formula(s, ratio), 1e-9)
                 << sch.name << " p=" << p << " N=" << N << " b/f=" << ratio;
           }

@@ -13,28 +13,12 @@
 #include "plan/ScheduleSvg.h"
 #include "plan/StepSchedule.h"
 #include "schedule/Pipelines.h"
+#include "ScheduleTestUtil.h"
 
 namespace dhelix {
 namespace {
 
-PipelineSpec spec(PipelineKind k, int p, int N, int L, CoExecute co) {
-  PipelineSpec s;
-  s.kind = k;
-  s.pp = p;
-  s.micro_batches = N;
-  s.n_layers = L;
-  s.co_execute = co;
-  return s;
-}
-
-// Uniform layers, backward twice the forward, embedding and head free (bubble_formula's model).
-PassCost uniform_cost(const StepSchedule& sch) {
-  const int units = sch.num_units;
-  return [units](const Chunk& ch, bool bwd) {
-    const int layers = ch.size() - (ch.unit_begin == 0 ? 1 : 0) - (ch.unit_end == units ? 1 : 0);
-    return (bwd ? 2.0 : 1.0) * layers;
-  };
-}
+using test::spec;
 
 size_t count(const std::string& hay, const std::string& needle) {
   size_t n = 0;
@@ -69,7 +53,7 @@ std::vector<Box> boxes_of(const std::string& svg) {
 TEST(ScheduleSvg, WCoExecutedBoxesLanesAndBubble) {
   const PipelineSpec sp = spec(PipelineKind::kW, 2, 4, 8, CoExecute::kOn);
   const StepSchedule sch = make_schedule(sp);
-  const std::string svg = render_schedule_svg(sch, uniform_cost(sch));
+  const std::string svg = render_schedule_svg(sch, uniform_layer_cost(sch.num_units));
 
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   ASSERT_GE(svg.size(), 7u);
@@ -89,7 +73,7 @@ TEST(ScheduleSvg, WCoExecutedBoxesLanesAndBubble) {
   for (int r = 0; r < sch.pp; ++r) EXPECT_NE(svg.find(fmt::format(">rank {}</text>", r)), std::string::npos) << r;
   EXPECT_EQ(svg.find(fmt::format(">rank {}</text>", sch.pp)), std::string::npos);
 
-  const ScheduleTimeline tl = simulate_timeline(sch, uniform_cost(sch));
+  const ScheduleTimeline tl = simulate_timeline(sch, uniform_layer_cost(sch.num_units));
   EXPECT_NE(svg.find(fmt::format("bubble {:.1f}%", 100 * tl.max_bubble())), std::string::npos);
   EXPECT_NEAR(bubble_formula(sp, 2.0), 0.2, 1e-12);
   EXPECT_NE(svg.find("step schedule 'w+si'"), std::string::npos);
@@ -103,8 +87,8 @@ TEST(ScheduleSvg, WCoExecutedBoxesLanesAndBubble) {
 TEST(ScheduleSvg, BoxesFollowTheTimeline) {
   for (CoExecute co : {CoExecute::kOff, CoExecute::kOn}) {
     const StepSchedule sch = make_schedule(spec(PipelineKind::kW, 3, 6, 12, co));
-    const ScheduleTimeline tl = simulate_timeline(sch, uniform_cost(sch));
-    const std::string svg = render_schedule_svg(sch, uniform_cost(sch));
+    const ScheduleTimeline tl = simulate_timeline(sch, uniform_layer_cost(sch.num_units));
+    const std::string svg = render_schedule_svg(sch, uniform_layer_cost(sch.num_units));
     const std::vector<Box> boxes = boxes_of(svg);
     // The axis, read off rank 0's first box (at time 0) and its last.
     ASSERT_FALSE(boxes.empty());
@@ -160,7 +144,7 @@ TEST(ScheduleSvg, BoxesFollowTheTimeline) {
 // shade (class vs1) on exactly the passes over the W's up chunks (chunk index >= pp).
 TEST(ScheduleSvg, PhaseSeparatorsAndUpChunkShade) {
   const StepSchedule sch = make_schedule(spec(PipelineKind::kW, 4, 8, 16, CoExecute::kOff));
-  const std::string svg = render_schedule_svg(sch, uniform_cost(sch));
+  const std::string svg = render_schedule_svg(sch, uniform_layer_cost(sch.num_units));
   size_t changes = 0, up = 0;
   for (const auto& slots : sch.ranks)
     for (size_t k = 0; k < slots.size(); ++k) {
@@ -177,7 +161,7 @@ TEST(ScheduleSvg, PhaseSeparatorsAndUpChunkShade) {
 // Oracle: 1F1B without co-execution has only single-pass slots: one box each, none marked co.
 TEST(ScheduleSvg, OneFOneBHasOneBoxPerSlot) {
   const StepSchedule sch = make_schedule(spec(PipelineKind::k1F1B, 4, 8, 8, CoExecute::kOff));
-  const std::string svg = render_schedule_svg(sch, uniform_cost(sch));
+  const std::string svg = render_schedule_svg(sch, uniform_layer_cost(sch.num_units));
   size_t slots = 0;
   for (const auto& r : sch.ranks) slots += r.size();
   EXPECT_EQ(count(svg, "<rect class=\"pass "), slots);
@@ -190,7 +174,7 @@ TEST(ScheduleSvg, OneFOneBHasOneBoxPerSlot) {
 TEST(ScheduleSvg, IllegalScheduleThrowsPlanError) {
   StepSchedule sch = make_schedule(spec(PipelineKind::k1F1B, 2, 2, 2, CoExecute::kOff));
   sch.ranks[1].pop_back();
-  EXPECT_THROW(render_schedule_svg(sch, uniform_cost(sch)), PlanError);
+  EXPECT_THROW(render_schedule_svg(sch, uniform_layer_cost(sch.num_units)), PlanError);
 }
 
 // Oracle: XML's escapes for the four characters markup gives meaning to, in the schedule's name
@@ -202,7 +186,7 @@ TEST(Svg, EscapesAndFitsLabels) {
   EXPECT_EQ(fit_label("abcdefgh", 8), "");           // no room for any
   StepSchedule sch = make_schedule(spec(PipelineKind::k1F1B, 2, 2, 2, CoExecute::kOff));
   sch.name = "x<&>y";
-  const std::string svg = render_schedule_svg(sch, uniform_cost(sch));
+  const std::string svg = render_schedule_svg(sch, uniform_layer_cost(sch.num_units));
   EXPECT_NE(svg.find("x&lt;&amp;&gt;y"), std::string::npos);
   EXPECT_EQ(svg.find("x<&>y"), std::string::npos);
 }

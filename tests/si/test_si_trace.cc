@@ -43,6 +43,7 @@ int mb_of(const std::string& name) {
 struct Lanes {
   std::vector<Interval> comm, compute;
   std::vector<Interval> dp, optimizer;  // dp bucket reductions; AdamW updates (no micro-batch)
+  std::vector<Interval> slots;          // the schedule lane: one box per slot ("F2 c0 || B1 c0")
   std::vector<std::string> names;
 };
 Lanes read_trace(const std::string& path) {
@@ -65,6 +66,10 @@ Lanes read_trace(const std::string& path) {
     iv.waited = iv.end;
     if (e.contains("args") && e["args"].contains("queued_us")) iv.issued -= e["args"]["queued_us"].get<double>();
     if (e.contains("args") && e["args"].contains("wait_us")) iv.waited = iv.begin + e["args"]["wait_us"].get<double>();
+    if (iv.lane.rfind("schedule stage ", 0) == 0) {
+      out.slots.push_back(iv);
+      continue;
+    }
     if (iv.lane.rfind("comm dp[", 0) == 0 || iv.lane == "compute optimizer") {
       (iv.lane == "compute optimizer" ? out.optimizer : out.dp).push_back(iv);
       continue;
@@ -98,6 +103,12 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   const Lanes t = read_trace(cfg.output.trace + ".rank0");
   const auto& comm = t.comm;
   const auto& compute = t.compute;
+  // The schedule lane: SI at pp = 1 has M + 1 slots a step, M - 1 of them co-executed.
+  const int64_t M = cfg.training.micro_batches;
+  EXPECT_EQ(static_cast<int64_t>(t.slots.size()), cfg.training.steps * (M + 1));
+  EXPECT_EQ(std::count_if(t.slots.begin(), t.slots.end(),
+                          [](const Interval& s) { return s.name.find(" || ") != std::string::npos; }),
+            cfg.training.steps * (M - 1));
   const auto& names = t.names;
   for (const char* want : {"compute fwd", "compute bwd"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << "no lane '" << want << "'";
