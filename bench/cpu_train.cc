@@ -35,6 +35,7 @@
 #include "parallel/GradSync.h"
 #include "parallel/Optimizer.h"
 #include "parallel/ParamStore.h"
+#include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
 #include "train/Trainer.h"
 
@@ -210,22 +211,19 @@ struct OursResult {
 // Builds the model like Trainer does (single process) and trains warmup + steps steps; after each
 // of ours, the torch peer (when it runs) trains one step of its own.
 OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm, TorchPeer& torch) {
-  LayoutConfig layout;
-  layout.sequence_parallel = false;
   MicroBatchShape mb{a.B, a.T};
-  auto units = model_units(model, layout, 0);
-  ModelPrograms progs = build_programs(model, layout, mb);
-  MemoryTracker act_mem{"activations"}, state_mem{"states"};
-  ParamStore params(units, 0, 1, 1, /*seed=*/1234, &state_mem);
+  StepPartsSpec ps;
+  ps.model = model;
+  ps.mb = mb;
+  ps.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
+  StepParts parts(ps);
+  auto& units = parts.units;
+  ModelPrograms& progs = parts.progs;
+  ParamStore& params = *parts.params;
+  MemoryTracker& state_mem = parts.state_mem;
+  RunContext& ctx = parts.ctx;
   GradSync sync(params, units, progs, nullptr, nullptr, ZeroStage::kNone, &state_mem);
   Optimizer opt(params, sync, nullptr, nullptr, AdamWConfig{}, &state_mem);
-  RunContext ctx;
-  ctx.model = &model;
-  ctx.layout = layout;
-  ctx.mb = mb;
-  ctx.params = &params;
-  ctx.act_mem = &act_mem;
-  ctx.dloss = 1.0f / static_cast<float>(a.B * a.T * a.micro_batches);
   const int M = static_cast<int>(a.micro_batches);
   ctx.on_grad_op = [&sync, M](int m, int unit, const Op& op) {
     if (m == M - 1) sync.on_grad_op(unit, op);

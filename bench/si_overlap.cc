@@ -99,6 +99,7 @@
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
 #include "plan/PlanRender.h"
+#include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
 
 namespace dhelix {
@@ -328,27 +329,25 @@ class Rig {
   Rig(const ModelConfig& model, MicroBatchShape mb, int M, ProcessGroup& tp, LocalStandInGroup& standin,
       const std::string& plan_path)
       : model_(model), tp_(tp), standin_(standin), M_(M) {
-    layout_.tp = tp.size();
-    layout_.sequence_parallel = true;
-    units_ = model_units(model_, layout_, tp.rank());
-    progs_ = build_programs(model_, layout_, mb);
-    params_ = std::make_unique<ParamStore>(units_, tp.rank(), layout_.tp, 1, /*seed=*/1234, &state_mem_);
-    sync_real_ = std::make_unique<GradSync>(*params_, units_, progs_, &tp_, nullptr, ZeroStage::kNone, &state_mem_);
-    sync_local_ = std::make_unique<GradSync>(*params_, units_, progs_, &standin_, nullptr, ZeroStage::kNone, &state_mem_);
-    ctx_.model = &model_;
-    ctx_.layout = layout_;
-    ctx_.tp_rank = tp.rank();
-    ctx_.mb = mb;
-    ctx_.params = params_.get();
-    ctx_.act_mem = &act_mem_;
-    ctx_.dloss = 1.0f / static_cast<float>(mb.tokens() * M);
+    StepPartsSpec ps;
+    ps.model = model_;
+    ps.layout.tp = tp.size();
+    ps.tp_rank = tp.rank();
+    ps.mb = mb;
+    ps.tokens_per_step = static_cast<double>(mb.tokens() * M);
+    parts_ = std::make_unique<StepParts>(ps);
+    StepParts& p = *parts_;
+    sync_real_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, &tp_, nullptr, ZeroStage::kNone, &p.state_mem);
+    sync_local_ =
+        std::make_unique<GradSync>(*p.params, p.units, p.progs, &standin_, nullptr, ZeroStage::kNone, &p.state_mem);
     if (!plan_path.empty()) {
-      plan_ = load_plan(plan_path, progs_.block);
-      check_plan(*plan_, progs_.block);
+      plan_ = load_plan(plan_path, parts_->progs.block);
+      check_plan(*plan_, parts_->progs.block);
     }
-    off_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, single_stage(CoExecute::kOff));
-    on_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, single_stage(CoExecute::kOn));
-    ctx_.on_grad_op = [this](int m, int unit, const Op& op) {
+    const SIPlan* plan = plan_ ? &*plan_ : nullptr;
+    off_ = std::make_unique<StepRunner>(p.ctx, p.units, p.progs, plan, single_stage(CoExecute::kOff));
+    on_ = std::make_unique<StepRunner>(p.ctx, p.units, p.progs, plan, single_stage(CoExecute::kOn));
+    parts_->ctx.on_grad_op = [this](int m, int unit, const Op& op) {
       if (m == M_ - 1) active_sync_->on_grad_op(unit, op);
     };
     for (StepRunner* r : {off_.get(), on_.get()})
@@ -371,35 +370,30 @@ class Rig {
   // One timed step of `v` on this rank; returns seconds and the step's stats.
   std::pair<double, StepStats> step(Variant v) {
     const bool local = v == Variant::kCompute || v == Variant::kComputeSi;
-    ctx_.groups["tp"] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
+    parts_->ctx.groups["tp"] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
     active_sync_ = local ? sync_local_.get() : sync_real_.get();
     StepRunner& r = v == Variant::kSi || v == Variant::kComputeSi ? *on_ : *off_;
-    ctx_.expose_collectives = v == Variant::kExposed;
+    parts_->ctx.expose_collectives = v == Variant::kExposed;
     double t0 = now_seconds();
-    params_->zero_grads();
+    parts_->params->zero_grads();
     StepStats st = r.run(mbs_);
     active_sync_->finish();
     return {now_seconds() - t0, st};
   }
-  void set_trace(Trace* t) { ctx_.trace = t; }
+  void set_trace(Trace* t) { parts_->ctx.trace = t; }
   // The SI runner's slot hook (Variant::kSi and kComputeSi steps).
   void set_si_slot_hook(std::function<void(int, bool)> hook) { on_->set_slot_hook(std::move(hook)); }
   const SIPlan& plan() const { return on_->block_plan(); }
-  const LayerProgram& block_program() const { return progs_.block; }
+  const LayerProgram& block_program() const { return parts_->progs.block; }
 
  private:
   ModelConfig model_;
   ProcessGroup& tp_;
   LocalStandInGroup& standin_;
   int M_;
-  LayoutConfig layout_;
-  std::vector<UnitSpec> units_;
-  ModelPrograms progs_;
-  MemoryTracker act_mem_{"activations"}, state_mem_{"states"};
-  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<StepParts> parts_;
   std::unique_ptr<GradSync> sync_real_, sync_local_;
   GradSync* active_sync_ = nullptr;
-  RunContext ctx_;
   std::optional<SIPlan> plan_;
   std::unique_ptr<StepRunner> off_, on_;
   std::vector<MicroBatch> mbs_;

@@ -39,27 +39,22 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   }
   DHX_CHECK(model_.n_layers >= 1, ConfigError, "model.n_layers={} has no transformer layer to profile",
             model_.n_layers);
-  // Model folding pairs forward layer l with backward layer L+1-l: two weight sets, as in training.
-  std::vector<UnitSpec> all = model_units(model_, layout_, tp_rank_);
-  std::vector<UnitSpec> blocks;
-  for (auto& u : all)
-    if (u.kind == "block") blocks.push_back(u);
-  units_.push_back(blocks.front());
-  if (blocks.size() > 1) units_.push_back(blocks.back());
-  progs_ = build_programs(model_, layout_, mb_);
-  params_ = std::make_unique<ParamStore>(units_, tp_rank_, layout_.tp, layout_.dp, seed, &state_mem_);
-
-  ctx_.model = &model_;
-  ctx_.layout = layout_;
-  ctx_.tp_rank = tp_rank_;
-  ctx_.mb = mb_;
-  ctx_.params = params_.get();
-  ctx_.act_mem = &act_mem_;
-  if (comm_ && layout_.tp > 1) ctx_.groups["tp"] = &comm_->group(GroupRole::kTP);
-  ctx_.dloss = 1.0f / static_cast<float>(std::max<int64_t>(1, mb_.tokens()));
-  exec_ = std::make_unique<Executor>(ctx_, units_, progs_);
-  fslot_ = StrandSlot{1, 0, &fenv_};
-  bslot_ = StrandSlot{0, static_cast<int>(units_.size()) - 1, &benv_};
+  // Model folding pairs forward layer l with backward layer L+1-l: two weight sets, as in training:
+  // the first block (unit 1) and the last (unit L); only their parameters are stored.
+  const int first = 1, last = static_cast<int>(model_.n_layers);
+  StepPartsSpec ps;
+  ps.model = model_;
+  ps.layout = layout_;
+  ps.tp_rank = tp_rank_;
+  ps.mb = mb_;
+  ps.owned_units = first == last ? std::vector<int>{first} : std::vector<int>{first, last};
+  ps.seed = seed;
+  ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
+  parts_ = std::make_unique<StepParts>(ps);
+  if (comm_ && layout_.tp > 1) parts_->ctx.groups["tp"] = &comm_->group(GroupRole::kTP);
+  exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
+  fslot_ = StrandSlot{1, first, &fenv_};
+  bslot_ = StrandSlot{0, last, &benv_};
   build_snapshots(seed);
 }
 
@@ -68,11 +63,11 @@ LayerPairBench::~LayerPairBench() = default;
 void LayerPairBench::build_snapshots(uint64_t seed) {
   const int64_t Ns = mb_.tokens() / layout_.tp, C = model_.d_model;
   const uint64_t rank = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
-  const auto& fwd = progs_.block.fwd;
-  const auto& bwd = progs_.block.bwd;
+  const auto& fwd = parts_->progs.block.fwd;
+  const auto& bwd = parts_->progs.block.bwd;
   // Forward strand: ops one at a time (collectives included, so every rank runs the same).
   fenv_.bufs.clear();
-  fenv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 1, &act_mem_);
+  fenv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 1, &parts_->act_mem);
   fsnap_.assign(1, fenv_.bufs);
   for (int k = 0; k < static_cast<int>(fwd.size()); ++k) {
     Block b;
@@ -82,9 +77,9 @@ void LayerPairBench::build_snapshots(uint64_t seed) {
   }
   // Backward strand: another micro-batch's forward, then dy, then the backward ops one at a time.
   benv_.bufs.clear();
-  benv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 2, &act_mem_);
+  benv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 2, &parts_->act_mem);
   exec_->run_alone(bslot_, StrandKind::kForward);
-  benv_.bufs["dy"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 7919, &act_mem_);
+  benv_.bufs["dy"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 7919, &parts_->act_mem);
   bsnap_.assign(1, benv_.bufs);
   for (int k = 0; k < static_cast<int>(bwd.size()); ++k) {
     Block b;
@@ -106,7 +101,7 @@ void LayerPairBench::restore(UnitEnv& env, const std::vector<std::map<std::strin
     const Op& op = ops[i];
     if (op.is_collective() && op.coll == CollOp::kAllReduce) {
       auto it = env.bufs.find(op.inputs.at(0));
-      if (it != env.bufs.end()) it->second = it->second.clone(&act_mem_);
+      if (it != env.bufs.end()) it->second = it->second.clone(&parts_->act_mem);
     }
   }
 }
@@ -124,8 +119,8 @@ double LayerPairBench::run_once(const std::vector<Block>& blocks) {
       b1 = k.bwd_end;
     }
   }
-  if (f0 >= 0) restore(fenv_, fsnap_, f0, progs_.block.fwd, f0, f1);
-  if (b0 >= 0) restore(benv_, bsnap_, b0, progs_.block.bwd, b0, b1);
+  if (f0 >= 0) restore(fenv_, fsnap_, f0, parts_->progs.block.fwd, f0, f1);
+  if (b0 >= 0) restore(benv_, bsnap_, b0, parts_->progs.block.bwd, b0, b1);
   if (comm_) comm_->world().barrier();  // ranks start together: a collective's time is not a late peer's
   const double t0 = now_seconds();
   exec_->run_pair(f0 >= 0 ? &fslot_ : nullptr, b0 >= 0 ? &bslot_ : nullptr, blocks);

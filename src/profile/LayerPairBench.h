@@ -17,6 +17,7 @@
 #include "comm/CommContext.h"
 #include "plan/SIPlan.h"
 #include "runtime/Executor.h"
+#include "runtime/StepParts.h"
 
 namespace dhelix {
 
@@ -35,7 +36,7 @@ class LayerPairBench {
   LayerPairBench(const LayerPairBench&) = delete;
   LayerPairBench& operator=(const LayerPairBench&) = delete;
 
-  const LayerProgram& program() const { return progs_.block; }
+  const LayerProgram& program() const { return parts_->progs.block; }
   const MicroBatchShape& micro_batch() const { return mb_; }
 
   // Seconds of one run of `blocks` (windows into program()), from the state where the first
@@ -63,11 +64,7 @@ class LayerPairBench {
   MicroBatchShape mb_;
   CommContext* comm_;
   int tp_rank_ = 0;
-  MemoryTracker act_mem_{"profile activations"}, state_mem_{"profile states"};
-  std::vector<UnitSpec> units_;  // [first block, last block] (one unit when n_layers == 1)
-  ModelPrograms progs_;
-  std::unique_ptr<ParamStore> params_;
-  RunContext ctx_;
+  std::unique_ptr<StepParts> parts_;  // the whole model's units; only the first and last block stored
   std::unique_ptr<Executor> exec_;
   UnitEnv fenv_, benv_;
   StrandSlot fslot_, bslot_;

@@ -111,21 +111,23 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   }
   cpu::set_num_threads(auto_threads(cfg_, comm_));
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len};
-  units_ = model_units(cfg_.model, layout_, tp_rank_);
-  progs_ = build_programs(cfg_.model, layout_, mb_);
   // A pipeline stage builds and stores only the units of its chunks.
   const std::vector<Chunk> chunks = pipeline_chunks(pipeline_spec(cfg_));
-  std::vector<int> owned;
-  for (const Chunk& c : chunks)
-    for (int u = c.unit_begin; u < c.unit_end; ++u)
-      if (c.rank == pp_rank_) owned.push_back(u);
-  params_ = std::make_unique<ParamStore>(units_, owned, tp_rank_, layout_.tp, layout_.dp,
-                                         static_cast<uint64_t>(cfg_.training.seed), &state_mem_);
+  StepPartsSpec ps;
+  ps.model = cfg_.model;
+  ps.layout = layout_;
+  ps.tp_rank = tp_rank_;
+  ps.pp_rank = pp_rank_;
+  ps.mb = mb_;
+  ps.pipeline = pipeline_spec(cfg_);
+  ps.seed = static_cast<uint64_t>(cfg_.training.seed);
+  ps.tokens_per_step = static_cast<double>(cfg_.tokens_per_step());
+  parts_ = std::make_unique<StepParts>(ps);
   ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   ProcessGroup* dp = (comm_ && layout_.dp > 1) ? &comm_->group(GroupRole::kDP) : nullptr;
   pp_ = (comm_ && layout_.pp > 1) ? &comm_->group(GroupRole::kPP) : nullptr;
-  sync_ = std::make_unique<GradSync>(*params_, units_, progs_, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone,
-                                     &state_mem_);
+  sync_ = std::make_unique<GradSync>(*parts_->params, parts_->units, parts_->progs, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone,
+                                     &parts_->state_mem);
   // A tied embedding whose head sits on another stage (1F1B, interleaved): the two copies' gradients
   // are summed between the first and the last stage (Megatron's embedding group).
   const int embed_rank = chunks.front().rank, head_rank = chunks.back().rank;
@@ -133,20 +135,13 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
     sync_->set_tied_peer(pp_, pp_rank_ == embed_rank ? head_rank : embed_rank);
   AdamWConfig ac{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps, cfg_.training.weight_decay,
                  cfg_.training.grad_clip};
-  opt_ = std::make_unique<Optimizer>(*params_, *sync_, tp, dp, ac, &state_mem_);
+  opt_ = std::make_unique<Optimizer>(*parts_->params, *sync_, tp, dp, ac, &parts_->state_mem);
   opt_->set_pipeline_group(pp_);
 
-  ctx_.model = &cfg_.model;
-  ctx_.layout = layout_;
-  ctx_.tp_rank = tp_rank_;
-  ctx_.pp_rank = pp_rank_;
-  ctx_.mb = mb_;
-  ctx_.params = params_.get();
-  ctx_.act_mem = &act_mem_;
-  if (tp) ctx_.groups["tp"] = tp;
-  if (pp_) ctx_.groups["pp"] = pp_;
+  if (tp) parts_->ctx.groups["tp"] = tp;
+  if (pp_) parts_->ctx.groups["pp"] = pp_;
   const int last_mb = static_cast<int>(cfg_.training.micro_batches) - 1;
-  ctx_.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
+  parts_->ctx.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
   // (With pp > 1 the first stage's embedding gradient takes the dense path; its bucket still
@@ -155,32 +150,31 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
     // The first layer's input gradient is the embedding output's gradient: its rows leave as soon
     // as the layer's backward writes "dx" (ahead of the layer's last weight-gradient GEMMs), and
     // the last micro-batch's embedding backward then has nothing left to do.
-    ctx_.on_op_done = [this, last_mb](int mb, int unit, const Op& op, UnitEnv& env) {
+    parts_->ctx.on_op_done = [this, last_mb](int mb, int unit, const Op& op, UnitEnv& env) {
       if (mb == last_mb && unit == 1 && std::find(op.outputs.begin(), op.outputs.end(), "dx") != op.outputs.end())
         sync_->take_embedding_rows(last_tokens_, env.at("dx"));
     };
-    ctx_.divert_grad_op = [this, last_mb](int mb, const Op& op) {
+    parts_->ctx.divert_grad_op = [this, last_mb](int mb, const Op& op) {
       if (mb != last_mb || op.code != "embed_bwd") return false;
       DHX_CHECK(sync_->embedding_rows_taken(), InternalError,
                 "the last micro-batch's embedding rows were not handed to GradSync before its embedding backward");
       return true;
     };
   }
-  ctx_.dloss = 1.0f / static_cast<float>(cfg_.tokens_per_step());
-  ctx_.expose_collectives = cfg_.schedule.expose_collectives;
+  parts_->ctx.expose_collectives = cfg_.schedule.expose_collectives;
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
-    ctx_.trace = trace_.get();
+    parts_->ctx.trace = trace_.get();
     sync_->set_trace(trace_.get());
   }
   if (!cfg_.schedule.plan.empty()) {
-    plan_ = load_plan(cfg_.schedule.plan, progs_.block);
-    check_plan(*plan_, progs_.block);
+    plan_ = load_plan(cfg_.schedule.plan, parts_->progs.block);
+    check_plan(*plan_, parts_->progs.block);
   }
-  runner_ = std::make_unique<StepRunner>(ctx_, units_, progs_, plan_ ? &*plan_ : nullptr, pipeline_spec(cfg_));
+  runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, plan_ ? &*plan_ : nullptr, pipeline_spec(cfg_));
   const int M = static_cast<int>(cfg_.training.micro_batches);
   const std::optional<FaultInjection> fault = fault_injection_from_env();
-  const int world_rank = comm_ ? comm_->rank() : 0, mid_unit = static_cast<int>(units_.size()) / 2;
+  const int world_rank = comm_ ? comm_->rank() : 0, mid_unit = static_cast<int>(parts_->units.size()) / 2;
   runner_->set_bwd_unit_hook([this, M, fault, world_rank, mid_unit](int mb, int unit) {
     if (mb == M - 1) sync_->on_unit_done(unit);
     if (fault && fault->rank == world_rank && fault->step == step_ + 1 && mb == M - 1 && unit == mid_unit)
@@ -217,7 +211,7 @@ std::vector<MicroBatch> Trainer::next_micro_batches(DataLoader& loader) {
 }
 
 StepStats Trainer::compute_gradients() {
-  params_->zero_grads();
+  parts_->params->zero_grads();
   std::vector<MicroBatch> mbs = next_micro_batches(*train_loader_);
   last_tokens_ = mbs.back().tokens;
   StepStats st = runner_->run(mbs);
@@ -245,7 +239,7 @@ StepReport Trainer::train_step() {
   r.tokens_per_s = tokens / r.seconds;
   r.model_flops_per_s = cfg_.model.flops_per_token(mb_.T) * tokens / r.seconds;
   r.peak_activation_bytes = st.peak_activation_bytes;
-  r.peak_bytes = st.peak_activation_bytes + state_mem_.current();
+  r.peak_bytes = st.peak_activation_bytes + parts_->state_mem.current();
   ++step_;
   return r;
 }

@@ -16,6 +16,7 @@
 #include "parallel/GradSync.h"
 #include "parallel/Optimizer.h"
 #include "parallel/ParamStore.h"
+#include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
 #include "train/Config.h"
 #include "train/DataLoader.h"
@@ -59,17 +60,17 @@ class Trainer {
 
   int64_t step() const { return step_; }
   const RunConfig& config() const { return cfg_; }
-  ParamStore& params() { return *params_; }
+  ParamStore& params() { return *parts_->params; }
   StepRunner& runner() { return *runner_; }
   GradSync& grad_sync() { return *sync_; }  // dp_comm_seconds() of the last step (benchmarks)
   Trace* trace() { return trace_.get(); }   // non-null when output.trace is set
-  const ModelPrograms& programs() const { return progs_; }
+  const ModelPrograms& programs() const { return parts_->progs; }
   // Full (unsharded, layout-free) internal tensors; collective over tp (and dp for the optimizer).
   std::map<std::string, Tensor> gather_full_params();
   // Full gradients (layout-free) after compute_gradients(); plain dp (no ZeRO) only.
   std::map<std::string, Tensor> gather_full_grads();
   double sgemm_flops_per_s() const { return sgemm_flops_; }
-  MemoryTracker& activation_memory() { return act_mem_; }
+  MemoryTracker& activation_memory() { return parts_->act_mem; }
 
  private:
   std::vector<MicroBatch> next_micro_batches(DataLoader& loader);
@@ -85,13 +86,9 @@ class Trainer {
   int tp_rank_ = 0, dp_rank_ = 0, pp_rank_ = 0;
   ProcessGroup* pp_ = nullptr;  // the pipeline group (pp > 1)
   MicroBatchShape mb_;
-  std::vector<UnitSpec> units_;
-  ModelPrograms progs_;
-  MemoryTracker act_mem_{"activations"}, state_mem_{"states"};
-  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<StepParts> parts_;  // units, programs, this stage's parameters, the run context
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<Optimizer> opt_;
-  RunContext ctx_;
   std::optional<SIPlan> plan_;
   std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Trace> trace_;

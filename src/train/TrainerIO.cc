@@ -58,11 +58,11 @@ std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(co
                                                   const std::string& suffix) {
   ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   std::map<std::string, Tensor> out;
-  const ParamEntry* copy = params_->tied_copy();
-  for (auto& e : params_->entries())
+  const ParamEntry* copy = parts_->params->tied_copy();
+  for (auto& e : parts_->params->entries())
     if (&e != copy) out[e.spec.name + suffix] = gather_over_tp(e.spec, get(e), tp);
   if (!pp_) return out;
-  for (const OwnedSpec& o : model_param_owners(units_, pipeline_chunks(pipeline_spec(cfg_)))) {
+  for (const OwnedSpec& o : model_param_owners(parts_->units, pipeline_chunks(pipeline_spec(cfg_)))) {
     const std::string name = o.spec.name + suffix;
     Tensor t = o.pp_rank == pp_rank_ ? out.at(name) : Tensor::zeros(o.spec.full);
     pp_->broadcast(t, o.pp_rank).wait();
@@ -111,10 +111,10 @@ std::string Trainer::save_checkpoint() {
 void Trainer::load_checkpoint(const std::string& step_dir) {
   Checkpoint ck = CheckpointStore::load(step_dir);
   std::vector<ParamSpec> specs;
-  for (auto& e : params_->entries()) specs.push_back(e.spec);
+  for (auto& e : parts_->params->entries()) specs.push_back(e.spec);
   std::map<std::string, Tensor> full = from_hf(cfg_.model, specs, ck.model.tensors);
   std::vector<std::pair<std::string, Tensor>> optim;
-  for (auto& e : params_->entries()) {
+  for (auto& e : parts_->params->entries()) {
     extract_shard(e.spec, full.at(e.spec.name), e.value, tp_rank_, layout_.tp);
     for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
       std::string name = e.spec.name + suffix;
@@ -148,16 +148,16 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   // the positions we read.
   MicroBatchShape one{1, T};
   ModelPrograms progs = build_programs(cfg_.model, layout_, one);
-  RunContext ctx = ctx_;
+  RunContext ctx = parts_->ctx;
   ctx.mb = one;
   ctx.trace = nullptr;
   MemoryTracker mem("sample");
   ctx.act_mem = &mem;
-  Executor exec(ctx, units_, progs);
+  Executor exec(ctx, parts_->units, progs);
   std::mt19937_64 rng(seed);
   std::vector<float> logits(static_cast<size_t>(V));
-  const ParamEntry& w = params_->get(cfg_.model.tie_embeddings ? "wte" : "lm_head");
-  const ParamEntry& g = params_->get("final_norm.weight");
+  const ParamEntry& w = parts_->params->get(cfg_.model.tie_embeddings ? "wte" : "lm_head");
+  const ParamEntry& g = parts_->params->get("final_norm.weight");
   for (int64_t step = 0; step < n_tokens; ++step) {
     std::vector<int32_t> window(ids.end() - std::min<int64_t>(T, static_cast<int64_t>(ids.size())), ids.end());
     const int64_t cur = static_cast<int64_t>(window.size());
@@ -174,7 +174,7 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
     const float* h = envs.back()->at("y").f32() + (cur - 1) * C;
     std::vector<float> hn(static_cast<size_t>(C)), mean(1), rstd(1);
     if (cfg_.model.family == ModelFamily::kGPT)
-      cpu::layernorm_fwd<float>(h, g.value.f32(), params_->get("final_norm.bias").value.f32(), hn.data(), mean.data(),
+      cpu::layernorm_fwd<float>(h, g.value.f32(), parts_->params->get("final_norm.bias").value.f32(), hn.data(), mean.data(),
                                 rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));
     else
       cpu::rmsnorm_fwd<float>(h, g.value.f32(), hn.data(), rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));

@@ -74,27 +74,21 @@ std::vector<MicroBatch> random_micro_batches(const ModelConfig& m, const MicroBa
 
 ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches)
     : model_(m), mb_(mb), micro_batches_(micro_batches) {
-  layout_.sequence_parallel = false;
-  units_ = model_units(model_, layout_, 0);
-  progs_ = build_programs(model_, layout_, mb_);
-  params_ = std::make_unique<ParamStore>(units_, 0, 1, 1, 1234, &state_mem_);
-  ctx_.model = &model_;
-  ctx_.layout = layout_;
-  ctx_.tp_rank = 0;
-  ctx_.mb = mb_;
-  ctx_.params = params_.get();
-  ctx_.act_mem = &act_mem_;
-  ctx_.dloss = 1.0f / static_cast<float>(micro_batches_ * mb_.tokens());
+  StepPartsSpec ps;
+  ps.model = model_;
+  ps.mb = mb_;
+  ps.tokens_per_step = static_cast<double>(micro_batches_ * mb_.tokens());
+  parts_ = std::make_unique<StepParts>(ps);
 }
 
 std::vector<ParamSpec> ModelHarness::specs() const {
   std::vector<ParamSpec> out;
-  for (const ParamEntry& e : params_->entries()) out.push_back(e.spec);
+  for (const ParamEntry& e : parts_->params->entries()) out.push_back(e.spec);
   return out;
 }
 
 void ModelHarness::set_values(const std::map<std::string, Tensor>& full) {
-  for (ParamEntry& e : params_->entries()) {
+  for (ParamEntry& e : parts_->params->entries()) {
     auto it = full.find(e.spec.name);
     DHX_CHECK(it != full.end(), InternalError, "set_values: no tensor for parameter '{}'", e.spec.name);
     extract_shard(e.spec, it->second, e.value, 0, 1);
@@ -105,8 +99,8 @@ StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineS
                              std::function<void(int, bool)> slot_hook, std::function<void(int, int)> bwd_unit_hook) {
   DHX_CHECK(static_cast<int>(mbs.size()) == micro_batches_, InternalError,
             "step got {} micro-batches, the harness's dloss assumes {}", mbs.size(), micro_batches_);
-  params_->zero_grads();
-  StepRunner runner(ctx_, units_, progs_, nullptr, pipeline);
+  parts_->params->zero_grads();
+  StepRunner runner(parts_->ctx, parts_->units, parts_->progs, nullptr, pipeline);
   if (slot_hook) runner.set_slot_hook(std::move(slot_hook));
   if (bwd_unit_hook) runner.set_bwd_unit_hook(std::move(bwd_unit_hook));
   return runner.run(mbs);
@@ -114,12 +108,12 @@ StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineS
 
 std::map<std::string, Tensor> ModelHarness::full_grads() const {
   std::map<std::string, Tensor> out;
-  for (const ParamEntry& e : params_->entries()) out[e.spec.name] = e.grad.clone();
+  for (const ParamEntry& e : parts_->params->entries()) out[e.spec.name] = e.grad.clone();
   return out;
 }
 
 Tensor ModelHarness::forward_head_buffer(const ModelPrograms& progs, const MicroBatch& mb, const std::string& buf) {
-  Executor exec(ctx_, units_, progs);
+  Executor exec(parts_->ctx, parts_->units, progs);
   const int U = exec.num_units();
   std::vector<std::unique_ptr<UnitEnv>> envs;
   for (int u = 0; u < U; ++u) envs.push_back(std::make_unique<UnitEnv>());
@@ -133,10 +127,10 @@ Tensor ModelHarness::forward_head_buffer(const ModelPrograms& progs, const Micro
   return envs.back()->at(buf).clone();
 }
 
-Tensor ModelHarness::forward_token_loss(const MicroBatch& mb) { return forward_head_buffer(progs_, mb, "loss"); }
+Tensor ModelHarness::forward_token_loss(const MicroBatch& mb) { return forward_head_buffer(parts_->progs, mb, "loss"); }
 
 Tensor ModelHarness::forward_logits(const MicroBatch& mb) {
-  ModelPrograms p = progs_;
+  ModelPrograms p = parts_->progs;
   auto& f = p.head.fwd;
   auto it = std::find_if(f.begin(), f.end(), [](const Op& op) { return op.name == "lm_head"; });
   DHX_CHECK(it != f.end(), InternalError, "head program has no 'lm_head' op");

@@ -14,6 +14,7 @@
 #include "model/Params.h"
 #include "model/Programs.h"
 #include "parallel/ParamStore.h"
+#include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
 
 namespace dhelix::test {
@@ -62,15 +63,9 @@ class ModelHarness {
   Tensor forward_head_buffer(const ModelPrograms& progs, const MicroBatch& mb, const std::string& buf);
 
   ModelConfig model_;
-  LayoutConfig layout_;
   MicroBatchShape mb_;
   int micro_batches_;
-  std::vector<UnitSpec> units_;
-  ModelPrograms progs_;
-  MemoryTracker state_mem_{"states"};
-  MemoryTracker act_mem_{"activations"};
-  std::unique_ptr<ParamStore> params_;
-  RunContext ctx_;
+  std::unique_ptr<StepParts> parts_;
 };
 
 }  // namespace dhelix::test

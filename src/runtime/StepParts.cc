@@ -1,0 +1,37 @@
+// StepParts: units -> programs -> this stage's parameter store -> run context.
+#include "runtime/StepParts.h"
+
+#include <algorithm>
+
+namespace dhelix {
+
+std::vector<int> stage_units(const PipelineSpec& pipeline, int pp_rank) {
+  std::vector<int> owned;
+  for (const Chunk& c : pipeline_chunks(pipeline))
+    if (c.rank == pp_rank)
+      for (int u = c.unit_begin; u < c.unit_end; ++u) owned.push_back(u);
+  std::sort(owned.begin(), owned.end());
+  return owned;
+}
+
+StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec.layout) {
+  layout.sequence_parallel = layout.tp > 1;
+  units = model_units(model, layout, spec.tp_rank);
+  progs = build_programs(model, layout, spec.mb);
+  PipelineSpec pipe = spec.pipeline;
+  pipe.n_layers = static_cast<int>(model.n_layers);
+  pipe.micro_batches = std::max(pipe.micro_batches, pipe.pp);  // any count places the chunks
+  owned_units = spec.owned_units.empty() ? stage_units(pipe, spec.pp_rank) : spec.owned_units;
+  std::sort(owned_units.begin(), owned_units.end());
+  params = std::make_unique<ParamStore>(units, owned_units, spec.tp_rank, layout.tp, layout.dp, spec.seed, &state_mem);
+  ctx.model = &model;
+  ctx.layout = layout;
+  ctx.tp_rank = spec.tp_rank;
+  ctx.pp_rank = spec.pp_rank;
+  ctx.mb = spec.mb;
+  ctx.params = params.get();
+  ctx.act_mem = &act_mem;
+  ctx.dloss = 1.0f / static_cast<float>(spec.tokens_per_step);
+}
+
+}  // namespace dhelix
