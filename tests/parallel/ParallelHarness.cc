@@ -98,6 +98,41 @@ RunResult run_local(const RunConfig& cfg, Grads grads) {
   return out;
 }
 
+CheckpointedRun run_with_checkpoint(const RunConfig& cfg, int before, int after) {
+  CheckpointedRun out;
+  std::mutex mu;
+  on_local_ranks(cfg, [&](CommContext* comm) {
+    Trainer t(cfg, comm, Quiet::kYes);
+    for (int s = 0; s < before; ++s) t.train_step();
+    CheckpointedRun r;
+    r.checkpoint = t.save_checkpoint();
+    for (int s = 0; s < after; ++s) r.after.push_back(t.train_step().loss);
+    if (!comm || comm->rank() == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      out = std::move(r);
+    }
+  });
+  return out;
+}
+
+std::vector<double> resume_losses(const RunConfig& cfg, const std::string& checkpoint, int after, int64_t expect_step) {
+  std::vector<double> got;
+  std::mutex mu;
+  on_local_ranks(cfg, [&](CommContext* comm) {
+    Trainer t(cfg, comm, Quiet::kYes);
+    t.load_checkpoint(checkpoint);
+    DHX_CHECK(t.step() == expect_step, InternalError, "checkpoint {} resumed at step {}, expected {}", checkpoint,
+              t.step(), expect_step);
+    std::vector<double> losses;
+    for (int s = 0; s < after; ++s) losses.push_back(t.train_step().loss);
+    if (!comm || comm->rank() == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      got = std::move(losses);
+    }
+  });
+  return got;
+}
+
 double max_rel_deviation(const std::vector<double>& a, const std::vector<double>& b) {
   DHX_CHECK(a.size() == b.size(), InternalError, "loss curves of {} and {} steps", a.size(), b.size());
   double worst = 0;

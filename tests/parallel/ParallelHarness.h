@@ -56,6 +56,17 @@ RunResult run_local(const RunConfig& cfg, Grads grads = Grads::kSkip);
 // The same on this rank of a real world (every rank calls it; rank 0's result is meaningful).
 RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads);
 
+// Trains `before` steps of cfg, saves a checkpoint, trains `after` more (any layout, local ranks):
+// rank 0's losses of those `after` steps and the checkpoint's directory.
+struct CheckpointedRun {
+  std::vector<double> after;
+  std::string checkpoint;
+};
+CheckpointedRun run_with_checkpoint(const RunConfig& cfg, int before, int after);
+// A fresh trainer of cfg (any layout) loads `checkpoint` and trains `after` steps: rank 0's losses.
+// The loaded step must be `expect_step`.
+std::vector<double> resume_losses(const RunConfig& cfg, const std::string& checkpoint, int after, int64_t expect_step);
+
 // max_i |a_i - b_i| / max(|b_i|, floor): relative deviation of a loss curve.
 double max_rel_deviation(const std::vector<double>& a, const std::vector<double>& b);
 // Per tensor ||a - b||_inf / ||b||_inf, maximised over tensors; `worst` names the tensor.

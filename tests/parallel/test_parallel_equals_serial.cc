@@ -95,36 +95,14 @@ TEST(Resharding, Tp2CheckpointResumesOnOtherLayouts) {
     c.checkpoint.keep = 0;
     return c;
   };
-  std::vector<double> ref;  // losses of steps kBefore+1 .. kBefore+kAfter of the tp = 2 run
-  std::string ck;
-  std::mutex mu;
   const RunConfig tp2 = cfg_of(1, 2, "tp2");
-  on_local_ranks(tp2, [&](CommContext* comm) {
-    Trainer t(tp2, comm, Quiet::kYes);
-    for (int s = 0; s < kBefore; ++s) t.train_step();
-    std::string path = t.save_checkpoint();
-    std::vector<double> after;
-    for (int s = 0; s < kAfter; ++s) after.push_back(t.train_step().loss);
-    if (comm->rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      ref = after, ck = path;
-    }
-  });
+  // Losses of steps kBefore+1 .. kBefore+kAfter of the tp = 2 run, and its step-kBefore checkpoint.
+  const CheckpointedRun base = run_with_checkpoint(tp2, kBefore, kAfter);
+  const std::vector<double>& ref = base.after;
   ASSERT_EQ(ref.size(), size_t(kAfter));
   for (auto [dp, tp] : {std::pair{1, 2}, std::pair{2, 1}, std::pair{1, 1}}) {
     const RunConfig c = cfg_of(dp, tp, fmt::format("resume_dp{}_tp{}", dp, tp));
-    std::vector<double> got;
-    on_local_ranks(c, [&](CommContext* comm) {
-      Trainer t(c, comm, Quiet::kYes);
-      t.load_checkpoint(ck);
-      EXPECT_EQ(t.step(), kBefore);
-      std::vector<double> after;
-      for (int s = 0; s < kAfter; ++s) after.push_back(t.train_step().loss);
-      if (!comm || comm->rank() == 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        got = after;
-      }
-    });
+    const std::vector<double> got = resume_losses(c, base.checkpoint, kAfter, kBefore);
     const double dev = max_rel_deviation(got, ref);
     fmt::print("[measured] resume tp=2 step-{} checkpoint on dp={} tp={}: next-step rel dev {:.2e}, "
                "max over {} steps {:.2e}\n",

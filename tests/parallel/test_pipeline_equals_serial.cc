@@ -159,37 +159,13 @@ TEST(PipelineResharding, WCheckpointResumesOnOtherPipelinesAndTp) {
     c.checkpoint.keep = 0;
     return c;
   };
-  std::vector<double> ref;
-  std::string ck;
-  std::mutex mu;
-  const RunConfig w2 = cfg_of(1, 2, PipelineKind::kW, "w2");
-  on_local_ranks(w2, [&](CommContext* comm) {
-    Trainer t(w2, comm, Quiet::kYes);
-    for (int s = 0; s < kBefore; ++s) t.train_step();
-    std::string path = t.save_checkpoint();
-    std::vector<double> after;
-    for (int s = 0; s < kAfter; ++s) after.push_back(t.train_step().loss);
-    if (comm->rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      ref = after, ck = path;
-    }
-  });
+  const CheckpointedRun base = run_with_checkpoint(cfg_of(1, 2, PipelineKind::kW, "w2"), kBefore, kAfter);
+  const std::vector<double>& ref = base.after;
   ASSERT_EQ(ref.size(), size_t(kAfter));
   for (auto [tp, pp, kind] : {std::tuple{1, 2, PipelineKind::kW}, std::tuple{1, 1, PipelineKind::k1F1B},
                               std::tuple{1, 4, PipelineKind::k1F1B}, std::tuple{2, 1, PipelineKind::k1F1B}}) {
     const RunConfig c = cfg_of(tp, pp, kind, fmt::format("resume_tp{}_pp{}_{}", tp, pp, pipeline_kind_name(kind)));
-    std::vector<double> got;
-    on_local_ranks(c, [&](CommContext* comm) {
-      Trainer t(c, comm, Quiet::kYes);
-      t.load_checkpoint(ck);
-      EXPECT_EQ(t.step(), kBefore);
-      std::vector<double> after;
-      for (int s = 0; s < kAfter; ++s) after.push_back(t.train_step().loss);
-      if (!comm || comm->rank() == 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        got = after;
-      }
-    });
+    const std::vector<double> got = resume_losses(c, base.checkpoint, kAfter, kBefore);
     const double dev = max_rel_deviation(got, ref);
     fmt::print("[measured] resume pp=2 w step-{} checkpoint on tp={} pp={} {}: max rel dev over {} steps {:.2e}\n",
                kBefore, tp, pp, pipeline_kind_name(kind), kAfter, dev);
