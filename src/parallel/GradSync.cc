@@ -51,7 +51,16 @@ void GradSync::issue_bucket(size_t b) {
 
 void GradSync::param_ready(size_t entry) {
   size_t b = params_.entries()[entry].bucket;
-  if (--pending_params_[b] == 0 && overlap_ == GradOverlap::kOn) issue_bucket(b);
+  if (--pending_params_[b] == 0 && overlap_ == GradOverlap::kOn && b != tied_bucket_) issue_bucket(b);
+}
+
+void GradSync::set_tied_peer(ProcessGroup* pp, int peer) {
+  tied_pp_ = pp, tied_peer_ = peer;
+  const ParamEntry* copy = params_.tied_copy();
+  const ParamEntry& e = copy ? *copy : params_.get("wte");
+  DHX_CHECK(params_.buckets()[e.bucket].params.size() == 1, InternalError,
+            "the tied embedding shares gradient bucket {} with other parameters", e.bucket);
+  tied_bucket_ = e.bucket;
 }
 
 bool GradSync::enable_sparse_embedding(int64_t tokens_per_mb) {
@@ -137,6 +146,19 @@ void GradSync::on_unit_done(int unit) {
 
 double GradSync::finish() {
   double t0 = now_seconds();
+  if (tied_pp_) {  // E + H on both stages, before the bucket's dp reduction
+    const ParamEntry* copy = params_.tied_copy();
+    Tensor mine = copy ? copy->grad : params_.get("wte").grad;
+    Tensor other = Tensor::empty(mine.shape(), mine.dtype(), tracker_);
+    Tensor out = mine.clone();
+    Work s = tied_pp_->send(out, tied_peer_, ProcessGroup::kMaxP2PTag);
+    Work r = tied_pp_->recv(other, tied_peer_, ProcessGroup::kMaxP2PTag);
+    r.wait();
+    s.wait();
+    float* g = mine.f32();
+    const float* o = other.f32();
+    for (int64_t i = 0; i < mine.numel(); ++i) g[i] += o[i];  // a + b == b + a: both stages agree
+  }
   for (size_t b = 0; b < issued_.size(); ++b) issue_bucket(b);  // anything held back (overlap off)
   double busy = 0;
   for (Inflight& f : inflight_) {
@@ -148,20 +170,6 @@ double GradSync::finish() {
                               (f.work.start_time() - f.work.issue_time()) * 1e6));
   }
   if (rows_taken_) add_gathered_rows();
-  if (tied_pp_) {
-    const ParamEntry* copy = params_.tied_copy();
-    Tensor mine = copy ? copy->grad : params_.get("wte").grad;
-    DHX_CHECK(zero_ == ZeroStage::kNone, InternalError, "tied embedding copies on two stages need zero = 0");
-    Tensor other = Tensor::empty(mine.shape(), mine.dtype(), tracker_);
-    Tensor out = mine.clone();
-    Work s = tied_pp_->send(out, tied_peer_, ProcessGroup::kMaxP2PTag);
-    Work r = tied_pp_->recv(other, tied_peer_, ProcessGroup::kMaxP2PTag);
-    r.wait();
-    s.wait();
-    float* g = mine.f32();
-    const float* o = other.f32();
-    for (int64_t i = 0; i < mine.numel(); ++i) g[i] += o[i];  // a + b == b + a: both stages agree
-  }
   rows_taken_ = false, bwd_started_ = false;
   tokens_all_ = Tensor(), rows_all_ = Tensor();
   dp_comm_s_ = busy;

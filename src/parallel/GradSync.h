@@ -14,6 +14,7 @@
 // Without ZeRO the buckets are all-reduced in place; with ZeRO-1 they are reduce-scattered and
 // rank r keeps chunk r of every bucket (the optimizer updates only that chunk).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -62,12 +63,13 @@ class GradSync {
   bool embedding_rows_taken() const { return rows_taken_; }
 
   void set_overlap(GradOverlap o) { overlap_ = o; }
-  // Pipelines whose embedding and head live on different stages of a tied model: after the dp
-  // reductions, finish() sums the two copies of "wte" (the embedding's on one stage, the head's
-  // ParamStore::tied_copy() on the other) with pp rank `peer`, so both hold E + H. Their sum is
-  // E + H where one stage sums h0 + e0 + h1 + e1 + ... in micro-batch order: bitwise different,
-  // equal within rounding.
-  void set_tied_peer(ProcessGroup* pp, int peer) { tied_pp_ = pp, tied_peer_ = peer; }
+  // Pipelines whose embedding and head live on different stages of a tied model: finish() first
+  // sums the two copies of "wte" (the embedding's on one stage, the head's ParamStore::tied_copy()
+  // on the other) with pp rank `peer`, so both hold E + H, and only then reduces their bucket over
+  // dp (plain or ZeRO-1): each copy sits alone in a bucket of the same size, so both stages reduce
+  // and update it identically and the copies stay equal. One process sums h0 + e0 + h1 + e1 + ...
+  // in micro-batch order instead: bitwise different, equal within rounding.
+  void set_tied_peer(ProcessGroup* pp, int peer);
   // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/dp).
   Tensor& owned_grad(size_t b) { return owned_grads_.at(b); }
   ZeroStage zero() const { return zero_; }
@@ -108,6 +110,7 @@ class GradSync {
   MemoryTracker* tracker_ = nullptr;
   ProcessGroup* tied_pp_ = nullptr;
   int tied_peer_ = -1;
+  size_t tied_bucket_ = SIZE_MAX;  // held back until the copies are summed
 };
 
 }  // namespace dhelix

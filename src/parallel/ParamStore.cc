@@ -68,7 +68,11 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
     // to hide their bucket under: it holds them alone, keeping the exposed tail as short as it can be.
     if (u == 0) close();
     for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it) {
-      if (u == head && it->local == "wte") tied_copy_ = static_cast<int64_t>(entries_.size());
+      const bool copy = u == head && it->local == "wte";
+      if (copy) {  // alone in its bucket, as the embedding's table is (GradSync::set_tied_peer)
+        close();
+        tied_copy_ = static_cast<int64_t>(entries_.size());
+      }
       ParamEntry e;
       e.spec = *it;
       e.unit = u;
@@ -82,7 +86,7 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
       entries_.push_back(std::move(e));
       // The first unit's parameters each get a bucket: the token embedding's may be reduced
       // early (GradSync's sparse path) while the others' wait for the last backward ops.
-      if (u == 0 || off - cur.begin >= bucket_elems) close();
+      if (u == 0 || copy || off - cur.begin >= bucket_elems) close();
     }
   }
   close();

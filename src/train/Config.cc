@@ -306,12 +306,6 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                             t.micro_batches, p.dp));
   if (p.zero == 1 && p.dp == 1)
     e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
-  if (p.zero == 1 && p.pp > 1 && m.tie_embeddings && c.schedule.pipeline != "w")
-    e.push_back(fmt::format("parallel.zero=1 with parallel.pp={} and model.tie_embeddings: the embedding and the head "
-                            "(schedule.pipeline={}) are on different stages, and summing their tied gradients is not "
-                            "wired for ZeRO-1's sharded gradients yet; use zero=0, schedule.pipeline=w (both on stage 0) "
-                            "or untied embeddings",
-                            p.pp, c.schedule.pipeline));
   if (c.data.prefix.empty()) e.push_back("data.prefix is empty");
   if (c.output.dir.empty()) e.push_back("output.dir is empty");
 }

@@ -228,3 +228,48 @@ TEST(PipelineMemory, WWithStrandInterleavingPeakPerStageWithinOneF1BLargestStage
 
 }  // namespace
 }  // namespace dhelix::testing
+
+namespace dhelix::testing {
+namespace {
+
+// A tied embedding split over stages (GPT, 1F1B: the table on stage 0, the head's copy on stage 1),
+// with dp = 2, plain and ZeRO-1. Oracles: the two copies stay bitwise equal after 8 updates (both
+// stages sum E + H, then reduce and update it identically), and the losses follow the single
+// process within kLossRelTol (the tied table's sum is regrouped, above).
+TEST(PipelineTiedEmbedding, CopiesStayEqualWithPlainDpAndZero1) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  RunConfig s = pipe_config(ModelFamily::kGPT, 1, 1, 1, PipelineKind::k1F1B, CoExecute::kOff, prefix, dir / "serial");
+  s.training.steps = 8;
+  s.training.micro_batches = 4;  // the same global batches as the dp = 2 runs (4 sequences per micro-batch)
+  const RunResult serial = run_serial(s);
+  for (int zero : {0, 1}) {
+    RunConfig c = pipe_config(ModelFamily::kGPT, 2, 1, 2, PipelineKind::k1F1B, CoExecute::kOn, prefix,
+                              dir / fmt::format("tied_zero{}", zero));
+    c.parallel.zero = zero;
+    c.training.micro_batches = 4;
+    c.training.steps = 8;
+    std::map<std::pair<int, int>, Tensor> tables;  // (dp, pp) -> this rank's "wte" after training
+    std::vector<double> losses;
+    std::mutex mu;
+    on_local_ranks(c, [&](CommContext* comm) {
+      Trainer t(c, comm, Quiet::kYes);
+      std::vector<double> l;
+      for (int64_t i = 0; i < c.training.steps; ++i) l.push_back(t.train_step().loss);
+      std::lock_guard<std::mutex> lock(mu);
+      tables[{comm->layout().coord().dp, comm->layout().coord().pp}] = t.params().get("wte").value.clone();
+      if (comm->rank() == 0) losses = l;
+    });
+    ASSERT_EQ(tables.size(), 4u);
+    for (int dp = 0; dp < 2; ++dp)
+      EXPECT_TRUE(bitwise_equal(tables.at({dp, 0}), tables.at({dp, 1}))) << "zero=" << zero << " dp rank " << dp;
+    EXPECT_TRUE(bitwise_equal(tables.at({0, 0}), tables.at({1, 0}))) << "zero=" << zero << ": dp replicas differ";
+    const double dev = max_rel_deviation(losses, serial.losses);
+    fmt::print("[measured] gpt 1f1b+si pp2 dp2 zero{} (tied table split over stages): loss max rel dev {:.2e}\n",
+               zero, dev);
+    EXPECT_LE(dev, kLossRelTol) << "zero=" << zero;
+  }
+}
+
+}  // namespace
+}  // namespace dhelix::testing
