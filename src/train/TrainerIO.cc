@@ -81,13 +81,11 @@ std::map<std::string, Tensor> Trainer::gather_full_grads() {
 }
 
 std::string Trainer::save_checkpoint() {
-  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
   std::map<std::string, Tensor> full = gather_full_params();
   NamedTensors optim;
   auto shard_state = opt_->shard_state();  // collective over dp
   std::map<std::string, Tensor> state;     // "<param>.exp_avg" -> this rank's tp shard
   for (auto& [name, t] : shard_state) state[name] = t;
-  (void)tp;
   for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
     std::map<std::string, Tensor> s =
         gather_full([&](const ParamEntry& e) { return state.at(e.spec.name + suffix); }, suffix);
