@@ -28,6 +28,7 @@
 
 #include "base/Clock.h"
 #include "BenchFlags.h"
+#include "BenchMain.h"
 #include "base/Error.h"
 #include "base/Files.h"
 #include "base/Stats.h"
@@ -349,13 +350,5 @@ int run(int argc, char** argv) {
 }  // namespace dhelix
 
 int main(int argc, char** argv) {
-  try {
-    return dhelix::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {
-    std::fprintf(stderr, "cpu_train: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cpu_train: %s\n", e.what());
-    return 1;
-  }
+  return dhelix::bench_main("cpu_train", [&] { return dhelix::run(argc, argv); }, dhelix::OnFailure::kReturn);
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "BenchFlags.h"
+#include "BenchMain.h"
 #include "base/Clock.h"
 #include "base/Stats.h"
 #include "comm/MpiBackend.h"
@@ -227,13 +228,5 @@ int run(int argc, char** argv) {
 }  // namespace dhelix
 
 int main(int argc, char** argv) {
-  try {
-    return dhelix::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {
-    std::fprintf(stderr, "pp: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "pp: %s\n", e.what());
-    dhelix::abort_world(e.what());
-  }
+  return dhelix::bench_main("pp", [&] { return dhelix::run(argc, argv); }, dhelix::OnFailure::kAbortWorld);
 }

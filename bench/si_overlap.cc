@@ -89,6 +89,7 @@
 
 #include "base/Clock.h"
 #include "BenchFlags.h"
+#include "BenchMain.h"
 #include "base/Error.h"
 #include "base/Stats.h"
 #include "comm/CommContext.h"
@@ -672,13 +673,5 @@ int run(int argc, char** argv) {
 }  // namespace dhelix
 
 int main(int argc, char** argv) {
-  try {
-    return dhelix::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {
-    std::fprintf(stderr, "si_overlap: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "si_overlap: %s\n", e.what());
-    dhelix::abort_world(e.what());
-  }
+  return dhelix::bench_main("si_overlap", [&] { return dhelix::run(argc, argv); }, dhelix::OnFailure::kAbortWorld);
 }

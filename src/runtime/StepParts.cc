@@ -20,7 +20,6 @@ StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec
   progs = build_programs(model, layout, spec.mb);
   PipelineSpec pipe = spec.pipeline;
   pipe.n_layers = static_cast<int>(model.n_layers);
-  pipe.micro_batches = std::max(pipe.micro_batches, pipe.pp);  // any count places the chunks
   owned_units = spec.owned_units.empty() ? stage_units(pipe, spec.pp_rank) : spec.owned_units;
   std::sort(owned_units.begin(), owned_units.end());
   params = std::make_unique<ParamStore>(units, owned_units, spec.tp_rank, layout.tp, layout.dp, spec.seed, &state_mem);

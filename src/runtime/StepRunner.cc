@@ -272,9 +272,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
 StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   StepStats st;
   const int U = exec_.num_units();
-  PipelineSpec spec = pipeline_;
-  spec.micro_batches = std::max<int>(spec.pp, static_cast<int>(mbs.size()));  // any count places the chunks
-  const std::vector<Chunk> chunks = pipeline_chunks(spec);
+  const std::vector<Chunk> chunks = pipeline_chunks(pipeline_);
   const int S = static_cast<int>(chunks.size());
   auto git = ctx_.groups.find("pp");
   ProcessGroup* pp = git == ctx_.groups.end() ? nullptr : git->second;
