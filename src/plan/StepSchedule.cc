@@ -284,26 +284,40 @@ double ScheduleTimeline::max_bubble() const {
   return b;
 }
 
-ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost) {
+ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost, const TransferCost& transfer) {
   check_schedule(s);
   const int S = static_cast<int>(s.chunks.size());
   ScheduleTimeline tl;
   tl.ranks.resize(s.ranks.size());
   tl.busy.assign(s.ranks.size(), 0.0);
   std::vector<double> free_at(s.ranks.size(), 0.0);
-  std::map<PassId, double> end_of;
+  std::map<PassId, double> end_of;      // when a pass's output exists on its own rank
+  std::map<PassId, double> arrive_of;   // when it has crossed to the consuming rank (with transfers)
+  std::map<std::pair<int, int>, double> link_free;  // (from, to) -> when the link is idle again
+  auto rank_of = [&](const PassId& p) { return s.chunks[p.chunk].rank; };
   simulate(s, [&](int r, int k) {
     const Slot& sl = s.ranks[r][k];
     double start = free_at[r], dur = 0;
     for (const PassId& p : passes_of(sl)) {
-      for (const PassId& in : inputs_of(p, S)) start = std::max(start, end_of.at(in));
+      for (const PassId& in : inputs_of(p, S)) {
+        const bool remote = transfer && rank_of(in) != r;
+        start = std::max(start, remote ? arrive_of.at(in) : end_of.at(in));
+      }
       dur += cost(s.chunks[p.chunk], p.kind == 1);
     }
-    for (const PassId& p : passes_of(sl)) end_of[p] = start + dur;
-    tl.ranks[r].push_back({start, start + dur});
-    free_at[r] = start + dur;
+    const double end = start + dur;
+    for (const PassId& p : passes_of(sl)) end_of[p] = end;
+    if (transfer)
+      for (const Transfer& t : sl.sends) {
+        double& link = link_free[{r, t.peer}];
+        link = std::max(link, end) + transfer(t);
+        arrive_of[t.kind == TransferKind::kActivation ? PassId{0, sl.fwd.mb, sl.fwd.chunk}
+                                                      : PassId{1, sl.bwd.mb, sl.bwd.chunk}] = link;
+      }
+    tl.ranks[r].push_back({start, end});
+    free_at[r] = end;
     tl.busy[r] += dur;
-    tl.makespan = std::max(tl.makespan, start + dur);
+    tl.makespan = std::max(tl.makespan, end);
   });
   return tl;
 }

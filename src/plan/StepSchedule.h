@@ -126,8 +126,15 @@ struct SlotTime {
   double start = 0, end = 0;
 };
 
-// The timeline of a legal schedule with no communication time: a slot starts when its rank is
-// free and its inputs are produced, and lasts the sum of its passes' costs (no overlap credit).
+// Seconds (or the unit of PassCost) a transfer occupies its link; empty: transfers are free.
+using TransferCost = std::function<double(const Transfer& t)>;
+
+// The timeline of a legal schedule: a slot starts when its rank is free and its inputs are there,
+// and lasts the sum of its passes' costs (no overlap credit). Without a TransferCost an input is
+// there when its pass ends. With one, a slot's sends leave when the slot ends, in the slot's send
+// order, one after another on the link from its rank to the peer (a link carries one message at
+// a time, a later slot's sends queue behind an earlier slot's), and an input from another rank
+// is there when its message has crossed.
 struct ScheduleTimeline {
   std::vector<std::vector<SlotTime>> ranks;  // [rank][slot]
   double makespan = 0;
@@ -136,7 +143,7 @@ struct ScheduleTimeline {
   double bubble(int rank) const;
   double max_bubble() const;
 };
-ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost);
+ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost, const TransferCost& transfer = {});
 
 // A readable table: one line per slot of each rank ("F3/c1 | B0/c6  recv act mb3 <-r0 ...").
 std::string render_schedule(const StepSchedule& s);

@@ -120,6 +120,30 @@ TEST(Pipelines, TimelineBubbleMatchesFormula) {
           }
 }
 
+
+// Oracle: closed forms worked by hand on 1F1B, p = 2, N = 2, one chunk per rank. (a) 2 layers a
+// chunk, forward 1 per layer, backward 2, every transfer x = 1: rank 0's F0 ends at 2, its act
+// lands at 3; rank 1 runs F0 [3,5], B0 [5,9] (grad lands at 10), F1 [9,11], B1 [11,15] (grad
+// lands at 16); rank 0's B1 runs [16,20]: makespan 18 + 2x. A zero transfer cost gives the
+// transfer-free timeline. (b) The link carries one message at a time: forward = backward = 1 a
+// chunk, x = 3: act 0 lands at 4, act 1 queues behind it and lands at 7 (not 5), so rank 1's F1
+// starts at 7, its B1 grad lands at 12 and rank 0 ends at 13 (12 without the queue).
+TEST(Pipelines, TimelinePricesTransfersOnALinkAtATime) {
+  const StepSchedule sch = make_schedule(spec(PipelineKind::k1F1B, 2, 2, 4));
+  const PassCost layers = uniform_layer_cost(sch.num_units, 2.0);
+  EXPECT_DOUBLE_EQ(simulate_timeline(sch, layers).makespan, 18.0);
+  EXPECT_DOUBLE_EQ(simulate_timeline(sch, layers, [](const Transfer&) { return 0.0; }).makespan, 18.0);
+  const ScheduleTimeline tl = simulate_timeline(sch, layers, [](const Transfer&) { return 1.0; });
+  EXPECT_DOUBLE_EQ(tl.makespan, 20.0);
+  EXPECT_DOUBLE_EQ(tl.ranks[1][0].start, 3.0);
+  EXPECT_DOUBLE_EQ(tl.ranks[0][3].start, 16.0);
+
+  const PassCost unit = [](const Chunk&, bool) { return 1.0; };
+  const ScheduleTimeline q = simulate_timeline(sch, unit, [](const Transfer&) { return 3.0; });
+  EXPECT_DOUBLE_EQ(q.ranks[1][0].start, 4.0);
+  EXPECT_DOUBLE_EQ(q.ranks[1][2].start, 7.0);  // F1 waits for act 1 queued behind act 0
+  EXPECT_DOUBLE_EQ(q.makespan, 13.0);
+}
 StepSchedule two_stage_1f1b() { return make_schedule(spec(PipelineKind::k1F1B, 2, 3, 2)); }
 
 TEST(ScheduleChecker, RejectsDeadlockingOrder) {
