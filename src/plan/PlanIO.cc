@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 
 #include "base/Error.h"
@@ -76,16 +78,18 @@ json plan_to_json(const SIPlan& plan, const LayerProgram& prog) {
   for (const Block& k : plan.blocks)
     blocks.push_back({{"fwd", names_of(prog.fwd, k.fwd_begin, k.fwd_end)},
                       {"bwd", names_of(prog.bwd, k.bwd_begin, k.bwd_end)}});
-  return {{"format", kPlanFormat},
-          {"version", SIPlan::kVersion},
-          {"pair", plan.pair.empty() ? prog.name : plan.pair},
-          {"source", plan.source},
-          {"predicted_s", plan.predicted_s},
-          {"fwd_ops", names_of(prog.fwd, 0, static_cast<int>(prog.fwd.size()))},
-          {"bwd_ops", names_of(prog.bwd, 0, static_cast<int>(prog.bwd.size()))},
-          {"carry_bwd", names_of(prog.bwd, static_cast<int>(prog.bwd.size()) - plan.carry,
-                                 static_cast<int>(prog.bwd.size()))},
-          {"blocks", blocks}};
+  json j = {{"format", kPlanFormat},
+            {"version", SIPlan::kVersion},
+            {"pair", plan.pair.empty() ? prog.name : plan.pair},
+            {"source", plan.source},
+            {"fwd_ops", names_of(prog.fwd, 0, static_cast<int>(prog.fwd.size()))},
+            {"bwd_ops", names_of(prog.bwd, 0, static_cast<int>(prog.bwd.size()))},
+            {"carry_bwd", names_of(prog.bwd, static_cast<int>(prog.bwd.size()) - plan.carry,
+                                   static_cast<int>(prog.bwd.size()))},
+            {"blocks", blocks}};
+  // JSON has no NaN or inf (nlohmann writes them as null): an unknown time is left out.
+  if (std::isfinite(plan.predicted_s)) j["predicted_s"] = plan.predicted_s;
+  return j;
 }
 
 SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string& origin) {
@@ -103,7 +107,11 @@ SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string
   try {
     plan.pair = j.value("pair", std::string());
     plan.source = j.value("source", std::string());
-    plan.predicted_s = j.value("predicted_s", 0.0);
+    const json p = j.value("predicted_s", json());
+    DHX_CHECK(p.is_null() || p.is_number(), PlanError,
+              "{}: 'predicted_s' is {}, expected a number of seconds (or none when unknown)", origin,
+              p.dump());
+    plan.predicted_s = p.is_null() ? std::numeric_limits<double>::quiet_NaN() : p.get<double>();
   } catch (const json::exception& e) {
     throw PlanError(fmt::format("{}: bad plan header: {}", origin, e.what()));
   }
@@ -151,11 +159,14 @@ void save_plan(const std::string& path, const SIPlan& plan, const LayerProgram& 
   write_file_atomic(path, plan_to_json(plan, prog).dump(2) + "\n");
 }
 
-SIPlan load_plan(const std::string& path, const LayerProgram& prog) {
-  std::string text = read_file(path);
+SIPlan plan_from_text(const std::string& text, const LayerProgram& prog, const std::string& origin) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  DHX_CHECK(!j.is_discarded(), PlanError, "{}: not valid JSON", path);
-  return plan_from_json(j, prog, path);
+  DHX_CHECK(!j.is_discarded(), PlanError, "{}: not valid JSON", origin);
+  return plan_from_json(j, prog, origin);
+}
+
+SIPlan load_plan(const std::string& path, const LayerProgram& prog) {
+  return plan_from_text(read_file(path), prog, path);
 }
 
 }  // namespace dhelix

@@ -2,8 +2,13 @@
 // the same plan / table), hand-written bad files whose error is known, and substrings the
 // rendering must contain.
 #include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
 
+#include <bit>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "PlanTestUtil.h"
 #include "base/Error.h"
@@ -73,6 +78,78 @@ TEST(PlanIO, FileRoundTrip) {
   std::filesystem::remove(path);
 }
 
+// The predicted time compared as the format promises (PlanIO.h): a finite time comes back with the
+// same bits; an unknown one (NaN or +-inf, which JSON cannot hold) comes back as NaN.
+void expect_same_time(double written, double read) {
+  if (std::isfinite(written))
+    EXPECT_EQ(std::bit_cast<uint64_t>(read), std::bit_cast<uint64_t>(written)) << written << " read as " << read;
+  else
+    EXPECT_TRUE(std::isnan(read)) << written << " read as " << read;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / name).string();
+}
+
+// The reported bug: the default plan kept by validation had a block the profile did not price, so
+// its predicted time was unknown (cost.plan = +inf), the file said "predicted_s": null, and
+// load_plan refused it ("bad plan header: type must be number, but is null"). Oracle: write then
+// read round trip through the file -- the same blocks, carry and header, the unknown time as NaN.
+TEST(PlanIO, UnknownPredictedTimeRoundTripsThroughFile) {
+  const LayerProgram prog = test::llama_like_pair();
+  SIPlan unpriced = default_plan(prog);
+  test::HashCost cost(11, 1000);  // every window longer than one op is unpriced
+  unpriced.predicted_s = cost.plan(unpriced);
+  ASSERT_TRUE(std::isinf(unpriced.predicted_s)) << "the default plan should have an unpriced block";
+  const std::string path = temp_path("dhelix_test_plan_unknown.json");
+  for (double t : {unpriced.predicted_s, std::numeric_limits<double>::quiet_NaN(),
+                   -std::numeric_limits<double>::infinity(), 0.0, 1.25e-3}) {
+    SIPlan plan = unpriced;
+    plan.predicted_s = t;
+    save_plan(path, plan, prog);
+    SIPlan back;
+    ASSERT_NO_THROW(back = load_plan(path, prog)) << "predicted_s = " << t;
+    EXPECT_EQ(back.blocks, plan.blocks);
+    EXPECT_EQ(back.carry, plan.carry);
+    EXPECT_EQ(back.pair, plan.pair);
+    EXPECT_EQ(back.source, plan.source);
+    expect_same_time(t, back.predicted_s);
+  }
+  std::filesystem::remove(path);
+}
+
+// Files that builds before this fix wrote (NaN / inf as null), and files without the field
+// (unknown by the format). Oracle: the format's rule -- both read as NaN; any other non-number
+// is refused as a PlanError naming the field.
+TEST(PlanIO, NullOrMissingPredictedTimeReadsAsUnknown) {
+  const LayerProgram prog = test::program_from("c tp c c", "tp c c");
+  json j = plan_to_json(default_plan(prog), prog);
+  j["predicted_s"] = nullptr;
+  EXPECT_TRUE(std::isnan(plan_from_json(j, prog).predicted_s));
+  EXPECT_TRUE(std::isnan(plan_from_text(j.dump(), prog).predicted_s));
+  j.erase("predicted_s");
+  EXPECT_TRUE(std::isnan(plan_from_json(j, prog).predicted_s));
+  j["predicted_s"] = "fast";
+  EXPECT_NE(error_of(j, prog).find("'predicted_s' is \"fast\", expected a number of seconds"),
+            std::string::npos)
+      << error_of(j, prog);
+  EXPECT_THROW(plan_from_text("{\"format\": ", prog), PlanError);
+}
+
+// Oracle: write-then-read round trip for any double (every bit pattern, NaN payloads and
+// infinities included): finite values come back bitwise, the rest as NaN.
+RC_GTEST_PROP(PlanIO, AnyPredictedTimeRoundTrips, ()) {
+  static const LayerProgram prog = test::program_from("c tp c", "tp c");
+  SIPlan plan = default_plan(prog);
+  plan.predicted_s = std::bit_cast<double>(*rc::gen::arbitrary<uint64_t>());
+  const SIPlan back = plan_from_text(plan_to_json(plan, prog).dump(2), prog);
+  if (std::isfinite(plan.predicted_s))
+    RC_ASSERT(std::bit_cast<uint64_t>(back.predicted_s) == std::bit_cast<uint64_t>(plan.predicted_s));
+  else
+    RC_ASSERT(std::isnan(back.predicted_s));
+  RC_ASSERT(back.blocks == plan.blocks);
+}
+
 TEST(PlanIO, RejectsBadFiles) {
   LayerProgram prog = test::program_from("c tp c c", "tp c c");
   SIPlan plan = default_plan(prog);
@@ -128,6 +205,52 @@ TEST(Profile, RoundTripAndLookup) {
   bad["version"] = 9;
   EXPECT_THROW(Profile::from_json(bad), PlanError);
   EXPECT_THROW(p.set_pair({0, 1}, {0, 1}, -1), PlanError);
+}
+
+// The profile's writer against its reader, through the file. A profile holds only measured,
+// finite times (set_* refuses NaN / inf / negative); a window that was not measured is absent and
+// reads as unknown (kNoCost), so no unknown time is ever written as a number. Oracle: write then
+// read round trip -- every stored time bitwise, every absent entry still absent.
+TEST(Profile, FileRoundTripKeepsTimesAndUnknowns) {
+  const LayerProgram prog = test::program_from("c tp c", "tp c");
+  Profile p;
+  p.describe_program(prog);
+  p.meta.machine = "test \"box\"\n";
+  p.set_solo_fwd({0, 1}, 0.1 + 0.2);
+  p.set_solo_fwd({0, 2}, std::numeric_limits<double>::denorm_min());
+  p.set_solo_bwd({0, 1}, std::numeric_limits<double>::max());
+  p.set_pair({1, 2}, {0, 1}, 0.0);
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), -1.0})
+    EXPECT_THROW(p.set_solo_bwd({1, 2}, bad), PlanError) << bad;
+  const std::string path = temp_path("dhelix_test_profile_roundtrip.json");
+  p.save(path);
+  const Profile q = Profile::load(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(q.meta.machine, p.meta.machine);
+  EXPECT_EQ(q.to_json(), p.to_json());
+  EXPECT_EQ(std::bit_cast<uint64_t>(q.solo_fwd(0, 1)), std::bit_cast<uint64_t>(0.1 + 0.2));
+  EXPECT_EQ(q.solo_fwd(0, 2), std::numeric_limits<double>::denorm_min());
+  EXPECT_EQ(q.solo_bwd(0, 1), std::numeric_limits<double>::max());
+  EXPECT_EQ(q.pair(1, 2, 0, 1), 0.0);
+  EXPECT_FALSE(q.find_solo_bwd({1, 2}).has_value());  // the refused NaN / inf / -1 left no entry
+  EXPECT_EQ(q.solo_bwd(1, 2), kNoCost);
+  EXPECT_EQ(q.pair(0, 1, 0, 1), kNoCost);
+  EXPECT_EQ(q.num_solo_fwd(), 2u);
+  EXPECT_EQ(q.num_solo_bwd(), 1u);
+  EXPECT_EQ(q.num_pairs(), 1u);
+}
+
+// A profile file whose time is null (what a NaN would have become) or not a number is refused as
+// a PlanError naming the entry, never taken as a time. Oracle: hand-edited files.
+TEST(Profile, NonNumberTimesAreRefused) {
+  Profile p;
+  p.describe_program(test::program_from("c tp c", "tp c"));
+  p.set_solo_fwd({0, 1}, 1e-3);
+  for (const json& bad : {json(nullptr), json("1e-3"), json(-1.0)}) {
+    json j = p.to_json();
+    j["solo_fwd"][0][2] = bad;
+    EXPECT_THROW(Profile::from_json(j), PlanError) << bad.dump();
+  }
 }
 
 TEST(Profile, SearchOnMeasuredTable) {
