@@ -99,7 +99,8 @@ SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string
             format, kPlanFormat);
   DHX_CHECK(j.contains("version") && j["version"].is_number_integer(), PlanError,
             "{}: missing integer 'version'", origin);
-  int version = j["version"].get<int>();
+  // int64: get<int>() would wrap, reading version 2^32 + 1 as 1.
+  const int64_t version = j["version"].get<int64_t>();
   DHX_CHECK(version == 1 || version == SIPlan::kVersion, PlanError,
             "{}: plan version {} is not supported (this build reads versions 1 and {})", origin,
             version, SIPlan::kVersion);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "base/Error.h"
 #include "base/Files.h"
@@ -28,6 +29,17 @@ std::optional<double> find_in(const Map& m, const Key& k) {
   auto it = m.find(k);
   if (it == m.end()) return std::nullopt;
   return it->second;
+}
+
+// A JSON integer that fits an int, or PlanError naming `what`. nlohmann's get<int>() of a float or
+// a wider integer converts unchecked (5e50 -> int is undefined behaviour; found by fuzz/fuzz_plan).
+int int_of(const json& v, const std::string& origin, const std::string& what) {
+  constexpr int64_t kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{kMax}
+                    : v.is_number_integer() ? v.get<int64_t>() >= kMin && v.get<int64_t>() <= kMax
+                                            : false;
+  DHX_CHECK(fits, PlanError, "{}: {} is {}, expected an integer", origin, what, v.dump());
+  return static_cast<int>(v.get<int64_t>());
 }
 
 std::vector<std::string> op_names(const std::vector<Op>& ops) {
@@ -108,7 +120,7 @@ Profile Profile::from_json(const json& j, const std::string& origin) {
   std::string format = j.value("format", std::string());
   DHX_CHECK(format == kProfileFormat, PlanError, "{}: format is '{}', expected '{}'", origin,
             format, kProfileFormat);
-  int version = j.value("version", -1);
+  const int version = j.contains("version") ? int_of(j["version"], origin, "'version'") : -1;
   DHX_CHECK(version == kVersion, PlanError,
             "{}: profile version {} is not supported (this build reads version {})", origin,
             version, kVersion);
@@ -121,25 +133,25 @@ Profile Profile::from_json(const json& j, const std::string& origin) {
     p.meta.machine = m.value("machine", "");
     p.meta.timestamp = m.value("timestamp", "");
     p.meta.pair = m.value("pair", "");
-    p.meta.repeats = m.value("repeats", 0);
-    p.meta.warmup = m.value("warmup", 0);
+    p.meta.repeats = m.contains("repeats") ? int_of(m["repeats"], origin, "meta 'repeats'") : 0;
+    p.meta.warmup = m.contains("warmup") ? int_of(m["warmup"], origin, "meta 'warmup'") : 0;
     p.meta.fwd_ops = m.value("fwd_ops", std::vector<std::string>{});
     p.meta.bwd_ops = m.value("bwd_ops", std::vector<std::string>{});
     for (const json& e : j.at("solo_fwd")) {
       DHX_CHECK(e.is_array() && e.size() == 3, PlanError, "{}: solo_fwd entry {} is not [a,b,s]",
                 origin, e.dump());
-      p.set_solo_fwd({e[0].get<int>(), e[1].get<int>()}, e[2].get<double>());
+      p.set_solo_fwd({int_of(e[0], origin, "solo_fwd a"), int_of(e[1], origin, "solo_fwd b")}, e[2].get<double>());
     }
     for (const json& e : j.at("solo_bwd")) {
       DHX_CHECK(e.is_array() && e.size() == 3, PlanError, "{}: solo_bwd entry {} is not [c,d,s]",
                 origin, e.dump());
-      p.set_solo_bwd({e[0].get<int>(), e[1].get<int>()}, e[2].get<double>());
+      p.set_solo_bwd({int_of(e[0], origin, "solo_bwd c"), int_of(e[1], origin, "solo_bwd d")}, e[2].get<double>());
     }
     for (const json& e : j.at("pairs")) {
       DHX_CHECK(e.is_array() && e.size() == 5, PlanError,
                 "{}: pairs entry {} is not [a,b,c,d,s]", origin, e.dump());
-      p.set_pair({e[0].get<int>(), e[1].get<int>()}, {e[2].get<int>(), e[3].get<int>()},
-                 e[4].get<double>());
+      p.set_pair({int_of(e[0], origin, "pairs a"), int_of(e[1], origin, "pairs b")},
+                 {int_of(e[2], origin, "pairs c"), int_of(e[3], origin, "pairs d")}, e[4].get<double>());
     }
   } catch (const json::exception& e) {
     throw PlanError(fmt::format("{}: malformed profile: {}", origin, e.what()));

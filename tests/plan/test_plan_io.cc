@@ -253,6 +253,44 @@ TEST(Profile, NonNumberTimesAreRefused) {
   }
 }
 
+// Numbers that are not ints where the formats want one: a float (get<int> of 5e50 was undefined
+// behaviour, found by fuzz/fuzz_plan) or an integer wider than int (a plan version 2^32 + 1 read
+// as version 1). Oracle: hand-edited files; each is refused as a PlanError naming the field.
+TEST(PlanIO, NonIntFieldsAreRefused) {
+  Profile p;
+  p.describe_program(test::program_from("c tp c", "tp c"));
+  p.set_solo_fwd({0, 1}, 1e-3);
+  p.set_pair({0, 1}, {0, 1}, 2e-3);
+  const json good = p.to_json();
+  ASSERT_NO_THROW(Profile::from_json(good));
+  auto profile_error = [](const json& j) -> std::string {
+    try {
+      Profile::from_json(j, "p.json");
+    } catch (const PlanError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  json j = good;
+  j["meta"]["repeats"] = 5e50;
+  EXPECT_NE(profile_error(j).find("meta 'repeats' is 5e+50, expected an integer"), std::string::npos) << profile_error(j);
+  j = good;
+  j["version"] = 1.0;
+  EXPECT_NE(profile_error(j).find("'version' is 1.0, expected an integer"), std::string::npos) << profile_error(j);
+  j = good;
+  j["solo_fwd"][0][1] = 4294967297ull;
+  EXPECT_NE(profile_error(j).find("solo_fwd b is 4294967297"), std::string::npos) << profile_error(j);
+  j = good;
+  j["pairs"][0][2] = -1e300;
+  EXPECT_NE(profile_error(j).find("pairs c is -1e+300"), std::string::npos) << profile_error(j);
+
+  const LayerProgram prog = test::program_from("c tp c c", "tp c c");
+  json plan = plan_to_json(default_plan(prog), prog);
+  plan["version"] = 4294967297ull;
+  EXPECT_NE(error_of(plan, prog).find("plan version 4294967297 is not supported"), std::string::npos)
+      << error_of(plan, prog);
+}
+
 TEST(Profile, SearchOnMeasuredTable) {
   // Oracle: a table where pairing the collective with the other strand's compute is cheaper
   // than running either alone; the search must find that block.
