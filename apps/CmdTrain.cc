@@ -3,14 +3,17 @@
 // the Trainer. The resolved config is printed and saved with the run.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "Commands.h"
 #include "base/Error.h"
 #include "base/Files.h"
+#include "base/Signals.h"
 #include "comm/MpiBackend.h"
 #include "train/CheckpointStore.h"
+#include "train/Preflight.h"
 #include "train/Trainer.h"
 
 namespace dhelix {
@@ -30,16 +33,32 @@ int cmd_train(int argc, char** argv) {
   const CliArgs& args = *parsed;
   RunConfig cfg = load_config(args.config_path, args.overrides);
   std::unique_ptr<CommContext> comm;
-  if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp > 1) comm = make_mpi_world(layout_config(cfg));
+  if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp > 1)
+    comm = make_mpi_world(layout_config(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
-  if (rank0) fmt::print("# resolved configuration\n{}\n", to_toml(cfg));
-  if (comm) comm->world().barrier();
+  install_stop_handlers();
+  int stopped_by = 0;
   try {
+    // Every rank checks the same inputs, so every rank fails alike; rank 0 alone reports (below).
+    if (comm && comm->world_size() > 1) check_ranks_agree(cfg, *comm);
+    int local = 1;
+    if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
+    check_memory(cfg, local);
+    check_writable_paths(cfg);
+    for (const std::string& line : prepare_run_directory(cfg, rank0))
+      if (rank0) fmt::print("{}\n", line);
+    if (rank0) fmt::print("# resolved configuration\n{}\n", to_toml(cfg));
+    if (comm) comm->world().barrier();
     Trainer trainer(cfg, comm.get());
-    trainer.run();
+    stopped_by = trainer.run();
   } catch (const ConfigError&) {
+    if (!rank0) return 2;
+    throw;
+  } catch (const DivergedError&) {
+    if (!rank0) return 3;
     throw;
   } catch (const IoError& e) {
+    if (!rank0) return 2;
     if (!file_exists(cfg.data.prefix + ".idx") || !file_exists(cfg.data.prefix + ".bin"))
       throw IoError(fmt::format("{}\nhint: make the dataset with `dhelix data prepare --config ...` "
                                 "(scripts/setup does this for configs/demo.toml)", e.what()));
@@ -48,7 +67,7 @@ int cmd_train(int argc, char** argv) {
     if (comm && comm->world_size() > 1) comm->abort(e.what());
     throw;
   }
-  return 0;
+  return stopped_by == 0 ? 0 : 128 + stopped_by;
 }
 
 int cmd_sample(int argc, char** argv) {
@@ -86,14 +105,17 @@ int cmd_sample(int argc, char** argv) {
   DHX_CHECK(temperature >= 0, ConfigError, "--temperature {} must be >= 0", temperature);
   DHX_CHECK(tokens > 0, ConfigError, "--tokens {} must be positive", tokens);
   RunConfig cfg = load_config(args.config_path, args.overrides);
-  cfg.parallel.dp = cfg.parallel.tp = 1;
+  cfg.parallel.dp = cfg.parallel.tp = cfg.parallel.pp = 1;
+  cfg.parallel.zero = 0;
+  cfg.schedule.pipeline = "1f1b";  // the whole model on one rank, whatever layout trained it
+  cfg.schedule.virtual_stages = 1;
   std::string dir = cfg.checkpoint.dir.empty() ? cfg.output.dir + "/checkpoints" : cfg.checkpoint.dir;
   CheckpointStore store(dir, 0);
   auto path = store.resolve(checkpoint.empty() ? "latest" : checkpoint);
   DHX_CHECK(path.has_value(), IoError, "no checkpoint '{}' in '{}'; train first or pass --checkpoint",
             checkpoint.empty() ? "latest" : checkpoint, dir);
-  Trainer trainer(cfg, nullptr, Quiet::kYes);
-  trainer.load_checkpoint(*path);
+  Trainer trainer(cfg, nullptr, Quiet::kYes, Trainer::Data::kNone);
+  trainer.load_model(*path);
   fmt::print("{}\n", trainer.sample(prompt, tokens, temperature, top_k, seed));
   return 0;
 }

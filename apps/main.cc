@@ -1,8 +1,16 @@
-// The `dhelix` command line: dispatches verbs and turns errors into exit codes. Bad input
-// (ConfigError, IoError, PlanError) prints one message and exits 2; anything else exits 1.
+// The `dhelix` command line: dispatches verbs and turns errors into exit codes -- the contract the
+// README states and tests/apps/exit_codes_test.sh checks:
+//   0  success
+//   1  internal error (a bug in dhelix, or a peer rank that failed: CommError, InternalError, ...)
+//   2  bad input: configuration, files, paths, a plan, a model that does not fit in memory
+//   3  training diverged (a non-finite loss or gradient under training.nonfinite = stop, or too
+//      many skipped steps in a row; no non-finite checkpoint is ever written)
+//   128 + N  stopped by signal N (SIGTERM 143, SIGINT 130) after saving a checkpoint
+// Multi-rank, an error every rank meets alike is printed by rank 0 only (CmdTrain.cc).
 #include <fmt/format.h>
 
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "Commands.h"
@@ -46,6 +54,15 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const dhelix::PlanError& e) {
     fmt::print(stderr, "dhelix {}: invalid plan: {}\n", verb, e.what());
+    return 2;
+  } catch (const dhelix::DivergedError& e) {
+    fmt::print(stderr, "dhelix {}: training diverged: {}\n", verb, e.what());
+    return 3;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr,
+               "dhelix {}: out of memory: the run needs more memory than this machine has free.\nhint: a smaller "
+               "model, training.micro_batch_size or model.seq_len, more tp or pp ranks, or parallel.zero 1\n",
+               verb);
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "dhelix {}: error: {}\n", verb, e.what());

@@ -1,6 +1,6 @@
 // Typed errors for the whole engine, and the DHX_CHECK macro that throws them with the
 // values and context that failed. Library code throws; only main() turns errors into exit codes
-// (ConfigError / IoError / PlanError on user input -> exit 2).
+// (ConfigError / IoError / PlanError on user input -> exit 2, DivergedError -> exit 3).
 #pragma once
 #include <fmt/format.h>
 #include <stdexcept>
@@ -22,6 +22,9 @@ class CommError : public Error { public: using Error::Error; };
 class DeviceError : public Error { public: using Error::Error; };
 // A plan (SI plan, schedule) that breaks a rule (exit 2 when it came from a file).
 class PlanError : public Error { public: using Error::Error; };
+// Training diverged: a non-finite loss or gradient the run may not skip, or state that would put
+// non-finite values into a checkpoint (exit 3).
+class DivergedError : public Error { public: using Error::Error; };
 // An internal invariant broke: a bug in dhelix, not in the input.
 class InternalError : public Error { public: using Error::Error; };
 

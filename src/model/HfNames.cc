@@ -1,6 +1,8 @@
 // Internal <-> Hugging Face tensor layouts for GPT-2 and Llama checkpoints.
 #include "model/HfNames.h"
 
+#include <set>
+
 #include <cstring>
 
 #include "base/Error.h"
@@ -95,7 +97,22 @@ std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<Pa
   std::map<std::string, Shape> shape_of;
   for (auto& s : specs) shape_of[s.name] = s.full;
   std::map<std::string, std::vector<std::pair<int64_t, Tensor>>> parts;
-  for (const Piece& p : pieces(m)) {
+  const std::vector<Piece> want_pieces = pieces(m);
+  {
+    std::set<std::string> known;
+    for (const Piece& p : want_pieces) known.insert(p.hf);
+    std::vector<std::string> extra;
+    for (const auto& [k, t] : hf)
+      if (!known.count(k)) extra.push_back(k);
+    if (!extra.empty()) {
+      std::string list;
+      for (size_t i = 0; i < extra.size() && i < 6; ++i) list += (i ? ", '" : "'") + extra[i] + "'";
+      if (extra.size() > 6) list += fmt::format(" and {} more", extra.size() - 6);
+      throw IoError(fmt::format("the checkpoint holds {} tensor{} that model {} ({} layers) does not have: {}",
+                                extra.size(), extra.size() == 1 ? "" : "s", m.name, m.n_layers, list));
+    }
+  }
+  for (const Piece& p : want_pieces) {
     auto it = byname.find(p.hf);
     DHX_CHECK(it != byname.end(), IoError, "checkpoint lacks tensor '{}' (model {} expects it)", p.hf, m.name);
     auto sh = shape_of.find(p.internal);

@@ -21,6 +21,8 @@ TensorList to_hf(const ModelConfig& m, const std::map<std::string, Tensor>& full
 // Inverse for the parameters in `specs` (all of the model, or one pipeline stage's), which give the
 // internal full shapes (padding rows of the vocabulary are zero). Every HF tensor of the model must
 // be present; missing or mis-shaped ones -> IoError naming the tensor, the expected and found shapes.
+// A tensor in `hf` that the model does not have (a checkpoint of a deeper model, say) -> IoError
+// naming them: nothing is silently dropped.
 std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<ParamSpec>& specs,
                                       const TensorList& hf);
 

@@ -48,37 +48,55 @@ void Optimizer::for_each_owned(Fn fn) {
   }
 }
 
+float* Optimizer::grad_ptr(size_t bi, int64_t s) {
+  // The gradient of flat element s: the flat buffer, or with ZeRO-1 the owned reduced chunk.
+  if (sync_.zero() != ZeroStage::kOne) return params_.flat_grads().f32() + s;
+  const GradBucket& b = params_.buckets()[bi];
+  int64_t lo = b.begin + dp_rank(dp_) * ((b.end - b.begin) / dp_size(dp_));
+  return sync_.owned_grad(bi).f32() + (s - lo);
+}
+
 double Optimizer::step(double lr, int64_t step) {
+  const double norm = grad_norm();
+  update(lr, step, norm);
+  return norm;
+}
+
+double Optimizer::grad_norm() {
   const bool zero = sync_.zero() == ZeroStage::kOne;
   const int tp = tp_ ? tp_->size() : 1;
-  float* flat_g = params_.flat_grads().f32();
-  float* flat_p = params_.flat_values().f32();
-  // The gradient of flat element s: the flat buffer, or with ZeRO-1 the owned reduced chunk.
-  auto grad_ptr = [&](size_t bi, int64_t s) -> float* {
-    if (!zero) return flat_g + s;
-    const GradBucket& b = params_.buckets()[bi];
-    int64_t lo = b.begin + dp_rank(dp_) * ((b.end - b.begin) / dp_size(dp_));
-    return sync_.owned_grad(bi).f32() + (s - lo);
-  };
   // Global norm^2: tp-replicated elements are identical on every tp rank, so they count 1/tp each.
   // Each entry's part goes to its slot of the whole model's entry list (ParamStore global order);
   // the slots are summed over the groups that split the parameters (a slot is filled on one rank of
   // pp, so that sum is exact) and then added in slot order, so a pipeline adds the same parts in the
   // same order as one process does. A tied embedding's second copy is not counted.
-  Tensor parts = Tensor::zeros({params_.num_global_entries()}, DType::kF64);
-  double* pt = parts.data<double>();
+  norm_parts_ = Tensor::zeros({params_.num_global_entries()}, DType::kF64);
+  double* pt = norm_parts_.data<double>();
   const ParamEntry* copy = params_.tied_copy();
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
     if (&e == copy) return;
     double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
     pt[e.global_index] += e.spec.role == ShardRole::kReplicated ? part / tp : part;
   });
-  if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(parts).wait();
-  if (tp_ && tp > 1) tp_->all_reduce(parts).wait();
-  if (pp_ && pp_->size() > 1) pp_->all_reduce(parts).wait();
+  if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_parts_).wait();
+  if (tp_ && tp > 1) tp_->all_reduce(norm_parts_).wait();
+  if (pp_ && pp_->size() > 1) pp_->all_reduce(norm_parts_).wait();
   double ss = 0;
-  for (int64_t i = 0; i < parts.numel(); ++i) ss += pt[i];
-  const double norm = std::sqrt(ss);
+  for (int64_t i = 0; i < norm_parts_.numel(); ++i) ss += pt[i];
+  return std::sqrt(ss);
+}
+
+int64_t Optimizer::nonfinite_entry() const {
+  if (!norm_parts_.defined()) return -1;
+  const double* pt = norm_parts_.data<double>();
+  for (int64_t i = 0; i < norm_parts_.numel(); ++i)
+    if (!std::isfinite(pt[i])) return i;
+  return -1;
+}
+
+void Optimizer::update(double lr, int64_t step, double norm) {
+  const bool zero = sync_.zero() == ZeroStage::kOne;
+  float* flat_p = params_.flat_values().f32();
   const double clip = (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) ? cfg_.grad_clip / (norm + 1e-6) : 1.0;
 
   cpu::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0, step};
@@ -101,7 +119,6 @@ double Optimizer::step(double lr, int64_t step) {
     for (auto& w : works) w.wait();
   }
   steps_ = step;
-  return norm;
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::shard_state() {

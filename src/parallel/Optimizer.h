@@ -22,7 +22,16 @@ class Optimizer {
             MemoryTracker* tracker);
 
   // One update with learning rate `lr`; `step` is 1-based. Returns the pre-clip global grad norm.
+  // = grad_norm() then update().
   double step(double lr, int64_t step);
+  // The global gradient norm (collective over dp with ZeRO-1, tp and pp), before clipping. Also
+  // keeps each entry's part, for nonfinite_entry().
+  double grad_norm();
+  // The whole model's first entry (ParamStore global index, every stage's) whose gradient holds a
+  // non-finite value in the last grad_norm(); -1 when all are finite. The same on every rank.
+  int64_t nonfinite_entry() const;
+  // Clips to cfg.grad_clip with `norm` (grad_norm()'s result) and applies AdamW.
+  void update(double lr, int64_t step, double norm);
   int64_t steps_taken() const { return steps_; }
   // Pipeline stages: the gradient norm sums every stage's parameters (over `pp`).
   void set_pipeline_group(ProcessGroup* pp) { pp_ = pp; }
@@ -42,7 +51,9 @@ class Optimizer {
   ProcessGroup* dp_;
   ProcessGroup* pp_ = nullptr;
   AdamWConfig cfg_;
+  float* grad_ptr(size_t bucket, int64_t flat_index);
   Tensor m_, v_;  // flat; full size without ZeRO, the owned chunks (concatenated) with ZeRO-1
+  Tensor norm_parts_;  // [global entry] squared-norm parts of the last grad_norm()
   int64_t steps_ = 0;
 };
 

@@ -41,7 +41,10 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
   // parameters in reverse declaration order).
   std::map<std::string, int64_t> global;
   for (int u = static_cast<int>(all.size()) - 1; u >= 0; --u)
-    for (auto it = all[u].params.rbegin(); it != all[u].params.rend(); ++it) global[it->name] = num_global_++;
+    for (auto it = all[u].params.rbegin(); it != all[u].params.rend(); ++it) {
+      global[it->name] = num_global_++;
+      global_names_.push_back(it->name);
+    }
   if (bucket_elems <= 0) {
     int64_t total = 0;
     for (const auto& u : units)

@@ -62,6 +62,8 @@ class ParamStore {
   bool owns_unit(int unit) const;
   // Entries of the whole model (every stage's, the tied copy not counted): global_index bound.
   int64_t num_global_entries() const { return num_global_; }
+  // The name of the whole model's entry `global_index` (held by this stage or not).
+  const std::string& global_name(int64_t global_index) const { return global_names_.at(static_cast<size_t>(global_index)); }
   // The head's copy of a tied "wte" on a stage without the embedding; null elsewhere.
   const ParamEntry* tied_copy() const { return tied_copy_ < 0 ? nullptr : &entries_[tied_copy_]; }
   void zero_grads();
@@ -76,6 +78,7 @@ class ParamStore {
   std::vector<int> owned_;  // sorted unit indices
   int64_t tied_copy_ = -1;
   int64_t num_global_ = 0;
+  std::vector<std::string> global_names_;  // [global_index]
 };
 
 }  // namespace dhelix

@@ -52,7 +52,7 @@ std::string CheckpointStore::save(const TrainState& state, const NamedTensors& m
   std::error_code ec;
   fs::create_directories(dir_, ec);
   DHX_CHECK(!ec, IoError, "cannot create checkpoint directory '{}': {}", dir_, ec.message());
-  remove_stale_tmp();
+  clean();
   const std::string name = step_name(state.step);
   const std::string final_dir = dir_ + "/" + name;
   const std::string tmp = final_dir + ".tmp-" + std::to_string(::getpid());
@@ -128,26 +128,46 @@ void CheckpointStore::prune(const std::string& keep_name) {
   std::error_code ec;
   for (int64_t i = 0; i < excess; ++i) {
     const std::string name = step_name(all[static_cast<size_t>(i)]);
-    if (name != keep_name) fs::remove_all(dir_ + "/" + name, ec);
+    if (name == keep_name) continue;
+    // Renamed first (atomic), then deleted: a kill mid-delete leaves a ".del-<pid>" directory that
+    // clean() removes, never a half-deleted step directory.
+    const std::string doomed = dir_ + "/" + name + ".del-" + std::to_string(::getpid());
+    fs::rename(dir_ + "/" + name, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
   }
 }
 
-void CheckpointStore::remove_stale_tmp() const {
-  // Leftovers of crashed saves: "<step>.tmp-<pid>" / "<step>.old-<pid>" whose process is gone.
+std::vector<std::string> CheckpointStore::clean() const {
+  // Leftovers of crashed saves and prunes: "<step>.tmp-<pid>" / ".old-<pid>" / ".del-<pid>" whose
+  // process is gone, and step directories without a state.json (an older build's interrupted
+  // prune). A complete checkpoint is never touched.
+  std::vector<std::string> removed;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string n = e.path().filename().string();
-    size_t at = n.find(".tmp-");
-    if (at == std::string::npos) at = n.find(".old-");
-    if (at == std::string::npos) continue;
-    const int pid = std::atoi(n.c_str() + at + 5);
-    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    size_t at = std::string::npos;
+    for (const char* tag : {".tmp-", ".old-", ".del-"})
+      if (at == std::string::npos) at = n.find(tag);
+    bool stale = false;
+    if (at != std::string::npos) {
+      const int pid = std::atoi(n.c_str() + at + 5);
+      stale = pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+    } else if (parse_step_name(n) && e.is_directory(ec) && !file_exists(e.path().string() + "/state.json")) {
+      stale = true;
+    }
+    if (stale) {
+      std::error_code rec;
+      fs::remove_all(e.path(), rec);
+      if (!rec) removed.push_back(n);
+    }
   }
+  return removed;
 }
 
-Checkpoint CheckpointStore::load(const std::string& step_dir) {
+Checkpoint CheckpointStore::load(const std::string& step_dir, bool with_optimizer) {
   Checkpoint c;
   c.path = step_dir;
+  int version = 0;
   const std::string state_path = step_dir + "/state.json";
   DHX_CHECK(file_exists(state_path), IoError, "checkpoint '{}' has no state.json", step_dir);
   nlohmann::json j;
@@ -155,9 +175,9 @@ Checkpoint CheckpointStore::load(const std::string& step_dir) {
     j = nlohmann::json::parse(read_file(state_path));
     DHX_CHECK(j.at("format") == kFormat, IoError, "'{}' is not a dhelix checkpoint (format {})", state_path,
               j.at("format").dump());
-    const int version = j.at("version").get<int>();
-    DHX_CHECK(version == kCheckpointFormatVersion, IoError,
-              "'{}' has checkpoint format version {}; this build reads version {}", state_path, version,
+    version = j.at("version").get<int>();
+    DHX_CHECK(version == 1 || version == kCheckpointFormatVersion, IoError,
+              "'{}' has checkpoint format version {}; this build reads versions 1 and {}", state_path, version,
               kCheckpointFormatVersion);
     c.state.step = j.at("step").get<int64_t>();
     c.state.rng = j.at("rng");
@@ -172,9 +192,19 @@ Checkpoint CheckpointStore::load(const std::string& step_dir) {
   DHX_CHECK(!named || *named == c.state.step, IoError, "checkpoint '{}' says step {} in state.json", step_dir,
             c.state.step);
   for (const char* f : {"/model.safetensors", "/optimizer.safetensors"})
-    DHX_CHECK(file_exists(step_dir + f), IoError, "checkpoint '{}' has no {}", step_dir, f + 1);
+    DHX_CHECK(file_exists(step_dir + f) || (!with_optimizer && std::string(f) == "/optimizer.safetensors"), IoError,
+              "checkpoint '{}' has no {}", step_dir, f + 1);
   c.model = read_safetensors(step_dir + "/model.safetensors");
-  c.optimizer = read_safetensors(step_dir + "/optimizer.safetensors");
+  if (with_optimizer) c.optimizer = read_safetensors(step_dir + "/optimizer.safetensors");
+  // Version 2 writes a checksum for every tensor (read_safetensors verified those present); one
+  // missing means the header was edited or the file replaced.
+  if (version >= 2)
+    for (const auto* f : {&c.model, &c.optimizer})
+      DHX_CHECK((f == &c.optimizer && !with_optimizer) || f->checksummed == f->tensors.size(), IoError,
+                "checkpoint '{}': {} of the {} tensors of its {} carry no checksum; the file was not written by "
+                "this checkpoint's save",
+                step_dir, f->tensors.size() - f->checksummed, f->tensors.size(),
+                f == &c.model ? "model.safetensors" : "optimizer.safetensors");
   return c;
 }
 

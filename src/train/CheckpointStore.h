@@ -3,7 +3,9 @@
 //   <dir>/latest                    text file naming the newest complete checkpoint ("step_00000123")
 // A save writes into step_00000123.tmp-<pid>/, fsyncs every file and the directory, renames it
 // into place, then replaces `latest` atomically; a crash at any point leaves `latest` naming the
-// previous good checkpoint (a stale .tmp-<pid> directory is ignored and cleaned up later).
+// previous good checkpoint (a stale .tmp-<pid> directory is ignored and cleaned up later). Pruning
+// renames a step directory to .del-<pid> before deleting it, so a kill mid-prune never leaves a
+// half-deleted step directory that looks like a checkpoint.
 // Not here: which tensors exist (the trainer names them), multi-rank coordination (rank 0 saves
 // replicated state and the caller barriers; per-rank shards of TP/PP/ZeRO state are not yet handled).
 #pragma once
@@ -17,7 +19,8 @@
 
 namespace dhelix {
 
-constexpr int kCheckpointFormatVersion = 1;
+// 2: every tensor carries a CRC-32C (Safetensors.h), verified at load. Version 1 (none) still loads.
+constexpr int kCheckpointFormatVersion = 2;
 
 // What state.json holds besides the format fields.
 struct TrainState {
@@ -52,14 +55,18 @@ class CheckpointStore {
 
   // Loads and validates a step directory: files present, format/version, step matches the name.
   // IoError on anything missing or corrupt.
-  static Checkpoint load(const std::string& step_dir);
+  // `with_optimizer` false: the model file only (sampling; `optimizer` stays empty).
+  static Checkpoint load(const std::string& step_dir, bool with_optimizer = true);
+
+  // Removes what crashed saves and prunes left (stale .tmp-/.old-/.del-<pid> directories, step
+  // directories without a state.json); returns their names. Called by save and at run start.
+  std::vector<std::string> clean() const;
 
   const std::string& dir() const { return dir_; }
   static std::string step_name(int64_t step);  // "step_00000123"
 
  private:
   void prune(const std::string& keep_name);
-  void remove_stale_tmp() const;
 
   std::string dir_;
   int64_t keep_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -82,6 +83,8 @@ const std::vector<Field>& table() {
       DHX_F("training", "log_interval", training.log_interval, kInt, 1, 1e12, "steps between metric lines"),
       DHX_F("training", "sample_tokens", training.sample_tokens, kInt, 0, 1e9, "tokens sampled and printed at the end"),
       DHX_F("training", "threads", training.threads, kInt, 0, 4096, "compute threads per rank; 0 = auto"),
+      DHX_F("training", "nonfinite", training.nonfinite, kString, 0, 0, "a step with a non-finite loss or gradient norm: skip (no update; counted in the log and metrics) or stop (exit 3, naming the step and tensor); never reaches the weights or a checkpoint"),
+      DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
       DHX_F("data", "tokenizer", data.tokenizer, kString, 0, 0, "SentencePiece model file"),
       DHX_F("data", "corpus", data.corpus, kString, 0, 0, "text corpus, one document per line"),
@@ -105,6 +108,7 @@ const std::vector<Field>& table() {
       DHX_F("output", "dir", output.dir, kString, 0, 0, "run directory (resolved config, metrics)"),
       DHX_F("output", "metrics", output.metrics, kString, 0, 0, "metrics JSONL; empty = <output.dir>/metrics.jsonl"),
       DHX_F("output", "trace", output.trace, kString, 0, 0, "Chrome-trace JSON; empty = none"),
+      DHX_F("output", "overwrite", output.overwrite, kBool, 0, 0, "a fresh run (no checkpoint.resume) into a directory holding an earlier run's checkpoints or metrics deletes them; without it the run refuses (exit 2)"),
   };
   return t;
 }
@@ -306,6 +310,8 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                             t.micro_batches, p.dp));
   if (p.zero == 1 && p.dp == 1)
     e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
+  if (t.nonfinite != "skip" && t.nonfinite != "stop")
+    e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
   if (c.data.prefix.empty()) e.push_back("data.prefix is empty");
   if (c.output.dir.empty()) e.push_back("output.dir is empty");
 }
@@ -392,6 +398,9 @@ RunConfig load_config_text(const std::string& toml_text, const std::string& orig
 RunConfig load_config(const std::string& toml_path, const ConfigOverrides& overrides, const ModelHooks& hooks) {
   if (toml_path.empty()) return load_config_text("", "(defaults)", overrides, hooks);
   DHX_CHECK(file_exists(toml_path), IoError, "config file '{}' does not exist", toml_path);
+  DHX_CHECK(std::filesystem::is_regular_file(toml_path), IoError,
+            "config '{}' is not a regular file (a directory?); pass the path of a TOML file, e.g. configs/demo.toml",
+            toml_path);
   return load_config_text(read_file(toml_path), toml_path, overrides, hooks);
 }
 

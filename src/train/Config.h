@@ -33,6 +33,8 @@ struct TrainingConfig {
   int64_t log_interval = 1;
   int64_t sample_tokens = 64;     // tokens sampled and printed at the end; 0 = none
   int64_t threads = 0;            // compute threads per rank; 0 = auto
+  std::string nonfinite = "skip"; // a non-finite loss or gradient norm: "skip" the update or "stop" (exit 3)
+  int64_t nonfinite_max_skips = 3;  // consecutive skipped steps after which the run stops (exit 3)
 };
 
 struct DataConfig {
@@ -67,6 +69,7 @@ struct OutputConfig {
   std::string dir = "runs/demo";
   std::string metrics;  // empty = <dir>/metrics.jsonl
   std::string trace;    // Chrome-trace JSON path; empty = no trace
+  bool overwrite = false;  // a fresh run may replace an earlier run's checkpoints and metrics
 };
 
 struct RunConfig {

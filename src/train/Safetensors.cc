@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/Checksum.h"
 #include "base/Error.h"
 #include "base/Files.h"
 
@@ -63,7 +65,10 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
 
 void write_safetensors(const std::string& path, const NamedTensors& tensors, const TensorMetadata& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  TensorMetadata meta = metadata;
+  for (const auto& [name, t] : tensors)
+    if (t.defined()) meta[kChecksumKeyPrefix + name] = crc32c_hex(crc32c(t.raw(), t.nbytes()));
+  if (!meta.empty()) header["__metadata__"] = meta;
   uint64_t offset = 0;
   std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
@@ -121,6 +126,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   const uint64_t data_start = 8 + n, data_bytes = file_bytes - data_start;
 
   SafetensorsFile out;
+  std::map<std::string, std::string> checksums;  // tensor name -> crc32c hex
   struct Entry { uint64_t begin, end; std::string name; DType dtype; Shape shape; };
   std::vector<Entry> entries;
   for (const auto& [name, v] : header.items()) {
@@ -128,7 +134,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
       DHX_CHECK(v.is_object(), IoError, "'{}': __metadata__ is not an object", path);
       for (const auto& [k, s] : v.items()) {
         DHX_CHECK(s.is_string(), IoError, "'{}': __metadata__['{}'] is not a string", path, k);
-        out.metadata[k] = s.get<std::string>();
+        if (k.rfind(kChecksumKeyPrefix, 0) == 0) checksums[k.substr(std::strlen(kChecksumKeyPrefix))] = s.get<std::string>();
+        else out.metadata[k] = s.get<std::string>();
       }
       continue;
     }
@@ -163,9 +170,21 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   DHX_CHECK(expect == data_bytes, IoError, "'{}': tensors cover {} data bytes but the file holds {}", path, expect,
             data_bytes);
+  for (const auto& [name, crc] : checksums)
+    DHX_CHECK(std::any_of(entries.begin(), entries.end(), [&n = name](const Entry& e) { return e.name == n; }), IoError,
+              "'{}': __metadata__ has a checksum for tensor '{}', which the file does not hold", path, name);
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     read_exact(fd, t.raw(), t.nbytes(), data_start + e.begin, path);
+    auto it = checksums.find(e.name);
+    if (it != checksums.end()) {
+      const std::string got = crc32c_hex(crc32c(t.raw(), t.nbytes()));
+      DHX_CHECK(got == it->second, IoError,
+                "'{}': tensor '{}' fails its checksum (crc32c {} stored at save, {} read now): the file is corrupt; "
+                "use an earlier checkpoint",
+                path, e.name, it->second, got);
+      ++out.checksummed;
+    }
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;

@@ -9,33 +9,37 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "base/Clock.h"
 #include "base/Error.h"
 #include "base/Files.h"
 #include "base/Log.h"
+#include "base/Signals.h"
 #include "kernels/cpu/Kernels.h"
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
 #include "train/CheckpointStore.h"
 #include "train/Metrics.h"
+#include "train/Preflight.h"
 #include "train/ProgressBar.h"
 
 namespace dhelix {
 
 double measure_sgemm_flops() {
+  // The best of several runs: a run slowed by other work on the machine only lowers a sample, so
+  // the best is the machine's rate, and a logged "fraction of sgemm" is not inflated by a slow one.
   const int64_t n = 1024;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
-  std::vector<double> rates;
-  for (int rep = 0; rep < 5; ++rep) {
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
     double t0 = now_seconds();
     cpu::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     double dt = now_seconds() - t0;
-    if (rep > 0) rates.push_back(2.0 * n * n * n / dt);  // first run warms the BLAS buffers
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / dt);  // the first run warms the BLAS buffers
   }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  return best;
 }
 
 namespace {
@@ -49,32 +53,44 @@ int auto_threads(const RunConfig& cfg, CommContext* comm) {
   return std::max(1, hw / local);
 }
 
-// TEST HOOK (tests/parallel/mpi_train_failure_test.sh): DHELIX_FAULT_INJECT=RANK:STEP[:throw]
-// makes world rank RANK fail mid-backward of optimizer step STEP (1-based): once the step's last
-// micro-batch has finished its middle unit, so dp buckets are in flight. By default it prints its
-// rank and last collective and raises SIGKILL (a crashed process); with ":throw" it throws
-// CommError, which `dhelix train` turns into an abort of the world. Unset in normal runs.
+// TEST HOOK (tests/parallel/mpi_train_failure_test.sh, tests/train/nonfinite_test.sh):
+// DHELIX_FAULT_INJECT=RANK:STEP[:MODE] makes world rank RANK fail in optimizer step STEP (1-based).
+// MODE kill (the default) and throw act mid-backward, once the step's last micro-batch has
+// finished its middle unit, so dp buckets are in flight: kill prints its rank and last collective
+// and raises SIGKILL (a crashed process); throw throws CommError, which `dhelix train` turns into
+// an abort of the world. nan-grad writes a NaN into that unit's first gradient before it is
+// reduced (one bad step); nan-weight writes a NaN into the rank's first weight as the step starts
+// (every step from then on is bad); sigterm raises SIGTERM as the step starts (a graceful stop at
+// a known step). Unset in normal runs.
+enum class FaultMode { kKill, kThrow, kNanGrad, kNanWeight, kSigterm };
 struct FaultInjection {
   int rank = -1;
   int64_t step = 0;
-  bool kill = true;
+  FaultMode mode = FaultMode::kKill;
 };
 
 std::optional<FaultInjection> fault_injection_from_env() {
   const char* v = std::getenv("DHELIX_FAULT_INJECT");
   if (v == nullptr || *v == '\0') return std::nullopt;
   FaultInjection f;
-  char mode[8] = {0};
-  int n = std::sscanf(v, "%d:%ld:%7s", &f.rank, &f.step, mode);
-  DHX_CHECK(n >= 2 && f.rank >= 0 && f.step >= 1 && (n == 2 || std::string(mode) == "throw"), ConfigError,
-            "DHELIX_FAULT_INJECT='{}' is not RANK:STEP or RANK:STEP:throw (rank >= 0, step >= 1)", v);
-  f.kill = n == 2;
+  char mode[16] = {0};
+  int n = std::sscanf(v, "%d:%ld:%15s", &f.rank, &f.step, mode);
+  const std::string m = mode;
+  const bool mode_ok = n == 2 || m == "kill" || m == "throw" || m == "nan-grad" || m == "nan-weight" || m == "sigterm";
+  DHX_CHECK(n >= 2 && f.rank >= 0 && f.step >= 1 && mode_ok, ConfigError,
+            "DHELIX_FAULT_INJECT='{}' is not RANK:STEP[:kill|throw|nan-grad|nan-weight|sigterm] (rank >= 0, step >= 1)",
+            v);
+  f.mode = m == "throw" ? FaultMode::kThrow
+           : m == "nan-grad" ? FaultMode::kNanGrad
+           : m == "nan-weight" ? FaultMode::kNanWeight
+           : m == "sigterm" ? FaultMode::kSigterm
+                              : FaultMode::kKill;
   return f;
 }
 
 void inject_fault(const FaultInjection& f, int unit, CommContext* comm) {
   std::string where = fmt::format("DHELIX_FAULT_INJECT: failing in step {} (backward of unit {})", f.step, unit);
-  if (!f.kill) throw CommError(where);
+  if (f.mode == FaultMode::kThrow) throw CommError(where);
   std::fputs(fmt::format("rank {}: {} by SIGKILL; last collective: {}\n", f.rank, where,
                          comm ? comm->last_collective() : "none")
                  .c_str(),
@@ -92,7 +108,7 @@ std::string human_bytes(double b) {
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cfg), comm_(comm), quiet_(quiet) {
+Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data) : cfg_(cfg), comm_(comm), quiet_(quiet) {
   const auto& p = cfg_.parallel;
   layout_ = layout_config(cfg_);
   DHX_CHECK(layout_.cp == 1 && layout_.ep == 1, ConfigError,
@@ -175,13 +191,22 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
   const int M = static_cast<int>(cfg_.training.micro_batches);
   const std::optional<FaultInjection> fault = fault_injection_from_env();
   const int world_rank = comm_ ? comm_->rank() : 0, mid_unit = static_cast<int>(parts_->units.size()) / 2;
+  if (fault && fault->rank == world_rank && fault->mode == FaultMode::kNanWeight) nan_weight_step_ = fault->step;
+  if (fault && fault->rank == world_rank && fault->mode == FaultMode::kSigterm) sigterm_step_ = fault->step;
   runner_->set_bwd_unit_hook([this, M, fault, world_rank, mid_unit](int mb, int unit) {
+    const bool here = fault && fault->rank == world_rank && fault->step == step_ + 1 && mb == M - 1 && unit == mid_unit;
+    if (here && fault->mode == FaultMode::kNanGrad)
+      for (ParamEntry& e : parts_->params->entries())
+        if (e.unit == unit) {
+          e.grad.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+          break;
+        }
     if (mb == M - 1) sync_->on_unit_done(unit);
-    if (fault && fault->rank == world_rank && fault->step == step_ + 1 && mb == M - 1 && unit == mid_unit)
-      inject_fault(*fault, unit, comm_);
+    if (here && (fault->mode == FaultMode::kKill || fault->mode == FaultMode::kThrow)) inject_fault(*fault, unit, comm_);
   });
   lr_ = std::make_unique<LrSchedule>(cfg_.training.lr, cfg_.training.min_lr, cfg_.training.warmup_steps,
                                      cfg_.training.steps);
+  if (data == Data::kNone) return;
   dataset_ = std::make_unique<IndexedDataset>(cfg_.data.prefix);
   uint64_t seed = static_cast<uint64_t>(cfg_.training.seed);
   train_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kTrain, mb_.B, mb_.T, seed, dp_rank_, layout_.dp,
@@ -191,6 +216,18 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet) : cfg_(cf
 }
 
 Trainer::~Trainer() = default;
+
+int Trainer::agreed_stop_signal() {
+  int sig = stop_signal();
+  if (comm_ && comm_->world_size() > 1) {
+    // A signal may reach some ranks only: every rank stops if any got one (the largest number wins).
+    Tensor t = Tensor::empty({1}, DType::kI64);
+    t.data<int64_t>()[0] = sig;
+    comm_->world().all_reduce(t, ReduceOp::kMax).wait();
+    sig = static_cast<int>(t.data<int64_t>()[0]);
+  }
+  return sig;
+}
 
 bool Trainer::is_logger() const { return quiet_ == Quiet::kNo && (!comm_ || comm_->rank() == 0); }
 
@@ -221,19 +258,44 @@ StepStats Trainer::compute_gradients() {
 
 StepReport Trainer::train_step() {
   double t0 = now_seconds();
+  if (nan_weight_step_ == step_ + 1) parts_->params->entries().front().value.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+  if (sigterm_step_ == step_ + 1) raise(SIGTERM);
   StepStats st = compute_gradients();
   StepReport r;
   r.step = step_ + 1;
   r.lr = lr_->at(step_);
-  const double t_opt = now_seconds();
-  r.grad_norm = opt_->step(r.lr, r.step);
-  if (trace_) trace_->add("compute optimizer", "adamw", t_opt, now_seconds());
   Tensor agg = Tensor::empty({2}, DType::kF64);
   agg.data<double>()[0] = st.loss_sum;
   agg.data<double>()[1] = static_cast<double>(st.tokens);
   if (pp_) pp_->all_reduce(agg).wait();  // the stage holding the head has the loss; the others add 0
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   r.loss = agg.data<double>()[0] / agg.data<double>()[1];
+  const double t_opt = now_seconds();
+  r.grad_norm = opt_->grad_norm();
+  // Every rank holds the same loss and norm (both reduced over every group), so all decide alike.
+  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
+    opt_->update(r.lr, opt_->steps_taken() + 1, r.grad_norm);
+    skipped_in_a_row_ = 0;
+  } else {
+    r.skipped = true;
+    ++skipped_total_;
+    ++skipped_in_a_row_;
+    const int64_t bad = opt_->nonfinite_entry();
+    const std::string what = fmt::format(
+        "step {}: loss {}, gradient norm {}{}", r.step, r.loss, r.grad_norm,
+        bad >= 0 ? fmt::format(" (first non-finite gradient: '{}')", parts_->params->global_name(bad)) : "");
+    const std::string hint = fmt::format(
+        "the weights were not updated; the last checkpoint is the newest good state (resume it with "
+        "--checkpoint.resume latest, e.g. with a lower training.lr={})",
+        cfg_.training.lr);
+    if (cfg_.training.nonfinite == "stop")
+      throw DivergedError(fmt::format("{}; training.nonfinite=stop: stopping.\n{}", what, hint));
+    if (skipped_in_a_row_ >= cfg_.training.nonfinite_max_skips)
+      throw DivergedError(fmt::format("{} steps in a row had a non-finite loss or gradient, the last {}; "
+                                      "training.nonfinite_max_skips={}: stopping.\n{}",
+                                      skipped_in_a_row_, what, cfg_.training.nonfinite_max_skips, hint));
+  }
+  if (trace_) trace_->add("compute optimizer", r.skipped ? "skipped update" : "adamw", t_opt, now_seconds());
   r.seconds = now_seconds() - t0;
   double tokens = static_cast<double>(cfg_.tokens_per_step());
   r.tokens_per_s = tokens / r.seconds;
@@ -261,9 +323,10 @@ double Trainer::evaluate(int64_t batches) {
   return agg.data<double>()[0] / agg.data<double>()[1];
 }
 
-void Trainer::run() {
+int Trainer::run() {
   namespace fs = std::filesystem;
   const auto& tc = cfg_.training;
+  check_tokens(cfg_, *dataset_);
   std::string ckdir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
   if (!cfg_.checkpoint.resume.empty()) {
     CheckpointStore store(ckdir, cfg_.checkpoint.keep);
@@ -278,6 +341,10 @@ void Trainer::run() {
     fs::create_directories(cfg_.output.dir);
     write_file_atomic(cfg_.output.dir + "/config.toml", to_toml(cfg_));
     std::string mpath = cfg_.output.metrics.empty() ? cfg_.output.dir + "/metrics.jsonl" : cfg_.output.metrics;
+    if (step_ > 0) {
+      const int64_t dropped = truncate_metrics_after(mpath, step_);
+      if (dropped > 0) log(fmt::format("metrics: dropped {} line(s) after step {} from {} (they are re-run)", dropped, step_, mpath));
+    }
     metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
   }
   const double flops_tok = cfg_.model.flops_per_token(mb_.T);
@@ -302,7 +369,18 @@ void Trainer::run() {
   while (step_ < tc.steps) {
     StepReport r = train_step();
     double frac = r.model_flops_per_s / (sgemm_flops_ * world);
-    if (is_logger() && (r.step % std::max<int64_t>(1, tc.log_interval) == 0 || r.step == tc.steps)) {
+    if (frac > 1) {
+      // Above the machine's rate: the start-up reference was measured while the machine was busy.
+      sgemm_flops_ = std::max(sgemm_flops_, measure_sgemm_flops());
+      frac = r.model_flops_per_s / (sgemm_flops_ * world);
+      if (frac > 1) log(fmt::format("warning: step {} ran at {:.2f} of the sgemm rate measured twice; the reference is "
+                                    "not this machine's peak (other load?)", r.step, frac));
+    }
+    if (r.skipped)
+      log(fmt::format("step {:>5}/{} | loss {:.4f} | grad {:.3f} | SKIPPED: non-finite, no update ({} in a row, {} in the run; "
+                      "training.nonfinite_max_skips={})",
+                      r.step, tc.steps, r.loss, r.grad_norm, skipped_in_a_row_, skipped_total_, tc.nonfinite_max_skips));
+    else if (is_logger() && (r.step % std::max<int64_t>(1, tc.log_interval) == 0 || r.step == tc.steps)) {
       log(fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s "
                       "({:.2f} of sgemm) | peak act {} | {:.3f} s",
                       r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac,
@@ -320,6 +398,8 @@ void Trainer::run() {
       m.peak_bytes = r.peak_bytes;
       m.extras["peak_activation_bytes"] = r.peak_activation_bytes;
       m.extras["step_s"] = r.seconds;
+      m.extras["skipped_steps"] = skipped_total_;
+      if (r.skipped) m.extras["skipped"] = true;
       metrics->write(m);
     }
     bar.update(r.step, fmt::format("loss {:.3f}", r.loss));
@@ -327,6 +407,13 @@ void Trainer::run() {
       double v = evaluate(tc.eval_batches);
       log(fmt::format("step {} | val loss {:.4f}", r.step, v));
       if (metrics) metrics->write_json({{"step", r.step}, {"val_loss", v}});
+    }
+    if (const int sig = agreed_stop_signal(); sig != 0) {
+      bar.finish();
+      const std::string path = save_checkpoint();
+      log(fmt::format("stopped by {} after step {}: saved {}; resume with --checkpoint.resume latest (exit {})",
+                      signal_name(sig), step_, path, 128 + sig));
+      return sig;
     }
     if (cfg_.checkpoint.interval > 0 && r.step % cfg_.checkpoint.interval == 0 && r.step < tc.steps)
       log("saved " + save_checkpoint());
@@ -347,6 +434,7 @@ void Trainer::run() {
       log("sample skipped: the model is split over tp/pp ranks; run `dhelix sample` on the checkpoint");
     }
   }
+  return 0;
 }
 
 }  // namespace dhelix

@@ -18,6 +18,7 @@
 #include "parallel/ParamStore.h"
 #include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
+#include "train/CheckpointStore.h"
 #include "train/Config.h"
 #include "train/DataLoader.h"
 #include "train/IndexedDataset.h"
@@ -35,6 +36,7 @@ struct StepReport {
   double model_flops_per_s = 0;
   int64_t peak_activation_bytes = 0;
   int64_t peak_bytes = 0;  // activations + model/optimizer states
+  bool skipped = false;    // a non-finite loss or gradient norm: no update (training.nonfinite = skip)
 };
 
 enum class Quiet { kNo, kYes };
@@ -42,11 +44,17 @@ enum class Quiet { kNo, kYes };
 class Trainer {
  public:
   // `comm` may be null for a single process; it must outlive the trainer.
-  Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet = Quiet::kNo);
+  // Without data (`dhelix sample`): no dataset is opened; only load_model() and sample() work.
+  enum class Data { kOpen, kNone };
+  Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet = Quiet::kNo, Data data = Data::kOpen);
   ~Trainer();
 
   // The whole run: resume if asked, train cfg.training.steps steps, eval, checkpoint, sample.
-  void run();
+  // Returns 0, or the stop signal (base/Signals.h) after which it saved a checkpoint and stopped
+  // early (checked between steps, agreed over the world).
+  int run();
+  // One step; a non-finite loss or gradient norm skips the update (training.nonfinite = skip, up to
+  // nonfinite_max_skips in a row) or throws DivergedError (stop, or too many in a row).
   StepReport train_step();
   // The first half of a step: zero gradients, forward+backward of this rank's micro-batches, and
   // the gradient reductions (tp partial grads, dp buckets). train_step() = this + the update.
@@ -55,6 +63,9 @@ class Trainer {
   // Saves a checkpoint of the current state; returns its directory (every rank calls it).
   std::string save_checkpoint();
   void load_checkpoint(const std::string& step_dir);
+  // The weights only, from the checkpoint's model file (the same checks: exact tensor set,
+  // checksums, finite values).
+  void load_model(const std::string& step_dir);
   // Greedy/top-k sampling from the current weights (single tp rank only).
   std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed);
 
@@ -74,9 +85,11 @@ class Trainer {
 
  private:
   std::vector<MicroBatch> next_micro_batches(DataLoader& loader);
+  std::map<std::string, Tensor> load_full_params(const Checkpoint& ck);
   std::map<std::string, Tensor> gather_full(const std::function<Tensor(const ParamEntry&)>& get,
                                             const std::string& suffix);
   bool is_logger() const;
+  int agreed_stop_signal();  // collective over the world
   void log(const std::string& line) const;
 
   RunConfig cfg_;
@@ -97,10 +110,12 @@ class Trainer {
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<LrSchedule> lr_;
   int64_t step_ = 0;
+  int64_t skipped_total_ = 0, skipped_in_a_row_ = 0;  // steps skipped for non-finite values
+  int64_t nan_weight_step_ = -1, sigterm_step_ = -1;  // test hooks (DHELIX_FAULT_INJECT ...:nan-weight, :sigterm)
   double sgemm_flops_ = 0;
 };
 
-// sgemm FLOP/s of this machine right now (1024^3, median of a few runs, current thread count).
+// sgemm FLOP/s of this machine (1024^3, the best of five runs, current thread count).
 double measure_sgemm_flops();
 
 }  // namespace dhelix

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "base/Error.h"
 #include "kernels/cpu/Kernels.h"
@@ -30,6 +31,40 @@ Tensor gather_over_tp(const ParamSpec& spec, const Tensor& shard, ProcessGroup* 
   tp->all_gather(flat, all).wait();
   for (int r = 0; r < n; ++r) insert_shard(spec, all.narrow0(r * shard.numel(), shard.numel()).view(spec.shard), full, r, n);
   return full;
+}
+
+// The first of `tensors` (f32) holding a NaN or an infinity, or "".
+std::string first_nonfinite(const std::map<std::string, Tensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    const float* p = t.f32();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      if (!std::isfinite(p[i])) return name;
+  }
+  return "";
+}
+
+// "model.n_layers = 4 in the checkpoint, 2 in this run; ..." for the [model] keys whose resolved
+// values differ between two to_toml texts; "" when none do (or the checkpoint kept no config).
+std::string model_key_diffs(const std::string& saved_toml, const std::string& current_toml) {
+  auto model_keys = [](const std::string& text) {
+    std::map<std::string, std::string> kv;
+    std::istringstream in(text);
+    std::string line, section;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line[0] == '[') section = line;
+      const size_t eq = line.find(" = ");
+      if (section == "[model]" && eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
+    }
+    return kv;
+  };
+  const auto a = model_keys(saved_toml), b = model_keys(current_toml);
+  std::string out;
+  for (const auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it != b.end() && it->second != v)
+      out += fmt::format("{}model.{} = {} in the checkpoint, {} in this run", out.empty() ? "" : "; ", k, v, it->second);
+  }
+  return out;
 }
 
 // Every parameter of the model, in the global order (ParamStore), with the pp rank that owns it:
@@ -82,6 +117,12 @@ std::map<std::string, Tensor> Trainer::gather_full_grads() {
 
 std::string Trainer::save_checkpoint() {
   std::map<std::string, Tensor> full = gather_full_params();
+  // Every rank holds every full tensor here, so every rank refuses alike.
+  const std::string bad = first_nonfinite(full);
+  DHX_CHECK(bad.empty(), DivergedError,
+            "refusing to write a checkpoint at step {}: parameter '{}' holds a NaN or an infinity; the last "
+            "checkpoint written stays `latest`",
+            step_, bad);
   NamedTensors optim;
   auto shard_state = opt_->shard_state();  // collective over dp
   std::map<std::string, Tensor> state;     // "<param>.exp_avg" -> this rank's tp shard
@@ -89,6 +130,11 @@ std::string Trainer::save_checkpoint() {
   for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
     std::map<std::string, Tensor> s =
         gather_full([&](const ParamEntry& e) { return state.at(e.spec.name + suffix); }, suffix);
+    const std::string bad_state = first_nonfinite(s);
+    DHX_CHECK(bad_state.empty(), DivergedError,
+              "refusing to write a checkpoint at step {}: optimizer state '{}' holds a NaN or an infinity; the last "
+              "checkpoint written stays `latest`",
+              step_, bad_state);
     for (auto& [name, t] : s) optim.push_back({name, t});
   }
   std::string dir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
@@ -99,18 +145,44 @@ std::string Trainer::save_checkpoint() {
     st.step = step_;
     st.data_loader = train_loader_->state();
     st.config_toml = to_toml(cfg_);
-    st.extra = {{"model", cfg_.model.name}, {"family", family_name(cfg_.model.family)}};
+    st.extra = {{"model", cfg_.model.name},
+                {"family", family_name(cfg_.model.family)},
+                {"optimizer_updates", opt_->steps_taken()},
+                {"skipped_steps", skipped_total_}};
     path = store.save(st, to_hf(cfg_.model, full), optim);
   }
   if (comm_) comm_->world().barrier();
   return path;
 }
 
-void Trainer::load_checkpoint(const std::string& step_dir) {
-  Checkpoint ck = CheckpointStore::load(step_dir);
+std::map<std::string, Tensor> Trainer::load_full_params(const Checkpoint& ck) {
   std::vector<ParamSpec> specs;
   for (auto& e : parts_->params->entries()) specs.push_back(e.spec);
-  std::map<std::string, Tensor> full = from_hf(cfg_.model, specs, ck.model.tensors);
+  std::map<std::string, Tensor> full;
+  try {
+    full = from_hf(cfg_.model, specs, ck.model.tensors);
+  } catch (const IoError& e) {
+    const std::string diffs = ck.state.config_toml.empty() ? "" : model_key_diffs(ck.state.config_toml, to_toml(cfg_));
+    throw IoError(fmt::format("checkpoint {} does not fit this run's model: {}{}", ck.path, e.what(),
+                              diffs.empty() ? "" : "\nhint: the model keys differ: " + diffs +
+                                                       " (set them as the checkpoint has them)"));
+  }
+  const std::string bad = first_nonfinite(full);
+  DHX_CHECK(bad.empty(), IoError, "checkpoint {}: parameter '{}' holds a NaN or an infinity; train from an earlier one",
+            ck.path, bad);
+  return full;
+}
+
+void Trainer::load_model(const std::string& step_dir) {
+  Checkpoint ck = CheckpointStore::load(step_dir, /*with_optimizer=*/false);
+  std::map<std::string, Tensor> full = load_full_params(ck);
+  for (auto& e : parts_->params->entries()) extract_shard(e.spec, full.at(e.spec.name), e.value, tp_rank_, layout_.tp);
+}
+
+void Trainer::load_checkpoint(const std::string& step_dir) {
+  DHX_CHECK(train_loader_ != nullptr, InternalError, "load_checkpoint on a trainer without data; use load_model");
+  Checkpoint ck = CheckpointStore::load(step_dir);
+  std::map<std::string, Tensor> full = load_full_params(ck);
   std::vector<std::pair<std::string, Tensor>> optim;
   for (auto& e : parts_->params->entries()) {
     extract_shard(e.spec, full.at(e.spec.name), e.value, tp_rank_, layout_.tp);
@@ -125,7 +197,11 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
       optim.push_back({name, shard});
     }
   }
-  opt_->load_shard_state(optim, ck.state.step);
+  // Updates taken: fewer than the steps when some were skipped (checkpoints before the count was
+  // kept took one per step).
+  const int64_t updates = ck.state.extra.is_object() ? ck.state.extra.value("optimizer_updates", ck.state.step) : ck.state.step;
+  skipped_total_ = ck.state.extra.is_object() ? ck.state.extra.value("skipped_steps", int64_t{0}) : 0;
+  opt_->load_shard_state(optim, updates);
   step_ = ck.state.step;
   DHX_CHECK(!ck.state.data_loader.is_null(), IoError, "checkpoint {} has no data-loader state", step_dir);
   train_loader_->set_state(ck.state.data_loader);

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <unistd.h>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "base/Checksum.h"
 #include "base/Error.h"
 #include "base/Files.h"
 #include "train/CheckpointStore.h"
@@ -131,6 +134,39 @@ TEST(Safetensors, CorruptFilesAreRejectedNamingTheTensor) {
   EXPECT_THROW(read_safetensors(tmp / "missing.safetensors"), IoError);
 }
 
+// Oracle: CRC-32C of the bytes written (base/Checksum.h, checked against its standard vectors):
+// every tensor's checksum is in the metadata as written; one flipped bit in any tensor's data is
+// caught naming that tensor; a checksum naming a tensor the file lacks is refused; a file without
+// checksums (another writer) still loads.
+TEST(Safetensors, ChecksumsCatchAFlippedDataByte) {
+  TempDir tmp;
+  const std::string p = tmp / "a.safetensors";
+  NamedTensors in = sample_tensors();
+  write_safetensors(p, in);
+  SafetensorsFile ok = read_safetensors(p);
+  EXPECT_EQ(ok.checksummed, in.size());
+  EXPECT_TRUE(ok.metadata.empty());  // checksum entries are not user metadata
+  const std::string clean = read_file(p);
+  uint64_t n;
+  std::memcpy(&n, clean.data(), 8);
+  nlohmann::json h = nlohmann::json::parse(clean.substr(8, n));
+  for (const auto& [name, t] : in) {
+    EXPECT_EQ(h["__metadata__"]["crc32c:" + name], crc32c_hex(crc32c(t.raw(), t.nbytes()))) << name;
+    const auto offs = h[name]["data_offsets"].get<std::vector<uint64_t>>();
+    if (offs[1] == offs[0]) continue;  // an empty tensor has no byte to flip
+    std::string raw = clean;
+    raw[8 + n + offs[0] + (offs[1] - offs[0]) / 2] ^= 0x10;
+    write_file_atomic(p, raw);
+    const std::string e = io_error(p);
+    EXPECT_NE(e.find("tensor '" + name + "' fails its checksum"), std::string::npos) << e;
+  }
+  write_file_atomic(p, clean);
+  rewrite_header(p, [](nlohmann::json& j) { j["__metadata__"]["crc32c:ghost"] = "00000000"; });
+  EXPECT_NE(io_error(p).find("checksum for tensor 'ghost'"), std::string::npos) << io_error(p);
+  rewrite_header(p, [](nlohmann::json& j) { j.erase("__metadata__"); });
+  EXPECT_EQ(read_safetensors(p).checksummed, 0u);
+}
+
 TrainState state_at(int64_t step) {
   TrainState s;
   s.step = step;
@@ -138,6 +174,33 @@ TrainState state_at(int64_t step) {
   s.data_loader = {{"epoch", 0}, {"position", step}};
   s.config_toml = "[training]\nsteps = 10\n";
   return s;
+}
+
+// Oracle: the directory listing. A step directory without state.json (an interrupted prune of an
+// older build) and .tmp-/.del- leftovers of a dead process are removed; complete checkpoints and
+// a live process's (this one's) leftovers are kept; pruning after it counts complete ones only.
+TEST(CheckpointStore, CleanRemovesWhatCrashesLeft) {
+  TempDir tmp;
+  const std::string d = tmp / "ckpt";
+  CheckpointStore store(d, 2);
+  store.save(state_at(1), sample_tensors(), {});
+  store.save(state_at(2), sample_tensors(), {});
+  fs::create_directories(d + "/step_00000000");
+  write_file_atomic(d + "/step_00000000/model.safetensors", "partial");
+  const std::string dead = "999999";  // no such process on a test machine
+  fs::create_directories(d + "/step_00000001.del-" + dead);
+  fs::create_directories(d + "/step_00000005.tmp-" + dead);
+  const std::string mine = d + "/step_00000006.tmp-" + std::to_string(::getpid());
+  fs::create_directories(mine);
+  std::vector<std::string> removed = store.clean();
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (std::vector<std::string>{"step_00000000", "step_00000001.del-" + dead, "step_00000005.tmp-" + dead}));
+  EXPECT_TRUE(fs::exists(mine));
+  EXPECT_EQ(store.steps(), (std::vector<int64_t>{1, 2}));
+  store.save(state_at(3), sample_tensors(), {});
+  EXPECT_EQ(store.steps(), (std::vector<int64_t>{2, 3}));
+  for (const auto& e : fs::directory_iterator(d))
+    EXPECT_EQ(e.path().filename().string().find(".del-"), std::string::npos) << e.path();
 }
 
 TEST(CheckpointStore, SaveLoadLatestAndRetention) {
@@ -197,7 +260,7 @@ TEST(CheckpointStore, LoadValidatesPresenceAndVersion) {
     CheckpointStore::load(dir);
     FAIL();
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("format version 99; this build reads version 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("format version 99; this build reads versions 1 and 2"), std::string::npos) << e.what();
   }
   const std::string dir2 = store.save(state_at(6), sample_tensors(), {});
   fs::remove(dir2 + "/optimizer.safetensors");

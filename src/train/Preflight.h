@@ -1,0 +1,56 @@
+// Checks a training run makes before its first step, so that bad input costs seconds, not a
+// training run: the run directory (a fresh run never silently replaces an earlier one), the paths
+// it will write, the tokenizer and the data against the model's vocabulary, the memory the layout
+// needs, and (multi-rank) that every rank resolved the same configuration and data. Every rank
+// runs them on identical inputs and so fails alike; only `act` (rank 0) changes the file system.
+// Errors are ConfigError or IoError (exit 2), each naming the values and a way out.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/Config.h"
+
+namespace dhelix {
+
+class CommContext;
+class IndexedDataset;
+
+// The run directory's state for a run that does not resume: an earlier run's checkpoints (any
+// step directory or `latest`) or a non-empty metrics file refuse the run, unless
+// output.overwrite, which deletes them (when `act`). With checkpoint.resume set nothing is refused.
+// In every case, when `act`, the leftovers of crashed saves and prunes are removed (CheckpointStore::
+// clean). Returns lines for the log ("removed ...", "overwrote ...").
+std::vector<std::string> prepare_run_directory(const RunConfig& cfg, bool act);
+
+// Keeps the metrics lines whose "step" is at most `step` (a resumed run re-logs what follows).
+// Atomic (rewrite + rename); a missing file is left missing. Returns the lines dropped.
+int64_t truncate_metrics_after(const std::string& path, int64_t step);
+
+// The output, checkpoint, metrics and trace paths can be created and written (IoError naming the
+// path and the reason otherwise; a probe file is created and removed in each directory).
+void check_writable_paths(const RunConfig& cfg);
+
+// The tokenizer (needed when training.sample_tokens > 0) loads and fits in model.vocab_size; the
+// largest token id in the dataset is below model.vocab_size.
+void check_tokens(const RunConfig& cfg, const IndexedDataset& data);
+int32_t max_token_id(const IndexedDataset& data);
+
+// Bytes one rank needs, estimated: parameters, gradients and AdamW state of its tp x pp share
+// (AdamW over dp with ZeRO-1) plus activations of the micro-batches a stage holds at once
+// (Megatron's per-layer count, s*b*h*(34 + 5*a*s/h), doubled for fp32) and the logits.
+struct MemoryEstimate {
+  double states = 0, activations = 0;
+  double total() const { return states + activations; }
+};
+MemoryEstimate estimate_rank_memory(const RunConfig& cfg);
+// The estimate against this machine's MemAvailable shared by the ranks on this host; ConfigError
+// with the figures when it does not fit.
+void check_memory(const RunConfig& cfg, int ranks_on_host);
+
+// Multi-rank: every rank's resolved configuration (key by key) and data identity (the .idx and
+// .bin sizes and the index's checksum) are compared; a difference -> ConfigError naming the keys
+// and the ranks that differ from rank 0 (the same message on every rank). Collective over the world.
+void check_ranks_agree(const RunConfig& cfg, CommContext& comm);
+
+}  // namespace dhelix
