@@ -427,12 +427,9 @@ int Trainer::run() {
     log("trace written to " + path + (world > 1 ? " (one file per rank)" : ""));
   }
   if (tc.sample_tokens > 0) {
-    if (layout_.tp == 1 && layout_.pp == 1 && (!comm_ || comm_->rank() == 0)) {
-      std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
-      log("sample: " + s);
-    } else if (layout_.tp > 1 || layout_.pp > 1) {
-      log("sample skipped: the model is split over tp/pp ranks; run `dhelix sample` on the checkpoint");
-    }
+    // Every rank calls: with the model split over tp or pp, sampling gathers it first.
+    const std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
+    if (!s.empty()) log("sample: " + s);
   }
   return 0;
 }

@@ -66,7 +66,8 @@ class Trainer {
   // The weights only, from the checkpoint's model file (the same checks: exact tensor set,
   // checksums, finite values).
   void load_model(const std::string& step_dir);
-  // Greedy/top-k sampling from the current weights (single tp rank only).
+  // Top-k sampling from the current weights; returns the text on world rank 0 and "" elsewhere.
+  // Collective over tp and pp when the model is split (it is gathered to rank 0 first).
   std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed);
 
   int64_t step() const { return step_; }

@@ -209,29 +209,46 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
 
 std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double temperature, int64_t top_k,
                             uint64_t seed) {
-  DHX_CHECK(layout_.tp == 1 && layout_.pp == 1, ConfigError,
-            "sampling needs the whole model on one rank (parallel.tp={} parallel.pp={}); sample from a checkpoint "
-            "with `dhelix sample`",
-            layout_.tp, layout_.pp);
+  const int world_rank = comm_ ? comm_->rank() : 0;
+  const int64_t T = cfg_.model.seq_len, C = cfg_.model.d_model, V = cfg_.model.vocab_size;
+  MicroBatchShape one{1, T};
+  // The whole model on one rank: this rank's parts when nothing is split; otherwise the full
+  // tensors gathered over tp and pp (collective) into single-process parts on world rank 0.
+  std::unique_ptr<StepParts> whole;
+  if (layout_.tp > 1 || layout_.pp > 1) {
+    std::map<std::string, Tensor> full = gather_full_params();
+    if (world_rank != 0) return "";
+    StepPartsSpec ps;
+    ps.model = cfg_.model;
+    ps.mb = one;
+    ps.pipeline = single_stage(CoExecute::kOff);
+    ps.seed = static_cast<uint64_t>(cfg_.training.seed);
+    whole = std::make_unique<StepParts>(ps);
+    for (auto& e : whole->params->entries()) e.value.copy_from(full.at(e.spec.name).view(e.value.shape()));
+  } else if (world_rank != 0) {
+    return "";
+  }
+  StepParts& parts = whole ? *whole : *parts_;
   Tokenizer tok(cfg_.data.tokenizer);
   std::vector<int32_t> ids = tok.encode(prompt);
   const size_t prompt_len = ids.size();
   if (ids.empty()) ids.push_back(std::max<int32_t>(0, tok.bos_id()));
-  const int64_t T = cfg_.model.seq_len, C = cfg_.model.d_model, V = cfg_.model.vocab_size;
   // A one-sequence forward over a fixed window; causal attention makes the padding invisible to
   // the positions we read.
-  MicroBatchShape one{1, T};
-  ModelPrograms progs = build_programs(cfg_.model, layout_, one);
-  RunContext ctx = parts_->ctx;
+  ModelPrograms progs = build_programs(cfg_.model, parts.layout, one);
+  RunContext ctx = parts.ctx;
   ctx.mb = one;
   ctx.trace = nullptr;
+  ctx.on_grad_op = nullptr;
+  ctx.on_op_done = nullptr;
+  ctx.divert_grad_op = nullptr;
   MemoryTracker mem("sample");
   ctx.act_mem = &mem;
-  Executor exec(ctx, parts_->units, progs);
+  Executor exec(ctx, parts.units, progs);
   std::mt19937_64 rng(seed);
   std::vector<float> logits(static_cast<size_t>(V));
-  const ParamEntry& w = parts_->params->get(cfg_.model.tie_embeddings ? "wte" : "lm_head");
-  const ParamEntry& g = parts_->params->get("final_norm.weight");
+  const ParamEntry& w = parts.params->get(cfg_.model.tie_embeddings ? "wte" : "lm_head");
+  const ParamEntry& g = parts.params->get("final_norm.weight");
   for (int64_t step = 0; step < n_tokens; ++step) {
     std::vector<int32_t> window(ids.end() - std::min<int64_t>(T, static_cast<int64_t>(ids.size())), ids.end());
     const int64_t cur = static_cast<int64_t>(window.size());
@@ -248,7 +265,7 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
     const float* h = envs.back()->at("y").f32() + (cur - 1) * C;
     std::vector<float> hn(static_cast<size_t>(C)), mean(1), rstd(1);
     if (cfg_.model.family == ModelFamily::kGPT)
-      cpu::layernorm_fwd<float>(h, g.value.f32(), parts_->params->get("final_norm.bias").value.f32(), hn.data(), mean.data(),
+      cpu::layernorm_fwd<float>(h, g.value.f32(), parts.params->get("final_norm.bias").value.f32(), hn.data(), mean.data(),
                                 rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));
     else
       cpu::rmsnorm_fwd<float>(h, g.value.f32(), hn.data(), rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));

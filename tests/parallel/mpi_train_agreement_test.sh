@@ -2,9 +2,10 @@
 # Multi-rank reliability of `dhelix train` (np 2, dp 2): ranks that resolved different runs are
 # refused before any step; a stop signal that reaches one rank stops all of them after the same
 # step, with a checkpoint; a non-finite gradient under training.nonfinite=stop ends every rank
-# with exit 3. Oracles: mpirun's exit status (the README's table: 2 bad input, 3 diverged, 143
+# with exit 3; a model split over tp or pp ranks is sampled at the end. Oracles: mpirun's exit status (the README's table: 2 bad input, 3 diverged, 143
 # SIGTERM), the message printed once (rank 0 only) naming the key and the rank that differs, the
-# checkpoint left (`latest`), and the resumed run's loss rows equal to an uninterrupted run's.
+# checkpoint left (`latest`), the resumed run's loss rows equal to an uninterrupted run's, and the
+# end-of-run sample equal to `dhelix sample` on the checkpoint in one process.
 # usage: mpi_train_agreement_test.sh MPIRUN DHELIX
 set -u
 MPIRUN=$1; DHELIX=$2
@@ -59,6 +60,20 @@ DHELIX_FAULT_INJECT=1:2:nan-grad timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "
 check nan_stop_all_ranks 3 $? "$dir/n.out" "training diverged: step 2"
 n=$(grep -c "training diverged" "$dir/n.out")
 [ "$n" = 1 ] && echo "ok   nan_reported_once" || { echo "FAIL nan reported $n times"; fail=1; }
+
+# 4. The sample at the end of a run whose model is split over pipeline stages (the W, pp 2) or tp 2:
+#    gathered to rank 0, it equals `dhelix sample` on the run's checkpoint in one process.
+for lay in "--parallel.pp 2 --schedule.pipeline w --model.n_layers 4" "--parallel.tp 2"; do
+  # shellcheck disable=SC2086
+  timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --parallel.dp 1 $lay --training.steps 2 \
+    --training.sample_tokens 10 --output.dir "$dir/s" --output.overwrite true > "$dir/s.out" 2>&1
+  check "sample_split_model ($lay)" 0 $? "$dir/s.out" "sample: "
+  want=$(grep '^sample: ' "$dir/s.out" | sed 's/^sample: //')
+  # shellcheck disable=SC2086
+  got=$("$DHELIX" sample "${args[@]}" --parallel.dp 1 $lay --output.dir "$dir/s" --tokens 10 --seed 1234 2>&1)
+  [ -n "$want" ] && [ "$want" = "$got" ] && echo "ok   sample_equals_single_process ($lay)" \
+    || { echo "FAIL sample ($lay): run printed '$want', dhelix sample '$got'"; fail=1; }
+done
 
 [ $fail -eq 0 ] && echo "mpi_train_agreement_test: passed" || echo "mpi_train_agreement_test: FAILED"
 exit $fail
