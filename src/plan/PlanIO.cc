@@ -92,11 +92,14 @@ json plan_to_json(const SIPlan& plan, const LayerProgram& prog) {
   return j;
 }
 
-SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string& origin) {
+namespace {
+
+SIPlan read_plan(const json& j, const LayerProgram& prog, const std::string& origin) {
   DHX_CHECK(j.is_object(), PlanError, "{}: an SI plan must be a JSON object", origin);
-  std::string format = j.value("format", std::string());
-  DHX_CHECK(format == kPlanFormat, PlanError, "{}: format is '{}', expected '{}'", origin,
-            format, kPlanFormat);
+  const json format = j.value("format", json());
+  const std::string format_name = format.is_string() ? format.get<std::string>() : format.dump();
+  DHX_CHECK(format.is_string() && format_name == kPlanFormat, PlanError, "{}: format is '{}', expected '{}'",
+            origin, format_name, kPlanFormat);
   DHX_CHECK(j.contains("version") && j["version"].is_number_integer(), PlanError,
             "{}: missing integer 'version'", origin);
   // int64: get<int>() would wrap, reading version 2^32 + 1 as 1.
@@ -154,6 +157,16 @@ SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string
     throw PlanError(fmt::format("{}: {}", origin, e.what()));
   }
   return plan;
+}
+
+}  // namespace
+
+SIPlan plan_from_json(const json& j, const LayerProgram& prog, const std::string& origin) {
+  try {
+    return read_plan(j, prog, origin);
+  } catch (const json::exception& e) {  // a value of a JSON type no check above expected
+    throw PlanError(fmt::format("{}: malformed plan: {}", origin, e.what()));
+  }
 }
 
 void save_plan(const std::string& path, const SIPlan& plan, const LayerProgram& prog) {

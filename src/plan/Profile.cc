@@ -117,15 +117,15 @@ json Profile::to_json() const {
 
 Profile Profile::from_json(const json& j, const std::string& origin) {
   DHX_CHECK(j.is_object(), PlanError, "{}: a profile must be a JSON object", origin);
-  std::string format = j.value("format", std::string());
-  DHX_CHECK(format == kProfileFormat, PlanError, "{}: format is '{}', expected '{}'", origin,
-            format, kProfileFormat);
-  const int version = j.contains("version") ? int_of(j["version"], origin, "'version'") : -1;
-  DHX_CHECK(version == kVersion, PlanError,
-            "{}: profile version {} is not supported (this build reads version {})", origin,
-            version, kVersion);
   Profile p;
-  try {
+  try {  // json::exception: a value of a JSON type no check below expected ("format": [1])
+    const std::string format = j.value("format", std::string());
+    DHX_CHECK(format == kProfileFormat, PlanError, "{}: format is '{}', expected '{}'", origin,
+              format, kProfileFormat);
+    const int version = j.contains("version") ? int_of(j["version"], origin, "'version'") : -1;
+    DHX_CHECK(version == kVersion, PlanError,
+              "{}: profile version {} is not supported (this build reads version {})", origin,
+              version, kVersion);
     const json& m = j.at("meta");
     p.meta.model = m.value("model", "");
     p.meta.layout = m.value("layout", "");

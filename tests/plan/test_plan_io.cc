@@ -291,6 +291,55 @@ TEST(PlanIO, NonIntFieldsAreRefused) {
       << error_of(plan, prog);
 }
 
+// Every key of a good plan and a good profile (top level and one level down) replaced by a value
+// of each JSON type. Oracle: the readers' contract (as fuzz/FuzzCommon.h) -- they return or throw
+// PlanError; "format": [[1, 2]] escaped plan_from_json as a json::exception (found by fuzz_plan).
+TEST(PlanIO, WrongJsonTypesArePlanErrors) {
+  const LayerProgram prog = test::program_from("c tp c c", "tp c c");
+  SIPlan plan = default_plan(prog);
+  plan.predicted_s = 1.0;
+  Profile prof;
+  prof.describe_program(prog);
+  prof.set_solo_fwd({0, 1}, 1e-3);
+  prof.set_pair({0, 1}, {0, 1}, 2e-3);
+  const json values[] = {nullptr, true, -3, 1.5, "x", json::array({json::array({1, 2})}), json::object({{"a", 1}})};
+  auto mutants = [&](const json& good) {
+    std::vector<json> out;
+    for (auto& [key, v] : good.items()) {
+      for (const json& x : values) {
+        json j = good;
+        j[key] = x;
+        out.push_back(j);
+      }
+      if (v.is_object() || v.is_array())
+        for (size_t i = 0; i < v.size(); ++i)
+          for (const json& x : values) {
+            json j = good;
+            if (v.is_array()) j[key][i] = x;
+            else j[key][std::next(v.items().begin(), static_cast<long>(i)).key()] = x;
+            out.push_back(j);
+          }
+    }
+    return out;
+  };
+  for (const json& j : mutants(plan_to_json(plan, prog))) {
+    try {
+      plan_from_json(j, prog);
+    } catch (const PlanError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "plan_from_json threw " << e.what() << " on " << j.dump();
+    }
+  }
+  for (const json& j : mutants(prof.to_json())) {
+    try {
+      Profile::from_json(j);
+    } catch (const PlanError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "Profile::from_json threw " << e.what() << " on " << j.dump();
+    }
+  }
+}
+
 TEST(Profile, SearchOnMeasuredTable) {
   // Oracle: a table where pairing the collective with the other strand's compute is cheaper
   // than running either alone; the search must find that block.
