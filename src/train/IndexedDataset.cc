@@ -65,8 +65,10 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   pointers_.resize(S);
   doc_idx_.resize(D1);
   const char* p = idx.data() + kIndexHeaderBytes;
-  std::memcpy(sizes_.data(), p, 4 * S);
-  std::memcpy(pointers_.data(), p + 4 * S, 8 * S);
+  if (S > 0) {  // an empty vector's data() may be null, and memcpy from/to null is UB even for 0 bytes
+    std::memcpy(sizes_.data(), p, 4 * S);
+    std::memcpy(pointers_.data(), p + 4 * S, 8 * S);
+  }
   std::memcpy(doc_idx_.data(), p + 12 * S, 8 * D1);
 
   DHX_CHECK(doc_idx_.front() == 0 && doc_idx_.back() == static_cast<int64_t>(S), IoError,
@@ -200,7 +202,7 @@ void IndexedDatasetWriter::finish() {
   std::memcpy(p + 18, &S, 8);
   std::memcpy(p + 26, &D1, 8);
   p += kIndexHeaderBytes;
-  std::memcpy(p, sizes_.data(), 4 * S);
+  if (S > 0) std::memcpy(p, sizes_.data(), 4 * S);  // no documents: data() may be null
   int64_t ptr = 0;
   for (uint64_t i = 0; i < S; ++i) {  // pointers[i] = bytes of sequences before i
     std::memcpy(p + 4 * S + 8 * i, &ptr, 8);
