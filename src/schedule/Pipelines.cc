@@ -153,7 +153,7 @@ std::vector<std::string> pipeline_spec_errors(const PipelineSpec& s) {
   if (s.kind != PipelineKind::kInterleaved && s.virtual_stages != 1)
     e.push_back(fmt::format("schedule.virtual_stages={} applies to schedule.pipeline=interleaved only ({}); set it to 1",
                             s.virtual_stages, kind));
-  const int chunks = s.pp * chunks_per_rank(s);
+  const int64_t chunks = int64_t{s.pp} * chunks_per_rank(s);  // int64: pp 1e6 x virtual_stages 1e6 overflows int
   if (s.n_layers % chunks != 0) {
     std::string why = s.kind == PipelineKind::kW ? fmt::format("2 x parallel.pp = {}", chunks)
                       : s.kind == PipelineKind::kInterleaved
