@@ -143,6 +143,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
     try {
       DHX_CHECK(parse_st_dtype(v.at("dtype").get<std::string>(), e.dtype), IoError,
                 "'{}': tensor '{}' has unsupported dtype {}", path, name, v.at("dtype").dump());
+      // Integers only: nlohmann's get<int64_t> / get<uint64_t> of a float such as 1e30 is undefined.
+      auto integers = [](const nlohmann::json& a) {
+        return a.is_array() && std::all_of(a.begin(), a.end(), [](const nlohmann::json& x) { return x.is_number_integer(); });
+      };
+      DHX_CHECK(integers(v.at("shape")) && integers(v.at("data_offsets")), IoError,
+                "'{}': tensor '{}' has a shape or data_offsets that is not a list of integers: {}", path, name, v.dump());
       e.shape = v.at("shape").get<Shape>();
       auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
       DHX_CHECK(offs.size() == 2, IoError, "'{}': tensor '{}' has data_offsets {}", path, name, v.at("data_offsets").dump());
@@ -155,7 +161,14 @@ SafetensorsFile read_safetensors(const std::string& path) {
     DHX_CHECK(e.begin <= e.end && e.end <= data_bytes, IoError,
               "'{}': tensor '{}' has data_offsets [{}, {}] outside the {}-byte data section", path, name, e.begin, e.end,
               data_bytes);
-    const uint64_t need = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    // Elements and bytes with overflow checks: shape [2^32, 2^32] wrapped to 0 elements and passed as 0 bytes.
+    int64_t numel = 1;
+    uint64_t need = 0;
+    bool wraps = false;
+    for (int64_t d : e.shape) wraps |= __builtin_mul_overflow(numel, d, &numel);
+    wraps |= __builtin_mul_overflow(static_cast<uint64_t>(numel), uint64_t{dtype_size(e.dtype)}, &need);
+    DHX_CHECK(!wraps, IoError, "'{}': tensor '{}' has shape {}, whose size overflows 64 bits", path, name,
+              shape_str(e.shape));
     DHX_CHECK(e.end - e.begin == need, IoError,
               "'{}': tensor '{}' is {} {} = {} bytes but its data_offsets span {} bytes", path, name,
               st_dtype(e.dtype), shape_str(e.shape), need, e.end - e.begin);
