@@ -24,6 +24,14 @@ constexpr const char* kTrainUsage =
     "usage: dhelix train --config C.toml [--section.key value ...]\n"
     "       mpirun -np N dhelix train --config C.toml --parallel.dp D --parallel.tp T ...\n";
 
+// The MPI backend's options from the [comm] keys (the timeout falls back to DHELIX_COMM_TIMEOUT_S).
+CommOptions comm_options(const RunConfig& cfg) {
+  CommOptions o;
+  o.transport = parse_comm_transport(cfg.comm.transport);
+  if (cfg.comm.timeout_s > 0) o.timeout_s = cfg.comm.timeout_s;
+  return o;
+}
+
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
@@ -34,7 +42,7 @@ int cmd_train(int argc, char** argv) {
   RunConfig cfg = load_config(args.config_path, args.overrides);
   std::unique_ptr<CommContext> comm;
   if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp > 1)
-    comm = make_mpi_world(layout_config(cfg));
+    comm = make_mpi_world(layout_config(cfg), comm_options(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
   install_stop_handlers();
   int stopped_by = 0;

@@ -16,6 +16,14 @@ double comm_timeout_from_env() {
   return s;
 }
 
+const char* comm_transport_name(CommTransport t) { return t == CommTransport::kGloo ? "gloo" : "mpi"; }
+
+CommTransport parse_comm_transport(const std::string& name) {
+  if (name == "gloo") return CommTransport::kGloo;
+  if (name == "mpi") return CommTransport::kMpi;
+  throw ConfigError(fmt::format("comm.transport=\"{}\" is not a transport; use gloo (default) or mpi", name));
+}
+
 CommContext::CommContext(std::string backend, Layout layout, RoleGroups groups, std::unique_ptr<ProcessGroup> world,
                          AbortFn abort_fn, std::shared_ptr<void> backend_state, TeardownFn teardown_fn)
     : backend_state_(std::move(backend_state)),

@@ -15,8 +15,16 @@ namespace dhelix {
 // DHELIX_COMM_TIMEOUT_S (seconds, > 0), default 120; a bad value is a ConfigError.
 double comm_timeout_from_env();
 
+// How the MPI backend moves data (comm.transport): gloo (default: Gloo's TCP mesh, bootstrapped by
+// Open MPI) or mpi (Open MPI's own transport for every op).
+enum class CommTransport { kGloo, kMpi };
+const char* comm_transport_name(CommTransport t);  // "gloo", "mpi"
+// "gloo" | "mpi" -> the transport; anything else -> ConfigError naming the value.
+CommTransport parse_comm_transport(const std::string& name);
+
 struct CommOptions {
   double timeout_s = comm_timeout_from_env();  // bound on every Work::wait()
+  CommTransport transport = CommTransport::kGloo;
 };
 
 class CommContext {

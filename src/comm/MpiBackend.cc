@@ -1,10 +1,11 @@
-// Open MPI process groups. Ops run on the group's comm thread, in issue order, on the group's own
-// communicator (so groups never interfere). All-reduce, reduce-scatter and all-gather move their
-// data over the group's SocketRing (DHELIX_COMM_TRANSPORT=mpi: Open MPI's non-blocking collectives,
-// completed by a test loop); the other collectives always use Open MPI. send/recv are posted
-// as MPI_Isend/MPI_Irecv in issue order and completed by the thread's poll (MPI_Testsome), so a
-// rank may send and receive with the same peer without deadlock. bf16 reduces with user ops
-// (f32 arithmetic, bf16 on the wire).
+// Open MPI process groups. Ops run on the group's comm thread, in issue order. With the gloo
+// transport (the default) every op moves its data over the group's GlooTransport, whose mesh Open
+// MPI bootstraps; send/recv are posted in issue order and each is completed by a waiter thread
+// blocked in Gloo (so a rank may send and receive with the same peer without deadlock, and
+// nothing spins). With the mpi transport every op runs on the group's own communicator: Open
+// MPI's non-blocking collectives completed by a test loop, send/recv as MPI_Isend/MPI_Irecv
+// completed by the thread's poll (MPI_Testsome); bf16 reduces with user ops (f32 arithmetic,
+// bf16 on the wire).
 #include "comm/MpiBackend.h"
 
 #include <mpi.h>
@@ -22,8 +23,12 @@
 #include <fmt/ranges.h>
 
 #include "base/Error.h"
+#include <gloo/transport/unbound_buffer.h>
+
+#include <condition_variable>
+
+#include "comm/GlooTransport.h"
 #include "comm/Reduce.h"
-#include "comm/SocketRing.h"
 
 namespace dhelix {
 namespace {
@@ -126,20 +131,33 @@ class MpiProcessGroup final : public ProcessGroup {
                   double timeout_s, CommTransport transport)
       : ProcessGroup(role, comm_rank(comm), comm_size(comm), world_rank, timeout_s), comm_(comm), rt_(std::move(rt)) {
     mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    if (size() > 1 && transport == CommTransport::kSocket) connect_ring();
+    if (size() > 1 && transport == CommTransport::kGloo)
+      gloo_ = std::make_unique<GlooTransport>(
+          rank(), size(), name(),
+          [this](const void* mine, void* all, size_t bytes) {
+            mpi_check(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes), MPI_BYTE,
+                                    comm_),
+                      "MPI_Allgather(gloo rendezvous)");
+          },
+          timeout_s);
     start_stream([this] { return poll(); });
   }
-  std::string transport() const override { return ring_ ? "socket " + ring_->right_address() : "mpi"; }
+  std::string transport() const override { return gloo_ ? "gloo " + gloo_->address() : "mpi"; }
   ~MpiProcessGroup() override {
     stop_stream();
+    {
+      // Posted send/recvs still in Gloo: their waiters end when the ops do (or time out).
+      std::unique_lock lk(waiters_mu_);
+      waiters_cv_.wait_for(lk, std::chrono::duration<double>(timeout_s() + 5), [&] { return waiters_ == 0; });
+    }
     MPI_Comm_free(&comm_);
   }
 
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {
     return [this, t, op](const std::shared_ptr<WorkState>& st) {
-      if (ring_) {
-        ring_->all_reduce(t.raw(), t.numel(), t.dtype(), op);
+      if (gloo_) {
+        gloo_->all_reduce(t.raw(), t.numel(), t.dtype(), op);
         return true;
       }
       MPI_Request req;
@@ -152,8 +170,8 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task all_gather_task(Tensor in, Tensor out) override {
     return [this, in, out](const std::shared_ptr<WorkState>& st) {
-      if (ring_) {
-        ring_->all_gather(in.raw(), out.raw(), in.numel(), in.dtype());
+      if (gloo_) {
+        gloo_->all_gather(in.raw(), out.raw(), in.numel(), in.dtype());
         return true;
       }
       int n = mpi_count(in.numel(), *st);
@@ -166,8 +184,8 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
     return [this, in, out, op](const std::shared_ptr<WorkState>& st) {
-      if (ring_) {
-        ring_->reduce_scatter(in.raw(), out.raw(), out.numel(), in.dtype(), op);
+      if (gloo_) {
+        gloo_->reduce_scatter(in.raw(), out.raw(), out.numel(), in.dtype(), op);
         return true;
       }
       MPI_Request req;
@@ -180,6 +198,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task all_to_all_task(Tensor in, Tensor out) override {
     return [this, in, out](const std::shared_ptr<WorkState>& st) {
+      if (gloo_) {
+        gloo_->all_to_all(in.raw(), out.raw(), in.numel() / size(), in.dtype());
+        return true;
+      }
       int n = mpi_count(in.numel() / size(), *st);
       MPI_Request req;
       mpi_check(MPI_Ialltoall(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
@@ -190,6 +212,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task broadcast_task(Tensor t, int root) override {
     return [this, t, root](const std::shared_ptr<WorkState>& st) {
+      if (gloo_) {
+        gloo_->broadcast(t.raw(), t.numel(), t.dtype(), root);
+        return true;
+      }
       MPI_Request req;
       mpi_check(MPI_Ibcast(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), root, comm_, &req), "MPI_Ibcast");
       wait_request(req, "MPI_Ibcast");
@@ -198,6 +224,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task barrier_task() override {
     return [this](const std::shared_ptr<WorkState>&) {
+      if (gloo_) {
+        gloo_->barrier();
+        return true;
+      }
       // Non-blocking plus the test loop, as the other collectives: a blocking MPI_Barrier spins a
       // whole core (even with mpi_yield_when_idle) while a slower rank is still computing.
       MPI_Request req;
@@ -208,6 +238,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task send_task(Tensor t, int peer, int tag) override {
     return [this, t, peer, tag](const std::shared_ptr<WorkState>& st) {
+      if (gloo_) {
+        wait_in_background(gloo_->post_send(t.raw(), t.nbytes(), peer, static_cast<uint64_t>(tag)), true, st, t);
+        return false;
+      }
       MPI_Request req;
       mpi_check(MPI_Isend(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), peer, kP2PTag + tag, comm_, &req),
                 "MPI_Isend");
@@ -217,6 +251,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
   Task recv_task(Tensor t, int peer, int tag) override {
     return [this, t, peer, tag](const std::shared_ptr<WorkState>& st) {
+      if (gloo_) {
+        wait_in_background(gloo_->post_recv(t.raw(), t.nbytes(), peer, static_cast<uint64_t>(tag)), false, st, t);
+        return false;
+      }
       MPI_Request req;
       int n = mpi_count(t.numel(), *st);
       mpi_check(MPI_Irecv(t.raw(), n, mpi_type(t.dtype()), peer, kP2PTag + tag, comm_, &req), "MPI_Irecv");
@@ -246,30 +284,32 @@ class MpiProcessGroup final : public ProcessGroup {
     return MPI_OP_NULL;
   }
 
-  // Collective over the group: every rank builds its ring, then all agree — one failure anywhere
-  // and every rank keeps Open MPI's transport (with a warning from group rank 0), so no two ranks
-  // run one collective over different transports.
-  void connect_ring() {
-    std::string error;
-    try {
-      ring_ = std::make_unique<SocketRing>(
-          rank(), size(), name(),
-          [this](const void* mine, void* all, size_t bytes) {
-            mpi_check(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes), MPI_BYTE,
-                                    comm_),
-                      "MPI_Allgather(socket endpoints)");
-          },
-          /*connect_timeout_s=*/20.0);
-    } catch (const CommError& e) {
-      error = e.what();
+  // A posted Gloo send or recv completes in Gloo's event loop; a waiter thread per op blocks until
+  // then and completes the op's Work (so ops finish in any order, and a late one never holds back
+  // another). A failure or timeout fails the Work with Gloo's reason.
+  void wait_in_background(std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send,
+                          std::shared_ptr<WorkState> st, Tensor keep_alive) {
+    {
+      std::lock_guard lk(waiters_mu_);
+      ++waiters_;
     }
-    int ok = ring_ ? 1 : 0, all_ok = 0;
-    mpi_check(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce(socket ring agreement)");
-    if (all_ok) return;
-    ring_.reset();
-    if (!error.empty() || rank() == 0)
-      std::fprintf(stderr, "dhelix: %s: %s; collectives use Open MPI's transport\n", name().c_str(),
-                   error.empty() ? "another rank could not join the socket ring" : error.c_str());
+    const auto timeout = gloo_->timeout();
+    std::thread([this, b = std::move(buf), send, st = std::move(st), t = std::move(keep_alive), timeout]() mutable {
+      std::string error;
+      try {
+        if (send) b->waitSend(timeout);
+        else b->waitRecv(timeout);
+      } catch (const std::exception& e) {
+        error = fmt::format("gloo {} failed: {}", send ? "send" : "recv", e.what());
+      }
+      b.reset();
+      t = Tensor();  // release our reference before the waiter can see the op finish
+      if (error.empty()) st->complete();
+      else st->fail(error);
+      std::lock_guard lk(waiters_mu_);
+      --waiters_;
+      waiters_cv_.notify_all();
+    }).detach();
   }
 
   // Completes finished posted send/recvs; true while some are still outstanding. Stream thread only.
@@ -325,8 +365,11 @@ class MpiProcessGroup final : public ProcessGroup {
 
   MPI_Comm comm_;
   std::shared_ptr<MpiRuntime> rt_;
-  std::unique_ptr<SocketRing> ring_;  // all-reduce, reduce-scatter, all-gather data path; null: MPI's
+  std::unique_ptr<GlooTransport> gloo_;  // every op's data path; null: Open MPI's (the mpi transport)
   std::vector<Posted> posted_;
+  std::mutex waiters_mu_;
+  std::condition_variable waiters_cv_;
+  int waiters_ = 0;  // Gloo send/recv waiter threads still running
 };
 
 void mpi_abort_with(const std::string& message) {
@@ -378,7 +421,7 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}", rank,
             fmt::join(errors, "; "));
   Layout layout(cfg, rank);
-  const CommTransport transport = comm_transport_from_env();
+  const CommTransport transport = options.transport;
 
   CommContext::RoleGroups groups;
   for (GroupRole role : {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP}) {

@@ -48,8 +48,8 @@ class ProcessGroup {
   // Queued like any op, then waited for.
   void barrier();
 
-  // How the data of all-reduce, reduce-scatter and all-gather moves: "threads" (local backend),
-  // "mpi" (Open MPI's transport) or "socket <right neighbour's address>" (SocketRing).
+  // How the data moves: "threads" (local backend), "mpi" (Open MPI's transport) or
+  // "gloo <listening address>" (GlooTransport).
   virtual std::string transport() const = 0;
 
   // The sequence number the next op will get (ops on a group are numbered 0, 1, 2, ...).

@@ -101,6 +101,8 @@ const std::vector<Field>& table() {
       DHX_F("schedule", "virtual_stages", schedule.virtual_stages, kInt, 1, 1e6, "interleaved: model chunks per pipeline rank"),
       DHX_F("schedule", "plan", schedule.plan, kString, 0, 0, "SI plan JSON from `dhelix plan`; empty = default plan"),
       DHX_F("schedule", "expose_collectives", schedule.expose_collectives, kBool, 0, 0, "wait for every collective as soon as it is issued (no overlap at all; for measuring what overlap hides)"),
+      DHX_F("comm", "transport", comm.transport, kString, 0, 0, "how ranks move data: gloo (Gloo's TCP mesh; Open MPI launches and bootstraps it) or mpi (Open MPI's own transport)"),
+      DHX_F("comm", "timeout_s", comm.timeout_s, kFloat, 0, 1e7, "bound in seconds on every collective and point-to-point wait (a dead or missing rank ends the job); 0 = DHELIX_COMM_TIMEOUT_S, else 120"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
       DHX_F("checkpoint", "interval", checkpoint.interval, kInt, 0, 1e12, "steps between checkpoints; 0 = only at the end"),
       DHX_F("checkpoint", "resume", checkpoint.resume, kString, 0, 0, "\"\" (fresh), \"latest\", or a step_XXXXXXXX path"),
@@ -305,11 +307,15 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                             c.schedule.pipeline));
   else
     for (auto& msg : pipeline_spec_errors(pipeline_spec(c))) e.push_back(msg);
-  if (c.global_batch() > (int64_t{1} << 40))
+  // In double: global_batch()'s int64 product itself overflows at the ranges' ends (1e9 x 1e9 x 1e6).
+  if (static_cast<double>(t.micro_batch_size) * static_cast<double>(t.micro_batches) * static_cast<double>(p.dp) >
+      static_cast<double>(int64_t{1} << 40))
     e.push_back(fmt::format("global batch micro_batch_size {} x micro_batches {} x dp {} overflows", t.micro_batch_size,
                             t.micro_batches, p.dp));
   if (p.zero == 1 && p.dp == 1)
     e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
+  if (c.comm.transport != "gloo" && c.comm.transport != "mpi")
+    e.push_back(fmt::format("comm.transport=\"{}\" is not a transport; use gloo or mpi", c.comm.transport));
   if (t.nonfinite != "skip" && t.nonfinite != "stop")
     e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
   if (c.data.prefix.empty()) e.push_back("data.prefix is empty");

@@ -58,6 +58,11 @@ struct ScheduleConfig {
   bool expose_collectives = false;  // wait for each collective at issue (measurement only)
 };
 
+struct CommConfig {
+  std::string transport = "gloo";  // "gloo" (Gloo's TCP mesh, bootstrapped by Open MPI) | "mpi"
+  double timeout_s = 0;            // bound on every collective wait; 0 = DHELIX_COMM_TIMEOUT_S or 120
+};
+
 struct CheckpointConfig {
   std::string dir;      // empty = <output.dir>/checkpoints
   int64_t interval = 0; // steps between saves; 0 = only at the end
@@ -79,6 +84,7 @@ struct RunConfig {
   DataConfig data;
   ParallelConfig parallel;
   ScheduleConfig schedule;
+  CommConfig comm;
   CheckpointConfig checkpoint;
   OutputConfig output;
 

@@ -1,6 +1,7 @@
 // The MPI test program (no GTest: one mpirun launch runs every check). Modes:
-//   checks [dp=N tp=N pp=N cp=N ep=N]  every collective x dtype x group against closed forms
-//                                      (CollectiveChecks.h); exit 1 if any rank saw a failure
+//   checks [dp=N tp=N pp=N cp=N ep=N] [transport=gloo|mpi]  every collective x dtype x group
+//                                      against closed forms (CollectiveChecks.h), on the given
+//                                      transport (default gloo); exit 1 if any rank saw a failure
 //   kill-one DIR        rank 1 SIGKILLs itself mid-loop (mpi_failure_test.sh checks the teardown)
 //   throw-one DIR       rank 1 throws mid-loop; main's catch calls abort_world
 //   bench MIB ITERS     times an f32 all_reduce of MIB MiB on the world group (rank 0 prints)
@@ -23,7 +24,6 @@
 #include "base/Clock.h"
 #include "CollectiveChecks.h"
 #include "comm/MpiBackend.h"
-#include "comm/SocketRing.h"
 
 namespace dhelix {
 namespace {
@@ -35,6 +35,7 @@ LayoutConfig parse_layout(const std::vector<std::string>& args, int world) {
     auto eq = a.find('=');
     DHX_CHECK(eq != std::string::npos, ConfigError, "expected key=value, got '{}'", a);
     std::string k = a.substr(0, eq);
+    if (k == "transport") continue;  // parse_options
     int v = std::stoi(a.substr(eq + 1));
     if (k == "dp") cfg.dp = v;
     else if (k == "tp") cfg.tp = v;
@@ -47,18 +48,25 @@ LayoutConfig parse_layout(const std::vector<std::string>& args, int world) {
   return cfg;
 }
 
+CommOptions parse_options(const std::vector<std::string>& args) {
+  CommOptions o;
+  for (const std::string& a : args)
+    if (a.rfind("transport=", 0) == 0) o.transport = parse_comm_transport(a.substr(10));
+  return o;
+}
+
 int run_checks(const std::vector<std::string>& args) {
-  auto ctx = make_mpi_world(parse_layout(args, mpi_world_size()));
+  const CommOptions opts = parse_options(args);
+  auto ctx = make_mpi_world(parse_layout(args, mpi_world_size()), opts);
   testing::CheckLog log;
   double t0 = now_seconds();
-  // The transport the environment asks for is the one in use: a silent fall-back from the socket
-  // ring to Open MPI's transport would pass every closed-form check above and still be a defect.
-  const bool want_socket = comm_transport_from_env() == CommTransport::kSocket;
+  // The transport asked for is the one in use: a silent fall-back to another transport would pass
+  // every closed-form check and still be a defect.
+  const std::string want = comm_transport_name(opts.transport);
   for (ProcessGroup* g : {&ctx->world(), &ctx->group(GroupRole::kTP), &ctx->group(GroupRole::kDP)}) {
     if (g->size() < 2) continue;
-    bool socket = g->transport().rfind("socket ", 0) == 0;
-    log.expect(socket == want_socket, fmt::format("{} transport is '{}', want {}", g->name(), g->transport(),
-                                                  want_socket ? "socket" : "mpi"));
+    log.expect(g->transport().rfind(want, 0) == 0,
+               fmt::format("{} transport is '{}', want {}", g->name(), g->transport(), want));
   }
   testing::run_all_checks(log, *ctx);
   for (const std::string& f : log.failures) std::fprintf(stderr, "FAIL %s\n", f.c_str());
@@ -68,8 +76,8 @@ int run_checks(const std::vector<std::string>& args) {
   ctx->world().all_reduce(counts).wait();
   int64_t failures = counts.data<int64_t>()[1];
   if (ctx->rank() == 0) {
-    std::printf("comm_mpi checks: %s on %d ranks (%s): %lld checks, %lld failures, %.2f s\n",
-                failures ? "FAILED" : "passed", ctx->world_size(), ctx->layout().describe().c_str(),
+    std::printf("comm_mpi checks: %s on %d ranks (%s, %s): %lld checks, %lld failures, %.2f s\n",
+                failures ? "FAILED" : "passed", ctx->world_size(), ctx->layout().describe().c_str(), want.c_str(),
                 static_cast<long long>(counts.data<int64_t>()[0]), static_cast<long long>(failures),
                 now_seconds() - t0);
   }

@@ -34,9 +34,9 @@ run_case() {  # run_case MODE EXPECTED_TEXT
   echo "---- [$mode] mpirun output (first 15 lines) ----"; head -15 "$dir/out"
   rm -rf "$dir"
 }
-# A killed rank is reported by mpirun, or first by a neighbour on the socket ring that sees its
-# connection close (then the neighbour's abort message names rank 1 and the collective).
-run_case kill-one "exited on signal 9|rank 1 closed its connection .*; last collective: all_reduce f32\\[1024\\] on world"
+# A killed rank is reported by mpirun, or first by a rank whose Gloo connection to it closes (its
+# abort message names the op and, when the address is rank 1's listener, rank 1).
+run_case kill-one "exited on signal 9|gloo all_reduce failed: .*(closed|reset) by peer.*; last collective: all_reduce f32\\[1024\\] on world"
 run_case throw-one "rank 1: injected failure at step 5; last collective: all_reduce f32\\[1024\\] on world\\[1/4\\] seq=4"
 [ $fail -eq 0 ] && echo "mpi_failure_test: passed" || echo "mpi_failure_test: FAILED"
 exit $fail

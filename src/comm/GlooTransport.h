@@ -1,0 +1,87 @@
+// GlooTransport: one process group's data plane on Gloo (the library PyTorch's CPU collectives
+// use): a full mesh of TCP pairs driven by Gloo's event loop, which sleeps until a socket is ready,
+// so a comm thread waiting on it does not spin a core. Open MPI stays the launcher and the
+// rendezvous: the pairs' addresses are exchanged with the group's MPI_Allgather (the `exchange`
+// callback). Collectives run Gloo's own algorithms (ring all-reduce, all-gather, all-to-all(-v),
+// broadcast, barrier); reduce-scatter, which Gloo lacks in the block form we need, is a ring on
+// Gloo's unbound buffers. Every op splits messages larger than max_message_bytes (1 GiB; lower
+// in tests) into pieces. Not here: queuing and sequence numbers (ProcessGroup, CommStream).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/ProcessGroup.h"
+#include "tensor/Tensor.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}
+}  // namespace gloo
+
+namespace dhelix {
+
+// The largest single message an op hands to Gloo: DHELIX_COMM_MAX_MESSAGE_BYTES, default 1 GiB
+// (a test sets a small one to exercise the splitting that messages over 2 GiB need).
+size_t gloo_max_message_bytes();
+
+class GlooTransport {
+ public:
+  // All-gathers `bytes` bytes from every group rank in rank order (MPI_Allgather on the group).
+  using Exchange = std::function<void(const void* mine, void* all, size_t bytes)>;
+  // Collective over the group. Ranks sharing one network namespace of one machine meet over
+  // loopback; otherwise each listens on its first non-loopback IPv4 address (DHELIX_GLOO_HOST
+  // overrides). Throws CommError naming the group when the mesh cannot be connected within
+  // timeout_s (e.g. a rank that never joins).
+  GlooTransport(int rank, int size, std::string what, const Exchange& exchange, double timeout_s);
+  ~GlooTransport();
+  GlooTransport(const GlooTransport&) = delete;
+  GlooTransport& operator=(const GlooTransport&) = delete;
+
+  // Comm thread only; each throws CommError naming the group and the op when a peer fails, closes
+  // its connections or does not take part within the timeout. Every rank ends with bitwise the
+  // same result (ring: each block reduced once, by one rank, in a fixed order).
+  void all_reduce(void* buf, int64_t n, DType dtype, ReduceOp op);
+  // in: size * n elements; out: n elements, the reduction of every rank's block `rank`.
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dtype, ReduceOp op);
+  // in: n elements; out: size * n elements, block r from rank r.
+  void all_gather(const void* in, void* out, int64_t n, DType dtype);
+  // in and out: size blocks of n elements; block j of in goes to rank j, block j of out is rank j's.
+  void all_to_all(const void* in, void* out, int64_t n, DType dtype);
+  // Uneven: send_counts[j] elements to rank j (in consecutive blocks of `in`), recv_counts[j] from
+  // rank j (consecutive blocks of `out`).
+  void all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                    const std::vector<int64_t>& recv_counts, DType dtype);
+  void broadcast(void* buf, int64_t n, DType dtype, int root);
+  void barrier();
+
+  // Point-to-point, non-blocking: the returned buffer's waitSend()/waitRecv() completes it. Slots
+  // below 2^32 are the caller's tags (Gloo's collectives use slots above).
+  std::unique_ptr<gloo::transport::UnboundBuffer> post_send(const void* buf, size_t bytes, int peer, uint64_t slot);
+  std::unique_ptr<gloo::transport::UnboundBuffer> post_recv(void* buf, size_t bytes, int peer, uint64_t slot);
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Where this rank listens ("127.0.0.1" or its address), for logs and tests.
+  const std::string& address() const { return host_; }
+
+ private:
+  void check_alive(const char* op) const;
+  template <typename F>
+  void run(const char* op, F&& body);
+
+  int rank_, size_;
+  std::string what_, host_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> ctx_;
+  uint32_t tag_ = 0;  // Gloo collective tag, advanced per op (stale messages never match a new op)
+  std::vector<std::pair<std::string, int>> peer_addresses_;  // "[ip]:port" of each peer's listener -> group rank
+  bool failed_ = false;
+  std::string failure_;
+};
+
+}  // namespace dhelix
