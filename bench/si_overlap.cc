@@ -265,6 +265,9 @@ class LocalStandInGroup final : public ProcessGroup {
     };
   }
   Task all_to_all_task(Tensor, Tensor) override { return unsupported("all_to_all"); }
+  Task all_to_all_v_task(Tensor, std::vector<int64_t>, Tensor, std::vector<int64_t>) override {
+    return unsupported("all_to_all_v");
+  }
   Task broadcast_task(Tensor, int) override { return unsupported("broadcast"); }
   Task send_task(Tensor, int, int) override { return unsupported("send"); }
   Task recv_task(Tensor, int, int) override { return unsupported("recv"); }

@@ -5,6 +5,7 @@
 #include "comm/LocalBackend.h"
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
@@ -95,6 +96,30 @@ class LocalProcessGroup final : public ProcessGroup {
       int64_t chunk = in.dim(0) / size();
       for (int j = 0; j < size(); ++j)
         out.narrow0(j * chunk, chunk).copy_from(c[static_cast<size_t>(j)].narrow0(rank() * chunk, chunk));
+      return true;
+    };
+  }
+  Task all_to_all_v_task(Tensor in, std::vector<int64_t> send, Tensor out, std::vector<int64_t> recv) override {
+    return [this, in, send, out, recv](const std::shared_ptr<WorkState>& st) {
+      // Every rank publishes its send counts followed by its input's bytes, in one i64 tensor.
+      const size_t es = dtype_size(in.dtype()), bytes = static_cast<size_t>(in.numel()) * es;
+      Tensor pack = Tensor::zeros({size() + static_cast<int64_t>((bytes + 7) / 8)}, DType::kI64);
+      for (int j = 0; j < size(); ++j) pack.data<int64_t>()[j] = send[static_cast<size_t>(j)];
+      if (bytes > 0) std::memcpy(pack.data<int64_t>() + size(), in.raw(), bytes);
+      auto c = exchange(*st, pack);
+      int64_t at = 0;
+      for (int j = 0; j < size(); ++j) {
+        const int64_t* sc = c[static_cast<size_t>(j)].data<int64_t>();
+        const char* src = reinterpret_cast<const char*>(sc + size());
+        int64_t off = 0;
+        for (int q = 0; q < rank(); ++q) off += sc[q];
+        DHX_CHECK(sc[rank()] == recv[static_cast<size_t>(j)], CommError,
+                  "{}: rank {} sends {} elements here but {} were expected", st->describe(), j, sc[rank()],
+                  recv[static_cast<size_t>(j)]);
+        std::memcpy(static_cast<char*>(out.raw()) + static_cast<size_t>(at) * es,
+                    src + static_cast<size_t>(off) * es, static_cast<size_t>(sc[rank()]) * es);
+        at += sc[rank()];
+      }
       return true;
     };
   }

@@ -22,6 +22,7 @@
 
 #include <fmt/ranges.h>
 
+#include "base/Clock.h"
 #include "base/Error.h"
 #include <gloo/transport/unbound_buffer.h>
 
@@ -207,6 +208,27 @@ class MpiProcessGroup final : public ProcessGroup {
       mpi_check(MPI_Ialltoall(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
                 "MPI_Ialltoall");
       wait_request(req, "MPI_Ialltoall");
+      return true;
+    };
+  }
+  Task all_to_all_v_task(Tensor in, std::vector<int64_t> send, Tensor out, std::vector<int64_t> recv) override {
+    return [this, in, send, out, recv](const std::shared_ptr<WorkState>& st) {
+      if (gloo_) {
+        gloo_->all_to_all_v(in.raw(), send, out.raw(), recv, in.dtype());
+        return true;
+      }
+      std::vector<int> sc(send.size()), rc(recv.size()), sd(send.size()), rd(recv.size());
+      int64_t so = 0, ro = 0;
+      for (size_t j = 0; j < send.size(); ++j) {
+        sc[j] = mpi_count(send[j], *st), rc[j] = mpi_count(recv[j], *st);
+        sd[j] = mpi_count(so, *st), rd[j] = mpi_count(ro, *st);
+        so += send[j], ro += recv[j];
+      }
+      MPI_Request req;
+      mpi_check(MPI_Ialltoallv(in.raw(), sc.data(), sd.data(), mpi_type(in.dtype()), out.raw(), rc.data(), rd.data(),
+                               mpi_type(in.dtype()), comm_, &req),
+                "MPI_Ialltoallv");
+      wait_request(req, "MPI_Ialltoallv");
       return true;
     };
   }
@@ -396,6 +418,46 @@ void init_mpi() {
             MPI_THREAD_MULTIPLE);
 }
 
+// Completes `req` or gives up at `deadline` (false), with wait_request's backoff.
+bool wait_request_until(MPI_Request& req, double deadline, const char* what) {
+  int done = 0;
+  for (int spins = 0;; ++spins) {
+    mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+    if (done) return true;
+    if (now_seconds() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(spins < 64 ? 20 : 1000));
+  }
+}
+
+// Every rank of the world checks in with rank 0 before any collective: rank 0 names the ranks
+// that did not arrive within timeout_s (a rank stuck or started late), the others give up with
+// a message saying so, instead of every rank waiting forever in the first blocking collective.
+constexpr int kJoinTag = 31000;
+void await_world(int rank, int size, double timeout_s) {
+  const double deadline = now_seconds() + timeout_s;
+  if (rank == 0) {
+    std::vector<int> hello(static_cast<size_t>(size));
+    std::vector<MPI_Request> reqs(static_cast<size_t>(size), MPI_REQUEST_NULL);
+    for (int r = 1; r < size; ++r)
+      mpi_check(MPI_Irecv(&hello[r], 1, MPI_INT, r, kJoinTag, MPI_COMM_WORLD, &reqs[r]), "MPI_Irecv(join)");
+    std::vector<int> missing;
+    for (int r = 1; r < size; ++r)
+      if (!wait_request_until(reqs[r], deadline, "MPI_Test(join)")) missing.push_back(r);
+    if (!missing.empty())
+      throw CommError(fmt::format("rank{} {} of the world did not join within {:.3g} s (comm.timeout_s): started "
+                                  "late, stuck before its first collective, or gone",
+                                  missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), timeout_s));
+  } else {
+    int hello = rank;
+    mpi_check(MPI_Send(&hello, 1, MPI_INT, 0, kJoinTag, MPI_COMM_WORLD), "MPI_Send(join)");
+  }
+  MPI_Request barrier;
+  mpi_check(MPI_Ibarrier(MPI_COMM_WORLD, &barrier), "MPI_Ibarrier(join)");
+  DHX_CHECK(wait_request_until(barrier, now_seconds() + timeout_s, "MPI_Test(join barrier)"), CommError,
+            "rank {}: the world did not assemble within {:.3g} s (comm.timeout_s); rank 0 names the ranks missing",
+            rank, timeout_s);
+}
+
 }  // namespace
 
 bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
@@ -413,10 +475,17 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
     std::lock_guard lk(g_active.mu);
     DHX_CHECK(g_active.ctx == nullptr, CommError, "make_mpi_world called twice; one MPI world per process");
   }
-  auto rt = std::make_shared<MpiRuntime>(g_dhelix_initialised_mpi.load());
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Before anything that finalises MPI on the way out (MPI_Finalize waits for every rank, the
+  // missing one too): a rank that does not join ends the job at once.
+  try {
+    await_world(rank, size, options.timeout_s);
+  } catch (const CommError& e) {
+    mpi_abort_with(rank == 0 ? fmt::format("rank 0: {}", e.what()) : e.what());
+  }
+  auto rt = std::make_shared<MpiRuntime>(g_dhelix_initialised_mpi.load());
   auto errors = validate_layout(cfg, size);
   DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}", rank,
             fmt::join(errors, "; "));

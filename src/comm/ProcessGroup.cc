@@ -125,6 +125,35 @@ Work ProcessGroup::all_to_all(const Tensor& in, Tensor out) {
   return issue(std::move(sig), all_to_all_task(in, std::move(out)));
 }
 
+Work ProcessGroup::all_to_all_v(const Tensor& in, std::vector<int64_t> send_rows, Tensor out,
+                                std::vector<int64_t> recv_rows) {
+  DHX_CHECK(in.defined() && out.defined() && in.ndim() >= 1 && out.ndim() >= 1, CommError,
+            "all_to_all_v on {}: needs defined tensors with a dim0", name_);
+  const int64_t row = in.dim(0) > 0 ? in.numel() / in.dim(0) : shape_numel(Shape(in.shape().begin() + 1, in.shape().end()));
+  const int64_t orow = out.dim(0) > 0 ? out.numel() / out.dim(0) : shape_numel(Shape(out.shape().begin() + 1, out.shape().end()));
+  DHX_CHECK(in.dtype() == out.dtype() && row == orow, CommError,
+            "all_to_all_v on {}: in {} and out {} need one dtype and row size", name_, in.describe(), out.describe());
+  DHX_CHECK(static_cast<int>(send_rows.size()) == size_ && static_cast<int>(recv_rows.size()) == size_, CommError,
+            "all_to_all_v on {}: {} send and {} receive counts for {} ranks", name_, send_rows.size(), recv_rows.size(),
+            size_);
+  int64_t ssum = 0, rsum = 0;
+  for (int j = 0; j < size_; ++j) {
+    DHX_CHECK(send_rows[j] >= 0 && recv_rows[j] >= 0, CommError, "all_to_all_v on {}: negative count for rank {}",
+              name_, j);
+    ssum += send_rows[j], rsum += recv_rows[j];
+  }
+  DHX_CHECK(ssum == in.dim(0) && rsum == out.dim(0), CommError,
+            "all_to_all_v on {}: send counts sum to {} rows but in has {}, receive counts to {} but out has {}", name_,
+            ssum, in.dim(0), rsum, out.dim(0));
+  DHX_CHECK(!overlaps(in, out), CommError, "all_to_all_v on {}: in {} and out {} overlap", name_, in.describe(),
+            out.describe());
+  for (auto& c : send_rows) c *= row;
+  for (auto& c : recv_rows) c *= row;
+  // The same on every rank (the local backend compares signatures): the row shape, not the counts.
+  std::string sig = fmt::format("all_to_all_v {} rows of {}", dtype_name(in.dtype()), row);
+  return issue(std::move(sig), all_to_all_v_task(in, std::move(send_rows), std::move(out), std::move(recv_rows)));
+}
+
 Work ProcessGroup::broadcast(Tensor t, int root) {
   DHX_CHECK(t.defined(), CommError, "broadcast on {}: undefined tensor", name_);
   DHX_CHECK(root >= 0 && root < size_, CommError, "broadcast on {}: root {} outside 0..{}", name_, root, size_ - 1);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/CommStream.h"
 #include "comm/Work.h"
@@ -39,6 +40,11 @@ class ProcessGroup {
   // in and out have one shape with dim0 divisible by size; chunk j of in goes to rank j, and
   // chunk j of out comes from rank j.
   Work all_to_all(const Tensor& in, Tensor out);
+  // Uneven all-to-all over rows (dim0): `in` holds send_rows[j] rows for rank j, consecutively in
+  // rank order; `out` receives recv_rows[j] rows from rank j likewise. Rows have one size and
+  // dtype in both; counts may be zero; sum(send_rows) = in.dim0, sum(recv_rows) = out.dim0, and
+  // recv_rows[j] must equal rank j's send_rows[rank] (the caller exchanges counts first).
+  Work all_to_all_v(const Tensor& in, std::vector<int64_t> send_rows, Tensor out, std::vector<int64_t> recv_rows);
   Work broadcast(Tensor t, int root);
   // Point-to-point with a group rank; matched by (sender, receiver, tag), in issue order among
   // equal tags. `t` must not change until the send's Work completes. 0 <= tag <= kMaxP2PTag.
@@ -72,6 +78,9 @@ class ProcessGroup {
   virtual Task all_gather_task(Tensor in, Tensor out) = 0;
   virtual Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) = 0;
   virtual Task all_to_all_task(Tensor in, Tensor out) = 0;
+  // Counts in elements (rows x row size).
+  virtual Task all_to_all_v_task(Tensor in, std::vector<int64_t> send_elems, Tensor out,
+                                 std::vector<int64_t> recv_elems) = 0;
   virtual Task broadcast_task(Tensor t, int root) = 0;
   virtual Task send_task(Tensor t, int peer, int tag) = 0;
   virtual Task recv_task(Tensor t, int peer, int tag) = 0;

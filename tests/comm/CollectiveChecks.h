@@ -120,6 +120,27 @@ inline void check_group_collectives(CheckLog& log, ProcessGroup& g) {
       });
     }
     {
+      // Uneven, zero counts included: rank q sends (q + 2j) % 3 rows to rank j, row k of them
+      // holding contribution(q, 1000 j + 3 k + c) in column c.
+      auto rows = [](int q, int j) { return static_cast<int64_t>((q + 2 * j) % 3); };
+      std::vector<int64_t> send(S), recv(S);
+      int64_t ns = 0, nr = 0;
+      for (int j = 0; j < S; ++j) ns += send[j] = rows(r, j), nr += recv[j] = rows(j, r);
+      Tensor in = Tensor::empty({ns, 3}, d), out = Tensor::zeros({nr, 3}, d);
+      int64_t at = 0;
+      for (int j = 0; j < S; ++j)
+        for (int64_t k = 0; k < send[j]; ++k, ++at)
+          for (int c = 0; c < 3; ++c) set(in, at * 3 + c, contribution(d, r, 1000 * j + 3 * k + c));
+      g.all_to_all_v(in, send, out, recv).wait();
+      std::vector<std::pair<int, int64_t>> from;  // out row -> (source rank, its row index k)
+      for (int q = 0; q < S; ++q)
+        for (int64_t k = 0; k < recv[q]; ++k) from.push_back({q, k});
+      expect_all(log, "all_to_all_v (uneven) " + where, out, [&](int64_t i) {
+        auto [q, k] = from[static_cast<size_t>(i / 3)];
+        return contribution(d, q, 1000 * r + 3 * k + i % 3);
+      });
+    }
+    {
       Tensor t = filled({R, 3}, d, r);
       g.broadcast(t, S - 1).wait();
       expect_all(log, "broadcast(root=last) " + where, t, [&](int64_t i) { return contribution(d, S - 1, i); });

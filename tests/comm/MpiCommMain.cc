@@ -7,6 +7,9 @@
 //   bench MIB ITERS     times an f32 all_reduce of MIB MiB on the world group (rank 0 prints)
 //   overlap MIB ITERS   the same all_reduce alone, a compute loop of equal length alone, and both
 //                       at once (all_reduce issued, compute, then wait): overlap hides the shorter
+//   late-join SECONDS   rank 1 starts MPI, then sleeps SECONDS before creating the world (a rank that
+//                       does not join); the others must give up after comm's timeout, rank 0
+//                       naming rank 1 (mpi_failure_test.sh)
 //   barrier-idle SECONDS  the last rank sleeps SECONDS, then all meet at a world barrier; every
 //                       other rank must wait there without burning its core. Oracle: the process
 //                       CPU time the waiting rank used across the barrier (kernel accounting) is
@@ -159,6 +162,15 @@ int run_overlap(double mib, int iters) {
   return 0;
 }
 
+int run_late_join(double seconds) {
+  const int world = mpi_world_size();
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (r && std::atoi(r) == 1) usleep(static_cast<useconds_t>(seconds * 1e6));
+  auto ctx = make_mpi_world(parse_layout({}, world));
+  ctx->world().barrier();
+  return 0;
+}
+
 int run_barrier_idle(double seconds) {
   auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
   ctx->world().barrier();  // every rank is up and the group's comm thread is running
@@ -185,7 +197,7 @@ int main(int argc, char** argv) {
     if (args.empty())
       throw dhelix::ConfigError(
           "usage: dhelix_comm_mpi_test checks|kill-one DIR|throw-one DIR|bench MIB ITERS|overlap MIB ITERS|"
-          "barrier-idle SECONDS");
+          "barrier-idle SECONDS|late-join SECONDS");
     std::string mode = args[0];
     args.erase(args.begin());
     if (mode == "checks") return dhelix::run_checks(args);
@@ -193,6 +205,7 @@ int main(int argc, char** argv) {
     if (mode == "bench" && args.size() == 2) return dhelix::run_bench(std::stod(args[0]), std::stoi(args[1]));
     if (mode == "overlap" && args.size() == 2) return dhelix::run_overlap(std::stod(args[0]), std::stoi(args[1]));
     if (mode == "barrier-idle" && args.size() == 1) return dhelix::run_barrier_idle(std::stod(args[0]));
+    if (mode == "late-join" && args.size() == 1) return dhelix::run_late_join(std::stod(args[0]));
     throw dhelix::ConfigError(fmt::format("bad arguments for mode '{}'", mode));
   } catch (const std::exception& e) {
     dhelix::abort_world(e.what());

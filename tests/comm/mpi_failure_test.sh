@@ -3,6 +3,7 @@
 # Case 1: rank 1 SIGKILLs itself mid-loop. Case 2: rank 1 throws; main calls abort_world, whose
 # message must name the rank and the last collective (EXPECTED_TEXT is an extended regex). Oracle: mpirun's status, elapsed time,
 # no rank process left alive, no rank that finished normally.
+# Case 3: a rank that never joins the world (bootstrap timeout), named by rank 0.
 # usage: mpi_failure_test.sh MPIRUN TEST_BINARY
 set -u
 MPIRUN=$1; BIN=$2; BOUND_S=30; NP=4
@@ -38,5 +39,15 @@ run_case() {  # run_case MODE EXPECTED_TEXT
 # abort message names the op and, when the address is rank 1's listener, rank 1).
 run_case kill-one "exited on signal 9|gloo all_reduce failed: .*(closed|reset) by peer.*; last collective: all_reduce f32\\[1024\\] on world"
 run_case throw-one "rank 1: injected failure at step 5; last collective: all_reduce f32\\[1024\\] on world\\[1/4\\] seq=4"
+# A rank that never joins (rank 1 starts MPI, then sleeps 60 s before creating the world): with a
+# 3 s timeout the job ends within the bound, rank 0 naming rank 1.
+t0=$(date +%s.%N)
+out=$(DHELIX_COMM_TIMEOUT_S=3 timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" late-join 60 2>&1)
+rc=$?
+elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
+echo "[late-join] mpirun exit $rc after ${elapsed} s"
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [late-join]: mpirun exit $rc"; fail=1; fi
+if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [late-join]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
+grep -q "rank 0: rank 1 of the world did not join within 3 s" <<<"$out" || { echo "FAIL [late-join]: no message naming rank 1"; echo "$out" | head -5; fail=1; }
 [ $fail -eq 0 ] && echo "mpi_failure_test: passed" || echo "mpi_failure_test: FAILED"
 exit $fail
