@@ -78,6 +78,7 @@ class GlooTransport {
   std::string what_, host_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> ctx_;
+  std::vector<char> scratch_;  // reduce-scatter's two partial buffers, kept across calls
   uint32_t tag_ = 0;  // Gloo collective tag, advanced per op (stale messages never match a new op)
   std::vector<std::pair<std::string, int>> peer_addresses_;  // "[ip]:port" of each peer's listener -> group rank
   bool failed_ = false;
