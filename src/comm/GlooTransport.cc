@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,11 +23,15 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -106,6 +111,7 @@ class ExchangeStore final : public gloo::rendezvous::Store {
 struct HostId {
   char machine[40] = {};
   uint64_t netns = 0;
+  int64_t pid = 0;
 };
 HostId host_id() {
   HostId h;
@@ -123,6 +129,7 @@ HostId host_id() {
   std::strncpy(h.machine, id.c_str(), sizeof h.machine - 1);
   struct stat st {};
   h.netns = ::stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  h.pid = ::getpid();
   return h;
 }
 
@@ -239,6 +246,9 @@ GlooTransport::GlooTransport(int rank, int size, std::string what, const Exchang
   const bool one_host = std::all_of(ids.begin(), ids.end(), [&](const HostId& h) {
     return h.netns == me.netns && std::strncmp(h.machine, me.machine, sizeof h.machine) == 0;
   });
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && std::strncmp(ids[r].machine, me.machine, sizeof me.machine) == 0)
+      same_machine_pids_.emplace_back(r, ids[r].pid);
   const char* forced = std::getenv("DHELIX_GLOO_HOST");
   host_ = forced && *forced ? forced : one_host ? "127.0.0.1" : first_external_ipv4();
   try {
@@ -269,6 +279,34 @@ void GlooTransport::check_alive(const char* op) const {
   DHX_CHECK(!failed_, CommError, "{}: {} after an earlier failure on this group: {}", what_, op, failure_);
 }
 
+namespace {
+// Whether process `pid` of this machine has exited (gone, or a zombie not yet reaped).
+bool process_gone(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream st(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(st, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+}  // namespace
+
+std::string GlooTransport::explain(const std::string& gloo_error) const {
+  // Which peer failed: a process of this machine that has exited, else the peer whose listening
+  // address the error names.
+  std::vector<int> gone;
+  for (const auto& [r, pid] : same_machine_pids_)
+    if (process_gone(pid)) gone.push_back(r);
+  if (!gone.empty())
+    return fmt::format("{} (group rank{} {} of {} exited)", gloo_error, gone.size() == 1 ? "" : "s",
+                       fmt::join(gone, ", "), what_);
+  for (const auto& [addr, r] : peer_addresses_)
+    if (const size_t at = gloo_error.find(addr);
+        at != std::string::npos && !std::isdigit(static_cast<unsigned char>(gloo_error[at + addr.size()])))
+      return fmt::format("{} (that is group rank {} of {})", gloo_error, r, what_);
+  return gloo_error;
+}
+
 // Runs `body`; a Gloo failure becomes a CommError naming the group and the op, and marks the group
 // failed (Gloo's context is unusable after an I/O error or a timeout).
 template <typename F>
@@ -278,13 +316,7 @@ void GlooTransport::run(const char* op, F&& body) {
     body();
   } catch (const gloo::Exception& e) {
     failed_ = true;
-    std::string why = e.what();
-    for (const auto& [addr, r] : peer_addresses_)
-      if (const size_t at = why.find(addr);
-          at != std::string::npos && !std::isdigit(static_cast<unsigned char>(why[at + addr.size()]))) {
-        why += fmt::format(" (that is group rank {} of {})", r, what_);
-        break;
-      }
+    const std::string why = explain(e.what());
     failure_ = fmt::format("{} failed: {}", op, why);
     throw CommError(fmt::format("{}: gloo {} failed: {}", what_, op, why));
   }

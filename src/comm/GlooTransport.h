@@ -65,6 +65,9 @@ class GlooTransport {
   std::unique_ptr<gloo::transport::UnboundBuffer> post_send(const void* buf, size_t bytes, int peer, uint64_t slot);
   std::unique_ptr<gloo::transport::UnboundBuffer> post_recv(void* buf, size_t bytes, int peer, uint64_t slot);
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Gloo's error text plus the peer it points at: "(group rank 1 of dp[0/2] exited)" when a peer
+  // process of this machine is gone, else the peer whose listening address the text names.
+  std::string explain(const std::string& gloo_error) const;
 
   // Where this rank listens ("127.0.0.1" or its address), for logs and tests.
   const std::string& address() const { return host_; }
@@ -80,6 +83,7 @@ class GlooTransport {
   std::shared_ptr<gloo::Context> ctx_;
   std::vector<char> scratch_;  // reduce-scatter's two partial buffers, kept across calls
   uint32_t tag_ = 0;  // Gloo collective tag, advanced per op (stale messages never match a new op)
+  std::vector<std::pair<int, int64_t>> same_machine_pids_;  // (group rank, pid) of peers on this machine
   std::vector<std::pair<std::string, int>> peer_addresses_;  // "[ip]:port" of each peer's listener -> group rank
   bool failed_ = false;
   std::string failure_;

@@ -322,7 +322,7 @@ class MpiProcessGroup final : public ProcessGroup {
         if (send) b->waitSend(timeout);
         else b->waitRecv(timeout);
       } catch (const std::exception& e) {
-        error = fmt::format("gloo {} failed: {}", send ? "send" : "recv", e.what());
+        error = fmt::format("gloo {} failed: {}", send ? "send" : "recv", gloo_->explain(e.what()));
       }
       b.reset();
       t = Tensor();  // release our reference before the waiter can see the op finish

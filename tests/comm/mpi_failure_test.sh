@@ -36,8 +36,8 @@ run_case() {  # run_case MODE EXPECTED_TEXT
   rm -rf "$dir"
 }
 # A killed rank is reported by mpirun, or first by a rank whose Gloo connection to it closes (its
-# abort message names the op and, when the address is rank 1's listener, rank 1).
-run_case kill-one "exited on signal 9|gloo all_reduce failed: .*(closed|reset) by peer.*; last collective: all_reduce f32\\[1024\\] on world"
+# abort message names the op, its sequence number and rank 1, the process that exited).
+run_case kill-one "exited on signal 9|all_reduce f32\\[1024\\] on world\\[[0-9]/4\\] seq=[0-9]+ failed: .*(closed|reset) by peer.*\\(group rank 1 of world\\[[0-9]/4\\] exited\\)"
 run_case throw-one "rank 1: injected failure at step 5; last collective: all_reduce f32\\[1024\\] on world\\[1/4\\] seq=4"
 # A rank that never joins (rank 1 starts MPI, then sleeps 60 s before creating the world): with a
 # 3 s timeout the job ends within the bound, rank 0 naming rank 1.
