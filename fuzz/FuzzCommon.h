@@ -3,8 +3,10 @@
 // earns (ConfigError, IoError, PlanError); anything else -- another exception, InternalError,
 // a crash, a sanitizer report -- ends the run, so libFuzzer records the input.
 #pragma once
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -52,11 +54,19 @@ void must_hold(std::string_view target, F&& check) {
 }
 
 // A per-process scratch directory, in memory when /dev/shm exists (readers run thousands of
-// times a second). Removed at exit.
+// times a second). Removed at exit; libFuzzer's time limit ends a run without exit handlers, so
+// each start also removes the directories of fuzz processes that are gone.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     std::filesystem::path base = std::filesystem::exists("/dev/shm") ? std::filesystem::path("/dev/shm")
                                                                      : std::filesystem::temp_directory_path();
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("dhelix-fuzz-", 0) != 0) continue;
+      const long pid = std::atol(n.c_str() + 12);
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+    }
     std::filesystem::path d = base / ("dhelix-fuzz-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     std::atexit([] {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <thread>
 
 #include <exception>
@@ -486,6 +487,12 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
     mpi_abort_with(rank == 0 ? fmt::format("rank 0: {}", e.what()) : e.what());
   }
   auto rt = std::make_shared<MpiRuntime>(g_dhelix_initialised_mpi.load());
+  // The job's arrival board: rank 0's random token names the shared-memory files of this job.
+  uint64_t token = 0;
+  if (rank == 0) token = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ static_cast<uint64_t>(::getpid()) ^
+                         static_cast<uint64_t>(now_seconds() * 1e6);
+  mpi_check(MPI_Bcast(&token, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD), "MPI_Bcast(job token)");
+  auto board = std::make_shared<ProgressBoard>(token, rank);
   auto errors = validate_layout(cfg, size);
   DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}", rank,
             fmt::join(errors, "; "));
@@ -504,10 +511,14 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
     mpi_check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
     groups[static_cast<size_t>(role)] =
         std::make_unique<MpiProcessGroup>(comm, rt, group_role_name(role), rank, options.timeout_s, transport);
+    groups[static_cast<size_t>(role)]->set_progress_board(board, static_cast<int>(role), all[static_cast<size_t>(color)]);
   }
   MPI_Comm world_comm;
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm), "MPI_Comm_dup");
   auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options.timeout_s, transport);
+  std::vector<int> everyone(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) everyone[static_cast<size_t>(r)] = r;
+  world->set_progress_board(board, ProgressBoard::kSlots - 1, everyone);
   auto teardown = [rank](const std::string& last) {
     std::lock_guard lk(g_active.mu);
     g_active.ctx = nullptr;

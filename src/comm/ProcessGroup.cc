@@ -1,6 +1,8 @@
 // Shape checks, sequence numbering and queuing shared by every backend.
 #include "comm/ProcessGroup.h"
 
+#include <optional>
+
 #include "base/Error.h"
 
 namespace dhelix {
@@ -67,11 +69,53 @@ std::shared_ptr<WorkState> ProcessGroup::blame() const {
   return last_issued_;
 }
 
+void ProcessGroup::set_progress_board(std::shared_ptr<ProgressBoard> board, int slot, std::vector<int> members) {
+  std::lock_guard lk(mu_);
+  board_ = std::move(board);
+  board_slot_ = slot;
+  members_ = std::move(members);
+}
+
+std::string ProcessGroup::arrivals(int64_t seq) const {
+  if (!board_) return "";
+  std::vector<std::string> late;
+  int unknown = 0;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    if (r == rank_) continue;
+    const std::optional<int64_t> at = board_->read(members_[static_cast<size_t>(r)], board_slot_);
+    if (!at) ++unknown;
+    else if (*at < seq)
+      late.push_back(fmt::format("group rank {} (world rank {}) has not started it (its last: seq={})", r,
+                                 members_[static_cast<size_t>(r)], *at));
+  }
+  std::string out;
+  for (const auto& l : late) out += (out.empty() ? "" : "; ") + l;
+  if (out.empty() && unknown == 0) out = "every other member started it (one of them is stuck inside it)";
+  if (unknown > 0) out += fmt::format("{}{} member(s) on other machines not visible", out.empty() ? "" : "; ", unknown);
+  return out;
+}
+
 Work ProcessGroup::issue(std::string signature, Task task) {
   std::lock_guard lk(mu_);
   DHX_ASSERT(stream_ != nullptr, "group {} has no comm stream", name_);
-  auto state = std::make_shared<WorkState>(std::move(signature), name_, seq_++, world_rank_, timeout_s_);
+  const int64_t seq = seq_++;
+  auto state = std::make_shared<WorkState>(std::move(signature), name_, seq, world_rank_, timeout_s_);
   last_issued_ = state;
+  if (board_) {
+    state->set_diagnose([this, seq] { return arrivals(seq); });
+    // The comm thread publishes the op as it starts it; a transport timeout inside it gets the
+    // same arrival report.
+    task = [this, seq, inner = std::move(task)](const std::shared_ptr<WorkState>& st) {
+      board_->publish(board_slot_, seq);
+      try {
+        return inner(st);
+      } catch (const std::exception& e) {
+        const std::string m = e.what();
+        if (m.find("imed out") == std::string::npos) throw;
+        throw CommError(m + "; " + arrivals(seq));
+      }
+    };
+  }
   stream_->submit(state, std::move(task));
   return Work(std::move(state));
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/CommStream.h"
+#include "comm/ProgressBoard.h"
 #include "comm/Work.h"
 #include "tensor/Tensor.h"
 
@@ -62,6 +63,13 @@ class ProcessGroup {
   int64_t next_seq() const;
   double timeout_s() const;
   void set_timeout_s(double seconds);  // for ops issued from now on
+  // Arrival reports: this group publishes the op its comm thread starts in `slot` of `board`, and
+  // a timed-out op names the members (world ranks `members`, in group-rank order) whose last
+  // started op is older.
+  void set_progress_board(std::shared_ptr<ProgressBoard> board, int slot, std::vector<int> members);
+  // "group rank 1 (world rank 1) has not started op seq=12 (its last: seq=11)"; "" without a board.
+  std::string arrivals(int64_t seq) const;
+
   // The op to blame in an abort message: the oldest unfinished one, else the last issued
   // (nullptr when nothing was ever issued).
   std::shared_ptr<WorkState> blame() const;
@@ -97,6 +105,9 @@ class ProcessGroup {
   double timeout_s_;
   std::shared_ptr<WorkState> last_issued_;
   std::unique_ptr<CommStream> stream_;
+  std::shared_ptr<ProgressBoard> board_;
+  int board_slot_ = -1;
+  std::vector<int> members_;
 };
 
 }  // namespace dhelix

@@ -61,8 +61,12 @@ void WorkState::wait() const {
   std::unique_lock lk(mu_);
   auto limit = std::chrono::duration<double>(timeout_s_);
   bool finished = cv_.wait_for(lk, limit, [&] { return status_ != Status::kPending; });
-  DHX_CHECK(finished, CommError, "rank {}: {} did not complete within {:.3g} s (DHELIX_COMM_TIMEOUT_S)",
-            world_rank_, description_, timeout_s_);
+  if (!finished) {
+    lk.unlock();
+    const std::string why = diagnose_ ? diagnose_() : "";
+    throw CommError(fmt::format("rank {}: {} did not complete within {:.3g} s (comm.timeout_s){}", world_rank_,
+                                description_, timeout_s_, why.empty() ? "" : "; " + why));
+  }
   DHX_CHECK(status_ == Status::kDone, CommError, "rank {}: {} failed: {}", world_rank_, description_, error_);
 }
 

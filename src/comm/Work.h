@@ -4,6 +4,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,8 @@ class WorkState {
   // When the comm thread started running the op, and when it finished (0 until then): the
   // trace draws the op from start to end.
   void mark_started();
+  // Called when wait() times out, to say why (which ranks never arrived); set before the op runs.
+  void set_diagnose(std::function<std::string()> fn) { diagnose_ = std::move(fn); }
   double start_time() const;
   double end_time() const;
 
@@ -45,6 +48,7 @@ class WorkState {
   mutable std::condition_variable cv_;
   Status status_ = Status::kPending;
   std::string error_;
+  std::function<std::string()> diagnose_;
 };
 
 class [[nodiscard]] Work {

@@ -10,6 +10,9 @@
 //   late-join SECONDS   rank 1 starts MPI, then sleeps SECONDS before creating the world (a rank that
 //                       does not join); the others must give up after comm's timeout, rank 0
 //                       naming rank 1 (mpi_failure_test.sh)
+//   late-op SECONDS     every rank creates the world; rank 1 then sleeps SECONDS before its first
+//                       all_reduce (a rank alive but stuck elsewhere); the others' all_reduce times
+//                       out naming rank 1 as not started (mpi_failure_test.sh)
 //   barrier-idle SECONDS  the last rank sleeps SECONDS, then all meet at a world barrier; every
 //                       other rank must wait there without burning its core. Oracle: the process
 //                       CPU time the waiting rank used across the barrier (kernel accounting) is
@@ -171,6 +174,14 @@ int run_late_join(double seconds) {
   return 0;
 }
 
+int run_late_op(double seconds) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+  if (ctx->rank() == 1) usleep(static_cast<useconds_t>(seconds * 1e6));
+  Tensor t = Tensor::zeros({1024});
+  ctx->world().all_reduce(t).wait();
+  return 0;
+}
+
 int run_barrier_idle(double seconds) {
   auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
   ctx->world().barrier();  // every rank is up and the group's comm thread is running
@@ -197,7 +208,7 @@ int main(int argc, char** argv) {
     if (args.empty())
       throw dhelix::ConfigError(
           "usage: dhelix_comm_mpi_test checks|kill-one DIR|throw-one DIR|bench MIB ITERS|overlap MIB ITERS|"
-          "barrier-idle SECONDS|late-join SECONDS");
+          "barrier-idle SECONDS|late-join SECONDS|late-op SECONDS");
     std::string mode = args[0];
     args.erase(args.begin());
     if (mode == "checks") return dhelix::run_checks(args);
@@ -206,6 +217,7 @@ int main(int argc, char** argv) {
     if (mode == "overlap" && args.size() == 2) return dhelix::run_overlap(std::stod(args[0]), std::stoi(args[1]));
     if (mode == "barrier-idle" && args.size() == 1) return dhelix::run_barrier_idle(std::stod(args[0]));
     if (mode == "late-join" && args.size() == 1) return dhelix::run_late_join(std::stod(args[0]));
+    if (mode == "late-op" && args.size() == 1) return dhelix::run_late_op(std::stod(args[0]));
     throw dhelix::ConfigError(fmt::format("bad arguments for mode '{}'", mode));
   } catch (const std::exception& e) {
     dhelix::abort_world(e.what());

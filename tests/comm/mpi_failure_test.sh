@@ -3,7 +3,8 @@
 # Case 1: rank 1 SIGKILLs itself mid-loop. Case 2: rank 1 throws; main calls abort_world, whose
 # message must name the rank and the last collective (EXPECTED_TEXT is an extended regex). Oracle: mpirun's status, elapsed time,
 # no rank process left alive, no rank that finished normally.
-# Case 3: a rank that never joins the world (bootstrap timeout), named by rank 0.
+# Case 3: a rank that never joins the world (bootstrap timeout), named by rank 0. Case 4: a rank
+# that never arrives at a collective, named by the others' timeout.
 # usage: mpi_failure_test.sh MPIRUN TEST_BINARY
 set -u
 MPIRUN=$1; BIN=$2; BOUND_S=30; NP=4
@@ -49,5 +50,16 @@ echo "[late-join] mpirun exit $rc after ${elapsed} s"
 if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [late-join]: mpirun exit $rc"; fail=1; fi
 if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [late-join]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
 grep -q "rank 0: rank 1 of the world did not join within 3 s" <<<"$out" || { echo "FAIL [late-join]: no message naming rank 1"; echo "$out" | head -5; fail=1; }
+# A rank alive but stuck elsewhere (rank 1 sleeps 60 s before its first all_reduce): the others'
+# all_reduce times out after 3 s naming rank 1 as not having started it (the arrival board).
+t0=$(date +%s.%N)
+out=$(DHELIX_COMM_TIMEOUT_S=3 timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" late-op 60 2>&1)
+rc=$?
+elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
+echo "[late-op] mpirun exit $rc after ${elapsed} s"
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [late-op]: mpirun exit $rc"; fail=1; fi
+if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [late-op]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
+grep -qE "all_reduce f32\[1024\] on world\[[02]/3\] seq=0 .*group rank 1 \(world rank 1\) has not started it" <<<"$out" \
+  || { echo "FAIL [late-op]: no message naming rank 1 as not arrived"; echo "$out" | head -5; fail=1; }
 [ $fail -eq 0 ] && echo "mpi_failure_test: passed" || echo "mpi_failure_test: FAILED"
 exit $fail
