@@ -9,6 +9,7 @@
 
 #include "Commands.h"
 #include "base/Error.h"
+#include "base/Checksum.h"
 #include "base/Files.h"
 #include "base/Signals.h"
 #include "comm/MpiBackend.h"
@@ -39,7 +40,36 @@ int cmd_train(int argc, char** argv) {
   std::optional<CliArgs> parsed = parse_verb_args(words, "train", kTrainUsage);
   if (!parsed) return 0;
   const CliArgs& args = *parsed;
-  RunConfig cfg = load_config(args.config_path, args.overrides);
+  RunConfig cfg;
+  {
+    // Under mpirun every rank reads the config before the ranks connect; when it fails, the ranks
+    // compare what failed so each distinct error is printed once (by the lowest rank that met
+    // it), not once per rank.
+    std::exception_ptr error;
+    std::string text;
+    try {
+      cfg = load_config(args.config_path, args.overrides);
+    } catch (const Error& e) {
+      error = std::current_exception();
+      text = e.what();
+    }
+    if (launched_by_mpirun() && mpi_world_size() > 1) {
+      const int64_t mine = error ? static_cast<int64_t>(crc32c(text.data(), text.size())) + 1 : 0;
+      const std::vector<int64_t> all = mpi_world_allgather(mine);
+      int rank = 0;
+      if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) rank = std::atoi(r);
+      const bool any = std::any_of(all.begin(), all.end(), [](int64_t v) { return v != 0; });
+      if (any) {
+        const bool first_with_mine =
+            error && std::find(all.begin(), all.end(), mine) - all.begin() == static_cast<std::ptrdiff_t>(rank);
+        mpi_finalize_early();
+        if (!first_with_mine) return 2;
+        std::rethrow_exception(error);
+      }
+    } else if (error) {
+      std::rethrow_exception(error);
+    }
+  }
   std::unique_ptr<CommContext> comm;
   if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp > 1)
     comm = make_mpi_world(layout_config(cfg), comm_options(cfg));

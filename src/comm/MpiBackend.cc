@@ -470,6 +470,24 @@ int mpi_world_size() {
   return size;
 }
 
+std::vector<int64_t> mpi_world_allgather(int64_t value) {
+  const int n = mpi_world_size();
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  mpi_check(MPI_Allgather(&value, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD), "MPI_Allgather(start-up)");
+  return all;
+}
+
+void mpi_finalize_early() {
+  {
+    std::lock_guard lk(g_active.mu);
+    if (g_active.ctx != nullptr) return;
+  }
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized && g_dhelix_initialised_mpi.load()) MPI_Finalize();
+}
+
 std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommOptions& options) {
   init_mpi();
   {

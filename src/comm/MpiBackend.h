@@ -2,7 +2,9 @@
 // against the world size, splits one communicator per group (collectively, once) and gives each
 // group a comm thread. No MPI types leak out of this header; MpiBackend.cc holds them all.
 #pragma once
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "comm/CommContext.h"
 
@@ -18,5 +20,13 @@ bool launched_by_mpirun();
 
 // Size of MPI_COMM_WORLD (initialising MPI if needed), for choosing a layout before make_mpi_world.
 int mpi_world_size();
+
+// Every world rank's `value`, in rank order (initialising MPI if needed; a blocking all-gather on
+// MPI_COMM_WORLD, for agreeing on start-up before any group exists).
+std::vector<int64_t> mpi_world_allgather(int64_t value);
+
+// Finalises MPI when dhelix initialised it and no world from make_mpi_world is alive (a start-up
+// that ends before the world is made); a no-op otherwise. Every rank must call it.
+void mpi_finalize_early();
 
 }  // namespace dhelix

@@ -31,6 +31,18 @@ check() {  # check NAME WANT_RC RC OUTFILE PATTERN...
   if [ -z "$why" ]; then echo "ok   $name"; else echo "FAIL $name: $why"; tail -20 "$out"; fail=1; fi
 }
 
+# 0. A configuration error every rank meets while reading the config (before the ranks connect)
+#    is printed once, exit 2; one that only rank 1 meets is printed by rank 1 alone.
+timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --output.dir "$dir/c" --model.n_heads 3 > "$dir/c.out" 2>&1
+check config_error_shared 2 $? "$dir/c.out" "configuration error" "model.n_heads=3"
+n=$(grep -c "dhelix train: configuration error" "$dir/c.out")
+[ "$n" = 1 ] && echo "ok   config_error_printed_once" || { echo "FAIL config error printed $n times"; fail=1; }
+timeout 120 "${mpi[@]}" -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/c" : \
+  -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/c" --training.bogus 1 > "$dir/c2.out" 2>&1
+check config_error_one_rank 2 $? "$dir/c2.out" "training.bogus"
+n=$(grep -c "dhelix train: configuration error" "$dir/c2.out")
+[ "$n" = 1 ] && echo "ok   config_error_one_rank_printed_once" || { echo "FAIL one-rank config error printed $n times"; fail=1; }
+
 # 1. Rank 1 launched with another depth: refused before step 1, one message, exit 2.
 DHELIX_COMM_TIMEOUT_S=30 timeout 120 "${mpi[@]}" -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" : \
   -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" --model.n_layers 4 > "$dir/a.out" 2>&1
