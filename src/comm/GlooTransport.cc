@@ -34,6 +34,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "base/Error.h"
 #include "comm/Reduce.h"
@@ -294,9 +295,13 @@ bool process_gone(int64_t pid) {
 std::string GlooTransport::explain(const std::string& gloo_error) const {
   // Which peer failed: a process of this machine that has exited, else the peer whose listening
   // address the error names.
+  // A peer's sockets close while its process is still exiting: look for up to ~0.3 s.
   std::vector<int> gone;
-  for (const auto& [r, pid] : same_machine_pids_)
-    if (process_gone(pid)) gone.push_back(r);
+  for (int tries = 0; tries < 30 && gone.empty() && !same_machine_pids_.empty(); ++tries) {
+    if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const auto& [r, pid] : same_machine_pids_)
+      if (process_gone(pid)) gone.push_back(r);
+  }
   if (!gone.empty())
     return fmt::format("{} (group rank{} {} of {} exited)", gloo_error, gone.size() == 1 ? "" : "s",
                        fmt::join(gone, ", "), what_);
