@@ -165,56 +165,15 @@ std::shared_ptr<gloo::transport::Device> device_for(const std::string& host) {
   return d;
 }
 
-template <typename T>
-void reduce_typed(T* c, const T* a, const T* b, size_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      for (size_t i = 0; i < n; ++i) c[i] = a[i] + b[i];
-      break;
-    case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) c[i] = std::max(a[i], b[i]);
-      break;
-    case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) c[i] = std::min(a[i], b[i]);
-      break;
-  }
-}
-
-// Gloo's reduce function for one dtype and op: c[i] = a[i] op b[i] (c may alias a or b).
+// Gloo's reduce function for one dtype and op: c[i] = a[i] op b[i] (c may alias a or b), by
+// Reduce.h's combine_into (inout = in op inout; bf16 in f32 with one rounding).
 gloo::AllreduceOptions::Func reduce_fn(DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::kF32:
-      return [op](void* c, const void* a, const void* b, size_t n) {
-        reduce_typed(static_cast<float*>(c), static_cast<const float*>(a), static_cast<const float*>(b), n, op);
-      };
-    case DType::kF64:
-      return [op](void* c, const void* a, const void* b, size_t n) {
-        reduce_typed(static_cast<double*>(c), static_cast<const double*>(a), static_cast<const double*>(b), n, op);
-      };
-    case DType::kI32:
-      return [op](void* c, const void* a, const void* b, size_t n) {
-        reduce_typed(static_cast<int32_t*>(c), static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), n, op);
-      };
-    case DType::kI64:
-      return [op](void* c, const void* a, const void* b, size_t n) {
-        reduce_typed(static_cast<int64_t*>(c), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), n, op);
-      };
-    case DType::kU16:
-      return [op](void* c, const void* a, const void* b, size_t n) {
-        reduce_typed(static_cast<uint16_t*>(c), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n, op);
-      };
-    case DType::kBF16:
-      return [op](void* c, const void* a, const void* b, size_t n) {
-        // c = a op b: start from b (unless c is b), fold a in, in f32 with one rounding.
-        if (c == a) {
-          bf16_combine(static_cast<const uint16_t*>(b), static_cast<uint16_t*>(c), static_cast<int64_t>(n), op);
-        } else {
-          if (c != b) std::memcpy(c, b, n * 2);
-          bf16_combine(static_cast<const uint16_t*>(a), static_cast<uint16_t*>(c), static_cast<int64_t>(n), op);
-        }
-      };
-  }
-  return {};
+  return [dtype, op](void* c, const void* a, const void* b, size_t n) {
+    const int64_t k = static_cast<int64_t>(n);
+    if (c == a) return combine_into(b, c, k, dtype, op);
+    if (c != b) std::memcpy(c, b, n * dtype_size(dtype));
+    combine_into(a, c, k, dtype, op);
+  };
 }
 
 int mod(int a, int n) { return ((a % n) + n) % n; }

@@ -423,6 +423,18 @@ std::string to_toml(const RunConfig& cfg) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> toml_entries(const std::string& to_toml_text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(to_toml_text);
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '[') section = line.substr(1, line.find(']') - 1);
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos && line[0] != '#') out.emplace_back(section + "." + line.substr(0, eq), line.substr(eq + 3));
+  }
+  return out;
+}
+
 std::string help_text() {
   RunConfig defaults;
   defaults.output.metrics = "<output.dir>/metrics.jsonl";

@@ -124,6 +124,9 @@ RunConfig load_config_text(const std::string& toml_text, const std::string& orig
 // Every key of the table with its resolved value, grouped by section, in table order; loading it
 // back gives the same RunConfig. Derived paths (metrics, checkpoint dir) are written resolved.
 std::string to_toml(const RunConfig& cfg);
+// The ("section.key", value text) pairs of a to_toml() text, in its order (other lines skipped),
+// for comparing resolved configs key by key (across ranks, against a checkpoint's).
+std::vector<std::pair<std::string, std::string>> toml_entries(const std::string& to_toml_text);
 
 // "--section.key <type>   help (default: value)" for every key, generated from the table.
 std::string help_text();

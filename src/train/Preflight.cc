@@ -188,14 +188,9 @@ void check_ranks_agree(const RunConfig& cfg, CommContext& comm) {
   std::vector<std::string> keys;
   std::vector<uint32_t> hashes;
   {
-    std::istringstream in(to_toml(cfg));
-    std::string line, section;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line[0] == '[') section = line.substr(1, line.size() - 2);
-      const size_t eq = line.find(" = ");
-      if (eq == std::string::npos) continue;
-      keys.push_back(section + "." + line.substr(0, eq));
-      hashes.push_back(crc32c(line.data(), line.size()));
+    for (const auto& [key, value] : toml_entries(to_toml(cfg))) {
+      keys.push_back(key);
+      hashes.push_back(crc32c(value.data(), value.size()));
     }
     std::string id;
     std::error_code ec;

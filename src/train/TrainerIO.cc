@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
-#include <sstream>
 
 #include "base/Error.h"
 #include "kernels/cpu/Kernels.h"
@@ -46,23 +45,13 @@ std::string first_nonfinite(const std::map<std::string, Tensor>& tensors) {
 // "model.n_layers = 4 in the checkpoint, 2 in this run; ..." for the [model] keys whose resolved
 // values differ between two to_toml texts; "" when none do (or the checkpoint kept no config).
 std::string model_key_diffs(const std::string& saved_toml, const std::string& current_toml) {
-  auto model_keys = [](const std::string& text) {
-    std::map<std::string, std::string> kv;
-    std::istringstream in(text);
-    std::string line, section;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line[0] == '[') section = line;
-      const size_t eq = line.find(" = ");
-      if (section == "[model]" && eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
-    }
-    return kv;
-  };
-  const auto a = model_keys(saved_toml), b = model_keys(current_toml);
+  const auto current = toml_entries(current_toml);
+  const std::map<std::string, std::string> now(current.begin(), current.end());
   std::string out;
-  for (const auto& [k, v] : a) {
-    auto it = b.find(k);
-    if (it != b.end() && it->second != v)
-      out += fmt::format("{}model.{} = {} in the checkpoint, {} in this run", out.empty() ? "" : "; ", k, v, it->second);
+  for (const auto& [k, v] : toml_entries(saved_toml)) {
+    auto it = now.find(k);
+    if (k.rfind("model.", 0) == 0 && it != now.end() && it->second != v)
+      out += fmt::format("{}{} = {} in the checkpoint, {} in this run", out.empty() ? "" : "; ", k, v, it->second);
   }
   return out;
 }

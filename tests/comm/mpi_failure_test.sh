@@ -40,26 +40,23 @@ run_case() {  # run_case MODE EXPECTED_TEXT
 # abort message names the op, its sequence number and rank 1, the process that exited).
 run_case kill-one "exited on signal 9|all_reduce f32\\[1024\\] on world\\[[0-9]/4\\] seq=[0-9]+ failed: .*(closed|reset) by peer.*\\(group rank 1 of world\\[[0-9]/4\\] exited\\)"
 run_case throw-one "rank 1: injected failure at step 5; last collective: all_reduce f32\\[1024\\] on world\\[1/4\\] seq=4"
-# A rank that never joins (rank 1 starts MPI, then sleeps 60 s before creating the world): with a
-# 3 s timeout the job ends within the bound, rank 0 naming rank 1.
-t0=$(date +%s.%N)
-out=$(DHELIX_COMM_TIMEOUT_S=3 timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" late-join 60 2>&1)
-rc=$?
-elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
-echo "[late-join] mpirun exit $rc after ${elapsed} s"
-if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [late-join]: mpirun exit $rc"; fail=1; fi
-if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [late-join]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
-grep -q "rank 0: rank 1 of the world did not join within 3 s" <<<"$out" || { echo "FAIL [late-join]: no message naming rank 1"; echo "$out" | head -5; fail=1; }
-# A rank alive but stuck elsewhere (rank 1 sleeps 60 s before its first all_reduce): the others'
-# all_reduce times out after 3 s naming rank 1 as not having started it (the arrival board).
-t0=$(date +%s.%N)
-out=$(DHELIX_COMM_TIMEOUT_S=3 timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" late-op 60 2>&1)
-rc=$?
-elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
-echo "[late-op] mpirun exit $rc after ${elapsed} s"
-if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [late-op]: mpirun exit $rc"; fail=1; fi
-if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [late-op]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
-grep -qE "all_reduce f32\[1024\] on world\[[02]/3\] seq=0 .*group rank 1 \(world rank 1\) has not started it" <<<"$out" \
-  || { echo "FAIL [late-op]: no message naming rank 1 as not arrived"; echo "$out" | head -5; fail=1; }
+# late_case MODE EXPECTED_ERE: rank 1 is late by 60 s in MODE; with a 3 s timeout the job must end
+# non-zero within the bound, with a message matching EXPECTED_ERE.
+late_case() {
+  local mode=$1 want=$2 out rc t0 elapsed
+  t0=$(date +%s.%N)
+  out=$(DHELIX_COMM_TIMEOUT_S=3 timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" "$mode" 60 2>&1)
+  rc=$?
+  elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
+  echo "[$mode] mpirun exit $rc after ${elapsed} s"
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL [$mode]: mpirun exit $rc"; fail=1; fi
+  if [ "$(echo "$elapsed > $BOUND_S" | bc)" = 1 ]; then echo "FAIL [$mode]: took ${elapsed} s > ${BOUND_S} s"; fail=1; fi
+  grep -qE -- "$want" <<<"$out" || { echo "FAIL [$mode]: output lacks /$want/"; echo "$out" | head -5; fail=1; }
+}
+# A rank that never joins (rank 1 starts MPI, then sleeps before creating the world): rank 0 names it.
+late_case late-join "rank 0: rank 1 of the world did not join within 3 s"
+# A rank alive but stuck elsewhere (rank 1 sleeps before its first all_reduce): the others'
+# all_reduce times out naming rank 1 as not having started it (the arrival board).
+late_case late-op "all_reduce f32\[1024\] on world\[[02]/3\] seq=0 .*group rank 1 \(world rank 1\) has not started it"
 [ $fail -eq 0 ] && echo "mpi_failure_test: passed" || echo "mpi_failure_test: FAILED"
 exit $fail

@@ -18,11 +18,8 @@ trap 'rm -rf "$dir"' EXIT
 fail=0
 
 # A small text corpus of random lowercase words; `dhelix data prepare` trains a 256-piece BPE on it.
-awk 'BEGIN { srand(11); for (i = 0; i < 3000; i++) { line = "";
-  for (j = 0; j < 12; j++) { w = ""; n = 2 + int(rand() * 5);
-    for (k = 0; k < n; k++) w = w sprintf("%c", 97 + int(rand() * 12));
-    line = line (j ? " " : "") w }
-  print line } }' > "$dir/corpus.txt"
+source "$(dirname "$0")/tiny_corpus.sh"
+tiny_corpus 11 3000 "$dir/corpus.txt"
 args=(--model.vocab_size 256 --model.seq_len 32 --model.d_model 64 --model.n_layers 2 --model.n_heads 4
       --model.n_kv_heads 2 --model.ffn_hidden 176 --training.steps 50 --training.micro_batch_size 2
       --training.eval_interval 0 --training.sample_tokens 0 --training.threads 1
