@@ -62,9 +62,16 @@ int cmd_train(int argc, char** argv) {
       if (any) {
         const bool first_with_mine =
             error && std::find(all.begin(), all.end(), mine) - all.begin() == static_cast<std::ptrdiff_t>(rank);
+        // The reporting ranks print before anyone exits: mpirun stops the whole job at the first
+        // non-zero exit, which could otherwise cut a report off.
+        int code = 2;
+        if (first_with_mine) {
+          code = report_error("train", error);
+          std::fflush(stderr);
+        }
+        mpi_world_allgather(0);
         mpi_finalize_early();
-        if (!first_with_mine) return 2;
-        std::rethrow_exception(error);
+        return code;
       }
     } else if (error) {
       std::rethrow_exception(error);

@@ -1,7 +1,11 @@
-// What the verbs share: the config-word parsing with --help and the positional-word check.
+// What the verbs share: the config-word parsing with --help and the positional-word check, and
+// the error report with its exit code.
 #include "Commands.h"
 
 #include <fmt/format.h>
+
+#include <cstdio>
+#include <new>
 
 #include "base/Error.h"
 
@@ -16,6 +20,33 @@ std::optional<CliArgs> parse_verb_args(const std::vector<std::string>& words, co
   DHX_CHECK(args.positional.empty(), ConfigError, "dhelix {}: unexpected argument '{}'\n{}", verb, args.positional[0],
             usage);
   return args;
+}
+
+int report_error(const std::string& verb, const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const ConfigError& x) {
+    fmt::print(stderr, "dhelix {}: configuration error:\n{}\n", verb, x.what());
+    return 2;
+  } catch (const IoError& x) {
+    fmt::print(stderr, "dhelix {}: {}\n", verb, x.what());
+    return 2;
+  } catch (const PlanError& x) {
+    fmt::print(stderr, "dhelix {}: invalid plan: {}\n", verb, x.what());
+    return 2;
+  } catch (const DivergedError& x) {
+    fmt::print(stderr, "dhelix {}: training diverged: {}\n", verb, x.what());
+    return 3;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr,
+               "dhelix {}: out of memory: the run needs more memory than this machine has free.\nhint: a smaller "
+               "model, training.micro_batch_size or model.seq_len, more tp or pp ranks, or parallel.zero 1\n",
+               verb);
+    return 2;
+  } catch (const std::exception& x) {
+    fmt::print(stderr, "dhelix {}: error: {}\n", verb, x.what());
+    return 1;
+  }
 }
 
 }  // namespace dhelix

@@ -2,6 +2,7 @@
 // verb itself, e.g. "data") and returns the exit code; ConfigError / IoError propagate to main(),
 // which prints them and exits 2.
 #pragma once
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@ namespace dhelix {
 // every key and returns nullopt (the verb exits 0); a positional word is a ConfigError naming the
 // verb. apps/Commands.cc.
 std::optional<CliArgs> parse_verb_args(const std::vector<std::string>& words, const char* verb, const char* usage);
+
+// Prints the error `e` the way the exit-code table says (README) and returns its exit code:
+// ConfigError ("configuration error:"), IoError, PlanError, out of memory -> 2; DivergedError -> 3;
+// anything else -> 1. main() calls it for every verb; cmd_train also before its ranks part.
+int report_error(const std::string& verb, const std::exception_ptr& e);
 
 // dhelix data prepare --config C.toml [--section.key value ...]
 int cmd_data(int argc, char** argv);

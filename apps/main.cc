@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <new>
 #include <string>
 
 #include "Commands.h"
@@ -46,26 +45,7 @@ int main(int argc, char** argv) {
     if (verb == "schedule") return dhelix::cmd_schedule(argc - 1, argv + 1);
     fmt::print(stderr, "dhelix: unknown command '{}'\n{}", verb, kUsage);
     return 2;
-  } catch (const dhelix::ConfigError& e) {
-    fmt::print(stderr, "dhelix {}: configuration error:\n{}\n", verb, e.what());
-    return 2;
-  } catch (const dhelix::IoError& e) {
-    fmt::print(stderr, "dhelix {}: {}\n", verb, e.what());
-    return 2;
-  } catch (const dhelix::PlanError& e) {
-    fmt::print(stderr, "dhelix {}: invalid plan: {}\n", verb, e.what());
-    return 2;
-  } catch (const dhelix::DivergedError& e) {
-    fmt::print(stderr, "dhelix {}: training diverged: {}\n", verb, e.what());
-    return 3;
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr,
-               "dhelix {}: out of memory: the run needs more memory than this machine has free.\nhint: a smaller "
-               "model, training.micro_batch_size or model.seq_len, more tp or pp ranks, or parallel.zero 1\n",
-               verb);
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "dhelix {}: error: {}\n", verb, e.what());
-    return 1;
+  } catch (...) {
+    return dhelix::report_error(verb, std::current_exception());
   }
 }
