@@ -34,7 +34,7 @@ class CommContext {
   // Called first by the destructor with last_collective(); returns true to leave the groups (and
   // their comm threads, perhaps blocked inside MPI) alive for an abort that is about to follow.
   using TeardownFn = std::function<bool(const std::string& last_collective)>;
-  using RoleGroups = std::array<std::unique_ptr<ProcessGroup>, 5>;  // indexed by GroupRole
+  using RoleGroups = std::array<std::unique_ptr<ProcessGroup>, kNumGroupRoles>;  // indexed by GroupRole
 
   CommContext(std::string backend, Layout layout, RoleGroups groups, std::unique_ptr<ProcessGroup> world,
               AbortFn abort_fn, std::shared_ptr<void> backend_state, TeardownFn teardown_fn = {});

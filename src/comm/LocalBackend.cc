@@ -231,7 +231,7 @@ std::unique_ptr<CommContext> make_local_context(const std::shared_ptr<LocalWorld
                                                 int rank, const CommOptions& options) {
   Layout layout(cfg, rank);
   CommContext::RoleGroups groups;
-  for (GroupRole role : {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP}) {
+  for (GroupRole role : all_group_roles()) {
     auto all = layout.all_groups(role);
     for (size_t gi = 0; gi < all.size(); ++gi) {
       for (size_t pos = 0; pos < all[gi].size(); ++pos) {

@@ -518,7 +518,7 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   const CommTransport transport = options.transport;
 
   CommContext::RoleGroups groups;
-  for (GroupRole role : {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP}) {
+  for (GroupRole role : all_group_roles()) {
     auto all = layout.all_groups(role);
     int color = -1, key = -1;
     for (size_t gi = 0; gi < all.size(); ++gi)

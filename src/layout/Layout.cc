@@ -1,18 +1,24 @@
-// Rank-grid arithmetic for Layout: rank = ((((dp*PP + pp)*CP + cp)*EP + ep)*TP + tp), i.e.
-// tp innermost and dp outermost (Megatron order), plus validate_layout's error list.
+// Rank-grid arithmetic for Layout. Axes from innermost to outermost: the 3D tensor-parallel axes in
+// tp_order (x, y, z by default), tp, ep, cp, pp, dp; rank = sum over axes of coord * stride, each
+// stride the product of the inner extents (Megatron's order with tp innermost; AxoNN's with x
+// innermost). Composite roles (the x-y plane, the whole tensor-parallel block) are the ranks that
+// vary only along their axes. Plus validate_layout's error list.
 // Not here: communicators (comm builds them from all_groups()), placement on hosts.
 #include "layout/Layout.h"
 
-#include <array>
+#include <algorithm>
+
+#include <fmt/ranges.h>
 
 #include "base/Error.h"
 
 namespace dhelix {
 namespace {
 
-// Dimensions from innermost to outermost.
-constexpr std::array<GroupRole, 5> kInnerToOuter = {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP,
-                                                    GroupRole::kPP, GroupRole::kDP};
+constexpr std::array<GroupRole, 8> kAxes = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,  GroupRole::kTP,
+                                            GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP};
+
+bool is_axis(GroupRole r) { return r != GroupRole::kXY && r != GroupRole::kTPBlock; }
 
 int extent(const LayoutConfig& c, GroupRole r) {
   switch (r) {
@@ -21,6 +27,11 @@ int extent(const LayoutConfig& c, GroupRole r) {
     case GroupRole::kCP: return c.cp;
     case GroupRole::kPP: return c.pp;
     case GroupRole::kDP: return c.dp;
+    case GroupRole::kX: return c.tp_x;
+    case GroupRole::kY: return c.tp_y;
+    case GroupRole::kZ: return c.tp_z;
+    case GroupRole::kXY: return c.tp_x * c.tp_y;
+    case GroupRole::kTPBlock: return c.tp_block();
   }
   return 1;
 }
@@ -32,30 +43,61 @@ int& coord_ref(RankCoord& c, GroupRole r) {
     case GroupRole::kCP: return c.cp;
     case GroupRole::kPP: return c.pp;
     case GroupRole::kDP: return c.dp;
+    case GroupRole::kX: return c.x;
+    case GroupRole::kY: return c.y;
+    case GroupRole::kZ: return c.z;
+    default: break;
   }
+  DHX_ASSERT(false, "{} is not an axis", group_role_name(r));
   return c.tp;
 }
 
-// Distance in ranks between neighbours along `role` (product of the inner extents).
-int stride_of(const LayoutConfig& c, GroupRole role) {
-  int s = 1;
-  for (GroupRole r : kInnerToOuter) {
-    if (r == role) return s;
-    s *= extent(c, r);
-  }
-  return s;
+bool valid_order(const std::string& o) {
+  std::string s = o;
+  std::sort(s.begin(), s.end());
+  return s == "xyz";
+}
+
+// Axes innermost first: the 3D axes in tp_order, then tp, ep, cp, pp, dp.
+std::array<GroupRole, 8> inner_to_outer(const LayoutConfig& c) {
+  std::array<GroupRole, 8> out = kAxes;
+  if (valid_order(c.tp_order))
+    for (int i = 0; i < 3; ++i)
+      out[static_cast<size_t>(i)] = c.tp_order[static_cast<size_t>(i)] == 'x'   ? GroupRole::kX
+                                    : c.tp_order[static_cast<size_t>(i)] == 'y' ? GroupRole::kY
+                                                                                : GroupRole::kZ;
+  return out;
+}
+
+// The axes a role spans.
+std::vector<GroupRole> axes_of(GroupRole role) {
+  if (role == GroupRole::kXY) return {GroupRole::kX, GroupRole::kY};
+  if (role == GroupRole::kTPBlock) return {GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kTP};
+  return {role};
 }
 
 // "dp=2 tp=2": the dimensions that are not 1 ("all 1" when none).
 std::string nontrivial_dims(const LayoutConfig& c) {
   std::string out;
-  for (GroupRole r : {GroupRole::kDP, GroupRole::kPP, GroupRole::kCP, GroupRole::kEP, GroupRole::kTP}) {
-    if (extent(c, r) != 1) out += fmt::format("{}{}={}", out.empty() ? "" : " ", group_role_name(r), extent(c, r));
+  for (GroupRole r : {GroupRole::kDP, GroupRole::kPP, GroupRole::kCP, GroupRole::kEP, GroupRole::kTP, GroupRole::kX,
+                      GroupRole::kY, GroupRole::kZ}) {
+    if (extent(c, r) != 1) {
+      const char* key = r == GroupRole::kX ? "tp_x" : r == GroupRole::kY ? "tp_y" : r == GroupRole::kZ ? "tp_z"
+                                                                                                     : group_role_name(r);
+      out += fmt::format("{}{}={}", out.empty() ? "" : " ", key, extent(c, r));
+    }
   }
   return out.empty() ? "all 1" : out;
 }
 
 }  // namespace
+
+const std::array<GroupRole, kNumGroupRoles>& all_group_roles() {
+  static const std::array<GroupRole, kNumGroupRoles> roles = {
+      GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP,
+      GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock};
+  return roles;
+}
 
 const char* group_role_name(GroupRole r) {
   switch (r) {
@@ -64,6 +106,11 @@ const char* group_role_name(GroupRole r) {
     case GroupRole::kCP: return "cp";
     case GroupRole::kPP: return "pp";
     case GroupRole::kDP: return "dp";
+    case GroupRole::kX: return "x";
+    case GroupRole::kY: return "y";
+    case GroupRole::kZ: return "z";
+    case GroupRole::kXY: return "xy";
+    case GroupRole::kTPBlock: return "tpblock";
   }
   return "?";
 }
@@ -75,30 +122,45 @@ int RankCoord::get(GroupRole r) const {
     case GroupRole::kCP: return cp;
     case GroupRole::kPP: return pp;
     case GroupRole::kDP: return dp;
+    case GroupRole::kX: return x;
+    case GroupRole::kY: return y;
+    case GroupRole::kZ: return z;
+    default: break;
   }
+  DHX_ASSERT(false, "RankCoord::get({}): use Layout::index_in for a composite role", group_role_name(r));
   return 0;
 }
 
 std::vector<std::string> validate_layout(const LayoutConfig& cfg, int world_size) {
   std::vector<std::string> errors;
   bool dims_ok = true;
-  for (GroupRole r : kInnerToOuter) {
+  for (GroupRole r : kAxes) {
     if (extent(cfg, r) < 1) {
-      errors.push_back(fmt::format("{}={} must be >= 1", group_role_name(r), extent(cfg, r)));
+      const char* key = r == GroupRole::kX ? "tp_x" : r == GroupRole::kY ? "tp_y" : r == GroupRole::kZ ? "tp_z"
+                                                                                                     : group_role_name(r);
+      errors.push_back(fmt::format("{}={} must be >= 1", key, extent(cfg, r)));
       dims_ok = false;
     }
   }
+  if (!valid_order(cfg.tp_order))
+    errors.push_back(fmt::format("tp_order=\"{}\" is not an order of the axes x, y, z (e.g. \"xyz\", \"yxz\")",
+                                 cfg.tp_order));
+  if (dims_ok && cfg.tp > 1 && cfg.is_3d())
+    errors.push_back(fmt::format(
+        "tp={} cannot be mixed with the 3D grid tp_x={} tp_y={} tp_z={}: Megatron's tp is the 3D grid with "
+        "Gx = Gz = 1 (set tp=1 and tp_y={}), or keep tp and set tp_x = tp_y = tp_z = 1",
+        cfg.tp, cfg.tp_x, cfg.tp_y, cfg.tp_z, cfg.tp));
   if (dims_ok && cfg.world() != world_size) {
-    errors.push_back(fmt::format("world size {} != dp*pp*cp*ep*tp = {} ({})", world_size, cfg.world(),
+    errors.push_back(fmt::format("world size {} != {} = {} ({})", world_size,
+                                 cfg.is_3d() ? "dp*pp*cp*ep*tp_x*tp_y*tp_z" : "dp*pp*cp*ep*tp", cfg.world(),
                                  nontrivial_dims(cfg)));
   }
   return errors;
 }
 
 Layout::Layout(const LayoutConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
-  for (GroupRole r : kInnerToOuter) {
-    DHX_CHECK(extent(cfg, r) >= 1, ConfigError, "layout {}={} must be >= 1", group_role_name(r), extent(cfg, r));
-  }
+  auto errors = validate_layout(cfg, cfg.world());
+  DHX_CHECK(errors.empty(), ConfigError, "bad layout: {}", fmt::join(errors, "; "));
   DHX_CHECK(rank >= 0 && rank < cfg.world(), ConfigError, "rank {} is outside the layout's world of {} ({})",
             rank, cfg.world(), nontrivial_dims(cfg));
   coord_ = coord_of(rank);
@@ -106,11 +168,34 @@ Layout::Layout(const LayoutConfig& cfg, int rank) : cfg_(cfg), rank_(rank) {
 
 int Layout::size(GroupRole r) const { return extent(cfg_, r); }
 
+int Layout::stride(GroupRole axis) const {
+  DHX_ASSERT(is_axis(axis), "stride({}): not an axis", group_role_name(axis));
+  int s = 1;
+  for (GroupRole r : inner_to_outer(cfg_)) {
+    if (r == axis) return s;
+    s *= extent(cfg_, r);
+  }
+  return s;
+}
+
+int Layout::index_in(GroupRole role, const RankCoord& c) const {
+  if (is_axis(role)) return c.get(role);
+  // Inside the group, the axes in the grid's own order (innermost fastest).
+  int idx = 0, mul = 1;
+  const std::vector<GroupRole> mine = axes_of(role);
+  for (GroupRole r : inner_to_outer(cfg_)) {
+    if (std::find(mine.begin(), mine.end(), r) == mine.end()) continue;
+    idx += c.get(r) * mul;
+    mul *= extent(cfg_, r);
+  }
+  return idx;
+}
+
 RankCoord Layout::coord_of(int rank) const {
   DHX_CHECK(rank >= 0 && rank < world(), ConfigError, "rank {} is outside world {}", rank, world());
   RankCoord c;
   int rest = rank;
-  for (GroupRole r : kInnerToOuter) {
+  for (GroupRole r : inner_to_outer(cfg_)) {
     coord_ref(c, r) = rest % extent(cfg_, r);
     rest /= extent(cfg_, r);
   }
@@ -119,36 +204,45 @@ RankCoord Layout::coord_of(int rank) const {
 
 int Layout::rank_of(const RankCoord& c) const {
   int rank = 0;
-  for (auto it = kInnerToOuter.rbegin(); it != kInnerToOuter.rend(); ++it) {
-    int v = c.get(*it);
-    DHX_CHECK(v >= 0 && v < extent(cfg_, *it), ConfigError, "coordinate {}={} outside 0..{}",
-              group_role_name(*it), v, extent(cfg_, *it) - 1);
-    rank = rank * extent(cfg_, *it) + v;
+  for (GroupRole r : inner_to_outer(cfg_)) {
+    int v = c.get(r);
+    DHX_CHECK(v >= 0 && v < extent(cfg_, r), ConfigError, "coordinate {}={} outside 0..{}", group_role_name(r), v,
+              extent(cfg_, r) - 1);
+    rank += v * stride(r);
   }
   return rank;
 }
 
 std::vector<int> Layout::group_ranks(GroupRole role, int rank) const {
-  RankCoord c = coord_of(rank);
-  int stride = stride_of(cfg_, role);
-  int base = rank - c.get(role) * stride;
+  const RankCoord base = coord_of(rank);
+  const std::vector<GroupRole> mine = axes_of(role);
   std::vector<int> ranks(static_cast<size_t>(size(role)));
-  for (int i = 0; i < size(role); ++i) ranks[static_cast<size_t>(i)] = base + i * stride;
+  // Every combination of the role's axes, the others fixed at `rank`'s coordinates.
+  for (int i = 0; i < size(role); ++i) {
+    RankCoord c = base;
+    int rest = i;
+    for (GroupRole r : inner_to_outer(cfg_)) {
+      if (std::find(mine.begin(), mine.end(), r) == mine.end()) continue;
+      coord_ref(c, r) = rest % extent(cfg_, r);
+      rest /= extent(cfg_, r);
+    }
+    ranks[static_cast<size_t>(index_in(role, c))] = rank_of(c);
+  }
   return ranks;
 }
 
 std::vector<std::vector<int>> Layout::all_groups(GroupRole role) const {
-  // Groups ordered by their first (lowest) rank; each group's members in coordinate order.
+  // Groups ordered by their first (lowest) rank; each group's members in group-rank order.
   std::vector<std::vector<int>> groups;
   for (int r = 0; r < world(); ++r) {
-    if (coord_of(r).get(role) == 0) groups.push_back(group_ranks(role, r));
+    if (index_in(role, coord_of(r)) == 0) groups.push_back(group_ranks(role, r));
   }
   return groups;
 }
 
 std::string Layout::describe() const {
   std::string out;  // innermost first, as in "tp[1/2] dp[0/2]"
-  for (GroupRole r : kInnerToOuter) {
+  for (GroupRole r : inner_to_outer(cfg_)) {
     if (size(r) > 1) out += fmt::format("{}{}[{}/{}]", out.empty() ? "" : " ", group_role_name(r), coord_.get(r), size(r));
   }
   return out.empty() ? "single" : out;

@@ -1,19 +1,38 @@
-// The rank grid: world = dp x pp x cp x ep x tp with Megatron's ordering (tp innermost, then
-// ep, cp, pp, dp outermost). Pure arithmetic: which coordinates a rank has and which ranks
-// share a group. No MPI here; comm builds sub-communicators from these rank lists.
+// The rank grid: world = dp x pp x cp x ep x (tensor-parallel block). The tensor-parallel block is
+// either Megatron's 1D `tp` (with sequence parallelism) or AxoNN's 3D grid Gx x Gy x Gz
+// (tp_x, tp_y, tp_z), never both. Ordering: the tensor-parallel axes innermost (x, y, z in
+// `tp_order`, innermost first; or tp), then ep, cp, pp, dp outermost. Pure arithmetic: which
+// coordinates a rank has and which ranks share a group. No MPI here; comm builds sub-communicators
+// from these rank lists.
 #pragma once
+#include <array>
 #include <string>
 #include <vector>
 
 namespace dhelix {
 
-enum class GroupRole { kTP, kEP, kCP, kPP, kDP };
-const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp"
+// kX, kY, kZ: the 3D tensor-parallel axes (AxoNN's G_x, G_y, G_z); kXY: the x-y plane (vocabulary
+// layers); kTPBlock: every tensor-parallel axis together (the ranks that split one layer's weights:
+// the tp group, or the x-y-z block). The first five keep their old values.
+enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock };
+constexpr int kNumGroupRoles = 10;
+// Every role, in enum order (the backends build one group per role).
+const std::array<GroupRole, kNumGroupRoles>& all_group_roles();
+const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock"
 
 struct LayoutConfig {
   int dp = 1, pp = 1, cp = 1, ep = 1, tp = 1;
   bool sequence_parallel = true;  // with tp > 1: SP regions (AG before column GEMMs, RS after row GEMMs)
-  int world() const { return dp * pp * cp * ep * tp; }
+  // AxoNN's 3D tensor parallelism: weights split Gx x Gy, each block flattened and split over Gz;
+  // the batch split over Gz x dp. Exclusive with tp > 1.
+  int tp_x = 1, tp_y = 1, tp_z = 1;
+  std::string tp_order = "xyz";  // the 3D axes from innermost (consecutive ranks) outward
+  int world() const { return dp * pp * cp * ep * tp * tp_x * tp_y * tp_z; }
+  bool is_3d() const { return tp_x * tp_y * tp_z > 1; }
+  // Ranks that split one layer's weights: tp, or Gx * Gy * Gz.
+  int tp_block() const { return tp * tp_x * tp_y * tp_z; }
+  // Ranks that read different data: dp, times Gz under 3D (the batch is split over z too).
+  int data_replicas() const { return dp * tp_z; }
 };
 
 // Every mismatch between `cfg` and a world of `world_size` ranks, one readable message each
@@ -22,6 +41,9 @@ std::vector<std::string> validate_layout(const LayoutConfig& cfg, int world_size
 
 struct RankCoord {
   int dp = 0, pp = 0, cp = 0, ep = 0, tp = 0;
+  int x = 0, y = 0, z = 0;
+  // The coordinate along an axis role; for kXY and kTPBlock the position inside that group
+  // (y * Gx + x, and z * Gx * Gy + y * Gx + x), which needs the extents: use Layout::index_in.
   int get(GroupRole r) const;
 };
 
@@ -33,6 +55,8 @@ class Layout {
   int world() const { return cfg_.world(); }
   const RankCoord& coord() const { return coord_; }
   int size(GroupRole r) const;
+  // Position of `c` inside its group of `role` (the group rank).
+  int index_in(GroupRole role, const RankCoord& c) const;
 
   RankCoord coord_of(int rank) const;
   int rank_of(const RankCoord& c) const;
@@ -40,7 +64,9 @@ class Layout {
   std::vector<int> group_ranks(GroupRole role, int rank) const;
   // Every group of `role` (a partition of the world), for creating sub-communicators collectively.
   std::vector<std::vector<int>> all_groups(GroupRole role) const;
-  // "tp[1/2] dp[0/2]" (only dimensions of size > 1; "single" when all are 1).
+  // Distance in ranks between neighbours along an axis role (kX, kY, kZ, kTP, kEP, kCP, kPP, kDP).
+  int stride(GroupRole axis) const;
+  // "tp[1/2] dp[0/2]", "x[1/2] z[0/2] dp[1/2]" (only dimensions of size > 1; "single" when all are 1).
   std::string describe() const;
 
  private:

@@ -94,6 +94,13 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "pp", parallel.pp, kInt, 1, 1e6, "pipeline-parallel stages"),
       DHX_F("parallel", "cp", parallel.cp, kInt, 1, 1e6, "context-parallel size"),
       DHX_F("parallel", "ep", parallel.ep, kInt, 1, 1e6, "expert-parallel size (carved out of dp)"),
+      DHX_F("parallel", "tp_x", parallel.tp_x, kInt, 1, 1e6, "3D tensor parallelism (AxoNN): Gx, the axis that splits a normal (type A) layer's input features; exclusive with tp"),
+      DHX_F("parallel", "tp_y", parallel.tp_y, kInt, 1, 1e6, "3D tensor parallelism: Gy, the axis that splits a type-A layer's output features and the attention heads (tp_x = tp_z = 1 is Megatron's tp)"),
+      DHX_F("parallel", "tp_z", parallel.tp_z, kInt, 1, 1e6, "3D tensor parallelism: Gz, the depth axis: each weight block flattened and split over it (ZeRO-3 style), the batch split over it as over dp"),
+      DHX_F("parallel", "tp_order", parallel.tp_order, kString, 0, 0, "3D axes from innermost (consecutive ranks) outward: a permutation of xyz"),
+      DHX_F("parallel", "overlap_ar", parallel.overlap_ar, kOnOff, 0, 0, "3D TP: the input-gradient all-reduce runs under the weight-gradient GEMM (off: waited for at once)"),
+      DHX_F("parallel", "overlap_rs", parallel.overlap_rs, kOnOff, 0, 0, "3D TP: weight-gradient reduce-scatters over z run in the background until the layer's backward ends (off: waited for at once)"),
+      DHX_F("parallel", "overlap_ag", parallel.overlap_ag, kOnOff, 0, 0, "3D TP: each layer's weight all-gathers over z are issued ahead, at the layer's start (off: each just before its GEMM, waited for at once)"),
       DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
       DHX_F("parallel", "sparse_embed_grad", parallel.sparse_embed_grad, kOnOff, 0, 0, "dp > 1, tp = 1: the last micro-batch's token-embedding gradient is all-gathered as rows (when tokens x dp < 2 x vocab) instead of all-reduced whole at the end of backward"),
       DHX_F("schedule", "strand_interleaving", schedule.strand_interleaving, kOnOff, 0, 0, "co-execute fwd and bwd micro-batches"),
@@ -302,13 +309,38 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   divides("parallel.dp", p.dp, "parallel.ep", p.ep);
   // tp > 1 always runs Megatron's sequence parallelism: norms, residuals and dropout see T / tp rows.
   divides("model.seq_len", m.seq_len, "parallel.tp (sequence parallelism shards the sequence)", p.tp);
+  // 3D tensor parallelism (AxoNN): residual features split over x, heads and MLP features over y,
+  // every weight block flattened and split over z.
+  const bool grid3d = p.tp_x * p.tp_y * p.tp_z > 1;
+  if (grid3d && p.tp > 1)
+    e.push_back(fmt::format("parallel.tp={} cannot be mixed with the 3D grid parallel.tp_x={} tp_y={} tp_z={}: Megatron's "
+                            "tp is the 3D grid with Gx = Gz = 1 (set tp=1, tp_y={}), or set tp_x = tp_y = tp_z = 1",
+                            p.tp, p.tp_x, p.tp_y, p.tp_z, p.tp));
+  {
+    std::string o = c.parallel.tp_order;
+    std::sort(o.begin(), o.end());
+    if (o != "xyz")
+      e.push_back(fmt::format("parallel.tp_order=\"{}\" is not an order of the axes x, y, z (e.g. xyz, yxz, zyx)",
+                              c.parallel.tp_order));
+  }
+  if (grid3d) {
+    divides("model.d_model", m.d_model, "parallel.tp_x (the residual stream's features are split over x)", p.tp_x);
+    divides("model.n_heads", m.n_heads, "parallel.tp_y (attention heads are split over y)", p.tp_y);
+    divides("model.n_kv_heads", m.n_kv_heads, "parallel.tp_y (attention heads are split over y)", p.tp_y);
+    divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp_y (MLP features are split over y)", p.tp_y);
+    if (p.pp > 1 || p.cp > 1 || p.ep > 1)
+      e.push_back(fmt::format("the 3D grid (tp_x={} tp_y={} tp_z={}) runs with dp only in this build; set parallel.pp, "
+                              "cp and ep to 1 (got pp={} cp={} ep={})",
+                              p.tp_x, p.tp_y, p.tp_z, p.pp, p.cp, p.ep));
+  }
   if (!parse_pipeline_kind(c.schedule.pipeline))
     e.push_back(fmt::format("schedule.pipeline=\"{}\" is not a step schedule; use 1f1b, interleaved or w",
                             c.schedule.pipeline));
   else
     for (auto& msg : pipeline_spec_errors(pipeline_spec(c))) e.push_back(msg);
   // In double: global_batch()'s int64 product itself overflows at the ranges' ends (1e9 x 1e9 x 1e6).
-  if (static_cast<double>(t.micro_batch_size) * static_cast<double>(t.micro_batches) * static_cast<double>(p.dp) >
+  if (static_cast<double>(t.micro_batch_size) * static_cast<double>(t.micro_batches) * static_cast<double>(p.dp) *
+          static_cast<double>(p.tp_z) >
       static_cast<double>(int64_t{1} << 40))
     e.push_back(fmt::format("global batch micro_batch_size {} x micro_batches {} x dp {} overflows", t.micro_batch_size,
                             t.micro_batches, p.dp));
@@ -503,6 +535,10 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.cp = static_cast<int>(cfg.parallel.cp);
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.sequence_parallel = cfg.parallel.tp > 1;
+  l.tp_x = static_cast<int>(cfg.parallel.tp_x);
+  l.tp_y = static_cast<int>(cfg.parallel.tp_y);
+  l.tp_z = static_cast<int>(cfg.parallel.tp_z);
+  l.tp_order = cfg.parallel.tp_order;
   return l;
 }
 

@@ -46,6 +46,15 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  // AxoNN's 3D tensor parallelism (exclusive with tp > 1): the grid Gx x Gy x Gz, and which of its
+  // axes is innermost (consecutive ranks) first.
+  int64_t tp_x = 1, tp_y = 1, tp_z = 1;
+  std::string tp_order = "xyz";
+  // The three overlaps of 3D tensor parallelism (each on by default; off runs the same kernels with
+  // the collective waited for where it is issued): the input-gradient all-reduce under the
+  // weight-gradient GEMM, the weight-gradient reduce-scatters in the background, the next weights'
+  // all-gather prefetched.
+  bool overlap_ar = true, overlap_rs = true, overlap_ag = true;
   int64_t zero = 0;  // 0: replicated optimizer state; 1: sharded over dp
   bool sparse_embed_grad = true;  // GradSync::enable_sparse_embedding (when it pays)
 };
@@ -88,8 +97,11 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   OutputConfig output;
 
-  // Sequences (of seq_len tokens) per optimizer step, over all dp ranks.
-  int64_t global_batch() const { return training.micro_batch_size * training.micro_batches * parallel.dp; }
+  // Sequences (of seq_len tokens) per optimizer step, over all data replicas (dp, times tp_z under
+  // 3D tensor parallelism: the batch is split over z as well).
+  int64_t global_batch() const {
+    return training.micro_batch_size * training.micro_batches * parallel.dp * parallel.tp_z;
+  }
   int64_t tokens_per_step() const { return global_batch() * model.seq_len; }
 };
 

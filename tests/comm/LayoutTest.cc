@@ -96,6 +96,84 @@ TEST(Layout, ValidateListsEveryMismatch) {
   EXPECT_EQ(e[1], "dp=0 must be >= 1");
 }
 
+// AxoNN's 4D grid: rank = ((data * Gz + z) * Gy + y) * Gx + x with the default order xyz
+// (axonn.md §2.1), every group is one grid line of its axis, the x-y plane and the whole block
+// are the ranks varying only along their axes, and tp_order moves the innermost axis.
+LayoutConfig grid(int dp, int gx, int gy, int gz, const char* order = "xyz") {
+  LayoutConfig c;
+  c.dp = dp, c.tp_x = gx, c.tp_y = gy, c.tp_z = gz, c.tp_order = order;
+  return c;
+}
+
+TEST(Layout, Grid3DFollowsAxonnOrder) {
+  for (LayoutConfig c : {grid(2, 2, 2, 2), grid(1, 3, 1, 2), grid(2, 1, 2, 1), grid(1, 2, 3, 2)}) {
+    for (int rank = 0; rank < c.world(); ++rank) {
+      Layout l(c, rank);
+      const RankCoord& k = l.coord();
+      ASSERT_EQ(((k.dp * c.tp_z + k.z) * c.tp_y + k.y) * c.tp_x + k.x, rank);
+      ASSERT_EQ(l.rank_of(k), rank);
+    }
+  }
+}
+
+TEST(Layout, Grid3DGroupsAreGridLines) {
+  const GroupRole roles[] = {GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kDP, GroupRole::kXY,
+                             GroupRole::kTPBlock};
+  for (LayoutConfig c : {grid(2, 2, 2, 2), grid(1, 2, 3, 2, "zyx"), grid(2, 1, 2, 3, "yzx")}) {
+    Layout l(c, 0);
+    for (GroupRole role : roles) {
+      auto groups = l.all_groups(role);
+      ASSERT_EQ(static_cast<int>(groups.size()) * l.size(role), c.world()) << group_role_name(role);
+      std::multiset<int> seen;
+      for (const auto& g : groups)
+        for (size_t pos = 0; pos < g.size(); ++pos) {
+          seen.insert(g[pos]);
+          const RankCoord a = l.coord_of(g[pos]), b = l.coord_of(g[0]);
+          ASSERT_EQ(l.index_in(role, a), static_cast<int>(pos));
+          // Axes outside the role are shared by the whole group.
+          const bool in_x = role == GroupRole::kX || role == GroupRole::kXY || role == GroupRole::kTPBlock;
+          const bool in_y = role == GroupRole::kY || role == GroupRole::kXY || role == GroupRole::kTPBlock;
+          const bool in_z = role == GroupRole::kZ || role == GroupRole::kTPBlock;
+          if (!in_x) {
+            ASSERT_EQ(a.x, b.x);
+          }
+          if (!in_y) {
+            ASSERT_EQ(a.y, b.y);
+          }
+          if (!in_z) {
+            ASSERT_EQ(a.z, b.z);
+          }
+          if (role != GroupRole::kDP) {
+            ASSERT_EQ(a.dp, b.dp);
+          }
+          ASSERT_EQ(l.group_ranks(role, g[pos]), g);
+        }
+      for (int r = 0; r < c.world(); ++r) ASSERT_EQ(seen.count(r), 1u) << "rank " << r << " in " << group_role_name(role);
+    }
+  }
+  // Default order: x lines are consecutive ranks; with tp_order = "zyx", z lines are.
+  EXPECT_EQ(Layout(grid(1, 2, 2, 2), 0).group_ranks(GroupRole::kX, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(Layout(grid(1, 2, 2, 2), 0).group_ranks(GroupRole::kZ, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(Layout(grid(1, 2, 2, 2, "zyx"), 0).group_ranks(GroupRole::kZ, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(Layout(grid(2, 2, 1, 1), 0).group_ranks(GroupRole::kDP, 1), (std::vector<int>{1, 3}));
+  EXPECT_EQ(Layout(grid(1, 2, 2, 2), 0).stride(GroupRole::kZ), 4);
+  EXPECT_EQ(Layout(grid(1, 2, 2, 2), 6).describe(), "x[0/2] y[1/2] z[1/2]");
+}
+
+TEST(Layout, Grid3DValidation) {
+  LayoutConfig mixed = grid(1, 2, 1, 1);
+  mixed.tp = 2;
+  auto e = validate_layout(mixed, 4);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_NE(e[0].find("cannot be mixed"), std::string::npos) << e[0];
+  e = validate_layout(grid(1, 2, 2, 1, "xxz"), 4);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_NE(e[0].find("tp_order=\"xxz\""), std::string::npos) << e[0];
+  e = validate_layout(grid(2, 2, 1, 2), 4);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0], "world size 4 != dp*pp*cp*ep*tp_x*tp_y*tp_z = 8 (dp=2 tp_x=2 tp_z=2)");
+}
+
 TEST(Layout, RejectsRankOutsideWorld) {
   EXPECT_THROW((void)Layout(LayoutConfig{2, 1, 1, 1, 2}, 4), ConfigError);
   EXPECT_THROW((void)Layout(LayoutConfig{0, 1, 1, 1, 1}, 0), ConfigError);
