@@ -33,5 +33,8 @@ int cmd_plan(int argc, char** argv);
 // dhelix schedule [--pp P] [--micro-batches N] [--pipeline K] ... [--svg FILE]: a pipeline step
 // schedule printed and drawn; no config file (apps/CmdSchedule.cc).
 int cmd_schedule(int argc, char** argv);
+// dhelix tune --model PRESET --gpus N --cluster PRESET [...]: layouts ranked by the step model
+// (apps/CmdTune.cc).
+int cmd_tune(int argc, char** argv);
 
 }  // namespace dhelix

@@ -1,0 +1,309 @@
+// `dhelix tune`: ranks every layout of N ranks (Megatron tp x pp x dp and AxoNN's 3D grids) by the
+// step model's predicted time on a cluster preset, prints the table and the excluded layouts with
+// their reasons, optionally as JSON. --paper-compat ranks the 3D grids by AxoNN's own closed form
+// (communication only, axonn.md §4.2) instead. Runs nothing; no hardware.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "Commands.h"
+#include "base/Error.h"
+#include "base/Files.h"
+#include "sim/AxonnModel.h"
+#include "sim/LayoutSearch.h"
+
+namespace dhelix {
+
+namespace {
+
+constexpr const char* kTuneUsage =
+    "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
+    "                   [--micro-batch-size b] [--precision fp32|bf16] [--zero 0|1] [--si on|off]\n"
+    "                   [--d-model C] [--layers L] [--heads H] [--paper-compat] [--json FILE]\n"
+    "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
+    "factorisations) -- by predicted step time on a cluster preset (configs/clusters/*.toml, or a path),\n"
+    "then lists the excluded layouts with the reason. Nothing runs.\n"
+    "  --model PRESET         model preset (gpt2-124m, llama-8b, gpt-18b, ...)\n"
+    "  --gpus N               ranks (devices)\n"
+    "  --cluster PRESET       cluster preset name or .toml path ($DHELIX_CLUSTERS_DIR, <exe>/../configs/clusters)\n"
+    "  --top K                rows of the ranked table (default 10)\n"
+    "  --global-batch B       sequences per step (default 8 x N)\n"
+    "  --seq T                tokens per sequence (default the model's seq_len)\n"
+    "  --micro-batch-size b   sequences per micro-batch per data replica (default 1)\n"
+    "  --precision P          fp32 (default; the engine today) or bf16 (element size 2)\n"
+    "  --zero 0|1             ZeRO-1: optimizer state sharded over dp (default 0)\n"
+    "  --si on|off            Strand Interleaving (default off)\n"
+    "  --d-model, --layers, --heads   override the preset's extents (GPT: ffn = 4 x d-model)\n"
+    "  --paper-compat         rank the 3D grids by AxoNN's closed form as coded (bf16, communication\n"
+    "                         seconds only; axonn.md §4.2), memory from the step model\n"
+    "  --json FILE            also write the table and the exclusions as JSON\n";
+
+const std::vector<std::string> kFlags = {"--model", "--gpus",  "--cluster", "--top",    "--global-batch",
+                                         "--seq",   "--micro-batch-size",  "--precision", "--zero",
+                                         "--si",    "--d-model", "--layers", "--heads",  "--json"};
+
+struct TuneRequest {
+  ModelConfig model;
+  int gpus = 0;
+  ClusterPreset cluster;
+  int top = 10;
+  BatchSpec batch;
+  PredictOptions opt;
+  bool paper = false;
+  std::optional<std::string> json_path;
+};
+
+std::optional<int64_t> int_value(const std::map<std::string, std::string>& v, const std::string& flag, int64_t def,
+                                 int64_t lo, std::vector<std::string>& errors) {
+  auto it = v.find(flag);
+  if (it == v.end()) return def;
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(it->second, &used);
+    if (used == it->second.size() && x >= lo && x <= (int64_t{1} << 40)) return x;
+  } catch (const std::exception&) {
+  }
+  errors.push_back(fmt::format("{} expects a whole number >= {}, got '{}'", flag, lo, it->second));
+  return std::nullopt;
+}
+
+std::optional<TuneRequest> parse_request(int argc, char** argv) {
+  std::vector<std::string> errors;
+  std::map<std::string, std::string> v;
+  TuneRequest req;
+  for (int i = 1; i < argc; ++i) {
+    std::string w = argv[i], value;
+    if (w == "--help" || w == "-h") {
+      fmt::print("{}", kTuneUsage);
+      return std::nullopt;
+    }
+    if (w == "--paper-compat") {
+      req.paper = true;
+      continue;
+    }
+    bool has_value = false;
+    if (size_t eq = w.find('='); w.rfind("--", 0) == 0 && eq != std::string::npos)
+      value = w.substr(eq + 1), w = w.substr(0, eq), has_value = true;
+    if (std::find(kFlags.begin(), kFlags.end(), w) == kFlags.end()) {
+      errors.push_back(w.rfind("--", 0) == 0 ? fmt::format("unknown flag '{}'", w)
+                                             : fmt::format("unexpected argument '{}'", w));
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        errors.push_back(fmt::format("{} needs a value", w));
+        continue;
+      }
+      value = argv[++i];
+    }
+    v[w] = value;
+  }
+  for (const char* must : {"--model", "--gpus", "--cluster"})
+    if (!v.count(must)) errors.push_back(fmt::format("{} is required", must));
+  const std::optional<int64_t> gpus = int_value(v, "--gpus", 1, 1, errors);
+  const std::optional<int64_t> top = int_value(v, "--top", 10, 1, errors);
+  const std::optional<int64_t> mbs = int_value(v, "--micro-batch-size", 1, 1, errors);
+  if (v.count("--model")) {
+    try {
+      req.model = model_preset(v["--model"]);
+    } catch (const ConfigError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  const std::optional<int64_t> d = int_value(v, "--d-model", req.model.d_model, 1, errors);
+  const std::optional<int64_t> layers = int_value(v, "--layers", req.model.n_layers, 1, errors);
+  const std::optional<int64_t> heads = int_value(v, "--heads", req.model.n_heads, 1, errors);
+  if (d && layers && heads) {
+    if (req.model.family == ModelFamily::kGPT && *d != req.model.d_model) req.model.ffn_hidden = 4 * *d;
+    if (req.model.n_kv_heads == req.model.n_heads) req.model.n_kv_heads = *heads;
+    req.model.d_model = *d, req.model.n_layers = *layers, req.model.n_heads = *heads;
+    if (v.count("--d-model") || v.count("--layers") || v.count("--heads")) req.model.name += " (overridden)";
+  }
+  const std::optional<int64_t> seq = int_value(v, "--seq", req.model.seq_len, 1, errors);
+  const std::optional<int64_t> gb = int_value(v, "--global-batch", 8 * gpus.value_or(1), 1, errors);
+  const std::string prec = v.count("--precision") ? v["--precision"] : "fp32";
+  if (prec != "fp32" && prec != "bf16") errors.push_back(fmt::format("--precision '{}' must be fp32 or bf16", prec));
+  req.opt.precision = prec == "bf16" || req.paper ? Precision::kBf16 : Precision::kFp32;
+  const std::string zero = v.count("--zero") ? v["--zero"] : "0";
+  if (zero != "0" && zero != "1") errors.push_back(fmt::format("--zero '{}' must be 0 or 1", zero));
+  req.opt.zero = zero == "1" ? Zero::kZero1 : Zero::kNone;
+  const std::string si = v.count("--si") ? v["--si"] : "off";
+  if (si != "on" && si != "off") errors.push_back(fmt::format("--si '{}' must be on or off", si));
+  req.opt.si = si == "on" ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+  if (v.count("--json")) {
+    if (v["--json"].empty()) errors.push_back("--json needs a file name");
+    req.json_path = v["--json"];
+  }
+  if (v.count("--cluster")) {
+    try {
+      req.cluster = load_cluster(v["--cluster"]);
+      if (prec == "fp32" || prec == "bf16") (void)req.cluster.gemm_rate(req.opt.precision);
+    } catch (const ConfigError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  if (gpus && top && mbs && seq && gb) {
+    req.gpus = static_cast<int>(std::min<int64_t>(*gpus, 1 << 20));
+    req.top = static_cast<int>(*top);
+    req.batch = {*gb, *seq, *mbs};
+  }
+  if (gpus && *gpus > 65536) errors.push_back(fmt::format("--gpus {} is above the 65536 ranks tune enumerates", *gpus));
+  if (errors.empty()) return req;
+  std::string msg = fmt::format("{} error{}:", errors.size(), errors.size() == 1 ? "" : "s");
+  for (const std::string& e : errors) msg += "\n  - " + e;
+  throw ConfigError(msg + "\nrun `dhelix tune --help` for the flags");
+}
+
+constexpr double kMiB = 1 << 20, kGiB = 1 << 30;
+
+std::string axes_text(const std::map<std::string, AxisCost>& axes) {
+  std::string s;
+  for (const char* g : {"tp", "x", "y", "z", "xy", "pp", "dp"})
+    if (auto it = axes.find(g); it != axes.end() && it->second.bytes > 0)
+      s += fmt::format("{}{}:{:.1f}", s.empty() ? "" : " ", g, it->second.bytes / kMiB);
+  return s.empty() ? "-" : s;
+}
+
+nlohmann::json to_json(const StepPrediction& p, int rank) {
+  nlohmann::json axes = nlohmann::json::object();
+  for (const auto& [g, a] : p.axes)
+    axes[g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
+  return {{"rank", rank},
+          {"layout", layout_label(p.layout)},
+          {"pricer", pricer_name(p.pricer)},
+          {"step_s", p.step_s},
+          {"compute_s", p.compute_s},
+          {"exposed_comm_s", p.exposed_comm_s},
+          {"bubble_s", p.bubble_s},
+          {"micro_batches", p.micro_batches},
+          {"axes", axes},
+          {"memory_bytes",
+           {{"params", p.memory.params},
+            {"grads", p.memory.grads},
+            {"optimizer", p.memory.optimizer},
+            {"gathered", p.memory.gathered},
+            {"activations", p.memory.activations},
+            {"total", p.memory.total()},
+            {"limit", p.memory_limit}}},
+          {"fits", p.fits},
+          {"notes", p.notes}};
+}
+
+void print_excluded(const std::vector<ExcludedLayout>& ex, nlohmann::json& j) {
+  if (!ex.empty()) fmt::print("\nexcluded ({}):\n", ex.size());
+  for (const ExcludedLayout& e : ex) {
+    fmt::print("  {:<22} {}\n", layout_label(e.layout), e.reason);
+    j["excluded"].push_back({{"layout", layout_label(e.layout)}, {"reason", e.reason}});
+  }
+}
+
+// AxoNN's own ranking: the 3D grids by the paper-compatible closed form.
+nlohmann::json run_paper(const TuneRequest& req) {
+  nlohmann::json j = {{"mode", "paper-compat"}, {"ranked", nlohmann::json::array()},
+                      {"excluded", nlohmann::json::array()}};
+  struct Row {
+    LayoutConfig lay;
+    AxonnComm c;
+    double mem;
+  };
+  std::vector<Row> rows;
+  std::vector<ExcludedLayout> ex;
+  const AxonnShape shape{req.model.d_model, req.model.n_layers, req.batch.seq, req.batch.global_batch, 1};
+  for (const LayoutConfig& lay : enumerate_layouts(req.gpus)) {
+    if (!lay.is_3d() && !(lay.tp == 1 && lay.pp == 1)) continue;  // grids only (pure dp is x=y=z=1)
+    const std::vector<std::string> errs = layout_errors(req.model, lay, req.batch);
+    if (!errs.empty()) {
+      ex.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});
+      continue;
+    }
+    const StepPrediction p = predict(req.model, lay, req.batch, req.cluster, req.opt);
+    if (!p.fits) {
+      ex.push_back({lay, p.reason});
+      continue;
+    }
+    const AxonnGrid g{lay.tp_x, lay.tp_y, lay.tp_z, lay.dp};
+    rows.push_back({lay, axonn_comm(shape, g, req.cluster, {AxonnMode::kPaperCompat, 2, Recompute::kFull}),
+                    p.memory.total()});
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.c.total_s() < b.c.total_s(); });
+  fmt::print("{:>4}  {:<22} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}\n", "rank", "grid (Gx Gy Gz Gdata)", "comm s", "x s",
+             "y s", "z s", "data s", "mem GiB");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const std::string grid = fmt::format("{} {} {} {}", r.lay.tp_x, r.lay.tp_y, r.lay.tp_z, r.lay.dp);
+    if (int(i) < req.top)
+      fmt::print("{:>4}  {:<22} {:>10.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>10.2f}\n", i + 1, grid,
+                 r.c.total_s(), r.c.x_s, r.c.y_s, r.c.z_s, r.c.data_s, r.mem / kGiB);
+    j["ranked"].push_back({{"rank", i + 1}, {"grid", grid}, {"comm_s", r.c.total_s()}, {"x_s", r.c.x_s},
+                           {"y_s", r.c.y_s}, {"z_s", r.c.z_s}, {"data_s", r.c.data_s}, {"memory_bytes", r.mem}});
+  }
+  print_excluded(ex, j);
+  return j;
+}
+
+}  // namespace
+
+int cmd_tune(int argc, char** argv) {
+  const std::optional<TuneRequest> req = parse_request(argc, argv);
+  if (!req) return 0;
+  fmt::print("model {} (L={} C={} heads={}), {} ranks on {} ({} per node), global batch {} x {} tokens, "
+             "micro-batch {}, {}\n",
+             req->model.name, req->model.n_layers, req->model.d_model, req->model.n_heads, req->gpus,
+             req->cluster.name, req->cluster.devices_per_node, req->batch.global_batch, req->batch.seq,
+             req->batch.micro_batch, precision_name(req->opt.precision));
+  nlohmann::json j;
+  if (req->paper) {
+    fmt::print("AxoNN closed form as coded (axonn.md §4.2: bf16, full recompute, GiB over GB/s), "
+               "communication seconds per step:\n");
+    j = run_paper(*req);
+  } else {
+    const TuneResult res = rank_layouts(req->model, req->gpus, req->batch, req->cluster, req->opt);
+    DHX_CHECK(!res.ranked.empty(), ConfigError,
+              "no layout of {} ranks can run {} with global batch {} x micro-batch {} on {}: {} excluded, e.g. "
+              "{}: {}\nhint: a global batch divisible by more data-replica counts, a smaller --micro-batch-size, "
+              "or more memory per device",
+              req->gpus, req->model.name, req->batch.global_batch, req->batch.micro_batch, req->cluster.name,
+              res.excluded.size(), res.excluded.empty() ? "-" : layout_label(res.excluded[0].layout),
+              res.excluded.empty() ? "-" : res.excluded[0].reason);
+    j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()}};
+    fmt::print("{:>4}  {:<22} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}\n", "rank", "layout", "pricer", "step s",
+               "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits");
+    for (size_t i = 0; i < res.ranked.size(); ++i) {
+      const StepPrediction& p = res.ranked[i];
+      if (int(i) < req->top)
+        fmt::print("{:>4}  {:<22} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}\n", i + 1,
+                   layout_label(p.layout), pricer_name(p.pricer), p.step_s, p.compute_s, p.exposed_comm_s,
+                   axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no");
+      j["ranked"].push_back(to_json(p, int(i) + 1));
+    }
+    if (res.ranked.size() > size_t(req->top))
+      fmt::print("  ... {} more (--top)\n", res.ranked.size() - size_t(req->top));
+    print_excluded(res.excluded, j);
+    std::vector<std::string> notes;
+    for (const StepPrediction& p : res.ranked)
+      for (const std::string& n : p.notes)
+        if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
+    for (const std::string& n : notes) fmt::print("note: {}\n", n);
+  }
+  j["model"] = req->model.name;
+  j["gpus"] = req->gpus;
+  j["cluster"] = req->cluster.name;
+  j["cluster_file"] = req->cluster.origin;
+  j["global_batch"] = req->batch.global_batch;
+  j["seq"] = req->batch.seq;
+  j["micro_batch"] = req->batch.micro_batch;
+  j["precision"] = precision_name(req->opt.precision);
+  if (req->json_path) {
+    write_file_atomic(*req->json_path, j.dump(1) + "\n");
+    fmt::print("wrote {}\n", *req->json_path);
+  }
+  return 0;
+}
+
+}  // namespace dhelix

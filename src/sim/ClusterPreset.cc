@@ -1,0 +1,243 @@
+// Cluster presets from TOML files, where they are looked up, and the placement rule for a group's
+// bandwidth.
+#include "sim/ClusterPreset.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <toml++/toml.h>
+
+#include "base/Error.h"
+#include "base/Files.h"
+
+namespace dhelix {
+
+namespace fs = std::filesystem;
+
+const char* precision_name(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
+int element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
+
+double ClusterPreset::gemm_rate(Precision p) const {
+  const double measured = p == Precision::kFp32 ? gemm_flops_fp32 : gemm_flops_bf16;
+  if (measured > 0) return measured;
+  const double peak = p == Precision::kFp32 ? peak_flops_fp32 : peak_flops_bf16;
+  DHX_CHECK(peak > 0, ConfigError,
+            "cluster '{}' ({}) has no {} figure: device.peak_flops_{} and device.gemm_flops_{} are absent\n"
+            "hint: use --precision {} or add the figure to the preset",
+            name, origin, precision_name(p), precision_name(p), precision_name(p),
+            p == Precision::kFp32 ? "bf16" : "fp32");
+  DHX_CHECK(gemm_efficiency > 0, ConfigError,
+            "cluster '{}' ({}): device.gemm_flops_{} is absent, so device.gemm_efficiency is needed "
+            "(the fraction of peak a GEMM reaches)",
+            name, origin, precision_name(p));
+  return peak * gemm_efficiency;
+}
+
+namespace {
+
+// Reads the fields of one table, refusing unknown keys (a typo is an error, not a default).
+class TableReader {
+ public:
+  TableReader(const toml::table& t, std::string section, const std::string& origin)
+      : t_(t), section_(std::move(section)), origin_(origin) {}
+
+  double number(const std::string& key, bool required, const char* hint) {
+    seen_.insert(key);
+    const toml::node* n = t_.get(key);
+    if (!n) {
+      DHX_CHECK(!required, ConfigError, "{}: missing field {}{}\nhint: {}", origin_, prefix(), key, hint);
+      return 0;
+    }
+    std::optional<double> v = n->value<double>();  // integers convert too
+    DHX_CHECK(v && std::isfinite(*v) && *v > 0, ConfigError,
+              "{}: field {}{} must be a positive number, got {}\nhint: {}", origin_, prefix(), key,
+              describe(*n), hint);
+    return *v;
+  }
+  int integer(const std::string& key, const char* hint) {
+    seen_.insert(key);
+    const toml::node* n = t_.get(key);
+    DHX_CHECK(n, ConfigError, "{}: missing field {}{}\nhint: {}", origin_, prefix(), key, hint);
+    std::optional<int64_t> v = n->is_integer() ? n->value<int64_t>() : std::nullopt;
+    DHX_CHECK(v && *v >= 1 && *v <= (1 << 20), ConfigError,
+              "{}: field {}{} must be a whole number >= 1, got {}\nhint: {}", origin_, prefix(), key,
+              describe(*n), hint);
+    return static_cast<int>(*v);
+  }
+  void mark(const std::string& key) { seen_.insert(key); }
+  const toml::table& sub(const std::string& key) {
+    seen_.insert(key);
+    const toml::table* s = t_.get_as<toml::table>(key);
+    DHX_CHECK(s, ConfigError, "{}: missing table [{}{}]\nhint: see configs/clusters/perlmutter-a100.toml", origin_,
+              prefix(), key);
+    return *s;
+  }
+  const toml::array* array(const std::string& key) {
+    seen_.insert(key);
+    const toml::node* n = t_.get(key);
+    if (!n) return nullptr;
+    DHX_CHECK(n->is_array(), ConfigError, "{}: field {}{} must be an array of {{ip, g, bw}} tables", origin_, prefix(),
+              key);
+    return n->as_array();
+  }
+  void no_unknown_keys() const {
+    for (const auto& [k, v] : t_) {
+      const std::string key(k.str());
+      DHX_CHECK(seen_.count(key), ConfigError, "{}: unknown field {}{} (known: {})", origin_, prefix(), key,
+                fmt::join(seen_, ", "));
+    }
+  }
+
+ private:
+  std::string prefix() const { return section_.empty() ? "" : section_ + "."; }
+  static std::string describe(const toml::node& n) {
+    if (auto s = n.value<std::string>()) return fmt::format("\"{}\"", *s);
+    if (auto d = n.value<double>()) return fmt::format("{}", *d);
+    return "a non-number";
+  }
+  const toml::table& t_;
+  std::string section_;
+  const std::string& origin_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace
+
+ClusterPreset parse_cluster(const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}: not valid TOML: {} (line {})", origin, e.description(),
+                                  e.source().begin.line));
+  }
+  ClusterPreset c;
+  c.origin = origin;
+  TableReader top(root, "", origin);
+  if (const toml::node* n = root.get("name")) {
+    auto s = n->value<std::string>();
+    DHX_CHECK(s && !s->empty(), ConfigError, "{}: field name must be a non-empty string", origin);
+    c.name = *s;
+  } else {
+    c.name = fs::path(origin).stem().string();
+  }
+  top.mark("name");
+  TableReader dev(top.sub("device"), "device", origin);
+  c.memory_bytes = dev.number("memory_bytes", true, "device memory one rank may use, in bytes");
+  c.mem_bw = dev.number("mem_bw", true, "device memory bandwidth in bytes/s");
+  c.peak_flops_fp32 = dev.number("peak_flops_fp32", true, "peak fp32 FLOP/s of one device (vendor spec)");
+  c.peak_flops_bf16 = dev.number("peak_flops_bf16", false, "peak bf16 FLOP/s (dense)");
+  c.gemm_efficiency = dev.number("gemm_efficiency", false, "fraction of peak a large GEMM reaches, in (0, 1]");
+  c.gemm_flops_fp32 = dev.number("gemm_flops_fp32", false, "measured fp32 GEMM FLOP/s per device");
+  c.gemm_flops_bf16 = dev.number("gemm_flops_bf16", false, "measured bf16 GEMM FLOP/s per device");
+  dev.no_unknown_keys();
+  DHX_CHECK(c.gemm_efficiency <= 1, ConfigError, "{}: device.gemm_efficiency={} must be in (0, 1]", origin,
+            c.gemm_efficiency);
+  DHX_CHECK(c.gemm_efficiency > 0 || c.gemm_flops_fp32 > 0, ConfigError,
+            "{}: missing field device.gemm_efficiency (or device.gemm_flops_fp32)\nhint: the fraction of peak a "
+            "GEMM reaches, or a measured GEMM rate",
+            origin);
+
+  TableReader node(top.sub("node"), "node", origin);
+  c.devices_per_node = node.integer("devices", "devices (ranks) per node");
+  c.intra_node.bandwidth = node.number("intra_bw", true, "bus bandwidth of a collective inside a node, bytes/s");
+  c.intra_node.latency = node.number("intra_latency", true, "seconds per ring step inside a node");
+  c.inter_node.bandwidth = node.number("inter_bw", true, "per-node injection bandwidth across nodes, bytes/s");
+  c.inter_node.latency = node.number("inter_latency", true, "seconds per ring step across nodes");
+  if (const toml::array* table = node.array("intra_table")) {
+    for (size_t i = 0; i < table->size(); ++i) {
+      const toml::table* e = table->get(i)->as_table();
+      DHX_CHECK(e, ConfigError, "{}: node.intra_table[{}] must be a table {{ip = .., g = .., bw = ..}}", origin, i);
+      TableReader r(*e, fmt::format("node.intra_table[{}]", i), origin);
+      IntraNodeEntry x;
+      x.ip = r.integer("ip", "stride between the group's ranks");
+      x.g = r.integer("g", "ranks in the group");
+      x.bandwidth = r.number("bw", true, "bus bandwidth in bytes/s");
+      r.no_unknown_keys();
+      DHX_CHECK(x.ip * x.g <= c.devices_per_node, ConfigError,
+                "{}: node.intra_table[{}] (ip={}, g={}) spans {} ranks, more than node.devices={}: the table holds "
+                "patterns inside one node only",
+                origin, i, x.ip, x.g, x.ip * x.g, c.devices_per_node);
+      c.intra_table.push_back(x);
+    }
+  }
+  node.no_unknown_keys();
+  top.no_unknown_keys();
+  return c;
+}
+
+std::vector<std::string> cluster_search_dirs() {
+  if (const char* env = std::getenv("DHELIX_CLUSTERS_DIR"); env && *env) return {env};
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back((exe.parent_path().parent_path() / "configs" / "clusters").lexically_normal().string());
+  dirs.push_back("configs/clusters");
+  return dirs;
+}
+
+std::vector<std::string> cluster_names() {
+  std::set<std::string> names;
+  for (const std::string& d : cluster_search_dirs()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ".toml") names.insert(e.path().stem().string());
+  }
+  return {names.begin(), names.end()};
+}
+
+ClusterPreset load_cluster(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 5 && name_or_path.ends_with(".toml"));
+  if (is_path) {
+    DHX_CHECK(file_exists(name_or_path), ConfigError, "cluster file '{}' does not exist", name_or_path);
+    return parse_cluster(read_file(name_or_path), name_or_path);
+  }
+  const std::vector<std::string> dirs = cluster_search_dirs();
+  for (const std::string& d : dirs) {
+    const std::string path = (fs::path(d) / (name_or_path + ".toml")).string();
+    if (file_exists(path)) return parse_cluster(read_file(path), path);
+  }
+  const std::vector<std::string> names = cluster_names();
+  throw ConfigError(fmt::format(
+      "unknown cluster preset '{}' (looked for {}.toml in {}); known presets: {}\nhint: give a preset name, a "
+      "path to a .toml file, or set DHELIX_CLUSTERS_DIR",
+      name_or_path, name_or_path, fmt::join(dirs, ", "), names.empty() ? "none found" : fmt::to_string(fmt::join(names, ", "))));
+}
+
+LinkSpec placement_link(const ClusterPreset& c, int ip, int g) {
+  DHX_ASSERT(ip >= 1 && g >= 1, "placement_link(ip={}, g={})", ip, g);
+  if (g <= 1) return c.intra_node;
+  if (static_cast<int64_t>(ip) * g <= c.devices_per_node) {
+    for (const IntraNodeEntry& e : c.intra_table)
+      if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency};
+    return c.intra_node;
+  }
+  return {c.inter_node.bandwidth / std::min(ip, c.devices_per_node), c.inter_node.latency};
+}
+
+LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int world) {
+  const int g = static_cast<int>(ranks.size());
+  if (g <= 1) return c.intra_node;
+  const int per = c.devices_per_node;
+  std::map<int, int> members;  // node -> members of the group on it
+  for (int r : ranks) ++members[r / per];
+  if (members.size() == 1) {
+    const int ip = std::abs(ranks[1] - ranks[0]);
+    for (const IntraNodeEntry& e : c.intra_table)
+      if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency};
+    return c.intra_node;
+  }
+  const int node = ranks[0] / per;
+  const int on_node = std::min(per, world - node * per);  // ranks of the world on that node
+  const double sharing = std::max(1.0, static_cast<double>(on_node) / members[node]);
+  return {c.inter_node.bandwidth / sharing, c.inter_node.latency};
+}
+
+}  // namespace dhelix

@@ -1,0 +1,71 @@
+// A cluster preset: what one device computes and holds, and how fast its node talks inside and
+// across nodes, read from a TOML file (configs/clusters/*.toml, every number with its source in
+// the file). Plus AxoNN's placement rule: the bandwidth a collective group sees depends on where
+// its ranks sit (axonn.md §4.3). Pure data and arithmetic; it measures nothing.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "sim/CostModel.h"
+
+namespace dhelix {
+
+enum class Precision { kFp32, kBf16 };
+const char* precision_name(Precision p);  // "fp32", "bf16"
+int element_bytes(Precision p);           // 4, 2
+
+// A measured intra-node bus bandwidth for one placement pattern: a group of g ranks at stride ip.
+struct IntraNodeEntry {
+  int ip = 1;
+  int g = 2;
+  double bandwidth = 0;  // bytes/s (NCCL bus-bandwidth convention)
+};
+
+struct ClusterPreset {
+  std::string name;
+  std::string origin;  // the file it was read from
+  int devices_per_node = 1;
+  double memory_bytes = 0;     // device memory usable by one rank
+  double mem_bw = 0;           // device memory bytes/s
+  double peak_flops_fp32 = 0;  // per device
+  double peak_flops_bf16 = 0;  // 0: not offered
+  // The achievable GEMM rate: a measured rate per precision when given, else peak x efficiency.
+  double gemm_efficiency = 0;  // 0: absent
+  double gemm_flops_fp32 = 0;  // 0: absent
+  double gemm_flops_bf16 = 0;  // 0: absent
+  LinkSpec intra_node;         // bus bandwidth and per-step latency inside a node
+  LinkSpec inter_node;         // per-node injection bandwidth and per-step latency across nodes
+  std::vector<IntraNodeEntry> intra_table;  // measured (ip, g) patterns; others use intra_node
+
+  // FLOP/s of a GEMM in `p` on one device; ConfigError naming the preset when it has no figure.
+  double gemm_rate(Precision p) const;
+};
+
+// Reads a preset from TOML text; ConfigError naming `origin`, the field and a hint.
+ClusterPreset parse_cluster(const std::string& text, const std::string& origin);
+
+// `name_or_path`: a path (contains '/' or ends in .toml), or a preset name looked up as
+// <dir>/<name>.toml in cluster_search_dirs(). ConfigError naming the places looked in and the
+// names found there.
+ClusterPreset load_cluster(const std::string& name_or_path);
+// $DHELIX_CLUSTERS_DIR when set; else <directory of this executable>/../configs/clusters, then
+// ./configs/clusters.
+std::vector<std::string> cluster_search_dirs();
+// Preset names (file stems) found in the search directories, sorted, without duplicates.
+std::vector<std::string> cluster_names();
+
+// AxoNN's placement rule for a group of g ranks whose neighbours are ip ranks apart, ranks placed
+// on nodes in rank order, devices_per_node per node:
+//   ip * g <= devices_per_node (inside one node): the (ip, g) table entry, else intra_node;
+//   spanning nodes: inter_node.bandwidth / min(ip, devices_per_node) -- ip groups of one node
+//   share its NICs at once -- with inter_node's latency.
+// g <= 1 returns intra_node (no traffic).
+LinkSpec placement_link(const ClusterPreset& c, int ip, int g);
+
+// The same rule for any rank list (a grid line, or a composite group such as the x-y plane under
+// a non-default tp_order): one node -> the table entry for (ranks[1] - ranks[0], g), else
+// intra_node; spanning nodes -> inter_node / (ranks of a node / members of the group on it),
+// which equals min(ip, devices_per_node) for an evenly strided group.
+LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int world);
+
+}  // namespace dhelix

@@ -1,0 +1,69 @@
+// Layout enumeration and ranking for `dhelix tune`.
+#include "sim/LayoutSearch.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "base/Error.h"
+
+namespace dhelix {
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+std::vector<LayoutConfig> enumerate_layouts(int n) {
+  DHX_CHECK(n >= 1, ConfigError, "rank count {} must be >= 1", n);
+  std::vector<LayoutConfig> out;
+  for (int tp : divisors(n))
+    for (int pp : divisors(n / tp)) {
+      LayoutConfig l;
+      l.tp = tp, l.pp = pp, l.dp = n / tp / pp;
+      l.sequence_parallel = tp > 1;
+      out.push_back(l);
+    }
+  for (int x : divisors(n))
+    for (int y : divisors(n / x))
+      for (int z : divisors(n / x / y)) {
+        if (x * y * z == 1) continue;  // pure data parallel: the Megatron tp = pp = 1 entry
+        LayoutConfig l;
+        l.tp_x = x, l.tp_y = y, l.tp_z = z, l.dp = n / x / y / z;
+        l.sequence_parallel = false;
+        out.push_back(l);
+      }
+  return out;
+}
+
+std::string layout_label(const LayoutConfig& l) {
+  if (l.is_3d()) return fmt::format("x={} y={} z={} dp={}", l.tp_x, l.tp_y, l.tp_z, l.dp);
+  return fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
+}
+
+TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, const ClusterPreset& cluster,
+                        const PredictOptions& opt) {
+  TuneResult r;
+  for (const LayoutConfig& lay : enumerate_layouts(n)) {
+    const std::vector<std::string> errs = layout_errors(m, lay, batch);
+    if (!errs.empty()) {
+      r.excluded.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});
+      continue;
+    }
+    StepPrediction p = predict(m, lay, batch, cluster, opt);
+    if (!p.fits) r.excluded.push_back({lay, p.reason});
+    else r.ranked.push_back(std::move(p));
+  }
+  std::stable_sort(r.ranked.begin(), r.ranked.end(),
+                   [](const StepPrediction& a, const StepPrediction& b) { return a.step_s < b.step_s; });
+  return r;
+}
+
+}  // namespace dhelix

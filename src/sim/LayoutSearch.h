@@ -1,0 +1,32 @@
+// Every layout of N ranks the engine can run -- Megatron tp x pp x dp, and AxoNN's 3D grids
+// Gx x Gy x Gz x Gdata (every factorisation, not only powers of two) -- each priced by the step
+// model, ranked by predicted step time; the illegal and the ones that do not fit memory are listed
+// with their reason. What `dhelix tune` prints.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "sim/StepModel.h"
+
+namespace dhelix {
+
+// Megatron layouts (tp, pp, dp with tp * pp * dp = n, pure data parallel included), then the 3D
+// grids (tp_x, tp_y, tp_z, dp with product n and tp_x * tp_y * tp_z > 1).
+std::vector<LayoutConfig> enumerate_layouts(int n);
+// "tp=2 pp=1 dp=2" or "x=2 y=1 z=2 dp=1".
+std::string layout_label(const LayoutConfig& lay);
+
+struct ExcludedLayout {
+  LayoutConfig layout;
+  std::string reason;
+};
+
+struct TuneResult {
+  std::vector<StepPrediction> ranked;  // legal and fitting, fastest first
+  std::vector<ExcludedLayout> excluded;
+};
+
+TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, const ClusterPreset& cluster,
+                        const PredictOptions& opt);
+
+}  // namespace dhelix

@@ -1,0 +1,537 @@
+// The step model: strand list schedules over the layer programs, pipeline and data-parallel
+// composition, memory per rank, and the closed-form path for 3D grids the programs do not yet write.
+#include "sim/StepModel.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <limits>
+#include <set>
+
+#include "base/Error.h"
+#include "model/Params.h"
+#include "model/Programs.h"
+#include "sim/AxonnModel.h"
+
+namespace dhelix {
+
+const char* pricer_name(PricerKind p) { return p == PricerKind::kPrograms ? "programs" : "closed-form"; }
+
+double ring_bytes(CollOp coll, double bytes, int n) {
+  if (n <= 1) return 0;
+  const double f = double(n - 1) / n;
+  switch (coll) {
+    case CollOp::kAllGather:
+    case CollOp::kReduceScatter:
+    case CollOp::kAllToAll: return f * bytes;
+    case CollOp::kAllReduce: return 2 * f * bytes;
+    case CollOp::kBroadcast:
+    case CollOp::kSendRecv: return bytes;
+    case CollOp::kNone: break;
+  }
+  throw InternalError("ring_bytes: not a collective");
+}
+
+std::map<std::string, GroupLink> group_links(const LayoutConfig& lay, const ClusterPreset& cluster) {
+  const Layout layout(lay, 0);
+  std::map<std::string, GroupLink> out;
+  for (GroupRole r : all_group_roles())
+    out[group_role_name(r)] = {layout.size(r), group_link(cluster, layout.group_ranks(r, 0), lay.world())};
+  return out;
+}
+
+namespace {
+
+const std::set<std::string>& boundary_in() {
+  static const std::set<std::string> s = {"x", "dy", "tokens", "targets"};
+  return s;
+}
+const std::set<std::string>& boundary_out() {
+  static const std::set<std::string> s = {"y", "dx", "loss"};
+  return s;
+}
+
+double compute_time(const Op& op, const DeviceRates& r) {
+  return std::max(op.cost.flops / r.gemm_rate, op.cost.bytes * r.byte_scale / r.mem_bw);
+}
+
+}  // namespace
+
+// Timeline of one strand (times from the strand's start; a prefetched all-gather may start at
+// -credit, under the previous layer):
+//   engine : [op0][op1]......[op3 waits for AR]....
+//   tp     :      [AR of op1's output]
+// A compute op's wait is charged to the group of the collective that produced its latest input.
+StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
+                         const DeviceRates& rates, Prefetch prefetch) {
+  StrandPrice p;
+  for (const Op& op : ops)
+    if (!op.is_collective()) p.compute_s += compute_time(op, rates);
+  const double credit = prefetch == Prefetch::kOn ? p.compute_s : 0.0;
+
+  std::set<std::string> produced;  // buffers written by an earlier op of the strand
+  std::map<std::string, std::pair<double, std::string>> ready;  // buffer -> (time, producing group or "")
+  std::map<std::string, double> channel_free, busy;
+  std::vector<std::pair<double, std::string>> needed_ends;  // collectives the layer's end waits for
+  double engine = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    double in_ready = 0;
+    std::string waited_on;
+    bool only_unproduced = true;
+    for (const std::string& b : op.inputs) {
+      if (!produced.count(b)) {
+        if (boundary_in().count(b)) only_unproduced = false;
+        continue;
+      }
+      only_unproduced = false;
+      const auto& [t, g] = ready[b];
+      if (t > in_ready) in_ready = t, waited_on = g;
+    }
+    if (!op.is_collective()) {
+      const double start = std::max(engine, in_ready);
+      if (in_ready > engine && !waited_on.empty()) p.axes[waited_on].exposed_s += in_ready - engine;
+      engine = start + compute_time(op, rates);
+      for (const std::string& b : op.outputs) produced.insert(b), ready[b] = {engine, ""};
+      continue;
+    }
+    auto g = groups.find(op.group);
+    DHX_CHECK(g != groups.end(), ConfigError, "op '{}' runs on group '{}', which the layout does not have", op.name,
+              op.group);
+    const double bytes = op.cost.comm_bytes * rates.byte_scale;
+    const double t = CostModel::collective_time(op.coll, bytes, g->second.size, g->second.link);
+    AxisCost& axis = p.axes[op.group];
+    axis.bytes += ring_bytes(op.coll, bytes, g->second.size);
+    axis.seconds += t;
+    busy[op.group] += t;
+    const double earliest = only_unproduced && prefetch == Prefetch::kOn ? -credit : in_ready;
+    auto [cf, fresh] = channel_free.emplace(op.group, -credit);
+    const double end = std::max(earliest, cf->second) + t;
+    cf->second = end;
+    bool read_later = false;
+    for (const std::string& b : op.outputs) {
+      produced.insert(b), ready[b] = {end, op.group};
+      if (boundary_out().count(b)) read_later = true;
+      for (size_t j = i + 1; j < ops.size() && !read_later; ++j)
+        read_later = std::find(ops[j].inputs.begin(), ops[j].inputs.end(), b) != ops[j].inputs.end();
+    }
+    if (read_later) needed_ends.push_back({end, op.group});
+    if (op.attrs.count("blocking") && op.attrs.at("blocking") != 0 && end > engine) {
+      // Waited for at issue: the engine idles until it completes.
+      axis.exposed_s += end - engine;
+      engine = end;
+    }
+  }
+  // The layer ends when the engine and every collective something waits for are done; a channel
+  // busier than that (background reduce-scatters) sets the pace of a stack of such layers.
+  double span = engine;
+  for (const auto& [end, g] : needed_ends)
+    if (end > span) p.axes[g].exposed_s += end - span, span = end;
+  for (const auto& [g, b] : busy)
+    if (b > span) p.axes[g].exposed_s += b - span, span = b;
+  p.span_s = span;
+  return p;
+}
+
+std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
+  std::vector<std::string> e = validate_layout(lay, lay.world());
+  for (const std::string& x : m.validate()) e.push_back(x);
+  if (lay.cp > 1 || lay.ep > 1)
+    e.push_back(fmt::format("cp={} ep={}: context and expert parallelism are not priced", lay.cp, lay.ep));
+  auto div = [&](int64_t v, int64_t by, const std::string& what, const std::string& axis) {
+    if (by > 1 && v % by != 0) e.push_back(fmt::format("{}={} is not divisible by {}={}", what, v, axis, by));
+  };
+  div(m.n_heads, lay.tp, "heads", "tp");
+  div(m.n_kv_heads, lay.tp, "kv heads", "tp");
+  div(m.ffn_hidden, lay.tp, "ffn_hidden", "tp");
+  div(m.n_heads, lay.tp_y, "heads", "Gy");
+  div(m.n_kv_heads, lay.tp_y, "kv heads", "Gy");
+  div(m.ffn_hidden, lay.tp_y, "ffn_hidden", "Gy");
+  div(m.d_model, lay.tp_x, "d_model", "Gx");
+  if (lay.tp_z > 1) {
+    // Each Gx x Gy block of a weight is flattened and split over z: the smallest (attention-out).
+    const int64_t blk = m.n_heads * m.head_dim() * m.d_model / (int64_t{lay.tp_x} * lay.tp_y);
+    div(blk, lay.tp_z, "the attention-out weight block (elements)", "Gz");
+  }
+  div(m.n_layers, lay.pp, "layers", "pp");
+  const int64_t replicas = int64_t{lay.data_replicas()};
+  if (batch.micro_batch < 1 || batch.seq < 1 || batch.global_batch < 1) {
+    e.push_back(fmt::format("global batch {}, sequence {} and micro-batch {} must be >= 1", batch.global_batch,
+                            batch.seq, batch.micro_batch));
+  } else if (batch.global_batch % (replicas * batch.micro_batch) != 0) {
+    e.push_back(fmt::format("batch {} is not divisible by {} x micro-batch {} = {}", batch.global_batch,
+                            lay.is_3d() ? fmt::format("Gz x Gdata = {}", replicas) : fmt::format("dp = {}", replicas),
+                            batch.micro_batch, replicas * batch.micro_batch));
+  } else if (lay.tp > 1 && batch.micro_batch * batch.seq % lay.tp != 0) {
+    e.push_back(fmt::format("micro-batch tokens {} are not divisible by tp={}", batch.micro_batch * batch.seq, lay.tp));
+  }
+  return e;
+}
+
+namespace {
+
+// Extents of the activation buffers one rank holds for one micro-batch of b x T tokens.
+struct ActDims {
+  double N = 0;     // tokens of the micro-batch on this rank's GEMMs
+  double Nres = 0;  // rows of the residual stream (N / tp under sequence parallelism)
+  double Cres = 0;  // columns of the residual stream (C / Gx under 3D)
+  double qkv = 0, att = 0, heads = 0, fc = 0, act = 0, vocab = 0;  // local widths
+};
+
+ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
+  const bool gpt = m.family == ModelFamily::kGPT;
+  const double wide = lay.tp * lay.tp_y;
+  const double Hl = m.n_heads / wide, Hkvl = m.n_kv_heads / wide, D = double(m.head_dim());
+  const double Fl = m.ffn_hidden / wide;
+  ActDims d;
+  d.N = double(batch.micro_batch * batch.seq);
+  d.Nres = d.N / lay.tp;
+  d.Cres = double(m.d_model) / lay.tp_x;
+  d.qkv = (Hl + 2 * Hkvl) * D;
+  d.att = Hl * D;
+  d.heads = Hl;
+  d.fc = gpt ? Fl : 2 * Fl;
+  d.act = Fl;
+  d.vocab = double(padded_vocab(m, vocab_shards(lay)) / vocab_shards(lay));
+  return d;
+}
+
+// Elements of a saved buffer, by the name the programs give it (model/Programs.cc); nullopt when
+// no rule knows the name.
+std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
+  auto ends = [&](const char* s) { return b.size() > std::strlen(s) && b.ends_with(s); };
+  if (ends(".mean") || ends(".rstd")) return d.Nres;
+  if (ends("_g")) return d.N * d.Cres;
+  static const std::set<std::string> stream = {"x", "x2", "y", "e", "h1", "h2", "hf"};
+  if (stream.count(b)) return d.Nres * d.Cres;
+  if (b == "qkv" || b == "qkv_r") return d.N * d.qkv;
+  if (b == "att") return d.N * d.att;
+  if (b == "att.lse") return d.N * d.heads;
+  if (b == "fc") return d.N * d.fc;
+  if (b == "act") return d.N * d.act;
+  if (b == "logits" || b == "dlogits") return d.N * d.vocab;
+  if (b == "xent.m" || b == "tokens" || b == "targets") return d.N;
+  if (b == "xent.s") return 2 * d.N;
+  return std::nullopt;
+}
+
+// Bytes of the buffers the backward strand reads that the forward made or received (saved for
+// backward), for one micro-batch; unknown names are counted as residual-stream rows and noted.
+double saved_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes) {
+  std::set<std::string> fwd_bufs;
+  for (const Op& op : p.fwd) {
+    fwd_bufs.insert(op.inputs.begin(), op.inputs.end());
+    fwd_bufs.insert(op.outputs.begin(), op.outputs.end());
+  }
+  std::set<std::string> saved;
+  for (const Op& op : p.bwd)
+    for (const std::string& b : op.inputs)
+      if (fwd_bufs.count(b)) saved.insert(b);
+  double bytes = 0;
+  for (const std::string& b : saved) {
+    std::optional<double> n = saved_elems(b, d);
+    if (!n) notes.push_back(fmt::format("{}: saved buffer '{}' has no size rule; counted as [{:g}, {:g}]", p.name, b,
+                                        d.Nres, d.Cres));
+    bytes += n.value_or(d.Nres * d.Cres) * elem;
+  }
+  return bytes;
+}
+
+double unit_elems(const UnitSpec& u) {
+  double n = 0;
+  for (const ParamSpec& p : u.params) n += double(shape_numel(p.shard));
+  return n;
+}
+
+// The units stage s of p owns under 1F1B (embed with the first, head with the last); with tied
+// embeddings and p > 1 the last stage also holds the embedding matrix for its head.
+std::vector<int> stage_units(int L, int p, int s) {
+  std::vector<int> u;
+  if (s == 0) u.push_back(0);
+  for (int l = s * (L / p); l < (s + 1) * (L / p); ++l) u.push_back(1 + l);
+  if (s == p - 1) u.push_back(L + 1);
+  return u;
+}
+
+struct UnitTimes {
+  StrandPrice fwd, bwd;
+};
+
+// The data-parallel gradient reduction of one stage: unit u's gradients go when its backward (last
+// micro-batch) ends, in backward order, one at a time on the dp channel. Returns seconds past the
+// end of the backward pass, and adds the traffic to `axis`.
+double dp_exposed(const std::vector<double>& bwd_span, const std::vector<double>& grad_bytes, const GroupLink& dp,
+                  Zero zero, AxisCost& axis) {
+  if (dp.size <= 1) return 0;
+  const CollOp coll = zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce;
+  double t = 0, channel = 0;
+  for (size_t i = bwd_span.size(); i-- > 0;) {
+    t += bwd_span[i];
+    const double c = CostModel::collective_time(coll, grad_bytes[i], dp.size, dp.link);
+    channel = std::max(channel, t) + c;
+    axis.bytes += ring_bytes(coll, grad_bytes[i], dp.size);
+    axis.seconds += c;
+  }
+  const double exposed = std::max(0.0, channel - t);
+  axis.exposed_s += exposed;
+  return exposed;
+}
+
+void add_axes(std::map<std::string, AxisCost>& into, const std::map<std::string, AxisCost>& from, double times,
+              double exposed_scale = 1.0) {
+  for (const auto& [g, a] : from) {
+    AxisCost& x = into[g];
+    x.bytes += a.bytes * times;
+    x.seconds += a.seconds * times;
+    x.exposed_s += a.exposed_s * times * exposed_scale;
+  }
+}
+
+bool writes_3d(const ModelPrograms& p) {
+  for (const LayerProgram* lp : {&p.embed, &p.block, &p.head})
+    for (const auto* ops : {&lp->fwd, &lp->bwd})
+      for (const Op& op : *ops)
+        if (op.group == "x" || op.group == "y" || op.group == "z") return true;
+  return false;
+}
+
+// States of one rank holding `elems` parameter elements.
+void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero) {
+  mem.params += elems * elem;
+  mem.grads += elems * 4;
+  const double opt = elems * (8 + (elem < 4 ? 4 : 0));
+  mem.optimizer += zero == Zero::kZero1 ? opt / dp : opt;
+}
+
+void check_fits(StepPrediction& r, const ClusterPreset& c) {
+  r.memory_limit = c.memory_bytes;
+  r.fits = r.memory.total() <= c.memory_bytes;
+  if (!r.fits)
+    r.reason = fmt::format("does not fit memory: needs {:.2f} GiB of {:.2f} GiB (params {:.2f}, grads {:.2f}, "
+                           "optimizer {:.2f}, gathered {:.2f}, activations {:.2f})",
+                           r.memory.total() / (1 << 30), c.memory_bytes / (1 << 30), r.memory.params / (1 << 30),
+                           r.memory.grads / (1 << 30), r.memory.optimizer / (1 << 30), r.memory.gathered / (1 << 30),
+                           r.memory.activations / (1 << 30));
+}
+
+StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                   const ClusterPreset& cluster, const PredictOptions& opt, StepPrediction r);
+
+}  // namespace
+
+StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                       const ClusterPreset& cluster, const PredictOptions& opt) {
+  const std::vector<std::string> errs = layout_errors(m, lay, batch);
+  DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
+  StepPrediction r;
+  r.layout = lay;
+  r.micro_batches = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
+  const MicroBatchShape mb{batch.micro_batch, batch.seq};
+  LayoutConfig plain = lay;
+  plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
+  const ModelPrograms progs = build_programs(m, plain, mb);
+  if (lay.is_3d() && !writes_3d(progs)) return predict_closed_form(m, lay, batch, cluster, opt, r);
+
+  const double elem = element_bytes(opt.precision);
+  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0};
+  const std::map<std::string, GroupLink> groups = group_links(lay, cluster);
+  const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn),
+                        price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn)};
+  const UnitTimes block{price_strand(progs.block.fwd, groups, rates, Prefetch::kOn),
+                        price_strand(progs.block.bwd, groups, rates, Prefetch::kOn)};
+  const UnitTimes head{price_strand(progs.head.fwd, groups, rates, Prefetch::kOn),
+                       price_strand(progs.head.bwd, groups, rates, Prefetch::kOn)};
+  const int L = static_cast<int>(m.n_layers), p = lay.pp;
+  const int64_t M = r.micro_batches;
+  const std::vector<UnitSpec> units = model_units(m, plain, 0);
+  const GroupLink& pp_link = groups.at("pp");
+  // Activation (forward) or gradient (backward) of one micro-batch crossing a stage boundary.
+  const double p2p_bytes = double(batch.micro_batch * batch.seq) / lay.tp * double(m.d_model) * elem;
+  const double p2p_s = p > 1 ? CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link) : 0;
+
+  const ActDims dims = act_dims(m, plain, batch);
+  std::vector<std::string> notes;
+  const double act_block = saved_bytes(progs.block, dims, elem, notes);
+  const double act_embed = saved_bytes(progs.embed, dims, elem, notes);
+  const double act_head = saved_bytes(progs.head, dims, elem, notes);
+  double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
+  for (const Op& op : progs.block.fwd)
+    if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather)
+      gathered = std::max(gathered, 2 * op.cost.comm_bytes * rates.byte_scale);
+
+  double worst = -1;
+  for (int s = 0; s < p; ++s) {
+    StepPrediction st = r;
+    st.axes.clear(), st.memory = {}, st.bubble_s = 0;
+    const std::vector<int> mine = stage_units(L, p, s);
+    double Ff = 0, Bb = 0, Cf = 0, Cb = 0, elems = 0;
+    std::map<std::string, AxisCost> axes_mb;  // one micro-batch, forward and backward
+    std::vector<double> bwd_span, grad_bytes;
+    for (int u : mine) {
+      const UnitTimes& t = u == 0 ? embed : u == L + 1 ? head : block;
+      Ff += t.fwd.span_s, Bb += t.bwd.span_s, Cf += t.fwd.compute_s, Cb += t.bwd.compute_s;
+      add_axes(axes_mb, t.fwd.axes, 1);
+      add_axes(axes_mb, t.bwd.axes, 1);
+      bwd_span.push_back(t.bwd.span_s);
+      grad_bytes.push_back(unit_elems(units[u]) * 4);
+      elems += unit_elems(units[u]);
+    }
+    if (s == p - 1 && p > 1 && m.tie_embeddings) elems += unit_elems(units[0]);
+    if (s < p - 1) Ff += p2p_s, axes_mb["pp"].bytes += p2p_bytes, axes_mb["pp"].seconds += p2p_s,
+                    axes_mb["pp"].exposed_s += p2p_s;
+    if (s > 0) Bb += p2p_s, axes_mb["pp"].bytes += p2p_bytes, axes_mb["pp"].seconds += p2p_s,
+               axes_mb["pp"].exposed_s += p2p_s;
+    // Strand Interleaving: a slot co-executes fwd(mb i) and bwd(mb i-1).
+    const double slot = std::max({Cf + Cb, Ff, Bb});
+    const double own_exposed = Ff + Bb - Cf - Cb;
+    const double si_scale = own_exposed > 0 ? (slot - Cf - Cb) / own_exposed : 0.0;
+    const bool si = opt.si == StrandInterleaving::kOn;
+    double body = 0;
+    if (p == 1) {
+      body = si ? Ff + Bb + double(M - 1) * slot : double(M) * (Ff + Bb);
+      add_axes(st.axes, axes_mb, 1);
+      add_axes(st.axes, axes_mb, double(M - 1), si ? si_scale : 1.0);
+    } else {
+      const double t_mb = si ? slot : Ff + Bb;
+      body = double(M + p - 1) * t_mb;
+      st.bubble_s = double(p - 1) * t_mb;
+      add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
+    }
+    st.compute_s = double(M) * (Cf + Cb);
+    // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather.
+    const GroupLink& dp = groups.at("dp");
+    double tail = dp_exposed(bwd_span, grad_bytes, dp, opt.zero, st.axes["dp"]);
+    if (opt.zero == Zero::kZero1 && dp.size > 1) {
+      const double b = elems * elem;
+      const double ag = CostModel::collective_time(CollOp::kAllGather, b, dp.size, dp.link);
+      st.axes["dp"].bytes += ring_bytes(CollOp::kAllGather, b, dp.size);
+      st.axes["dp"].seconds += ag, st.axes["dp"].exposed_s += ag, tail += ag;
+    }
+    // Sequence-parallel partial gradients (norms, row biases) all-reduced over tp before the step.
+    double partial = 0;
+    for (int u : mine)
+      for (const ParamSpec& q : units[u].params)
+        if (q.partial_grad) partial += double(shape_numel(q.shard)) * 4;
+    const std::string pg = lay.is_3d() ? "z" : "tp";  // the group the tokens are split over
+    if (partial > 0 && groups.at(pg).size > 1) {
+      const GroupLink& g = groups.at(pg);
+      const double ar = CostModel::collective_time(CollOp::kAllReduce, partial, g.size, g.link);
+      st.axes[pg].bytes += ring_bytes(CollOp::kAllReduce, partial, g.size);
+      st.axes[pg].seconds += ar, st.axes[pg].exposed_s += ar, tail += ar;
+    }
+    st.step_s = body + tail;
+    st.exposed_comm_s = st.step_s - st.compute_s - st.bubble_s;
+    add_states(st.memory, elems, elem, lay.dp, opt.zero);
+    st.memory.gathered = gathered;
+    const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
+    const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
+    st.memory.activations = in_flight * (layers * act_block + (s == 0 ? act_embed : 0) +
+                                         (s == p - 1 ? act_head : 0)) +
+                            (si ? act_block : 0);
+    // The slowest stage sets the step; the largest memory any stage needs is the limit.
+    if (st.step_s > worst) {
+      const MemoryUse keep = r.memory.total() > st.memory.total() ? r.memory : st.memory;
+      r = st, worst = st.step_s, r.memory = keep;
+    } else if (st.memory.total() > r.memory.total()) {
+      r.memory = st.memory;
+    }
+  }
+  r.notes = notes;
+  for (auto it = r.axes.begin(); it != r.axes.end();) it = it->second.bytes > 0 ? std::next(it) : r.axes.erase(it);
+  check_fits(r, cluster);
+  return r;
+}
+
+namespace {
+
+// 3D grids the programs do not write yet: the corrected AxoNN closed form for communication, the
+// single-rank programs' compute divided over the grid (GEMMs over Gx·Gy, attention over its Gy
+// heads, the other ops over Gx), AxoNN's overlaps as closed rules:
+//   forward all-reduces exposed; backward input-gradient all-reduces under the weight-gradient
+//   GEMMs (OAR); z all-gathers and reduce-scatters under all compute (OAG, ORS); data as dp_exposed.
+StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                   const ClusterPreset& cluster, const PredictOptions& opt, StepPrediction r) {
+  r.pricer = PricerKind::kClosedForm3D;
+  const double elem = element_bytes(opt.precision);
+  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0};
+  LayoutConfig one;  // the single-rank programs
+  const ModelPrograms progs = build_programs(m, one, {batch.micro_batch, batch.seq});
+  const double gx = lay.tp_x, gy = lay.tp_y, gxy = gx * gy;
+  auto divided = [&](const std::vector<Op>& ops, double& gemm_wgrad) {
+    double t = 0;
+    for (const Op& op : ops) {
+      const bool gemm = op.code.starts_with("linear");
+      const double share = gemm ? gxy : op.code.starts_with("attention") ? gy : gx;
+      const double c = compute_time(op, rates) / share;
+      if (op.code == "linear_wgrad") gemm_wgrad += c;
+      t += c;
+    }
+    return t;
+  };
+  const int64_t M = r.micro_batches, L = m.n_layers;
+  double wg_block = 0, wg_other = 0;
+  const double bf = divided(progs.block.fwd, wg_other), bb = divided(progs.block.bwd, wg_block);
+  const double ef = divided(progs.embed.fwd, wg_other), eb = divided(progs.embed.bwd, wg_other);
+  const double hf = divided(progs.head.fwd, wg_other), hb = divided(progs.head.bwd, wg_other);
+  r.compute_s = double(M) * (ef + eb + hf + hb + double(L) * (bf + bb));
+
+  const AxonnGrid grid{lay.tp_x, lay.tp_y, lay.tp_z, lay.dp};
+  const AxonnShape shape{m.d_model, m.n_layers, batch.seq, batch.global_batch, M};
+  const AxonnComm c = axonn_comm(shape, grid, cluster, {AxonnMode::kCorrected, int(elem), Recompute::kNone});
+  auto secs = [&](double bytes, int ip, int g) { return g <= 1 ? 0.0 : bytes / placement_link(cluster, ip, g).bandwidth; };
+  const double fx = secs(c.fwd_x, 1, lay.tp_x), bx = secs(c.bwd_x, 1, lay.tp_x);
+  const double fy = secs(c.fwd_y, lay.tp_x, lay.tp_y), by = secs(c.bwd_y, lay.tp_x, lay.tp_y);
+  const double wgrad_all = double(M * L) * wg_block;
+  const double bwd_hidden = std::min(bx + by, wgrad_all);
+  const double bwd_share = bx + by > 0 ? (bx + by - bwd_hidden) / (bx + by) : 0;
+  r.axes["x"] = {c.bytes_x(), c.x_s, fx + bx * bwd_share};
+  r.axes["y"] = {c.bytes_y(), c.y_s, fy + by * bwd_share};
+  r.axes["z"] = {c.bytes_z(), c.z_s, std::max(0.0, c.z_s - r.compute_s)};
+  for (auto it = r.axes.begin(); it != r.axes.end();) it = it->second.bytes > 0 ? std::next(it) : r.axes.erase(it);
+
+  // Parameter shards by hand (AxoNN §2.2): block weights over Gx·Gy·Gz, norms over Gx, the
+  // vocabulary over the x-y plane.
+  const std::vector<UnitSpec> units = model_units(m, one, 0);
+  const double gxyz = gxy * lay.tp_z;
+  std::vector<double> bwd_span, grad_bytes;
+  double elems = 0, biggest = 0;
+  for (const UnitSpec& u : units) {
+    double n = 0;
+    for (const ParamSpec& q : u.params) {
+      const double full = double(shape_numel(q.full));
+      const bool matrix = q.full.size() == 2;
+      if (u.kind == "block" && matrix) biggest = std::max(biggest, full / gxy);
+      n += !matrix ? full / gx : u.kind == "block" ? full / gxyz : full / gxy;
+    }
+    elems += n;
+    grad_bytes.push_back(n * 4);
+    bwd_span.push_back(u.kind == "embed" ? eb : u.kind == "head" ? hb : bb);
+  }
+  const GroupLink dp{lay.dp, placement_link(cluster, lay.tp_x * lay.tp_y * lay.tp_z, lay.dp)};
+  double tail = dp_exposed(bwd_span, grad_bytes, dp, opt.zero, r.axes["dp"]);
+  if (r.axes["dp"].bytes == 0) r.axes.erase("dp");
+  double exposed = tail;
+  for (const auto& [g, a] : r.axes)
+    if (g != "dp") exposed += a.exposed_s;
+  r.step_s = r.compute_s + exposed;
+  r.exposed_comm_s = exposed;
+  add_states(r.memory, elems, elem, lay.dp, opt.zero);
+  r.memory.gathered = 2 * biggest * elem;
+  ActDims d = act_dims(m, lay, batch);
+  std::vector<std::string> notes;
+  r.memory.activations = double(L) * saved_bytes(progs.block, d, elem, notes) + saved_bytes(progs.head, d, elem, notes) +
+                         (opt.si == StrandInterleaving::kOn ? saved_bytes(progs.block, d, elem, notes) : 0);
+  r.notes = notes;
+  r.notes.push_back("3D grid priced by the corrected AxoNN closed form (the layer programs do not write 3D ops yet); "
+                    "GEMMs as GPT's four (K = 3, 1, 4, 4), no recompute; Strand Interleaving not modelled");
+  check_fits(r, cluster);
+  return r;
+}
+
+}  // namespace
+
+}  // namespace dhelix

@@ -1,0 +1,137 @@
+// The engine-facing performance model: predicts one training step of a model on a layout the
+// engine runs -- Megatron tp (with sequence parallelism) x dp, pipeline pp (1F1B), and AxoNN's 3D
+// grids Gx x Gy x Gz x Gdata -- on a cluster preset, by reading the layer programs
+// (build_programs) and parameter shards (model_units). It prices; it runs nothing.
+//
+// Compute: each op t = max(flops / gemm_rate, bytes / mem_bw) (CostModel's roofline), bytes and
+// comm_bytes scaled from the programs' fp32 to the chosen element size.
+// Collectives: rings (CostModel::collective_time) on the op's group ("tp", "x", "y", "z", "xy",
+// "dp", "pp"), group size from the layout, bandwidth by placement (group_link: inside a node or
+// across nodes, NIC sharing).
+// Overlap (what hides what), per strand of one unit, a list schedule on one compute engine and one
+// channel per group: ops run in program order; a collective starts when its inputs exist and its
+// channel is free; a compute op waits for its inputs. So a collective hides under the strand's
+// following compute that does not read its output (Megatron's dgrad reduce-scatter under the
+// weight-gradient GEMM; 3D's input-gradient all-reduce under the weight-gradient GEMM, OAR).
+//   - a collective reading only parameters (a weight all-gather) is prefetched (OAG, depth 1): it may
+//     start one strand-compute earlier, under the previous layer;
+//   - a collective whose output nothing in the strand reads and that is not the unit's output (a
+//     weight-gradient reduce-scatter, ORS) runs in the background: it costs only where its channel's
+//     total per layer exceeds the layer's span;
+//   - Megatron SP collectives feeding the next GEMM are exposed (nothing independent follows them);
+//   - Strand Interleaving on: fwd(mb i) beside bwd(mb i-1) per slot, slot = max(Cf + Cb, Ff, Bb)
+//     (one engine for both strands' compute; each strand's own critical path), slot 0 forward only
+//     and the last backward only;
+//   - data-parallel gradients: each unit's gradients all-reduce (ZeRO-1: reduce-scatter) on the dp
+//     channel as soon as that unit's backward of the last micro-batch ends; what runs past the end of
+//     backward is exposed (so all but the last buckets hide). ZeRO-1's parameter all-gather after
+//     the optimizer step is exposed;
+//   - pipeline 1F1B: step = (M + p - 1) x the slowest stage's time per micro-batch (the bubble
+//     (p-1)/(M+p-1) of the step), each stage's activation send and gradient send priced on the pp
+//     link and exposed.
+// 3D layouts whose programs build_programs does not yet write (no op on x, y or z) are priced by the
+// corrected closed form (AxonnModel.h) with compute from the single-rank program's FLOPs divided over
+// the grid; StepPrediction::pricer says which.
+// Memory per rank (a hard limit against the preset's device memory): parameters (element size),
+// gradients (fp32, 4 bytes), AdamW (two fp32 moments, 8 bytes, plus a 4-byte fp32 master copy under
+// bf16; divided by dp under ZeRO-1), gathered 3D weight blocks (two in flight: prefetch), and
+// activations: the programs' saved buffers (forward buffers the backward reads) x layers on the
+// stage x micro-batches in flight (1F1B stage s: min(p - s, M); with Strand Interleaving one more
+// layer).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "layout/Layout.h"
+#include "model/ModelConfig.h"
+#include "plan/Program.h"
+#include "sim/ClusterPreset.h"
+
+namespace dhelix {
+
+struct BatchSpec {
+  int64_t global_batch = 0;  // sequences per optimizer step (all data replicas)
+  int64_t seq = 0;           // tokens per sequence
+  int64_t micro_batch = 1;   // sequences per micro-batch per data replica
+};
+
+enum class Zero { kNone, kZero1 };
+enum class StrandInterleaving { kOff, kOn };
+enum class PricerKind { kPrograms, kClosedForm3D };
+const char* pricer_name(PricerKind p);  // "programs", "closed-form"
+
+struct PredictOptions {
+  Precision precision = Precision::kFp32;
+  Zero zero = Zero::kNone;
+  StrandInterleaving si = StrandInterleaving::kOff;
+};
+
+// One process-group role's traffic per rank per step.
+struct AxisCost {
+  double bytes = 0;      // bytes this rank moves (ring: (n-1)/n or 2(n-1)/n of each buffer)
+  double seconds = 0;    // time of its collectives
+  double exposed_s = 0;  // the part no compute hides
+};
+
+struct MemoryUse {
+  double params = 0, grads = 0, optimizer = 0, gathered = 0, activations = 0;
+  double total() const { return params + grads + optimizer + gathered + activations; }
+};
+
+struct StepPrediction {
+  LayoutConfig layout;
+  PricerKind pricer = PricerKind::kPrograms;
+  int64_t micro_batches = 0;  // per step per data replica
+  double step_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
+  std::map<std::string, AxisCost> axes;  // "tp", "x", "y", "z", "xy", "pp", "dp"
+  MemoryUse memory;
+  double memory_limit = 0;
+  bool fits = true;
+  std::string reason;  // when !fits
+  std::vector<std::string> notes;
+};
+
+// Every reason `lay` cannot run `m` with `batch` (one message each; empty when legal): the world,
+// heads / kv heads / hidden / ffn divisibility per axis, layers by pp, the batch by data replicas x
+// micro-batch, cp / ep (not priced).
+std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch);
+
+// ConfigError with layout_errors' reasons when the layout is illegal.
+StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                       const ClusterPreset& cluster, const PredictOptions& opt);
+
+// ---- the pieces, for tests and the future whole-step simulator ----
+
+// A collective group as the pricer sees it: ranks and the placement link.
+struct GroupLink {
+  int size = 1;
+  LinkSpec link;
+};
+// Every role of `lay` ("tp", "x", "y", "z", "xy", "tpblock", "dp", "pp", "cp", "ep") with the
+// placement of the group containing rank 0.
+std::map<std::string, GroupLink> group_links(const LayoutConfig& lay, const ClusterPreset& cluster);
+
+struct DeviceRates {
+  double gemm_rate = 0;     // FLOP/s
+  double mem_bw = 0;        // bytes/s
+  double byte_scale = 1.0;  // element bytes / 4 (programs are written in fp32)
+};
+
+// Bytes one rank moves in the ring of `coll` over n ranks for a buffer of `bytes`
+// (all-gather, reduce-scatter, all-to-all: (n-1)/n; all-reduce: 2(n-1)/n; send/recv and broadcast: 1).
+double ring_bytes(CollOp coll, double bytes, int n);
+
+struct StrandPrice {
+  double compute_s = 0;  // sum of compute ops
+  double span_s = 0;     // the strand's time per layer, overlaps applied
+  std::map<std::string, AxisCost> axes;
+};
+// Prices one strand of one unit (the overlap rule above). `prefetch` = kOn lets parameter-only
+// collectives start one strand-compute early.
+enum class Prefetch { kOff, kOn };
+StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
+                         const DeviceRates& rates, Prefetch prefetch);
+
+}  // namespace dhelix
