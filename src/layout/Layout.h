@@ -20,6 +20,14 @@ constexpr int kNumGroupRoles = 10;
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles();
 const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock"
 
+// AxoNN's three overlaps of 3D tensor parallelism (parallel.overlap_ar / _rs / _ag): each on by
+// default; off keeps the same ops and marks the collective blocking (waited for where issued).
+struct TP3DOverlaps {
+  bool ar = true;  // input-gradient all-reduce under the weight-gradient GEMM
+  bool rs = true;  // weight-gradient reduce-scatters in the background (accumulated at the layer's end)
+  bool ag = true;  // weight all-gathers issued one GEMM ahead of their use
+};
+
 struct LayoutConfig {
   int dp = 1, pp = 1, cp = 1, ep = 1, tp = 1;
   bool sequence_parallel = true;  // with tp > 1: SP regions (AG before column GEMMs, RS after row GEMMs)
@@ -27,6 +35,7 @@ struct LayoutConfig {
   // the batch split over Gz x dp. Exclusive with tp > 1.
   int tp_x = 1, tp_y = 1, tp_z = 1;
   std::string tp_order = "xyz";  // the 3D axes from innermost (consecutive ranks) outward
+  TP3DOverlaps overlap3d = {};
   int world() const { return dp * pp * cp * ep * tp * tp_x * tp_y * tp_z; }
   bool is_3d() const { return tp_x * tp_y * tp_z > 1; }
   // Ranks that split one layer's weights: tp, or Gx * Gy * Gz.

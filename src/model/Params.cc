@@ -1,6 +1,7 @@
 // Parameter specs for the GPT and Llama families, shard extraction and deterministic init.
 #include "model/Params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -14,8 +15,17 @@ const char* shard_role_name(ShardRole r) {
     case ShardRole::kColumn: return "column";
     case ShardRole::kRow: return "row";
     case ShardRole::kVocab: return "vocab";
+    case ShardRole::kGrid: return "grid";
   }
   return "?";
+}
+
+ShardIndex ShardIndex::of(const LayoutConfig& lay, const RankCoord& c) {
+  ShardIndex s;
+  s.tp_rank = c.tp, s.tp = lay.tp;
+  s.x = c.x, s.y = c.y, s.z = c.z;
+  s.gx = lay.tp_x, s.gy = lay.tp_y, s.gz = lay.tp_z;
+  return s;
 }
 
 int64_t padded_vocab(const ModelConfig& m, int tp) {
@@ -72,14 +82,138 @@ ParamSpec replicated(const std::string& local, Shape shape, ParamInit init, bool
   p.shard = shape;
   p.init = init;
   p.init_std = std_;
-  p.tp_partial_grad = sp_partial;
+  p.partial_grad = sp_partial;
   p.weight_decay = shape.size() > 1;
+  return p;
+}
+
+// --- 3D tensor parallelism (AxoNN) -----------------------------------------------------------
+int axis_size(const LayoutConfig& lay, GridAxis a) {
+  return a == GridAxis::kX ? lay.tp_x : a == GridAxis::kY ? lay.tp_y : 1;
+}
+const char* axis_key(GridAxis a) { return a == GridAxis::kX ? "parallel.tp_x" : "parallel.tp_y"; }
+
+// A tensor of shape `full` split over the grid: dim 0 (by `parts`) over `rows`, dim 1 over `cols`,
+// and with z_flat the block flattened over z. Replicas: the block ranks holding the same shard.
+ParamSpec grid(const std::string& local, Shape full, std::vector<int64_t> parts, GridAxis rows, GridAxis cols,
+               bool z_flat, const LayoutConfig& lay, ParamInit init, double std_) {
+  ParamSpec p;
+  p.local = local;
+  p.full = full;
+  p.role = ShardRole::kGrid;
+  p.grid_rows = rows, p.grid_cols = full.size() > 1 ? cols : GridAxis::kNone;
+  p.z_flat = z_flat && lay.tp_z > 1;
+  p.parts = parts.empty() ? std::vector<int64_t>{full[0]} : std::move(parts);
+  p.init = init;
+  p.init_std = std_;
+  int64_t rows_l = 0;
+  for (int64_t q : p.parts) {
+    DHX_CHECK(q % axis_size(lay, rows) == 0, ConfigError, "{}: {} rows are not divisible by {}={}", local, q,
+              axis_key(rows), axis_size(lay, rows));
+    rows_l += q / axis_size(lay, rows);
+  }
+  int64_t cols_l = 1;
+  if (full.size() > 1) {
+    DHX_CHECK(full[1] % axis_size(lay, p.grid_cols) == 0, ConfigError, "{}: {} columns are not divisible by {}={}",
+              local, full[1], axis_key(p.grid_cols), axis_size(lay, p.grid_cols));
+    cols_l = full[1] / axis_size(lay, p.grid_cols);
+  }
+  const int64_t block = rows_l * cols_l;
+  if (p.z_flat) {
+    DHX_CHECK(block % lay.tp_z == 0, ConfigError,
+              "{}: its {} x {} block ({} elements) is not divisible by parallel.tp_z={} (each block is flattened and "
+              "split over z); choose tp_z dividing it",
+              local, rows_l, cols_l, block, lay.tp_z);
+    p.shard = {block / lay.tp_z};
+  } else {
+    p.shard = full.size() > 1 ? Shape{rows_l, cols_l} : Shape{rows_l};
+  }
+  // Identical copies: over every grid axis that splits neither dimension (z unless z_flat).
+  p.replicas = lay.tp_block() / (axis_size(lay, rows) * axis_size(lay, p.grid_cols) * (p.z_flat ? lay.tp_z : 1));
+  p.partial_grad = !p.z_flat && lay.tp_z > 1;  // tokens are split over z: reduce unless reduce-scattered
+  p.weight_decay = full.size() > 1;
   return p;
 }
 
 }  // namespace
 
+namespace {
+
+// Units under 3D tensor parallelism (DESIGN.md "4D hybrid parallelism"): type-A weights (QKV,
+// MLP-up; rows = output features over y, by their fused parts, columns over x) and type-B weights
+// (attention-out, MLP-down; rows over x, columns over y), each block flattened over z; the residual
+// stream's per-feature tensors (norms, attention-out / MLP-down biases, positions) over x; the
+// type-A biases over y; the vocabulary table rows over y and columns over x (not over z).
+std::vector<UnitSpec> model_units_3d(const ModelConfig& m, const LayoutConfig& lay) {
+  const int64_t C = m.d_model, D = m.head_dim(), F = m.ffn_hidden;
+  const int64_t Vp = padded_vocab(m, lay.tp_y);
+  const double std_ = m.init_std;
+  const double std_res = m.family == ModelFamily::kGPT ? std_ / std::sqrt(2.0 * m.n_layers) : std_;
+  const GridAxis X = GridAxis::kX, Y = GridAxis::kY, N = GridAxis::kNone;
+  auto vec_x = [&](const std::string& local, ParamInit init) { return grid(local, {C}, {}, X, N, false, lay, init, 0); };
+  auto vec_y = [&](const std::string& local, std::vector<int64_t> parts) {
+    int64_t n = 0;
+    for (int64_t q : parts) n += q;
+    ParamSpec p = grid(local, {n}, std::move(parts), Y, N, false, lay, ParamInit::kZeros, 0);
+    return p;
+  };
+  auto type_a = [&](const std::string& local, std::vector<int64_t> parts, int64_t in, double sd) {
+    int64_t out = 0;
+    for (int64_t q : parts) out += q;
+    return grid(local, {out, in}, std::move(parts), Y, X, true, lay, ParamInit::kNormal, sd);
+  };
+  auto type_b = [&](const std::string& local, int64_t out, int64_t in, double sd) {
+    return grid(local, {out, in}, {}, X, Y, true, lay, ParamInit::kNormal, sd);
+  };
+  std::vector<UnitSpec> units;
+  UnitSpec embed{"embed", -1, "", {}};
+  embed.params.push_back(grid("wte", {Vp, C}, {}, Y, X, false, lay, ParamInit::kNormal, std_));
+  if (m.family == ModelFamily::kGPT)
+    embed.params.push_back(grid("wpe", {m.seq_len, C}, {}, N, X, false, lay, ParamInit::kNormal, 0.01));
+  units.push_back(embed);
+  for (int l = 0; l < m.n_layers; ++l) {
+    UnitSpec b{"block", l, fmt::format("layers.{}.", l), {}};
+    if (m.family == ModelFamily::kGPT) {
+      b.params.push_back(vec_x("ln1.weight", ParamInit::kOnes));
+      b.params.push_back(vec_x("ln1.bias", ParamInit::kZeros));
+      b.params.push_back(type_a("wqkv", {C, C, C}, C, std_));
+      b.params.push_back(vec_y("bqkv", {C, C, C}));
+      b.params.push_back(type_b("wo", C, C, std_res));
+      b.params.push_back(vec_x("bo", ParamInit::kZeros));
+      b.params.push_back(vec_x("ln2.weight", ParamInit::kOnes));
+      b.params.push_back(vec_x("ln2.bias", ParamInit::kZeros));
+      b.params.push_back(type_a("wfc", {F}, C, std_));
+      b.params.push_back(vec_y("bfc", {F}));
+      b.params.push_back(type_b("wproj", C, F, std_res));
+      b.params.push_back(vec_x("bproj", ParamInit::kZeros));
+    } else {
+      b.params.push_back(vec_x("attn_norm.weight", ParamInit::kOnes));
+      b.params.push_back(type_a("wqkv", {m.n_heads * D, m.n_kv_heads * D, m.n_kv_heads * D}, C, std_));
+      b.params.push_back(type_b("wo", C, m.n_heads * D, std_res));
+      b.params.push_back(vec_x("mlp_norm.weight", ParamInit::kOnes));
+      b.params.push_back(type_a("wgu", {F, F}, C, std_));
+      b.params.push_back(type_b("wdown", C, F, std_res));
+    }
+    units.push_back(b);
+  }
+  UnitSpec head{"head", -1, "", {}};
+  head.params.push_back(vec_x("final_norm.weight", ParamInit::kOnes));
+  if (m.family == ModelFamily::kGPT) head.params.push_back(vec_x("final_norm.bias", ParamInit::kZeros));
+  if (!m.tie_embeddings) {
+    ParamSpec lm = embed.params.front();
+    lm.local = "lm_head";
+    head.params.push_back(lm);
+  }
+  units.push_back(head);
+  for (auto& u : units)
+    for (auto& p : u.params) p.name = u.prefix + p.local;
+  return units;
+}
+
+}  // namespace
+
 std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay, int tp_rank) {
+  if (lay.is_3d()) return model_units_3d(m, lay);
   const int tp = lay.tp;
   const bool sp = tp > 1;  // sequence-parallel regions: norm/bias grads are partial over tp
   const int64_t C = m.d_model, D = m.head_dim(), F = m.ffn_hidden;
@@ -138,7 +272,10 @@ std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay,
   units.push_back(head);
 
   for (auto& u : units)
-    for (auto& p : u.params) p.name = u.prefix + p.local;
+    for (auto& p : u.params) {
+      p.name = u.prefix + p.local;
+      p.replicas = p.role == ShardRole::kReplicated ? tp : 1;
+    }
   (void)tp_rank;
   return units;
 }
@@ -162,9 +299,34 @@ std::vector<std::pair<int64_t, int64_t>> shard_rows(const ParamSpec& s, int r, i
   return out;
 }
 
+// kGrid: the block's rows (parts split over grid_rows) x columns (a contiguous slice over
+// grid_cols), row-major; with z_flat only the elements of the block's flat piece z.
 template <typename Fn>
-void for_each_shard_piece(const ParamSpec& s, int r, int tp, Fn fn) {
+void for_each_grid_piece(const ParamSpec& s, const ShardIndex& at, Fn fn) {
+  auto size_of = [&](GridAxis a) { return a == GridAxis::kX ? at.gx : a == GridAxis::kY ? at.gy : 1; };
+  auto coord_of = [&](GridAxis a) { return a == GridAxis::kX ? at.x : a == GridAxis::kY ? at.y : 0; };
+  const int64_t cols_full = s.full.size() > 1 ? s.full[1] : 1;
+  const int64_t cb = cols_full / size_of(s.grid_cols), c0 = coord_of(s.grid_cols) * cb;
+  int64_t rows_l = 0;
+  for (int64_t q : s.parts) rows_l += q / size_of(s.grid_rows);
+  const int64_t block = rows_l * cb;
+  const int64_t len = s.z_flat ? block / at.gz : block, lo = s.z_flat ? at.z * len : 0, hi = lo + len;
+  int64_t brow = 0, off = 0;
+  for (int64_t q : s.parts) {
+    const int64_t n = q / size_of(s.grid_rows), r0 = off + coord_of(s.grid_rows) * n;
+    for (int64_t i = 0; i < n; ++i, ++brow) {
+      const int64_t b = brow * cb, a = std::max(b, lo), e = std::min(b + cb, hi);
+      if (a < e) fn((r0 + i) * cols_full + c0 + (a - b), a - lo, e - a);
+    }
+    off += q;
+  }
+}
+
+template <typename Fn>
+void for_each_shard_piece(const ParamSpec& s, const ShardIndex& at, Fn fn) {
   // fn(full_offset_elems, shard_offset_elems, count_elems)
+  if (s.role == ShardRole::kGrid) return for_each_grid_piece(s, at, fn);
+  const int r = at.tp_rank, tp = at.tp;
   if (s.role == ShardRole::kReplicated) {
     fn(0, 0, shape_numel(s.full));
     return;
@@ -184,20 +346,20 @@ void for_each_shard_piece(const ParamSpec& s, int r, int tp, Fn fn) {
 
 }  // namespace
 
-void extract_shard(const ParamSpec& spec, const Tensor& full, Tensor& shard, int tp_rank, int tp) {
+void extract_shard(const ParamSpec& spec, const Tensor& full, Tensor& shard, const ShardIndex& at) {
   DHX_ASSERT(full.numel() == shape_numel(spec.full) && shard.numel() == shape_numel(spec.shard), "{}", spec.name);
   const float* f = full.f32();
   float* s = shard.f32();
-  for_each_shard_piece(spec, tp_rank, tp, [&](int64_t fo, int64_t so, int64_t n) {
+  for_each_shard_piece(spec, at, [&](int64_t fo, int64_t so, int64_t n) {
     std::copy(f + fo, f + fo + n, s + so);
   });
 }
 
-void insert_shard(const ParamSpec& spec, const Tensor& shard, Tensor& full, int tp_rank, int tp) {
+void insert_shard(const ParamSpec& spec, const Tensor& shard, Tensor& full, const ShardIndex& at) {
   DHX_ASSERT(full.numel() == shape_numel(spec.full) && shard.numel() == shape_numel(spec.shard), "{}", spec.name);
   float* f = full.f32();
   const float* s = shard.f32();
-  for_each_shard_piece(spec, tp_rank, tp, [&](int64_t fo, int64_t so, int64_t n) {
+  for_each_shard_piece(spec, at, [&](int64_t fo, int64_t so, int64_t n) {
     std::copy(s + so, s + so + n, f + fo);
   });
 }

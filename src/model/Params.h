@@ -18,6 +18,20 @@ enum class ShardRole {
   kColumn,      // rows of W[out,in] split over tp (fused parts split separately)
   kRow,         // columns of W[out,in] split over tp
   kVocab,       // rows of the [padded_vocab, C] embedding split over tp
+  kGrid,        // 3D tensor parallelism: dim 0 split over grid_rows, dim 1 over grid_cols (x or y);
+                // with z_flat the block is flattened and split over z (ParamSpec)
+};
+
+// An axis of the 3D grid that splits a tensor dimension.
+enum class GridAxis { kNone, kX, kY };
+
+// Where this rank sits in its tensor-parallel block: Megatron's tp rank, or the 3D coordinates.
+struct ShardIndex {
+  int tp_rank = 0, tp = 1;
+  int x = 0, y = 0, z = 0, gx = 1, gy = 1, gz = 1;
+  static ShardIndex of(const LayoutConfig& lay, const RankCoord& c);
+  // The rank that holds vocabulary shard `vocab_rank()` of `vocab_shards()` (tp, or y under 3D).
+  int vocab_rank() const { return gx * gy * gz > 1 ? y : tp_rank; }
 };
 const char* shard_role_name(ShardRole r);
 
@@ -33,9 +47,18 @@ struct ParamSpec {
   std::vector<int64_t> parts;
   ParamInit init = ParamInit::kNormal;
   double init_std = 0.02;
-  // Gradient is a partial sum over the tp group's sequence shards (sequence parallel): it must be
-  // all-reduced over tp before the optimizer (Megatron's layernorm-grad all-reduce).
-  bool tp_partial_grad = false;
+  // kGrid: which grid axis splits dim 0 (by `parts` when given) and dim 1 (2-D tensors); z_flat:
+  // the [rows, cols] block is flattened and split into tp_z contiguous pieces.
+  GridAxis grid_rows = GridAxis::kNone, grid_cols = GridAxis::kNone;
+  bool z_flat = false;
+  // Gradient is a partial sum over the tokens split inside the tensor-parallel block: tp's
+  // sequence shards (Megatron's layernorm-grad all-reduce) or z's batch shards (3D tensor
+  // parallelism: a parameter not reduce-scattered over z). All-reduced over that group before
+  // the optimizer.
+  bool partial_grad = false;
+  // Ranks of the tensor-parallel block holding an identical copy of this shard (the global norm
+  // counts each element once).
+  int replicas = 1;
   bool weight_decay = true;
 };
 
@@ -46,18 +69,26 @@ struct UnitSpec {
   std::vector<ParamSpec> params;
 };
 
-// Vocabulary rows padded to a multiple of 128 * tp so the vocab shards are equal; logits of the
-// padding rows are never computed (the LM head uses only real rows).
-int64_t padded_vocab(const ModelConfig& m, int tp);
+// Vocabulary rows padded to a multiple of 128 * shards (tp, or tp_y under 3D) so the vocab shards
+// are equal; logits of the padding rows are never computed (the LM head uses only real rows).
+int64_t padded_vocab(const ModelConfig& m, int shards);
+// How many shards the vocabulary rows are split into under `lay` (tp, or tp_y).
+inline int vocab_shards(const LayoutConfig& lay) { return lay.is_3d() ? lay.tp_y : lay.tp; }
 
 // All units in forward order: embed, block 0..L-1, head. Tied embeddings: the head refers to
 // "wte" and owns no copy.
 std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay, int tp_rank);
 
 // Copies this rank's shard of `full` (shape spec.full) into `shard` (shape spec.shard).
-void extract_shard(const ParamSpec& spec, const Tensor& full, Tensor& shard, int tp_rank, int tp);
+void extract_shard(const ParamSpec& spec, const Tensor& full, Tensor& shard, const ShardIndex& at);
 // Inverse: scatters a shard into its place in `full`.
-void insert_shard(const ParamSpec& spec, const Tensor& shard, Tensor& full, int tp_rank, int tp);
+void insert_shard(const ParamSpec& spec, const Tensor& shard, Tensor& full, const ShardIndex& at);
+// Megatron's tp only (tests, single process).
+inline ShardIndex tp_shard(int tp_rank, int tp) {
+  ShardIndex s;
+  s.tp_rank = tp_rank, s.tp = tp;
+  return s;
+}
 
 // Deterministic full-tensor initialisation from (seed, name): identical across layouts, so a
 // tp=2 run starts from exactly the weights of the single-process run.

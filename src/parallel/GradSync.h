@@ -32,7 +32,8 @@ enum class GradOverlap { kOn, kOff };
 
 class GradSync {
  public:
-  // tp/dp may be null (size 1). `units` and `progs` tell how many backward ops accumulate into each
+  // tp/dp may be null (size 1). `tp` is the group partial gradients are summed over: Megatron's tp,
+  // or z under 3D tensor parallelism. `units` and `progs` tell how many backward ops accumulate into each
   // parameter per micro-batch (a tied embedding gets two: the head's and the embedding's).
   GradSync(ParamStore& params, const std::vector<UnitSpec>& units, const ModelPrograms& progs, ProcessGroup* tp,
            ProcessGroup* dp, ZeroStage zero, MemoryTracker* tracker);
@@ -82,7 +83,9 @@ class GradSync {
   void param_ready(size_t entry);
   void add_gathered_rows();
   void issue_bucket(size_t b);
-  bool tp_partial(const ParamEntry& e) const { return e.spec.tp_partial_grad && tp_ && tp_->size() > 1; }
+  // A gradient summed over only this rank's tokens of the tensor-parallel block (ParamSpec::partial_grad):
+  // all-reduced over `tp_` — the tp group (sequence parallelism) or z (3D tensor parallelism).
+  bool tp_partial(const ParamEntry& e) const { return e.spec.partial_grad && tp_ && tp_->size() > 1; }
 
   ParamStore& params_;
   const std::vector<UnitSpec>& units_;

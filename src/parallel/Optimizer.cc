@@ -65,7 +65,9 @@ double Optimizer::step(double lr, int64_t step) {
 double Optimizer::grad_norm() {
   const bool zero = sync_.zero() == ZeroStage::kOne;
   const int tp = tp_ ? tp_->size() : 1;
-  // Global norm^2: tp-replicated elements are identical on every tp rank, so they count 1/tp each.
+  // Global norm^2: an element held identically by `replicas` ranks of the tensor-parallel block
+  // (tp-replicated norms; 3D shards replicated over the axes that do not split them) counts
+  // 1/replicas on each.
   // Each entry's part goes to its slot of the whole model's entry list (ParamStore global order);
   // the slots are summed over the groups that split the parameters (a slot is filled on one rank of
   // pp, so that sum is exact) and then added in slot order, so a pipeline adds the same parts in the
@@ -76,7 +78,7 @@ double Optimizer::grad_norm() {
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
     if (&e == copy) return;
     double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
-    pt[e.global_index] += e.spec.role == ShardRole::kReplicated ? part / tp : part;
+    pt[e.global_index] += e.spec.replicas > 1 ? part / e.spec.replicas : part;
   });
   if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_parts_).wait();
   if (tp_ && tp > 1) tp_->all_reduce(norm_parts_).wait();

@@ -18,6 +18,8 @@ struct AdamWConfig {
 
 class Optimizer {
  public:
+  // `tp`: the tensor-parallel block (Megatron's tp group, or the 3D x-y-z block), over which the
+  // gradient norm's parts are summed.
   Optimizer(ParamStore& params, GradSync& sync, ProcessGroup* tp, ProcessGroup* dp, const AdamWConfig& cfg,
             MemoryTracker* tracker);
 

@@ -16,11 +16,11 @@ std::vector<int> all_units(size_t n) {
 }
 }  // namespace
 
-ParamStore::ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed,
+ParamStore::ParamStore(const std::vector<UnitSpec>& units, const ShardIndex& at, int dp, uint64_t seed,
                        MemoryTracker* tracker, int64_t bucket_elems)
-    : ParamStore(units, all_units(units.size()), tp_rank, tp, dp, seed, tracker, bucket_elems) {}
+    : ParamStore(units, all_units(units.size()), at, dp, seed, tracker, bucket_elems) {}
 
-ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>& owned_units, int tp_rank, int tp,
+ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>& owned_units, const ShardIndex& at,
                        int dp, uint64_t seed, MemoryTracker* tracker, int64_t bucket_elems)
     : dp_(dp), owned_(owned_units) {
   std::sort(owned_.begin(), owned_.end());
@@ -102,7 +102,7 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
     e.grad = flat_grads_.narrow0(e.offset, n).view(e.spec.shard);
     Tensor full = Tensor::empty(e.spec.full);
     init_full_param(e.spec, full, seed);
-    extract_shard(e.spec, full, e.value, tp_rank, tp);
+    extract_shard(e.spec, full, e.value, at);
   }
 }
 

@@ -34,13 +34,13 @@ class ParamStore {
   // Allocates every parameter of `units` (this rank's shards) and initialises them from the full
   // deterministic init (so any layout starts from the single-process weights). Buckets hold about
   // `bucket_elems` elements; 0 = auto_bucket_elems().
-  ParamStore(const std::vector<UnitSpec>& units, int tp_rank, int tp, int dp, uint64_t seed, MemoryTracker* tracker,
+  ParamStore(const std::vector<UnitSpec>& units, const ShardIndex& at, int dp, uint64_t seed, MemoryTracker* tracker,
              int64_t bucket_elems = 0);
   // A pipeline stage's store: only the parameters of `owned_units` (indices into `units`, which is
   // the whole model), entries keeping their unit's index in `units`. A stage that owns the head but
   // not the embedding of a tied model gets its own copy of "wte" (entry unit = the head's index);
   // GradSync sums the two copies' gradients (tied_copy()).
-  ParamStore(const std::vector<UnitSpec>& units, const std::vector<int>& owned_units, int tp_rank, int tp, int dp,
+  ParamStore(const std::vector<UnitSpec>& units, const std::vector<int>& owned_units, const ShardIndex& at, int dp,
              uint64_t seed, MemoryTracker* tracker, int64_t bucket_elems = 0);
   // 1/16 of this rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets
   // several buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of

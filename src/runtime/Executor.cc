@@ -47,7 +47,9 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   DHX_CHECK(git != ctx_.groups.end() && git->second, InternalError,
             "op {} needs process group '{}' which this run does not have", op.name, op.group);
   ProcessGroup& pg = *git->second;
-  Tensor in = env.at(op.inputs.at(0));
+  // A weight all-gather (3D tensor parallelism) reads this rank's flat shard of the parameter.
+  Tensor in = op.inputs.empty() ? ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.view({ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.numel()})
+                                : env.at(op.inputs.at(0));
   const int n = pg.size();
   Work w;
   switch (op.coll) {
@@ -93,7 +95,8 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   UnitEnv& env = *s.env;
   if (op.is_collective()) {
     issue_collective(kind, s, op);
-    if (ctx_.expose_collectives)
+    auto blocking = op.attrs.find("blocking");  // an overlap switched off: waited for where issued
+    if (ctx_.expose_collectives || (blocking != op.attrs.end() && blocking->second))
       wait_pending(env, op.outputs.at(0));
     else
       issued.push_back({&env, op.outputs.at(0)});
@@ -101,7 +104,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     for (auto& in : op.inputs) wait_pending(env, in);
     double t0 = ctx_.trace ? now_seconds() : 0;
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
-                ctx_.act_mem, ctx_.dloss};
+                ctx_.act_mem, ctx_.dloss, ctx_.shard};
     const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op);
     if (!diverted) {
       lookup_op(op.code)(call);

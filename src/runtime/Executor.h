@@ -26,11 +26,12 @@ struct RunContext {
   const ModelConfig* model = nullptr;
   LayoutConfig layout;
   int tp_rank = 0;
+  ShardIndex shard;                             // tp rank, or x, y, z under 3D tensor parallelism
   int pp_rank = 0;                              // this rank's pipeline stage (groups["pp"] when pp > 1)
   MicroBatchShape mb;
   ParamStore* params = nullptr;
   MemoryTracker* act_mem = nullptr;             // activation bytes (both strands)
-  std::map<std::string, ProcessGroup*> groups;  // "tp", "pp" -> this rank's group (absent if size 1)
+  std::map<std::string, ProcessGroup*> groups;  // "tp", "pp", "x", "y", "z" -> this rank's group (absent if size 1)
   Trace* trace = nullptr;
   float dloss = 1.0f;                           // 1 / tokens per optimizer step (all mbs, all dp)
   // Called after a compute op that accumulated parameter gradients (op.grads non-empty) ran for

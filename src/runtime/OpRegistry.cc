@@ -8,6 +8,7 @@
 
 #include "base/Error.h"
 #include "kernels/cpu/Kernels.h"
+#include "runtime/Ops3D.h"
 
 namespace dhelix {
 
@@ -32,7 +33,7 @@ int64_t cols(const Tensor& t) { return t.numel() / std::max<int64_t>(1, t.dim(0)
 
 // Rows of the LM-head weight shard that are real vocabulary (the padding rows produce nothing).
 int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {
-  int64_t start = c.tp_rank * shard_rows;
+  int64_t start = c.vocab_rank() * shard_rows;
   return std::clamp<int64_t>(c.model.vocab_size - start, 0, shard_rows);
 }
 
@@ -125,7 +126,7 @@ void rope_common(OpCall& c, bool backward) {
   Tensor& x = c.in(0);
   int64_t N = rows(x), W = cols(x);
   const int64_t D = c.model.head_dim();
-  const int64_t Hl = c.model.n_heads / c.tp, Hkvl = c.model.n_kv_heads / c.tp;
+  const int64_t Hl = c.model.n_heads / c.head_shards(), Hkvl = c.model.n_kv_heads / c.head_shards();
   Tensor& y = c.out_new(0, {N, W});
   y.copy_from(x);
   if (backward)
@@ -215,7 +216,7 @@ void op_bias_grad(OpCall& c) {
 void op_embed(OpCall& c) {
   Tensor& tok = c.in(0);
   ParamEntry& w = c.param(0);
-  const int64_t N = tok.numel(), C = w.value.dim(1), Vl = w.value.dim(0), v0 = c.tp_rank * Vl;
+  const int64_t N = tok.numel(), C = w.value.dim(1), Vl = w.value.dim(0), v0 = c.vocab_rank() * Vl;
   Tensor& y = c.out_new(0, {N, C});
   const int32_t* t = tok.data<int32_t>();
   const float* W = w.value.f32();
@@ -233,7 +234,7 @@ void op_embed_bwd(OpCall& c) {
   Tensor& tok = c.in(0);
   Tensor& dy = c.in(1);
   ParamEntry& w = c.grad(0);
-  const int64_t N = tok.numel(), C = w.grad.dim(1), Vl = w.grad.dim(0), v0 = c.tp_rank * Vl;
+  const int64_t N = tok.numel(), C = w.grad.dim(1), Vl = w.grad.dim(0), v0 = c.vocab_rank() * Vl;
   const int32_t* t = tok.data<int32_t>();
   float* G = w.grad.f32();
   const float* D = dy.f32();
@@ -246,7 +247,7 @@ void op_embed_bwd(OpCall& c) {
 // Learned positions on the sequence shard: global row r*Ns + i has position (r*Ns + i) mod T.
 void op_pos_embed(OpCall& c) {
   Tensor& e = c.in(0);
-  const int64_t Ns = rows(e), C = cols(e), row0 = c.tp_rank * Ns;
+  const int64_t Ns = rows(e), C = cols(e), row0 = c.seq_row0(Ns);
   Tensor& y = c.out_new(0, {Ns, C});
   const float* P = c.param(0).value.f32();
   for (int64_t i = 0; i < Ns; ++i) add<float>(e.f32() + i * C, P + ((row0 + i) % c.mb.T) * C, y.f32() + i * C, C);
@@ -254,7 +255,7 @@ void op_pos_embed(OpCall& c) {
 
 void op_pos_embed_bwd(OpCall& c) {
   Tensor& dy = c.in(0);
-  const int64_t Ns = rows(dy), C = cols(dy), row0 = c.tp_rank * Ns;
+  const int64_t Ns = rows(dy), C = cols(dy), row0 = c.seq_row0(Ns);
   float* G = c.grad(0).grad.f32();
   for (int64_t i = 0; i < Ns; ++i) add_inplace<float>(G + ((row0 + i) % c.mb.T) * C, dy.f32() + i * C, C);
 }
@@ -290,7 +291,7 @@ void op_xent_stats(OpCall& c) {
   Tensor& tg = c.in(1);
   Tensor& m = c.in(2);
   int64_t N = rows(lg), V = cols(lg);
-  const int64_t v0 = c.tp_rank * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  const int64_t v0 = c.vocab_rank() * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
   Tensor& s = c.out_new(0, {N, 2});
   for (int64_t n = 0; n < N; ++n) {
     const float* r = lg.f32() + n * V;
@@ -309,7 +310,7 @@ void op_xent_finish(OpCall& c) {
   Tensor& m = c.in(2);
   Tensor& s = c.in(3);
   int64_t N = rows(lg), V = cols(lg);
-  const int64_t v0 = c.tp_rank * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  const int64_t v0 = c.vocab_rank() * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
   Tensor& loss = c.out_new(0, {N});
   for (int64_t n = 0; n < N; ++n) {
     float S = s.f32()[2 * n], mx = m.f32()[n];
@@ -323,8 +324,8 @@ void op_xent_finish(OpCall& c) {
   c.env.bufs[c.op.outputs.at(1)] = lg;
 }
 
-const std::map<std::string, OpFn>& registry() {
-  static const std::map<std::string, OpFn> table = {
+std::map<std::string, OpFn> make_registry() {
+  std::map<std::string, OpFn> table = {
       {"linear", op_linear},         {"linear_dgrad", op_linear_dgrad}, {"linear_wgrad", op_linear_wgrad},
       {"layernorm", op_layernorm},   {"layernorm_bwd", op_layernorm_bwd}, {"rmsnorm", op_rmsnorm},
       {"rmsnorm_bwd", op_rmsnorm_bwd}, {"rope", op_rope},               {"rope_bwd", op_rope_bwd},
@@ -335,6 +336,12 @@ const std::map<std::string, OpFn>& registry() {
       {"cross_entropy", op_cross_entropy}, {"xent_max", op_xent_max},   {"xent_stats", op_xent_stats},
       {"xent_finish", op_xent_finish},
   };
+  add_3d_ops(table);
+  return table;
+}
+
+const std::map<std::string, OpFn>& registry() {
+  static const std::map<std::string, OpFn> table = make_registry();
   return table;
 }
 

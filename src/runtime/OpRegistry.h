@@ -25,6 +25,14 @@ struct OpCall {
   int tp;
   MemoryTracker* act_mem;
   float dloss;  // d(total loss)/d(per-token loss): 1 / tokens in the step (all micro-batches, all dp)
+  const ShardIndex& shard;  // tp rank, or x, y, z under 3D tensor parallelism
+
+  // The vocabulary shard this rank holds (tp rank, or y under 3D); the first sequence row of its
+  // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of
+  // the attention heads (tp, or tp_y).
+  int vocab_rank() const { return shard.vocab_rank(); }
+  int64_t seq_row0(int64_t rows) const { return shard.gx * shard.gy * shard.gz > 1 ? 0 : tp_rank * rows; }
+  int head_shards() const { return shard.gx * shard.gy * shard.gz > 1 ? shard.gy : tp; }
 
   Tensor& in(size_t i) const { return env.at(op.inputs.at(i)); }
   Tensor& out_new(size_t i, const Shape& shape, DType dt = DType::kF32) const;

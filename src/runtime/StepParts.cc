@@ -22,10 +22,13 @@ StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec
   pipe.n_layers = static_cast<int>(model.n_layers);
   owned_units = spec.owned_units.empty() ? stage_units(pipe, spec.pp_rank) : spec.owned_units;
   std::sort(owned_units.begin(), owned_units.end());
-  params = std::make_unique<ParamStore>(units, owned_units, spec.tp_rank, layout.tp, layout.dp, spec.seed, &state_mem);
+  ShardIndex at = ShardIndex::of(layout, spec.coord);
+  at.tp_rank = spec.tp_rank;
+  params = std::make_unique<ParamStore>(units, owned_units, at, layout.dp, spec.seed, &state_mem);
   ctx.model = &model;
   ctx.layout = layout;
   ctx.tp_rank = spec.tp_rank;
+  ctx.shard = at;
   ctx.pp_rank = spec.pp_rank;
   ctx.mb = spec.mb;
   ctx.params = params.get();

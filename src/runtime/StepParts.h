@@ -19,6 +19,7 @@ struct StepPartsSpec {
   ModelConfig model;
   LayoutConfig layout;           // sequence parallelism follows tp (set here)
   int tp_rank = 0, pp_rank = 0;
+  RankCoord coord;               // this rank's grid coordinates (x, y, z under 3D tensor parallelism)
   MicroBatchShape mb;
   PipelineSpec pipeline;         // which units each pp rank holds (n_layers is the model's)
   std::vector<int> owned_units;  // when non-empty, this rank's units instead of the placement's

@@ -539,6 +539,7 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.tp_y = static_cast<int>(cfg.parallel.tp_y);
   l.tp_z = static_cast<int>(cfg.parallel.tp_z);
   l.tp_order = cfg.parallel.tp_order;
+  l.overlap3d = {cfg.parallel.overlap_ar, cfg.parallel.overlap_rs, cfg.parallel.overlap_ag};
   return l;
 }
 

@@ -115,16 +115,18 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
             "parallel.cp={} parallel.ep={}: this build trains with dp, tp and pp only; set them to 1", p.cp, p.ep);
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
-              "world size {} != parallel.dp*parallel.pp*parallel.tp = {} (dp={} pp={} tp={}); launch with mpirun -np {}",
-              comm_->world_size(), layout_.world(), p.dp, p.pp, p.tp, layout_.world());
+              "world size {} != the layout's {} ranks (dp={} pp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
+              comm_->world_size(), layout_.world(), p.dp, p.pp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world());
     tp_rank_ = comm_->layout().coord().tp;
     dp_rank_ = comm_->layout().coord().dp;
     pp_rank_ = comm_->layout().coord().pp;
+    coord_ = comm_->layout().coord();
   } else {
     DHX_CHECK(layout_.world() == 1, ConfigError,
-              "parallel.dp={} parallel.pp={} parallel.tp={} need {} processes; launch with mpirun -np {}", p.dp, p.pp,
-              p.tp, layout_.world(), layout_.world());
+              "parallel.dp={} pp={} tp={} tp_x={} tp_y={} tp_z={} need {} processes; launch with mpirun -np {}", p.dp,
+              p.pp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world(), layout_.world());
   }
+  shard_ = ShardIndex::of(layout_, coord_);
   cpu::set_num_threads(auto_threads(cfg_, comm_));
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len};
   // A pipeline stage builds and stores only the units of its chunks.
@@ -134,16 +136,24 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   ps.layout = layout_;
   ps.tp_rank = tp_rank_;
   ps.pp_rank = pp_rank_;
+  ps.coord = coord_;
   ps.mb = mb_;
   ps.pipeline = pipeline_spec(cfg_);
   ps.seed = static_cast<uint64_t>(cfg_.training.seed);
   ps.tokens_per_step = static_cast<double>(cfg_.tokens_per_step());
   parts_ = std::make_unique<StepParts>(ps);
-  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
-  ProcessGroup* dp = (comm_ && layout_.dp > 1) ? &comm_->group(GroupRole::kDP) : nullptr;
-  pp_ = (comm_ && layout_.pp > 1) ? &comm_->group(GroupRole::kPP) : nullptr;
-  sync_ = std::make_unique<GradSync>(*parts_->params, parts_->units, parts_->progs, tp, dp, p.zero ? ZeroStage::kOne : ZeroStage::kNone,
-                                     &parts_->state_mem);
+  auto group_of = [&](GroupRole role) {
+    return (comm_ && comm_->layout().size(role) > 1) ? &comm_->group(role) : nullptr;
+  };
+  ProcessGroup* tp = group_of(GroupRole::kTP);
+  ProcessGroup* dp = group_of(GroupRole::kDP);
+  pp_ = group_of(GroupRole::kPP);
+  z_ = group_of(GroupRole::kZ);
+  // Partial gradients (ParamSpec::partial_grad) are summed over tp (sequence parallelism) or z (3D:
+  // the batch is split over z); the gradient norm over the whole tensor-parallel block.
+  ProcessGroup* block = group_of(GroupRole::kTPBlock);
+  sync_ = std::make_unique<GradSync>(*parts_->params, parts_->units, parts_->progs, layout_.is_3d() ? z_ : tp, dp,
+                                     p.zero ? ZeroStage::kOne : ZeroStage::kNone, &parts_->state_mem);
   // A tied embedding whose head sits on another stage (1F1B, interleaved): the two copies' gradients
   // are summed between the first and the last stage (Megatron's embedding group).
   const int embed_rank = chunks.front().rank, head_rank = chunks.back().rank;
@@ -151,18 +161,20 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
     sync_->set_tied_peer(pp_, pp_rank_ == embed_rank ? head_rank : embed_rank);
   AdamWConfig ac{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps, cfg_.training.weight_decay,
                  cfg_.training.grad_clip};
-  opt_ = std::make_unique<Optimizer>(*parts_->params, *sync_, tp, dp, ac, &parts_->state_mem);
+  opt_ = std::make_unique<Optimizer>(*parts_->params, *sync_, block, dp, ac, &parts_->state_mem);
   opt_->set_pipeline_group(pp_);
 
   if (tp) parts_->ctx.groups["tp"] = tp;
   if (pp_) parts_->ctx.groups["pp"] = pp_;
+  for (GroupRole r : {GroupRole::kX, GroupRole::kY, GroupRole::kZ})
+    if (ProcessGroup* g = group_of(r)) parts_->ctx.groups[group_role_name(r)] = g;
   const int last_mb = static_cast<int>(cfg_.training.micro_batches) - 1;
   parts_->ctx.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
   // (With pp > 1 the first stage's embedding gradient takes the dense path; its bucket still
   // overlaps the stage's remaining backward.)
-  if (p.sparse_embed_grad && layout_.pp == 1 && sync_->enable_sparse_embedding(mb_.B * mb_.T)) {
+  if (p.sparse_embed_grad && layout_.pp == 1 && !layout_.is_3d() && sync_->enable_sparse_embedding(mb_.B * mb_.T)) {
     // The first layer's input gradient is the embedding output's gradient: its rows leave as soon
     // as the layer's backward writes "dx" (ahead of the layer's last weight-gradient GEMMs), and
     // the last micro-batch's embedding backward then has nothing left to do.
@@ -209,10 +221,13 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   if (data == Data::kNone) return;
   dataset_ = std::make_unique<IndexedDataset>(cfg_.data.prefix);
   uint64_t seed = static_cast<uint64_t>(cfg_.training.seed);
-  train_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kTrain, mb_.B, mb_.T, seed, dp_rank_, layout_.dp,
-                                               cfg_.data.val_fraction);
-  val_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kVal, mb_.B, mb_.T, seed, dp_rank_, layout_.dp,
-                                             cfg_.data.val_fraction);
+  // Data replicas: dp, and z under 3D (AxoNN's sampler: replica z + Gz * data rank); the ranks of
+  // one x-y plane read the same micro-batches.
+  const int replica = dp_rank_ * layout_.tp_z + coord_.z;
+  train_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kTrain, mb_.B, mb_.T, seed, replica,
+                                               layout_.data_replicas(), cfg_.data.val_fraction);
+  val_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kVal, mb_.B, mb_.T, seed, replica,
+                                             layout_.data_replicas(), cfg_.data.val_fraction);
 }
 
 Trainer::~Trainer() = default;
@@ -268,6 +283,7 @@ StepReport Trainer::train_step() {
   agg.data<double>()[0] = st.loss_sum;
   agg.data<double>()[1] = static_cast<double>(st.tokens);
   if (pp_) pp_->all_reduce(agg).wait();  // the stage holding the head has the loss; the others add 0
+  if (z_) z_->all_reduce(agg).wait();    // 3D: each z rank's tokens (x and y ranks hold copies)
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   r.loss = agg.data<double>()[0] / agg.data<double>()[1];
   const double t_opt = now_seconds();
@@ -319,6 +335,7 @@ double Trainer::evaluate(int64_t batches) {
   agg.data<double>()[0] = loss;
   agg.data<double>()[1] = tokens;
   if (pp_) pp_->all_reduce(agg).wait();
+  if (z_) z_->all_reduce(agg).wait();
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   return agg.data<double>()[0] / agg.data<double>()[1];
 }

@@ -15,20 +15,24 @@
 namespace dhelix {
 namespace {
 
-// Full tensor of a parameter-shaped shard: all-gather the flat shards over tp, then place each
-// rank's piece with insert_shard.
-Tensor gather_over_tp(const ParamSpec& spec, const Tensor& shard, ProcessGroup* tp) {
+// Full tensor of a parameter-shaped shard: all-gather the flat shards over the tensor-parallel
+// block (tp, or the 3D x-y-z block), then place each member's piece with insert_shard at that
+// member's ShardIndex (`members`, in group-rank order). Pieces held by several members (replicas)
+// are written once per holder, with the same values.
+Tensor gather_over_block(const ParamSpec& spec, const Tensor& shard, ProcessGroup* block,
+                         const std::vector<ShardIndex>& members) {
   Tensor full = Tensor::zeros(spec.full);
-  const int n = tp ? tp->size() : 1;
+  const int n = block ? block->size() : 1;
   if (spec.role == ShardRole::kReplicated || n == 1) {
     if (spec.role == ShardRole::kReplicated) full.copy_from(shard.view(spec.full));
-    else insert_shard(spec, shard, full, 0, 1);
+    else insert_shard(spec, shard, full, members.at(0));
     return full;
   }
   Tensor flat = shard.view({shard.numel()}).clone();
   Tensor all = Tensor::empty({n * shard.numel()});
-  tp->all_gather(flat, all).wait();
-  for (int r = 0; r < n; ++r) insert_shard(spec, all.narrow0(r * shard.numel(), shard.numel()).view(spec.shard), full, r, n);
+  block->all_gather(flat, all).wait();
+  for (int r = 0; r < n; ++r)
+    insert_shard(spec, all.narrow0(r * shard.numel(), shard.numel()).view(spec.shard), full, members.at(r));
   return full;
 }
 
@@ -80,11 +84,17 @@ std::vector<OwnedSpec> model_param_owners(const std::vector<UnitSpec>& units, co
 // tp and pp, every rank gets all).
 std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(const ParamEntry&)>& get,
                                                   const std::string& suffix) {
-  ProcessGroup* tp = (comm_ && layout_.tp > 1) ? &comm_->group(GroupRole::kTP) : nullptr;
+  ProcessGroup* block = (comm_ && layout_.tp_block() > 1) ? &comm_->group(GroupRole::kTPBlock) : nullptr;
+  std::vector<ShardIndex> members = {shard_};
+  if (block) {
+    members.clear();
+    const Layout& l = comm_->layout();
+    for (int r : l.group_ranks(GroupRole::kTPBlock, l.rank())) members.push_back(ShardIndex::of(layout_, l.coord_of(r)));
+  }
   std::map<std::string, Tensor> out;
   const ParamEntry* copy = parts_->params->tied_copy();
   for (auto& e : parts_->params->entries())
-    if (&e != copy) out[e.spec.name + suffix] = gather_over_tp(e.spec, get(e), tp);
+    if (&e != copy) out[e.spec.name + suffix] = gather_over_block(e.spec, get(e), block, members);
   if (!pp_) return out;
   for (const OwnedSpec& o : model_param_owners(parts_->units, pipeline_chunks(pipeline_spec(cfg_)))) {
     const std::string name = o.spec.name + suffix;
@@ -165,7 +175,7 @@ std::map<std::string, Tensor> Trainer::load_full_params(const Checkpoint& ck) {
 void Trainer::load_model(const std::string& step_dir) {
   Checkpoint ck = CheckpointStore::load(step_dir, /*with_optimizer=*/false);
   std::map<std::string, Tensor> full = load_full_params(ck);
-  for (auto& e : parts_->params->entries()) extract_shard(e.spec, full.at(e.spec.name), e.value, tp_rank_, layout_.tp);
+  for (auto& e : parts_->params->entries()) extract_shard(e.spec, full.at(e.spec.name), e.value, shard_);
 }
 
 void Trainer::load_checkpoint(const std::string& step_dir) {
@@ -174,7 +184,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   std::map<std::string, Tensor> full = load_full_params(ck);
   std::vector<std::pair<std::string, Tensor>> optim;
   for (auto& e : parts_->params->entries()) {
-    extract_shard(e.spec, full.at(e.spec.name), e.value, tp_rank_, layout_.tp);
+    extract_shard(e.spec, full.at(e.spec.name), e.value, shard_);
     for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
       std::string name = e.spec.name + suffix;
       const Tensor* t = ck.optimizer.find(name);
@@ -182,7 +192,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
       DHX_CHECK(t->shape() == e.spec.full, IoError, "optimizer tensor '{}' has shape {} in {} but the model needs {}",
                 name, shape_str(t->shape()), step_dir, shape_str(e.spec.full));
       Tensor shard = Tensor::empty(e.spec.shard);
-      extract_shard(e.spec, *t, shard, tp_rank_, layout_.tp);
+      extract_shard(e.spec, *t, shard, shard_);
       optim.push_back({name, shard});
     }
   }
@@ -204,7 +214,7 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   // The whole model on one rank: this rank's parts when nothing is split; otherwise the full
   // tensors gathered over tp and pp (collective) into single-process parts on world rank 0.
   std::unique_ptr<StepParts> whole;
-  if (layout_.tp > 1 || layout_.pp > 1) {
+  if (layout_.tp_block() > 1 || layout_.pp > 1) {
     std::map<std::string, Tensor> full = gather_full_params();
     if (world_rank != 0) return "";
     StepPartsSpec ps;

@@ -91,7 +91,7 @@ void ModelHarness::set_values(const std::map<std::string, Tensor>& full) {
   for (ParamEntry& e : parts_->params->entries()) {
     auto it = full.find(e.spec.name);
     DHX_CHECK(it != full.end(), InternalError, "set_values: no tensor for parameter '{}'", e.spec.name);
-    extract_shard(e.spec, it->second, e.value, 0, 1);
+    extract_shard(e.spec, it->second, e.value, tp_shard(0, 1));
   }
 }
 

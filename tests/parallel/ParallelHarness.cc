@@ -61,6 +61,14 @@ RunConfig tiny_config(ModelFamily family, int dp, int tp, int zero, const std::s
   return load_config_text("", "tiny_config", ov);
 }
 
+RunConfig tiny_config_3d(ModelFamily family, int dp, int gx, int gy, int gz, const std::string& data_prefix,
+                         const std::string& out_dir, int64_t kv_heads, int64_t global_B) {
+  RunConfig c = tiny_config(family, dp * gz, 1, 0, data_prefix, out_dir, kv_heads, global_B);
+  c.parallel.dp = dp;
+  c.parallel.tp_x = gx, c.parallel.tp_y = gy, c.parallel.tp_z = gz;
+  return c;
+}
+
 RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads) {
   RunResult r;
   if (grads == Grads::kCollect) {
@@ -74,7 +82,7 @@ RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads) {
 }
 
 RunResult run_serial(const RunConfig& cfg, Grads grads) {
-  DHX_CHECK(cfg.parallel.dp * cfg.parallel.tp == 1, ConfigError, "run_serial needs dp = tp = 1 (got dp={} tp={})",
+  DHX_CHECK(layout_config(cfg).world() == 1, ConfigError, "run_serial needs dp = tp = 1 (got dp={} tp={})",
             cfg.parallel.dp, cfg.parallel.tp);
   return run_on(cfg, nullptr, grads);
 }

@@ -38,6 +38,11 @@ std::string write_walk_dataset(const std::string& dir, uint64_t seed = 7);
 RunConfig tiny_config(ModelFamily family, int dp, int tp, int zero, const std::string& data_prefix,
                       const std::string& out_dir, int64_t kv_heads = 2, int64_t global_B = 4);
 
+// The same tiny model on AxoNN's 4D grid Gx x Gy x Gz x dp (tp = 1): global_B sequences per
+// global micro-batch over dp * Gz data replicas.
+RunConfig tiny_config_3d(ModelFamily family, int dp, int gx, int gy, int gz, const std::string& data_prefix,
+                         const std::string& out_dir, int64_t kv_heads = 2, int64_t global_B = 8);
+
 struct RunResult {
   std::vector<double> losses;                 // one per step, as rank 0 reports it
   std::map<std::string, Tensor> first_grads;  // full gradients before the first update (if asked)
