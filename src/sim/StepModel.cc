@@ -196,7 +196,8 @@ ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec&
   d.heads = Hl;
   d.fc = gpt ? Fl : 2 * Fl;
   d.act = Fl;
-  d.vocab = double(padded_vocab(m, vocab_shards(lay)) / vocab_shards(lay));
+  const int vshards = lay.is_3d() ? lay.tp_y : lay.tp;  // the vocabulary rows: over tp, or y under 3D
+  d.vocab = double(padded_vocab(m, vshards) / vshards);
   return d;
 }
 

@@ -1,0 +1,111 @@
+// Cluster presets and placement. Oracles: the ring formulas of axonn.md §4.1 (CostModel's
+// collective_time), the Perlmutter bandwidth table of axonn.md §4.3 (read from the committed
+// preset), and the loader's error contract (file, field, hint).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/Error.h"
+#include "sim/ClusterPreset.h"
+
+namespace dhelix {
+namespace {
+
+std::string preset_path(const std::string& name) {
+  return std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/" + name + ".toml";
+}
+
+TEST(ClusterPreset, RingCollectiveAlone) {
+  // 4 ranks, 1 MiB, 1 GB/s, 10 us per step: all-reduce 2 x (3/4 x B/bw + 3 x 10 us).
+  const LinkSpec l{1e9, 10e-6};
+  const double B = 1 << 20;
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, B, 4, l), 2 * (0.75 * B / 1e9 + 3 * 10e-6));
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllGather, B, 4, l), 0.75 * B / 1e9 + 3 * 10e-6);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kReduceScatter, B, 1, l), 0.0);
+}
+
+TEST(ClusterPreset, PerlmutterPlacementMatchesAxonnTable) {
+  const ClusterPreset c = load_cluster(preset_path("perlmutter-a100"));
+  EXPECT_EQ(c.devices_per_node, 4);
+  // axonn.md §4.3, Perlmutter row (GB/s): ip=1: g=2 76, g=4 225, g>=8 80; ip=2: g=2 76, g>=4 40;
+  // ip=4: 20; ip>=8: 20.
+  struct Case {
+    int ip, g;
+    double gbps;
+  };
+  for (const Case& k : {Case{1, 2, 76}, Case{1, 4, 225}, Case{1, 8, 80}, Case{1, 1024, 80}, Case{2, 2, 76},
+                        Case{2, 4, 40}, Case{2, 64, 40}, Case{4, 2, 20}, Case{4, 256, 20}, Case{8, 2, 20},
+                        Case{64, 16, 20}})
+    EXPECT_DOUBLE_EQ(placement_link(c, k.ip, k.g).bandwidth, k.gbps * 1e9) << "ip=" << k.ip << " g=" << k.g;
+}
+
+TEST(ClusterPreset, GroupLinkEqualsStridedRule) {
+  const ClusterPreset c = load_cluster(preset_path("perlmutter-a100"));
+  const int world = 64;
+  for (int ip : {1, 2, 4, 8, 16})
+    for (int g : {2, 4}) {
+      if (ip * g > world) continue;
+      std::vector<int> ranks;
+      for (int i = 0; i < g; ++i) ranks.push_back(i * ip);
+      EXPECT_DOUBLE_EQ(group_link(c, ranks, world).bandwidth, placement_link(c, ip, g).bandwidth)
+          << "ip=" << ip << " g=" << g;
+    }
+}
+
+TEST(ClusterPreset, CommittedPresetsLoadByName) {
+  setenv("DHELIX_CLUSTERS_DIR", (std::string(DHELIX_SOURCE_DIR) + "/configs/clusters").c_str(), 1);
+  for (const char* n : {"cpu-emulated", "perlmutter-a100", "h100-8gpu"}) {
+    const ClusterPreset c = load_cluster(n);
+    EXPECT_EQ(c.name, n);
+    EXPECT_GT(c.gemm_rate(Precision::kFp32), 0);
+  }
+  EXPECT_GT(load_cluster("h100-8gpu").gemm_rate(Precision::kBf16), load_cluster("h100-8gpu").gemm_rate(Precision::kFp32));
+  // The CPU preset offers no bf16 rate: a ConfigError naming the preset.
+  try {
+    (void)load_cluster("cpu-emulated").gemm_rate(Precision::kBf16);
+    FAIL() << "bf16 on cpu-emulated accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu-emulated"), std::string::npos) << e.what();
+  }
+  try {
+    (void)load_cluster("nosuch");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("perlmutter-a100"), std::string::npos) << e.what();  // lists names
+  }
+  unsetenv("DHELIX_CLUSTERS_DIR");
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    (void)parse_cluster(text, "bad.toml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ClusterPreset, BadFilesNameFileFieldAndHint) {
+  const std::string good =
+      "[device]\nmemory_bytes = 1e9\nmem_bw = 1e9\npeak_flops_fp32 = 1e9\ngemm_efficiency = 0.5\n"
+      "[node]\ndevices = 2\nintra_bw = 1e9\nintra_latency = 1e-6\ninter_bw = 1e8\ninter_latency = 1e-5\n";
+  EXPECT_EQ(error_of(good), "");
+  std::string e = error_of("[device]\nmem_bw = 1e9\n");
+  EXPECT_NE(e.find("bad.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("device.memory_bytes"), std::string::npos) << e;
+  EXPECT_NE(e.find("hint"), std::string::npos) << e;
+  std::string bad = good;
+  bad.replace(bad.find("mem_bw = 1e9"), 12, "mem_bw = \"fast\"");
+  e = error_of(bad);
+  EXPECT_NE(e.find("device.mem_bw"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"fast\""), std::string::npos) << e;
+  e = error_of(good + "inter_bww = 3\n");
+  EXPECT_NE(e.find("unknown field node.inter_bww"), std::string::npos) << e;
+  e = error_of(good + "intra_table = [{ip = 2, g = 2, bw = 1e9}]\n");
+  EXPECT_NE(e.find("node.intra_table[0]"), std::string::npos) << e;  // 4 ranks > 2 per node
+  e = error_of("[device\n");
+  EXPECT_NE(e.find("not valid TOML"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace dhelix

@@ -1,0 +1,187 @@
+// The step model. Oracles: hand-worked timelines of small hand-built strands (the overlap rule of
+// StepModel.h), the Megatron tp=2 volume per axis counted by hand from the program's collectives
+// (sequence parallelism: an all-gather before each column GEMM, a reduce-scatter after each row
+// GEMM, axonn.md §2.3's ring factors), the memory of a small layout counted by hand, the 1F1B bubble
+// fraction (p-1)/(M+p-1), and a brute-force count of the layouts of n ranks.
+#include <gtest/gtest.h>
+
+#include "base/Error.h"
+#include "sim/LayoutSearch.h"
+#include "sim/StepModel.h"
+
+namespace dhelix {
+namespace {
+
+Op comp(const std::string& name, double seconds, std::vector<std::string> in, std::vector<std::string> out) {
+  Op op;
+  op.name = name;
+  op.code = "linear";
+  op.inputs = std::move(in);
+  op.outputs = std::move(out);
+  op.cost.flops = seconds * 1e9;  // at 1 GFLOP/s
+  return op;
+}
+
+Op coll(const std::string& name, CollOp c, double seconds, std::vector<std::string> in, std::string out) {
+  Op op;
+  op.name = name;
+  op.kind = OpKind::kCollective;
+  op.coll = c;
+  op.group = "tp";
+  op.inputs = std::move(in);
+  op.outputs = {std::move(out)};
+  // 2 ranks at 1 GB/s, no latency: all-reduce moves B, all-gather / reduce-scatter B/2.
+  op.cost.comm_bytes = seconds * 1e9 * (c == CollOp::kAllReduce ? 1 : 2);
+  return op;
+}
+
+const std::map<std::string, GroupLink> kTp2 = {{"tp", {2, {1e9, 0}}}};
+const DeviceRates kRates{1e9, 1e30, 1.0};
+
+TEST(PriceStrand, DependentAllReduceIsExposed) {
+  // engine: [c1 1s]......[c2 1s]   tp: [AR 2s] -> span 4, exposed 2
+  const StrandPrice p = price_strand({comp("c1", 1, {"x"}, {"a"}), coll("ar", CollOp::kAllReduce, 2, {"a"}, "b"),
+                                      comp("c2", 1, {"b"}, {"y"})},
+                                     kTp2, kRates, Prefetch::kOff);
+  EXPECT_DOUBLE_EQ(p.compute_s, 2);
+  EXPECT_DOUBLE_EQ(p.span_s, 4);
+  EXPECT_DOUBLE_EQ(p.axes.at("tp").exposed_s, 2);
+  EXPECT_DOUBLE_EQ(p.axes.at("tp").bytes, 2e9);  // 2(n-1)/n x 2e9 bytes
+}
+
+TEST(PriceStrand, IndependentComputeHidesReduceScatter) {
+  // engine: [c1 1][c3 3........][c4 1]   tp: [RS 2] (1..3) -> span 5, nothing exposed
+  std::vector<Op> ops = {comp("c1", 1, {"x"}, {"a"}), coll("rs", CollOp::kReduceScatter, 2, {"a"}, "b"),
+                         comp("c3", 3, {"a"}, {"c"}), comp("c4", 1, {"b", "c"}, {"y"})};
+  StrandPrice p = price_strand(ops, kTp2, kRates, Prefetch::kOff);
+  EXPECT_DOUBLE_EQ(p.span_s, 5);
+  EXPECT_DOUBLE_EQ(p.axes.at("tp").exposed_s, 0);
+  // Marked blocking, the engine waits for it at issue: 1 + 2 + 3 + 1.
+  ops[1].attrs["blocking"] = 1;
+  p = price_strand(ops, kTp2, kRates, Prefetch::kOff);
+  EXPECT_DOUBLE_EQ(p.span_s, 7);
+  EXPECT_DOUBLE_EQ(p.axes.at("tp").exposed_s, 2);
+}
+
+TEST(PriceStrand, BackgroundCollectiveCostsOnlyPastTheLayer) {
+  // A reduce-scatter nobody reads (ORS): 5 s on the channel against a 2 s layer -> 3 s exposed.
+  const StrandPrice p = price_strand({comp("c1", 1, {"x"}, {"a"}), coll("rs", CollOp::kReduceScatter, 5, {"a"}, "g"),
+                                      comp("c2", 1, {"a"}, {"y"})},
+                                     kTp2, kRates, Prefetch::kOff);
+  EXPECT_DOUBLE_EQ(p.span_s, 5);
+  EXPECT_DOUBLE_EQ(p.axes.at("tp").exposed_s, 3);
+}
+
+TEST(PriceStrand, WeightAllGatherIsPrefetched) {
+  // A gather of parameters (no inputs) before a 3 s GEMM: prefetched under the previous layer
+  // (OAG) it costs nothing; without prefetch its 2 s are exposed.
+  const std::vector<Op> ops = {coll("ag", CollOp::kAllGather, 2, {}, "w.g"), comp("c", 3, {"x", "w.g"}, {"y"})};
+  EXPECT_DOUBLE_EQ(price_strand(ops, kTp2, kRates, Prefetch::kOn).span_s, 3);
+  const StrandPrice off = price_strand(ops, kTp2, kRates, Prefetch::kOff);
+  EXPECT_DOUBLE_EQ(off.span_s, 5);
+  EXPECT_DOUBLE_EQ(off.axes.at("tp").exposed_s, 2);
+}
+
+ModelConfig small_gpt() {
+  ModelConfig m = model_preset("gpt2-124m");
+  m.vocab_size = 256, m.seq_len = 32, m.d_model = 64, m.n_layers = 2, m.n_heads = 4, m.n_kv_heads = 4;
+  m.ffn_hidden = 256;
+  return m;
+}
+
+ClusterPreset cpu() {
+  return load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+}
+
+TEST(StepModel, MegatronTp2VolumePerAxisByHand) {
+  const ModelConfig m = small_gpt();
+  LayoutConfig lay;
+  lay.tp = 2;
+  const StepPrediction p = predict(m, lay, {1, 32, 1}, cpu(), {});
+  // N = 32 tokens, one [N, C] fp32 buffer = 32 * 64 * 4 = 8192 bytes; ring factor 1/2 for AG / RS
+  // and 1 for AR on 2 ranks.
+  const double NC = 32 * 64 * 4.0;
+  const double block = 8 * NC / 2;        // fwd AG qkv, RS out, AG fc, RS proj; and their 4 backward mirrors
+  const double embed = 2 * NC / 2;        // fwd RS of the vocab-parallel lookup, bwd AG
+  const double head = 2 * NC / 2 + 32 * 4 + 2 * 32 * 4;  // AG + bwd RS of lm_head; AR(max) [N], AR(sum) [2N]
+  const double partial = (2 * 6 * 64 + 32 * 64 + 2 * 64) * 4.0;  // SP partial grads: 6C per block, wpe, final norm
+  EXPECT_DOUBLE_EQ(p.axes.at("tp").bytes, 2 * block + embed + head + partial);
+  EXPECT_EQ(p.axes.count("dp"), 0u);
+  EXPECT_EQ(p.pricer, PricerKind::kPrograms);
+}
+
+TEST(StepModel, MemoryOfASmallLayoutByHand) {
+  const ModelConfig m = small_gpt();
+  LayoutConfig lay;
+  lay.dp = 2;
+  PredictOptions opt;
+  opt.zero = Zero::kZero1;
+  const StepPrediction p = predict(m, lay, {2, 32, 1}, cpu(), opt);
+  const double P = double(m.num_params());  // vocab 256 needs no padding
+  EXPECT_DOUBLE_EQ(p.memory.params, 4 * P);
+  EXPECT_DOUBLE_EQ(p.memory.grads, 4 * P);
+  EXPECT_DOUBLE_EQ(p.memory.optimizer, 8 * P / 2);  // AdamW moments over dp = 2
+  // Saved for backward, per block: x, h1, att, x2, h2 [N, C]; qkv [N, 3C]; fc, act [N, F];
+  // ln1/ln2 mean and rstd [N]; att.lse [N, heads]. Head: x, hf [N, C], its mean/rstd [N],
+  // dlogits [N, V]. Embed: tokens [N].
+  const double N = 32, C = 64, F = 256, H = 4, V = 256;
+  const double block = N * (5 * C + 3 * C + 2 * F + 4 + H);
+  const double head = N * (2 * C + 2 + V), embed = N;
+  EXPECT_DOUBLE_EQ(p.memory.activations, 4 * (2 * block + head + embed));
+  EXPECT_TRUE(p.notes.empty()) << p.notes[0];
+  EXPECT_TRUE(p.fits);
+}
+
+TEST(StepModel, EverySavedBufferHasASizeRule) {
+  for (const char* name : {"gpt2-124m", "llama-8b"})
+    for (int tp : {1, 2}) {
+      LayoutConfig lay;
+      lay.tp = tp;
+      ModelConfig m = model_preset(name);
+      m.n_layers = 2;
+      const StepPrediction p = predict(m, lay, {1, 64, 1}, cpu(), {});
+      EXPECT_TRUE(p.notes.empty()) << name << " tp=" << tp << ": " << p.notes[0];
+    }
+}
+
+TEST(StepModel, PipelineBubbleFraction) {
+  const ModelConfig m = small_gpt();
+  LayoutConfig lay;
+  lay.pp = 2;
+  const StepPrediction p = predict(m, lay, {4, 32, 1}, cpu(), {});  // M = 4 micro-batches
+  EXPECT_EQ(p.micro_batches, 4);
+  EXPECT_NEAR(p.bubble_s / p.step_s, 1.0 / 5.0, 1e-12);  // (p-1)/(M+p-1); rounding only
+  EXPECT_GT(p.axes.at("pp").bytes, 0);
+}
+
+TEST(StepModel, IllegalLayoutsNameTheReason) {
+  const ModelConfig m = small_gpt();
+  LayoutConfig lay;
+  lay.tp_y = 3, lay.dp = 1;
+  std::vector<std::string> e = layout_errors(m, lay, {3, 32, 1});
+  ASSERT_FALSE(e.empty());
+  EXPECT_NE(e[0].find("heads=4 is not divisible by Gy=3"), std::string::npos) << e[0];
+  lay = {};
+  lay.dp = 4;
+  e = layout_errors(m, lay, {6, 32, 1});
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_NE(e[0].find("batch 6 is not divisible by dp = 4"), std::string::npos) << e[0];
+  EXPECT_THROW(predict(m, lay, {6, 32, 1}, cpu(), {}), ConfigError);
+}
+
+TEST(LayoutSearch, CountsMatchBruteForce) {
+  for (int n = 1; n <= 24; ++n) {
+    int megatron = 0, grids = 0;
+    for (int a = 1; a <= n; ++a)
+      for (int b = 1; b <= n; ++b)
+        for (int c = 1; c <= n; ++c) {
+          if (a * b * c == n) ++megatron;
+          for (int d = 1; d <= n; ++d)
+            if (a * b * c * d == n && a * b * c > 1) ++grids;
+        }
+    EXPECT_EQ(int(enumerate_layouts(n).size()), megatron + grids) << "n=" << n;
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
