@@ -78,7 +78,7 @@ int cmd_train(int argc, char** argv) {
     }
   }
   std::unique_ptr<CommContext> comm;
-  if (launched_by_mpirun() || cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp > 1)
+  if (launched_by_mpirun() || layout_config(cfg).world() > 1)
     comm = make_mpi_world(layout_config(cfg), comm_options(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
   install_stop_handlers();
@@ -151,6 +151,7 @@ int cmd_sample(int argc, char** argv) {
   DHX_CHECK(tokens > 0, ConfigError, "--tokens {} must be positive", tokens);
   RunConfig cfg = load_config(args.config_path, args.overrides);
   cfg.parallel.dp = cfg.parallel.tp = cfg.parallel.pp = 1;
+  cfg.parallel.tp_x = cfg.parallel.tp_y = cfg.parallel.tp_z = 1;
   cfg.parallel.zero = 0;
   cfg.schedule.pipeline = "1f1b";  // the whole model on one rank, whatever layout trained it
   cfg.schedule.virtual_stages = 1;

@@ -512,8 +512,8 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   mpi_check(MPI_Bcast(&token, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD), "MPI_Bcast(job token)");
   auto board = std::make_shared<ProgressBoard>(token, rank);
   auto errors = validate_layout(cfg, size);
-  DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}", rank,
-            fmt::join(errors, "; "));
+  DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}\nhint: launch with mpirun -np {}",
+            rank, fmt::join(errors, "; "), cfg.world());
   Layout layout(cfg, rank);
   const CommTransport transport = options.transport;
 

@@ -14,6 +14,42 @@
 namespace dhelix::testing {
 namespace {
 
+// `mpirun -np 4 dhelix_parallel_mpi_test DIR 3d`: the 3D grid Gx = 2 x Gz = 2 over real processes
+// (Gloo collectives on x, z and the x-y-z block), both families, against the single-process run.
+int run_3d(const std::string& dir) {
+  const int world = mpi_world_size();
+  DHX_CHECK(world == 4, ConfigError, "run under mpirun -np 4 (tp_x 2 x tp_z 2), got {} ranks", world);
+  LayoutConfig layout;
+  layout.tp_x = 2, layout.tp_z = 2;
+  std::unique_ptr<CommContext> comm = make_mpi_world(layout);
+  const bool rank0 = comm->rank() == 0;
+  if (rank0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    write_walk_dataset(dir);
+  }
+  comm->world().barrier();
+  const std::string prefix = dir + "/walk";
+  int failures = 0;
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
+    RunResult par = run_on(tiny_config_3d(f, 1, 2, 1, 2, prefix, dir + "/par"), comm.get(), Grads::kCollect);
+    if (!rank0) continue;
+    RunResult serial = run_serial(tiny_config_3d(f, 1, 1, 1, 1, prefix, dir + "/serial"), Grads::kCollect);
+    std::string worst;
+    const double grad_dev = max_grad_deviation(par.first_grads, serial.first_grads, &worst);
+    const double loss_dev = max_rel_deviation(par.losses, serial.losses);
+    const bool ok = grad_dev <= kGradRelTol && loss_dev <= kLossRelTol && par.first_grads.size() == serial.first_grads.size();
+    failures += !ok;
+    fmt::print("{} mpi 3D Gx=2 Gz=2 {}: grad max rel dev {:.2e} ({}; tol {:.0e}), 20-step loss max rel dev {:.2e} "
+               "(tol {:.0e}); loss {:.4f} -> {:.4f}\n",
+               ok ? "PASS" : "FAIL", family_name(f), grad_dev, worst, kGradRelTol, loss_dev, kLossRelTol,
+               serial.losses.front(), serial.losses.back());
+  }
+  std::fflush(stdout);
+  comm->world().barrier();
+  return failures == 0 ? 0 : 1;
+}
+
 int run(const std::string& dir) {
   const int world = mpi_world_size();
   DHX_CHECK(world == 4, ConfigError, "run under mpirun -np 4 (dp 2 x tp 2), got {} ranks", world);
@@ -54,12 +90,12 @@ int run(const std::string& dir) {
 }  // namespace dhelix::testing
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fputs("usage: mpirun -np 4 dhelix_parallel_mpi_test DIR\n", stderr);
+  if (argc != 2 && !(argc == 3 && std::string(argv[2]) == "3d")) {
+    std::fputs("usage: mpirun -np 4 dhelix_parallel_mpi_test DIR [3d]\n", stderr);
     return 2;
   }
   try {
-    return dhelix::testing::run(argv[1]);
+    return argc == 3 ? dhelix::testing::run_3d(argv[1]) : dhelix::testing::run(argv[1]);
   } catch (const std::exception& e) {
     dhelix::abort_world(e.what());
   }

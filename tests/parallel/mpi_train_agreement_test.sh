@@ -70,9 +70,10 @@ check nan_stop_all_ranks 3 $? "$dir/n.out" "training diverged: step 2"
 n=$(grep -c "training diverged" "$dir/n.out")
 [ "$n" = 1 ] && echo "ok   nan_reported_once" || { echo "FAIL nan reported $n times"; fail=1; }
 
-# 4. The sample at the end of a run whose model is split over pipeline stages (the W, pp 2) or tp 2:
+# 4. The sample at the end of a run whose model is split over pipeline stages (the W, pp 2), tp 2 or
+#    the 3D grid's x axis:
 #    gathered to rank 0, it equals `dhelix sample` on the run's checkpoint in one process.
-for lay in "--parallel.pp 2 --schedule.pipeline w --model.n_layers 4" "--parallel.tp 2"; do
+for lay in "--parallel.pp 2 --schedule.pipeline w --model.n_layers 4" "--parallel.tp 2" "--parallel.tp_x 2"; do
   # shellcheck disable=SC2086
   timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --parallel.dp 1 $lay --training.steps 2 \
     --training.sample_tokens 10 --output.dir "$dir/s" --output.overwrite true > "$dir/s.out" 2>&1
@@ -83,6 +84,13 @@ for lay in "--parallel.pp 2 --schedule.pipeline w --model.n_layers 4" "--paralle
   [ -n "$want" ] && [ "$want" = "$got" ] && echo "ok   sample_equals_single_process ($lay)" \
     || { echo "FAIL sample ($lay): run printed '$want', dhelix sample '$got'"; fail=1; }
 done
+
+# 5. A 3D layout that does not fit this machine's memory (tp_z 2 halves the weights, not enough):
+#    refused before any step, exit 2, with the estimate's figures.
+timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --parallel.dp 1 --parallel.tp_z 2 --model.d_model 65536 \
+  --model.n_heads 64 --model.n_kv_heads 64 --model.ffn_hidden 262144 --output.dir "$dir/m" > "$dir/m.out" 2>&1
+check grid3d_too_large 2 $? "$dir/m.out" "available" "per rank"
+grep -q "step     1/" "$dir/m.out" && { echo "FAIL grid3d_too_large: a step ran"; fail=1; }
 
 [ $fail -eq 0 ] && echo "mpi_train_agreement_test: passed" || echo "mpi_train_agreement_test: FAILED"
 exit $fail
