@@ -95,8 +95,19 @@ std::string ProcessGroup::arrivals(int64_t seq) const {
   return out;
 }
 
-Work ProcessGroup::issue(std::string signature, Task task) {
+ProcessGroup::Traffic ProcessGroup::traffic() const {
   std::lock_guard lk(mu_);
+  return traffic_;
+}
+
+void ProcessGroup::reset_traffic() {
+  std::lock_guard lk(mu_);
+  traffic_ = Traffic{};
+}
+
+Work ProcessGroup::issue(std::string signature, Task task, double ring_bytes) {
+  std::lock_guard lk(mu_);
+  if (size_ > 1) ++traffic_.ops, traffic_.bytes += ring_bytes;
   DHX_ASSERT(stream_ != nullptr, "group {} has no comm stream", name_);
   const int64_t seq = seq_++;
   auto state = std::make_shared<WorkState>(std::move(signature), name_, seq, world_rank_, timeout_s_);
@@ -129,7 +140,8 @@ Work ProcessGroup::all_reduce(Tensor t, ReduceOp op) {
   DHX_CHECK(t.defined(), CommError, "all_reduce on {}: undefined tensor", name_);
   std::string sig = op == ReduceOp::kSum ? fmt::format("all_reduce {}", t.describe())
                                          : fmt::format("all_reduce({}) {}", reduce_op_name(op), t.describe());
-  return issue(std::move(sig), all_reduce_task(std::move(t), op));
+  const double ring = 2.0 * (size_ - 1) / size_ * double(t.nbytes());
+  return issue(std::move(sig), all_reduce_task(std::move(t), op), ring);
 }
 
 Work ProcessGroup::all_gather(const Tensor& in, Tensor out) {
@@ -141,7 +153,8 @@ Work ProcessGroup::all_gather(const Tensor& in, Tensor out) {
   DHX_CHECK(!overlaps(in, out), CommError, "all_gather on {}: in {} and out {} overlap", name_, in.describe(),
             out.describe());
   std::string sig = fmt::format("all_gather {}", in.describe());
-  return issue(std::move(sig), all_gather_task(in, std::move(out)));
+  const double ring = double(size_ - 1) / size_ * double(out.nbytes());
+  return issue(std::move(sig), all_gather_task(in, std::move(out)), ring);
 }
 
 Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) {
@@ -154,7 +167,7 @@ Work ProcessGroup::reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) {
             out.describe());
   std::string sig = op == ReduceOp::kSum ? fmt::format("reduce_scatter {}", in.describe())
                                          : fmt::format("reduce_scatter({}) {}", reduce_op_name(op), in.describe());
-  return issue(std::move(sig), reduce_scatter_task(in, std::move(out), op));
+  return issue(std::move(sig), reduce_scatter_task(in, std::move(out), op), double(size_ - 1) / size_ * double(in.nbytes()));
 }
 
 Work ProcessGroup::all_to_all(const Tensor& in, Tensor out) {
@@ -166,7 +179,7 @@ Work ProcessGroup::all_to_all(const Tensor& in, Tensor out) {
   DHX_CHECK(!overlaps(in, out), CommError, "all_to_all on {}: in {} and out {} overlap", name_, in.describe(),
             out.describe());
   std::string sig = fmt::format("all_to_all {}", in.describe());
-  return issue(std::move(sig), all_to_all_task(in, std::move(out)));
+  return issue(std::move(sig), all_to_all_task(in, std::move(out)), double(size_ - 1) / size_ * double(in.nbytes()));
 }
 
 Work ProcessGroup::all_to_all_v(const Tensor& in, std::vector<int64_t> send_rows, Tensor out,
@@ -195,14 +208,19 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, std::vector<int64_t> send_rows
   for (auto& c : recv_rows) c *= row;
   // The same on every rank (the local backend compares signatures): the row shape, not the counts.
   std::string sig = fmt::format("all_to_all_v {} rows of {}", dtype_name(in.dtype()), row);
-  return issue(std::move(sig), all_to_all_v_task(in, std::move(send_rows), std::move(out), std::move(recv_rows)));
+  double sent = 0;  // the elements that leave this rank (counts are in elements here)
+  for (int j = 0; j < size_; ++j)
+    if (j != rank_) sent += double(send_rows[static_cast<size_t>(j)]);
+  sent *= double(dtype_size(in.dtype()));
+  return issue(std::move(sig), all_to_all_v_task(in, std::move(send_rows), std::move(out), std::move(recv_rows)), sent);
 }
 
 Work ProcessGroup::broadcast(Tensor t, int root) {
   DHX_CHECK(t.defined(), CommError, "broadcast on {}: undefined tensor", name_);
   DHX_CHECK(root >= 0 && root < size_, CommError, "broadcast on {}: root {} outside 0..{}", name_, root, size_ - 1);
   std::string sig = fmt::format("broadcast(root={}) {}", root, t.describe());
-  return issue(std::move(sig), broadcast_task(std::move(t), root));
+  const double bytes = double(t.nbytes());
+  return issue(std::move(sig), broadcast_task(std::move(t), root), bytes);
 }
 
 Work ProcessGroup::send(const Tensor& t, int peer, int tag) {
@@ -210,7 +228,7 @@ Work ProcessGroup::send(const Tensor& t, int peer, int tag) {
   check_peer("send", peer);
   DHX_CHECK(tag >= 0 && tag <= kMaxP2PTag, CommError, "send on {}: tag {} outside [0, {}]", name_, tag, kMaxP2PTag);
   std::string sig = fmt::format("send(to={}{}) {}", peer, tag ? fmt::format(" tag={}", tag) : "", t.describe());
-  return issue(std::move(sig), send_task(t, peer, tag));
+  return issue(std::move(sig), send_task(t, peer, tag), double(t.nbytes()));
 }
 
 Work ProcessGroup::recv(Tensor t, int peer, int tag) {

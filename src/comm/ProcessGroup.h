@@ -70,6 +70,18 @@ class ProcessGroup {
   // "group rank 1 (world rank 1) has not started op seq=12 (its last: seq=11)"; "" without a board.
   std::string arrivals(int64_t seq) const;
 
+  // Traffic issued on this group: ops, and the bytes this rank sends under the ring algorithms the
+  // transports run, from the tensors each op was issued with (all-reduce 2(n-1)/n of the buffer;
+  // all-gather (n-1)/n of the output; reduce-scatter and all-to-all (n-1)/n of the input; broadcast
+  // and send the buffer). Zero on a group of one. What the performance model's per-axis volumes are
+  // checked against.
+  struct Traffic {
+    int64_t ops = 0;
+    double bytes = 0;
+  };
+  Traffic traffic() const;
+  void reset_traffic();
+
   // The op to blame in an abort message: the oldest unfinished one, else the last issued
   // (nullptr when nothing was ever issued).
   std::shared_ptr<WorkState> blame() const;
@@ -95,13 +107,14 @@ class ProcessGroup {
   virtual Task barrier_task() = 0;
 
  private:
-  Work issue(std::string signature, Task task);
+  Work issue(std::string signature, Task task, double ring_bytes = 0);
   void check_peer(const char* op, int peer) const;
 
   int rank_, size_, world_rank_;
   std::string name_;
   mutable std::mutex mu_;  // orders seq assignment with queueing, so seq order == stream order
   int64_t seq_ = 0;
+  Traffic traffic_;
   double timeout_s_;
   std::shared_ptr<WorkState> last_issued_;
   std::unique_ptr<CommStream> stream_;
