@@ -130,7 +130,8 @@ CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& la
   } else {
     c = CostModelConfig::preset(arg);
   }
-  c.group_sizes = {{"tp", lay.tp}, {"dp", lay.dp}, {"pp", lay.pp}, {"cp", lay.cp}, {"ep", lay.ep}};
+  c.group_sizes = {{"tp", lay.tp},     {"dp", lay.dp},     {"pp", lay.pp},    {"cp", lay.cp},
+                   {"ep", lay.ep},     {"x", lay.tp_x},    {"y", lay.tp_y},   {"z", lay.tp_z}};
   c.validate();
   return c;
 }

@@ -30,9 +30,11 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
     : model_(model), layout_(layout), mb_(mb), comm_(comm) {
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
-              "world size {} != layout world {} (dp={} tp={}); launch with mpirun -np {}", comm_->world_size(),
-              layout_.world(), layout_.dp, layout_.tp, layout_.world());
+              "world size {} != layout world {} (dp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
+              comm_->world_size(), layout_.world(), layout_.dp, layout_.tp, layout_.tp_x, layout_.tp_y, layout_.tp_z,
+              layout_.world());
     tp_rank_ = comm_->layout().coord().tp;
+    coord_ = comm_->layout().coord();
   } else {
     DHX_CHECK(layout_.world() == 1, ConfigError, "layout dp={} tp={} needs {} processes; launch with mpirun -np {}",
               layout_.dp, layout_.tp, layout_.world(), layout_.world());
@@ -46,12 +48,14 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.model = model_;
   ps.layout = layout_;
   ps.tp_rank = tp_rank_;
+  ps.coord = coord_;
   ps.mb = mb_;
   ps.owned_units = first == last ? std::vector<int>{first} : std::vector<int>{first, last};
   ps.seed = seed;
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
-  if (comm_ && layout_.tp > 1) parts_->ctx.groups["tp"] = &comm_->group(GroupRole::kTP);
+  for (GroupRole r : {GroupRole::kTP, GroupRole::kX, GroupRole::kY, GroupRole::kZ})
+    if (comm_ && comm_->layout().size(r) > 1) parts_->ctx.groups[group_role_name(r)] = &comm_->group(r);
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};
@@ -61,7 +65,8 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
 LayerPairBench::~LayerPairBench() = default;
 
 void LayerPairBench::build_snapshots(uint64_t seed) {
-  const int64_t Ns = mb_.tokens() / layout_.tp, C = model_.d_model;
+  // The block's input: Megatron's sequence shard [N/tp, C], or 3D's feature shard [N, C/Gx].
+  const int64_t Ns = mb_.tokens() / layout_.tp, C = model_.d_model / layout_.tp_x;
   const uint64_t rank = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
   const auto& fwd = parts_->progs.block.fwd;
   const auto& bwd = parts_->progs.block.bwd;

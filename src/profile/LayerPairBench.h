@@ -64,6 +64,7 @@ class LayerPairBench {
   MicroBatchShape mb_;
   CommContext* comm_;
   int tp_rank_ = 0;
+  RankCoord coord_;  // this rank's grid coordinates (3D: x, y, z)
   std::unique_ptr<StepParts> parts_;  // the whole model's units; only the first and last block stored
   std::unique_ptr<Executor> exec_;
   UnitEnv fenv_, benv_;

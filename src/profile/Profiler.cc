@@ -80,7 +80,9 @@ std::string describe_model(const ModelConfig& m) {
 }
 
 std::string describe_layout(const LayoutConfig& l) {
-  std::string s = fmt::format("tp={}", l.tp);
+  std::string s = l.is_3d() ? fmt::format("x={},y={},z={}{}", l.tp_x, l.tp_y, l.tp_z,
+                                          l.tp_order == "xyz" ? "" : ",order=" + l.tp_order)
+                            : fmt::format("tp={}", l.tp);
   if (l.tp > 1 && l.sequence_parallel) s += ",sp";
   s += fmt::format(",dp={}", l.dp);
   if (l.pp > 1) s += fmt::format(",pp={}", l.pp);

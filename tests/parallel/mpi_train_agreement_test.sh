@@ -92,5 +92,23 @@ timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --parallel.dp 1 --par
 check grid3d_too_large 2 $? "$dir/m.out" "available" "per rank"
 grep -q "step     1/" "$dir/m.out" && { echo "FAIL grid3d_too_large: a step ran"; fail=1; }
 
+# 6. Profile and plan a 3D layer (tp_x 2 x tp_z 2, np 4) on the real process groups, then train with
+#    the searched plan: the plan only reorders ops, so the losses equal the default plan's bitwise.
+g3=(--parallel.dp 1 --parallel.tp_x 2 --parallel.tp_z 2 --training.steps 3)
+timeout 300 "${mpi[@]}" -np 4 "$DHELIX" profile "${args[@]}" "${g3[@]}" --max-window 2 --repeats 1 --warmup 0 \
+  --out "$dir/p3/prof.json" > "$dir/p3.out" 2>&1
+check grid3d_profile 0 $? "$dir/p3.out" "entries timed"
+timeout 300 "${mpi[@]}" -np 4 "$DHELIX" plan "${args[@]}" "${g3[@]}" --profile "$dir/p3/prof.json" --out "$dir/p3/plan.json" \
+  --repeats 1 --warmup 0 >> "$dir/p3.out" 2>&1
+check grid3d_plan 0 $? "$dir/p3.out" "wrote $dir/p3/plan.json"
+for with in default searched; do
+  extra=(); [ $with = searched ] && extra=(--schedule.plan "$dir/p3/plan.json")
+  timeout 300 "${mpi[@]}" -np 4 "$DHELIX" train "${args[@]}" "${g3[@]}" "${extra[@]}" --output.dir "$dir/p3/$with" \
+    > "$dir/p3_$with.out" 2>&1
+  check "grid3d_train_$with" 0 $? "$dir/p3_$with.out" "step     3/3"
+done
+if [ "$(grep -o '"loss":[^,]*' "$dir/p3/default/metrics.jsonl")" = "$(grep -o '"loss":[^,]*' "$dir/p3/searched/metrics.jsonl")" ]
+then echo "ok   grid3d_searched_plan_bitwise"; else echo "FAIL grid3d_searched_plan_bitwise"; fail=1; fi
+
 [ $fail -eq 0 ] && echo "mpi_train_agreement_test: passed" || echo "mpi_train_agreement_test: FAILED"
 exit $fail
