@@ -16,6 +16,8 @@
 #include "base/Error.h"
 #include "base/Files.h"
 #include "sim/AxonnModel.h"
+#include "TuneConfirm.h"
+#include "comm/MpiBackend.h"
 #include "sim/LayoutSearch.h"
 
 namespace dhelix {
@@ -25,7 +27,9 @@ namespace {
 constexpr const char* kTuneUsage =
     "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
     "                   [--micro-batch-size b] [--precision fp32|bf16] [--zero 0|1] [--si on|off]\n"
-    "                   [--d-model C] [--layers L] [--heads H] [--paper-compat] [--json FILE]\n"
+    "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
+    "                   [--paper-compat] [--json FILE]\n"
+    "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]]\n"
     "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
     "factorisations) -- by predicted step time on a cluster preset (configs/clusters/*.toml, or a path),\n"
     "then lists the excluded layouts with the reason. Nothing runs.\n"
@@ -39,14 +43,27 @@ constexpr const char* kTuneUsage =
     "  --precision P          fp32 (default; the engine today) or bf16 (element size 2)\n"
     "  --zero 0|1             ZeRO-1: optimizer state sharded over dp (default 0)\n"
     "  --si on|off            Strand Interleaving (default off)\n"
-    "  --d-model, --layers, --heads   override the preset's extents (GPT: ffn = 4 x d-model)\n"
+    "  --d-model, --layers, --heads, --vocab   override the preset's extents (GPT: ffn = 4 x d-model)\n"
+    "  --only LAYOUTS         rank only these layouts: labels as printed, separated by commas\n"
+    "                         (\"tp=2 pp=1 dp=2,x=2 y=1 z=2 dp=1\")\n"
     "  --paper-compat         rank the 3D grids by AxoNN's closed form as coded (bf16, communication\n"
     "                         seconds only; axonn.md §4.2), memory from the step model\n"
-    "  --json FILE            also write the table and the exclusions as JSON\n";
+    "  --json FILE            also write the table and the exclusions as JSON\n"
+    "  --confirm STEPS        run the top K layouts for STEPS steps each with `dhelix train` (the first step\n"
+    "                         is a warm-up) and print the measured median step beside the prediction, with\n"
+    "                         Kendall's tau, the top-1 regret and the median error; needs --config (data and\n"
+    "                         training settings; the model, batch and layout keys are set from tune's)\n"
+    "  --rounds R             runs per layout, alternating the layouts between rounds (default 1)\n"
+    "  --launch CMD           launcher prefix, {np} = the layout's ranks (default\n"
+    "                         \"mpirun --oversubscribe --bind-to none -np {np}\"; the emulated cluster:\n"
+    "                         \"scripts/cluster --hosts 2 --np-per-host 2 --map-by slot --\")\n"
+    "  --workdir DIR          run directories and logs of --confirm (default runs/tune)\n";
 
 const std::vector<std::string> kFlags = {"--model", "--gpus",  "--cluster", "--top",    "--global-batch",
                                          "--seq",   "--micro-batch-size",  "--precision", "--zero",
-                                         "--si",    "--d-model", "--layers", "--heads",  "--json"};
+                                         "--si",    "--d-model", "--layers", "--heads",  "--json",
+                                         "--vocab", "--only",  "--confirm", "--config", "--rounds",
+                                         "--launch", "--workdir"};
 
 struct TuneRequest {
   ModelConfig model;
@@ -57,6 +74,8 @@ struct TuneRequest {
   PredictOptions opt;
   bool paper = false;
   std::optional<std::string> json_path;
+  std::vector<std::string> only;  // layout labels
+  std::optional<ConfirmOptions> confirm;
 };
 
 std::optional<int64_t> int_value(const std::map<std::string, std::string>& v, const std::string& flag, int64_t def,
@@ -124,6 +143,38 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     if (req.model.n_kv_heads == req.model.n_heads) req.model.n_kv_heads = *heads;
     req.model.d_model = *d, req.model.n_layers = *layers, req.model.n_heads = *heads;
     if (v.count("--d-model") || v.count("--layers") || v.count("--heads")) req.model.name += " (overridden)";
+  }
+  const std::optional<int64_t> vocab = int_value(v, "--vocab", req.model.vocab_size, 1, errors);
+  if (vocab && v.count("--vocab")) req.model.vocab_size = *vocab, req.model.name += v.count("--d-model") ? "" : " (overridden)";
+  if (v.count("--only")) {
+    std::string rest = v["--only"];
+    for (size_t at; !rest.empty(); rest = at == std::string::npos ? "" : rest.substr(at + 1)) {
+      at = rest.find(',');
+      std::string label = rest.substr(0, at);
+      while (!label.empty() && label.front() == ' ') label.erase(label.begin());
+      while (!label.empty() && label.back() == ' ') label.pop_back();
+      if (!label.empty()) req.only.push_back(label);
+    }
+    if (req.only.empty()) errors.push_back("--only needs at least one layout label, e.g. \"x=2 y=1 z=2 dp=1\"");
+  }
+  if (v.count("--confirm")) {
+    ConfirmOptions c;
+    const std::optional<int64_t> steps = int_value(v, "--confirm", 3, 2, errors);
+    const std::optional<int64_t> rounds = int_value(v, "--rounds", 1, 1, errors);
+    if (steps) c.steps = static_cast<int>(*steps);
+    if (rounds) c.rounds = static_cast<int>(*rounds);
+    if (!v.count("--config")) errors.push_back("--confirm needs --config FILE (the runs' data and training settings)");
+    else if (!file_exists(v["--config"])) errors.push_back(fmt::format("--config '{}' does not exist", v["--config"]));
+    c.config_path = v.count("--config") ? v["--config"] : "";
+    if (v.count("--launch")) c.launch = v["--launch"];
+    c.workdir = v.count("--workdir") ? v["--workdir"] : "runs/tune";
+    if (launched_by_mpirun())
+      errors.push_back("--confirm launches its own runs: start dhelix tune directly, not under mpirun");
+    if (req.paper) errors.push_back("--confirm runs the step model's ranking; drop --paper-compat");
+    req.confirm = c;
+  } else {
+    for (const char* f : {"--config", "--rounds", "--launch", "--workdir"})
+      if (v.count(f)) errors.push_back(fmt::format("{} is only for --confirm", f));
   }
   const std::optional<int64_t> seq = int_value(v, "--seq", req.model.seq_len, 1, errors);
   const std::optional<int64_t> gb = int_value(v, "--global-batch", 8 * gpus.value_or(1), 1, errors);
@@ -263,7 +314,20 @@ int cmd_tune(int argc, char** argv) {
                "communication seconds per step:\n");
     j = run_paper(*req);
   } else {
-    const TuneResult res = rank_layouts(req->model, req->gpus, req->batch, req->cluster, req->opt);
+    TuneResult res = rank_layouts(req->model, req->gpus, req->batch, req->cluster, req->opt);
+    if (!req->only.empty()) {
+      std::vector<std::string> unknown = req->only;
+      auto listed = [&](const LayoutConfig& l) {
+        const std::string label = layout_label(l);
+        unknown.erase(std::remove(unknown.begin(), unknown.end(), label), unknown.end());
+        return std::find(req->only.begin(), req->only.end(), label) != req->only.end();
+      };
+      std::erase_if(res.ranked, [&](const StepPrediction& p) { return !listed(p.layout); });
+      std::erase_if(res.excluded, [&](const ExcludedLayout& e) { return !listed(e.layout); });
+      DHX_CHECK(unknown.empty(), ConfigError,
+                "--only: '{}' is not a layout of {} ranks; labels look like \"tp=2 pp=1 dp=2\" or \"x=2 y=1 z=2 dp=1\"",
+                fmt::join(unknown, "', '"), req->gpus);
+    }
     DHX_CHECK(!res.ranked.empty(), ConfigError,
               "no layout of {} ranks can run {} with global batch {} x micro-batch {} on {}: {} excluded, e.g. "
               "{}: {}\nhint: a global batch divisible by more data-replica counts, a smaller --micro-batch-size, "
@@ -290,6 +354,38 @@ int cmd_tune(int argc, char** argv) {
       for (const std::string& n : p.notes)
         if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
     for (const std::string& n : notes) fmt::print("note: {}\n", n);
+    if (req->confirm) {
+      std::vector<StepPrediction> top(res.ranked.begin(),
+                                      res.ranked.begin() + std::min<size_t>(res.ranked.size(), size_t(req->top)));
+      fmt::print("\nconfirming {} layout{} ({} steps each, {} round{}, launcher: {}):\n", top.size(),
+                 top.size() == 1 ? "" : "s", req->confirm->steps, req->confirm->rounds,
+                 req->confirm->rounds == 1 ? "" : "s", req->confirm->launch);
+      const std::vector<Confirmed> conf = confirm_layouts(req->model, req->batch, req->opt, top, *req->confirm);
+      fmt::print("\n{:>4}  {:<22} {:>11} {:>11} {:>17} {:>8}\n", "rank", "layout", "predicted s", "measured s",
+                 "spread (min-max)", "error");
+      j["confirmed"] = nlohmann::json::array();
+      for (size_t i = 0; i < conf.size(); ++i) {
+        const Confirmed& c = conf[i];
+        if (!c.ok) {
+          fmt::print("{:>4}  {:<22} {:>11.3f} {:>11}   {}\n", i + 1, layout_label(c.layout), c.predicted_s, "failed",
+                     c.error);
+          j["confirmed"].push_back({{"layout", layout_label(c.layout)}, {"predicted_s", c.predicted_s}, {"error", c.error}});
+          continue;
+        }
+        const auto [lo, hi] = std::minmax_element(c.step_s.begin(), c.step_s.end());
+        fmt::print("{:>4}  {:<22} {:>11.3f} {:>11.3f} {:>8.3f}-{:<8.3f} {:>+7.1f}%\n", i + 1, layout_label(c.layout),
+                   c.predicted_s, c.measured_s, *lo, *hi, 100 * (c.predicted_s - c.measured_s) / c.measured_s);
+        j["confirmed"].push_back({{"layout", layout_label(c.layout)}, {"predicted_s", c.predicted_s},
+                                  {"measured_s", c.measured_s}, {"step_s", c.step_s}});
+      }
+      const RankAgreement a = agreement(conf);
+      fmt::print("agreement over {} layouts: Kendall tau {:.3f}, top-1 regret {:.1f}%, median |error| {:.1f}%\n",
+                 a.layouts, a.kendall_tau, 100 * a.top1_regret, 100 * a.median_abs_error);
+      j["kendall_tau"] = a.kendall_tau;
+      j["top1_regret"] = a.top1_regret;
+      j["median_abs_error"] = a.median_abs_error;
+      j["layouts"] = a.layouts;
+    }
   }
   j["model"] = req->model.name;
   j["gpus"] = req->gpus;

@@ -52,4 +52,23 @@ inline MedianInterval median_interval(std::vector<double> v, double level) {
   return {v[k - 1], v[n - k], 1 - 2 * below};
 }
 
+// Kendall's tau-b between two paired samples: (concordant - discordant) pairs over
+// sqrt((n0 - ties in a) (n0 - ties in b)), n0 = n (n - 1) / 2; 1 for the same order, -1 for the
+// reverse, 0 when either sample is constant (no order to compare).
+inline double kendall_tau_b(const std::vector<double>& a, const std::vector<double>& b) {
+  DHX_ASSERT(a.size() == b.size(), "kendall tau of {} and {} samples", a.size(), b.size());
+  double concordant = 0, discordant = 0, ties_a = 0, ties_b = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = i + 1; j < a.size(); ++j) {
+      const double da = a[i] - a[j], db = b[i] - b[j];
+      if (da == 0 && db == 0) continue;  // tied in both: in neither n0 - n1 nor n0 - n2
+      if (da == 0) ties_a += 1;
+      else if (db == 0) ties_b += 1;
+      else if ((da > 0) == (db > 0)) concordant += 1;
+      else discordant += 1;
+    }
+  const double denom = std::sqrt((concordant + discordant + ties_b) * (concordant + discordant + ties_a));
+  return denom > 0 ? (concordant - discordant) / denom : 0.0;
+}
+
 }  // namespace dhelix
