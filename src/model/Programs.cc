@@ -409,6 +409,19 @@ std::string gather_op(const Builder3& b, std::vector<Op>& ops, const Lin3& l, co
   return buf;
 }
 
+// OAG across layers: the neighbouring block's (`dir` +1 forward, -1 backward) all-gather of `l`'s
+// weight, issued here and adopted by that block's own all-gather op (runtime Executor). Its bytes
+// are the adopting op's (comm_bytes 0 here, so a step's volume counts each gather once); where the
+// neighbour is not a block (the head, the embedding) the executor issues nothing.
+void prefetch_op(const Builder3& b, std::vector<Op>& ops, const Lin3& l, const std::string& suffix, int dir) {
+  if (b.gz == 1 || !b.lay.overlap3d.ag) return;
+  Op ag = b.coll(std::string(dir > 0 ? "z.ag.next." : "z.ag.prev.") + l.tag + suffix, CollOp::kAllGather, "z", {},
+                 l.w + ".g" + suffix + ".next", 0);
+  ag.params = {l.w};
+  ag.attrs["prefetch_unit"] = dir;
+  ops.push_back(ag);
+}
+
 // fwd: GEMM -> all-reduce over x (A) / y (B) -> bias. Writes `out`.
 void lin3_fwd(const Builder3& b, std::vector<Op>& ops, const Lin3& l, const std::string& in, const std::string& wbuf,
               const std::string& out) {
@@ -548,8 +561,9 @@ LayerProgram block_program_3d(const Builder3& b) {
   LayerProgram p;
   p.name = "block";
   auto& f = p.fwd;
-  // OAG: each block is gathered one GEMM ahead of its use (the layer's first at its start), so its
-  // all-gather runs under the GEMM before; without it, right before its GEMM and waited for there.
+  // OAG: each block is gathered one GEMM ahead of its use, so its all-gather runs under the GEMM
+  // before; the layer's first is prefetched by the layer before (prefetch_op) and adopted here
+  // (gathered here only in the first layer). Without OAG: right before its GEMM, waited for there.
   std::string g_qkv = gather_op(b, f, qkv, "", !oag), g_out, g_fc, g_proj;
   if (oag) g_out = gather_op(b, f, out, "", false);
   norm3_fwd(b, f, n1, "x", "h1", n1);
@@ -581,6 +595,7 @@ LayerProgram block_program_3d(const Builder3& b) {
   Builder3::elem_cost(act, double(b.N * Fl), gpt ? 10 : 6, gpt ? 2 : 3);
   f.push_back(act);
   if (!oag) g_proj = gather_op(b, f, proj, "", true);
+  prefetch_op(b, f, qkv, "", +1);  // the next layer's first block, under this layer's last GEMM
   lin3_fwd(b, f, proj, "act", g_proj, "mo");
   Op res2 = b.compute("mlp.residual", "residual_add", {"x2", "mo"}, {"y"},
                       gpt ? std::vector<std::string>{"bproj"} : std::vector<std::string>{});
@@ -625,6 +640,7 @@ LayerProgram block_program_3d(const Builder3& b) {
     g.push_back(rb);
   }
   if (!oag) b_qkv = gather_op(b, g, qkv, ".bwd", true);
+  prefetch_op(b, g, proj, ".bwd", -1);  // the layer below's first backward block
   lin3_bwd(b, g, qkv, "h1", "dqkv", "dh1", b_qkv, accum);
   norm3_bwd(b, g, n1, "x", "dh1", "dx2", "dx", n1);
   for (Op& a : accum) g.push_back(std::move(a));

@@ -20,6 +20,53 @@ const LayerProgram& Executor::program(int u) const {
   return progs_.block;
 }
 
+Executor::~Executor() {
+  for (auto& [key, p] : prefetched_) {
+    try {
+      p.coll.work.wait();
+    } catch (...) {  // the run failed already; the buffer must still outlive the transfer
+    }
+  }
+}
+
+// Cross-layer prefetch (AxoNN's OAG across layers): the op names, in attrs, the neighbouring unit
+// ("prefetch_unit": +1 for the forward strand, -1 for the backward); its output is the buffer name
+// that unit's own all-gather op writes with ".next" appended (the name stays out of this unit's
+// lifetimes). Nothing is issued when the neighbour is
+// not a transformer block whose parameters this rank holds (the head, the embedding, a unit of a
+// layer-pair bench): every rank of the group decides alike, so the issue order stays the same.
+void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
+  const int target = s.unit + static_cast<int>(op.attrs.at("prefetch_unit"));
+  if (target < 0 || target >= num_units() || units_.at(target).kind != "block" || !ctx_.params->owns_unit(target))
+    return;
+  auto git = ctx_.groups.find(op.group);
+  DHX_CHECK(git != ctx_.groups.end() && git->second, InternalError,
+            "op {} needs process group '{}' which this run does not have", op.name, op.group);
+  ProcessGroup& pg = *git->second;
+  const ParamEntry& w = ctx_.params->resolve(units_.at(target), op.params.at(0));
+  Tensor in = w.value.view({w.value.numel()});
+  Tensor out = Tensor::empty({in.numel() * pg.size()}, in.dtype(), ctx_.act_mem);
+  Prefetched p{out, {}};
+  p.coll.work = pg.all_gather(in, out);
+  p.coll.group = pg.name();
+  p.coll.name = fmt::format("{} mb{} u{}", op.name, s.mb, target);
+  p.coll.issue_s = now_seconds();
+  std::string adopter = op.outputs.at(0);
+  DHX_ASSERT(adopter.size() > 5 && adopter.ends_with(".next"), "prefetch op {} writes '{}', not '<buffer>.next'",
+             op.name, adopter);
+  adopter.resize(adopter.size() - 5);
+  prefetched_[{static_cast<int>(kind), s.mb, target, adopter}] = std::move(p);
+}
+
+bool Executor::adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
+  auto it = prefetched_.find({static_cast<int>(kind), s.mb, s.unit, op.outputs.at(0)});
+  if (it == prefetched_.end()) return false;
+  s.env->bufs[op.outputs.at(0)] = it->second.buf;
+  s.env->pending[op.outputs.at(0)] = std::move(it->second.coll);
+  prefetched_.erase(it);
+  return true;
+}
+
 std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForward ? "compute fwd" : "compute bwd"; }
 
 void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
@@ -93,7 +140,11 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
 void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
                       std::vector<std::pair<UnitEnv*, std::string>>& issued) {
   UnitEnv& env = *s.env;
-  if (op.is_collective()) {
+  if (op.is_collective() && op.attrs.count("prefetch_unit")) {
+    issue_prefetch(kind, s, op);  // waited for by the neighbouring unit that adopts it
+  } else if (op.is_collective() && op.coll == CollOp::kAllGather && op.inputs.empty() && adopt_prefetch(kind, s, op)) {
+    issued.push_back({&env, op.outputs.at(0)});  // gathered already (or in flight): completes with the block
+  } else if (op.is_collective()) {
     issue_collective(kind, s, op);
     auto blocking = op.attrs.find("blocking");  // an overlap switched off: waited for where issued
     if (ctx_.expose_collectives || (blocking != op.attrs.end() && blocking->second))

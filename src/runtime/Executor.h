@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/ProcessGroup.h"
@@ -68,6 +69,8 @@ struct CarriedOps {
 class Executor {
  public:
   Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs);
+  // Waits for prefetched weight all-gathers nobody adopted (their buffers outlive the transfer).
+  ~Executor();
 
   const LayerProgram& program(int unit) const;
   int num_units() const { return static_cast<int>(units_.size()); }
@@ -90,10 +93,21 @@ class Executor {
   void issue_collective(StrandKind kind, StrandSlot& s, const Op& op);
   void wait_pending(UnitEnv& env, const std::string& buf);
   std::string lane(StrandKind k) const;
+  // A cross-layer prefetch (op attr "prefetch_unit": +1 forward, -1 backward; Executor.cc):
+  // issues the all-gather of the neighbouring unit's weight block and keeps it for that unit's own
+  // all-gather op, which then adopts it instead of gathering again.
+  void issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op);
+  bool adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op);
 
   RunContext& ctx_;
   const std::vector<UnitSpec>& units_;
   const ModelPrograms& progs_;
+  struct Prefetched {
+    Tensor buf;
+    PendingColl coll;
+  };
+  // Keyed by (strand, micro-batch, unit, the adopting op's output buffer).
+  std::map<std::tuple<int, int, int, std::string>, Prefetched> prefetched_;
 };
 
 }  // namespace dhelix

@@ -150,6 +150,28 @@ TEST(Grid3D, TraceShowsEachOverlappedPair) {
       ASSERT_GT(n, 0) << coll << " not in the trace";
       if (on) EXPECT_EQ(hits, n) << sw << " on: every " << coll << " must span " << op;
       else EXPECT_EQ(hits, 0) << sw << " off: " << coll << " must be waited for at issue";
+      if (sw != "ag") continue;
+      // Across layers: the next block's first weight ("z.ag.next.attn.qkv ... u<U+1>", named by the
+      // unit it gathers for) is in flight under this block's last GEMM ("mlp.proj ... u<U>") and
+      // adopted by the next block; with OAG off there is no such op.
+      const std::regex next(R"(^z\.ag\.next\.attn\.qkv mb(\d+) u(\d+)$)");
+      int prefetches = 0, spanned = 0;
+      for (const Iv& c : t) {
+        std::smatch m;
+        if (c.lane.rfind("comm ", 0) != 0 || !std::regex_match(c.name, m, next)) continue;
+        ++prefetches;
+        const std::string under = fmt::format("mlp.proj mb{} u{}", m[1].str(), std::stoi(m[2].str()) - 1);
+        for (const Iv& k : t)
+          if (k.lane.rfind("compute", 0) == 0 && k.name == under && k.begin >= c.issued && k.end <= c.waited) ++spanned;
+      }
+      fmt::print("[measured] overlap_ag {}: {} cross-layer prefetches, {} under the previous block's last GEMM\n",
+                 on ? "on" : "off", prefetches, spanned);
+      if (on) {
+        EXPECT_GT(prefetches, 0);
+        EXPECT_EQ(spanned, prefetches);
+      } else {
+        EXPECT_EQ(prefetches, 0);
+      }
     }
   }
 }
