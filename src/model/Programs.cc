@@ -477,8 +477,9 @@ void lin3_bwd(const Builder3& b, std::vector<Op>& ops, const Lin3& l, const std:
   wg.outputs = {dw};
   wg.grads.clear();
   ops.push_back(wg);
-  ops.push_back(b.coll("z.rs." + l.tag, CollOp::kReduceScatter, "z", {dw}, dw + ".s", kF * double(l.rows * l.cols),
-                       !ov.rs));
+  Op rs = b.coll("z.rs." + l.tag, CollOp::kReduceScatter, "z", {dw}, dw + ".s", kF * double(l.rows * l.cols), !ov.rs);
+  if (ov.rs) rs.attrs["background"] = 1;  // not waited for at its SI block's end (Executor::run_op)
+  ops.push_back(rs);
   Op acc = b.compute(l.tag + ".wgrad.accum", "grad_accum", {dw + ".s"}, {}, {}, {l.w});
   Builder3::elem_cost(acc, double(l.rows * l.cols / b.gz), 1, 3);
   (ov.rs ? accum : ops).push_back(acc);

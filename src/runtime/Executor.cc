@@ -147,10 +147,14 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   } else if (op.is_collective()) {
     issue_collective(kind, s, op);
     auto blocking = op.attrs.find("blocking");  // an overlap switched off: waited for where issued
+    auto background = op.attrs.find("background");
     if (ctx_.expose_collectives || (blocking != op.attrs.end() && blocking->second))
       wait_pending(env, op.outputs.at(0));
-    else
+    else if (background == op.attrs.end() || !background->second)
       issued.push_back({&env, op.outputs.at(0)});
+    // A background collective (3D TP's weight-gradient reduce-scatter with ORS) does not hold up the
+    // end of its block: it stays pending until the op that reads it (grad_accum, the unit's last
+    // backward ops, perhaps carried into the next pair) waits for it.
   } else {
     for (auto& in : op.inputs) wait_pending(env, in);
     double t0 = ctx_.trace ? now_seconds() : 0;

@@ -19,8 +19,9 @@
 //     weight-gradient reduce-scatter, ORS) runs in the background: it costs only where its channel's
 //     total per layer exceeds the layer's span;
 //   - Megatron SP collectives feeding the next GEMM are exposed (nothing independent follows them);
-//   - Strand Interleaving on: fwd(mb i) beside bwd(mb i-1) per slot, slot = max(Cf + Cb, Ff, Bb)
-//     (one engine for both strands' compute; each strand's own critical path), slot 0 forward only
+//   - Strand Interleaving on: fwd(mb i) beside bwd(mb i-1) per slot, slot = max(Cf + Cb, Ff, Bb,
+//     max over groups of the two strands' time on that group's channel) (one engine for both
+//     strands' compute; each strand's own critical path; one channel per group), slot 0 forward only
 //     and the last backward only;
 //   - data-parallel gradients: each unit's gradients all-reduce (ZeRO-1: reduce-scatter) on the dp
 //     channel as soon as that unit's backward of the last micro-batch ends; what runs past the end of
