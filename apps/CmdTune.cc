@@ -57,7 +57,10 @@ constexpr const char* kTuneUsage =
     "  --launch CMD           launcher prefix, {np} = the layout's ranks (default\n"
     "                         \"mpirun --oversubscribe --bind-to none -np {np}\"; the emulated cluster:\n"
     "                         \"scripts/cluster --hosts 2 --np-per-host 2 --map-by slot --\")\n"
-    "  --workdir DIR          run directories and logs of --confirm (default runs/tune)\n";
+    "  --workdir DIR          run directories and logs of --confirm (default runs/tune)\n"
+    "  --measure-gemm         price every GEMM op by timing its shape on this machine (one core, scaled by\n"
+    "                         the preset's device.core_share) instead of the preset's one GEMM rate: for\n"
+    "                         presets of this machine (cpu-emulated)\n";
 
 const std::vector<std::string> kFlags = {"--model", "--gpus",  "--cluster", "--top",    "--global-batch",
                                          "--seq",   "--micro-batch-size",  "--precision", "--zero",
@@ -73,6 +76,7 @@ struct TuneRequest {
   BatchSpec batch;
   PredictOptions opt;
   bool paper = false;
+  bool measure_gemm = false;
   std::optional<std::string> json_path;
   std::vector<std::string> only;  // layout labels
   std::optional<ConfirmOptions> confirm;
@@ -104,6 +108,10 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     }
     if (w == "--paper-compat") {
       req.paper = true;
+      continue;
+    }
+    if (w == "--measure-gemm") {
+      req.measure_gemm = true;
       continue;
     }
     bool has_value = false;
@@ -195,6 +203,13 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     try {
       req.cluster = load_cluster(v["--cluster"]);
       if (prec == "fp32" || prec == "bf16") (void)req.cluster.gemm_rate(req.opt.precision);
+    } catch (const ConfigError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  if (req.measure_gemm && errors.empty()) {
+    try {
+      req.opt.gemm_timer = measured_gemm_timer(req.cluster.core_share);
     } catch (const ConfigError& e) {
       errors.push_back(e.what());
     }

@@ -13,7 +13,9 @@
 
 #include "base/Error.h"
 #include "base/Files.h"
+#include "base/Clock.h"
 #include "base/Stats.h"
+#include "kernels/cpu/Kernels.h"
 #include "sim/LayoutSearch.h"
 
 extern char** environ;
@@ -146,6 +148,39 @@ std::vector<Confirmed> confirm_layouts(const ModelConfig& m, const BatchSpec& ba
   for (Confirmed& c : out)
     if (c.ok) c.measured_s = median(c.step_s);
   return out;
+}
+
+GemmTimer measured_gemm_timer(double core_share) {
+  DHX_CHECK(core_share > 0 && core_share <= 1, ConfigError,
+            "--measure-gemm needs the cluster preset's device.core_share (each rank's share of a core, in (0, 1]); "
+            "this preset has {}", core_share);
+  auto cache = std::make_shared<std::map<std::tuple<int, int64_t, int64_t, int64_t>, double>>();
+  return [cache, core_share](const Op& op) -> double {
+    const int kind = op.code.ends_with("dgrad") ? 1 : op.code.ends_with("wgrad") ? 2 : 0;
+    const int64_t rows = op.attrs.at("gemm_rows"), in = op.attrs.at("gemm_in"), out = op.attrs.at("gemm_out");
+    const auto key = std::make_tuple(kind, rows, in, out);
+    if (auto it = cache->find(key); it != cache->end()) return it->second;
+    // C[M x N] = op(A) op(B) with the engine's operand layouts (kernels/cpu: row-major).
+    const int64_t M = kind == 2 ? in : rows, N = out, K = kind == 2 ? rows : in;
+    std::vector<float> a(static_cast<size_t>(M * K), 0.5f), b(static_cast<size_t>(K * N), 0.25f),
+        c(static_cast<size_t>(M * N), 0.0f);
+    cpu::set_num_threads(1);
+    double best = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {
+      const double t0 = now_seconds();
+      if (kind == 0)  // Y = X W^T: X [rows x in], W [out x in]
+        cpu::gemm<float>(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+      else if (kind == 1)  // dX = dY W: dY [rows x in], W [in x out]
+        cpu::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+      else  // dW = dY^T X: dY [rows x in], X [rows x out]
+        cpu::gemm<float>(true, false, M, N, K, 1.0f, a.data(), M, b.data(), N, 0.0f, c.data(), N);
+      const double dt = now_seconds() - t0;
+      if (rep > 0) best = std::min(best, dt);  // the first warms the BLAS buffers
+    }
+    const double t = best / core_share;
+    (*cache)[key] = t;
+    return t;
+  };
 }
 
 RankAgreement agreement(const std::vector<Confirmed>& c) {

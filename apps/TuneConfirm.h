@@ -40,4 +40,9 @@ struct RankAgreement {
 };
 RankAgreement agreement(const std::vector<Confirmed>& c);
 
+// `--measure-gemm`: times each GEMM op's shape here (one thread, OpenBLAS via cpu::gemm in the
+// op's orientation: forward X W^T, input gradient dY W, weight gradient dY^T X; one warm-up, best of
+// three; cached per shape) and returns seconds / core_share (the preset's share of a core per rank).
+GemmTimer measured_gemm_timer(double core_share);
+
 }  // namespace dhelix

@@ -4,7 +4,7 @@
 # legal 4-rank layout of a GPT-2-class model -- Megatron tp x pp x dp and every 3D grid
 # x * y * z * dp -- runs S steps (the first a warm-up) per round, R rounds, the layouts alternating
 # between rounds; `dhelix tune --confirm` sets each median step beside the step model's prediction
-# (configs/clusters/cpu-emulated.toml) and reports Kendall's tau, the top-1 regret and the median
+# (configs/clusters/cpu-emulated.toml, GEMMs timed for their shapes here: --measure-gemm) and reports Kendall's tau, the top-1 regret and the median
 # |error|. Then the 3D layout x=2 y=1 z=2 dp=1 with Strand Interleaving on and off, alternating, R
 # rounds each. Last line: one JSON object with kendall_tau, top1_regret, median_abs_error, layouts,
 # si_speedup_3d (median step SI off / SI on) and the per-layout figures. Needs root (scripts/cluster).
@@ -28,7 +28,7 @@ trap 'rm -rf "$work"' EXIT
 launch="scripts/cluster --hosts 2 --rate 1gbit --np-per-host 2 --map-by slot --cpus ${DHELIX_CLUSTER_CPUS:-auto} \
 --mpirun-arg --mca --mpirun-arg mpi_yield_when_idle --mpirun-arg 1 --"
 model=(--model gpt2-124m --d-model 768 --layers 2 --heads 12 --vocab 2048 --seq 128 --global-batch 8
-       --micro-batch-size 1 --gpus 4 --cluster configs/clusters/cpu-emulated.toml)
+       --micro-batch-size 1 --gpus 4 --cluster configs/clusters/cpu-emulated.toml --measure-gemm)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 "$bin" tune "${model[@]}" --top 100 --confirm "$steps" --rounds "$rounds" --config "$PWD/configs/demo.toml" \
   --launch "$launch" --workdir "$work/all" --json "$work/all.json"

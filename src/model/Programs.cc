@@ -42,9 +42,13 @@ struct Builder {
     op.cost.bytes = elems_full * kF;
     return op;
   }
+  // GEMM extents as attrs gemm_rows / gemm_in / gemm_out (what a pricer that times GEMM shapes
+  // reads): forward Y[rows x out] = X[rows x in] W^T; input gradient dX[rows x out] = dY[rows x in] W;
+  // weight gradient dW[in x out] = dY^T[in x rows] X[rows x out] (the contraction over the rows).
   void linear_cost(Op& op, double rows, double in, double out) const {
     op.cost.flops = 2 * rows * in * out;
     op.cost.bytes = kF * (rows * in + in * out + rows * out);
+    op.attrs["gemm_rows"] = int64_t(rows), op.attrs["gemm_in"] = int64_t(in), op.attrs["gemm_out"] = int64_t(out);
   }
   void elem_cost(Op& op, double elems, double flops_per = 1, double passes = 2) const {
     op.cost.flops = elems * flops_per;
@@ -377,9 +381,10 @@ struct Builder3 {
     if (blocking) op.attrs["blocking"] = 1;
     return op;
   }
-  static void gemm_cost(Op& op, double rows, double in, double out) {
+  static void gemm_cost(Op& op, double rows, double in, double out) {  // attrs as Builder::linear_cost
     op.cost.flops = 2 * rows * in * out;
     op.cost.bytes = kF * (rows * in + in * out + rows * out);
+    op.attrs["gemm_rows"] = int64_t(rows), op.attrs["gemm_in"] = int64_t(in), op.attrs["gemm_out"] = int64_t(out);
   }
   static void elem_cost(Op& op, double elems, double flops_per, double passes) {
     op.cost.flops = elems * flops_per;

@@ -136,6 +136,7 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.gemm_efficiency = dev.number("gemm_efficiency", false, "fraction of peak a large GEMM reaches, in (0, 1]");
   c.gemm_flops_fp32 = dev.number("gemm_flops_fp32", false, "measured fp32 GEMM FLOP/s per device");
   c.gemm_flops_bf16 = dev.number("gemm_flops_bf16", false, "measured bf16 GEMM FLOP/s per device");
+  c.core_share = dev.number("core_share", false, "share of one core each rank computes with (presets of this machine)");
   dev.no_unknown_keys();
   DHX_CHECK(c.gemm_efficiency <= 1, ConfigError, "{}: device.gemm_efficiency={} must be in (0, 1]", origin,
             c.gemm_efficiency);

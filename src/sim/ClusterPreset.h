@@ -33,6 +33,9 @@ struct ClusterPreset {
   double gemm_efficiency = 0;  // 0: absent
   double gemm_flops_fp32 = 0;  // 0: absent
   double gemm_flops_bf16 = 0;  // 0: absent
+  // Share of one core each rank computes with, for presets of this machine: `dhelix tune
+  // --measure-gemm` times the programs' GEMM shapes on one core here and scales by it. 0: absent.
+  double core_share = 0;
   LinkSpec intra_node;         // bus bandwidth and per-step latency inside a node
   LinkSpec inter_node;         // per-node injection bandwidth and per-step latency across nodes
   std::vector<IntraNodeEntry> intra_table;  // measured (ip, g) patterns; others use intra_node

@@ -56,7 +56,12 @@ const std::set<std::string>& boundary_out() {
 }
 
 double compute_time(const Op& op, const DeviceRates& r) {
-  return std::max(op.cost.flops / r.gemm_rate, op.cost.bytes * r.byte_scale / r.mem_bw);
+  const double mem = op.cost.bytes * r.byte_scale / r.mem_bw;
+  if (r.gemm_timer && op.attrs.count("gemm_rows")) {
+    const double t = r.gemm_timer(op);
+    if (t >= 0) return std::max(t, mem);
+  }
+  return std::max(op.cost.flops / r.gemm_rate, mem);
 }
 
 }  // namespace
@@ -338,7 +343,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   if (lay.is_3d() && !writes_3d(progs)) return predict_closed_form(m, lay, batch, cluster, opt, r);
 
   const double elem = element_bytes(opt.precision);
-  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0};
+  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, opt.gemm_timer};
   const std::map<std::string, GroupLink> groups = group_links(lay, cluster);
   const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn),
                         price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn)};
@@ -464,7 +469,7 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
                                    const ClusterPreset& cluster, const PredictOptions& opt, StepPrediction r) {
   r.pricer = PricerKind::kClosedForm3D;
   const double elem = element_bytes(opt.precision);
-  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0};
+  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, opt.gemm_timer};
   LayoutConfig one;  // the single-rank programs
   const ModelPrograms progs = build_programs(m, one, {batch.micro_batch, batch.seq});
   const double gx = lay.tp_x, gy = lay.tp_y, gxy = gx * gy;

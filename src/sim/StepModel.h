@@ -41,6 +41,7 @@
 // layer).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -63,8 +64,13 @@ enum class StrandInterleaving { kOff, kOn };
 enum class PricerKind { kPrograms, kClosedForm3D };
 const char* pricer_name(PricerKind p);  // "programs", "closed-form"
 
+// Seconds of one GEMM op measured on this machine (ops carrying attrs gemm_rows / gemm_in /
+// gemm_out, model/Programs.cc), or a negative value for "use the preset's rate".
+using GemmTimer = std::function<double(const Op& op)>;
+
 struct PredictOptions {
   Precision precision = Precision::kFp32;
+  GemmTimer gemm_timer = {};  // empty: every GEMM at the preset's rate
   Zero zero = Zero::kNone;
   StrandInterleaving si = StrandInterleaving::kOff;
 };
@@ -118,6 +124,7 @@ struct DeviceRates {
   double gemm_rate = 0;     // FLOP/s
   double mem_bw = 0;        // bytes/s
   double byte_scale = 1.0;  // element bytes / 4 (programs are written in fp32)
+  GemmTimer gemm_timer = {};  // when set: GEMM ops' compute time as measured for their shapes
 };
 
 // Bytes one rank moves in the ring of `coll` over n ranks for a buffer of `bytes`

@@ -50,6 +50,14 @@ expect_bad non_numeric "--top expects a whole number >= 1, got 'many'" -- --mode
 expect_bad missing "--cluster is required" -- --model gpt2-124m --gpus 4
 expect_bad no_layout "no layout of 4 ranks" "hint" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --global-batch 3 --micro-batch-size 2
 expect_bad bf16_on_cpu "cpu-emulated" "--precision" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --precision bf16
+expect_bad measure_gemm_gpu "core_share" -- --model gpt2-124m --gpus 4 --cluster perlmutter-a100 --measure-gemm
+expect_bad confirm_no_config "--confirm needs --config" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --confirm 3
+expect_bad confirm_one_step "--confirm expects a whole number >= 2" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated \
+  --confirm 1 --config configs/demo.toml
+expect_bad only_unknown "--only" "not a layout of 4 ranks" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --only "tp=3 pp=1 dp=1"
+# --measure-gemm on this machine's preset: GEMMs timed for their shapes (oracle: it ranks and exits 0).
+out=$("$bin" tune --model gpt2-124m --d-model 128 --layers 1 --heads 4 --seq 32 --gpus 2 --cluster cpu-emulated \
+      --measure-gemm 2>&1) && grep -q "x=2 y=1 z=1 dp=1" <<<"$out" && ok measure_gemm || { echo "FAIL measure_gemm"; echo "$out" | tail -5; fails=$((fails+1)); }
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
