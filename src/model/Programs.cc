@@ -11,6 +11,20 @@ namespace {
 
 constexpr double kF = 4.0;  // bytes per fp32 element
 
+// A compute op of a layer program: its binding, the buffers it reads and writes, the parameters it
+// reads and those whose gradients it accumulates into.
+Op compute_op(std::string name, std::string code, std::vector<std::string> in, std::vector<std::string> out,
+              std::vector<std::string> params, std::vector<std::string> grads) {
+  Op op;
+  op.name = std::move(name);
+  op.code = std::move(code);
+  op.inputs = std::move(in);
+  op.outputs = std::move(out);
+  op.params = std::move(params);
+  op.grads = std::move(grads);
+  return op;
+}
+
 struct Builder {
   const ModelConfig& m;
   const LayoutConfig& lay;
@@ -18,14 +32,8 @@ struct Builder {
 
   Op compute(std::string name, std::string code, std::vector<std::string> in, std::vector<std::string> out,
              std::vector<std::string> params = {}, std::vector<std::string> grads = {}) const {
-    Op op;
-    op.name = std::move(name);
-    op.code = std::move(code);
-    op.inputs = std::move(in);
-    op.outputs = std::move(out);
-    op.params = std::move(params);
-    op.grads = std::move(grads);
-    return op;
+    return compute_op(std::move(name), std::move(code), std::move(in), std::move(out), std::move(params),
+                      std::move(grads));
   }
   // A tp collective on dim 0; returns the op (no-op callers check tp > 1 first).
   Op coll(std::string name, CollOp c, const std::string& in, const std::string& out, double elems_full) const {
@@ -357,14 +365,8 @@ struct Builder3 {
 
   Op compute(std::string name, std::string code, std::vector<std::string> in, std::vector<std::string> out,
              std::vector<std::string> params = {}, std::vector<std::string> grads = {}) const {
-    Op op;
-    op.name = std::move(name);
-    op.code = std::move(code);
-    op.inputs = std::move(in);
-    op.outputs = std::move(out);
-    op.params = std::move(params);
-    op.grads = std::move(grads);
-    return op;
+    return compute_op(std::move(name), std::move(code), std::move(in), std::move(out), std::move(params),
+                      std::move(grads));
   }
   Op coll(std::string name, CollOp c, const std::string& group, std::vector<std::string> in, const std::string& out,
           double bytes_full, bool blocking = false) const {

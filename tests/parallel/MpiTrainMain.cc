@@ -14,21 +14,28 @@
 namespace dhelix::testing {
 namespace {
 
-// `mpirun -np 4 dhelix_parallel_mpi_test DIR 3d`: the 3D grid Gx = 2 x Gz = 2 over real processes
-// (Gloo collectives on x, z and the x-y-z block), both families, against the single-process run.
-int run_3d(const std::string& dir) {
+// The world of 4 ranks for `layout` (named `what` in the error), with the dataset written by
+// rank 0 into `dir` (emptied first); returns once every rank can read it.
+std::unique_ptr<CommContext> world_with_data(const LayoutConfig& layout, const char* what, const std::string& dir) {
   const int world = mpi_world_size();
-  DHX_CHECK(world == 4, ConfigError, "run under mpirun -np 4 (tp_x 2 x tp_z 2), got {} ranks", world);
-  LayoutConfig layout;
-  layout.tp_x = 2, layout.tp_z = 2;
+  DHX_CHECK(world == 4, ConfigError, "run under mpirun -np 4 ({}), got {} ranks", what, world);
   std::unique_ptr<CommContext> comm = make_mpi_world(layout);
-  const bool rank0 = comm->rank() == 0;
-  if (rank0) {
+  if (comm->rank() == 0) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     write_walk_dataset(dir);
   }
   comm->world().barrier();
+  return comm;
+}
+
+// `mpirun -np 4 dhelix_parallel_mpi_test DIR 3d`: the 3D grid Gx = 2 x Gz = 2 over real processes
+// (Gloo collectives on x, z and the x-y-z block), both families, against the single-process run.
+int run_3d(const std::string& dir) {
+  LayoutConfig layout;
+  layout.tp_x = 2, layout.tp_z = 2;
+  std::unique_ptr<CommContext> comm = world_with_data(layout, "tp_x 2 x tp_z 2", dir);
+  const bool rank0 = comm->rank() == 0;
   const std::string prefix = dir + "/walk";
   int failures = 0;
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
@@ -51,18 +58,10 @@ int run_3d(const std::string& dir) {
 }
 
 int run(const std::string& dir) {
-  const int world = mpi_world_size();
-  DHX_CHECK(world == 4, ConfigError, "run under mpirun -np 4 (dp 2 x tp 2), got {} ranks", world);
   LayoutConfig layout;
   layout.dp = 2, layout.tp = 2, layout.sequence_parallel = true;
-  std::unique_ptr<CommContext> comm = make_mpi_world(layout);
+  std::unique_ptr<CommContext> comm = world_with_data(layout, "dp 2 x tp 2", dir);
   const bool rank0 = comm->rank() == 0;
-  if (rank0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    write_walk_dataset(dir);
-  }
-  comm->world().barrier();
   const std::string prefix = dir + "/walk";
   int failures = 0;
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
