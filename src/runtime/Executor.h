@@ -2,7 +2,10 @@
 // the backward pass of another — block by block according to an SI plan. In each block the
 // collectives are issued first (they run on their group's comm thread), then the strand that
 // does not wait on them, then the strand that does; the block's collectives complete before the
-// next block starts. Compute of both strands runs on this (the rank's compute) thread.
+// next block starts — except two kinds that 3D tensor parallelism marks: a background collective
+// (attr "background": a weight-gradient reduce-scatter, waited for by the op that reads it) and a
+// cross-layer prefetch (attr "prefetch_unit": adopted, and waited for, by the neighbouring unit).
+// Compute of both strands runs on this (the rank's compute) thread.
 //
 //   compute thread : [bwd ops k ........][fwd ops k (wait AG)] | [ ...block k+1
 //   comm tp thread :  [AG fwd k ...........]                    |
