@@ -52,10 +52,14 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   p.coll.name = fmt::format("{} mb{} u{}", op.name, s.mb, target);
   p.coll.issue_s = now_seconds();
   std::string adopter = op.outputs.at(0);
+  // A prefetch for the same (strand, micro-batch, unit, buffer) that nobody adopted (a layer pair
+  // run again by a bench): its transfer must end before its buffer goes.
   DHX_ASSERT(adopter.size() > 5 && adopter.ends_with(".next"), "prefetch op {} writes '{}', not '<buffer>.next'",
              op.name, adopter);
   adopter.resize(adopter.size() - 5);
-  prefetched_[{static_cast<int>(kind), s.mb, target, adopter}] = std::move(p);
+  const auto key = std::make_tuple(static_cast<int>(kind), s.mb, target, adopter);
+  if (auto old = prefetched_.find(key); old != prefetched_.end()) old->second.coll.work.wait();
+  prefetched_[key] = std::move(p);
 }
 
 bool Executor::adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
@@ -65,6 +69,15 @@ bool Executor::adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   s.env->pending[op.outputs.at(0)] = std::move(it->second.coll);
   prefetched_.erase(it);
   return true;
+}
+
+void Executor::drain(UnitEnv& env) {
+  while (!env.pending.empty()) wait_pending(env, env.pending.begin()->first);
+}
+
+void Executor::drain_prefetches() {
+  for (auto& [key, p] : prefetched_) p.coll.work.wait();
+  prefetched_.clear();
 }
 
 std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForward ? "compute fwd" : "compute bwd"; }

@@ -90,6 +90,10 @@ class Executor {
   void run_carried(CarriedOps& c);
   // Runs the whole forward (or backward) program of one slot, collectives exposed.
   void run_alone(StrandSlot& s, StrandKind kind);
+  // Waits for every collective still pending in `env` (background reduce-scatters whose reader did
+  // not run: a window timed on its own) and for every prefetch no unit adopted, and forgets those.
+  void drain(UnitEnv& env);
+  void drain_prefetches();
 
  private:
   void run_op(StrandKind kind, StrandSlot& s, const Op& op, std::vector<std::pair<UnitEnv*, std::string>>& issued);
