@@ -30,8 +30,9 @@ struct ShardIndex {
   int tp_rank = 0, tp = 1;
   int x = 0, y = 0, z = 0, gx = 1, gy = 1, gz = 1;
   static ShardIndex of(const LayoutConfig& lay, const RankCoord& c);
+  bool is_3d() const { return gx * gy * gz > 1; }
   // The rank that holds vocabulary shard `vocab_rank()` of `vocab_shards()` (tp, or y under 3D).
-  int vocab_rank() const { return gx * gy * gz > 1 ? y : tp_rank; }
+  int vocab_rank() const { return is_3d() ? y : tp_rank; }
 };
 const char* shard_role_name(ShardRole r);
 

@@ -92,11 +92,18 @@ void LayerPairBench::build_snapshots(uint64_t seed) {
     exec_->run_pair(nullptr, &bslot_, {b});
     bsnap_.push_back(benv_.bufs);
   }
+  drain();
+  fenv_.bufs.clear();
+  benv_.bufs.clear();
+}
+
+// A background collective whose reader lies outside the windows run (3D TP's weight-gradient
+// reduce-scatter) and a prefetch for a unit the bench never runs: waited for, so nothing is in
+// flight when the environments are restored or cleared.
+void LayerPairBench::drain() {
   exec_->drain(fenv_);
   exec_->drain(benv_);
   exec_->drain_prefetches();
-  fenv_.bufs.clear();
-  benv_.bufs.clear();
 }
 
 void LayerPairBench::restore(UnitEnv& env, const std::vector<std::map<std::string, Tensor>>& snaps, int k,
@@ -132,12 +139,7 @@ double LayerPairBench::run_once(const std::vector<Block>& blocks) {
   if (comm_) comm_->world().barrier();  // ranks start together: a collective's time is not a late peer's
   const double t0 = now_seconds();
   exec_->run_pair(f0 >= 0 ? &fslot_ : nullptr, b0 >= 0 ? &bslot_ : nullptr, blocks);
-  // A background collective whose reader lies outside the timed windows (3D TP's weight-gradient
-  // reduce-scatter) and a prefetch for a unit the bench never runs complete inside the timing: the
-  // window is charged for all the traffic it issued.
-  exec_->drain(fenv_);
-  exec_->drain(benv_);
-  exec_->drain_prefetches();
+  drain();  // inside the timing: the windows are charged for all the traffic they issued
   const double dt = now_seconds() - t0;
   fenv_.bufs.clear();
   benv_.bufs.clear();

@@ -56,6 +56,7 @@ class LayerPairBench {
 
  private:
   void build_snapshots(uint64_t seed);
+  void drain();  // waits for what the windows left in flight (LayerPairBench.cc)
   void restore(UnitEnv& env, const std::vector<std::map<std::string, Tensor>>& snaps, int k,
                const std::vector<Op>& ops, int begin, int end);
 

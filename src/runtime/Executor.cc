@@ -39,10 +39,7 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   const int target = s.unit + static_cast<int>(op.attrs.at("prefetch_unit"));
   if (target < 0 || target >= num_units() || units_.at(target).kind != "block" || !ctx_.params->owns_unit(target))
     return;
-  auto git = ctx_.groups.find(op.group);
-  DHX_CHECK(git != ctx_.groups.end() && git->second, InternalError,
-            "op {} needs process group '{}' which this run does not have", op.name, op.group);
-  ProcessGroup& pg = *git->second;
+  ProcessGroup& pg = group_of(op);
   const ParamEntry& w = ctx_.params->resolve(units_.at(target), op.params.at(0));
   Tensor in = w.value.view({w.value.numel()});
   Tensor out = Tensor::empty({in.numel() * pg.size()}, in.dtype(), ctx_.act_mem);
@@ -80,6 +77,13 @@ void Executor::drain_prefetches() {
   prefetched_.clear();
 }
 
+ProcessGroup& Executor::group_of(const Op& op) const {
+  auto it = ctx_.groups.find(op.group);
+  DHX_CHECK(it != ctx_.groups.end() && it->second, InternalError,
+            "op {} needs process group '{}' which this run does not have", op.name, op.group);
+  return *it->second;
+}
+
 std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForward ? "compute fwd" : "compute bwd"; }
 
 void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
@@ -103,10 +107,7 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
 void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   UnitEnv& env = *s.env;
   for (auto& in : op.inputs) wait_pending(env, in);
-  auto git = ctx_.groups.find(op.group);
-  DHX_CHECK(git != ctx_.groups.end() && git->second, InternalError,
-            "op {} needs process group '{}' which this run does not have", op.name, op.group);
-  ProcessGroup& pg = *git->second;
+  ProcessGroup& pg = group_of(op);
   // A weight all-gather (3D tensor parallelism) reads this rank's flat shard of the parameter.
   Tensor in = op.inputs.empty() ? ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.view({ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.numel()})
                                 : env.at(op.inputs.at(0));

@@ -100,6 +100,7 @@ class Executor {
   void issue_collective(StrandKind kind, StrandSlot& s, const Op& op);
   void wait_pending(UnitEnv& env, const std::string& buf);
   std::string lane(StrandKind k) const;
+  ProcessGroup& group_of(const Op& op) const;  // the collective's group (InternalError when absent)
   // A cross-layer prefetch (op attr "prefetch_unit": +1 forward, -1 backward; Executor.cc):
   // issues the all-gather of the neighbouring unit's weight block and keeps it for that unit's own
   // all-gather op, which then adopts it instead of gathering again.

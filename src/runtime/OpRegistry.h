@@ -31,8 +31,8 @@ struct OpCall {
   // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of
   // the attention heads (tp, or tp_y).
   int vocab_rank() const { return shard.vocab_rank(); }
-  int64_t seq_row0(int64_t rows) const { return shard.gx * shard.gy * shard.gz > 1 ? 0 : tp_rank * rows; }
-  int head_shards() const { return shard.gx * shard.gy * shard.gz > 1 ? shard.gy : tp; }
+  int64_t seq_row0(int64_t rows) const { return shard.is_3d() ? 0 : tp_rank * rows; }
+  int head_shards() const { return shard.is_3d() ? shard.gy : tp; }
 
   Tensor& in(size_t i) const { return env.at(op.inputs.at(i)); }
   Tensor& out_new(size_t i, const Shape& shape, DType dt = DType::kF32) const;

@@ -126,7 +126,6 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
               "parallel.dp={} pp={} tp={} tp_x={} tp_y={} tp_z={} need {} processes; launch with mpirun -np {}", p.dp,
               p.pp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world(), layout_.world());
   }
-  shard_ = ShardIndex::of(layout_, coord_);
   cpu::set_num_threads(auto_threads(cfg_, comm_));
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len};
   // A pipeline stage builds and stores only the units of its chunks.

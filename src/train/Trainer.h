@@ -101,7 +101,6 @@ class Trainer {
   ProcessGroup* pp_ = nullptr;  // the pipeline group (pp > 1)
   ProcessGroup* z_ = nullptr;   // the depth axis of 3D tensor parallelism (tp_z > 1)
   RankCoord coord_;             // this rank's grid coordinates
-  ShardIndex shard_;            // which shard of each parameter it holds
   MicroBatchShape mb_;
   std::unique_ptr<StepParts> parts_;  // units, programs, this stage's parameters, the run context
   std::unique_ptr<GradSync> sync_;

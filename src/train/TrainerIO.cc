@@ -85,7 +85,7 @@ std::vector<OwnedSpec> model_param_owners(const std::vector<UnitSpec>& units, co
 std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(const ParamEntry&)>& get,
                                                   const std::string& suffix) {
   ProcessGroup* block = (comm_ && layout_.tp_block() > 1) ? &comm_->group(GroupRole::kTPBlock) : nullptr;
-  std::vector<ShardIndex> members = {shard_};
+  std::vector<ShardIndex> members = {parts_->ctx.shard};
   if (block) {
     members.clear();
     const Layout& l = comm_->layout();
@@ -175,7 +175,7 @@ std::map<std::string, Tensor> Trainer::load_full_params(const Checkpoint& ck) {
 void Trainer::load_model(const std::string& step_dir) {
   Checkpoint ck = CheckpointStore::load(step_dir, /*with_optimizer=*/false);
   std::map<std::string, Tensor> full = load_full_params(ck);
-  for (auto& e : parts_->params->entries()) extract_shard(e.spec, full.at(e.spec.name), e.value, shard_);
+  for (auto& e : parts_->params->entries()) extract_shard(e.spec, full.at(e.spec.name), e.value, parts_->ctx.shard);
 }
 
 void Trainer::load_checkpoint(const std::string& step_dir) {
@@ -184,7 +184,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   std::map<std::string, Tensor> full = load_full_params(ck);
   std::vector<std::pair<std::string, Tensor>> optim;
   for (auto& e : parts_->params->entries()) {
-    extract_shard(e.spec, full.at(e.spec.name), e.value, shard_);
+    extract_shard(e.spec, full.at(e.spec.name), e.value, parts_->ctx.shard);
     for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
       std::string name = e.spec.name + suffix;
       const Tensor* t = ck.optimizer.find(name);
@@ -192,7 +192,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
       DHX_CHECK(t->shape() == e.spec.full, IoError, "optimizer tensor '{}' has shape {} in {} but the model needs {}",
                 name, shape_str(t->shape()), step_dir, shape_str(e.spec.full));
       Tensor shard = Tensor::empty(e.spec.shard);
-      extract_shard(e.spec, *t, shard, shard_);
+      extract_shard(e.spec, *t, shard, parts_->ctx.shard);
       optim.push_back({name, shard});
     }
   }
