@@ -29,7 +29,8 @@ constexpr const char* kTuneUsage =
     "                   [--micro-batch-size b] [--precision fp32|bf16] [--zero 0|1] [--si on|off]\n"
     "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
     "                   [--paper-compat] [--json FILE]\n"
-    "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]]\n"
+    "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
+    "                    [--trace]]\n"
     "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
     "factorisations) -- by predicted step time on a cluster preset (configs/clusters/*.toml, or a path),\n"
     "then lists the excluded layouts with the reason. Nothing runs.\n"
@@ -58,6 +59,10 @@ constexpr const char* kTuneUsage =
     "                         \"mpirun --oversubscribe --bind-to none -np {np}\"; the emulated cluster:\n"
     "                         \"scripts/cluster --hosts 2 --np-per-host 2 --map-by slot --\")\n"
     "  --workdir DIR          run directories and logs of --confirm (default runs/tune)\n"
+    "  --explain              with --only: print each listed layout's priced ops per strand (one\n"
+    "                         micro-batch: start and seconds of every compute op and collective)\n"
+    "  --trace                each --confirm run also writes a Chrome trace per rank (trace.json.rank<r> in\n"
+    "                         its run directory; the counted steps' op and collective times)\n"
     "  --measure-gemm         price every GEMM op by timing its shape on this machine (one core, scaled by\n"
     "                         the preset's device.core_share) instead of the preset's one GEMM rate: for\n"
     "                         presets of this machine (cpu-emulated)\n";
@@ -77,6 +82,8 @@ struct TuneRequest {
   PredictOptions opt;
   bool paper = false;
   bool measure_gemm = false;
+  bool trace = false;    // --confirm runs write Chrome traces
+  bool explain = false;  // print the --only layouts' priced ops
   std::optional<std::string> json_path;
   std::vector<std::string> only;  // layout labels
   std::optional<ConfirmOptions> confirm;
@@ -112,6 +119,14 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     }
     if (w == "--measure-gemm") {
       req.measure_gemm = true;
+      continue;
+    }
+    if (w == "--trace") {
+      req.trace = true;
+      continue;
+    }
+    if (w == "--explain") {
+      req.explain = true;
       continue;
     }
     bool has_value = false;
@@ -176,6 +191,7 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     c.config_path = v.count("--config") ? v["--config"] : "";
     if (v.count("--launch")) c.launch = v["--launch"];
     c.workdir = v.count("--workdir") ? v["--workdir"] : "runs/tune";
+    c.trace = req.trace;
     if (launched_by_mpirun())
       errors.push_back("--confirm launches its own runs: start dhelix tune directly, not under mpirun");
     if (req.paper) errors.push_back("--confirm runs the step model's ranking; drop --paper-compat");
@@ -183,6 +199,7 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   } else {
     for (const char* f : {"--config", "--rounds", "--launch", "--workdir"})
       if (v.count(f)) errors.push_back(fmt::format("{} is only for --confirm", f));
+    if (req.trace) errors.push_back("--trace is only for --confirm");
   }
   const std::optional<int64_t> seq = int_value(v, "--seq", req.model.seq_len, 1, errors);
   const std::optional<int64_t> gb = int_value(v, "--global-batch", 8 * gpus.value_or(1), 1, errors);
@@ -207,6 +224,8 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
       errors.push_back(e.what());
     }
   }
+  if (req.explain && req.only.empty())
+    errors.push_back("--explain prints the layouts of --only: name them, e.g. --only \"tp=2 pp=1 dp=2\"");
   if (req.measure_gemm && errors.empty()) {
     try {
       req.opt.gemm_timer = measured_gemm_timer(req.cluster.core_share);
@@ -266,6 +285,27 @@ void print_excluded(const std::vector<ExcludedLayout>& ex, nlohmann::json& j) {
   for (const ExcludedLayout& e : ex) {
     fmt::print("  {:<22} {}\n", layout_label(e.layout), e.reason);
     j["excluded"].push_back({{"layout", layout_label(e.layout)}, {"reason", e.reason}});
+  }
+}
+
+// --explain: every priced op of each strand, one micro-batch, in program order.
+void print_explain(const std::vector<StepPrediction>& ranked) {
+  for (const StepPrediction& p : ranked) {
+    if (p.strands.empty()) {
+      fmt::print("\n{}: priced by the {} pricer, which has no per-op schedule\n", layout_label(p.layout),
+                 pricer_name(p.pricer));
+      continue;
+    }
+    fmt::print("\n{}: priced ops per strand, one micro-batch (start s from the strand's start, seconds)\n",
+               layout_label(p.layout));
+    for (const auto& [strand, ops] : p.strands) {
+      double compute = 0;
+      for (const OpPrice& o : ops) compute += o.group.empty() ? o.seconds : 0;
+      fmt::print("  {} ({} ops, compute {:.4f} s):\n", strand, ops.size(), compute);
+      for (const OpPrice& o : ops)
+        fmt::print("    {:>9.5f} {:>9.5f}  {:<10} {:<28} {}\n", o.start_s, o.seconds,
+                   o.group.empty() ? "compute" : "comm " + o.group, o.code, o.name);
+    }
   }
 }
 
@@ -369,6 +409,7 @@ int cmd_tune(int argc, char** argv) {
       for (const std::string& n : p.notes)
         if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
     for (const std::string& n : notes) fmt::print("note: {}\n", n);
+    if (req->explain) print_explain(res.ranked);
     if (req->confirm) {
       std::vector<StepPrediction> top(res.ranked.begin(),
                                       res.ranked.begin() + std::min<size_t>(res.ranked.size(), size_t(req->top)));

@@ -17,6 +17,7 @@ struct ConfirmOptions {
   std::string config_path;    // the run's data and training settings (--config)
   std::string launch = "mpirun --oversubscribe --bind-to none -np {np}";  // {np}: the layout's ranks
   std::string workdir;        // run directories
+  bool trace = false;         // each run writes <run dir>/trace.json.rank<r> (output.trace)
 };
 
 struct Confirmed {
@@ -40,9 +41,11 @@ struct RankAgreement {
 };
 RankAgreement agreement(const std::vector<Confirmed>& c);
 
-// `--measure-gemm`: times each GEMM op's shape here (one thread, OpenBLAS via cpu::gemm in the
-// op's orientation: forward X W^T, input gradient dY W, weight gradient dY^T X; one warm-up, best of
-// three; cached per shape) and returns seconds / core_share (the preset's share of a core per rank).
+// `--measure-gemm`: times each GEMM op's shape here (OpenBLAS via cpu::gemm in the op's
+// orientation: forward X W^T, input gradient dY W, weight gradient dY^T X; one warm-up; cached per
+// shape) as the ranks of one core run it: with core_share < 1, 1/core_share - 1 partner threads on
+// the same CPU run the same shape meanwhile and the mean over >= 0.2 s of runs is returned;
+// alone (core_share 1), the best of three.
 GemmTimer measured_gemm_timer(double core_share);
 
 }  // namespace dhelix

@@ -151,6 +151,8 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.intra_node.latency = node.number("intra_latency", true, "seconds per ring step inside a node");
   c.inter_node.bandwidth = node.number("inter_bw", true, "per-node injection bandwidth across nodes, bytes/s");
   c.inter_node.latency = node.number("inter_latency", true, "seconds per ring step across nodes");
+  c.inter_shared_min_op_s = node.number("inter_shared_min_op_s", false,
+                                        "least seconds of a collective spanning nodes with several members on a node");
   if (const toml::array* table = node.array("intra_table")) {
     for (size_t i = 0; i < table->size(); ++i) {
       const toml::table* e = table->get(i)->as_table();
@@ -220,7 +222,8 @@ LinkSpec placement_link(const ClusterPreset& c, int ip, int g) {
       if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency};
     return c.intra_node;
   }
-  return {c.inter_node.bandwidth / std::min(ip, c.devices_per_node), c.inter_node.latency};
+  return {c.inter_node.bandwidth / std::min(ip, c.devices_per_node), c.inter_node.latency,
+          ip < c.devices_per_node ? c.inter_shared_min_op_s : 0.0};
 }
 
 LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int world) {
@@ -238,7 +241,7 @@ LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int w
   const int node = ranks[0] / per;
   const int on_node = std::min(per, world - node * per);  // ranks of the world on that node
   const double sharing = std::max(1.0, static_cast<double>(on_node) / members[node]);
-  return {c.inter_node.bandwidth / sharing, c.inter_node.latency};
+  return {c.inter_node.bandwidth / sharing, c.inter_node.latency, members[node] > 1 ? c.inter_shared_min_op_s : 0.0};
 }
 
 }  // namespace dhelix

@@ -38,6 +38,10 @@ struct ClusterPreset {
   double core_share = 0;
   LinkSpec intra_node;         // bus bandwidth and per-step latency inside a node
   LinkSpec inter_node;         // per-node injection bandwidth and per-step latency across nodes
+  // The least time of one collective whose group spans nodes with several members on one node
+  // (node.inter_shared_min_op_s; 0: none): on this machine's emulated cluster those members share
+  // a core, and each ring hand-off between them waits for the scheduler.
+  double inter_shared_min_op_s = 0;
   std::vector<IntraNodeEntry> intra_table;  // measured (ip, g) patterns; others use intra_node
 
   // FLOP/s of a GEMM in `p` on one device; ConfigError naming the preset when it has no figure.
@@ -61,14 +65,16 @@ std::vector<std::string> cluster_names();
 // on nodes in rank order, devices_per_node per node:
 //   ip * g <= devices_per_node (inside one node): the (ip, g) table entry, else intra_node;
 //   spanning nodes: inter_node.bandwidth / min(ip, devices_per_node) -- ip groups of one node
-//   share its NICs at once -- with inter_node's latency.
+//   share its NICs at once -- with inter_node's latency, and inter_shared_min_op_s as the least
+//   time of a collective when the group has several members on a node (ip < devices_per_node).
 // g <= 1 returns intra_node (no traffic).
 LinkSpec placement_link(const ClusterPreset& c, int ip, int g);
 
 // The same rule for any rank list (a grid line, or a composite group such as the x-y plane under
 // a non-default tp_order): one node -> the table entry for (ranks[1] - ranks[0], g), else
 // intra_node; spanning nodes -> inter_node / (ranks of a node / members of the group on it),
-// which equals min(ip, devices_per_node) for an evenly strided group.
+// which equals min(ip, devices_per_node) for an evenly strided group; inter_shared_min_op_s when a
+// node holds several members of the group.
 LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int world);
 
 }  // namespace dhelix

@@ -120,9 +120,9 @@ double CostModel::collective_time(CollOp coll, double bytes, int n, const LinkSp
   switch (coll) {
     case CollOp::kAllGather:
     case CollOp::kReduceScatter:
-    case CollOp::kAllToAll: return ring;
-    case CollOp::kAllReduce: return 2 * ring;
-    case CollOp::kBroadcast: return bytes / link.bandwidth + steps * link.latency;
+    case CollOp::kAllToAll: return std::max(link.min_op_s, ring);
+    case CollOp::kAllReduce: return std::max(link.min_op_s, 2 * ring);
+    case CollOp::kBroadcast: return std::max(link.min_op_s, bytes / link.bandwidth + steps * link.latency);
     case CollOp::kSendRecv: return bytes / link.bandwidth + link.latency;
     case CollOp::kNone: break;
   }

@@ -36,6 +36,10 @@ namespace dhelix {
 struct LinkSpec {
   double bandwidth = 0;  // bytes/s each rank can push around the ring (bus bandwidth)
   double latency = 0;    // seconds per ring step
+  // The least time one collective takes on this link (0: none). Where a ring's ranks share a core
+  // with ring neighbours (the emulated cluster: 2 ranks per core), each hand-off between them waits
+  // for the scheduler, and a collective of any size takes a few milliseconds (ClusterPreset).
+  double min_op_s = 0;
 };
 
 struct CostModelConfig {

@@ -29,7 +29,10 @@
 //     the optimizer step is exposed;
 //   - pipeline 1F1B: step = (M + p - 1) x the slowest stage's time per micro-batch (the bubble
 //     (p-1)/(M+p-1) of the step), each stage's activation send and gradient send priced on the pp
-//     link and exposed.
+//     link and exposed. Stages whose ranks share one core (a node holding k stages of a pipeline,
+//     core_share = 1/k) fill each other's bubbles: the body is the most of the core's work,
+//     M x the sum of its stages' times x core_share, and the critical path at the whole core,
+//     (M + p - 1) x the slowest stage x core_share.
 // 3D layouts whose programs build_programs does not yet write (no op on x, y or z) are priced by the
 // corrected closed form (AxonnModel.h) with compute from the single-rank program's FLOPs divided over
 // the grid; StepPrediction::pricer says which.
@@ -87,6 +90,13 @@ struct MemoryUse {
   double total() const { return params + grads + optimizer + gathered + activations; }
 };
 
+// One op of a priced strand: when it runs in the strand's list schedule (seconds from the
+// strand's start; a prefetched collective may start before 0) and how long it takes.
+struct OpPrice {
+  std::string name, code, group;  // group: "" for compute
+  double start_s = 0, seconds = 0;
+};
+
 struct StepPrediction {
   LayoutConfig layout;
   PricerKind pricer = PricerKind::kPrograms;
@@ -98,6 +108,12 @@ struct StepPrediction {
   bool fits = true;
   std::string reason;  // when !fits
   std::vector<std::string> notes;
+  // Pipeline stages (programs pricer): each stage's seconds per micro-batch (forward and backward,
+  // or the Strand Interleaving slot), and how many consecutive stages share one core.
+  std::vector<double> stage_mb_s;
+  int stages_per_core = 1;
+  // Per strand ("embed fwd", "block bwd", ...): its ops as priced, one micro-batch (programs pricer).
+  std::map<std::string, std::vector<OpPrice>> strands;
 };
 
 // Every reason `lay` cannot run `m` with `batch` (one message each; empty when legal): the world,
@@ -135,6 +151,7 @@ struct StrandPrice {
   double compute_s = 0;  // sum of compute ops
   double span_s = 0;     // the strand's time per layer, overlaps applied
   std::map<std::string, AxisCost> axes;
+  std::vector<OpPrice> ops;  // program order
 };
 // Prices one strand of one unit (the overlap rule above). `prefetch` = kOn lets parameter-only
 // collectives start one strand-compute early.

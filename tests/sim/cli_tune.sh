@@ -2,9 +2,13 @@
 # `dhelix tune`: a good run prints a ranked table and writes JSON; bad input exits 2 naming the value
 # and a hint. Oracle: the documented exit codes (0 success, 2 bad input), the count of layouts of 4
 # ranks (6 Megatron tp x pp x dp + 9 grids x*y*z*dp other than pure dp = 15), the flag values named.
-# Usage: cli_tune.sh DHELIX_BINARY  (no data, no hardware)
+# --confirm runs `dhelix train` under mpirun for two 2-rank layouts of a tiny model (needs the data
+# made by scripts/setup); oracle: each run's counted steps in the JSON, the per-rank traces --trace
+# asks for, with the layout's collectives in them.
+# Usage: cli_tune.sh DHELIX_BINARY SOURCE_DIR
 set -u
-bin=$1
+bin=$1; cd "$2"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0; passes=0
 ok()   { passes=$((passes+1)); echo "ok   $1"; }
@@ -55,9 +59,43 @@ expect_bad confirm_no_config "--confirm needs --config" -- --model gpt2-124m --g
 expect_bad confirm_one_step "--confirm expects a whole number >= 2" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated \
   --confirm 1 --config configs/demo.toml
 expect_bad only_unknown "--only" "not a layout of 4 ranks" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --only "tp=3 pp=1 dp=1"
+expect_bad explain_without_only "--explain" "--only" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --explain
+expect_bad trace_without_confirm "--trace is only for --confirm" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --trace
+
+# 5. --explain: the priced ops of each strand. Oracle: Megatron tp = 2 with sequence parallelism
+# writes 4 collectives in a block's forward strand (all-gather before qkv and fc, reduce-scatter
+# after out and proj) and the 6 strands of the embedding, a block and the head.
+out=$("$bin" tune --model gpt2-124m --d-model 128 --layers 1 --heads 4 --seq 32 --gpus 2 --cluster cpu-emulated \
+      --only "tp=2 pp=1 dp=1" --explain 2>&1); rc=$?
+blk=$(sed -n '/^  block fwd/,/^  [a-z]* [fb][wd][d]* (/p' <<<"$out" | grep -cE ' comm tp +(all_gather|reduce_scatter) ')
+strands=$(grep -cE '^  (embed|block|head) (fwd|bwd) \(' <<<"$out")
+if [ $rc -eq 0 ] && [ "$blk" -eq 4 ] && [ "$strands" -eq 6 ]; then ok explain; else
+  fail explain; echo "exit $rc block-fwd collectives $blk strands $strands"; echo "$out" | tail -30; fi
+
 # --measure-gemm on this machine's preset: GEMMs timed for their shapes (oracle: it ranks and exits 0).
 out=$("$bin" tune --model gpt2-124m --d-model 128 --layers 1 --heads 4 --seq 32 --gpus 2 --cluster cpu-emulated \
       --measure-gemm 2>&1) && grep -q "x=2 y=1 z=1 dp=1" <<<"$out" && ok measure_gemm || { echo "FAIL measure_gemm"; echo "$out" | tail -5; fails=$((fails+1)); }
+
+# 6. --confirm with --trace: both layouts run 3 steps (2 counted), each rank writes its trace.
+out=$("$bin" tune --model gpt2-124m --d-model 64 --layers 2 --heads 4 --vocab 2000 --seq 32 --gpus 2 --global-batch 4 \
+      --cluster cpu-emulated --only "tp=2 pp=1 dp=1,tp=1 pp=1 dp=2" --confirm 3 --config configs/demo.toml \
+      --workdir "$tmp/c" --trace --json "$tmp/c.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && /usr/bin/python3 - "$tmp/c.json" "$tmp/c" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+runs = {c["layout"]: c for c in j["confirmed"]}
+assert set(runs) == {"tp=2 pp=1 dp=1", "tp=1 pp=1 dp=2"}, runs
+for label, c in runs.items():
+    assert len(c["step_s"]) == 2 and c["measured_s"] > 0, c
+    d = sys.argv[2] + "/" + label.replace(" ", "_").replace("=", "_")
+    lanes = set()
+    for r in (0, 1):
+        t = json.load(open(f"{d}/trace.json.rank{r}"))["traceEvents"]
+        lanes |= {e["args"]["name"] for e in t if e.get("name") == "thread_name"}
+    want = "comm tp" if label.startswith("tp=2") else "comm dp"
+    assert any(l.startswith(want) for l in lanes), (label, lanes)
+PY
+then ok confirm_with_traces; else fail confirm_with_traces; echo "exit $rc"; echo "$out" | tail -15; fi
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -24,6 +24,26 @@ TEST(ClusterPreset, RingCollectiveAlone) {
   EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kReduceScatter, B, 1, l), 0.0);
 }
 
+TEST(ClusterPreset, CollectiveTakesAtLeastTheLinksFloor) {
+  // min_op_s bounds each collective from below; a transfer longer than it is unchanged.
+  const LinkSpec l{1e9, 0, 4e-3};
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllGather, 1024, 4, l), 4e-3);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, 1e8, 4, l), 2 * 0.75 * 1e8 / 1e9);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kSendRecv, 1024, 2, l), 1024 / 1e9);  // no ring
+}
+
+TEST(ClusterPreset, SharedFloorOnlyForGroupsWithSeveralMembersOnANode) {
+  // cpu-emulated: 2 ranks per node. {0,1}: inside node 0; {0,2}: one member on each node; {0..3}:
+  // both nodes, two members on each -- only that one gets node.inter_shared_min_op_s.
+  const ClusterPreset c = load_cluster(preset_path("cpu-emulated"));
+  ASSERT_GT(c.inter_shared_min_op_s, 0);
+  EXPECT_EQ(group_link(c, {0, 1}, 4).min_op_s, 0);
+  EXPECT_EQ(group_link(c, {0, 2}, 4).min_op_s, 0);
+  EXPECT_EQ(group_link(c, {0, 1, 2, 3}, 4).min_op_s, c.inter_shared_min_op_s);
+  EXPECT_EQ(placement_link(c, 2, 2).min_op_s, 0);
+  EXPECT_EQ(placement_link(c, 1, 4).min_op_s, c.inter_shared_min_op_s);
+}
+
 TEST(ClusterPreset, PerlmutterPlacementMatchesAxonnTable) {
   const ClusterPreset c = load_cluster(preset_path("perlmutter-a100"));
   EXPECT_EQ(c.devices_per_node, 4);

@@ -148,10 +148,34 @@ TEST(StepModel, PipelineBubbleFraction) {
   const ModelConfig m = small_gpt();
   LayoutConfig lay;
   lay.pp = 2;
-  const StepPrediction p = predict(m, lay, {4, 32, 1}, cpu(), {});  // M = 4 micro-batches
+  ClusterPreset own_cores = cpu();
+  own_cores.core_share = 0;  // every rank on a core of its own: no stage fills another's bubble
+  const StepPrediction p = predict(m, lay, {4, 32, 1}, own_cores, {});  // M = 4 micro-batches
   EXPECT_EQ(p.micro_batches, 4);
+  EXPECT_EQ(p.stages_per_core, 1);
   EXPECT_NEAR(p.bubble_s / p.step_s, 1.0 / 5.0, 1e-12);  // (p-1)/(M+p-1); rounding only
   EXPECT_GT(p.axes.at("pp").bytes, 0);
+}
+
+TEST(StepModel, StagesSharingACoreFillEachOthersBubbles) {
+  // cpu-emulated: 2 ranks per node on one core (core_share 0.5), so pp = 2 puts both stages on one
+  // core. Oracle: the rule of StepModel.h by hand from the per-stage times, which both predictions
+  // price alike: shared body = max(M (t0 + t1), (M + 1) max(t0, t1)) x 0.5, unshared (M + 1) max.
+  const ModelConfig m = small_gpt();
+  LayoutConfig lay;
+  lay.pp = 2;
+  ClusterPreset own_cores = cpu();
+  own_cores.core_share = 0;
+  const StepPrediction shared = predict(m, lay, {4, 32, 1}, cpu(), {});
+  const StepPrediction alone = predict(m, lay, {4, 32, 1}, own_cores, {});
+  ASSERT_EQ(shared.stage_mb_s.size(), 2u);
+  EXPECT_EQ(shared.stages_per_core, 2);
+  const double t0 = shared.stage_mb_s[0], t1 = shared.stage_mb_s[1], M = 4;
+  EXPECT_DOUBLE_EQ(alone.stage_mb_s[0], t0);
+  // dp = tp = 1: nothing follows the pipeline body (no gradient all-reduce), so step = body.
+  EXPECT_NEAR(alone.step_s, (M + 1) * std::max(t0, t1), 1e-12);
+  EXPECT_NEAR(shared.step_s, std::max(M * (t0 + t1), (M + 1) * std::max(t0, t1)) * 0.5, 1e-12);
+  EXPECT_LT(shared.step_s, alone.step_s);
 }
 
 TEST(StepModel, IllegalLayoutsNameTheReason) {
