@@ -331,6 +331,45 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
 
 }  // namespace
 
+MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+  const std::vector<std::string> errs = layout_errors(m, lay, batch);
+  DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
+  const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
+  LayoutConfig plain = lay;
+  plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
+  const ModelPrograms progs = build_programs(m, plain, {batch.micro_batch, batch.seq});
+  const double elem = element_bytes(precision);
+  const ActDims dims = act_dims(m, plain, batch);
+  std::vector<std::string> unknown;
+  const double act_block = saved_bytes(progs.block, dims, elem, unknown);
+  const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
+  const double act_head = saved_bytes(progs.head, dims, elem, unknown);
+  if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
+  double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
+  for (const Op& op : progs.block.fwd)
+    if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather)
+      gathered = std::max(gathered, 2 * op.cost.comm_bytes * elem / 4.0);
+  const int L = static_cast<int>(m.n_layers), p = lay.pp;
+  const std::vector<UnitSpec> units = model_units(m, plain, 0);
+  MemoryUse worst;
+  for (int s = 0; s < p; ++s) {
+    const std::vector<int> mine = stage_units(L, p, s);
+    double elems = 0;
+    for (int u : mine) elems += unit_elems(units[u]);
+    if (s == p - 1 && p > 1 && m.tie_embeddings) elems += unit_elems(units[0]);
+    MemoryUse mem;
+    add_states(mem, elems, elem, lay.dp, zero);
+    mem.gathered = gathered;
+    const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
+    const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
+    mem.activations = in_flight * (layers * act_block + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
+                      (si == StrandInterleaving::kOn ? act_block : 0);
+    if (mem.total() > worst.total()) worst = mem;  // the largest any stage needs is the limit
+  }
+  return worst;
+}
+
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
@@ -361,15 +400,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const double p2p_bytes = double(batch.micro_batch * batch.seq) / lay.tp * double(m.d_model) * elem;
   const double p2p_s = p > 1 ? CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link) : 0;
 
-  const ActDims dims = act_dims(m, plain, batch);
   std::vector<std::string> notes;
-  const double act_block = saved_bytes(progs.block, dims, elem, notes);
-  const double act_embed = saved_bytes(progs.embed, dims, elem, notes);
-  const double act_head = saved_bytes(progs.head, dims, elem, notes);
-  double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
-  for (const Op& op : progs.block.fwd)
-    if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather)
-      gathered = std::max(gathered, 2 * op.cost.comm_bytes * rates.byte_scale);
 
   // Pipeline stages that share one core (a node holding several stages of one pipeline, its ranks
   // on fewer cores than ranks: the preset's core_share < 1) fill each other's bubbles: while one
@@ -445,7 +476,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   double worst = -1;
   for (int s = 0; s < p; ++s) {
     StepPrediction st = r;
-    st.axes.clear(), st.memory = {}, st.bubble_s = 0;
+    st.axes.clear(), st.bubble_s = 0;
     const std::vector<int> mine = stage_units(L, p, s);
     const StageMb& g = stages[s];
     const double Ff = g.Ff, Bb = g.Bb, Cf = g.Cf, Cb = g.Cb, elems = g.elems;
@@ -487,21 +518,10 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     }
     st.step_s = body + tail;
     st.exposed_comm_s = st.step_s - st.compute_s - st.bubble_s;
-    add_states(st.memory, elems, elem, lay.dp, opt.zero);
-    st.memory.gathered = gathered;
-    const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
-    const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
-    st.memory.activations = in_flight * (layers * act_block + (s == 0 ? act_embed : 0) +
-                                         (s == p - 1 ? act_head : 0)) +
-                            (si ? act_block : 0);
-    // The slowest stage sets the step; the largest memory any stage needs is the limit.
-    if (st.step_s > worst) {
-      const MemoryUse keep = r.memory.total() > st.memory.total() ? r.memory : st.memory;
-      r = st, worst = st.step_s, r.memory = keep;
-    } else if (st.memory.total() > r.memory.total()) {
-      r.memory = st.memory;
-    }
+    // The slowest stage sets the step.
+    if (st.step_s > worst) r = st, worst = st.step_s;
   }
+  r.memory = memory_per_rank(m, lay, batch, opt.precision, opt.zero, opt.si, &notes);
   r.notes = notes;
   for (const auto& [unit, t] : {std::pair<const char*, const UnitTimes*>{"embed", &embed}, {"block", &block},
                                 {"head", &head}}) {

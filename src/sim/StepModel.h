@@ -125,6 +125,12 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt);
 
+// Bytes one rank needs (the stage that needs most), as predict() counts them (the memory rule in
+// this header's comment); `dhelix train` refuses a run by it too. ConfigError when illegal. Saved
+// buffers without a size rule are counted as residual rows and named in `notes`.
+MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes = nullptr);
+
 // ---- the pieces, for tests and the future whole-step simulator ----
 
 // A collective group as the pricer sees it: ranks and the placement link.

@@ -148,41 +148,7 @@ void check_tokens(const RunConfig& cfg, const IndexedDataset& data) {
             data.prefix(), mx, V, static_cast<int64_t>(mx) + 1);
 }
 
-MemoryEstimate estimate_rank_memory(const RunConfig& cfg) {
-  const ModelConfig& m = cfg.model;
-  const ParallelConfig& p = cfg.parallel;
-  const bool grid3d = p.tp_x * p.tp_y * p.tp_z > 1;
-  // Weights split over the tensor-parallel block (tp, or Gx * Gy * Gz) and the stages.
-  const double block = static_cast<double>(p.tp * p.tp_x * p.tp_y * p.tp_z);
-  const double params = static_cast<double>(m.num_params()) / (block * static_cast<double>(p.pp));
-  MemoryEstimate e;
-  e.states = params * (4 + 4) + params * 8 / (p.zero ? static_cast<double>(p.dp) : 1.0);
-  const double b = static_cast<double>(cfg.training.micro_batch_size), h = static_cast<double>(m.d_model);
-  const double layers = static_cast<double>(m.n_layers) / static_cast<double>(p.pp);
-  // Micro-batches a stage holds at once: pp in 1F1B's warm-up (p for stage 0), plus the second strand.
-  const double in_flight = std::min<double>(static_cast<double>(cfg.training.micro_batches), static_cast<double>(p.pp) + 1);
-  if (grid3d) {
-    // 3D: no sequence split; the residual stream's buffers are split over x, the attention and MLP
-    // ones over y (about half of Megatron's 34 bytes-per-element terms each), scores over y; plus
-    // two gathered weight blocks of the largest layer (prefetch) and the logits over y.
-    const double s = static_cast<double>(m.seq_len), a = static_cast<double>(m.n_heads) / static_cast<double>(p.tp_y);
-    const double per_layer = 2.0 * s * b * h * (17.0 / static_cast<double>(p.tp_x) + 17.0 / static_cast<double>(p.tp_y) +
-                                                5.0 * a * s / h);
-    const double largest = std::max(3.0 * h * h, h * static_cast<double>(m.ffn_hidden) * 2.0) /
-                           static_cast<double>(p.tp_x * p.tp_y) * 4;
-    const double logits = 3.0 * b * s * static_cast<double>(m.vocab_size) / static_cast<double>(p.tp_y) * 4;
-    e.activations = per_layer * layers * in_flight + logits + 2 * largest;
-    return e;
-  }
-  const double s = static_cast<double>(m.seq_len) / static_cast<double>(p.tp);
-  const double a = static_cast<double>(m.n_heads) / static_cast<double>(p.tp);
-  const double per_layer = 2.0 * s * b * h * (34.0 + 5.0 * a * static_cast<double>(m.seq_len) / h);
-  const double logits = 3.0 * b * static_cast<double>(m.seq_len) * static_cast<double>(m.vocab_size) / static_cast<double>(p.tp) * 4;
-  e.activations = per_layer * layers * in_flight + logits;
-  return e;
-}
-
-void check_memory(const RunConfig& cfg, int ranks_on_host) {
+void check_memory(const MemoryEstimate& e, int ranks_on_host) {
   std::ifstream in("/proc/meminfo");
   std::string key;
   double kib = 0, available = -1;
@@ -190,7 +156,6 @@ void check_memory(const RunConfig& cfg, int ranks_on_host) {
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") available = kib * 1024;
   if (available <= 0) return;  // not Linux, or no figure: nothing to compare with
-  const MemoryEstimate e = estimate_rank_memory(cfg);
   const double need = e.total() * ranks_on_host;
   DHX_CHECK(need <= available, ConfigError,
             "the run needs about {} per rank ({} parameters, gradients and AdamW state + {} activations, an estimate) "

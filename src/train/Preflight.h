@@ -36,17 +36,14 @@ void check_writable_paths(const RunConfig& cfg);
 void check_tokens(const RunConfig& cfg, const IndexedDataset& data);
 int32_t max_token_id(const IndexedDataset& data);
 
-// Bytes one rank needs, estimated: parameters, gradients and AdamW state of its tp x pp share
-// (AdamW over dp with ZeRO-1) plus activations of the micro-batches a stage holds at once
-// (Megatron's per-layer count, s*b*h*(34 + 5*a*s/h), doubled for fp32) and the logits.
+// Bytes one rank needs, estimated (by the step model `dhelix tune` uses: apps/TrainMemory.h).
 struct MemoryEstimate {
-  double states = 0, activations = 0;
+  double states = 0, activations = 0;  // activations: saved buffers and gathered blocks
   double total() const { return states + activations; }
 };
-MemoryEstimate estimate_rank_memory(const RunConfig& cfg);
 // The estimate against this machine's MemAvailable shared by the ranks on this host; ConfigError
 // with the figures when it does not fit.
-void check_memory(const RunConfig& cfg, int ranks_on_host);
+void check_memory(const MemoryEstimate& e, int ranks_on_host);
 
 // Multi-rank: every rank's resolved configuration (key by key) and data identity (the .idx and
 // .bin sizes and the index's checksum) are compared; a difference -> ConfigError naming the keys

@@ -6,6 +6,9 @@
 
 #include "TinyRun.h"
 #include "base/Error.h"
+#include "sim/LayoutSearch.h"
+#include "sim/StepModel.h"
+#include "TrainMemory.h"
 #include "train/Trainer.h"
 
 namespace dhelix {
@@ -77,6 +80,38 @@ TEST_P(Families, LossFallsOnLearnableData) {
 INSTANTIATE_TEST_SUITE_P(Trainer, Families, ::testing::Values("llama", "gpt"));
 
 // A checkpoint of another shape is rejected with the tensor named, before anything changes.
+// `dhelix train` refuses a run by the memory `dhelix tune` reports (one cost vocabulary). Oracle:
+// the step model's memory_per_rank for the layout, the batch the config implies (micro-batch size x
+// micro-batches x data replicas) and its ZeRO and SI switches; the states and activations
+// figures each equal its parts.
+TEST(TrainerPreflight, MemoryEstimateIsTheStepModels) {
+  TempDir dir;
+  RunConfig cfg = tiny_config(dir.path(), "gpt");
+  struct Case {
+    int64_t dp, tp, pp, x, z;
+    bool zero, si;
+  };
+  for (const Case& k : {Case{1, 1, 1, 1, 1, false, true}, Case{2, 1, 1, 1, 1, true, false},
+                        Case{1, 2, 2, 1, 1, false, true}, Case{1, 1, 1, 2, 2, false, true}}) {
+    cfg.parallel.dp = k.dp, cfg.parallel.tp = k.tp, cfg.parallel.pp = k.pp;
+    cfg.parallel.tp_x = k.x, cfg.parallel.tp_y = 1, cfg.parallel.tp_z = k.z, cfg.parallel.zero = k.zero;
+    cfg.schedule.strand_interleaving = k.si;
+    const LayoutConfig lay = layout_config(cfg);
+    const int64_t mb = cfg.training.micro_batch_size;
+    const MemoryUse want =
+        memory_per_rank(cfg.model, lay, {mb * cfg.training.micro_batches * lay.data_replicas(), cfg.model.seq_len, mb},
+                        Precision::kFp32, k.zero ? Zero::kZero1 : Zero::kNone,
+                        k.si ? StrandInterleaving::kOn : StrandInterleaving::kOff);
+    const MemoryEstimate got = estimate_rank_memory(cfg);
+    EXPECT_DOUBLE_EQ(got.states, want.params + want.grads + want.optimizer) << layout_label(lay);
+    EXPECT_DOUBLE_EQ(got.activations, want.activations + want.gathered) << layout_label(lay);
+    EXPECT_GT(want.activations, 0) << layout_label(lay);
+    if (k.z > 1) {
+      EXPECT_GT(want.gathered, 0) << layout_label(lay);
+    }
+  }
+}
+
 TEST(TrainerCheckpoint, MismatchedShapeIsRejected) {
   TempDir dir;
   write_synthetic_dataset(dir.path() + "/data", 200, 100, 3);
