@@ -26,6 +26,10 @@ struct TP3DOverlaps {
   bool ar = true;  // input-gradient all-reduce under the weight-gradient GEMM
   bool rs = true;  // weight-gradient reduce-scatters in the background (accumulated at the layer's end)
   bool ag = true;  // weight all-gathers issued one GEMM ahead of their use
+  // Weight gradients summed over the step's micro-batches at block size and reduce-scattered over z
+  // once, by the last micro-batch (z traffic per step 2M + 1 blocks instead of 3M; one block of
+  // memory per weight). Off: every micro-batch reduce-scatters its own (AxoNN).
+  bool accumulate_z = true;
 };
 
 struct LayoutConfig {

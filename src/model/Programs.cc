@@ -486,6 +486,7 @@ void lin3_bwd(const Builder3& b, std::vector<Op>& ops, const Lin3& l, const std:
   ops.push_back(wg);
   Op rs = b.coll("z.rs." + l.tag, CollOp::kReduceScatter, "z", {dw}, dw + ".s", kF * double(l.rows * l.cols), !ov.rs);
   if (ov.rs) rs.attrs["background"] = 1;  // not waited for at its SI block's end (Executor::run_op)
+  if (ov.accumulate_z) rs.attrs["last_micro_batch"] = 1;  // earlier micro-batches add dw to a block sum
   ops.push_back(rs);
   Op acc = b.compute(l.tag + ".wgrad.accum", "grad_accum", {dw + ".s"}, {}, {}, {l.w});
   Builder3::elem_cost(acc, double(l.rows * l.cols / b.gz), 1, 3);

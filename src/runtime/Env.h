@@ -3,6 +3,7 @@
 // collectives in flight whose outputs are not yet safe to read.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 
 #include "comm/Work.h"
@@ -20,6 +21,9 @@ struct PendingColl {
 struct UnitEnv {
   std::map<std::string, Tensor> bufs;
   std::map<std::string, PendingColl> pending;  // keyed by the collective's output buffer
+  // Outputs of last_micro_batch collectives this (earlier) micro-batch did not run; the ops that
+  // read them are skipped (RunContext::micro_batches).
+  std::set<std::string> deferred;
 
   Tensor& at(const std::string& name);
   bool has(const std::string& name) const { return bufs.count(name) > 0; }

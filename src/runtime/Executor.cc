@@ -7,6 +7,7 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "kernels/cpu/Kernels.h"
 
 namespace dhelix {
 
@@ -151,10 +152,41 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   (void)kind;
 }
 
+bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
+  if (ctx_.micro_batches <= 1 || !op.attrs.count("last_micro_batch") || !op.attrs.at("last_micro_batch")) return false;
+  const Tensor& in = s.env->at(op.inputs.at(0));
+  const auto key = std::make_pair(s.unit, op.name);
+  if (s.mb < ctx_.micro_batches - 1) {
+    auto it = block_sums_.find(key);
+    if (s.mb == 0 || it == block_sums_.end()) {
+      block_sums_[key] = in.clone();  // micro-batch 0 starts the step's sum (nothing stale survives)
+    } else {
+      DHX_ASSERT(it->second.numel() == in.numel(), "{}: block sum {} vs {}", op.name, it->second.describe(), in.describe());
+      cpu::add_inplace<float>(it->second.f32(), in.f32(), in.numel());
+    }
+    s.env->deferred.insert(op.outputs.at(0));
+    return true;
+  }
+  auto it = block_sums_.find(key);
+  DHX_CHECK(it != block_sums_.end(), InternalError,
+            "{} of unit {}: the last micro-batch ({}) found no block sum of the earlier ones", op.name, s.unit, s.mb);
+  Tensor& last = s.env->at(op.inputs.at(0));
+  cpu::add_inplace<float>(last.f32(), it->second.f32(), last.numel());
+  block_sums_.erase(it);
+  return false;
+}
+
 void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
                       std::vector<std::pair<UnitEnv*, std::string>>& issued) {
   UnitEnv& env = *s.env;
-  if (op.is_collective() && op.attrs.count("prefetch_unit")) {
+  const bool skipped = std::any_of(op.inputs.begin(), op.inputs.end(),
+                                   [&](const std::string& b) { return env.deferred.count(b) > 0; });
+  if (skipped) {
+    // Reads the output of a collective this micro-batch deferred to the last one (its input went
+    // into the block sum): nothing to do now.
+  } else if (op.is_collective() && op.attrs.count("last_micro_batch") && fold_into_block_sum(s, op)) {
+    // folded: the last micro-batch reduce-scatters the sum
+  } else if (op.is_collective() && op.attrs.count("prefetch_unit")) {
     issue_prefetch(kind, s, op);  // waited for by the neighbouring unit that adopts it
   } else if (op.is_collective() && op.coll == CollOp::kAllGather && op.inputs.empty() && adopt_prefetch(kind, s, op)) {
     issued.push_back({&env, op.outputs.at(0)});  // gathered already (or in flight): completes with the block

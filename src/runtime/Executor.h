@@ -47,6 +47,11 @@ struct RunContext {
   std::function<bool(int mb, const Op& op)> divert_grad_op;
   // Called after every compute op that ran, with its unit's buffers (its outputs are there).
   std::function<void(int mb, int unit, const Op& op, UnitEnv& env)> on_op_done;
+  // Micro-batches per optimizer step on this rank. A collective marked last_micro_batch (3D's
+  // weight-gradient reduce-scatter over z) runs only for the last; earlier micro-batches add its
+  // input to a block sum the last one's input then includes, and skip the op that reads its output.
+  // 1 (profiling, evaluation): every micro-batch runs it.
+  int micro_batches = 1;
   // Wait for every collective right after issuing it: no overlap of any kind, not even within a
   // strand (benchmarks measure the fully exposed step with it).
   bool expose_collectives = false;
@@ -106,6 +111,10 @@ class Executor {
   // all-gather op, which then adopts it instead of gathering again.
   void issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op);
   bool adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op);
+  // A last_micro_batch collective: an earlier micro-batch adds its input to the block sum (the
+  // first one starts it) and returns true (not issued); the last adds the sum into its input, drops
+  // the sum and returns false (issued as usual).
+  bool fold_into_block_sum(StrandSlot& s, const Op& op);
 
   RunContext& ctx_;
   const std::vector<UnitSpec>& units_;
@@ -116,6 +125,7 @@ class Executor {
   };
   // Keyed by (strand, micro-batch, unit, the adopting op's output buffer).
   std::map<std::tuple<int, int, int, std::string>, Prefetched> prefetched_;
+  std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
 };
 
 }  // namespace dhelix

@@ -329,6 +329,31 @@ void check_fits(StepPrediction& r, const ClusterPreset& c) {
 StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                                    const ClusterPreset& cluster, const PredictOptions& opt, StepPrediction r);
 
+// A backward strand as a micro-batch before the step's last runs it (Executor's block sums): each
+// last_micro_batch collective becomes an element-wise add of its input into the block sum (read
+// both, write the sum), and the ops reading its output do not run. Unchanged when it has none.
+std::vector<Op> folding_variant(const std::vector<Op>& ops) {
+  std::vector<Op> out;
+  std::set<std::string> deferred;
+  for (const Op& op : ops) {
+    if (std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& b) { return deferred.count(b) > 0; }))
+      continue;
+    auto it = op.attrs.find("last_micro_batch");
+    if (op.is_collective() && it != op.attrs.end() && it->second) {
+      deferred.insert(op.outputs.begin(), op.outputs.end());
+      Op add;
+      add.name = op.name + ".fold";
+      add.code = "block_sum_add";
+      add.inputs = op.inputs;
+      add.cost.bytes = 3 * op.cost.comm_bytes;
+      out.push_back(add);
+      continue;
+    }
+    out.push_back(op);
+  }
+  return out;
+}
+
 }  // namespace
 
 MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
@@ -360,6 +385,12 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
     if (s == p - 1 && p > 1 && m.tie_embeddings) elems += unit_elems(units[0]);
     MemoryUse mem;
     add_states(mem, elems, elem, lay.dp, zero);
+    // Block sums of the z-reduce-scattered weight gradients (fp32, one per weight) while the step's
+    // micro-batches accumulate (M > 1).
+    for (int u : mine)
+      for (const Op& op : (u == 0 ? progs.embed : u == L + 1 ? progs.head : progs.block).bwd)
+        if (M > 1 && op.is_collective() && op.attrs.count("last_micro_batch") && op.attrs.at("last_micro_batch"))
+          mem.grads += op.cost.comm_bytes;
     mem.gathered = gathered;
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
     const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
@@ -392,6 +423,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
                         price_strand(progs.block.bwd, groups, rates, Prefetch::kOn)};
   const UnitTimes head{price_strand(progs.head.fwd, groups, rates, Prefetch::kOn),
                        price_strand(progs.head.bwd, groups, rates, Prefetch::kOn)};
+  // The backward strands as the micro-batches before the last run them (3D z reduce-scatters
+  // folded into block sums, LayoutConfig::overlap3d.accumulate_z); the same strands otherwise.
+  const UnitTimes embed_fold{embed.fwd, price_strand(folding_variant(progs.embed.bwd), groups, rates, Prefetch::kOn)};
+  const UnitTimes block_fold{block.fwd, price_strand(folding_variant(progs.block.bwd), groups, rates, Prefetch::kOn)};
+  const UnitTimes head_fold{head.fwd, price_strand(folding_variant(progs.head.bwd), groups, rates, Prefetch::kOn)};
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
   const int64_t M = r.micro_batches;
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
@@ -420,11 +456,13 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     std::map<std::string, AxisCost> axes;  // one micro-batch, forward and backward
     std::vector<double> bwd_span, grad_bytes;
   };
-  std::vector<StageMb> stages(p);
+  std::vector<StageMb> stages(p), folding(p);  // the last micro-batch's strands; the earlier ones'
+  for (int v = 0; v < 2; ++v)
   for (int s = 0; s < p; ++s) {
-    StageMb& g = stages[s];
+    StageMb& g = (v == 0 ? stages : folding)[s];
     for (int u : stage_units(L, p, s)) {
-      const UnitTimes& t = u == 0 ? embed : u == L + 1 ? head : block;
+      const UnitTimes& t = v == 0 ? (u == 0 ? embed : u == L + 1 ? head : block)
+                                  : (u == 0 ? embed_fold : u == L + 1 ? head_fold : block_fold);
       g.Ff += t.fwd.span_s, g.Bb += t.bwd.span_s, g.Cf += t.fwd.compute_s, g.Cb += t.bwd.compute_s;
       add_axes(g.axes, t.fwd.axes, 1);
       add_axes(g.axes, t.bwd.axes, 1);
@@ -479,6 +517,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     st.axes.clear(), st.bubble_s = 0;
     const std::vector<int> mine = stage_units(L, p, s);
     const StageMb& g = stages[s];
+    const StageMb& gf = folding[s];
     const double Ff = g.Ff, Bb = g.Bb, Cf = g.Cf, Cb = g.Cb, elems = g.elems;
     const std::map<std::string, AxisCost>& axes_mb = g.axes;
     const double slot = slot_of(g);
@@ -486,15 +525,18 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     const double si_scale = own_exposed > 0 ? (slot - Cf - Cb) / own_exposed : 0.0;
     double body = 0;
     if (p == 1) {
-      body = si ? Ff + Bb + double(M - 1) * slot : double(M) * (Ff + Bb);
+      // The last micro-batch as written; the M - 1 before it with their z reduce-scatters folded.
+      const double slot_f = slot_of(gf), own_f = gf.Ff + gf.Bb - gf.Cf - gf.Cb;
+      const double si_scale_f = own_f > 0 ? (slot_f - gf.Cf - gf.Cb) / own_f : 0.0;
+      body = si ? Ff + Bb + double(M - 1) * slot_f : double(M - 1) * (gf.Ff + gf.Bb) + Ff + Bb;
       add_axes(st.axes, axes_mb, 1);
-      add_axes(st.axes, axes_mb, double(M - 1), si ? si_scale : 1.0);
+      add_axes(st.axes, gf.axes, double(M - 1), si ? si_scale_f : 1.0);
     } else {
       body = pipe_body;
       st.bubble_s = pipe_bubble;
       add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
     }
-    st.compute_s = double(M) * (Cf + Cb);
+    st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
     // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather.
     const GroupLink& dp = groups.at("dp");
     double tail = dp_exposed(g.bwd_span, g.grad_bytes, dp, opt.zero, st.axes["dp"]);

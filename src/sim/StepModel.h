@@ -36,8 +36,10 @@
 // 3D layouts whose programs build_programs does not yet write (no op on x, y or z) are priced by the
 // corrected closed form (AxonnModel.h) with compute from the single-rank program's FLOPs divided over
 // the grid; StepPrediction::pricer says which.
+// 3D with accumulate_z: the micro-batches before the last add each weight gradient block into a
+// sum (an element-wise add) instead of reduce-scattering it over z; the last reduce-scatters the sum.
 // Memory per rank (a hard limit against the preset's device memory): parameters (element size),
-// gradients (fp32, 4 bytes), AdamW (two fp32 moments, 8 bytes, plus a 4-byte fp32 master copy under
+// gradients (fp32, 4 bytes; plus the block sums under accumulate_z), AdamW (two fp32 moments, 8 bytes, plus a 4-byte fp32 master copy under
 // bf16; divided by dp under ZeRO-1), gathered 3D weight blocks (two in flight: prefetch), and
 // activations: the programs' saved buffers (forward buffers the backward reads) x layers on the
 // stage x micro-batches in flight (1F1B stage s: min(p - s, M); with Strand Interleaving one more

@@ -100,6 +100,7 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "tp_order", parallel.tp_order, kString, 0, 0, "3D axes from innermost (consecutive ranks) outward: a permutation of xyz"),
       DHX_F("parallel", "overlap_ar", parallel.overlap_ar, kOnOff, 0, 0, "3D TP: the input-gradient all-reduce runs under the weight-gradient GEMM (off: waited for at once)"),
       DHX_F("parallel", "overlap_rs", parallel.overlap_rs, kOnOff, 0, 0, "3D TP: weight-gradient reduce-scatters over z run in the background until the layer's backward ends (off: waited for at once)"),
+      DHX_F("parallel", "accumulate_z_grads", parallel.accumulate_z_grads, kOnOff, 0, 0, "3D TP: weight gradients are summed over the step's micro-batches at block size and reduce-scattered over z once, by the last micro-batch (one block of memory per weight; off: a reduce-scatter per micro-batch, as AxoNN)"),
       DHX_F("parallel", "overlap_ag", parallel.overlap_ag, kOnOff, 0, 0, "3D TP: each layer's weight all-gathers over z are issued ahead, at the layer's start (off: each just before its GEMM, waited for at once)"),
       DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
       DHX_F("parallel", "sparse_embed_grad", parallel.sparse_embed_grad, kOnOff, 0, 0, "dp > 1, tp = 1: the last micro-batch's token-embedding gradient is all-gathered as rows (when tokens x dp < 2 x vocab) instead of all-reduced whole at the end of backward"),
@@ -539,7 +540,8 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.tp_y = static_cast<int>(cfg.parallel.tp_y);
   l.tp_z = static_cast<int>(cfg.parallel.tp_z);
   l.tp_order = cfg.parallel.tp_order;
-  l.overlap3d = {cfg.parallel.overlap_ar, cfg.parallel.overlap_rs, cfg.parallel.overlap_ag};
+  l.overlap3d = {cfg.parallel.overlap_ar, cfg.parallel.overlap_rs, cfg.parallel.overlap_ag,
+                 cfg.parallel.accumulate_z_grads};
   return l;
 }
 

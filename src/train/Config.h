@@ -54,7 +54,7 @@ struct ParallelConfig {
   // the collective waited for where it is issued): the input-gradient all-reduce under the
   // weight-gradient GEMM, the weight-gradient reduce-scatters in the background, the next weights'
   // all-gather prefetched.
-  bool overlap_ar = true, overlap_rs = true, overlap_ag = true;
+  bool overlap_ar = true, overlap_rs = true, overlap_ag = true, accumulate_z_grads = true;
   int64_t zero = 0;  // 0: replicated optimizer state; 1: sharded over dp
   bool sparse_embed_grad = true;  // GradSync::enable_sparse_embedding (when it pays)
 };

@@ -168,6 +168,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   for (GroupRole r : {GroupRole::kX, GroupRole::kY, GroupRole::kZ})
     if (ProcessGroup* g = group_of(r)) parts_->ctx.groups[group_role_name(r)] = g;
   const int last_mb = static_cast<int>(cfg_.training.micro_batches) - 1;
+  parts_->ctx.micro_batches = static_cast<int>(cfg_.training.micro_batches);  // 3D: z reduce-scatters by the last
   parts_->ctx.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
     if (mb == last_mb) sync_->on_grad_op(unit, op);
   };
