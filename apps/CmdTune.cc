@@ -113,20 +113,13 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
       fmt::print("{}", kTuneUsage);
       return std::nullopt;
     }
-    if (w == "--paper-compat") {
-      req.paper = true;
-      continue;
-    }
-    if (w == "--measure-gemm") {
-      req.measure_gemm = true;
-      continue;
-    }
-    if (w == "--trace") {
-      req.trace = true;
-      continue;
-    }
-    if (w == "--explain") {
-      req.explain = true;
+    // Switches: flags without a value.
+    static const std::map<std::string, bool TuneRequest::*> switches = {{"--paper-compat", &TuneRequest::paper},
+                                                                         {"--measure-gemm", &TuneRequest::measure_gemm},
+                                                                         {"--trace", &TuneRequest::trace},
+                                                                         {"--explain", &TuneRequest::explain}};
+    if (auto sw = switches.find(w); sw != switches.end()) {
+      req.*(sw->second) = true;
       continue;
     }
     bool has_value = false;
