@@ -41,6 +41,11 @@ struct Op {
   OpCost cost;
 
   bool is_collective() const { return kind == OpKind::kCollective; }
+  // A 0/1 attribute ("blocking", "background", "last_micro_batch"): set and non-zero.
+  bool flag(const std::string& key) const {
+    auto it = attrs.find(key);
+    return it != attrs.end() && it->second != 0;
+  }
 };
 
 // One layer: forward ops, then backward ops. Buffers named in `boundary_in/out` cross layers:

@@ -153,11 +153,11 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
 }
 
 bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
-  if (ctx_.micro_batches <= 1 || !op.attrs.count("last_micro_batch") || !op.attrs.at("last_micro_batch")) return false;
-  const Tensor& in = s.env->at(op.inputs.at(0));
+  if (ctx_.micro_batches <= 1 || !op.flag("last_micro_batch")) return false;
+  Tensor& in = s.env->at(op.inputs.at(0));
   const auto key = std::make_pair(s.unit, op.name);
+  auto it = block_sums_.find(key);
   if (s.mb < ctx_.micro_batches - 1) {
-    auto it = block_sums_.find(key);
     if (s.mb == 0 || it == block_sums_.end()) {
       block_sums_[key] = in.clone();  // micro-batch 0 starts the step's sum (nothing stale survives)
     } else {
@@ -167,11 +167,9 @@ bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
     s.env->deferred.insert(op.outputs.at(0));
     return true;
   }
-  auto it = block_sums_.find(key);
   DHX_CHECK(it != block_sums_.end(), InternalError,
             "{} of unit {}: the last micro-batch ({}) found no block sum of the earlier ones", op.name, s.unit, s.mb);
-  Tensor& last = s.env->at(op.inputs.at(0));
-  cpu::add_inplace<float>(last.f32(), it->second.f32(), last.numel());
+  cpu::add_inplace<float>(in.f32(), it->second.f32(), in.numel());
   block_sums_.erase(it);
   return false;
 }
@@ -184,7 +182,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   if (skipped) {
     // Reads the output of a collective this micro-batch deferred to the last one (its input went
     // into the block sum): nothing to do now.
-  } else if (op.is_collective() && op.attrs.count("last_micro_batch") && fold_into_block_sum(s, op)) {
+  } else if (op.is_collective() && fold_into_block_sum(s, op)) {
     // folded: the last micro-batch reduce-scatters the sum
   } else if (op.is_collective() && op.attrs.count("prefetch_unit")) {
     issue_prefetch(kind, s, op);  // waited for by the neighbouring unit that adopts it
@@ -192,11 +190,9 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     issued.push_back({&env, op.outputs.at(0)});  // gathered already (or in flight): completes with the block
   } else if (op.is_collective()) {
     issue_collective(kind, s, op);
-    auto blocking = op.attrs.find("blocking");  // an overlap switched off: waited for where issued
-    auto background = op.attrs.find("background");
-    if (ctx_.expose_collectives || (blocking != op.attrs.end() && blocking->second))
+    if (ctx_.expose_collectives || op.flag("blocking"))  // an overlap switched off: waited for where issued
       wait_pending(env, op.outputs.at(0));
-    else if (background == op.attrs.end() || !background->second)
+    else if (!op.flag("background"))
       issued.push_back({&env, op.outputs.at(0)});
     // A background collective (3D TP's weight-gradient reduce-scatter with ORS) does not hold up the
     // end of its block: it stays pending until the op that reads it (grad_accum, the unit's last

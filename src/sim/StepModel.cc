@@ -127,7 +127,7 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
         read_later = std::find(ops[j].inputs.begin(), ops[j].inputs.end(), b) != ops[j].inputs.end();
     }
     if (read_later) needed_ends.push_back({end, op.group});
-    if (op.attrs.count("blocking") && op.attrs.at("blocking") != 0 && end > engine) {
+    if (op.flag("blocking") && end > engine) {
       // Waited for at issue: the engine idles until it completes.
       axis.exposed_s += end - engine;
       engine = end;
@@ -338,8 +338,7 @@ std::vector<Op> folding_variant(const std::vector<Op>& ops) {
   for (const Op& op : ops) {
     if (std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& b) { return deferred.count(b) > 0; }))
       continue;
-    auto it = op.attrs.find("last_micro_batch");
-    if (op.is_collective() && it != op.attrs.end() && it->second) {
+    if (op.is_collective() && op.flag("last_micro_batch")) {
       deferred.insert(op.outputs.begin(), op.outputs.end());
       Op add;
       add.name = op.name + ".fold";
@@ -354,18 +353,14 @@ std::vector<Op> folding_variant(const std::vector<Op>& ops) {
   return out;
 }
 
-}  // namespace
-
-MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
-                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
-  const std::vector<std::string> errs = layout_errors(m, lay, batch);
-  DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
+// memory_per_rank of a legal layout `lay` (as the engine runs it: tp with sequence parallelism)
+// whose programs and units are built already; predict() passes its own.
+MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
+                    const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision, Zero zero,
+                    StrandInterleaving si, std::vector<std::string>* notes) {
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
-  LayoutConfig plain = lay;
-  plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
-  const ModelPrograms progs = build_programs(m, plain, {batch.micro_batch, batch.seq});
   const double elem = element_bytes(precision);
-  const ActDims dims = act_dims(m, plain, batch);
+  const ActDims dims = act_dims(m, lay, batch);
   std::vector<std::string> unknown;
   const double act_block = saved_bytes(progs.block, dims, elem, unknown);
   const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
@@ -376,7 +371,6 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
     if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather)
       gathered = std::max(gathered, 2 * op.cost.comm_bytes * elem / 4.0);
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
-  const std::vector<UnitSpec> units = model_units(m, plain, 0);
   MemoryUse worst;
   for (int s = 0; s < p; ++s) {
     const std::vector<int> mine = stage_units(L, p, s);
@@ -389,7 +383,7 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
     // micro-batches accumulate (M > 1).
     for (int u : mine)
       for (const Op& op : (u == 0 ? progs.embed : u == L + 1 ? progs.head : progs.block).bwd)
-        if (M > 1 && op.is_collective() && op.attrs.count("last_micro_batch") && op.attrs.at("last_micro_batch"))
+        if (M > 1 && op.is_collective() && op.flag("last_micro_batch"))
           mem.grads += op.cost.comm_bytes;
     mem.gathered = gathered;
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
@@ -399,6 +393,18 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
     if (mem.total() > worst.total()) worst = mem;  // the largest any stage needs is the limit
   }
   return worst;
+}
+
+}  // namespace
+
+MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+  const std::vector<std::string> errs = layout_errors(m, lay, batch);
+  DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
+  LayoutConfig plain = lay;
+  plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
+  return memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq}), model_units(m, plain, 0), batch,
+                   precision, zero, si, notes);
 }
 
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
@@ -563,7 +569,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     // The slowest stage sets the step.
     if (st.step_s > worst) r = st, worst = st.step_s;
   }
-  r.memory = memory_per_rank(m, lay, batch, opt.precision, opt.zero, opt.si, &notes);
+  r.memory = memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, opt.si, &notes);
   r.notes = notes;
   for (const auto& [unit, t] : {std::pair<const char*, const UnitTimes*>{"embed", &embed}, {"block", &block},
                                 {"head", &head}}) {
