@@ -1,4 +1,4 @@
-// Internal <-> Hugging Face tensor layouts for GPT-2 and Llama checkpoints.
+// Internal <-> Hugging Face tensor layouts for GPT-2, Llama and Mixtral-style MoE checkpoints.
 #include "model/HfNames.h"
 
 #include <set>
@@ -66,6 +66,18 @@ std::vector<Piece> pieces(const ModelConfig& m) {
       out.push_back({h + "self_attn.v_proj.weight", p + "wqkv", q + kv, kv});
       out.push_back({h + "self_attn.o_proj.weight", p + "wo"});
       out.push_back({h + "post_attention_layernorm.weight", p + "mlp_norm.weight"});
+      if (m.is_moe()) {
+        // Mixtral's names (Phi-3.5-MoE uses the same): w1 = gate, w3 = up, w2 = down, per expert.
+        const std::string s = h + "block_sparse_moe.";
+        out.push_back({s + "gate.weight", p + "router"});
+        for (int64_t e = 0; e < m.n_experts; ++e) {
+          const std::string x = fmt::format("{}experts.{}.", s, e);
+          out.push_back({x + "w1.weight", p + "experts.wgu", e * 2 * F, F});
+          out.push_back({x + "w2.weight", p + "experts.wdown", e * C, C});
+          out.push_back({x + "w3.weight", p + "experts.wgu", e * 2 * F + F, F});
+        }
+        continue;
+      }
       out.push_back({h + "mlp.gate_proj.weight", p + "wgu", 0, F});
       out.push_back({h + "mlp.up_proj.weight", p + "wgu", F, F});
       out.push_back({h + "mlp.down_proj.weight", p + "wdown"});

@@ -1,5 +1,6 @@
 // Hugging Face tensor names for checkpoints: GPT-2 layout (transformer.h.{i}.attn.c_attn, Conv1D
-// weights stored [in, out]) and Llama layout (model.layers.{i}.self_attn.q_proj, ...). Converts
+// weights stored [in, out]), Llama layout (model.layers.{i}.self_attn.q_proj, ...) and, for the moe
+// family, Mixtral's (model.layers.{i}.block_sparse_moe.gate / experts.{e}.w1, w2, w3). Converts
 // between our full (unsharded) internal tensors and HF tensors: fused q|k|v and gate|up are
 // split, GPT-2 Conv1D weights transposed, vocabulary padding rows dropped.
 #pragma once

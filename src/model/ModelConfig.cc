@@ -9,7 +9,14 @@
 
 namespace dhelix {
 
-const char* family_name(ModelFamily f) { return f == ModelFamily::kGPT ? "gpt" : "llama"; }
+const char* family_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kGPT: return "gpt";
+    case ModelFamily::kLlama: return "llama";
+    case ModelFamily::kMoE: return "moe";
+  }
+  return "?";
+}
 
 int64_t ModelConfig::num_params() const {
   const int64_t C = d_model, D = head_dim(), F = ffn_hidden;
@@ -23,7 +30,8 @@ int64_t ModelConfig::num_params() const {
     per_layer += 2 * C;                                       // two RMSNorm weights
     per_layer += C * (n_heads + 2 * n_kv_heads) * D;          // q, k, v
     per_layer += n_heads * D * C;                             // o
-    per_layer += 3 * C * F;                                   // gate, up, down
+    per_layer += is_moe() ? n_experts * (3 * C * F) + n_experts * C  // experts' gate, up, down; router
+                          : 3 * C * F;                                   // gate, up, down
   }
   int64_t total = per_layer * n_layers + vocab_size * C;      // token embedding
   if (family == ModelFamily::kGPT) total += seq_len * C + 2 * C;  // wpe, ln_f
@@ -37,9 +45,11 @@ double ModelConfig::flops_per_token(int64_t seq) const {
   // 2 * 2 * seq * d_model per token; causal masking halves it; backward is 2x forward -> x3.
   const double C = static_cast<double>(d_model), F = static_cast<double>(ffn_hidden);
   const double D = static_cast<double>(head_dim());
+  // MoE: each token passes through its top_k experts and the router (the active parameters).
+  const double mlp = is_moe() ? static_cast<double>(top_k) * 3 * C * F + static_cast<double>(n_experts) * C : 3 * C * F;
   double matmul_per_layer = (family == ModelFamily::kGPT)
                                 ? (C * 3 * C + C * C + 2 * C * F)
-                                : (C * (n_heads + 2 * n_kv_heads) * D + n_heads * D * C + 3 * C * F);
+                                : (C * (n_heads + 2 * n_kv_heads) * D + n_heads * D * C + mlp);
   double matmul = matmul_per_layer * static_cast<double>(n_layers) + static_cast<double>(vocab_size) * C;
   double attn = 3.0 * 2.0 * static_cast<double>(n_layers) * static_cast<double>(seq) * C;  // (4/2)*3
   return 6.0 * matmul + attn;
@@ -64,9 +74,19 @@ std::vector<std::string> ModelConfig::validate() const {
   if (family == ModelFamily::kGPT && n_kv_heads != n_heads)
     errs.push_back(fmt::format("model.n_kv_heads={} must equal model.n_heads={} for the gpt family (no GQA)",
                                n_kv_heads, n_heads));
-  if (n_heads > 0 && d_model % n_heads == 0 && (d_model / n_heads) % 2 != 0 && family == ModelFamily::kLlama)
+  if (n_heads > 0 && d_model % n_heads == 0 && (d_model / n_heads) % 2 != 0 && llama_attention())
     errs.push_back(fmt::format("head_dim={} must be even for rotary embeddings", d_model / n_heads));
   if (norm_eps <= 0) errs.push_back(fmt::format("model.norm_eps={} must be positive", norm_eps));
+  if (is_moe()) {
+    pos("n_experts", n_experts);
+    if (n_experts > 0 && (top_k < 1 || top_k > n_experts))
+      errs.push_back(fmt::format("model.top_k={} must be in [1, model.n_experts={}]: each token is routed to top_k "
+                                 "distinct experts",
+                                 top_k, n_experts));
+    if (aux_loss_coef < 0)
+      errs.push_back(fmt::format("model.aux_loss_coef={} must be >= 0 (0 turns the load-balancing loss off)",
+                                 aux_loss_coef));
+  }
   return errs;
 }
 
@@ -120,6 +140,26 @@ const std::map<std::string, ModelConfig>& presets() {
     demo.tie_embeddings = true;
     m["demo"] = demo;
     m["gpt2-124m"] = gpt("gpt2-124m", 768, 12, 12, 1024);
+    // The small Mixture-of-Experts model of the demo config and the expert-parallel tests: the demo's
+    // attention, 8 SwiGLU experts of hidden 344 (half the demo's dense MLP: top-2 routing gives the
+    // demo's active MLP FLOPs per token), top-2.
+    ModelConfig moe = demo;
+    moe.name = "moe-demo";
+    moe.family = ModelFamily::kMoE;
+    moe.ffn_hidden = 344;
+    moe.n_experts = 8;
+    moe.top_k = 2;
+    m["moe-demo"] = moe;
+    // Phi-3.5-MoE's published shape (Hugging Face config: hidden 4096, 32 layers, 32 heads, 8 kv
+    // heads, intermediate 6400, 16 experts, top-2, vocab 32064, 4096 context as the papers train it,
+    // rope_theta 10000, untied head). Its blocks as the issue defines them: Llama attention with
+    // RMSNorm and softmax top-k routing (Phi-3.5's sparsemixer router and LayerNorm are not modelled).
+    ModelConfig phi = llama("phi-3.5-moe", 4096, 32, 32, 8, 6400, 32064, 4096);
+    phi.family = ModelFamily::kMoE;
+    phi.rope_theta = 10000.0;
+    phi.n_experts = 16;
+    phi.top_k = 2;
+    m["phi-3.5-moe"] = phi;
     // Llama-3.1 8B and 70B (published shapes).
     m["llama-8b"] = llama("llama-8b", 4096, 32, 32, 8, 14336, 128256, 8192);
     m["llama-70b"] = llama("llama-70b", 8192, 80, 64, 8, 28672, 128256, 8192);

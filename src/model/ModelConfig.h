@@ -1,6 +1,8 @@
 // Model description: the shape and family of a transformer. GPT-2 style (LayerNorm, learned
-// positions, GELU MLP, tied embeddings) or Llama style (RMSNorm, RoPE, SwiGLU, grouped-query
-// attention). Presets for the papers' shapes can be priced without being allocated.
+// positions, GELU MLP, tied embeddings), Llama style (RMSNorm, RoPE, SwiGLU, grouped-query
+// attention) or Mixture-of-Experts (Llama attention; the MLP replaced by a softmax top-k router over
+// n_experts SwiGLU experts, dropless, with the load-balancing auxiliary loss — Mixtral / Phi-3.5-MoE
+// blocks). Presets for the papers' shapes can be priced without being allocated.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -8,7 +10,7 @@
 
 namespace dhelix {
 
-enum class ModelFamily { kGPT, kLlama };
+enum class ModelFamily { kGPT, kLlama, kMoE };
 const char* family_name(ModelFamily f);
 
 struct ModelConfig {
@@ -25,6 +27,19 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool tie_embeddings = true;
   double init_std = 0.02;
+  // kMoE only: experts per layer, experts each token is routed to, the load-balancing loss's
+  // coefficient (Switch / Megatron: aux = coef * E * sum_e f_e P_e per layer and micro-batch, f_e the
+  // fraction of the k*N assignments that went to expert e, P_e its mean router probability), and
+  // whether the k gate weights are renormalised to sum to 1 (Mixtral) or are the raw probabilities.
+  // ffn_hidden is each expert's SwiGLU hidden size.
+  int64_t n_experts = 8;
+  int64_t top_k = 2;
+  double aux_loss_coef = 0.01;
+  bool norm_topk = true;
+
+  bool is_moe() const { return family == ModelFamily::kMoE; }
+  // Llama-style attention, RMSNorm and RoPE (llama and moe).
+  bool llama_attention() const { return family != ModelFamily::kGPT; }
 
   int64_t head_dim() const { return d_model / n_heads; }
   // Parameter count (exact for the layer structure implemented).
@@ -38,7 +53,7 @@ struct ModelConfig {
   std::vector<std::string> validate() const;
 };
 
-// Built-in presets by name: "demo", "gpt2-124m", "llama-8b", "llama-25b", "llama-39b",
+// Built-in presets by name: "demo", "moe-demo", "phi-3.5-moe", "gpt2-124m", "llama-8b", "llama-25b", "llama-39b",
 // "llama-66b", "llama-70b", "gpt-6.7b", "gpt-18b", "gpt-30b". Throws ConfigError listing names.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();

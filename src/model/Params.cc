@@ -15,6 +15,7 @@ const char* shard_role_name(ShardRole r) {
     case ShardRole::kColumn: return "column";
     case ShardRole::kRow: return "row";
     case ShardRole::kVocab: return "vocab";
+    case ShardRole::kExpert: return "expert";
     case ShardRole::kGrid: return "grid";
   }
   return "?";
@@ -25,6 +26,7 @@ ShardIndex ShardIndex::of(const LayoutConfig& lay, const RankCoord& c) {
   s.tp_rank = c.tp, s.tp = lay.tp;
   s.x = c.x, s.y = c.y, s.z = c.z;
   s.gx = lay.tp_x, s.gy = lay.tp_y, s.gz = lay.tp_z;
+  s.ep_rank = c.ep, s.ep = lay.ep;
   return s;
 }
 
@@ -84,6 +86,21 @@ ParamSpec replicated(const std::string& local, Shape shape, ParamInit init, bool
   p.init_std = std_;
   p.partial_grad = sp_partial;
   p.weight_decay = shape.size() > 1;
+  return p;
+}
+
+// E experts' [rows, cols] weights stacked as [E * rows, cols]; each of the ep ranks holds E / ep
+// whole experts (contiguous).
+ParamSpec experts(const std::string& local, int64_t E, int64_t rows, int64_t cols, int64_t ep, bool sp_partial,
+                  double std_) {
+  DHX_CHECK(E % ep == 0, ConfigError, "model.n_experts={} is not divisible by parallel.ep={}", E, ep);
+  ParamSpec p;
+  p.local = local;
+  p.full = {E * rows, cols};
+  p.shard = {E / ep * rows, cols};
+  p.role = ShardRole::kExpert;
+  p.init_std = std_;
+  p.partial_grad = sp_partial;
   return p;
 }
 
@@ -255,8 +272,18 @@ std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay,
       b.params.push_back(column("wqkv", {m.n_heads * D, m.n_kv_heads * D, m.n_kv_heads * D}, C, tp, std_));
       b.params.push_back(row("wo", C, m.n_heads * D, tp, std_res));
       b.params.push_back(replicated("mlp_norm.weight", {C}, ParamInit::kOnes, sp));
-      b.params.push_back(column("wgu", {F, F}, C, tp, std_));
-      b.params.push_back(row("wdown", C, F, tp, std_res));
+      if (m.is_moe()) {
+        // Router and experts see this rank's tokens only (the sequence shard under tp): their
+        // gradients are partial sums over tp, like the norms'.
+        ParamSpec router = replicated("router", {m.n_experts, C}, ParamInit::kNormal, sp, std_);
+        router.weight_decay = true;
+        b.params.push_back(router);
+        b.params.push_back(experts("experts.wgu", m.n_experts, 2 * F, C, lay.ep, sp, std_));
+        b.params.push_back(experts("experts.wdown", m.n_experts, C, F, lay.ep, sp, std_res));
+      } else {
+        b.params.push_back(column("wgu", {F, F}, C, tp, std_));
+        b.params.push_back(row("wdown", C, F, tp, std_res));
+      }
     }
     units.push_back(b);
   }
@@ -274,7 +301,7 @@ std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay,
   for (auto& u : units)
     for (auto& p : u.params) {
       p.name = u.prefix + p.local;
-      p.replicas = p.role == ShardRole::kReplicated ? tp : 1;
+      p.replicas = p.role == ShardRole::kReplicated || p.role == ShardRole::kExpert ? tp : 1;
     }
   (void)tp_rank;
   return units;
@@ -285,7 +312,7 @@ namespace {
 // Row ranges [begin, len) in `full` that make up a column/vocab shard, in shard order.
 std::vector<std::pair<int64_t, int64_t>> shard_rows(const ParamSpec& s, int r, int tp) {
   std::vector<std::pair<int64_t, int64_t>> out;
-  if (s.role == ShardRole::kVocab) {
+  if (s.role == ShardRole::kVocab || s.role == ShardRole::kExpert) {
     int64_t n = s.shard[0];
     out.push_back({r * n, n});
   } else {
@@ -326,7 +353,7 @@ template <typename Fn>
 void for_each_shard_piece(const ParamSpec& s, const ShardIndex& at, Fn fn) {
   // fn(full_offset_elems, shard_offset_elems, count_elems)
   if (s.role == ShardRole::kGrid) return for_each_grid_piece(s, at, fn);
-  const int r = at.tp_rank, tp = at.tp;
+  const int r = s.role == ShardRole::kExpert ? at.ep_rank : at.tp_rank, tp = s.role == ShardRole::kExpert ? at.ep : at.tp;
   if (s.role == ShardRole::kReplicated) {
     fn(0, 0, shape_numel(s.full));
     return;

@@ -18,6 +18,8 @@ enum class ShardRole {
   kColumn,      // rows of W[out,in] split over tp (fused parts split separately)
   kRow,         // columns of W[out,in] split over tp
   kVocab,       // rows of the [padded_vocab, C] embedding split over tp
+  kExpert,      // MoE experts stacked on dim 0 ([E * rows, cols]): contiguous runs of E / ep experts
+                // over the ep group (whole experts per rank; replicated over tp)
   kGrid,        // 3D tensor parallelism: dim 0 split over grid_rows, dim 1 over grid_cols (x or y);
                 // with z_flat the block is flattened and split over z (ParamSpec)
 };
@@ -29,6 +31,7 @@ enum class GridAxis { kNone, kX, kY };
 struct ShardIndex {
   int tp_rank = 0, tp = 1;
   int x = 0, y = 0, z = 0, gx = 1, gy = 1, gz = 1;
+  int ep_rank = 0, ep = 1;  // expert-parallel rank: which run of experts this rank holds
   static ShardIndex of(const LayoutConfig& lay, const RankCoord& c);
   bool is_3d() const { return gx * gy * gz > 1; }
   // The rank that holds vocabulary shard `vocab_rank()` of `vocab_shards()` (tp, or y under 3D).

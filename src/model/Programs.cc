@@ -1,4 +1,4 @@
-// Layer programs for the GPT and Llama families. One function per unit kind writes the forward
+// Layer programs for the GPT, Llama and MoE families. One function per unit kind writes the forward
 // op list and the backward op list with shapes, FLOPs and bytes; the layout decides which
 // collectives appear. The op codes are bound to kernels by the runtime's OpRegistry.
 #include "model/Programs.h"
@@ -186,6 +186,88 @@ Op norm_bwd(const Builder& b, const std::string& tag, const std::string& in, con
   return op;
 }
 
+// --- the Mixture-of-Experts MLP (dropless top-k routing over stacked SwiGLU experts) -------------
+// It reads the norm's output "h2" [Ns, C] (this rank's tokens: the sequence shard under tp) and
+// writes "mo"; no collective (experts are whole on every rank until expert parallelism splits them).
+// The expert ops' costs assume balanced routing: the N k assignments spread evenly over the experts.
+//   fwd: router logits -> route (softmax, top-k, gates, grouping by expert, aux loss) -> dispatch
+//        (gather rows by expert) -> grouped up-GEMM -> SwiGLU -> grouped down-GEMM -> combine
+//        (gate-weighted sum of each token's k rows)
+//   bwd: the reverse; the router's input gradient and the dispatch's sum into "dh2".
+void moe_fwd(const Builder& b, std::vector<Op>& f) {
+  const ModelConfig& m = b.m;
+  const double N = double(b.Ns), E = double(m.n_experts), P = N * double(m.top_k), C = double(b.C),
+               F = double(m.ffn_hidden);
+  Op router = b.compute("moe.router", "linear", {"h2"}, {"moe.logits"}, {"router"});
+  b.linear_cost(router, N, C, E);
+  f.push_back(router);
+  Op route = b.compute("moe.route", "moe_route", {"moe.logits"},
+                       {"moe.probs", "moe.expert", "moe.gate", "moe.counts", "moe.order", "moe.slot"});
+  b.elem_cost(route, N * E, 8, 3);
+  f.push_back(route);
+  Op disp = b.compute("moe.dispatch", "moe_dispatch", {"h2", "moe.order"}, {"moe.xs"});
+  b.elem_cost(disp, P * C, 0, 2);
+  f.push_back(disp);
+  Op fc = b.compute("moe.fc", "expert_linear", {"moe.xs", "moe.counts"}, {"moe.fc"}, {"experts.wgu"});
+  b.linear_cost(fc, P, C, 2 * F);
+  fc.attrs["gemm_rows"] = int64_t(P / E);  // one expert's GEMM, balanced (times E in the FLOPs)
+  f.push_back(fc);
+  Op act = b.compute("moe.act", "swiglu", {"moe.fc"}, {"moe.act"});
+  b.elem_cost(act, P * F, 6, 3);
+  f.push_back(act);
+  Op proj = b.compute("moe.proj", "expert_linear", {"moe.act", "moe.counts"}, {"moe.eo"}, {"experts.wdown"});
+  b.linear_cost(proj, P, F, C);
+  proj.attrs["gemm_rows"] = int64_t(P / E);
+  f.push_back(proj);
+  Op comb = b.compute("moe.combine", "moe_combine", {"moe.eo", "moe.slot", "moe.gate"}, {"mo"});
+  b.elem_cost(comb, P * C, 2, 2);
+  f.push_back(comb);
+}
+
+void moe_bwd(const Builder& b, std::vector<Op>& g) {
+  const ModelConfig& m = b.m;
+  const double N = double(b.Ns), E = double(m.n_experts), P = N * double(m.top_k), C = double(b.C),
+               F = double(m.ffn_hidden);
+  Op comb = b.compute("moe.combine.bwd", "moe_combine_bwd", {"dy", "moe.eo", "moe.slot", "moe.gate"},
+                      {"moe.deo", "moe.dgate"});
+  b.elem_cost(comb, P * C, 4, 3);
+  g.push_back(comb);
+  auto grouped = [&](Op& op, double in, double out) {
+    b.linear_cost(op, P, in, out);
+    op.attrs["gemm_rows"] = int64_t(P / E);
+  };
+  Op pd = b.compute("moe.proj.dgrad", "expert_linear_dgrad", {"moe.deo", "moe.counts"}, {"moe.dact"}, {"experts.wdown"});
+  grouped(pd, C, F);
+  g.push_back(pd);
+  Op pw = b.compute("moe.proj.wgrad", "expert_linear_wgrad", {"moe.deo", "moe.act", "moe.counts"}, {}, {},
+                    {"experts.wdown"});
+  grouped(pw, C, F);
+  g.push_back(pw);
+  Op ab = b.compute("moe.act.bwd", "swiglu_bwd", {"moe.dact", "moe.fc"}, {"moe.dfc"});
+  b.elem_cost(ab, P * F, 10, 3);
+  g.push_back(ab);
+  Op fd = b.compute("moe.fc.dgrad", "expert_linear_dgrad", {"moe.dfc", "moe.counts"}, {"moe.dxs"}, {"experts.wgu"});
+  grouped(fd, 2 * F, C);
+  g.push_back(fd);
+  Op fw = b.compute("moe.fc.wgrad", "expert_linear_wgrad", {"moe.dfc", "moe.xs", "moe.counts"}, {}, {},
+                    {"experts.wgu"});
+  grouped(fw, 2 * F, C);
+  g.push_back(fw);
+  Op rb = b.compute("moe.route.bwd", "moe_route_bwd", {"moe.dgate", "moe.probs", "moe.expert", "moe.gate", "moe.counts"},
+                    {"moe.dlogits"});
+  b.elem_cost(rb, N * E, 8, 3);
+  g.push_back(rb);
+  Op rd = b.compute("moe.router.dgrad", "linear_dgrad", {"moe.dlogits"}, {"moe.dh2"}, {"router"});
+  b.linear_cost(rd, N, E, C);
+  g.push_back(rd);
+  Op rw = b.compute("moe.router.wgrad", "linear_wgrad", {"moe.dlogits", "h2"}, {}, {}, {"router"});
+  b.linear_cost(rw, N, E, C);
+  g.push_back(rw);
+  Op db = b.compute("moe.dispatch.bwd", "moe_dispatch_bwd", {"moe.dxs", "moe.slot", "moe.dh2"}, {"dh2"});
+  b.elem_cost(db, P * C, 1, 2);
+  g.push_back(db);
+}
+
 LayerProgram block_program(const Builder& b) {
   const ModelConfig& m = b.m;
   const bool gpt = m.family == ModelFamily::kGPT;
@@ -220,11 +302,15 @@ LayerProgram block_program(const Builder& b) {
 
   // ---- MLP ----
   f.push_back(norm_fwd(b, n2, "x2", "h2", n2));
-  column_fwd(b, f, "mlp.fc", "h2", "fc", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl);
-  Op act = gpt ? b.compute("mlp.act", "gelu", {"fc"}, {"act"}) : b.compute("mlp.act", "swiglu", {"fc"}, {"act"});
-  b.elem_cost(act, double(b.N * Fl), gpt ? 10 : 6, gpt ? 2 : 3);
-  f.push_back(act);
-  row_fwd(b, f, "mlp.proj", "act", "mo", gpt ? "wproj" : "wdown", Fl);
+  if (m.is_moe()) {
+    moe_fwd(b, f);
+  } else {
+    column_fwd(b, f, "mlp.fc", "h2", "fc", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl);
+    Op act = gpt ? b.compute("mlp.act", "gelu", {"fc"}, {"act"}) : b.compute("mlp.act", "swiglu", {"fc"}, {"act"});
+    b.elem_cost(act, double(b.N * Fl), gpt ? 10 : 6, gpt ? 2 : 3);
+    f.push_back(act);
+    row_fwd(b, f, "mlp.proj", "act", "mo", gpt ? "wproj" : "wdown", Fl);
+  }
   Op res2 = b.compute("mlp.residual", "residual_add", {"x2", "mo"}, {"y"},
                       gpt ? std::vector<std::string>{"bproj"} : std::vector<std::string>{});
   b.elem_cost(res2, double(b.Ns * b.C), 1, 3);
@@ -237,13 +323,18 @@ LayerProgram block_program(const Builder& b) {
     b.elem_cost(bg, double(b.Ns * b.C), 1, 1);
     g.push_back(bg);
   }
-  std::vector<Op> held = row_bwd(b, g, "mlp.proj", "act", "dy", "dact", gpt ? "wproj" : "wdown", Fl);
-  Op act_b = gpt ? b.compute("mlp.act.bwd", "gelu_bwd", {"dact", "fc"}, {"dfc"})
-                 : b.compute("mlp.act.bwd", "swiglu_bwd", {"dact", "fc"}, {"dfc"});
-  b.elem_cost(act_b, double(b.N * Fl), gpt ? 20 : 10, 3);
-  g.push_back(act_b);
-  column_bwd(b, g, "mlp.fc", "h2", "dfc", "dh2", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl,
-             std::move(held));
+  std::vector<Op> held;
+  if (m.is_moe()) {
+    moe_bwd(b, g);
+  } else {
+    held = row_bwd(b, g, "mlp.proj", "act", "dy", "dact", gpt ? "wproj" : "wdown", Fl);
+    Op act_b = gpt ? b.compute("mlp.act.bwd", "gelu_bwd", {"dact", "fc"}, {"dfc"})
+                   : b.compute("mlp.act.bwd", "swiglu_bwd", {"dact", "fc"}, {"dfc"});
+    b.elem_cost(act_b, double(b.N * Fl), gpt ? 20 : 10, 3);
+    g.push_back(act_b);
+    column_bwd(b, g, "mlp.fc", "h2", "dfc", "dh2", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl,
+               std::move(held));
+  }
   g.push_back(norm_bwd(b, n2, "x2", "dh2", "dy", "dx2", n2));
   if (gpt) {
     Op bg = b.compute("attn.residual.bwd", "bias_grad", {"dx2"}, {}, {}, {"bo"});
@@ -737,6 +828,9 @@ LayerProgram head_program_3d(const Builder3& b) {
 }  // namespace
 
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
+  DHX_CHECK(!(m.is_moe() && lay.is_3d()), ConfigError,
+            "model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; use tp, dp and ep",
+            lay.tp_x, lay.tp_y, lay.tp_z);
   if (lay.is_3d()) {
     Builder3 b3{m, lay, mb.B, mb.T, mb.tokens(), m.d_model, lay.tp_x, lay.tp_y, lay.tp_z};
     ModelPrograms out{embed_program_3d(b3), block_program_3d(b3), head_program_3d(b3)};

@@ -38,6 +38,7 @@ struct RunContext {
   std::map<std::string, ProcessGroup*> groups;  // "tp", "pp", "x", "y", "z" -> this rank's group (absent if size 1)
   Trace* trace = nullptr;
   float dloss = 1.0f;                           // 1 / tokens per optimizer step (all mbs, all dp)
+  RouterStats router;                           // MoE: tokens per expert and the aux loss (StepRunner resets it)
   // Called after a compute op that accumulated parameter gradients (op.grads non-empty) ran for
   // micro-batch `mb` in unit `unit` (data-parallel buckets start as soon as they are complete).
   std::function<void(int mb, int unit, const Op& op)> on_grad_op;

@@ -324,6 +324,117 @@ void op_xent_finish(OpCall& c) {
   c.env.bufs[c.op.outputs.at(1)] = lg;
 }
 
+// ---- Mixture of Experts ----------------------------------------------------------------------
+// Experts this rank holds: the grouped ops' counts cover them (all E, or E / ep under expert
+// parallelism after the exchange).
+int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
+  DHX_ASSERT(w.dim(0) % counts.numel() == 0, "{}: weight {} vs {} experts", c.op.name, w.describe(), counts.numel());
+  return w.dim(0) / counts.numel();
+}
+
+void op_moe_route(OpCall& c) {
+  Tensor& lg = c.in(0);
+  const int64_t N = rows(lg), E = cols(lg), k = c.model.top_k;
+  Tensor& probs = c.out_new(0, {N, E});
+  Tensor& expert = c.out_new(1, {N, k}, DType::kI32);
+  Tensor& gate = c.out_new(2, {N, k});
+  Tensor& counts = c.out_new(3, {E}, DType::kI32);
+  Tensor& order = c.out_new(4, {N * k}, DType::kI32);
+  Tensor& slot = c.out_new(5, {N * k}, DType::kI32);
+  moe_route_fwd<float>(lg.f32(), probs.f32(), expert.data<int32_t>(), gate.f32(), N, E, k, c.model.norm_topk);
+  moe_group(expert.data<int32_t>(), N, k, E, counts.data<int32_t>(), order.data<int32_t>(), slot.data<int32_t>());
+  if (!c.router || c.unit.layer < 0) return;
+  RouterStats& st = *c.router;
+  const int64_t need = (c.unit.layer + 1) * E;
+  if (st.n_experts != E) st.n_experts = E, st.tokens.assign(c.model.n_layers * E, 0);
+  DHX_ASSERT(int64_t(st.tokens.size()) >= need, "router stats for layer {}", c.unit.layer);
+  for (int64_t e = 0; e < E; ++e) st.tokens[c.unit.layer * E + e] += counts.data<int32_t>()[e];
+  st.aux_weighted += double(N) * moe_aux_loss<float>(probs.f32(), counts.data<int32_t>(), N, E, k, c.model.aux_loss_coef);
+}
+
+// d objective / d probs[n,e] from the aux term: (N tokens * dloss) * coef * E * counts[e] / (N k N).
+void op_moe_route_bwd(OpCall& c) {
+  Tensor& dgate = c.in(0);
+  Tensor& probs = c.in(1);
+  Tensor& expert = c.in(2);
+  Tensor& gate = c.in(3);
+  Tensor& counts = c.in(4);
+  const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
+  std::vector<float> aux_dp(E);
+  for (int64_t e = 0; e < E; ++e)
+    aux_dp[e] = static_cast<float>(double(c.dloss) * c.model.aux_loss_coef * double(E) *
+                                   double(counts.data<int32_t>()[e]) / double(N * k));
+  Tensor& dl = c.out_new(0, {N, E});
+  moe_route_bwd<float>(probs.f32(), expert.data<int32_t>(), gate.f32(), dgate.f32(),
+                       c.model.aux_loss_coef > 0 ? aux_dp.data() : nullptr, dl.f32(), N, E, k, c.model.norm_topk);
+}
+
+void op_moe_dispatch(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& order = c.in(1);
+  const int64_t N = rows(x), C = cols(x), P = order.numel();
+  Tensor& xs = c.out_new(0, {P, C});
+  moe_dispatch<float>(x.f32(), order.data<int32_t>(), xs.f32(), P, P / N, C);
+}
+
+void op_moe_dispatch_bwd(OpCall& c) {
+  Tensor& dxs = c.in(0);
+  Tensor& slot = c.in(1);
+  Tensor& d_router = c.in(2);
+  const int64_t N = rows(d_router), C = cols(d_router);
+  Tensor& dx = c.out_new(0, {N, C});
+  dx.copy_from(d_router);
+  moe_dispatch_bwd<float>(dxs.f32(), slot.data<int32_t>(), dx.f32(), N, slot.numel() / N, C);
+}
+
+void op_moe_combine(OpCall& c) {
+  Tensor& eo = c.in(0);
+  Tensor& slot = c.in(1);
+  Tensor& gate = c.in(2);
+  const int64_t N = rows(gate), k = cols(gate), C = cols(eo);
+  Tensor& y = c.out_new(0, {N, C});
+  moe_combine<float>(eo.f32(), slot.data<int32_t>(), gate.f32(), y.f32(), N, k, C);
+}
+
+void op_moe_combine_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& eo = c.in(1);
+  Tensor& slot = c.in(2);
+  Tensor& gate = c.in(3);
+  const int64_t N = rows(gate), k = cols(gate), C = cols(eo);
+  Tensor& deo = c.out_new(0, {rows(eo), C});
+  Tensor& dgate = c.out_new(1, {N, k});
+  moe_combine_bwd<float>(dy.f32(), eo.f32(), slot.data<int32_t>(), gate.f32(), deo.f32(), dgate.f32(), N, k, C);
+}
+
+void op_expert_linear(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& counts = c.in(1);
+  ParamEntry& w = c.param(0);
+  const int64_t E = counts.numel(), O = expert_rows(c, w.value, counts), I = w.value.dim(1);
+  DHX_ASSERT(cols(x) == I, "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  Tensor& y = c.out_new(0, {rows(x), O});
+  expert_linear_fwd<float>(x.f32(), w.value.f32(), counts.data<int32_t>(), y.f32(), E, I, O);
+}
+
+void op_expert_linear_dgrad(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& counts = c.in(1);
+  ParamEntry& w = c.param(0);
+  const int64_t E = counts.numel(), O = expert_rows(c, w.value, counts), I = w.value.dim(1);
+  Tensor& dx = c.out_new(0, {rows(dy), I});
+  expert_linear_bwd_data<float>(dy.f32(), w.value.f32(), counts.data<int32_t>(), dx.f32(), E, I, O);
+}
+
+void op_expert_linear_wgrad(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  Tensor& counts = c.in(2);
+  ParamEntry& w = c.grad(0);
+  const int64_t E = counts.numel(), O = expert_rows(c, w.grad, counts), I = w.grad.dim(1);
+  expert_linear_bwd_weight<float>(dy.f32(), x.f32(), counts.data<int32_t>(), w.grad.f32(), E, I, O);
+}
+
 std::map<std::string, OpFn> make_registry() {
   std::map<std::string, OpFn> table = {
       {"linear", op_linear},         {"linear_dgrad", op_linear_dgrad}, {"linear_wgrad", op_linear_wgrad},
@@ -335,6 +446,10 @@ std::map<std::string, OpFn> make_registry() {
       {"embed_bwd", op_embed_bwd},   {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
       {"cross_entropy", op_cross_entropy}, {"xent_max", op_xent_max},   {"xent_stats", op_xent_stats},
       {"xent_finish", op_xent_finish},
+      {"moe_route", op_moe_route},   {"moe_route_bwd", op_moe_route_bwd}, {"moe_dispatch", op_moe_dispatch},
+      {"moe_dispatch_bwd", op_moe_dispatch_bwd}, {"moe_combine", op_moe_combine},
+      {"moe_combine_bwd", op_moe_combine_bwd}, {"expert_linear", op_expert_linear},
+      {"expert_linear_dgrad", op_expert_linear_dgrad}, {"expert_linear_wgrad", op_expert_linear_wgrad},
   };
   add_3d_ops(table);
   return table;

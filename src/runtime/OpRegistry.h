@@ -4,6 +4,8 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
+#include <algorithm>
 
 #include "model/ModelConfig.h"
 #include "model/Params.h"
@@ -13,6 +15,20 @@
 #include "parallel/ParamStore.h"
 
 namespace dhelix {
+
+// What the MoE router saw over a step: per layer and expert the tokens routed there, and the
+// load-balancing loss weighted by each micro-batch's tokens (sum over layers and micro-batches of
+// N_mb * aux; divided by the step's tokens it is the aux term of the objective). Filled by the
+// moe_route op; the step runner resets it per step.
+struct RouterStats {
+  int64_t n_experts = 0;
+  std::vector<int64_t> tokens;  // [layer * n_experts + e]
+  double aux_weighted = 0;
+  void clear() {
+    std::fill(tokens.begin(), tokens.end(), 0);
+    aux_weighted = 0;
+  }
+};
 
 struct OpCall {
   const Op& op;
@@ -26,6 +42,7 @@ struct OpCall {
   MemoryTracker* act_mem;
   float dloss;  // d(total loss)/d(per-token loss): 1 / tokens in the step (all micro-batches, all dp)
   const ShardIndex& shard;  // tp rank, or x, y, z under 3D tensor parallelism
+  RouterStats* router = nullptr;  // MoE routing statistics (may be null: nothing recorded)
 
   // The vocabulary shard this rank holds (tp rank, or y under 3D); the first sequence row of its
   // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of

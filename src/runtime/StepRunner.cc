@@ -146,6 +146,7 @@ int transfer_tag(const Transfer& t, int num_chunks) {
 
 StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<MicroBatch>& mbs) {
   StepStats st;
+  ctx_.router.clear();
   const int M = static_cast<int>(mbs.size());
   const int U = exec_.num_units();
   const int S = static_cast<int>(sch.chunks.size());
@@ -266,11 +267,14 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
+  st.aux_weighted = ctx_.router.aux_weighted;
+  st.expert_tokens = ctx_.router.tokens;
   return st;
 }
 
 StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   StepStats st;
+  ctx_.router.clear();
   const int U = exec_.num_units();
   const std::vector<Chunk> chunks = pipeline_chunks(pipeline_);
   const int S = static_cast<int>(chunks.size());
@@ -311,6 +315,8 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
     }
   }
   for (Work& w : sends) w.wait();
+  st.aux_weighted = ctx_.router.aux_weighted;
+  st.expert_tokens = ctx_.router.tokens;
   return st;
 }
 

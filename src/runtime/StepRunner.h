@@ -37,6 +37,12 @@ struct StepStats {
   // and, at the step's end, for its last sends to be delivered (0 at pp = 1). The schedule's
   // bubble, with the stages' imbalance and the transfer time the schedule did not hide.
   double p2p_wait_s = 0;
+  // MoE (else 0 / empty): the load-balancing loss summed over layers and this rank's micro-batches,
+  // each weighted by its tokens (over all ranks, divided by the step's tokens, it is the aux term the
+  // objective adds), and the tokens routed to each expert, [layer * n_experts + e], this rank's
+  // micro-batches and layers.
+  double aux_weighted = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 class StepRunner {

@@ -24,11 +24,20 @@ ModelConfig reference_config(ModelFamily family) {
     m.ffn_hidden = 128;
     m.tie_embeddings = true;
   } else {
-    m.name = "ref-llama";
+    m.name = family == ModelFamily::kMoE ? "ref-moe" : "ref-llama";
     m.n_kv_heads = 2;
     m.ffn_hidden = 64;
     m.tie_embeddings = false;
     m.rope_theta = 1000.0;  // not the default, so a hard-coded 10000 would show
+  }
+  if (family == ModelFamily::kMoE) {
+    // 4 experts of hidden 24, top-2, renormalised gates, an aux coefficient large enough that its
+    // gradient is a visible part of the router's (a wrong aux term fails the router gradient).
+    m.ffn_hidden = 24;
+    m.n_experts = 4;
+    m.top_k = 2;
+    m.aux_loss_coef = 0.1;
+    m.norm_topk = true;
   }
   return m;
 }

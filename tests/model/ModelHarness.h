@@ -20,7 +20,8 @@
 namespace dhelix::test {
 
 // The shapes the PyTorch fixtures are made for: vocab 96 (padded to 128, so padding rows are
-// exercised), 2 layers, d 32, 4 heads (2 kv heads for Llama), B = 2, T = 16, 2 micro-batches.
+// exercised), 2 layers, d 32, 4 heads (2 kv heads for Llama and MoE), B = 2, T = 16, 2 micro-batches;
+// MoE: 4 experts of hidden 24, top-2, aux coefficient 0.1.
 ModelConfig reference_config(ModelFamily family);
 constexpr int64_t kRefB = 2;
 constexpr int64_t kRefT = 16;

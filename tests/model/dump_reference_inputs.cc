@@ -25,7 +25,7 @@ Tensor stack(const std::vector<MicroBatch>& mbs, Tensor MicroBatch::*field) {
 
 void write_inputs(ModelFamily family, const std::filesystem::path& dir) {
   const ModelConfig m = reference_config(family);
-  const uint64_t seed = family == ModelFamily::kGPT ? 11 : 12;
+  const uint64_t seed = family == ModelFamily::kGPT ? 11 : family == ModelFamily::kLlama ? 12 : 13;
   NamedTensors tensors = to_hf(m, random_full_values(m, seed));
   const auto mbs = random_micro_batches(m, {kRefB, kRefT}, kRefMicroBatches, seed + 100);
   tensors.push_back({"tokens", stack(mbs, &MicroBatch::tokens)});
@@ -46,6 +46,12 @@ void write_inputs(ModelFamily family, const std::filesystem::path& dir) {
       {"B", fmt::format("{}", kRefB)},
       {"T", fmt::format("{}", kRefT)},
   };
+  if (m.is_moe()) {
+    meta["n_experts"] = fmt::format("{}", m.n_experts);
+    meta["top_k"] = fmt::format("{}", m.top_k);
+    meta["aux_loss_coef"] = fmt::format("{:.17g}", m.aux_loss_coef);
+    meta["norm_topk"] = m.norm_topk ? "1" : "0";
+  }
   const auto path = dir / fmt::format("{}_in.safetensors", family_name(family));
   write_safetensors(path.string(), tensors, meta);
   fmt::print("wrote {}\n", path.string());
@@ -61,7 +67,8 @@ int main(int argc, char** argv) {
   }
   try {
     std::filesystem::create_directories(argv[1]);
-    for (auto f : {dhelix::ModelFamily::kGPT, dhelix::ModelFamily::kLlama}) dhelix::test::write_inputs(f, argv[1]);
+    for (auto f : {dhelix::ModelFamily::kGPT, dhelix::ModelFamily::kLlama, dhelix::ModelFamily::kMoE})
+      dhelix::test::write_inputs(f, argv[1]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dump_reference_inputs: %s\n", e.what());
     return 1;

@@ -1,7 +1,7 @@
 // Whole model against PyTorch. Oracle: tests/fixtures/make_reference.py, an independent float64
 // implementation of each family in plain torch ops, whose outputs (per-token loss, logits, the
-// gradient of the step's mean loss for every Hugging Face tensor) are committed in
-// tests/fixtures/{gpt,llama}_ref.safetensors together with the weights and tokens they were
+// gradient of the step's objective for every Hugging Face tensor; for moe also each layer's
+// load-balancing loss) are committed in tests/fixtures/{gpt,llama,moe}_ref.safetensors together with the weights and tokens they were
 // computed from (regenerate with tests/fixtures/regen.sh). The engine runs in float32.
 //
 // Tolerances (origin: float32 rounding, u = 2^-24 = 6e-8 per operation, vs the float64 oracle):
@@ -51,7 +51,7 @@ Reference load_reference(ModelFamily family) {
   r.file = read_safetensors(path);
   // The fixture must have been made for exactly this config (else regenerate it).
   const ModelConfig& m = r.model;
-  const std::map<std::string, std::string> want = {
+  std::map<std::string, std::string> want = {
       {"family", family_name(family)},
       {"vocab_size", fmt::format("{}", m.vocab_size)},
       {"d_model", fmt::format("{}", m.d_model)},
@@ -66,6 +66,12 @@ Reference load_reference(ModelFamily family) {
       {"B", fmt::format("{}", kRefB)},
       {"T", fmt::format("{}", kRefT)},
   };
+  if (m.is_moe()) {
+    want["n_experts"] = fmt::format("{}", m.n_experts);
+    want["top_k"] = fmt::format("{}", m.top_k);
+    want["aux_loss_coef"] = fmt::format("{:.17g}", m.aux_loss_coef);
+    want["norm_topk"] = m.norm_topk ? "1" : "0";
+  }
   for (const auto& [k, v] : want) {
     auto it = r.file.metadata.find(k);
     EXPECT_TRUE(it != r.file.metadata.end() && it->second == v)
@@ -145,6 +151,20 @@ TEST_P(ModelReference, StepLossAndEveryGradientMatchTorch) {
   for (int64_t i = 0; i < ref_loss.numel(); ++i) ref_sum += ref_loss.data<double>()[i];
   EXPECT_EQ(st.tokens, ref_loss.numel());
   EXPECT_NEAR(st.loss_sum / double(st.tokens), ref_sum / double(ref_loss.numel()), kLossAbsTol);
+  if (r.model.is_moe()) {
+    // The load-balancing term of the objective: sum over layers, mean over micro-batches (equal
+    // micro-batches, so the token-weighted mean is the plain one). Its value is O(coef) = 0.1.
+    const Tensor& aux = r.at("ref.aux");
+    double ref_aux = 0;
+    for (int64_t i = 0; i < aux.numel(); ++i) ref_aux += aux.data<double>()[i];
+    ref_aux /= double(kRefMicroBatches);
+    EXPECT_NEAR(st.aux_weighted / double(st.tokens), ref_aux, kLossAbsTol);
+    // Every assignment is counted once: tokens * top_k per layer.
+    int64_t routed = 0;
+    for (int64_t v : st.expert_tokens) routed += v;
+    EXPECT_EQ(routed, st.tokens * r.model.top_k * r.model.n_layers);
+    std::printf("[moe] aux term %.6f (ref %.6f)\n", st.aux_weighted / double(st.tokens), ref_aux);
+  }
 
   std::map<std::string, Tensor> grads = h.full_grads();
   // Vocabulary padding rows are never read by the loss (oracle: construction), so their
@@ -176,7 +196,7 @@ TEST_P(ModelReference, StepLossAndEveryGradientMatchTorch) {
               hf.size(), worst.rel, worst_name.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, ModelReference, ::testing::Values(ModelFamily::kGPT, ModelFamily::kLlama),
+INSTANTIATE_TEST_SUITE_P(Families, ModelReference, ::testing::Values(ModelFamily::kGPT, ModelFamily::kLlama, ModelFamily::kMoE),
                          [](const auto& info) { return std::string(family_name(info.param)); });
 
 }  // namespace

@@ -34,6 +34,8 @@ void expect_bitwise_equal_steps(ModelFamily family, int micro_batches, const Pip
                                       pipeline_kind_name(pipe.kind), pipe.co_execute == CoExecute::kOn ? "+si" : "",
                                       pipe.virtual_stages);
   EXPECT_EQ(on.tokens, off.tokens) << ctx;
+  EXPECT_EQ(on.expert_tokens, off.expert_tokens) << ctx;
+  EXPECT_EQ(std::memcmp(&on.aux_weighted, &off.aux_weighted, sizeof(double)), 0) << ctx << ": aux loss differs";
   EXPECT_EQ(std::memcmp(&on.loss_sum, &off.loss_sum, sizeof(double)), 0)
       << ctx << ": loss sum " << on.loss_sum << " (SI) vs " << off.loss_sum << " (sequential)";
   for (const auto& [name, g] : g_off) {
@@ -51,11 +53,17 @@ TEST(StrandInterleaving, LlamaLossesAndGradientsBitwiseEqualSequential) {
   for (int M : {2, 3}) expect_bitwise_equal_steps(ModelFamily::kLlama, M);
 }
 
+// MoE: routing, the grouped expert GEMMs and the aux loss's gradient are per micro-batch, so the
+// schedule cannot change them either (the routing statistics are compared too).
+TEST(StrandInterleaving, MoeLossesAndGradientsBitwiseEqualSequential) {
+  for (int M : {2, 3}) expect_bitwise_equal_steps(ModelFamily::kMoE, M);
+}
+
 // The folded W and interleaved 1F1B at pp = 1 run the model as two chunks on one rank (the W's
 // down chunk embedding + layer 1, its up chunk layer 2 + head; interleaved: chunk i = layer i+1
 // with the embedding and head at the ends), with and without co-execution.
 TEST(StrandInterleaving, TwoChunkSchedulesBitwiseEqualSequential) {
-  for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama})
+  for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama, ModelFamily::kMoE})
     for (PipelineKind k : {PipelineKind::kW, PipelineKind::kInterleaved})
       for (CoExecute co : {CoExecute::kOff, CoExecute::kOn})
         for (int M : {2, 3}) {

@@ -85,6 +85,45 @@ template <typename T> void embedding_bwd(const int32_t* tokens, const T* dy, T* 
 template <typename T> void cross_entropy_fwd_bwd(const T* logits, const int32_t* targets, T* losses, T* dlogits, const T* dloss,
                                                  int64_t N, int64_t V);
 
+// ---- Mixture of Experts: dropless top-k routing, grouping by expert, grouped GEMMs ----
+// Routing: probs[N,E] = softmax(logits[N,E]) per row; expert[N,k] the k largest probabilities in
+// descending order (ties: the lower expert index first); gate[N,k] those probabilities, divided by
+// their sum when norm_topk (Mixtral) or as they are.
+template <typename T> void moe_route_fwd(const T* logits, T* probs, int32_t* expert, T* gate, int64_t N, int64_t E,
+                                         int64_t k, bool norm_topk);
+// Backward of routing. dgate[N,k] = d loss / d gate; aux_dprob[E] (may be null): d loss / d probs[n,e],
+// the same for every token (the load-balancing loss is linear in the mean probability). dlogits[N,E]
+// written.
+template <typename T> void moe_route_bwd(const T* probs, const int32_t* expert, const T* gate, const T* dgate,
+                                         const T* aux_dprob, T* dlogits, int64_t N, int64_t E, int64_t k, bool norm_topk);
+// Groups the N*k assignments a = n*k + j by expert: counts[E] tokens per expert; order[N*k] the
+// assignments sorted by expert, then by a (stable); slot[N*k] its inverse (slot[order[p]] = p).
+void moe_group(const int32_t* expert, int64_t N, int64_t k, int64_t E, int32_t* counts, int32_t* order,
+               int32_t* slot);
+// The load-balancing loss of one layer and micro-batch: coef * E * sum_e (counts[e] / (N k)) * mean_n probs[n,e].
+template <typename T> double moe_aux_loss(const T* probs, const int32_t* counts, int64_t N, int64_t E, int64_t k,
+                                          double coef);
+// xs[P,C] = the rows x[order[p] / k] (P = N*k).
+template <typename T> void moe_dispatch(const T* x, const int32_t* order, T* xs, int64_t P, int64_t k, int64_t C);
+// acc dx[N,C] += sum_j dxs[slot[n*k + j]], j ascending.
+template <typename T> void moe_dispatch_bwd(const T* dxs, const int32_t* slot, T* dx, int64_t N, int64_t k, int64_t C);
+// y[N,C] = sum_j gate[n,j] * eo[slot[n*k + j]], j ascending.
+template <typename T> void moe_combine(const T* eo, const int32_t* slot, const T* gate, T* y, int64_t N, int64_t k,
+                                       int64_t C);
+// deo[slot[a]] = gate[a] * dy[a / k]; dgate[a] = dy[a / k] . eo[slot[a]]. Both written.
+template <typename T> void moe_combine_bwd(const T* dy, const T* eo, const int32_t* slot, const T* gate, T* deo,
+                                           T* dgate, int64_t N, int64_t k, int64_t C);
+// Grouped linear over E experts: x[P,I] holds counts[0] rows of expert 0, then counts[1] of expert 1,
+// ...; w[E*O, I] stacks the experts' [O, I] weights. y[rows of e] = x[rows of e] @ w_e^T.
+template <typename T> void expert_linear_fwd(const T* x, const T* w, const int32_t* counts, T* y, int64_t E, int64_t I,
+                                             int64_t O);
+// dx[P,I] written: dy[rows of e] @ w_e.
+template <typename T> void expert_linear_bwd_data(const T* dy, const T* w, const int32_t* counts, T* dx, int64_t E,
+                                                  int64_t I, int64_t O);
+// acc dw_e[O,I] += dy[rows of e]^T @ x[rows of e] (an expert with no rows gets nothing).
+template <typename T> void expert_linear_bwd_weight(const T* dy, const T* x, const int32_t* counts, T* dw, int64_t E,
+                                                    int64_t I, int64_t O);
+
 // ---- elementwise ----
 template <typename T> void add(const T* a, const T* b, T* y, int64_t n);      // y = a + b
 // y[N,C] = (a + b) + bias[C], bias broadcast over rows (bitwise add() then a row add).
