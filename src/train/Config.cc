@@ -31,7 +31,7 @@ const char* kind_name(Kind k) {
     case Kind::kBool: return "bool";
     case Kind::kOnOff: return "on|off";
     case Kind::kString: return "string";
-    case Kind::kFamily: return "gpt|llama";
+    case Kind::kFamily: return "gpt|llama|moe";
   }
   return "?";
 }
@@ -54,7 +54,7 @@ struct Field {
 const std::vector<Field>& table() {
   static const std::vector<Field> t = {
       DHX_F("model", "preset", model_preset, kString, 0, 0, "built-in shape to start from; keys below override it"),
-      DHX_F("model", "family", model.family, kFamily, 0, 0, "gpt (LayerNorm, GELU, learned positions) or llama (RMSNorm, SwiGLU, RoPE, GQA)"),
+      DHX_F("model", "family", model.family, kFamily, 0, 0, "gpt (LayerNorm, GELU, learned positions), llama (RMSNorm, SwiGLU, RoPE, GQA) or moe (llama attention; the MLP a top-k router over n_experts SwiGLU experts)"),
       DHX_F("model", "vocab_size", model.vocab_size, kInt, 2, 1e9, "vocabulary size (must match the tokenizer)"),
       DHX_F("model", "seq_len", model.seq_len, kInt, 1, 1e9, "context length T of every training window"),
       DHX_F("model", "d_model", model.d_model, kInt, 1, 1e9, "hidden size"),
@@ -66,6 +66,10 @@ const std::vector<Field>& table() {
       DHX_F("model", "rope_theta", model.rope_theta, kFloat, 1, kInf, "RoPE base (Llama)"),
       DHX_F("model", "tie_embeddings", model.tie_embeddings, kBool, 0, 0, "share the token embedding with the LM head"),
       DHX_F("model", "init_std", model.init_std, kFloat, 0, 10, "std of the normal weight init"),
+      DHX_F("model", "n_experts", model.n_experts, kInt, 1, 1e6, "moe: experts per layer (ffn_hidden is each expert's SwiGLU hidden size)"),
+      DHX_F("model", "top_k", model.top_k, kInt, 1, 1e6, "moe: experts each token is routed to (dropless: every token reaches all of them)"),
+      DHX_F("model", "aux_loss_coef", model.aux_loss_coef, kFloat, 0, 1e3, "moe: coefficient of the load-balancing loss coef * E * sum_e f_e P_e per layer (Switch); 0 = off"),
+      DHX_F("model", "norm_topk", model.norm_topk, kBool, 0, 0, "moe: renormalise the k gate weights to sum to 1 (Mixtral); false: the raw router probabilities"),
       DHX_F("training", "steps", training.steps, kInt, 1, 1e12, "optimizer steps"),
       DHX_F("training", "micro_batch_size", training.micro_batch_size, kInt, 1, 1e9, "sequences per micro-batch per dp rank"),
       DHX_F("training", "micro_batches", training.micro_batches, kInt, 1, 1e9, "micro-batches accumulated per step"),
@@ -235,7 +239,8 @@ void assign(const Field& f, const Incoming& in, RunConfig& cfg, std::vector<std:
     case Kind::kFamily:
       if (text && *text == "gpt") *static_cast<ModelFamily*>(p) = ModelFamily::kGPT;
       else if (text && *text == "llama") *static_cast<ModelFamily*>(p) = ModelFamily::kLlama;
-      else bad("expected \"gpt\" or \"llama\"");
+      else if (text && *text == "moe") *static_cast<ModelFamily*>(p) = ModelFamily::kMoE;
+      else bad("expected \"gpt\", \"llama\" or \"moe\"");
       return;
   }
 }
@@ -334,6 +339,22 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                               "cp and ep to 1 (got pp={} cp={} ep={})",
                               p.tp_x, p.tp_y, p.tp_z, p.pp, p.cp, p.ep));
   }
+  if (m.is_moe()) {
+    divides("model.n_experts", m.n_experts, "parallel.ep (each expert-parallel rank holds n_experts / ep whole experts)",
+            p.ep);
+    if (grid3d)
+      e.push_back(fmt::format("model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; "
+                              "use tp, dp and pp", p.tp_x, p.tp_y, p.tp_z));
+    if (p.tp > 1)
+      e.push_back(fmt::format("model.family=moe runs with parallel.tp=1 in this build (got tp={}): the router's load "
+                              "statistics are not yet reduced over the sequence shards; use dp, pp or zero", p.tp));
+    if (p.ep > 1)
+      e.push_back(fmt::format("parallel.ep={}: expert parallelism (the all-to-all dispatch) is not in this build yet; "
+                              "set ep=1 (experts replicated, dp reduces their gradients)", p.ep));
+  } else if (p.ep > 1) {
+    e.push_back(fmt::format("parallel.ep={} splits experts, but model.family={} has none; set ep=1 or family=moe", p.ep,
+                            family_name(m.family)));
+  }
   if (!parse_pipeline_kind(c.schedule.pipeline))
     e.push_back(fmt::format("schedule.pipeline=\"{}\" is not a step schedule; use 1f1b, interleaved or w",
                             c.schedule.pipeline));
@@ -381,7 +402,7 @@ std::string value_str(const Field& f, const RunConfig& cfg) {
     case Kind::kOnOff: return *static_cast<bool*>(p) ? "\"on\"" : "\"off\"";
     case Kind::kString: return toml_quote(*static_cast<std::string*>(p));
     case Kind::kFamily:
-      return *static_cast<ModelFamily*>(p) == ModelFamily::kGPT ? "\"gpt\"" : "\"llama\"";
+      return fmt::format("\"{}\"", family_name(*static_cast<ModelFamily*>(p)));
   }
   return "";
 }

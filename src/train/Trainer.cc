@@ -279,13 +279,21 @@ StepReport Trainer::train_step() {
   StepReport r;
   r.step = step_ + 1;
   r.lr = lr_->at(step_);
-  Tensor agg = Tensor::empty({2}, DType::kF64);
-  agg.data<double>()[0] = st.loss_sum;
-  agg.data<double>()[1] = static_cast<double>(st.tokens);
+  // [loss sum, tokens, MoE aux sum, tokens per layer and expert...]: each stage adds its layers'.
+  const int64_t routed = cfg_.model.is_moe() ? cfg_.model.n_layers * cfg_.model.n_experts : 0;
+  Tensor agg = Tensor::zeros({3 + routed}, DType::kF64);
+  double* a = agg.data<double>();
+  a[0] = st.loss_sum;
+  a[1] = static_cast<double>(st.tokens);
+  a[2] = st.aux_weighted;
+  for (int64_t i = 0; i < std::min<int64_t>(routed, static_cast<int64_t>(st.expert_tokens.size())); ++i)
+    a[3 + i] = static_cast<double>(st.expert_tokens[i]);
   if (pp_) pp_->all_reduce(agg).wait();  // the stage holding the head has the loss; the others add 0
   if (z_) z_->all_reduce(agg).wait();    // 3D: each z rank's tokens (x and y ranks hold copies)
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
-  r.loss = agg.data<double>()[0] / agg.data<double>()[1];
+  r.loss = a[0] / a[1];
+  r.aux_loss = a[2] / a[1];
+  for (int64_t i = 0; i < routed; ++i) r.expert_tokens.push_back(static_cast<int64_t>(a[3 + i]));
   const double t_opt = now_seconds();
   r.grad_norm = opt_->grad_norm();
   // Every rank holds the same loss and norm (both reduced over every group), so all decide alike.
@@ -339,6 +347,23 @@ double Trainer::evaluate(int64_t batches) {
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   return agg.data<double>()[0] / agg.data<double>()[1];
 }
+
+// "aux 0.0102 | tokens per expert (all layers) 812 790 ... | busiest/mean 1.08": the balance the
+// load-balancing loss drives toward 1.
+namespace {
+std::string describe_routing(const StepReport& r, int64_t n_experts) {
+  std::string out = fmt::format("aux {:.4f}", r.aux_loss);
+  if (r.expert_tokens.empty() || n_experts <= 0) return out;
+  std::vector<int64_t> per(n_experts, 0);
+  for (size_t i = 0; i < r.expert_tokens.size(); ++i) per[i % n_experts] += r.expert_tokens[i];
+  int64_t total = 0, busiest = 0;
+  for (int64_t v : per) total += v, busiest = std::max(busiest, v);
+  out += " | tokens per expert (all layers)";
+  for (int64_t v : per) out += fmt::format(" {}", v);
+  if (total > 0) out += fmt::format(" | busiest/mean {:.2f}", double(busiest) * double(n_experts) / double(total));
+  return out;
+}
+}  // namespace
 
 int Trainer::run() {
   namespace fs = std::filesystem;
@@ -402,6 +427,7 @@ int Trainer::run() {
                       "({:.2f} of sgemm) | peak act {} | {:.3f} s",
                       r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac,
                       human_bytes(double(r.peak_activation_bytes)), r.seconds));
+      if (cfg_.model.is_moe()) log(fmt::format("step {:>5}/{} | moe | {}", r.step, tc.steps, describe_routing(r, cfg_.model.n_experts)));
     }
     if (metrics) {
       StepMetrics m;
@@ -417,6 +443,15 @@ int Trainer::run() {
       m.extras["step_s"] = r.seconds;
       m.extras["skipped_steps"] = skipped_total_;
       if (r.skipped) m.extras["skipped"] = true;
+      if (cfg_.model.is_moe()) {
+        // Per layer, the tokens each expert received this step (global batch, all ranks).
+        const int64_t E = cfg_.model.n_experts;
+        nlohmann::json layers = nlohmann::json::array();
+        for (int64_t l = 0; l < cfg_.model.n_layers; ++l)
+          layers.push_back(std::vector<int64_t>(r.expert_tokens.begin() + l * E, r.expert_tokens.begin() + (l + 1) * E));
+        m.extras["aux_loss"] = r.aux_loss;
+        m.extras["expert_tokens"] = layers;
+      }
       metrics->write(m);
     }
     bar.update(r.step, fmt::format("loss {:.3f}", r.loss));

@@ -37,6 +37,11 @@ struct StepReport {
   int64_t peak_activation_bytes = 0;
   int64_t peak_bytes = 0;  // activations + model/optimizer states
   bool skipped = false;    // a non-finite loss or gradient norm: no update (training.nonfinite = skip)
+  // MoE (else 0 / empty): the load-balancing term the objective adds (sum over layers of the
+  // token-weighted mean over micro-batches), and the global batch's tokens routed to each expert,
+  // [layer * n_experts + e], summed over all ranks.
+  double aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 enum class Quiet { kNo, kYes };

@@ -54,6 +54,7 @@ n_layers = 2
 n_heads = 4
 n_kv_heads = )" + (family == "gpt" ? "4" : "2") + R"(
 ffn_hidden = 128
+)" + (family == "moe" ? "n_experts = 4\ntop_k = 2\n" : "") + R"(
 [training]
 steps = 6
 micro_batch_size = 2

@@ -77,7 +77,7 @@ TEST_P(Families, LossFallsOnLearnableData) {
   EXPECT_LT(l.back(), l.front() - 1.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Trainer, Families, ::testing::Values("llama", "gpt"));
+INSTANTIATE_TEST_SUITE_P(Trainer, Families, ::testing::Values("llama", "gpt", "moe"));
 
 // A checkpoint of another shape is rejected with the tensor named, before anything changes.
 // `dhelix train` refuses a run by the memory `dhelix tune` reports (one cost vocabulary). Oracle:

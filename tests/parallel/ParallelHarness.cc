@@ -32,10 +32,10 @@ std::string write_walk_dataset(const std::string& dir, uint64_t seed) {
 RunConfig tiny_config(ModelFamily family, int dp, int tp, int zero, const std::string& data_prefix,
                       const std::string& out_dir, int64_t kv_heads, int64_t global_B) {
   DHX_CHECK(global_B % dp == 0, ConfigError, "global_B={} is not divisible by dp={}", global_B, dp);
-  const bool llama = family == ModelFamily::kLlama;
+  const bool llama = family != ModelFamily::kGPT;  // llama attention (llama, moe)
   const int64_t heads = llama ? 2 * kv_heads : 4;
   ConfigOverrides ov = {
-      {"model.family", llama ? "llama" : "gpt"},
+      {"model.family", family_name(family)},
       {"model.vocab_size", "256"},
       {"model.seq_len", "32"},
       {"model.d_model", "64"},
@@ -58,6 +58,11 @@ RunConfig tiny_config(ModelFamily family, int dp, int tp, int zero, const std::s
       {"parallel.zero", std::to_string(zero)},
       {"output.dir", out_dir},
   };
+  if (family == ModelFamily::kMoE) {  // 4 experts of hidden 88, top-2 (half the llama MLP each)
+    ov.push_back({"model.n_experts", "4"});
+    ov.push_back({"model.top_k", "2"});
+    ov.push_back({"model.ffn_hidden", "88"});
+  }
   return load_config_text("", "tiny_config", ov);
 }
 

@@ -102,6 +102,8 @@ std::vector<PipeCase> all_cases() {
     for (PipelineKind k : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
       for (int pp : {2, 4})
         for (CoExecute si : {CoExecute::kOff, CoExecute::kOn}) v.push_back({f, k, pp, si});
+  // MoE: each stage routes its own layers' tokens; the folded W and 1F1B with co-execution.
+  for (PipelineKind k : {PipelineKind::k1F1B, PipelineKind::kW}) v.push_back({ModelFamily::kMoE, k, 2, CoExecute::kOn});
   return v;
 }
 
