@@ -188,7 +188,8 @@ Op norm_bwd(const Builder& b, const std::string& tag, const std::string& in, con
 
 // --- the Mixture-of-Experts MLP (dropless top-k routing over stacked SwiGLU experts) -------------
 // It reads the norm's output "h2" [Ns, C] (this rank's tokens: the sequence shard under tp) and
-// writes "mo"; no collective (experts are whole on every rank until expert parallelism splits them).
+// writes "mo". Experts are whole on every rank (until expert parallelism splits them); the one
+// collective is the tp sum of the router's statistics.
 // The expert ops' costs assume balanced routing: the N k assignments spread evenly over the experts.
 //   fwd: router logits -> route (softmax, top-k, gates, grouping by expert, aux loss) -> dispatch
 //        (gather rows by expert) -> grouped up-GEMM -> SwiGLU -> grouped down-GEMM -> combine
@@ -202,9 +203,13 @@ void moe_fwd(const Builder& b, std::vector<Op>& f) {
   b.linear_cost(router, N, C, E);
   f.push_back(router);
   Op route = b.compute("moe.route", "moe_route", {"moe.logits"},
-                       {"moe.probs", "moe.expert", "moe.gate", "moe.counts", "moe.order", "moe.slot"});
+                       {"moe.probs", "moe.expert", "moe.gate", "moe.counts", "moe.order", "moe.slot", "moe.stats"});
   b.elem_cost(route, N * E, 8, 3);
   f.push_back(route);
+  // The load-balancing loss is over the whole micro-batch: under tp each rank routes its sequence
+  // shard, so the per-expert counts and probability sums ("moe.stats", 2E floats) are summed over
+  // tp; the sum runs under the expert GEMMs and is read by moe.aux (forward) and moe.route.bwd.
+  if (b.tp > 1) f.push_back(b.coll("tp.ar.moe.stats", CollOp::kAllReduce, "moe.stats", "moe.stats", 2 * E));
   Op disp = b.compute("moe.dispatch", "moe_dispatch", {"h2", "moe.order"}, {"moe.xs"});
   b.elem_cost(disp, P * C, 0, 2);
   f.push_back(disp);
@@ -219,6 +224,9 @@ void moe_fwd(const Builder& b, std::vector<Op>& f) {
   b.linear_cost(proj, P, F, C);
   proj.attrs["gemm_rows"] = int64_t(P / E);
   f.push_back(proj);
+  Op aux = b.compute("moe.aux", "moe_aux", {"moe.stats"}, {});
+  b.elem_cost(aux, 2 * E, 2, 1);
+  f.push_back(aux);
   Op comb = b.compute("moe.combine", "moe_combine", {"moe.eo", "moe.slot", "moe.gate"}, {"mo"});
   b.elem_cost(comb, P * C, 2, 2);
   f.push_back(comb);
@@ -253,7 +261,7 @@ void moe_bwd(const Builder& b, std::vector<Op>& g) {
                     {"experts.wgu"});
   grouped(fw, 2 * F, C);
   g.push_back(fw);
-  Op rb = b.compute("moe.route.bwd", "moe_route_bwd", {"moe.dgate", "moe.probs", "moe.expert", "moe.gate", "moe.counts"},
+  Op rb = b.compute("moe.route.bwd", "moe_route_bwd", {"moe.dgate", "moe.probs", "moe.expert", "moe.gate", "moe.stats"},
                     {"moe.dlogits"});
   b.elem_cost(rb, N * E, 8, 3);
   g.push_back(rb);

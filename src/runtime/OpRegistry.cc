@@ -341,29 +341,62 @@ void op_moe_route(OpCall& c) {
   Tensor& counts = c.out_new(3, {E}, DType::kI32);
   Tensor& order = c.out_new(4, {N * k}, DType::kI32);
   Tensor& slot = c.out_new(5, {N * k}, DType::kI32);
+  Tensor& stats = c.out_new(6, {2 * E});  // [tokens per expert | sum of each expert's probability]
   moe_route_fwd<float>(lg.f32(), probs.f32(), expert.data<int32_t>(), gate.f32(), N, E, k, c.model.norm_topk);
   moe_group(expert.data<int32_t>(), N, k, E, counts.data<int32_t>(), order.data<int32_t>(), slot.data<int32_t>());
-  if (!c.router || c.unit.layer < 0) return;
-  RouterStats& st = *c.router;
-  const int64_t need = (c.unit.layer + 1) * E;
-  if (st.n_experts != E) st.n_experts = E, st.tokens.assign(c.model.n_layers * E, 0);
-  DHX_ASSERT(int64_t(st.tokens.size()) >= need, "router stats for layer {}", c.unit.layer);
-  for (int64_t e = 0; e < E; ++e) st.tokens[c.unit.layer * E + e] += counts.data<int32_t>()[e];
-  st.aux_weighted += double(N) * moe_aux_loss<float>(probs.f32(), counts.data<int32_t>(), N, E, k, c.model.aux_loss_coef);
+  for (int64_t e = 0; e < E; ++e) {
+    double pe = 0;
+    for (int64_t n = 0; n < N; ++n) pe += static_cast<double>(probs.f32()[n * E + e]);
+    stats.f32()[e] = static_cast<float>(counts.data<int32_t>()[e]);
+    stats.f32()[E + e] = static_cast<float>(pe);
+  }
 }
 
-// d objective / d probs[n,e] from the aux term: (N tokens * dloss) * coef * E * counts[e] / (N k N).
+// The micro-batch's routing statistics (summed over tp): Ng tokens, counts c_e, probability sums S_e.
+struct RouteTotals {
+  int64_t E = 0;
+  double Ng = 0;
+  const float* counts = nullptr;
+  const float* psum = nullptr;
+};
+RouteTotals route_totals(const OpCall& c, const Tensor& stats) {
+  RouteTotals t;
+  t.E = stats.numel() / 2;
+  t.counts = stats.f32();
+  t.psum = stats.f32() + t.E;
+  for (int64_t e = 0; e < t.E; ++e) t.Ng += double(t.counts[e]);
+  t.Ng /= double(c.model.top_k);
+  return t;
+}
+
+// Records the layer's tokens per expert and its load-balancing loss coef * E * sum_e (c_e / (Ng k)) *
+// (S_e / Ng), weighted by the micro-batch's Ng tokens.
+void op_moe_aux(OpCall& c) {
+  const RouteTotals t = route_totals(c, c.in(0));
+  if (!c.router || c.unit.layer < 0 || t.Ng <= 0) return;
+  RouterStats& st = *c.router;
+  if (st.n_experts != t.E) st.n_experts = t.E, st.tokens.assign(c.model.n_layers * t.E, 0);
+  DHX_ASSERT(int64_t(st.tokens.size()) >= (c.unit.layer + 1) * t.E, "router stats for layer {}", c.unit.layer);
+  double s = 0;
+  for (int64_t e = 0; e < t.E; ++e) {
+    st.tokens[c.unit.layer * t.E + e] += static_cast<int64_t>(t.counts[e]);
+    s += double(t.counts[e]) / (t.Ng * double(c.model.top_k)) * (double(t.psum[e]) / t.Ng);
+  }
+  st.aux_weighted += t.Ng * c.model.aux_loss_coef * double(t.E) * s;
+}
+
+// d objective / d probs[n,e] from the aux term: (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng).
 void op_moe_route_bwd(OpCall& c) {
   Tensor& dgate = c.in(0);
   Tensor& probs = c.in(1);
   Tensor& expert = c.in(2);
   Tensor& gate = c.in(3);
-  Tensor& counts = c.in(4);
+  const RouteTotals t = route_totals(c, c.in(4));
   const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
   std::vector<float> aux_dp(E);
   for (int64_t e = 0; e < E; ++e)
-    aux_dp[e] = static_cast<float>(double(c.dloss) * c.model.aux_loss_coef * double(E) *
-                                   double(counts.data<int32_t>()[e]) / double(N * k));
+    aux_dp[e] = static_cast<float>(double(c.dloss) * c.model.aux_loss_coef * double(E) * double(t.counts[e]) /
+                                   (t.Ng * double(k)));
   Tensor& dl = c.out_new(0, {N, E});
   moe_route_bwd<float>(probs.f32(), expert.data<int32_t>(), gate.f32(), dgate.f32(),
                        c.model.aux_loss_coef > 0 ? aux_dp.data() : nullptr, dl.f32(), N, E, k, c.model.norm_topk);
@@ -446,7 +479,7 @@ std::map<std::string, OpFn> make_registry() {
       {"embed_bwd", op_embed_bwd},   {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
       {"cross_entropy", op_cross_entropy}, {"xent_max", op_xent_max},   {"xent_stats", op_xent_stats},
       {"xent_finish", op_xent_finish},
-      {"moe_route", op_moe_route},   {"moe_route_bwd", op_moe_route_bwd}, {"moe_dispatch", op_moe_dispatch},
+      {"moe_route", op_moe_route},   {"moe_route_bwd", op_moe_route_bwd}, {"moe_aux", op_moe_aux}, {"moe_dispatch", op_moe_dispatch},
       {"moe_dispatch_bwd", op_moe_dispatch_bwd}, {"moe_combine", op_moe_combine},
       {"moe_combine_bwd", op_moe_combine_bwd}, {"expert_linear", op_expert_linear},
       {"expert_linear_dgrad", op_expert_linear_dgrad}, {"expert_linear_wgrad", op_expert_linear_wgrad},

@@ -345,9 +345,6 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     if (grid3d)
       e.push_back(fmt::format("model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; "
                               "use tp, dp and pp", p.tp_x, p.tp_y, p.tp_z));
-    if (p.tp > 1)
-      e.push_back(fmt::format("model.family=moe runs with parallel.tp=1 in this build (got tp={}): the router's load "
-                              "statistics are not yet reduced over the sequence shards; use dp, pp or zero", p.tp));
     if (p.ep > 1)
       e.push_back(fmt::format("parallel.ep={}: expert parallelism (the all-to-all dispatch) is not in this build yet; "
                               "set ep=1 (experts replicated, dp reduces their gradients)", p.ep));

@@ -38,6 +38,15 @@ expect grid3d_pp "runs with dp only" -- train --config configs/demo.toml --paral
 expect grid3d_world "world size 1" "tp_z=2" "mpirun -np 8" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.tp_y 2 \
   --parallel.tp_z 2 --output.dir "$tmp/g5"
 
+# 2c. MoE: top_k above the experts, experts not divisible by ep, ep on a dense model, an unknown
+#     family: each named with its values.
+expect moe_topk "model.top_k=9" "n_experts=8" -- train --config configs/moe-demo.toml --model.top_k 9 --output.dir "$tmp/m1"
+expect moe_ep_divides "model.n_experts=8 is not divisible by parallel.ep" -- train --config configs/moe-demo.toml \
+  --parallel.ep 3 --parallel.dp 3 --output.dir "$tmp/m2"
+expect ep_dense "parallel.ep=2 splits experts" "family=llama" -- train --config configs/demo.toml --parallel.ep 2 \
+  --parallel.dp 2 --output.dir "$tmp/m4"
+expect moe_family "gpt" "moe" "mixture" -- train --config configs/moe-demo.toml --model.family mixture --output.dir "$tmp/m5"
+
 # 3. Missing dataset.
 expect missing_data "$tmp/none" -- train --config configs/demo.toml --data.prefix "$tmp/none" --output.dir "$tmp/r3"
 

@@ -59,6 +59,11 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     mega.parallel.sparse_embed_grad = false;  // the model prices the dense embedding all-reduce
     cases.push_back({"Megatron tp2 dp2", mega});
   }
+  {  // MoE: replicated experts in the dp buckets, router statistics summed over tp
+    RunConfig moe = tiny_config(ModelFamily::kMoE, 2, 2, 0, prefix, dir / "m", 2, 8);
+    moe.parallel.sparse_embed_grad = false;
+    cases.push_back({"MoE tp2 dp2", moe});
+  }
   for (const Case& c : cases) {
     const LayoutConfig lay = layout_config(c.cfg);
     BatchSpec batch{c.cfg.global_batch(), c.cfg.model.seq_len, c.cfg.training.micro_batch_size};

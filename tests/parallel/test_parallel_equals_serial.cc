@@ -54,7 +54,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelEqualsSerial,
                          ::testing::Values(Case{ModelFamily::kLlama, 2, 1}, Case{ModelFamily::kLlama, 1, 2},
                                            Case{ModelFamily::kLlama, 2, 2}, Case{ModelFamily::kLlama, 1, 4},
                                            Case{ModelFamily::kGPT, 2, 1}, Case{ModelFamily::kGPT, 1, 2},
-                                           Case{ModelFamily::kGPT, 2, 2}, Case{ModelFamily::kGPT, 1, 4}),
+                                           Case{ModelFamily::kGPT, 2, 2}, Case{ModelFamily::kGPT, 1, 4},
+                                           Case{ModelFamily::kMoE, 1, 2}),
                          case_name);
 
 // MoE under data parallelism (experts replicated, their gradients reduced with the rest). The
@@ -63,13 +64,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelEqualsSerial,
 // of its own: micro_batch_size B/dp and dp*M micro-batches (the DataLoader hands dp rank r window r of
 // each global micro-batch; the one process reads the same windows in the same order). Routing, aux
 // terms and per-token losses are then identical; only the gradient sums regroup (tolerances:
-// ParallelHarness.h). Also with ZeRO-1 and over the SI schedule.
+// ParallelHarness.h). Also with ZeRO-1, and with tp = 2 inside each replica (sequence-parallel
+// attention; each tp rank routes its sequence shard and the router statistics are summed over tp).
 TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
   RunConfig serial_cfg = tiny_config(ModelFamily::kMoE, 1, 1, 0, prefix, dir / "serial");
-  for (int zero : {0, 1}) {
-    RunConfig par_cfg = tiny_config(ModelFamily::kMoE, 2, 1, zero, prefix, dir / fmt::format("dp2_zero{}", zero));
+  for (auto [tp, zero] : {std::pair{1, 0}, std::pair{1, 1}, std::pair{2, 0}}) {
+    RunConfig par_cfg =
+        tiny_config(ModelFamily::kMoE, 2, tp, zero, prefix, dir / fmt::format("dp2_tp{}_zero{}", tp, zero));
     RunConfig s = serial_cfg;
     s.training.micro_batch_size = par_cfg.training.micro_batch_size;
     s.training.micro_batches = 2 * par_cfg.training.micro_batches;
@@ -81,9 +84,9 @@ TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
     std::string worst;
     const double grad_dev = zero == 0 ? max_grad_deviation(par.first_grads, serial.first_grads, &worst) : 0.0;
     const double loss_dev = max_rel_deviation(par.losses, serial.losses);
-    fmt::print("[measured] moe dp=2 zero={}: grad max rel dev {:.2e} ({}), 20-step max rel loss dev {:.2e}; loss "
-               "{:.4f} -> {:.4f}\n",
-               zero, grad_dev, worst, loss_dev, serial.losses.front(), serial.losses.back());
+    fmt::print("[measured] moe dp=2 tp={} zero={}: grad max rel dev {:.2e} ({}), 20-step max rel loss dev {:.2e}; "
+               "loss {:.4f} -> {:.4f}\n",
+               tp, zero, grad_dev, worst, loss_dev, serial.losses.front(), serial.losses.back());
     EXPECT_EQ(par.first_grads.size(), serial.first_grads.size());
     EXPECT_LE(grad_dev, kGradRelTol) << "worst tensor " << worst;
     EXPECT_LE(loss_dev, kLossRelTol);
