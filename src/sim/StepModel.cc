@@ -149,6 +149,9 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
   for (const std::string& x : m.validate()) e.push_back(x);
   if (lay.cp > 1 || lay.ep > 1)
     e.push_back(fmt::format("cp={} ep={}: context and expert parallelism are not priced", lay.cp, lay.ep));
+  if (m.is_moe() && lay.is_3d())
+    e.push_back(fmt::format("the moe family does not run on the 3D grid (x={} y={} z={}); Megatron tp x pp x dp only",
+                            lay.tp_x, lay.tp_y, lay.tp_z));
   auto div = [&](int64_t v, int64_t by, const std::string& what, const std::string& axis) {
     if (by > 1 && v % by != 0) e.push_back(fmt::format("{}={} is not divisible by {}={}", what, v, axis, by));
   };
@@ -187,6 +190,7 @@ struct ActDims {
   double Nres = 0;  // rows of the residual stream (N / tp under sequence parallelism)
   double Cres = 0;  // columns of the residual stream (C / Gx under 3D)
   double qkv = 0, att = 0, heads = 0, fc = 0, act = 0, vocab = 0;  // local widths
+  double experts = 0, top_k = 0, expert_ffn = 0;                    // MoE: E, k, each expert's F (whole)
 };
 
 ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
@@ -205,6 +209,7 @@ ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec&
   d.act = Fl;
   const int vshards = lay.is_3d() ? lay.tp_y : lay.tp;  // the vocabulary rows: over tp, or y under 3D
   d.vocab = double(padded_vocab(m, vshards) / vshards);
+  if (m.is_moe()) d.experts = double(m.n_experts), d.top_k = double(m.top_k), d.expert_ffn = double(m.ffn_hidden);
   return d;
 }
 
@@ -224,6 +229,16 @@ std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
   if (b == "logits" || b == "dlogits") return d.N * d.vocab;
   if (b == "xent.m" || b == "tokens" || b == "targets") return d.N;
   if (b == "xent.s") return 2 * d.N;
+  // MoE (model/Programs.cc moe_fwd): this rank's Nres tokens, P = Nres k assignments.
+  const double P = d.Nres * d.top_k;
+  if (b == "moe.probs") return d.Nres * d.experts;
+  if (b == "moe.expert" || b == "moe.gate") return P;
+  if (b == "moe.slot") return P;
+  if (b == "moe.counts") return d.experts;
+  if (b == "moe.stats") return 2 * d.experts;
+  if (b == "moe.xs" || b == "moe.eo") return P * d.Cres;
+  if (b == "moe.fc") return P * 2 * d.expert_ffn;
+  if (b == "moe.act") return P * d.expert_ffn;
   return std::nullopt;
 }
 
