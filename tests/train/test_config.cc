@@ -77,7 +77,7 @@ TEST(Config, ModelAndParallelRulesNameTheValues) {
   msg = error_of("", {{"training.steps", "ten"}, {"training.beta1", "1.5"}, {"model.family", "rnn"}});
   EXPECT_NE(msg.find("training.steps = \"ten\" (--training.steps): not an integer"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.beta1 = \"1.5\" (--training.beta1): must be in [0, "), std::string::npos) << msg;
-  EXPECT_NE(msg.find("expected \"gpt\" or \"llama\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected \"gpt\", \"llama\" or \"moe\""), std::string::npos) << msg;
   msg = error_of("steps = 3\n");
   EXPECT_NE(msg.find("top-level key 'steps' is not a [section]"), std::string::npos) << msg;
 }
