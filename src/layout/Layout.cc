@@ -1,5 +1,5 @@
 // Rank-grid arithmetic for Layout. Axes from innermost to outermost: the 3D tensor-parallel axes in
-// tp_order (x, y, z by default), tp, ep, cp, pp, dp; rank = sum over axes of coord * stride, each
+// tp_order (x, y, z by default), tp, cp, pp, dp (ep and edp partition the dp axis); rank = sum over axes of coord * stride, each
 // stride the product of the inner extents (Megatron's order with tp innermost; AxoNN's with x
 // innermost). Composite roles (the x-y plane, the whole tensor-parallel block) are the ranks that
 // vary only along their axes. Plus validate_layout's error list.
@@ -15,10 +15,14 @@
 namespace dhelix {
 namespace {
 
-constexpr std::array<GroupRole, 8> kAxes = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,  GroupRole::kTP,
-                                            GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP};
+constexpr std::array<GroupRole, 7> kAxes = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ, GroupRole::kTP,
+                                            GroupRole::kCP, GroupRole::kPP, GroupRole::kDP};
 
-bool is_axis(GroupRole r) { return r != GroupRole::kXY && r != GroupRole::kTPBlock; }
+bool is_axis(GroupRole r) {
+  return r != GroupRole::kXY && r != GroupRole::kTPBlock && r != GroupRole::kEP && r != GroupRole::kEDP;
+}
+// The partitions of the dp axis: ep runs of consecutive dp coordinates, edp strided ones.
+bool splits_dp(GroupRole r) { return r == GroupRole::kEP || r == GroupRole::kEDP; }
 
 int extent(const LayoutConfig& c, GroupRole r) {
   switch (r) {
@@ -32,6 +36,7 @@ int extent(const LayoutConfig& c, GroupRole r) {
     case GroupRole::kZ: return c.tp_z;
     case GroupRole::kXY: return c.tp_x * c.tp_y;
     case GroupRole::kTPBlock: return c.tp_block();
+    case GroupRole::kEDP: return c.ep > 0 ? c.dp / c.ep : c.dp;
   }
   return 1;
 }
@@ -58,9 +63,9 @@ bool valid_order(const std::string& o) {
   return s == "xyz";
 }
 
-// Axes innermost first: the 3D axes in tp_order, then tp, ep, cp, pp, dp.
-std::array<GroupRole, 8> inner_to_outer(const LayoutConfig& c) {
-  std::array<GroupRole, 8> out = kAxes;
+// Axes innermost first: the 3D axes in tp_order, then tp, cp, pp, dp.
+std::array<GroupRole, 7> inner_to_outer(const LayoutConfig& c) {
+  std::array<GroupRole, 7> out = kAxes;
   if (valid_order(c.tp_order))
     for (int i = 0; i < 3; ++i)
       out[static_cast<size_t>(i)] = c.tp_order[static_cast<size_t>(i)] == 'x'   ? GroupRole::kX
@@ -94,8 +99,8 @@ std::string nontrivial_dims(const LayoutConfig& c) {
 
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles() {
   static const std::array<GroupRole, kNumGroupRoles> roles = {
-      GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP,
-      GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock};
+      GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP,      GroupRole::kDP, GroupRole::kX,
+      GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock, GroupRole::kEDP};
   return roles;
 }
 
@@ -111,6 +116,7 @@ const char* group_role_name(GroupRole r) {
     case GroupRole::kZ: return "z";
     case GroupRole::kXY: return "xy";
     case GroupRole::kTPBlock: return "tpblock";
+    case GroupRole::kEDP: return "edp";
   }
   return "?";
 }
@@ -150,9 +156,16 @@ std::vector<std::string> validate_layout(const LayoutConfig& cfg, int world_size
         "tp={} cannot be mixed with the 3D grid tp_x={} tp_y={} tp_z={}: Megatron's tp is the 3D grid with "
         "Gx = Gz = 1 (set tp=1 and tp_y={}), or keep tp and set tp_x = tp_y = tp_z = 1",
         cfg.tp, cfg.tp_x, cfg.tp_y, cfg.tp_z, cfg.tp));
+  if (cfg.ep < 1) {
+    errors.push_back(fmt::format("ep={} must be >= 1", cfg.ep));
+    dims_ok = false;
+  } else if (dims_ok && cfg.dp % cfg.ep != 0) {
+    errors.push_back(fmt::format("dp={} is not divisible by ep={} (expert parallelism is carved out of the data-parallel "
+                                 "ranks)", cfg.dp, cfg.ep));
+  }
   if (dims_ok && cfg.world() != world_size) {
     errors.push_back(fmt::format("world size {} != {} = {} ({})", world_size,
-                                 cfg.is_3d() ? "dp*pp*cp*ep*tp_x*tp_y*tp_z" : "dp*pp*cp*ep*tp", cfg.world(),
+                                 cfg.is_3d() ? "dp*pp*cp*tp_x*tp_y*tp_z" : "dp*pp*cp*tp", cfg.world(),
                                  nontrivial_dims(cfg)));
   }
   return errors;
@@ -179,6 +192,8 @@ int Layout::stride(GroupRole axis) const {
 }
 
 int Layout::index_in(GroupRole role, const RankCoord& c) const {
+  if (role == GroupRole::kEP) return c.dp % cfg_.ep;
+  if (role == GroupRole::kEDP) return c.dp / cfg_.ep;
   if (is_axis(role)) return c.get(role);
   // Inside the group, the axes in the grid's own order (innermost fastest).
   int idx = 0, mul = 1;
@@ -199,6 +214,7 @@ RankCoord Layout::coord_of(int rank) const {
     coord_ref(c, r) = rest % extent(cfg_, r);
     rest /= extent(cfg_, r);
   }
+  c.ep = c.dp % cfg_.ep;
   return c;
 }
 
@@ -215,6 +231,15 @@ int Layout::rank_of(const RankCoord& c) const {
 
 std::vector<int> Layout::group_ranks(GroupRole role, int rank) const {
   const RankCoord base = coord_of(rank);
+  if (splits_dp(role)) {  // dp coordinates: a run of ep from a multiple of ep, or those equal mod ep
+    std::vector<int> ranks;
+    for (int i = 0; i < size(role); ++i) {
+      RankCoord c = base;
+      c.dp = role == GroupRole::kEP ? base.dp - base.dp % cfg_.ep + i : i * cfg_.ep + base.dp % cfg_.ep;
+      ranks.push_back(rank_of(c));
+    }
+    return ranks;
+  }
   const std::vector<GroupRole> mine = axes_of(role);
   std::vector<int> ranks(static_cast<size_t>(size(role)));
   // Every combination of the role's axes, the others fixed at `rank`'s coordinates.
@@ -245,6 +270,7 @@ std::string Layout::describe() const {
   for (GroupRole r : inner_to_outer(cfg_)) {
     if (size(r) > 1) out += fmt::format("{}{}[{}/{}]", out.empty() ? "" : " ", group_role_name(r), coord_.get(r), size(r));
   }
+  if (cfg_.ep > 1) out += fmt::format(" ep[{}/{}]", coord_.ep, cfg_.ep);
   return out.empty() ? "single" : out;
 }
 

@@ -1,7 +1,10 @@
-// The rank grid: world = dp x pp x cp x ep x (tensor-parallel block). The tensor-parallel block is
+// The rank grid: world = dp x pp x cp x (tensor-parallel block). The tensor-parallel block is
 // either Megatron's 1D `tp` (with sequence parallelism) or AxoNN's 3D grid Gx x Gy x Gz
 // (tp_x, tp_y, tp_z), never both. Ordering: the tensor-parallel axes innermost (x, y, z in
-// `tp_order`, innermost first; or tp), then ep, cp, pp, dp outermost. Pure arithmetic: which
+// `tp_order`, innermost first; or tp), then cp, pp, dp outermost. Expert parallelism is carved out
+// of dp (Megatron's convention): ep consecutive dp ranks form an ep group (they exchange tokens for
+// their experts; ep coordinate = dp mod ep), and the dp ranks holding the same experts form the
+// expert-data-parallel group edp (dp / ep of them), over which expert gradients are reduced. Pure arithmetic: which
 // coordinates a rank has and which ranks share a group. No MPI here; comm builds sub-communicators
 // from these rank lists.
 #pragma once
@@ -13,12 +16,13 @@ namespace dhelix {
 
 // kX, kY, kZ: the 3D tensor-parallel axes (AxoNN's G_x, G_y, G_z); kXY: the x-y plane (vocabulary
 // layers); kTPBlock: every tensor-parallel axis together (the ranks that split one layer's weights:
-// the tp group, or the x-y-z block). The first five keep their old values.
-enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock };
-constexpr int kNumGroupRoles = 10;
+// the tp group, or the x-y-z block); kEP and kEDP: the two partitions of the dp axis above. The first
+// five keep their old values.
+enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock, kEDP };
+constexpr int kNumGroupRoles = 11;
 // Every role, in enum order (the backends build one group per role).
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles();
-const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock"
+const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock", "edp"
 
 // AxoNN's three overlaps of 3D tensor parallelism (parallel.overlap_ar / _rs / _ag): each on by
 // default; off keeps the same ops and marks the collective blocking (waited for where issued).
@@ -40,7 +44,7 @@ struct LayoutConfig {
   int tp_x = 1, tp_y = 1, tp_z = 1;
   std::string tp_order = "xyz";  // the 3D axes from innermost (consecutive ranks) outward
   TP3DOverlaps overlap3d = {};
-  int world() const { return dp * pp * cp * ep * tp * tp_x * tp_y * tp_z; }
+  int world() const { return dp * pp * cp * tp * tp_x * tp_y * tp_z; }  // ep divides dp
   bool is_3d() const { return tp_x * tp_y * tp_z > 1; }
   // Ranks that split one layer's weights: tp, or Gx * Gy * Gz.
   int tp_block() const { return tp * tp_x * tp_y * tp_z; }
@@ -49,11 +53,11 @@ struct LayoutConfig {
 };
 
 // Every mismatch between `cfg` and a world of `world_size` ranks, one readable message each
-// ("world size 3 != dp*pp*cp*ep*tp = 4 (dp=2 tp=2)"); empty when the layout fits.
+// ("world size 3 != dp*pp*cp*tp = 4 (dp=2 tp=2)"); empty when the layout fits.
 std::vector<std::string> validate_layout(const LayoutConfig& cfg, int world_size);
 
 struct RankCoord {
-  int dp = 0, pp = 0, cp = 0, ep = 0, tp = 0;
+  int dp = 0, pp = 0, cp = 0, ep = 0, tp = 0;  // ep = dp mod the ep size (not an axis of its own)
   int x = 0, y = 0, z = 0;
   // The coordinate along an axis role; for kXY and kTPBlock the position inside that group
   // (y * Gx + x, and z * Gx * Gy + y * Gx + x), which needs the extents: use Layout::index_in.
@@ -77,7 +81,7 @@ class Layout {
   std::vector<int> group_ranks(GroupRole role, int rank) const;
   // Every group of `role` (a partition of the world), for creating sub-communicators collectively.
   std::vector<std::vector<int>> all_groups(GroupRole role) const;
-  // Distance in ranks between neighbours along an axis role (kX, kY, kZ, kTP, kEP, kCP, kPP, kDP).
+  // Distance in ranks between neighbours along an axis role (kX, kY, kZ, kTP, kCP, kPP, kDP).
   int stride(GroupRole axis) const;
   // "tp[1/2] dp[0/2]", "x[1/2] z[0/2] dp[1/2]" (only dimensions of size > 1; "single" when all are 1).
   std::string describe() const;

@@ -188,17 +188,32 @@ Op norm_bwd(const Builder& b, const std::string& tag, const std::string& in, con
 
 // --- the Mixture-of-Experts MLP (dropless top-k routing over stacked SwiGLU experts) -------------
 // It reads the norm's output "h2" [Ns, C] (this rank's tokens: the sequence shard under tp) and
-// writes "mo". Experts are whole on every rank (until expert parallelism splits them); the one
-// collective is the tp sum of the router's statistics.
-// The expert ops' costs assume balanced routing: the N k assignments spread evenly over the experts.
-//   fwd: router logits -> route (softmax, top-k, gates, grouping by expert, aux loss) -> dispatch
-//        (gather rows by expert) -> grouped up-GEMM -> SwiGLU -> grouped down-GEMM -> combine
-//        (gate-weighted sum of each token's k rows)
+// writes "mo". Under tp each rank routes its sequence shard and the router's statistics are summed
+// over tp. Under expert parallelism (ep = G > 1) this rank holds E / G whole experts: the token
+// counts per expert are exchanged first (an even all-to-all), then the rows themselves (an uneven
+// all-to-all over ep) go to the ranks holding their experts and come back after the expert GEMMs;
+// backward moves the gradients the same two ways. The expert ops' costs assume balanced routing.
+//   fwd: router -> route (softmax, top-k, gates, grouping by expert, statistics) -> dispatch (rows by
+//        expert) [-> counts a2a -> rows a2a -> regroup by local expert] -> grouped up-GEMM -> SwiGLU ->
+//        grouped down-GEMM [-> regroup by rank -> rows a2a back] -> aux -> combine (gate-weighted sum)
 //   bwd: the reverse; the router's input gradient and the dispatch's sum into "dh2".
+struct MoeNames {
+  bool ep = false;
+  std::string xs, counts, eo;  // the expert GEMMs' input rows, their counts, the GEMMs' output rows
+};
+
+Op ep_coll(const Builder& b, std::string name, std::vector<std::string> in, const std::string& out, double bytes) {
+  Op op = b.coll(std::move(name), CollOp::kAllToAll, in.at(0), out, bytes / kF);
+  op.group = "ep";
+  op.inputs = std::move(in);
+  return op;
+}
+
 void moe_fwd(const Builder& b, std::vector<Op>& f) {
   const ModelConfig& m = b.m;
+  const int64_t G = b.lay.ep;
   const double N = double(b.Ns), E = double(m.n_experts), P = N * double(m.top_k), C = double(b.C),
-               F = double(m.ffn_hidden);
+               F = double(m.ffn_hidden), El = E / double(G);
   Op router = b.compute("moe.router", "linear", {"h2"}, {"moe.logits"}, {"router"});
   b.linear_cost(router, N, C, E);
   f.push_back(router);
@@ -210,20 +225,35 @@ void moe_fwd(const Builder& b, std::vector<Op>& f) {
   // shard, so the per-expert counts and probability sums ("moe.stats", 2E floats) are summed over
   // tp; the sum runs under the expert GEMMs and is read by moe.aux (forward) and moe.route.bwd.
   if (b.tp > 1) f.push_back(b.coll("tp.ar.moe.stats", CollOp::kAllReduce, "moe.stats", "moe.stats", 2 * E));
+  if (G > 1) f.push_back(ep_coll(b, "ep.a2a.counts", {"moe.counts"}, "moe.rcounts", 4 * E));
   Op disp = b.compute("moe.dispatch", "moe_dispatch", {"h2", "moe.order"}, {"moe.xs"});
   b.elem_cost(disp, P * C, 0, 2);
   f.push_back(disp);
-  Op fc = b.compute("moe.fc", "expert_linear", {"moe.xs", "moe.counts"}, {"moe.fc"}, {"experts.wgu"});
+  std::string xs = "moe.xs", counts = "moe.counts", eo = "moe.eo";
+  if (G > 1) {
+    f.push_back(ep_coll(b, "ep.a2a.dispatch", {"moe.xs", "moe.counts", "moe.rcounts"}, "moe.xr", kF * P * C));
+    Op sort = b.compute("moe.ep.sort", "moe_ep_sort", {"moe.xr", "moe.rcounts"}, {"moe.xg", "moe.lcounts"});
+    b.elem_cost(sort, P * C, 0, 2);
+    f.push_back(sort);
+    xs = "moe.xg", counts = "moe.lcounts", eo = "moe.eg";
+  }
+  Op fc = b.compute("moe.fc", "expert_linear", {xs, counts}, {"moe.fc"}, {"experts.wgu"});
   b.linear_cost(fc, P, C, 2 * F);
-  fc.attrs["gemm_rows"] = int64_t(P / E);  // one expert's GEMM, balanced (times E in the FLOPs)
+  fc.attrs["gemm_rows"] = int64_t(P / El);  // one expert's GEMM, balanced (times El in the FLOPs)
   f.push_back(fc);
   Op act = b.compute("moe.act", "swiglu", {"moe.fc"}, {"moe.act"});
   b.elem_cost(act, P * F, 6, 3);
   f.push_back(act);
-  Op proj = b.compute("moe.proj", "expert_linear", {"moe.act", "moe.counts"}, {"moe.eo"}, {"experts.wdown"});
+  Op proj = b.compute("moe.proj", "expert_linear", {"moe.act", counts}, {eo}, {"experts.wdown"});
   b.linear_cost(proj, P, F, C);
-  proj.attrs["gemm_rows"] = int64_t(P / E);
+  proj.attrs["gemm_rows"] = int64_t(P / El);
   f.push_back(proj);
+  if (G > 1) {
+    Op unsort = b.compute("moe.ep.unsort", "moe_ep_unsort", {"moe.eg", "moe.rcounts"}, {"moe.er"});
+    b.elem_cost(unsort, P * C, 0, 2);
+    f.push_back(unsort);
+    f.push_back(ep_coll(b, "ep.a2a.combine", {"moe.er", "moe.rcounts", "moe.counts"}, "moe.eo", kF * P * C));
+  }
   Op aux = b.compute("moe.aux", "moe_aux", {"moe.stats"}, {});
   b.elem_cost(aux, 2 * E, 2, 1);
   f.push_back(aux);
@@ -234,33 +264,53 @@ void moe_fwd(const Builder& b, std::vector<Op>& f) {
 
 void moe_bwd(const Builder& b, std::vector<Op>& g) {
   const ModelConfig& m = b.m;
+  const int64_t G = b.lay.ep;
   const double N = double(b.Ns), E = double(m.n_experts), P = N * double(m.top_k), C = double(b.C),
-               F = double(m.ffn_hidden);
+               F = double(m.ffn_hidden), El = E / double(G);
   Op comb = b.compute("moe.combine.bwd", "moe_combine_bwd", {"dy", "moe.eo", "moe.slot", "moe.gate"},
                       {"moe.deo", "moe.dgate"});
   b.elem_cost(comb, P * C, 4, 3);
   g.push_back(comb);
+  std::string deo = "moe.deo", xs = "moe.xs", counts = "moe.counts", dxs = "moe.dxs";
+  if (G > 1) {
+    g.push_back(ep_coll(b, "ep.a2a.combine.bwd", {"moe.deo", "moe.counts", "moe.rcounts"}, "moe.der", kF * P * C));
+    Op sort = b.compute("moe.ep.sort.bwd", "moe_ep_sort", {"moe.der", "moe.rcounts"}, {"moe.deg"});
+    b.elem_cost(sort, P * C, 0, 2);
+    g.push_back(sort);
+    deo = "moe.deg", xs = "moe.xg", counts = "moe.lcounts", dxs = "moe.dxg";
+  }
   auto grouped = [&](Op& op, double in, double out) {
     b.linear_cost(op, P, in, out);
-    op.attrs["gemm_rows"] = int64_t(P / E);
+    op.attrs["gemm_rows"] = int64_t(P / El);
   };
-  Op pd = b.compute("moe.proj.dgrad", "expert_linear_dgrad", {"moe.deo", "moe.counts"}, {"moe.dact"}, {"experts.wdown"});
+  Op pd = b.compute("moe.proj.dgrad", "expert_linear_dgrad", {deo, counts}, {"moe.dact"}, {"experts.wdown"});
   grouped(pd, C, F);
   g.push_back(pd);
-  Op pw = b.compute("moe.proj.wgrad", "expert_linear_wgrad", {"moe.deo", "moe.act", "moe.counts"}, {}, {},
-                    {"experts.wdown"});
+  Op pw = b.compute("moe.proj.wgrad", "expert_linear_wgrad", {deo, "moe.act", counts}, {}, {}, {"experts.wdown"});
   grouped(pw, C, F);
-  g.push_back(pw);
   Op ab = b.compute("moe.act.bwd", "swiglu_bwd", {"moe.dact", "moe.fc"}, {"moe.dfc"});
   b.elem_cost(ab, P * F, 10, 3);
-  g.push_back(ab);
-  Op fd = b.compute("moe.fc.dgrad", "expert_linear_dgrad", {"moe.dfc", "moe.counts"}, {"moe.dxs"}, {"experts.wgu"});
+  Op fd = b.compute("moe.fc.dgrad", "expert_linear_dgrad", {"moe.dfc", counts}, {dxs}, {"experts.wgu"});
   grouped(fd, 2 * F, C);
-  g.push_back(fd);
-  Op fw = b.compute("moe.fc.wgrad", "expert_linear_wgrad", {"moe.dfc", "moe.xs", "moe.counts"}, {}, {},
-                    {"experts.wgu"});
+  Op fw = b.compute("moe.fc.wgrad", "expert_linear_wgrad", {"moe.dfc", xs, counts}, {}, {}, {"experts.wgu"});
   grouped(fw, 2 * F, C);
-  g.push_back(fw);
+  if (G == 1) {  // the single-rank order: each weight gradient right after its input gradient's GEMM
+    g.push_back(pw);
+    g.push_back(ab);
+    g.push_back(fd);
+    g.push_back(fw);
+  } else {
+    // The rows' gradients go back first; both weight-gradient GEMMs, which nothing here waits for,
+    // then run while the all-to-all is on the wire.
+    g.push_back(ab);
+    g.push_back(fd);
+    Op unsort = b.compute("moe.ep.unsort.bwd", "moe_ep_unsort", {"moe.dxg", "moe.rcounts"}, {"moe.dxr"});
+    b.elem_cost(unsort, P * C, 0, 2);
+    g.push_back(unsort);
+    g.push_back(ep_coll(b, "ep.a2a.dispatch.bwd", {"moe.dxr", "moe.rcounts", "moe.counts"}, "moe.dxs", kF * P * C));
+    g.push_back(pw);
+    g.push_back(fw);
+  }
   Op rb = b.compute("moe.route.bwd", "moe_route_bwd", {"moe.dgate", "moe.probs", "moe.expert", "moe.gate", "moe.stats"},
                     {"moe.dlogits"});
   b.elem_cost(rb, N * E, 8, 3);

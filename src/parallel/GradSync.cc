@@ -39,6 +39,12 @@ void GradSync::issue_bucket(size_t b) {
   issued_[b] = 1;
   const GradBucket& bk = params_.buckets()[b];
   Tensor range = params_.flat_grads().narrow0(bk.begin, bk.end - bk.begin);
+  if (bk.expert && expert_group_set_) {
+    DHX_CHECK(zero_ == ZeroStage::kNone, InternalError, "ZeRO-1 with expert parallelism");
+    if (edp_ && edp_->size() > 1)
+      inflight_.push_back({edp_->all_reduce(range), fmt::format("edp.ar.bucket{}", b), range.numel()});
+    return;
+  }
   if (zero_ == ZeroStage::kOne) {
     if (dp_ && dp_->size() > 1)
       inflight_.push_back({dp_->reduce_scatter(range, owned_grads_[b]), fmt::format("dp.rs.bucket{}", b), range.numel()});

@@ -64,6 +64,12 @@ class GradSync {
   bool embedding_rows_taken() const { return rows_taken_; }
 
   void set_overlap(GradOverlap o) { overlap_ = o; }
+  // Expert parallelism: the experts' buckets (GradBucket::expert) are all-reduced over `edp`, the
+  // dp ranks holding the same experts (null: size 1, nothing to reduce), instead of over dp.
+  void set_expert_group(ProcessGroup* edp) {
+    expert_group_set_ = true;
+    edp_ = edp;
+  }
   // Pipelines whose embedding and head live on different stages of a tied model: finish() first
   // sums the two copies of "wte" (the embedding's on one stage, the head's ParamStore::tied_copy()
   // on the other) with pp rank `peer`, so both hold E + H, and only then reduces their bucket over
@@ -91,6 +97,8 @@ class GradSync {
   const std::vector<UnitSpec>& units_;
   ProcessGroup* tp_;
   ProcessGroup* dp_;
+  bool expert_group_set_ = false;
+  ProcessGroup* edp_ = nullptr;
   ZeroStage zero_;
   GradOverlap overlap_ = GradOverlap::kOn;
   std::vector<Tensor> owned_grads_;

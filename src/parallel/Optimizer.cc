@@ -80,6 +80,15 @@ double Optimizer::grad_norm() {
     double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
     pt[e.global_index] += e.spec.replicas > 1 ? part / e.spec.replicas : part;
   });
+  if (ep_ && ep_->size() > 1) {  // the experts' slots only: each ep rank holds other experts
+    Tensor ex = Tensor::zeros({norm_parts_.numel()}, DType::kF64);
+    std::vector<int64_t> slots;
+    for (const ParamEntry& e : params_.entries())
+      if (e.spec.role == ShardRole::kExpert) slots.push_back(e.global_index);
+    for (int64_t i : slots) ex.data<double>()[i] = pt[i];
+    ep_->all_reduce(ex).wait();
+    for (int64_t i : slots) pt[i] = ex.data<double>()[i];
+  }
   if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_parts_).wait();
   if (tp_ && tp > 1) tp_->all_reduce(norm_parts_).wait();
   if (pp_ && pp_->size() > 1) pp_->all_reduce(norm_parts_).wait();

@@ -37,6 +37,9 @@ class Optimizer {
   int64_t steps_taken() const { return steps_; }
   // Pipeline stages: the gradient norm sums every stage's parameters (over `pp`).
   void set_pipeline_group(ProcessGroup* pp) { pp_ = pp; }
+  // Expert parallelism: the ranks of `ep` hold different experts, so the experts' parts of the
+  // gradient norm are summed over it (the dense parts are equal there and are not).
+  void set_expert_group(ProcessGroup* ep) { ep_ = ep; }
 
   // Full (unsharded) tensors of this rank's tp slice: "<param>.exp_avg" / ".exp_avg_sq", gathered
   // over dp when ZeRO-1 holds only chunks. Collective over dp.
@@ -52,6 +55,7 @@ class Optimizer {
   ProcessGroup* tp_;
   ProcessGroup* dp_;
   ProcessGroup* pp_ = nullptr;
+  ProcessGroup* ep_ = nullptr;
   AdamWConfig cfg_;
   float* grad_ptr(size_t bucket, int64_t flat_index);
   Tensor m_, v_;  // flat; full size without ZeRO, the owned chunks (concatenated) with ZeRO-1

@@ -76,6 +76,11 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
         close();
         tied_copy_ = static_cast<int64_t>(entries_.size());
       }
+      // Experts' weights each get a bucket: under expert parallelism they are reduced over other
+      // ranks (those holding the same experts) than the dense parameters.
+      const bool expert = it->role == ShardRole::kExpert;
+      if (expert) close();
+      cur.expert = expert;
       ParamEntry e;
       e.spec = *it;
       e.unit = u;
@@ -89,7 +94,7 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
       entries_.push_back(std::move(e));
       // The first unit's parameters each get a bucket: the token embedding's may be reduced
       // early (GradSync's sparse path) while the others' wait for the last backward ops.
-      if (u == 0 || copy || off - cur.begin >= bucket_elems) close();
+      if (u == 0 || copy || expert || off - cur.begin >= bucket_elems) close();
     }
   }
   close();

@@ -27,6 +27,7 @@ struct GradBucket {
   int64_t begin = 0, end = 0;  // element range in the flat buffers (end - begin divisible by dp)
   int min_unit = 0;            // the bucket is complete once backward finished this unit
   std::vector<size_t> params;  // entries inside it
+  bool expert = false;         // MoE experts' weights (alone in it): reduced over the edp group
 };
 
 class ParamStore {

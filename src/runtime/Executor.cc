@@ -139,6 +139,35 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       w = pg.all_reduce(in, mx ? ReduceOp::kMax : ReduceOp::kSum);
       break;
     }
+    case CollOp::kAllToAll: {
+      if (op.inputs.size() == 1) {  // even: chunk j of dim 0 to rank j (the MoE token counts)
+        DHX_ASSERT(in.dim(0) % n == 0, "{}: {} rows not divisible by {}", op.name, in.dim(0), n);
+        Tensor out = Tensor::empty(in.shape(), in.dtype(), ctx_.act_mem);
+        env.bufs[op.outputs.at(0)] = out;
+        w = pg.all_to_all(in, out);
+        break;
+      }
+      // Uneven over rows (expert parallelism's token exchange): inputs[1] and inputs[2] are int32
+      // count arrays of n equal chunks; chunk j's sum is the rows sent to (inputs[1]) and received
+      // from (inputs[2]) group rank j. The counts were exchanged by an earlier op (waited above).
+      DHX_ASSERT(op.inputs.size() == 3, "{}: an uneven all-to-all reads data, send and receive counts", op.name);
+      auto rows_per_peer = [&](const Tensor& counts) {
+        DHX_ASSERT(counts.numel() % n == 0, "{}: {} counts for {} ranks", op.name, counts.numel(), n);
+        const int64_t per = counts.numel() / n;
+        std::vector<int64_t> rows(static_cast<size_t>(n), 0);
+        for (int64_t i = 0; i < counts.numel(); ++i) rows[static_cast<size_t>(i / per)] += counts.data<int32_t>()[i];
+        return rows;
+      };
+      std::vector<int64_t> send = rows_per_peer(env.at(op.inputs[1])), recv = rows_per_peer(env.at(op.inputs[2]));
+      int64_t total = 0;
+      for (int64_t r : recv) total += r;
+      Shape sh = in.shape();
+      sh[0] = total;
+      Tensor out = Tensor::empty(sh, in.dtype(), ctx_.act_mem);
+      env.bufs[op.outputs.at(0)] = out;
+      w = pg.all_to_all_v(in, std::move(send), out, std::move(recv));
+      break;
+    }
     default:
       throw InternalError(fmt::format("op {}: collective {} is not supported by the executor yet", op.name,
                                       coll_op_name(op.coll)));

@@ -440,6 +440,28 @@ void op_moe_combine_bwd(OpCall& c) {
   moe_combine_bwd<float>(dy.f32(), eo.f32(), slot.data<int32_t>(), gate.f32(), deo.f32(), dgate.f32(), N, k, C);
 }
 
+// Rows received from the ep ranks, (rank, local expert) blocks, regrouped expert-major for the
+// grouped GEMMs (and, in forward, the local experts' row counts "moe.lcounts"); moe_ep_unsort the
+// inverse. The counts are [ep * El] (rank j's rows for each local expert).
+void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
+  Tensor& x = c.in(0);
+  Tensor& rc = c.in(1);
+  const int64_t G = c.shard.ep, El = rc.numel() / std::max<int64_t>(1, G), C = cols(x);
+  DHX_ASSERT(G * El == rc.numel(), "{}: {} counts for ep={}", c.op.name, rc.numel(), G);
+  Tensor& y = c.out_new(0, x.shape());
+  moe_ep_regroup<float>(x.f32(), rc.data<int32_t>(), y.f32(), G, El, C, to_expert_major);
+  if (to_expert_major && c.op.outputs.size() > 1) {
+    Tensor& lc = c.out_new(1, {El}, DType::kI32);
+    for (int64_t e = 0; e < El; ++e) {
+      int32_t n = 0;
+      for (int64_t j = 0; j < G; ++j) n += rc.data<int32_t>()[j * El + e];
+      lc.data<int32_t>()[e] = n;
+    }
+  }
+}
+void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }
+void op_moe_ep_unsort(OpCall& c) { moe_ep_regroup_op(c, false); }
+
 void op_expert_linear(OpCall& c) {
   Tensor& x = c.in(0);
   Tensor& counts = c.in(1);
@@ -483,6 +505,7 @@ std::map<std::string, OpFn> make_registry() {
       {"moe_dispatch_bwd", op_moe_dispatch_bwd}, {"moe_combine", op_moe_combine},
       {"moe_combine_bwd", op_moe_combine_bwd}, {"expert_linear", op_expert_linear},
       {"expert_linear_dgrad", op_expert_linear_dgrad}, {"expert_linear_wgrad", op_expert_linear_wgrad},
+      {"moe_ep_sort", op_moe_ep_sort}, {"moe_ep_unsort", op_moe_ep_unsort},
   };
   add_3d_ops(table);
   return table;

@@ -97,7 +97,7 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "tp", parallel.tp, kInt, 1, 1e6, "tensor-parallel size"),
       DHX_F("parallel", "pp", parallel.pp, kInt, 1, 1e6, "pipeline-parallel stages"),
       DHX_F("parallel", "cp", parallel.cp, kInt, 1, 1e6, "context-parallel size"),
-      DHX_F("parallel", "ep", parallel.ep, kInt, 1, 1e6, "expert-parallel size (carved out of dp)"),
+      DHX_F("parallel", "ep", parallel.ep, kInt, 1, 1e6, "moe: expert-parallel size, carved out of dp: ep consecutive dp ranks split the experts and exchange tokens (all-to-all); expert gradients reduce over the dp / ep ranks holding the same experts"),
       DHX_F("parallel", "tp_x", parallel.tp_x, kInt, 1, 1e6, "3D tensor parallelism (AxoNN): Gx, the axis that splits a normal (type A) layer's input features; exclusive with tp"),
       DHX_F("parallel", "tp_y", parallel.tp_y, kInt, 1, 1e6, "3D tensor parallelism: Gy, the axis that splits a type-A layer's output features and the attention heads (tp_x = tp_z = 1 is Megatron's tp)"),
       DHX_F("parallel", "tp_z", parallel.tp_z, kInt, 1, 1e6, "3D tensor parallelism: Gz, the depth axis: each weight block flattened and split over it (ZeRO-3 style), the batch split over it as over dp"),
@@ -345,9 +345,9 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     if (grid3d)
       e.push_back(fmt::format("model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; "
                               "use tp, dp and pp", p.tp_x, p.tp_y, p.tp_z));
-    if (p.ep > 1)
-      e.push_back(fmt::format("parallel.ep={}: expert parallelism (the all-to-all dispatch) is not in this build yet; "
-                              "set ep=1 (experts replicated, dp reduces their gradients)", p.ep));
+    if (p.ep > 1 && p.zero == 1)
+      e.push_back(fmt::format("parallel.zero=1 with parallel.ep={}: the optimizer state of experts is not sharded in "
+                              "this build; set zero=0 (or ep=1)", p.ep));
   } else if (p.ep > 1) {
     e.push_back(fmt::format("parallel.ep={} splits experts, but model.family={} has none; set ep=1 or family=moe", p.ep,
                             family_name(m.family)));

@@ -111,8 +111,8 @@ std::string human_bytes(double b) {
 Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data) : cfg_(cfg), comm_(comm), quiet_(quiet) {
   const auto& p = cfg_.parallel;
   layout_ = layout_config(cfg_);
-  DHX_CHECK(layout_.cp == 1 && layout_.ep == 1, ConfigError,
-            "parallel.cp={} parallel.ep={}: this build trains with dp, tp and pp only; set them to 1", p.cp, p.ep);
+  DHX_CHECK(layout_.cp == 1, ConfigError, "parallel.cp={}: this build trains with dp, tp, pp and ep only; set it to 1",
+            p.cp);
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
               "world size {} != the layout's {} ranks (dp={} pp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
@@ -162,6 +162,11 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
                  cfg_.training.grad_clip};
   opt_ = std::make_unique<Optimizer>(*parts_->params, *sync_, block, dp, ac, &parts_->state_mem);
   opt_->set_pipeline_group(pp_);
+  if (layout_.ep > 1) {  // expert parallelism: tokens move over ep, expert gradients reduce over edp
+    sync_->set_expert_group(group_of(GroupRole::kEDP));
+    opt_->set_expert_group(group_of(GroupRole::kEP));
+    parts_->ctx.groups["ep"] = group_of(GroupRole::kEP);
+  }
 
   if (tp) parts_->ctx.groups["tp"] = tp;
   if (pp_) parts_->ctx.groups["pp"] = pp_;

@@ -15,13 +15,25 @@
 namespace dhelix {
 namespace {
 
+// Rank r's `flat` lands at [r * n, (r + 1) * n) of `out` (ep rank r holds experts [r E/ep, ...)).
+void all_gather_into(ProcessGroup& g, const Tensor& flat, Tensor out) { g.all_gather(flat, out).wait(); }
+
 // Full tensor of a parameter-shaped shard: all-gather the flat shards over the tensor-parallel
 // block (tp, or the 3D x-y-z block), then place each member's piece with insert_shard at that
 // member's ShardIndex (`members`, in group-rank order). Pieces held by several members (replicas)
 // are written once per holder, with the same values.
 Tensor gather_over_block(const ParamSpec& spec, const Tensor& shard, ProcessGroup* block,
-                         const std::vector<ShardIndex>& members) {
+                         const std::vector<ShardIndex>& members, ProcessGroup* ep) {
   Tensor full = Tensor::zeros(spec.full);
+  if (spec.role == ShardRole::kExpert) {  // whole experts, split over ep (replicated over tp)
+    if (!ep || ep->size() == 1) {
+      full.copy_from(shard.view(spec.full));
+      return full;
+    }
+    Tensor flat = shard.view({shard.numel()}).clone();
+    all_gather_into(*ep, flat, full.view({full.numel()}));
+    return full;
+  }
   const int n = block ? block->size() : 1;
   if (spec.role == ShardRole::kReplicated || n == 1) {
     if (spec.role == ShardRole::kReplicated) full.copy_from(shard.view(spec.full));
@@ -85,6 +97,7 @@ std::vector<OwnedSpec> model_param_owners(const std::vector<UnitSpec>& units, co
 std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(const ParamEntry&)>& get,
                                                   const std::string& suffix) {
   ProcessGroup* block = (comm_ && layout_.tp_block() > 1) ? &comm_->group(GroupRole::kTPBlock) : nullptr;
+  ProcessGroup* ep = (comm_ && layout_.ep > 1) ? &comm_->group(GroupRole::kEP) : nullptr;
   std::vector<ShardIndex> members = {parts_->ctx.shard};
   if (block) {
     members.clear();
@@ -94,7 +107,7 @@ std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(co
   std::map<std::string, Tensor> out;
   const ParamEntry* copy = parts_->params->tied_copy();
   for (auto& e : parts_->params->entries())
-    if (&e != copy) out[e.spec.name + suffix] = gather_over_block(e.spec, get(e), block, members);
+    if (&e != copy) out[e.spec.name + suffix] = gather_over_block(e.spec, get(e), block, members, ep);
   if (!pp_) return out;
   for (const OwnedSpec& o : model_param_owners(parts_->units, pipeline_chunks(pipeline_spec(cfg_)))) {
     const std::string name = o.spec.name + suffix;

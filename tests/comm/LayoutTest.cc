@@ -1,5 +1,5 @@
-// Layout rank maps against closed forms: rank = ((((dp*PP+pp)*CP+cp)*EP+ep)*TP+tp); every role's
-// groups partition the world; tp groups are runs of consecutive ranks; validate_layout's text.
+// Layout rank maps against closed forms: rank = (((dp*PP+pp)*CP+cp)*TP+tp) with ep = dp mod EP
+// (expert parallelism carved out of dp); every role's groups partition the world; tp groups are runs of consecutive ranks; validate_layout's text.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -10,15 +10,17 @@
 namespace dhelix {
 namespace {
 
-const GroupRole kRoles[] = {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP};
+const GroupRole kRoles[] = {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP,
+                            GroupRole::kEDP};
 
 std::vector<LayoutConfig> sample_configs() {
   std::vector<LayoutConfig> out;
-  for (int dp : {1, 2, 3})
+  for (int dp : {1, 2, 3, 6})
     for (int pp : {1, 2})
       for (int cp : {1, 2})
         for (int ep : {1, 3})
-          for (int tp : {1, 2, 4}) out.push_back(LayoutConfig{dp, pp, cp, ep, tp});
+          for (int tp : {1, 2, 4})
+            if (dp % ep == 0) out.push_back(LayoutConfig{dp, pp, cp, ep, tp});
   return out;
 }
 
@@ -27,8 +29,9 @@ TEST(Layout, CoordinatesFollowMegatronOrder) {
     for (int rank = 0; rank < c.world(); ++rank) {
       Layout l(c, rank);
       const RankCoord& k = l.coord();
-      int closed = ((((k.dp * c.pp + k.pp) * c.cp + k.cp) * c.ep + k.ep) * c.tp + k.tp);
+      int closed = (((k.dp * c.pp + k.pp) * c.cp + k.cp) * c.tp + k.tp);
       ASSERT_EQ(closed, rank) << "layout " << Layout(c, 0).describe();
+      ASSERT_EQ(k.ep, k.dp % c.ep);
       ASSERT_EQ(l.rank_of(k), rank);
     }
   }
@@ -45,13 +48,22 @@ TEST(Layout, EveryRolePartitionsTheWorld) {
         ASSERT_EQ(static_cast<int>(g.size()), l.size(role));
         for (size_t pos = 0; pos < g.size(); ++pos) {
           seen.insert(g[pos]);
-          // Group rank pos is coordinate pos of the role; the other coordinates are shared.
+          // Group rank pos is coordinate pos of the role; the other coordinates are shared. The ep
+          // and edp groups split the dp axis: their members differ in dp (and ep, for ep groups) only.
           RankCoord a = l.coord_of(g[pos]), b = l.coord_of(g[0]);
-          ASSERT_EQ(a.get(role), static_cast<int>(pos));
-          for (GroupRole other : kRoles) {
-            if (other != role) {
-              ASSERT_EQ(a.get(other), b.get(other)) << group_role_name(other);
-            }
+          ASSERT_EQ(l.index_in(role, a), static_cast<int>(pos));
+          const bool dp_part = role == GroupRole::kEP || role == GroupRole::kEDP;
+          if (role == GroupRole::kEP) {
+            ASSERT_EQ(a.dp / c.ep, b.dp / c.ep);
+          }
+          if (role == GroupRole::kEDP) {
+            ASSERT_EQ(a.ep, b.ep);
+          }
+          for (GroupRole other : {GroupRole::kTP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP, GroupRole::kEP}) {
+            if (other == role || (dp_part && (other == GroupRole::kDP || other == GroupRole::kEP)) ||
+                (role == GroupRole::kDP && other == GroupRole::kEP))
+              continue;
+            ASSERT_EQ(a.get(other), b.get(other)) << group_role_name(other) << " in " << group_role_name(role);
           }
           ASSERT_EQ(l.group_ranks(role, g[pos]), g);
         }
@@ -72,6 +84,23 @@ TEST(Layout, TensorParallelGroupsAreContiguous) {
   }
 }
 
+// Expert parallelism carved out of dp (Megatron): dp = 4, ep = 2, tp = 2 on 8 ranks. Oracle: the
+// closed forms: dp rank d = rank / 2; ep group = the dp ranks {2i, 2i+1}; edp = those equal mod 2.
+TEST(Layout, ExpertGroupsSplitTheDataParallelRanks) {
+  const LayoutConfig c{4, 1, 1, 2, 2};
+  ASSERT_EQ(c.world(), 8);
+  Layout l(c, 5);  // tp 1, dp 2 -> ep 0, edp 1
+  EXPECT_EQ(l.coord().ep, 0);
+  EXPECT_EQ(l.group_ranks(GroupRole::kDP, 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kEP, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kEDP, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kEDP, 7), (std::vector<int>{3, 7}));
+  EXPECT_EQ(l.size(GroupRole::kEDP), 2);
+  const auto e = validate_layout(LayoutConfig{3, 1, 1, 2, 1}, 3);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0], "dp=3 is not divisible by ep=2 (expert parallelism is carved out of the data-parallel ranks)");
+}
+
 TEST(Layout, DataParallelStrideIsWorldOverDp) {
   LayoutConfig c{2, 2, 1, 1, 2};
   Layout l(c, 0);
@@ -89,7 +118,7 @@ TEST(Layout, ValidateListsEveryMismatch) {
   EXPECT_TRUE(validate_layout(LayoutConfig{2, 1, 1, 1, 2}, 4).empty());
   auto e = validate_layout(LayoutConfig{2, 1, 1, 1, 2}, 3);
   ASSERT_EQ(e.size(), 1u);
-  EXPECT_EQ(e[0], "world size 3 != dp*pp*cp*ep*tp = 4 (dp=2 tp=2)");
+  EXPECT_EQ(e[0], "world size 3 != dp*pp*cp*tp = 4 (dp=2 tp=2)");
   e = validate_layout(LayoutConfig{0, 1, -1, 1, 1}, 4);
   ASSERT_EQ(e.size(), 2u);
   EXPECT_EQ(e[0], "cp=-1 must be >= 1");
@@ -171,7 +200,7 @@ TEST(Layout, Grid3DValidation) {
   EXPECT_NE(e[0].find("tp_order=\"xxz\""), std::string::npos) << e[0];
   e = validate_layout(grid(2, 2, 1, 2), 4);
   ASSERT_EQ(e.size(), 1u);
-  EXPECT_EQ(e[0], "world size 4 != dp*pp*cp*ep*tp_x*tp_y*tp_z = 8 (dp=2 tp_x=2 tp_z=2)");
+  EXPECT_EQ(e[0], "world size 4 != dp*pp*cp*tp_x*tp_y*tp_z = 8 (dp=2 tp_x=2 tp_z=2)");
 }
 
 TEST(Layout, RejectsRankOutsideWorld) {

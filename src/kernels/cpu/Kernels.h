@@ -113,6 +113,12 @@ template <typename T> void moe_combine(const T* eo, const int32_t* slot, const T
 // deo[slot[a]] = gate[a] * dy[a / k]; dgate[a] = dy[a / k] . eo[slot[a]]. Both written.
 template <typename T> void moe_combine_bwd(const T* dy, const T* eo, const int32_t* slot, const T* gate, T* deo,
                                            T* dgate, int64_t N, int64_t k, int64_t C);
+// Expert parallelism: rows received from G ranks for this rank's El experts arrive as blocks
+// (rank j, expert e) in rank-major order, block sizes counts[j * El + e]. to_expert_major: y gets
+// them expert-major, (e, j), so each expert's rows are contiguous for the grouped GEMMs; else the
+// inverse (y rank-major from x expert-major), before the rows go back.
+template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* y, int64_t G, int64_t El, int64_t C,
+                                          bool to_expert_major);
 // Grouped linear over E experts: x[P,I] holds counts[0] rows of expert 0, then counts[1] of expert 1,
 // ...; w[E*O, I] stacks the experts' [O, I] weights. y[rows of e] = x[rows of e] @ w_e^T.
 template <typename T> void expert_linear_fwd(const T* x, const T* w, const int32_t* counts, T* y, int64_t E, int64_t I,

@@ -146,6 +146,23 @@ template <typename T> void moe_combine_bwd(const T* dy, const T* eo, const int32
   }
 }
 
+template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* y, int64_t G, int64_t El, int64_t C,
+                                          bool to_expert_major) {
+  // Row offsets of block (j, e) in the rank-major and in the expert-major order.
+  std::vector<int64_t> rank_major(G * El), expert_major(G * El);
+  int64_t r = 0;
+  for (int64_t j = 0; j < G; ++j)
+    for (int64_t e = 0; e < El; ++e) rank_major[j * El + e] = r, r += counts[j * El + e];
+  r = 0;
+  for (int64_t e = 0; e < El; ++e)
+    for (int64_t j = 0; j < G; ++j) expert_major[j * El + e] = r, r += counts[j * El + e];
+  for (int64_t b = 0; b < G * El; ++b) {
+    const int64_t from = to_expert_major ? rank_major[b] : expert_major[b];
+    const int64_t to = to_expert_major ? expert_major[b] : rank_major[b];
+    std::copy(x + from * C, x + (from + counts[b]) * C, y + to * C);
+  }
+}
+
 template <typename T> void expert_linear_fwd(const T* x, const T* w, const int32_t* counts, T* y, int64_t E, int64_t I,
                                              int64_t O) {
   int64_t r = 0;
@@ -182,6 +199,7 @@ template <typename T> void expert_linear_bwd_weight(const T* dy, const T* x, con
   template void moe_dispatch_bwd<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t);                         \
   template void moe_combine<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t);                    \
   template void moe_combine_bwd<T>(const T*, const T*, const int32_t*, const T*, T*, T*, int64_t, int64_t, int64_t);  \
+  template void moe_ep_regroup<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t, bool);                     \
   template void expert_linear_fwd<T>(const T*, const T*, const int32_t*, T*, int64_t, int64_t, int64_t);              \
   template void expert_linear_bwd_data<T>(const T*, const T*, const int32_t*, T*, int64_t, int64_t, int64_t);         \
   template void expert_linear_bwd_weight<T>(const T*, const T*, const int32_t*, T*, int64_t, int64_t, int64_t);
