@@ -1,6 +1,9 @@
 // si_overlap: how much tensor-parallel communication Strand Interleaving hides. Run it on two
 // ranks (tp = 2), one per emulated host (bench/si-overlap.sh: scripts/cluster, 1 Gbit/s), so the
-// collectives are wire-bound. One process measures, round-robin in every timed round (so drift
+// collectives are wire-bound. With --group ep (bench/moe-si.sh) the same figures for a MoE model's
+// expert parallelism instead: dp = ep = 2, each rank half the experts, its own tokens (seeded by
+// rank), and the step's collectives are the token all-to-alls (the dp gradient reduction, the same
+// with SI on or off, is left out of every variant). One process measures, round-robin in every timed round (so drift
 // and noise hit all alike; T_base and T_si swap order every round; medians over the rounds, each
 // the max over ranks):
 //
@@ -112,12 +115,15 @@ struct Args {
   double max_steal = 0.05;  // a round is repeated when a rank lost more than this share of a timing to steal
   std::string plan;   // SI plan JSON for the block pair; empty = default plan
   std::string trace;  // writes a trace of one SI step and one SI-off step: PATH.rank<r>
+  std::string group = "tp";  // tp: Megatron tp = 2; ep: MoE expert parallelism, dp = ep = 2
+  bool preset_given = false;
 };
 
 void usage() {
   std::puts(
       "usage: dhelix_bench_si_overlap [--preset gpt2-124m] [--batch B=1] [--seq T=256] [--micro-batches M=4]\n"
       "         [--steps N=5] [--warmup N=1] [--max-steal F=0.05] [--plan PLAN.json] [--trace PATH]\n"
+      "         [--group tp|ep]   (ep: expert parallelism of a MoE preset, default moe-demo)\n"
       "       --max-steal: repeat a round (at most 3N attempts) in which the hypervisor stole more than F\n"
       "         of a rank's time during any of its timings; F >= 1 keeps every round\n"
       "       run on 2 ranks (tp = 2): scripts/bench si-overlap [ARGS]");
@@ -128,7 +134,8 @@ Args parse(int argc, char** argv) {
   BenchFlags fl(argc, argv);
   while (fl.next()) {
     const std::string& k = fl.key();
-    if (k == "--preset") a.preset = fl.value();
+    if (k == "--preset") a.preset = fl.value(), a.preset_given = true;
+    else if (k == "--group") a.group = fl.value();
     else if (k == "--batch") a.B = fl.count();
     else if (k == "--seq") a.T = fl.count();
     else if (k == "--micro-batches") a.micro_batches = fl.count();
@@ -148,6 +155,8 @@ Args parse(int argc, char** argv) {
     DHX_CHECK(std::filesystem::is_directory(dir), ConfigError,
               "--trace={}: directory '{}' does not exist (create it first)", a.trace, dir.string());
   }
+  DHX_CHECK(a.group == "tp" || a.group == "ep", ConfigError, "--group={}: expected tp or ep", a.group);
+  if (a.group == "ep" && !a.preset_given) a.preset = "moe-demo";
   DHX_CHECK(a.max_steal > 0, ConfigError, "--max-steal={} must be > 0 (a share of a timing; >= 1 keeps every round)",
             a.max_steal);
   return a;
@@ -215,11 +224,13 @@ double steal_seconds() { return cpu_stat_seconds(7, 7); }
 // charged to whatever the CPU was running, not to the process whose packets they are.
 double irq_seconds() { return cpu_stat_seconds(5, 6); }
 
-// A tp group of the real group's rank and size whose collectives are local copies of the same
-// shapes (no bytes leave the rank); it records every op so that M can replay them for real.
+// A tp (or ep) group of the real group's rank and size whose collectives are local copies of the
+// same shapes (no bytes leave the rank); it records every op so that M can replay them for real.
+// An all-to-all keeps its input (every peer "sends" what this rank sends), so under expert
+// parallelism the token counts come back as this rank's own and each exchange returns its rows.
 class LocalStandInGroup final : public ProcessGroup {
  public:
-  enum class Kind { kAllReduce, kAllGather, kReduceScatter };
+  enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kAllToAllV };
   struct Call {
     Kind kind;
     Shape in, out;
@@ -227,8 +238,8 @@ class LocalStandInGroup final : public ProcessGroup {
     ReduceOp op;
   };
 
-  explicit LocalStandInGroup(const ProcessGroup& real)
-      : ProcessGroup("tp", real.rank(), real.size(), real.world_rank(), real.timeout_s()) {
+  LocalStandInGroup(const std::string& role, const ProcessGroup& real)
+      : ProcessGroup(role, real.rank(), real.size(), real.world_rank(), real.timeout_s()) {
     start_stream();
   }
   ~LocalStandInGroup() override { stop_stream(); }
@@ -264,9 +275,13 @@ class LocalStandInGroup final : public ProcessGroup {
       return true;
     };
   }
-  Task all_to_all_task(Tensor, Tensor) override { return unsupported("all_to_all"); }
-  Task all_to_all_v_task(Tensor, std::vector<int64_t>, Tensor, std::vector<int64_t>) override {
-    return unsupported("all_to_all_v");
+  Task all_to_all_task(Tensor in, Tensor out) override {
+    record({Kind::kAllToAll, in.shape(), out.shape(), in.dtype(), ReduceOp::kSum});
+    return copy_task(in, out);
+  }
+  Task all_to_all_v_task(Tensor in, std::vector<int64_t>, Tensor out, std::vector<int64_t>) override {
+    record({Kind::kAllToAllV, in.shape(), out.shape(), in.dtype(), ReduceOp::kSum});
+    return copy_task(in, out);
   }
   Task broadcast_task(Tensor, int) override { return unsupported("broadcast"); }
   Task send_task(Tensor, int, int) override { return unsupported("send"); }
@@ -276,9 +291,16 @@ class LocalStandInGroup final : public ProcessGroup {
   }
 
  private:
+  static Task copy_task(Tensor in, Tensor out) {
+    return [in, out](const std::shared_ptr<WorkState>&) {
+      DHX_ASSERT(in.nbytes() == out.nbytes(), "stand-in all-to-all: {} vs {}", in.describe(), out.describe());
+      std::memcpy(out.raw(), in.raw(), in.nbytes());
+      return true;
+    };
+  }
   static Task unsupported(const char* op) {
     return [op](const std::shared_ptr<WorkState>&) -> bool {
-      throw InternalError(fmt::format("si_overlap: the local stand-in tp group has no {}", op));
+      throw InternalError(fmt::format("si_overlap: the local stand-in group has no {}", op));
     };
   }
   void record(Call c) {
@@ -297,6 +319,7 @@ class CommReplay {
     for (const auto& c : calls_) {
       ins_.push_back(Tensor::zeros(c.in, c.dtype));
       outs_.push_back(c.kind == LocalStandInGroup::Kind::kAllReduce ? ins_.back() : Tensor::zeros(c.out, c.dtype));
+      if (c.kind == LocalStandInGroup::Kind::kAllToAllV) outs_.back() = Tensor::zeros(c.in, c.dtype);
       bytes_ += static_cast<int64_t>(std::max(ins_.back().nbytes(), outs_.back().nbytes()));
     }
   }
@@ -310,6 +333,17 @@ class CommReplay {
         case LocalStandInGroup::Kind::kReduceScatter:
           ws.push_back(pg_.reduce_scatter(ins_[i], outs_[i], calls_[i].op));
           break;
+        case LocalStandInGroup::Kind::kAllToAll: ws.push_back(pg_.all_to_all(ins_[i], outs_[i])); break;
+        case LocalStandInGroup::Kind::kAllToAllV: {
+          // The rows spread evenly over the peers, the same on every rank (each routes N k rows):
+          // the exchange's bytes with balanced routing, the real one's imbalance aside.
+          const int n = pg_.size();
+          const int64_t rows = ins_[i].dim(0);
+          std::vector<int64_t> per(static_cast<size_t>(n), rows / n);
+          per.back() += rows - rows / n * n;
+          ws.push_back(pg_.all_to_all_v(ins_[i], per, outs_[i], per));
+          break;
+        }
       }
     }
     for (auto& w : ws) w.wait();
@@ -331,19 +365,28 @@ enum class Variant { kBase, kSi, kCompute, kComputeSi, kExposed };
 class Rig {
  public:
   Rig(const ModelConfig& model, MicroBatchShape mb, int M, ProcessGroup& tp, LocalStandInGroup& standin,
-      const std::string& plan_path)
-      : model_(model), tp_(tp), standin_(standin), M_(M) {
+      const std::string& plan_path, const std::string& role = "tp")
+      : model_(model), tp_(tp), standin_(standin), M_(M), role_(role) {
+    const bool ep = role == "ep";
     StepPartsSpec ps;
     ps.model = model_;
-    ps.layout.tp = tp.size();
-    ps.tp_rank = tp.rank();
+    if (ep) {  // dp = ep = the group: this rank's half of the experts and its own tokens
+      ps.layout.dp = ps.layout.ep = tp.size();
+      ps.coord.dp = ps.coord.ep = tp.rank();
+    } else {
+      ps.layout.tp = tp.size();
+      ps.tp_rank = tp.rank();
+    }
     ps.mb = mb;
-    ps.tokens_per_step = static_cast<double>(mb.tokens() * M);
+    ps.tokens_per_step = static_cast<double>(mb.tokens() * M * (ep ? tp.size() : 1));
     parts_ = std::make_unique<StepParts>(ps);
     StepParts& p = *parts_;
-    sync_real_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, &tp_, nullptr, ZeroStage::kNone, &p.state_mem);
-    sync_local_ =
-        std::make_unique<GradSync>(*p.params, p.units, p.progs, &standin_, nullptr, ZeroStage::kNone, &p.state_mem);
+    // tp: GradSync's tp all-reduces of partial gradients are part of the step. ep: no gradient
+    // collective (the dp reduction would be the same with SI on and off).
+    sync_real_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, ep ? nullptr : &tp_, nullptr,
+                                            ZeroStage::kNone, &p.state_mem);
+    sync_local_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, ep ? nullptr : &standin_, nullptr,
+                                             ZeroStage::kNone, &p.state_mem);
     if (!plan_path.empty()) {
       plan_ = load_plan(plan_path, parts_->progs.block);
       check_plan(*plan_, parts_->progs.block);
@@ -358,8 +401,9 @@ class Rig {
       r->set_bwd_unit_hook([this](int m, int unit) {
         if (m == M_ - 1) active_sync_->on_unit_done(unit);
       });
-    // Random tokens, the same on both tp ranks (one seed); next-token targets within a sequence.
-    std::mt19937_64 rng(42);
+    // Random tokens, the same on both tp ranks (one seed; ep: each rank its own); next-token targets
+    // within a sequence.
+    std::mt19937_64 rng(42 + (ep ? static_cast<uint64_t>(tp.rank()) : 0));
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model_.vocab_size - 1));
     for (int m = 0; m < M; ++m) {
       MicroBatch x{Tensor::empty({mb.tokens()}, DType::kI32), Tensor::empty({mb.tokens()}, DType::kI32)};
@@ -374,7 +418,7 @@ class Rig {
   // One timed step of `v` on this rank; returns seconds and the step's stats.
   std::pair<double, StepStats> step(Variant v) {
     const bool local = v == Variant::kCompute || v == Variant::kComputeSi;
-    parts_->ctx.groups["tp"] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
+    parts_->ctx.groups[role_] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
     active_sync_ = local ? sync_local_.get() : sync_real_.get();
     StepRunner& r = v == Variant::kSi || v == Variant::kComputeSi ? *on_ : *off_;
     parts_->ctx.expose_collectives = v == Variant::kExposed;
@@ -395,6 +439,7 @@ class Rig {
   ProcessGroup& tp_;
   LocalStandInGroup& standin_;
   int M_;
+  std::string role_;
   std::unique_ptr<StepParts> parts_;
   std::unique_ptr<GradSync> sync_real_, sync_local_;
   GradSync* active_sync_ = nullptr;
@@ -430,23 +475,30 @@ std::string mib(int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b)
 int run(int argc, char** argv) {
   Args a = parse(argc, argv);
   cpu::set_num_threads(1);  // one BLAS thread per rank: two ranks share this machine's cores
+  const bool ep = a.group == "ep";
   LayoutConfig layout;
-  layout.tp = 2;
-  layout.sequence_parallel = true;
+  if (ep) {
+    layout.dp = layout.ep = 2;
+  } else {
+    layout.tp = 2;
+    layout.sequence_parallel = true;
+  }
   std::unique_ptr<CommContext> comm = make_mpi_world(layout);
-  ProcessGroup& tp = comm->group(GroupRole::kTP);
+  ProcessGroup& tp = comm->group(ep ? GroupRole::kEP : GroupRole::kTP);  // the measured group
   const bool root = comm->rank() == 0;
-  LocalStandInGroup standin(tp);
+  LocalStandInGroup standin(a.group, tp);
 
   ModelConfig model = model_preset(a.preset);
   DHX_CHECK(a.T <= model.seq_len, ConfigError, "--seq={} exceeds the {} context {}", a.T, a.preset, model.seq_len);
   const MicroBatchShape mb{a.B, a.T};
   const int M = static_cast<int>(a.micro_batches);
-  Rig rig(model, mb, M, tp, standin, a.plan);
+  DHX_CHECK(!ep || model.is_moe(), ConfigError, "--group ep needs a moe preset (moe-demo, phi-3.5-moe), got {}",
+            a.preset);
+  Rig rig(model, mb, M, tp, standin, a.plan, a.group);
   if (root) {
-    fmt::print("si-overlap: {} ({:.1f}M params), tp={} (one rank per host), B={} T={} x {} micro-batches, "
+    fmt::print("si-overlap: {} ({:.1f}M params), {}={} (one rank per host), B={} T={} x {} micro-batches, "
                "{} timed rounds after {} warm-up, plan '{}' ({} blocks per layer pair)\n",
-               a.preset, model.num_params() / 1e6, tp.size(), a.B, a.T, M, a.steps, a.warmup, rig.plan().source,
+               a.preset, model.num_params() / 1e6, a.group, tp.size(), a.B, a.T, M, a.steps, a.warmup, rig.plan().source,
                rig.plan().blocks.size());
     fmt::print("{}", render_plan(rig.plan(), rig.block_program()));
     std::fflush(stdout);
@@ -559,9 +611,9 @@ int run(int argc, char** argv) {
     if (root) fmt::print("  trace of one SI step then one SI-off step: {}\n", path);
   }
 
-  // The demo preset's activation peaks (same tp = 2 layout, one rank's shard), T <= its context.
-  ModelConfig demo = model_preset("demo");
-  Rig demo_rig(demo, MicroBatchShape{a.B, std::min(a.T, demo.seq_len)}, M, tp, standin, "");
+  // The demo preset's activation peaks (same layout, one rank's shard), T <= its context.
+  ModelConfig demo = model_preset(ep ? "moe-demo" : "demo");
+  Rig demo_rig(demo, MicroBatchShape{a.B, std::min(a.T, demo.seq_len)}, M, tp, standin, "", a.group);
   Peaks demo_peaks = peak_activations(demo_rig);
 
   const double T_base = median(base), T_si = median(si), C = median(comp), Mc = median(comm_only);
@@ -588,7 +640,7 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10}\n", "quantity", "value");
     fmt::print("  {:<56} {:>10.3f}\n", "T_base: step, SI off (s)", T_base);
     fmt::print("  {:<56} {:>10.3f}\n", "T_si:   step, SI on (s)", T_si);
-    fmt::print("  {:<56} {:>10.3f}\n", "C: compute only, tp collectives -> local copies (s)", C);
+    fmt::print("  {:<56} {:>10.3f}\n", fmt::format("C: compute only, {} collectives -> local copies (s)", a.group), C);
     fmt::print("  {:<56} {:>10.3f}\n", "   the same in SI's op order (s)", C_si);
     fmt::print("  {:<56} {:>10.3f}\n",
                fmt::format("M: comm only, the step's {} collectives replayed (s)", replay.count()), Mc);
@@ -627,7 +679,7 @@ int run(int argc, char** argv) {
                fmt::format("{} / {}", mib(peaks.off), mib(peaks.on)));
     fmt::print("  {:<56} {:>10.3f}\n", "   on / off", static_cast<double>(peaks.on) / static_cast<double>(peaks.off));
     fmt::print("  {:<56} {:>10}\n",
-               fmt::format("peak activations demo B={} T={}, off / on (MiB)", a.B, std::min(a.T, demo.seq_len)),
+               fmt::format("peak activations {} B={} T={}, off / on (MiB)", demo.name, a.B, std::min(a.T, demo.seq_len)),
                fmt::format("{} / {}", mib(demo_peaks.off), mib(demo_peaks.on)));
     fmt::print("  {:<56} {:>10.3f}\n", "   on / off",
                static_cast<double>(demo_peaks.on) / static_cast<double>(demo_peaks.off));
@@ -667,6 +719,12 @@ int run(int argc, char** argv) {
                         {"peak_activation_bytes_on", peaks.on},
                         {"demo_peak_activation_bytes_off", demo_peaks.off},
                         {"demo_peak_activation_bytes_on", demo_peaks.on}};
+    if (ep) {  // the MoE issue's names for the same figures (the comm is the token all-to-alls)
+      j["t_off_s"] = T_base;
+      j["a2a_s"] = Mc;
+      j["hidden_fraction"] = eff;
+      j["group"] = "ep";
+    }
     fmt::print("{}\n", j.dump());
   }
   return 0;
