@@ -12,8 +12,5 @@
 # Run via: scripts/bench moe-si [--batch B] [--seq T] [--micro-batches M] [--steps N] [--trace P]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${DHELIX_BUILD:-build}
-cmake --build "$build" --target dhelix_bench_si_overlap >/dev/null
-exec scripts/cluster --hosts 2 --rate 1gbit --np-per-host 1 --cpus "${DHELIX_CLUSTER_CPUS:-auto}" --mpirun-arg --mca --mpirun-arg mpi_yield_when_idle \
-  --mpirun-arg 1 -- "$PWD/$build/bench/dhelix_bench_si_overlap" \
-  --group ep --preset moe-demo --batch 4 --seq 128 "$@"
+# si-overlap.sh's launch with the ep group; the later --preset overrides its default.
+exec bash bench/si-overlap.sh --group ep --preset moe-demo --batch 4 --seq 128 "$@"
