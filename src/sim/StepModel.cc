@@ -147,8 +147,12 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
 std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
   std::vector<std::string> e = validate_layout(lay, lay.world());
   for (const std::string& x : m.validate()) e.push_back(x);
-  if (lay.cp > 1 || lay.ep > 1)
-    e.push_back(fmt::format("cp={} ep={}: context and expert parallelism are not priced", lay.cp, lay.ep));
+  if (lay.cp > 1) e.push_back(fmt::format("cp={}: context parallelism is not priced", lay.cp));
+  if (lay.ep > 1 && !m.is_moe())
+    e.push_back(fmt::format("ep={}: expert parallelism needs the moe family (model {} is {})", lay.ep, m.name,
+                            family_name(m.family)));
+  if (lay.ep > 1 && m.is_moe() && m.n_experts % lay.ep != 0)
+    e.push_back(fmt::format("experts={} is not divisible by ep={}", m.n_experts, lay.ep));
   if (m.is_moe() && lay.is_3d())
     e.push_back(fmt::format("the moe family does not run on the 3D grid (x={} y={} z={}); Megatron tp x pp x dp only",
                             lay.tp_x, lay.tp_y, lay.tp_z));
@@ -191,6 +195,7 @@ struct ActDims {
   double Cres = 0;  // columns of the residual stream (C / Gx under 3D)
   double qkv = 0, att = 0, heads = 0, fc = 0, act = 0, vocab = 0;  // local widths
   double experts = 0, top_k = 0, expert_ffn = 0;                    // MoE: E, k, each expert's F (whole)
+  double ep = 1;                                                    // MoE: expert-parallel ranks
 };
 
 ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
@@ -210,6 +215,7 @@ ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec&
   const int vshards = lay.is_3d() ? lay.tp_y : lay.tp;  // the vocabulary rows: over tp, or y under 3D
   d.vocab = double(padded_vocab(m, vshards) / vshards);
   if (m.is_moe()) d.experts = double(m.n_experts), d.top_k = double(m.top_k), d.expert_ffn = double(m.ffn_hidden);
+  d.ep = double(lay.ep);
   return d;
 }
 
@@ -234,9 +240,11 @@ std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
   if (b == "moe.probs") return d.Nres * d.experts;
   if (b == "moe.expert" || b == "moe.gate") return P;
   if (b == "moe.slot") return P;
-  if (b == "moe.counts") return d.experts;
+  if (b == "moe.counts" || b == "moe.rcounts") return d.experts;
+  if (b == "moe.lcounts") return d.experts / d.ep;
   if (b == "moe.stats") return 2 * d.experts;
-  if (b == "moe.xs" || b == "moe.eo") return P * d.Cres;
+  // Under ep the rows received for this rank's experts: P with balanced routing.
+  if (b == "moe.xs" || b == "moe.eo" || b == "moe.xg") return P * d.Cres;
   if (b == "moe.fc") return P * 2 * d.expert_ffn;
   if (b == "moe.act") return P * d.expert_ffn;
   return std::nullopt;
@@ -476,6 +484,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     double Ff = 0, Bb = 0, Cf = 0, Cb = 0, elems = 0;
     std::map<std::string, AxisCost> axes;  // one micro-batch, forward and backward
     std::vector<double> bwd_span, grad_bytes;
+    std::vector<double> expert_bytes;  // under ep: the experts' gradients (reduced over edp, not dp)
   };
   std::vector<StageMb> stages(p), folding(p);  // the last micro-batch's strands; the earlier ones'
   for (int v = 0; v < 2; ++v)
@@ -488,7 +497,12 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(g.axes, t.fwd.axes, 1);
       add_axes(g.axes, t.bwd.axes, 1);
       g.bwd_span.push_back(t.bwd.span_s);
-      g.grad_bytes.push_back(unit_elems(units[u]) * 4);
+      double experts = 0;  // expert shards, when ep > 1 puts them on their own channel
+      if (lay.ep > 1)
+        for (const ParamSpec& q : units[u].params)
+          if (q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
+      g.grad_bytes.push_back((unit_elems(units[u]) - experts) * 4);
+      g.expert_bytes.push_back(experts * 4);
       g.elems += unit_elems(units[u]);
     }
     if (s == p - 1 && p > 1 && m.tie_embeddings) g.elems += unit_elems(units[0]);
@@ -561,6 +575,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather.
     const GroupLink& dp = groups.at("dp");
     double tail = dp_exposed(g.bwd_span, g.grad_bytes, dp, opt.zero, st.axes["dp"]);
+    if (lay.ep > 1) {  // expert buckets: all-reduced over edp on that group's own comm thread
+      const double t_e = dp_exposed(g.bwd_span, g.expert_bytes, groups.at("edp"), Zero::kNone, st.axes["edp"]);
+      tail = std::max(tail, t_e);
+      if (st.axes["edp"].bytes == 0) st.axes.erase("edp");
+    }
     if (opt.zero == Zero::kZero1 && dp.size > 1) {
       const double b = elems * elem;
       const double ag = CostModel::collective_time(CollOp::kAllGather, b, dp.size, dp.link);

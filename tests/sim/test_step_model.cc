@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "base/Error.h"
+#include "model/Params.h"
 #include "sim/LayoutSearch.h"
 #include "sim/StepModel.h"
 
@@ -132,7 +133,45 @@ TEST(StepModel, MemoryOfASmallLayoutByHand) {
   EXPECT_TRUE(p.fits);
 }
 
+// Expert parallelism, counted by hand: moe-demo shrunk to 2 layers, dp = 4 with ep = 2 against ep = 1.
+// Each rank holds half the experts' weights, so the parameter memory drops by half of the experts'
+// elements; the experts' gradients are all-reduced over edp (dp / ep = 2 ranks: ring factor
+// 2 (n-1)/n = 1) and the rest over dp (4 ranks: 3/2); the step's token exchanges appear on "ep".
+TEST(StepModel, ExpertParallelMemoryAndGradientVolumeByHand) {
+  ModelConfig m = model_preset("moe-demo");
+  m.n_layers = 2;
+  LayoutConfig plain, ep;
+  plain.dp = ep.dp = 4;
+  ep.ep = 2;
+  const BatchSpec batch{4, 32, 1};
+  const StepPrediction a = predict(m, plain, batch, cpu(), {}), b = predict(m, ep, batch, cpu(), {});
+  const double C = double(m.d_model), F = double(m.ffn_hidden), E = double(m.n_experts);
+  const double experts = double(m.n_layers) * E * 3 * C * F;  // wgu [E 2F, C] + wdown [E C, F] per layer
+  // Stored parameters: the vocabulary padded to 2048 rows (tied table, counted once).
+  const double P = double(m.num_params()) + double(padded_vocab(m, 1) - m.vocab_size) * C, dense = P - experts;
+  EXPECT_DOUBLE_EQ(a.memory.params, 4 * P);
+  EXPECT_DOUBLE_EQ(b.memory.params, 4 * (dense + experts / 2));
+  EXPECT_DOUBLE_EQ(a.axes.at("dp").bytes, 1.5 * 4 * P);
+  EXPECT_DOUBLE_EQ(b.axes.at("dp").bytes, 1.5 * 4 * dense);
+  EXPECT_DOUBLE_EQ(b.axes.at("edp").bytes, 1.0 * 4 * experts / 2);
+  EXPECT_GT(b.axes.at("ep").bytes, 0.0);
+  EXPECT_EQ(a.axes.count("ep"), 0u);
+  // Tune lists the ep layouts of a moe model, labelled with their ep.
+  const TuneResult r = rank_layouts(m, 4, batch, cpu(), {});
+  bool listed = false;
+  for (const StepPrediction& q : r.ranked) listed |= layout_label(q.layout) == "tp=1 pp=1 dp=4 ep=2";
+  EXPECT_TRUE(listed);
+}
+
 TEST(StepModel, EverySavedBufferHasASizeRule) {
+  for (int ep : {1, 2}) {  // MoE, with and without expert parallelism
+    LayoutConfig lay;
+    lay.dp = 2, lay.ep = ep;
+    ModelConfig m = model_preset("moe-demo");
+    m.n_layers = 2;
+    const StepPrediction p = predict(m, lay, {2, 64, 1}, cpu(), {});
+    EXPECT_TRUE(p.notes.empty()) << "moe-demo ep=" << ep << ": " << p.notes[0];
+  }
   for (const char* name : {"gpt2-124m", "llama-8b"})
     for (int tp : {1, 2}) {
       LayoutConfig lay;
