@@ -197,11 +197,6 @@ Op norm_bwd(const Builder& b, const std::string& tag, const std::string& in, con
 //        expert) [-> counts a2a -> rows a2a -> regroup by local expert] -> grouped up-GEMM -> SwiGLU ->
 //        grouped down-GEMM [-> regroup by rank -> rows a2a back] -> aux -> combine (gate-weighted sum)
 //   bwd: the reverse; the router's input gradient and the dispatch's sum into "dh2".
-struct MoeNames {
-  bool ep = false;
-  std::string xs, counts, eo;  // the expert GEMMs' input rows, their counts, the GEMMs' output rows
-};
-
 Op ep_coll(const Builder& b, std::string name, std::vector<std::string> in, const std::string& out, double bytes) {
   Op op = b.coll(std::move(name), CollOp::kAllToAll, in.at(0), out, bytes / kF);
   op.group = "ep";

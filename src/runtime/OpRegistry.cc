@@ -344,45 +344,34 @@ void op_moe_route(OpCall& c) {
   Tensor& stats = c.out_new(6, {2 * E});  // [tokens per expert | sum of each expert's probability]
   moe_route_fwd<float>(lg.f32(), probs.f32(), expert.data<int32_t>(), gate.f32(), N, E, k, c.model.norm_topk);
   moe_group(expert.data<int32_t>(), N, k, E, counts.data<int32_t>(), order.data<int32_t>(), slot.data<int32_t>());
-  for (int64_t e = 0; e < E; ++e) {
-    double pe = 0;
-    for (int64_t n = 0; n < N; ++n) pe += static_cast<double>(probs.f32()[n * E + e]);
-    stats.f32()[e] = static_cast<float>(counts.data<int32_t>()[e]);
-    stats.f32()[E + e] = static_cast<float>(pe);
-  }
+  moe_route_stats<float>(probs.f32(), counts.data<int32_t>(), N, E, stats.f32());
 }
 
-// The micro-batch's routing statistics (summed over tp): Ng tokens, counts c_e, probability sums S_e.
+// The micro-batch's routing statistics (summed over tp): Ng tokens and the counts c_e.
 struct RouteTotals {
   int64_t E = 0;
   double Ng = 0;
   const float* counts = nullptr;
-  const float* psum = nullptr;
 };
 RouteTotals route_totals(const OpCall& c, const Tensor& stats) {
   RouteTotals t;
   t.E = stats.numel() / 2;
   t.counts = stats.f32();
-  t.psum = stats.f32() + t.E;
   for (int64_t e = 0; e < t.E; ++e) t.Ng += double(t.counts[e]);
   t.Ng /= double(c.model.top_k);
   return t;
 }
 
-// Records the layer's tokens per expert and its load-balancing loss coef * E * sum_e (c_e / (Ng k)) *
-// (S_e / Ng), weighted by the micro-batch's Ng tokens.
+// Records the layer's tokens per expert and its load-balancing loss (moe_aux_loss), weighted by the
+// micro-batch's Ng tokens.
 void op_moe_aux(OpCall& c) {
   const RouteTotals t = route_totals(c, c.in(0));
   if (!c.router || c.unit.layer < 0 || t.Ng <= 0) return;
   RouterStats& st = *c.router;
   if (st.n_experts != t.E) st.n_experts = t.E, st.tokens.assign(c.model.n_layers * t.E, 0);
   DHX_ASSERT(int64_t(st.tokens.size()) >= (c.unit.layer + 1) * t.E, "router stats for layer {}", c.unit.layer);
-  double s = 0;
-  for (int64_t e = 0; e < t.E; ++e) {
-    st.tokens[c.unit.layer * t.E + e] += static_cast<int64_t>(t.counts[e]);
-    s += double(t.counts[e]) / (t.Ng * double(c.model.top_k)) * (double(t.psum[e]) / t.Ng);
-  }
-  st.aux_weighted += t.Ng * c.model.aux_loss_coef * double(t.E) * s;
+  for (int64_t e = 0; e < t.E; ++e) st.tokens[c.unit.layer * t.E + e] += static_cast<int64_t>(t.counts[e]);
+  st.aux_weighted += t.Ng * moe_aux_loss<float>(c.in(0).f32(), t.E, c.model.top_k, c.model.aux_loss_coef);
 }
 
 // d objective / d probs[n,e] from the aux term: (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng).

@@ -15,9 +15,6 @@
 namespace dhelix {
 namespace {
 
-// Rank r's `flat` lands at [r * n, (r + 1) * n) of `out` (ep rank r holds experts [r E/ep, ...)).
-void all_gather_into(ProcessGroup& g, const Tensor& flat, Tensor out) { g.all_gather(flat, out).wait(); }
-
 // Full tensor of a parameter-shaped shard: all-gather the flat shards over the tensor-parallel
 // block (tp, or the 3D x-y-z block), then place each member's piece with insert_shard at that
 // member's ShardIndex (`members`, in group-rank order). Pieces held by several members (replicas)
@@ -30,8 +27,8 @@ Tensor gather_over_block(const ParamSpec& spec, const Tensor& shard, ProcessGrou
       full.copy_from(shard.view(spec.full));
       return full;
     }
-    Tensor flat = shard.view({shard.numel()}).clone();
-    all_gather_into(*ep, flat, full.view({full.numel()}));
+    // ep rank r's shard is experts [r E/ep, (r+1) E/ep): rows [r n, (r+1) n) of the stacked tensor.
+    ep->all_gather(shard.view({shard.numel()}).clone(), full.view({full.numel()})).wait();
     return full;
   }
   const int n = block ? block->size() : 1;

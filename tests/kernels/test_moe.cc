@@ -31,7 +31,9 @@ struct MoeCase {
     cpu::linear_fwd<double>(x.data(), wr.data(), nullptr, logits.data(), N, C, E);
     cpu::moe_route_fwd<double>(logits.data(), probs.data(), expert.data(), gate.data(), N, E, k, norm);
     cpu::moe_group(expert.data(), N, k, E, counts.data(), order.data(), slot.data());
-    const double aux = cpu::moe_aux_loss<double>(probs.data(), counts.data(), N, E, k, coef);
+    Vec stats(2 * E);
+    cpu::moe_route_stats<double>(probs.data(), counts.data(), N, E, stats.data());
+    const double aux = cpu::moe_aux_loss<double>(stats.data(), E, k, coef);
     cpu::moe_dispatch<double>(x.data(), order.data(), xs.data(), P, k, C);
     cpu::expert_linear_fwd<double>(xs.data(), wgu.data(), counts.data(), fc.data(), E, C, 2 * F);
     cpu::swiglu_fwd<double>(fc.data(), act.data(), P, F);
@@ -155,7 +157,9 @@ TEST(MoeRouting, TiesGoToTheLowerExpertIndex) {
   cpu::moe_group(expert.data(), N, k, E, counts.data(), order.data(), slot.data());
   EXPECT_EQ(counts, (std::vector<int32_t>{3, 3, 0, 0}));
   // aux = coef E sum_e (c_e / (N k)) (1/E) = coef * (3/6 + 3/6) = coef.
-  EXPECT_NEAR(cpu::moe_aux_loss<double>(probs.data(), counts.data(), N, E, k, 0.1), 0.1, 1e-15);
+  Vec stats(2 * E);
+  cpu::moe_route_stats<double>(probs.data(), counts.data(), N, E, stats.data());
+  EXPECT_NEAR(cpu::moe_aux_loss<double>(stats.data(), E, k, 0.1), 0.1, 1e-15);
   // Grouped order: expert 0's assignments (a = 0, 2, 4), then expert 1's (1, 3, 5); slot inverts it.
   EXPECT_EQ(order, (std::vector<int32_t>{0, 2, 4, 1, 3, 5}));
   for (int64_t p = 0; p < N * k; ++p) EXPECT_EQ(slot[order[p]], p);

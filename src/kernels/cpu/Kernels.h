@@ -100,9 +100,12 @@ template <typename T> void moe_route_bwd(const T* probs, const int32_t* expert, 
 // assignments sorted by expert, then by a (stable); slot[N*k] its inverse (slot[order[p]] = p).
 void moe_group(const int32_t* expert, int64_t N, int64_t k, int64_t E, int32_t* counts, int32_t* order,
                int32_t* slot);
-// The load-balancing loss of one layer and micro-batch: coef * E * sum_e (counts[e] / (N k)) * mean_n probs[n,e].
-template <typename T> double moe_aux_loss(const T* probs, const int32_t* counts, int64_t N, int64_t E, int64_t k,
-                                          double coef);
+// The router's statistics of N tokens, stats[2E] = [counts[e] | sum_n probs[n,e]] (summed in double,
+// n ascending): what the load-balancing loss needs, and what tp ranks add up over their shards.
+template <typename T> void moe_route_stats(const T* probs, const int32_t* counts, int64_t N, int64_t E, T* stats);
+// The load-balancing loss of one layer and micro-batch from its statistics (Ng = sum_e c_e / k tokens):
+// coef * E * sum_e (c_e / (Ng k)) * (S_e / Ng).
+template <typename T> double moe_aux_loss(const T* stats, int64_t E, int64_t k, double coef);
 // xs[P,C] = the rows x[order[p] / k] (P = N*k).
 template <typename T> void moe_dispatch(const T* x, const int32_t* order, T* xs, int64_t P, int64_t k, int64_t C);
 // acc dx[N,C] += sum_j dxs[slot[n*k + j]], j ascending.

@@ -82,14 +82,21 @@ void moe_group(const int32_t* expert, int64_t N, int64_t k, int64_t E, int32_t* 
   }
 }
 
-template <typename T> double moe_aux_loss(const T* probs, const int32_t* counts, int64_t N, int64_t E, int64_t k,
-                                          double coef) {
+template <typename T> void moe_route_stats(const T* probs, const int32_t* counts, int64_t N, int64_t E, T* stats) {
+  std::vector<double> psum(E, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) psum[e] += static_cast<double>(probs[n * E + e]);
+  for (int64_t e = 0; e < E; ++e) stats[e] = static_cast<T>(counts[e]), stats[E + e] = static_cast<T>(psum[e]);
+}
+
+template <typename T> double moe_aux_loss(const T* stats, int64_t E, int64_t k, double coef) {
+  double Ng = 0;
+  for (int64_t e = 0; e < E; ++e) Ng += static_cast<double>(stats[e]);
+  Ng /= static_cast<double>(k);
+  if (Ng <= 0) return 0;
   double s = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    double pe = 0;
-    for (int64_t n = 0; n < N; ++n) pe += static_cast<double>(probs[n * E + e]);
-    s += static_cast<double>(counts[e]) / static_cast<double>(N * k) * (pe / static_cast<double>(N));
-  }
+  for (int64_t e = 0; e < E; ++e)
+    s += static_cast<double>(stats[e]) / (Ng * static_cast<double>(k)) * (static_cast<double>(stats[E + e]) / Ng);
   return coef * static_cast<double>(E) * s;
 }
 
@@ -194,7 +201,8 @@ template <typename T> void expert_linear_bwd_weight(const T* dy, const T* x, con
   template void moe_route_fwd<T>(const T*, T*, int32_t*, T*, int64_t, int64_t, int64_t, bool);                        \
   template void moe_route_bwd<T>(const T*, const int32_t*, const T*, const T*, const T*, T*, int64_t, int64_t,        \
                                  int64_t, bool);                                                                      \
-  template double moe_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double);                       \
+  template void moe_route_stats<T>(const T*, const int32_t*, int64_t, int64_t, T*);                                   \
+  template double moe_aux_loss<T>(const T*, int64_t, int64_t, double);                                                \
   template void moe_dispatch<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t);                             \
   template void moe_dispatch_bwd<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t);                         \
   template void moe_combine<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t);                    \
