@@ -26,20 +26,38 @@ void check_dims(const AttnDims& d) {
             d.kv_stride, d.H, d.Hkv, d.D);
 }
 
-// Number of valid keys in row r of tile (qi, kj): with equal tile origins only the diagonal tile
-// is cut, keys c <= r.
-inline int64_t valid_keys(int64_t qi, int64_t kj, int64_t r, int64_t bk) {
-  return qi == kj ? std::min(bk, r + 1) : bk;
+void check_block(const AttnBlock& d) {
+  DHX_CHECK(d.B >= 0 && d.Tq >= 0 && d.Tk >= 0 && d.D > 0 && d.H > 0 && d.Hkv > 0 && d.H % d.Hkv == 0 &&
+                (!d.causal || d.Tq == d.Tk),
+            ConfigError, "attention block: bad dims B={} Tq={} Tk={} H={} Hkv={} D={} causal={} (need H % Hkv == 0, Tq == Tk "
+            "when causal)", d.B, d.Tq, d.Tk, d.H, d.Hkv, d.D, d.causal);
+  DHX_CHECK(d.q_stride >= d.H * d.D && d.o_stride >= d.H * d.D && d.kv_stride >= d.Hkv * d.D && d.lse_stride >= d.Tq,
+            ConfigError, "attention block: strides q={} o={} kv={} lse={} too small for H={} Hkv={} D={} Tq={}",
+            d.q_stride, d.o_stride, d.kv_stride, d.lse_stride, d.H, d.Hkv, d.D, d.Tq);
+}
+
+// The causal attention of whole sequences as one block.
+AttnBlock causal_block(const AttnDims& d) {
+  check_dims(d);
+  return AttnBlock{d.B,          d.T,          d.T,          d.H,          d.Hkv,        d.D, d.q_stride, d.kv_stride,
+                   d.o_stride,   d.T * d.q_stride, d.T * d.kv_stride, d.T * d.o_stride, d.T, true};
+}
+
+// Number of valid keys in row r of tile (qi, kj): in a causal block, whose query and key tiles
+// share origins, only the diagonal tile is cut (keys c <= r); a full block sees every key.
+inline int64_t valid_keys(bool causal, int64_t qi, int64_t kj, int64_t r, int64_t bk) {
+  return causal && qi == kj ? std::min(bk, r + 1) : bk;
 }
 
 }  // namespace
 
-template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale) {
-  check_dims(d);
-  const int64_t Tn = d.T, D = d.D, H = d.H, G = d.H / d.Hkv;
-  const int64_t nq = (Tn + kTile - 1) / kTile;
+template <typename T>
+void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale) {
+  check_block(d);
+  const int64_t Tq = d.Tq, D = d.D, H = d.H, G = d.H / d.Hkv;
+  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kTile - 1) / kTile;
   const int64_t BH = d.B * H, items = BH * nq;
-  const int nt = detail::threads_for(BH * Tn * D);
+  const int nt = detail::threads_for(BH * Tq * D);
 #pragma omp parallel num_threads(nt)
   {
     std::vector<T> S(kTile * kTile), acc(kTile * D), mrow(kTile), lrow(kTile);  // per thread
@@ -48,20 +66,21 @@ template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* 
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qi = nq - 1 - it / BH, bh = it % BH;
       const int64_t b = bh / H, h = bh % H, g = h / G;
-      const int64_t t0 = qi * kTile, bq = std::min(kTile, Tn - t0);
-      const T* Q = q + (b * Tn + t0) * d.q_stride + h * D;  // [bq, D], ld q_stride
+      const int64_t t0 = qi * kTile, bq = std::min(kTile, Tq - t0);
+      const T* Q = q + b * d.q_bstride + t0 * d.q_stride + h * D;  // [bq, D], ld q_stride
       std::fill(acc.begin(), acc.end(), T(0));
       std::fill(mrow.begin(), mrow.end(), -std::numeric_limits<T>::infinity());
       std::fill(lrow.begin(), lrow.end(), T(0));
-      for (int64_t kj = 0; kj <= qi; ++kj) {
-        const int64_t s0 = kj * kTile, bk = std::min(kTile, Tn - s0);
-        const T* K = k + (b * Tn + s0) * d.kv_stride + g * D;  // [bk, D], ld kv_stride
-        const T* V = v + (b * Tn + s0) * d.kv_stride + g * D;
+      const int64_t kend = d.causal ? qi + 1 : nk;
+      for (int64_t kj = 0; kj < kend; ++kj) {
+        const int64_t s0 = kj * kTile, bk = std::min(kTile, d.Tk - s0);
+        const T* K = k + b * d.kv_bstride + s0 * d.kv_stride + g * D;  // [bk, D], ld kv_stride
+        const T* V = v + b * d.kv_bstride + s0 * d.kv_stride + g * D;
         // S[bq, bk] = scale Q K^T
         gemm<T>(false, true, bq, bk, D, scale, Q, d.q_stride, K, d.kv_stride, T(0), S.data(), kTile);
         for (int64_t r = 0; r < bq; ++r) {
           T* srow = S.data() + r * kTile;
-          const int64_t nv = valid_keys(qi, kj, r, bk);
+          const int64_t nv = valid_keys(d.causal, qi, kj, r, bk);
           T mx = mrow[r];
 #pragma omp simd reduction(max : mx)
           for (int64_t c = 0; c < nv; ++c) mx = srow[c] > mx ? srow[c] : mx;
@@ -85,9 +104,9 @@ template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* 
         // acc[bq, D] += P[bq, bk] V[bk, D]
         gemm<T>(false, false, bq, D, bk, T(1), S.data(), kTile, V, d.kv_stride, T(1), acc.data(), D);
       }
-      T* L = lse + bh * Tn + t0;
+      T* L = lse + bh * d.lse_stride + t0;
       for (int64_t r = 0; r < bq; ++r) {
-        T* orow = o + (b * Tn + t0 + r) * d.o_stride + h * D;
+        T* orow = o + b * d.o_bstride + (t0 + r) * d.o_stride + h * D;
         const T inv = T(1) / lrow[r];
         const T* arow = acc.data() + r * D;
 #pragma omp simd
@@ -98,59 +117,59 @@ template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* 
   }
 }
 
-// Per (b, kv head g), serially over key tiles j, the query heads of the group and query tiles i >= j:
+// Per (b, kv head g), serially over key tiles j, the query heads of the group and the query tiles i
+// the block pairs with j (i >= j when causal, all otherwise):
 //   S = scale Q_i K_j^T,  P = exp(S - lse_i),  dV_j += P^T dO_i,  dP = dO_i V_j^T,
 //   dS = scale P (dP - D_i) with D_i = rowsum(dO_i * O_i),  dK_j += dS^T Q_i,  dQ_i += dS K_j.
 // One thread owns all of dK, dV (and the group's dQ) for its (b, g): no races, no atomics.
 // Parallelism is B * Hkv items.
 template <typename T>
-void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv,
-                   const AttnDims& d, T scale) {
-  check_dims(d);
-  const int64_t Tn = d.T, D = d.D, H = d.H, Hkv = d.Hkv, G = d.H / d.Hkv;
-  const int64_t nq = (Tn + kTile - 1) / kTile;
+void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
+                         T* dv, const AttnBlock& d, T scale) {
+  check_block(d);
+  const int64_t Tq = d.Tq, D = d.D, H = d.H, Hkv = d.Hkv, G = d.H / d.Hkv;
+  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kTile - 1) / kTile;
   const int64_t items = d.B * Hkv;
-  const int nt = std::min<int64_t>(detail::threads_for(d.B * H * Tn * D), std::max<int64_t>(items, 1));
+  const int nt = std::min<int64_t>(detail::threads_for(d.B * H * std::max(Tq, d.Tk) * D), std::max<int64_t>(items, 1));
 #pragma omp parallel num_threads(nt)
   {
-    // per thread: P and dP/dS tiles [kTile, kTile], dK/dV accumulators [kTile, D], D_i for the group [G, T]
-    std::vector<T> P(kTile * kTile), dS(kTile * kTile), dKacc(kTile * D), dVacc(kTile * D), Di(G * Tn);
+    // per thread: P and dP/dS tiles [kTile, kTile], dK/dV accumulators [kTile, D], D_i for the group [G, Tq]
+    std::vector<T> P(kTile * kTile), dS(kTile * kTile), dKacc(kTile * D), dVacc(kTile * D), Di(G * Tq);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / Hkv, g = it % Hkv;
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
-        for (int64_t t = 0; t < Tn; ++t) {
-          const T* orow = o + (b * Tn + t) * d.o_stride + h * D;
-          const T* grow = dout + (b * Tn + t) * d.o_stride + h * D;
+        for (int64_t t = 0; t < Tq; ++t) {
+          const T* orow = o + b * d.o_bstride + t * d.o_stride + h * D;
+          const T* grow = dout + b * d.o_bstride + t * d.o_stride + h * D;
           T s = 0;
 #pragma omp simd reduction(+ : s)
           for (int64_t c = 0; c < D; ++c) s += orow[c] * grow[c];
-          Di[hh * Tn + t] = s;
-          std::fill_n(dq + (b * Tn + t) * d.q_stride + h * D, D, T(0));
+          Di[hh * Tq + t] = s;
         }
       }
-      for (int64_t kj = 0; kj < nq; ++kj) {
-        const int64_t s0 = kj * kTile, bk = std::min(kTile, Tn - s0);
-        const T* K = k + (b * Tn + s0) * d.kv_stride + g * D;  // [bk, D], ld kv_stride
-        const T* V = v + (b * Tn + s0) * d.kv_stride + g * D;
+      for (int64_t kj = 0; kj < nk; ++kj) {
+        const int64_t s0 = kj * kTile, bk = std::min(kTile, d.Tk - s0);
+        const T* K = k + b * d.kv_bstride + s0 * d.kv_stride + g * D;  // [bk, D], ld kv_stride
+        const T* V = v + b * d.kv_bstride + s0 * d.kv_stride + g * D;
         std::fill(dKacc.begin(), dKacc.end(), T(0));
         std::fill(dVacc.begin(), dVacc.end(), T(0));
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t h = g * G + hh;
-          for (int64_t qi = kj; qi < nq; ++qi) {
-            const int64_t t0 = qi * kTile, bq = std::min(kTile, Tn - t0);
-            const T* Q = q + (b * Tn + t0) * d.q_stride + h * D;  // [bq, D]
-            const T* dO = dout + (b * Tn + t0) * d.o_stride + h * D;
-            T* dQ = dq + (b * Tn + t0) * d.q_stride + h * D;
-            const T* L = lse + (b * H + h) * Tn + t0;
-            const T* Dr = Di.data() + hh * Tn + t0;
+          for (int64_t qi = d.causal ? kj : 0; qi < nq; ++qi) {
+            const int64_t t0 = qi * kTile, bq = std::min(kTile, Tq - t0);
+            const T* Q = q + b * d.q_bstride + t0 * d.q_stride + h * D;  // [bq, D]
+            const T* dO = dout + b * d.o_bstride + t0 * d.o_stride + h * D;
+            T* dQ = dq + b * d.q_bstride + t0 * d.q_stride + h * D;
+            const T* L = lse + (b * H + h) * d.lse_stride + t0;
+            const T* Dr = Di.data() + hh * Tq + t0;
             gemm<T>(false, true, bq, bk, D, scale, Q, d.q_stride, K, d.kv_stride, T(0), P.data(), kTile);
             gemm<T>(false, true, bq, bk, D, T(1), dO, d.o_stride, V, d.kv_stride, T(0), dS.data(), kTile);
             for (int64_t r = 0; r < bq; ++r) {
               T* prow = P.data() + r * kTile;
               T* srow = dS.data() + r * kTile;
-              const int64_t nv = valid_keys(qi, kj, r, bk);
+              const int64_t nv = valid_keys(d.causal, qi, kj, r, bk);
               const T lr = L[r], dr = Dr[r];
 #pragma omp simd
               for (int64_t c = 0; c < nv; ++c) {
@@ -166,18 +185,126 @@ void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse,
           }
         }
         for (int64_t r = 0; r < bk; ++r) {
-          std::copy_n(dKacc.data() + r * D, D, dk + (b * Tn + s0 + r) * d.kv_stride + g * D);
-          std::copy_n(dVacc.data() + r * D, D, dv + (b * Tn + s0 + r) * d.kv_stride + g * D);
+          T* dkr = dk + b * d.kv_bstride + (s0 + r) * d.kv_stride + g * D;
+          T* dvr = dv + b * d.kv_bstride + (s0 + r) * d.kv_stride + g * D;
+          const T* ka = dKacc.data() + r * D;
+          const T* va = dVacc.data() + r * D;
+#pragma omp simd
+          for (int64_t c = 0; c < D; ++c) dkr[c] += ka[c], dvr[c] += va[c];
         }
       }
     }
   }
 }
 
+template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale) {
+  attention_block_fwd(q, k, v, o, lse, causal_block(d), scale);
+}
+
+template <typename T>
+void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv,
+                   const AttnDims& d, T scale) {
+  check_dims(d);
+  // The block kernel accumulates: start every gradient row of the sequences at zero.
+  for (int64_t r = 0; r < d.B * d.T; ++r) {
+    std::fill_n(dq + r * d.q_stride, d.H * d.D, T(0));
+    std::fill_n(dk + r * d.kv_stride, d.Hkv * d.D, T(0));
+    std::fill_n(dv + r * d.kv_stride, d.Hkv * d.D, T(0));
+  }
+  attention_block_bwd(q, k, v, o, lse, dout, dq, dk, dv, causal_block(d), scale);
+}
+
+template <typename T>
+void attention_merge(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t B, int64_t Tq, int64_t H, int64_t D,
+                     int64_t o_stride, int64_t o_bstride, int64_t lse_stride, int64_t blk_lse_stride) {
+  const int nt = detail::threads_for(B * Tq * H * D);
+#pragma omp parallel for collapse(2) num_threads(nt)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < Tq; ++t) {
+        T& la = lse[(b * H + h) * lse_stride + t];
+        const T lb = lse_blk[(b * H + h) * blk_lse_stride + t];
+        const T m = std::max(la, lb);
+        if (m == -std::numeric_limits<T>::infinity()) continue;  // neither part saw a key
+        const T l = m + std::log(std::exp(la - m) + std::exp(lb - m));
+        const T wa = std::exp(la - l), wb = std::exp(lb - l);
+        T* oa = o + b * o_bstride + t * o_stride + h * D;
+        const T* ob = o_blk + b * o_bstride + t * o_stride + h * D;
+#pragma omp simd
+        for (int64_t c = 0; c < D; ++c) oa[c] = oa[c] * wa + ob[c] * wb;
+        la = l;
+      }
+}
+
+int64_t cp_position(int cp, int r, int64_t Tl, int64_t t) {
+  DHX_CHECK(cp >= 1 && r >= 0 && r < cp && Tl % 2 == 0 && t >= 0 && t < Tl, ConfigError,
+            "cp_position: cp={} rank={} local rows={} row={} (need 0 <= rank < cp, even local rows)", cp, r, Tl, t);
+  const int64_t c = Tl / 2;
+  return (t < c ? r : 2 * cp - 1 - r) * c + t % c;
+}
+
+RingStep cp_ring_step(int cp, int r, int i, int64_t Tl) {
+  DHX_CHECK(cp >= 1 && r >= 0 && r < cp && i >= 0 && i < cp && Tl % 2 == 0, ConfigError,
+            "cp_ring_step: cp={} rank={} step={} local rows={} (need 0 <= rank, step < cp, even local rows)", cp, r, i, Tl);
+  const int64_t c = Tl / 2;
+  if (i == 0) return {0, Tl, 0, Tl, true};
+  const int src = ((r - i) % cp + cp) % cp;
+  if (src < r) return {0, Tl, 0, c, false};
+  return {c, c, 0, Tl, false};
+}
+
+namespace {
+// The block of ring step `step`: query rows, key rows and mask (cp_ring_step) on the packed layouts
+// of RingDims; the caller offsets the base pointers by q_row0 / k_row0 rows.
+AttnBlock ring_block(const RingDims& r, const RingStep& st) {
+  const int64_t kvw = 2 * r.Hkv * r.D, ow = r.H * r.D;
+  return AttnBlock{r.B,          st.Tq,         st.Tk,         r.H,     r.Hkv, r.D, r.q_stride, kvw, ow,
+                   r.Tl * r.q_stride, r.Tl * kvw, r.Tl * ow, r.Tl, st.causal};
+}
+}  // namespace
+
+template <typename T>
+void ring_attention_fwd_step(const RingDims& r, int step, const T* q, const T* kv, T* o, T* lse, T* o_tmp, T* lse_tmp,
+                             T scale) {
+  const RingStep st = cp_ring_step(r.cp, r.rank, step, r.Tl);
+  const AttnBlock blk = ring_block(r, st);
+  const int64_t ow = r.H * r.D;
+  const T* qs = q + st.q_row0 * r.q_stride;
+  const T* ks = kv + st.k_row0 * blk.kv_stride;
+  if (step == 0) {
+    attention_block_fwd(qs, ks, ks + r.Hkv * r.D, o + st.q_row0 * ow, lse + st.q_row0, blk, scale);
+    return;
+  }
+  T* ot = o_tmp + st.q_row0 * ow;
+  T* lt = lse_tmp + st.q_row0;
+  attention_block_fwd(qs, ks, ks + r.Hkv * r.D, ot, lt, blk, scale);
+  attention_merge(o + st.q_row0 * ow, lse + st.q_row0, ot, lt, r.B, st.Tq, r.H, r.D, ow, blk.o_bstride, r.Tl, r.Tl);
+}
+
+template <typename T>
+void ring_attention_bwd_step(const RingDims& r, int step, const T* q, const T* kv, const T* o, const T* lse,
+                             const T* dout, T* dq, T* dkv, T scale) {
+  const RingStep st = cp_ring_step(r.cp, r.rank, step, r.Tl);
+  const AttnBlock blk = ring_block(r, st);
+  const int64_t ow = r.H * r.D, kvo = r.Hkv * r.D;
+  const T* ks = kv + st.k_row0 * blk.kv_stride;
+  T* dks = dkv + st.k_row0 * blk.kv_stride;
+  attention_block_bwd(q + st.q_row0 * r.q_stride, ks, ks + kvo, o + st.q_row0 * ow, lse + st.q_row0,
+                      dout + st.q_row0 * ow, dq + st.q_row0 * r.q_stride, dks, dks + kvo, blk, scale);
+}
+
 #define DHX_INSTANTIATE(T)                                                                                  \
   template void attention_fwd<T>(const T*, const T*, const T*, T*, T*, const AttnDims&, T);                 \
   template void attention_bwd<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*,     \
-                                 const AttnDims&, T);
+                                 const AttnDims&, T);                                                       \
+  template void attention_block_fwd<T>(const T*, const T*, const T*, T*, T*, const AttnBlock&, T);          \
+  template void attention_block_bwd<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
+                                       const AttnBlock&, T);                                                \
+  template void attention_merge<T>(T*, T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
+                                   int64_t, int64_t, int64_t);                                             \
+  template void ring_attention_fwd_step<T>(const RingDims&, int, const T*, const T*, T*, T*, T*, T*, T);     \
+  template void ring_attention_bwd_step<T>(const RingDims&, int, const T*, const T*, const T*, const T*,     \
+                                           const T*, T*, T*, T);
 DHX_INSTANTIATE(float)
 DHX_INSTANTIATE(double)
 #undef DHX_INSTANTIATE

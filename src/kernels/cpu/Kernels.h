@@ -70,6 +70,65 @@ template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* 
 template <typename T> void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                                          T* dv, const AttnDims& d, T scale);
 
+// ---- one block of attention (context parallelism's ring steps) ----
+// Queries [B, Tq] against keys/values [B, Tk]: row t of sequence b of q is at
+// q + b * q_bstride + t * q_stride (likewise k and v with kv_*, o with o_*); lse[(b * H + h) *
+// lse_stride + t]. Causal (Tq == Tk, the two ranges start at the same position: query t sees keys
+// <= t) or full (every query sees every key). Forward writes o (normalised over the block's keys)
+// and the block's lse; backward, given the FINAL o and lse of the rows (merged over every block)
+// and dout, ACCUMULATES into dq, dk and dv this block's share of the gradients.
+struct AttnBlock {
+  int64_t B, Tq, Tk, H, Hkv, D;
+  int64_t q_stride, kv_stride, o_stride;
+  int64_t q_bstride, kv_bstride, o_bstride;
+  int64_t lse_stride;
+  bool causal;
+};
+template <typename T> void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale);
+template <typename T>
+void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv,
+                         const AttnBlock& d, T scale);
+// Online-softmax merge of a block's partial result into a running one, rows [B, Tq] x H heads:
+// lse = log(e^lse + e^lse_blk), o = o e^(lse_old - lse) + o_blk e^(lse_blk - lse). o and o_blk
+// share one layout (o_stride, o_bstride); lse and lse_blk have their own (b, h) row strides.
+// Context parallelism with the load-balanced chunking: the sequence is cut into 2*cp chunks of
+// c = Tl / 2 rows and rank r holds chunks r and 2cp-1-r as its Tl local rows. Global position of
+// local row t: (t < c ? r : 2cp-1-r) * c + t mod c.
+int64_t cp_position(int cp, int r, int64_t Tl, int64_t t);
+// Ring step i (0 <= i < cp) on rank r holds the keys/values of rank src = (r - i) mod cp. Which
+// local query rows meet which of src's key rows, and how:
+//   i = 0:      all Tl queries vs all Tl keys, causal (the local rows are in position order);
+//   src < r:    all Tl queries vs src's first chunk (c keys), full: chunk src precedes both query
+//               chunks and src's second chunk follows both;
+//   src > r:    the second query chunk (c rows from c) vs all Tl keys, full: the first query
+//               chunk precedes both of src's chunks, the second follows both.
+// Every step but the first costs Tl * c score entries on every rank: the chunking balances the ring.
+struct RingStep {
+  int64_t q_row0, Tq, k_row0, Tk;
+  bool causal;
+};
+RingStep cp_ring_step(int cp, int r, int i, int64_t Tl);
+// One ring step of causal ring attention on this rank: q rows at q_stride ([B * Tl] local rows),
+// the travelling keys/values packed [B * Tl, 2 * Hkv * D] (k columns, then v), o [B * Tl, H * D],
+// lse [B, H, Tl]. `kv` holds rank src = (rank - step) mod cp's rows.
+struct RingDims {
+  int cp = 1, rank = 0;
+  int64_t B = 1, Tl = 2, H = 1, Hkv = 1, D = 1, q_stride = 1;
+};
+// Step 0 writes o and lse; a later step computes its block into o_tmp / lse_tmp (scratch of o's and
+// lse's shapes) and merges it into o and lse.
+template <typename T>
+void ring_attention_fwd_step(const RingDims& r, int step, const T* q, const T* kv, T* o, T* lse, T* o_tmp, T* lse_tmp,
+                             T scale);
+// Given the final o and lse and dout: accumulates the step's share into dq (q_stride layout) and
+// into dkv (kv's layout: the gradient of the keys/values this step saw).
+template <typename T>
+void ring_attention_bwd_step(const RingDims& r, int step, const T* q, const T* kv, const T* o, const T* lse,
+                             const T* dout, T* dq, T* dkv, T scale);
+template <typename T>
+void attention_merge(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t B, int64_t Tq, int64_t H, int64_t D,
+                     int64_t o_stride, int64_t o_bstride, int64_t lse_stride, int64_t blk_lse_stride);
+
 // ---- embedding ----
 // y[B*T, C] = wte[tok] (+ wpe[pos_offset + t] when wpe != null). tokens[B*T].
 template <typename T> void embedding_fwd(const int32_t* tokens, const T* wte, const T* wpe, T* y, int64_t B, int64_t T_, int64_t C,
