@@ -215,6 +215,21 @@ Work ProcessGroup::all_to_all_v(const Tensor& in, std::vector<int64_t> send_rows
   return issue(std::move(sig), all_to_all_v_task(in, std::move(send_rows), std::move(out), std::move(recv_rows)), sent);
 }
 
+Work ProcessGroup::ring_shift(const Tensor& in, Tensor out) {
+  DHX_CHECK(in.defined() && out.defined() && in.ndim() >= 1 && in.dtype() == out.dtype() && in.shape() == out.shape(),
+            CommError, "ring_shift on {}: in {} and out {} need one dtype and shape", name_, in.describe(), out.describe());
+  DHX_CHECK(!overlaps(in, out), CommError, "ring_shift on {}: in {} and out {} overlap", name_, in.describe(),
+            out.describe());
+  // One step of a ring: every element to the next rank, from the previous (an all-to-all-v whose
+  // only non-zero counts are those two peers; for two ranks they are the same peer).
+  std::vector<int64_t> send(static_cast<size_t>(size_), 0), recv(static_cast<size_t>(size_), 0);
+  send[static_cast<size_t>((rank_ + 1) % size_)] = in.numel();
+  recv[static_cast<size_t>((rank_ + size_ - 1) % size_)] = out.numel();
+  std::string sig = fmt::format("ring_shift {}", in.describe());
+  const double sent = size_ > 1 ? double(in.nbytes()) : 0.0;
+  return issue(std::move(sig), all_to_all_v_task(in, std::move(send), std::move(out), std::move(recv)), sent);
+}
+
 Work ProcessGroup::broadcast(Tensor t, int root) {
   DHX_CHECK(t.defined(), CommError, "broadcast on {}: undefined tensor", name_);
   DHX_CHECK(root >= 0 && root < size_, CommError, "broadcast on {}: root {} outside 0..{}", name_, root, size_ - 1);

@@ -46,6 +46,9 @@ class ProcessGroup {
   // dtype in both; counts may be zero; sum(send_rows) = in.dim0, sum(recv_rows) = out.dim0, and
   // recv_rows[j] must equal rank j's send_rows[rank] (the caller exchanges counts first).
   Work all_to_all_v(const Tensor& in, std::vector<int64_t> send_rows, Tensor out, std::vector<int64_t> recv_rows);
+  // One step of a ring (context parallelism's key/value exchange): `in` goes to group rank
+  // (rank + 1) mod size and `out` (in's shape and dtype) receives rank (rank - 1) mod size's `in`.
+  Work ring_shift(const Tensor& in, Tensor out);
   Work broadcast(Tensor t, int root);
   // Point-to-point with a group rank; matched by (sender, receiver, tag), in issue order among
   // equal tags. `t` must not change until the send's Work completes. 0 <= tag <= kMaxP2PTag.
@@ -72,8 +75,8 @@ class ProcessGroup {
 
   // Traffic issued on this group: ops, and the bytes this rank sends under the ring algorithms the
   // transports run, from the tensors each op was issued with (all-reduce 2(n-1)/n of the buffer;
-  // all-gather (n-1)/n of the output; reduce-scatter and all-to-all (n-1)/n of the input; broadcast
-  // and send the buffer). Zero on a group of one. What the performance model's per-axis volumes are
+  // all-gather (n-1)/n of the output; reduce-scatter and all-to-all (n-1)/n of the input; broadcast,
+  // ring_shift and send the buffer). Zero on a group of one. What the performance model's per-axis volumes are
   // checked against.
   struct Traffic {
     int64_t ops = 0;

@@ -14,7 +14,7 @@ namespace dhelix {
 
 class ProgressBoard {
  public:
-  static constexpr int kSlots = 12;  // one per group role (kNumGroupRoles), and the world
+  static constexpr int kSlots = 13;  // one per group role (kNumGroupRoles), and the world
   ProgressBoard(uint64_t job_token, int world_rank);
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;

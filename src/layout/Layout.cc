@@ -19,7 +19,8 @@ constexpr std::array<GroupRole, 7> kAxes = {GroupRole::kX,  GroupRole::kY,  Grou
                                             GroupRole::kCP, GroupRole::kPP, GroupRole::kDP};
 
 bool is_axis(GroupRole r) {
-  return r != GroupRole::kXY && r != GroupRole::kTPBlock && r != GroupRole::kEP && r != GroupRole::kEDP;
+  return r != GroupRole::kXY && r != GroupRole::kTPBlock && r != GroupRole::kEP && r != GroupRole::kEDP &&
+         r != GroupRole::kDPCP;
 }
 // The partitions of the dp axis: ep runs of consecutive dp coordinates, edp strided ones.
 bool splits_dp(GroupRole r) { return r == GroupRole::kEP || r == GroupRole::kEDP; }
@@ -37,6 +38,7 @@ int extent(const LayoutConfig& c, GroupRole r) {
     case GroupRole::kXY: return c.tp_x * c.tp_y;
     case GroupRole::kTPBlock: return c.tp_block();
     case GroupRole::kEDP: return c.ep > 0 ? c.dp / c.ep : c.dp;
+    case GroupRole::kDPCP: return c.dp * c.cp;
   }
   return 1;
 }
@@ -78,6 +80,7 @@ std::array<GroupRole, 7> inner_to_outer(const LayoutConfig& c) {
 std::vector<GroupRole> axes_of(GroupRole role) {
   if (role == GroupRole::kXY) return {GroupRole::kX, GroupRole::kY};
   if (role == GroupRole::kTPBlock) return {GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kTP};
+  if (role == GroupRole::kDPCP) return {GroupRole::kCP, GroupRole::kDP};
   return {role};
 }
 
@@ -100,7 +103,7 @@ std::string nontrivial_dims(const LayoutConfig& c) {
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles() {
   static const std::array<GroupRole, kNumGroupRoles> roles = {
       GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP,      GroupRole::kDP, GroupRole::kX,
-      GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock, GroupRole::kEDP};
+      GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock, GroupRole::kEDP, GroupRole::kDPCP};
   return roles;
 }
 
@@ -117,6 +120,7 @@ const char* group_role_name(GroupRole r) {
     case GroupRole::kXY: return "xy";
     case GroupRole::kTPBlock: return "tpblock";
     case GroupRole::kEDP: return "edp";
+    case GroupRole::kDPCP: return "dpcp";
   }
   return "?";
 }

@@ -16,13 +16,15 @@ namespace dhelix {
 
 // kX, kY, kZ: the 3D tensor-parallel axes (AxoNN's G_x, G_y, G_z); kXY: the x-y plane (vocabulary
 // layers); kTPBlock: every tensor-parallel axis together (the ranks that split one layer's weights:
-// the tp group, or the x-y-z block); kEP and kEDP: the two partitions of the dp axis above. The first
+// the tp group, or the x-y-z block); kEP and kEDP: the two partitions of the dp axis above; kDPCP: the
+// dp and cp axes together (the ranks holding replicas of the same weights under context parallelism,
+// over which their gradients are reduced: Megatron's data-parallel-with-context group). The first
 // five keep their old values.
-enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock, kEDP };
-constexpr int kNumGroupRoles = 11;
+enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock, kEDP, kDPCP };
+constexpr int kNumGroupRoles = 12;
 // Every role, in enum order (the backends build one group per role).
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles();
-const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock", "edp"
+const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock", "edp", "dpcp"
 
 // AxoNN's three overlaps of 3D tensor parallelism (parallel.overlap_ar / _rs / _ag): each on by
 // default; off keeps the same ops and marks the collective blocking (waited for where issued).

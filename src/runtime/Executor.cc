@@ -168,6 +168,12 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       w = pg.all_to_all_v(in, std::move(send), out, std::move(recv));
       break;
     }
+    case CollOp::kSendRecv: {  // one step of a ring (context parallelism's keys and values)
+      Tensor out = Tensor::empty(in.shape(), in.dtype(), ctx_.act_mem);
+      env.bufs[op.outputs.at(0)] = out;
+      w = pg.ring_shift(in, out);
+      break;
+    }
     default:
       throw InternalError(fmt::format("op {}: collective {} is not supported by the executor yet", op.name,
                                       coll_op_name(op.coll)));

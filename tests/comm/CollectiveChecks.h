@@ -141,6 +141,13 @@ inline void check_group_collectives(CheckLog& log, ProcessGroup& g) {
       });
     }
     {
+      // One ring step: out = the previous group rank's in (this rank's own on a group of one).
+      Tensor in = filled({R, 3}, d, r), out = Tensor::zeros({R, 3}, d);
+      g.ring_shift(in, out).wait();
+      const int prev = (r + S - 1) % S;
+      expect_all(log, "ring_shift " + where, out, [&](int64_t i) { return contribution(d, prev, i); });
+    }
+    {
       Tensor t = filled({R, 3}, d, r);
       g.broadcast(t, S - 1).wait();
       expect_all(log, "broadcast(root=last) " + where, t, [&](int64_t i) { return contribution(d, S - 1, i); });

@@ -11,7 +11,7 @@ namespace dhelix {
 namespace {
 
 const GroupRole kRoles[] = {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP,
-                            GroupRole::kEDP};
+                            GroupRole::kEDP, GroupRole::kDPCP};
 
 std::vector<LayoutConfig> sample_configs() {
   std::vector<LayoutConfig> out;
@@ -53,6 +53,7 @@ TEST(Layout, EveryRolePartitionsTheWorld) {
           RankCoord a = l.coord_of(g[pos]), b = l.coord_of(g[0]);
           ASSERT_EQ(l.index_in(role, a), static_cast<int>(pos));
           const bool dp_part = role == GroupRole::kEP || role == GroupRole::kEDP;
+          const bool dpcp = role == GroupRole::kDPCP;  // varies dp and cp (and so ep), nothing else
           if (role == GroupRole::kEP) {
             ASSERT_EQ(a.dp / c.ep, b.dp / c.ep);
           }
@@ -61,6 +62,7 @@ TEST(Layout, EveryRolePartitionsTheWorld) {
           }
           for (GroupRole other : {GroupRole::kTP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP, GroupRole::kEP}) {
             if (other == role || (dp_part && (other == GroupRole::kDP || other == GroupRole::kEP)) ||
+                (dpcp && (other == GroupRole::kDP || other == GroupRole::kCP || other == GroupRole::kEP)) ||
                 (role == GroupRole::kDP && other == GroupRole::kEP))
               continue;
             ASSERT_EQ(a.get(other), b.get(other)) << group_role_name(other) << " in " << group_role_name(role);
@@ -99,6 +101,18 @@ TEST(Layout, ExpertGroupsSplitTheDataParallelRanks) {
   const auto e = validate_layout(LayoutConfig{3, 1, 1, 2, 1}, 3);
   ASSERT_EQ(e.size(), 1u);
   EXPECT_EQ(e[0], "dp=3 is not divisible by ep=2 (expert parallelism is carved out of the data-parallel ranks)");
+}
+
+// Context parallelism: dp = 2, cp = 2, tp = 2 on 8 ranks. Oracle: the closed form rank = (dp * 2 + cp)
+// * 2 + tp; cp groups pair ranks 2 apart, the dpcp group (the weights' replicas) is every rank of one tp
+// coordinate, cp fastest.
+TEST(Layout, DataContextGroupSpansDpAndCp) {
+  const LayoutConfig c{2, 1, 2, 1, 2};
+  Layout l(c, 0);
+  EXPECT_EQ(l.group_ranks(GroupRole::kCP, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kDPCP, 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kDPCP, 2), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(l.size(GroupRole::kDPCP), 4);
 }
 
 TEST(Layout, DataParallelStrideIsWorldOverDp) {
