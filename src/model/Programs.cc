@@ -321,6 +321,89 @@ void moe_bwd(const Builder& b, std::vector<Op>& g) {
   g.push_back(db);
 }
 
+// --- context parallelism: causal ring attention over the cp group ------------------------------
+// Each rank holds two of the sequence's 2cp chunks (r and 2cp-1-r: B * Tl local rows, Tl = T / cp).
+// The keys and values travel the ring: ring step i computes this rank's queries against the
+// keys/values of rank (r - i) mod cp (cp_ring_step: the mask variant and the rows) and merges the
+// partial result by its log-sum-exp; the next step's keys/values move (a send_recv on "cp") under
+// it. Backward: the keys/values travel the ring again (re-packed from the saved qkv, not kept
+// per step), each step adds its share to dQ and to the travelling dK/dV of the keys it saw, which
+// follows one step behind (the dK/dV that arrives is added after the step's own GEMMs, so its
+// transfer runs under them) and ends, after cp moves, at the rank that owns those keys.
+//   fwd: pack kv0 -> [ring kv0 -> kv1] -> step 0 -> [ring kv1 -> kv2] -> step 1 ... -> step cp-1 (att, lse)
+//   bwd: pack -> [ring] -> step 0 -> ring dkv0 -> [ring] -> step 1 -> add -> ring dkv1 ... -> finish
+Op cp_ring(std::string name, const std::string& in, const std::string& out, double elems) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::kCollective;
+  op.coll = CollOp::kSendRecv;
+  op.group = "cp";
+  op.code = coll_op_name(CollOp::kSendRecv);
+  op.inputs = {in};
+  op.outputs = {out};
+  op.cost.comm_bytes = elems * kF;
+  op.cost.bytes = elems * kF;
+  return op;
+}
+
+void cp_attention_fwd(const Builder& b, std::vector<Op>& f, const std::string& qkv, const Op& attn) {
+  const int cp = b.lay.cp;
+  const int64_t Hkvl = attn.attrs.at("kv_heads"), D = attn.attrs.at("head_dim");
+  const double kv = double(b.N * 2 * Hkvl * D);
+  Op pack = b.compute("attn.cp.kv", "cp_kv_pack", {qkv}, {"cp.kv0"});
+  pack.attrs = attn.attrs;
+  b.elem_cost(pack, kv, 0, 2);
+  f.push_back(pack);
+  for (int i = 0; i < cp; ++i) {
+    const std::string si = std::to_string(i), sn = std::to_string(i + 1);
+    if (i + 1 < cp) f.push_back(cp_ring("cp.ring.kv." + si, "cp.kv" + si, "cp.kv" + sn, kv));
+    std::vector<std::string> in = {qkv, "cp.kv" + si};
+    if (i > 0) in.push_back("att.p" + std::to_string(i - 1)), in.push_back("att.lse.p" + std::to_string(i - 1));
+    const bool last = i + 1 == cp;
+    Op st = b.compute("attn.cp." + si, "ring_attention", in, {last ? "att" : "att.p" + si, last ? "att.lse" : "att.lse.p" + si});
+    st.attrs = attn.attrs;
+    st.attrs["step"] = i;
+    // Every step covers B * Tl * Tl / 2 query-key pairs (step 0 causal over Tl, the others Tl x Tl/2).
+    st.cost.flops = 2.0 * b.B * double(b.T) * double(b.T) * double(attn.attrs.at("heads")) * double(D);
+    st.cost.bytes = attn.cost.bytes;
+    f.push_back(st);
+  }
+}
+
+void cp_attention_bwd(const Builder& b, std::vector<Op>& g, const std::string& qkv, const std::string& dqkv,
+                      const Op& attn_b) {
+  const int cp = b.lay.cp;
+  const int64_t Hkvl = attn_b.attrs.at("kv_heads"), D = attn_b.attrs.at("head_dim");
+  const double kv = double(b.N * 2 * Hkvl * D);
+  Op pack = b.compute("attn.cp.kv.bwd", "cp_kv_pack", {qkv}, {"cp.bkv0"});
+  pack.attrs = attn_b.attrs;
+  b.elem_cost(pack, kv, 0, 2);
+  g.push_back(pack);
+  for (int i = 0; i < cp; ++i) {
+    const std::string si = std::to_string(i), sn = std::to_string(i + 1);
+    if (i + 1 < cp) g.push_back(cp_ring("cp.ring.kv.bwd." + si, "cp.bkv" + si, "cp.bkv" + sn, kv));
+    std::vector<std::string> in = {qkv, "cp.bkv" + si, "att", "att.lse", "datt"};
+    if (i > 0) in.push_back("cp.dq" + std::to_string(i - 1));
+    Op st = b.compute("attn.cp.bwd." + si, "ring_attention_bwd", in, {"cp.dq" + si, i == 0 ? "cp.dkv0" : "cp.dkvc" + si});
+    st.attrs = attn_b.attrs;
+    st.attrs["step"] = i;
+    st.cost.flops = 2.5 * 2.0 * b.B * double(b.T) * double(b.T) * double(attn_b.attrs.at("heads")) * double(D);
+    st.cost.bytes = attn_b.cost.bytes;
+    g.push_back(st);
+    if (i > 0) {
+      Op add = b.compute("attn.cp.dkv." + si, "cp_dkv_add", {"cp.dkvr" + si, "cp.dkvc" + si}, {"cp.dkv" + si});
+      b.elem_cost(add, kv, 1, 3);
+      g.push_back(add);
+    }
+    g.push_back(cp_ring("cp.ring.dkv." + si, "cp.dkv" + si, "cp.dkvr" + sn, kv));
+  }
+  Op fin = b.compute("attn.cp.bwd.end", "cp_ring_bwd_finish", {"cp.dq" + std::to_string(cp - 1), "cp.dkvr" + std::to_string(cp)},
+                     {dqkv});
+  fin.attrs = attn_b.attrs;
+  b.elem_cost(fin, kv, 0, 2);
+  g.push_back(fin);
+}
+
 LayerProgram block_program(const Builder& b) {
   const ModelConfig& m = b.m;
   const bool gpt = m.family == ModelFamily::kGPT;
@@ -346,7 +429,10 @@ LayerProgram block_program(const Builder& b) {
   // QK^T and AV, causal: 2 * 2 * B * T^2 * H * D / 2
   attn.cost.flops = 2.0 * b.B * double(b.T) * double(b.T) * double(Hl) * double(D);
   attn.cost.bytes = kF * double(b.N) * double(qkv_l + Hl * D);
-  f.push_back(attn);
+  if (b.lay.cp > 1)
+    cp_attention_fwd(b, f, qkv_in, attn);
+  else
+    f.push_back(attn);
   row_fwd(b, f, "attn.out", "att", "ao", "wo", Hl * D);
   Op res1 = b.compute("attn.residual", "residual_add", {"x", "ao"}, {"x2"}, gpt ? std::vector<std::string>{"bo"}
                                                                              : std::vector<std::string>{});
@@ -413,7 +499,10 @@ LayerProgram block_program(const Builder& b) {
   attn_b.attrs = attn.attrs;
   attn_b.cost.flops = 2.5 * attn.cost.flops;  // dS, dP recompute + dQ, dK, dV
   attn_b.cost.bytes = 2 * attn.cost.bytes;
-  g.push_back(attn_b);
+  if (b.lay.cp > 1)
+    cp_attention_bwd(b, g, qkv_in, gpt ? "dqkv" : "dqkv_r", attn_b);
+  else
+    g.push_back(attn_b);
   if (!gpt) {
     Op rb = b.compute("attn.rope.bwd", "rope_bwd", {"dqkv_r"}, {"dqkv"});
     b.elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
@@ -881,6 +970,9 @@ LayerProgram head_program_3d(const Builder3& b) {
 }  // namespace
 
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
+  DHX_CHECK(!(lay.cp > 1 && lay.is_3d()), ConfigError,
+            "context parallelism (parallel.cp={}) does not run on the 3D grid (tp_x={} tp_y={} tp_z={}); use tp with cp",
+            lay.cp, lay.tp_x, lay.tp_y, lay.tp_z);
   DHX_CHECK(!(m.is_moe() && lay.is_3d()), ConfigError,
             "model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; use tp, dp and ep",
             lay.tp_x, lay.tp_y, lay.tp_z);
@@ -890,6 +982,10 @@ ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, cons
     for (LayerProgram* p : {&out.embed, &out.block, &out.head}) annotate_lifetimes(*p, boundary_buffers());
     return out;
   }
+  DHX_CHECK(lay.cp == 1 || (!m.is_moe() && mb.T % 2 == 0), ConfigError,
+            "context parallelism (parallel.cp={}) needs a dense model (family={}) and an even number of local rows per "
+            "sequence (T/cp = {}): model.seq_len divisible by 2*cp",
+            lay.cp, family_name(m.family), mb.T);
   Builder b{m, lay, mb.B, mb.T, mb.tokens(), 0, m.d_model, lay.tp};
   DHX_CHECK(b.N % lay.tp == 0, ConfigError, "micro-batch tokens {} (B={} x T={}) are not divisible by parallel.tp={}",
             b.N, mb.B, mb.T, lay.tp);

@@ -32,7 +32,8 @@ struct RunContext {
   int tp_rank = 0;
   ShardIndex shard;                             // tp rank, or x, y, z under 3D tensor parallelism
   int pp_rank = 0;                              // this rank's pipeline stage (groups["pp"] when pp > 1)
-  MicroBatchShape mb;
+  int cp_rank = 0;                              // context parallelism: which two chunks of each sequence
+  MicroBatchShape mb;                           // this rank's: under cp, T is the local rows (T / cp)
   ParamStore* params = nullptr;
   MemoryTracker* act_mem = nullptr;             // activation bytes (both strands)
   std::map<std::string, ProcessGroup*> groups;  // "tp", "pp", "x", "y", "z" -> this rank's group (absent if size 1)

@@ -24,6 +24,8 @@ Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
   return t;
 }
 
+int64_t OpCall::seq_pos(int64_t t) const { return cp == 1 ? t : cpu::cp_position(cp, cp_rank, mb.T, t); }
+
 namespace {
 
 using namespace cpu;
@@ -129,10 +131,23 @@ void rope_common(OpCall& c, bool backward) {
   const int64_t Hl = c.model.n_heads / c.head_shards(), Hkvl = c.model.n_kv_heads / c.head_shards();
   Tensor& y = c.out_new(0, {N, W});
   y.copy_from(x);
-  if (backward)
-    rope_bwd<float>(y.f32(), c.mb.B, c.mb.T, Hl + Hkvl, D, W, 0, c.model.rope_theta);
-  else
-    rope_fwd<float>(y.f32(), c.mb.B, c.mb.T, Hl + Hkvl, D, W, 0, c.model.rope_theta);
+  auto rotate = [&](float* at, int64_t B, int64_t T, int64_t pos0) {
+    if (backward)
+      rope_bwd<float>(at, B, T, Hl + Hkvl, D, W, pos0, c.model.rope_theta);
+    else
+      rope_fwd<float>(at, B, T, Hl + Hkvl, D, W, pos0, c.model.rope_theta);
+  };
+  if (c.cp == 1) {
+    rotate(y.f32(), c.mb.B, c.mb.T, 0);
+    return;
+  }
+  // Context parallelism: each sequence's local rows are two chunks, each contiguous in position.
+  const int64_t half = c.mb.T / 2;
+  for (int64_t b = 0; b < c.mb.B; ++b)
+    for (int64_t h = 0; h < 2; ++h) {
+      const int64_t t0 = h * half;
+      rotate(y.f32() + (b * c.mb.T + t0) * W, 1, half, c.seq_pos(t0));
+    }
 }
 void op_rope(OpCall& c) { rope_common(c, false); }
 void op_rope_bwd(OpCall& c) { rope_common(c, true); }
@@ -168,6 +183,80 @@ void op_attention_bwd(OpCall& c) {
   float* dq = dqkv.f32();
   attention_bwd<float>(q, k, v, o.f32(), lse.f32(), dout.f32(), dq, dq + d.H * d.D, dq + (d.H + d.Hkv) * d.D, d,
                        1.0f / std::sqrt(static_cast<float>(d.D)));
+}
+
+// ---- context parallelism: the ring attention's ops (Programs.cc, cp_attention_fwd/bwd) ----
+RingDims ring_dims(const OpCall& c, int64_t width) {
+  return RingDims{c.cp, c.cp_rank, c.mb.B, c.mb.T, attr(c, "heads"), attr(c, "kv_heads"), attr(c, "head_dim"), width};
+}
+
+// kv [N, 2 Hkv D]: the k and v columns of the packed qkv rows, the buffer that travels the ring.
+void op_cp_kv_pack(OpCall& c) {
+  Tensor& qkv = c.in(0);
+  const int64_t N = rows(qkv), W = cols(qkv), H = attr(c, "heads"), Hkv = attr(c, "kv_heads"), D = attr(c, "head_dim");
+  const int64_t kvw = 2 * Hkv * D;
+  Tensor& kv = c.out_new(0, {N, kvw});
+  for (int64_t i = 0; i < N; ++i) std::copy_n(qkv.f32() + i * W + H * D, kvw, kv.f32() + i * kvw);
+}
+
+// Step i: inputs qkv, the keys/values of step i, and (i > 0) the running output and lse, which the
+// step merges into in place (its outputs alias them).
+void op_ring_attention(OpCall& c) {
+  Tensor& qkv = c.in(0);
+  Tensor& kv = c.in(1);
+  const int64_t N = rows(qkv);
+  const RingDims r = ring_dims(c, cols(qkv));
+  const int step = static_cast<int>(attr(c, "step"));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(r.D));
+  if (step == 0) {
+    Tensor& o = c.out_new(0, {N, r.H * r.D});
+    Tensor& lse = c.out_new(1, {r.B, r.H, r.Tl});
+    ring_attention_fwd_step<float>(r, 0, qkv.f32(), kv.f32(), o.f32(), lse.f32(), nullptr, nullptr, scale);
+    return;
+  }
+  Tensor o = c.in(2), lse = c.in(3);
+  Tensor o_tmp = Tensor::empty(o.shape(), DType::kF32, c.act_mem), lse_tmp = Tensor::empty(lse.shape(), DType::kF32, c.act_mem);
+  ring_attention_fwd_step<float>(r, step, qkv.f32(), kv.f32(), o.f32(), lse.f32(), o_tmp.f32(), lse_tmp.f32(), scale);
+  c.env.bufs[c.op.outputs.at(0)] = o;
+  c.env.bufs[c.op.outputs.at(1)] = lse;
+}
+
+// Step i backward: inputs qkv, the step's keys/values, the final att and lse, datt and (i > 0) the
+// running dq [N, W] (q columns accumulated; aliased by this step's output); outputs dq and this
+// step's share of dK/dV for the keys it saw.
+void op_ring_attention_bwd(OpCall& c) {
+  Tensor& qkv = c.in(0);
+  Tensor& kv = c.in(1);
+  Tensor& o = c.in(2);
+  Tensor& lse = c.in(3);
+  Tensor& dout = c.in(4);
+  const int64_t N = rows(qkv), W = cols(qkv);
+  const RingDims r = ring_dims(c, W);
+  const int step = static_cast<int>(attr(c, "step"));
+  Tensor dq = step == 0 ? Tensor::zeros({N, W}, DType::kF32, c.act_mem) : c.in(5);
+  c.env.bufs[c.op.outputs.at(0)] = dq;
+  Tensor& dkv = c.out_new(1, kv.shape());
+  dkv.zero_();
+  ring_attention_bwd_step<float>(r, step, qkv.f32(), kv.f32(), o.f32(), lse.f32(), dout.f32(), dq.f32(), dkv.f32(),
+                                 1.0f / std::sqrt(static_cast<float>(r.D)));
+}
+
+// The dK/dV that arrived (travelling with the keys it belongs to) plus this rank's share, in place.
+void op_cp_dkv_add(OpCall& c) {
+  Tensor acc = c.in(0);
+  Tensor& mine = c.in(1);
+  add_inplace<float>(acc.f32(), mine.f32(), acc.numel());
+  c.env.bufs[c.op.outputs.at(0)] = acc;
+}
+
+// dqkv: dq's q columns (in place) and the k, v columns from the dK/dV of this rank's own keys,
+// which arrived after its full trip round the ring.
+void op_cp_ring_bwd_finish(OpCall& c) {
+  Tensor dq = c.in(0);
+  Tensor& dkv = c.in(1);
+  const int64_t N = rows(dq), W = cols(dq), kvw = cols(dkv), H = attr(c, "heads"), D = attr(c, "head_dim");
+  for (int64_t i = 0; i < N; ++i) std::copy_n(dkv.f32() + i * kvw, kvw, dq.f32() + i * W + H * D);
+  c.env.bufs[c.op.outputs.at(0)] = dq;
 }
 
 void op_gelu(OpCall& c) {
@@ -250,14 +339,14 @@ void op_pos_embed(OpCall& c) {
   const int64_t Ns = rows(e), C = cols(e), row0 = c.seq_row0(Ns);
   Tensor& y = c.out_new(0, {Ns, C});
   const float* P = c.param(0).value.f32();
-  for (int64_t i = 0; i < Ns; ++i) add<float>(e.f32() + i * C, P + ((row0 + i) % c.mb.T) * C, y.f32() + i * C, C);
+  for (int64_t i = 0; i < Ns; ++i) add<float>(e.f32() + i * C, P + c.seq_pos((row0 + i) % c.mb.T) * C, y.f32() + i * C, C);
 }
 
 void op_pos_embed_bwd(OpCall& c) {
   Tensor& dy = c.in(0);
   const int64_t Ns = rows(dy), C = cols(dy), row0 = c.seq_row0(Ns);
   float* G = c.grad(0).grad.f32();
-  for (int64_t i = 0; i < Ns; ++i) add_inplace<float>(G + ((row0 + i) % c.mb.T) * C, dy.f32() + i * C, C);
+  for (int64_t i = 0; i < Ns; ++i) add_inplace<float>(G + c.seq_pos((row0 + i) % c.mb.T) * C, dy.f32() + i * C, C);
 }
 
 // Cross-entropy on a full (tp = 1) logits row: loss per token, dlogits written in place.
@@ -495,6 +584,9 @@ std::map<std::string, OpFn> make_registry() {
       {"moe_combine_bwd", op_moe_combine_bwd}, {"expert_linear", op_expert_linear},
       {"expert_linear_dgrad", op_expert_linear_dgrad}, {"expert_linear_wgrad", op_expert_linear_wgrad},
       {"moe_ep_sort", op_moe_ep_sort}, {"moe_ep_unsort", op_moe_ep_unsort},
+      {"cp_kv_pack", op_cp_kv_pack}, {"ring_attention", op_ring_attention},
+      {"ring_attention_bwd", op_ring_attention_bwd}, {"cp_dkv_add", op_cp_dkv_add},
+      {"cp_ring_bwd_finish", op_cp_ring_bwd_finish},
   };
   add_3d_ops(table);
   return table;

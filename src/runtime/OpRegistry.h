@@ -43,6 +43,8 @@ struct OpCall {
   float dloss;  // d(total loss)/d(per-token loss): 1 / tokens in the step (all micro-batches, all dp)
   const ShardIndex& shard;  // tp rank, or x, y, z under 3D tensor parallelism
   RouterStats* router = nullptr;  // MoE routing statistics (may be null: nothing recorded)
+  int cp_rank = 0;                 // context parallelism: this rank's chunks of each sequence
+  int cp = 1;
 
   // The vocabulary shard this rank holds (tp rank, or y under 3D); the first sequence row of its
   // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of
@@ -50,6 +52,9 @@ struct OpCall {
   int vocab_rank() const { return shard.vocab_rank(); }
   int64_t seq_row0(int64_t rows) const { return shard.is_3d() ? 0 : tp_rank * rows; }
   int head_shards() const { return shard.is_3d() ? shard.gy : tp; }
+  // Position in its sequence of local row t (0 <= t < mb.T): t itself, or under context
+  // parallelism the position in the chunk this rank holds (cpu::cp_position).
+  int64_t seq_pos(int64_t t) const;
 
   Tensor& in(size_t i) const { return env.at(op.inputs.at(i)); }
   Tensor& out_new(size_t i, const Shape& shape, DType dt = DType::kF32) const;

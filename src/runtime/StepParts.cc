@@ -24,12 +24,14 @@ StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec
   std::sort(owned_units.begin(), owned_units.end());
   ShardIndex at = ShardIndex::of(layout, spec.coord);
   at.tp_rank = spec.tp_rank;
-  params = std::make_unique<ParamStore>(units, owned_units, at, layout.dp, spec.seed, &state_mem);
+  // ZeRO-1 shards over every replica of the weights: dp, times cp under context parallelism.
+  params = std::make_unique<ParamStore>(units, owned_units, at, layout.dp * layout.cp, spec.seed, &state_mem);
   ctx.model = &model;
   ctx.layout = layout;
   ctx.tp_rank = spec.tp_rank;
   ctx.shard = at;
   ctx.pp_rank = spec.pp_rank;
+  ctx.cp_rank = spec.coord.cp;
   ctx.mb = spec.mb;
   ctx.params = params.get();
   ctx.act_mem = &act_mem;

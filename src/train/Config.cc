@@ -311,7 +311,19 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   divides("model.n_heads", m.n_heads, "parallel.tp", p.tp);
   divides("model.n_kv_heads", m.n_kv_heads, "parallel.tp", p.tp);
   divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp", p.tp);
-  divides("model.seq_len", m.seq_len, "parallel.cp", p.cp);
+  if (p.cp > 1) {
+    // Context parallelism cuts each sequence into 2*cp chunks (rank r holds chunks r and 2cp-1-r).
+    if (m.seq_len % (2 * p.cp) != 0)
+      e.push_back(fmt::format("model.seq_len={} is not divisible by 2*parallel.cp={} (context parallelism cuts each "
+                              "sequence into 2*cp chunks; e.g. seq_len={})",
+                              m.seq_len, 2 * p.cp, (m.seq_len / (2 * p.cp) + 1) * 2 * p.cp));
+    else if (p.tp > 1 && (m.seq_len / p.cp) % p.tp != 0)
+      e.push_back(fmt::format("model.seq_len / parallel.cp = {} local rows are not divisible by parallel.tp={} "
+                              "(sequence parallelism shards each rank's rows)", m.seq_len / p.cp, p.tp));
+    if (m.is_moe())
+      e.push_back(fmt::format("parallel.cp={} with model.family=moe is not supported in this build (the router's "
+                              "statistics are per rank); use cp=1, or ep and dp for the experts", p.cp));
+  }
   divides("parallel.dp", p.dp, "parallel.ep", p.ep);
   // tp > 1 always runs Megatron's sequence parallelism: norms, residuals and dropout see T / tp rows.
   divides("model.seq_len", m.seq_len, "parallel.tp (sequence parallelism shards the sequence)", p.tp);

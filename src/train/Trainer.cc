@@ -111,23 +111,23 @@ std::string human_bytes(double b) {
 Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data) : cfg_(cfg), comm_(comm), quiet_(quiet) {
   const auto& p = cfg_.parallel;
   layout_ = layout_config(cfg_);
-  DHX_CHECK(layout_.cp == 1, ConfigError, "parallel.cp={}: this build trains with dp, tp, pp and ep only; set it to 1",
-            p.cp);
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
-              "world size {} != the layout's {} ranks (dp={} pp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
-              comm_->world_size(), layout_.world(), p.dp, p.pp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world());
+              "world size {} != the layout's {} ranks (dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); launch with "
+              "mpirun -np {}",
+              comm_->world_size(), layout_.world(), p.dp, p.pp, p.cp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world());
     tp_rank_ = comm_->layout().coord().tp;
     dp_rank_ = comm_->layout().coord().dp;
     pp_rank_ = comm_->layout().coord().pp;
     coord_ = comm_->layout().coord();
   } else {
     DHX_CHECK(layout_.world() == 1, ConfigError,
-              "parallel.dp={} pp={} tp={} tp_x={} tp_y={} tp_z={} need {} processes; launch with mpirun -np {}", p.dp,
-              p.pp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world(), layout_.world());
+              "parallel.dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={} need {} processes; launch with mpirun -np {}",
+              p.dp, p.pp, p.cp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world(), layout_.world());
   }
   cpu::set_num_threads(auto_threads(cfg_, comm_));
-  mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len};
+  // Under context parallelism this rank's micro-batch holds seq_len / cp rows of each sequence.
+  mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len / layout_.cp};
   // A pipeline stage builds and stores only the units of its chunks.
   const std::vector<Chunk> chunks = pipeline_chunks(pipeline_spec(cfg_));
   StepPartsSpec ps;
@@ -145,7 +145,10 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
     return (comm_ && comm_->layout().size(role) > 1) ? &comm_->group(role) : nullptr;
   };
   ProcessGroup* tp = group_of(GroupRole::kTP);
-  ProcessGroup* dp = group_of(GroupRole::kDP);
+  // Weight gradients are reduced over every replica of the weights: dp, times cp under context
+  // parallelism (each cp rank's gradient covers its chunks of the sequences).
+  ProcessGroup* dp = group_of(layout_.cp > 1 ? GroupRole::kDPCP : GroupRole::kDP);
+  cp_ = group_of(GroupRole::kCP);
   pp_ = group_of(GroupRole::kPP);
   z_ = group_of(GroupRole::kZ);
   // Partial gradients (ParamSpec::partial_grad) are summed over tp (sequence parallelism) or z (3D:
@@ -169,6 +172,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   }
 
   if (tp) parts_->ctx.groups["tp"] = tp;
+  if (cp_) parts_->ctx.groups["cp"] = cp_;
   if (pp_) parts_->ctx.groups["pp"] = pp_;
   for (GroupRole r : {GroupRole::kX, GroupRole::kY, GroupRole::kZ})
     if (ProcessGroup* g = group_of(r)) parts_->ctx.groups[group_role_name(r)] = g;
@@ -229,9 +233,11 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   // Data replicas: dp, and z under 3D (AxoNN's sampler: replica z + Gz * data rank); the ranks of
   // one x-y plane read the same micro-batches.
   const int replica = dp_rank_ * layout_.tp_z + coord_.z;
-  train_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kTrain, mb_.B, mb_.T, seed, replica,
+  // Whole sequences: under context parallelism each rank then keeps its two chunks (local_rows).
+  const int64_t T = cfg_.model.seq_len;
+  train_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kTrain, mb_.B, T, seed, replica,
                                                layout_.data_replicas(), cfg_.data.val_fraction);
-  val_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kVal, mb_.B, mb_.T, seed, replica,
+  val_loader_ = std::make_unique<DataLoader>(*dataset_, Split::kVal, mb_.B, T, seed, replica,
                                              layout_.data_replicas(), cfg_.data.val_fraction);
 }
 
@@ -258,11 +264,24 @@ void Trainer::log(const std::string& line) const {
   }
 }
 
+// The rows of [B, T] whole sequences this rank trains on: all, or under context parallelism its two
+// chunks of each sequence in local-row order (cpu::cp_position), [B * T / cp].
+Tensor Trainer::local_rows(const Tensor& seqs) const {
+  const int cp = layout_.cp;
+  if (cp == 1) return seqs.view({seqs.numel()});
+  const int64_t T = cfg_.model.seq_len, Tl = T / cp, B = seqs.numel() / T;
+  Tensor out = Tensor::empty({B * Tl}, seqs.dtype());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tl; ++t)
+      out.data<int32_t>()[b * Tl + t] = seqs.data<int32_t>()[b * T + cpu::cp_position(cp, coord_.cp, Tl, t)];
+  return out;
+}
+
 std::vector<MicroBatch> Trainer::next_micro_batches(DataLoader& loader) {
   std::vector<MicroBatch> mbs;
   for (int64_t i = 0; i < cfg_.training.micro_batches; ++i) {
     Batch b = loader.next();
-    mbs.push_back({b.tokens.view({b.tokens.numel()}), b.targets.view({b.targets.numel()})});
+    mbs.push_back({local_rows(b.tokens), local_rows(b.targets)});
   }
   return mbs;
 }
@@ -295,6 +314,7 @@ StepReport Trainer::train_step() {
     a[3 + i] = static_cast<double>(st.expert_tokens[i]);
   if (pp_) pp_->all_reduce(agg).wait();  // the stage holding the head has the loss; the others add 0
   if (z_) z_->all_reduce(agg).wait();    // 3D: each z rank's tokens (x and y ranks hold copies)
+  if (cp_) cp_->all_reduce(agg).wait();  // context parallelism: each cp rank's chunks of the sequences
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   r.loss = a[0] / a[1];
   r.aux_loss = a[2] / a[1];
@@ -328,7 +348,7 @@ StepReport Trainer::train_step() {
   r.seconds = now_seconds() - t0;
   double tokens = static_cast<double>(cfg_.tokens_per_step());
   r.tokens_per_s = tokens / r.seconds;
-  r.model_flops_per_s = cfg_.model.flops_per_token(mb_.T) * tokens / r.seconds;
+  r.model_flops_per_s = cfg_.model.flops_per_token(cfg_.model.seq_len) * tokens / r.seconds;
   r.peak_activation_bytes = st.peak_activation_bytes;
   r.peak_bytes = st.peak_activation_bytes + parts_->state_mem.current();
   ++step_;
@@ -340,7 +360,7 @@ double Trainer::evaluate(int64_t batches) {
   double loss = 0, tokens = 0;
   for (int64_t i = 0; i < batches; ++i) {
     Batch b = val_loader_->next();
-    StepStats st = runner_->forward_only({{b.tokens.view({b.tokens.numel()}), b.targets.view({b.targets.numel()})}});
+    StepStats st = runner_->forward_only({{local_rows(b.tokens), local_rows(b.targets)}});
     loss += st.loss_sum;
     tokens += static_cast<double>(st.tokens);
   }
@@ -349,6 +369,7 @@ double Trainer::evaluate(int64_t batches) {
   agg.data<double>()[1] = tokens;
   if (pp_) pp_->all_reduce(agg).wait();
   if (z_) z_->all_reduce(agg).wait();
+  if (cp_) cp_->all_reduce(agg).wait();
   if (comm_ && layout_.dp > 1) comm_->group(GroupRole::kDP).all_reduce(agg).wait();
   return agg.data<double>()[0] / agg.data<double>()[1];
 }
@@ -394,7 +415,7 @@ int Trainer::run() {
     }
     metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
   }
-  const double flops_tok = cfg_.model.flops_per_token(mb_.T);
+  const double flops_tok = cfg_.model.flops_per_token(cfg_.model.seq_len);
   sgemm_flops_ = measure_sgemm_flops();
   log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} {} | "
                   "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
@@ -402,7 +423,7 @@ int Trainer::run() {
                   cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.n_kv_heads,
                   comm_ ? comm_->layout().describe() : "single process",
                   fmt::format("schedule {},", cfg_.schedule.pipeline), cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
-                  mb_.T, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
+                  cfg_.model.seq_len, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
   log(fmt::format("sgemm {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}",
                   sgemm_flops_ / 1e9, flops_tok));
   const int world = comm_ ? comm_->world_size() : 1;

@@ -91,6 +91,7 @@ class Trainer {
 
  private:
   std::vector<MicroBatch> next_micro_batches(DataLoader& loader);
+  Tensor local_rows(const Tensor& seqs) const;
   std::map<std::string, Tensor> load_full_params(const Checkpoint& ck);
   std::map<std::string, Tensor> gather_full(const std::function<Tensor(const ParamEntry&)>& get,
                                             const std::string& suffix);
@@ -105,6 +106,7 @@ class Trainer {
   int tp_rank_ = 0, dp_rank_ = 0, pp_rank_ = 0;
   ProcessGroup* pp_ = nullptr;  // the pipeline group (pp > 1)
   ProcessGroup* z_ = nullptr;   // the depth axis of 3D tensor parallelism (tp_z > 1)
+  ProcessGroup* cp_ = nullptr;  // context parallelism's ring (cp > 1)
   RankCoord coord_;             // this rank's grid coordinates
   MicroBatchShape mb_;
   std::unique_ptr<StepParts> parts_;  // units, programs, this stage's parameters, the run context

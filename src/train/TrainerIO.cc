@@ -244,8 +244,13 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   if (ids.empty()) ids.push_back(std::max<int32_t>(0, tok.bos_id()));
   // A one-sequence forward over a fixed window; causal attention makes the padding invisible to
   // the positions we read.
-  ModelPrograms progs = build_programs(cfg_.model, parts.layout, one);
+  // Whole sequences here: no context parallelism (the weights are replicated over cp).
+  LayoutConfig lay = parts.layout;
+  lay.cp = 1;
+  ModelPrograms progs = build_programs(cfg_.model, lay, one);
   RunContext ctx = parts.ctx;
+  ctx.layout = lay;
+  ctx.cp_rank = 0;
   ctx.mb = one;
   ctx.trace = nullptr;
   ctx.on_grad_op = nullptr;
