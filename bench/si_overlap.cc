@@ -3,7 +3,10 @@
 // collectives are wire-bound. With --group ep (bench/moe-si.sh) the same figures for a MoE model's
 // expert parallelism instead: dp = ep = 2, each rank half the experts, its own tokens (seeded by
 // rank), and the step's collectives are the token all-to-alls (the dp gradient reduction, the same
-// with SI on or off, is left out of every variant). One process measures, round-robin in every timed round (so drift
+// with SI on or off, is left out of every variant). With --group cp (bench/cp-si.sh) context
+// parallelism: cp = 2, each rank two of the four chunks of every sequence (--seq is the whole
+// sequence), and the step's collectives are the ring attention's key/value exchanges (forward, and
+// backward with the travelling dK/dV); the gradient reduction over cp is left out likewise. One process measures, round-robin in every timed round (so drift
 // and noise hit all alike; T_base and T_si swap order every round; medians over the rounds, each
 // the max over ranks):
 //
@@ -115,7 +118,7 @@ struct Args {
   double max_steal = 0.05;  // a round is repeated when a rank lost more than this share of a timing to steal
   std::string plan;   // SI plan JSON for the block pair; empty = default plan
   std::string trace;  // writes a trace of one SI step and one SI-off step: PATH.rank<r>
-  std::string group = "tp";  // tp: Megatron tp = 2; ep: MoE expert parallelism, dp = ep = 2
+  std::string group = "tp";  // tp: Megatron tp = 2; ep: MoE expert parallelism, dp = ep = 2; cp: cp = 2
   bool preset_given = false;
 };
 
@@ -123,7 +126,8 @@ void usage() {
   std::puts(
       "usage: dhelix_bench_si_overlap [--preset gpt2-124m] [--batch B=1] [--seq T=256] [--micro-batches M=4]\n"
       "         [--steps N=5] [--warmup N=1] [--max-steal F=0.05] [--plan PLAN.json] [--trace PATH]\n"
-      "         [--group tp|ep]   (ep: expert parallelism of a MoE preset, default moe-demo)\n"
+      "         [--group tp|ep|cp]   (ep: expert parallelism of a MoE preset, default moe-demo; cp: context\n"
+      "                               parallelism, --seq the whole sequence, cut over the 2 ranks)\n"
       "       --max-steal: repeat a round (at most 3N attempts) in which the hypervisor stole more than F\n"
       "         of a rank's time during any of its timings; F >= 1 keeps every round\n"
       "       run on 2 ranks (tp = 2): scripts/bench si-overlap [ARGS]");
@@ -155,7 +159,8 @@ Args parse(int argc, char** argv) {
     DHX_CHECK(std::filesystem::is_directory(dir), ConfigError,
               "--trace={}: directory '{}' does not exist (create it first)", a.trace, dir.string());
   }
-  DHX_CHECK(a.group == "tp" || a.group == "ep", ConfigError, "--group={}: expected tp or ep", a.group);
+  DHX_CHECK(a.group == "tp" || a.group == "ep" || a.group == "cp", ConfigError, "--group={}: expected tp, ep or cp",
+            a.group);
   if (a.group == "ep" && !a.preset_given) a.preset = "moe-demo";
   DHX_CHECK(a.max_steal > 0, ConfigError, "--max-steal={} must be > 0 (a share of a timing; >= 1 keeps every round)",
             a.max_steal);
@@ -230,7 +235,7 @@ double irq_seconds() { return cpu_stat_seconds(5, 6); }
 // parallelism the token counts come back as this rank's own and each exchange returns its rows.
 class LocalStandInGroup final : public ProcessGroup {
  public:
-  enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kAllToAllV };
+  enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kAllToAllV, kRingShift };
   struct Call {
     Kind kind;
     Shape in, out;
@@ -281,6 +286,10 @@ class LocalStandInGroup final : public ProcessGroup {
   }
   Task all_to_all_v_task(Tensor in, std::vector<int64_t>, Tensor out, std::vector<int64_t>) override {
     record({Kind::kAllToAllV, in.shape(), out.shape(), in.dtype(), ReduceOp::kSum});
+    return copy_task(in, out);
+  }
+  Task ring_shift_task(Tensor in, Tensor out) override {  // cp's ring: this rank's own keys come back
+    record({Kind::kRingShift, in.shape(), out.shape(), in.dtype(), ReduceOp::kSum});
     return copy_task(in, out);
   }
   Task broadcast_task(Tensor, int) override { return unsupported("broadcast"); }
@@ -334,6 +343,7 @@ class CommReplay {
           ws.push_back(pg_.reduce_scatter(ins_[i], outs_[i], calls_[i].op));
           break;
         case LocalStandInGroup::Kind::kAllToAll: ws.push_back(pg_.all_to_all(ins_[i], outs_[i])); break;
+        case LocalStandInGroup::Kind::kRingShift: ws.push_back(pg_.ring_shift(ins_[i], outs_[i])); break;
         case LocalStandInGroup::Kind::kAllToAllV: {
           // The rows spread evenly over the peers, the same on every rank (each routes N k rows):
           // the exchange's bytes with balanced routing, the real one's imbalance aside.
@@ -367,25 +377,28 @@ class Rig {
   Rig(const ModelConfig& model, MicroBatchShape mb, int M, ProcessGroup& tp, LocalStandInGroup& standin,
       const std::string& plan_path, const std::string& role = "tp")
       : model_(model), tp_(tp), standin_(standin), M_(M), role_(role) {
-    const bool ep = role == "ep";
+    const bool ep = role == "ep", cp = role == "cp";
     StepPartsSpec ps;
     ps.model = model_;
     if (ep) {  // dp = ep = the group: this rank's half of the experts and its own tokens
       ps.layout.dp = ps.layout.ep = tp.size();
       ps.coord.dp = ps.coord.ep = tp.rank();
+    } else if (cp) {  // this rank's two chunks of each sequence: mb is already the local rows
+      ps.layout.cp = tp.size();
+      ps.coord.cp = tp.rank();
     } else {
       ps.layout.tp = tp.size();
       ps.tp_rank = tp.rank();
     }
     ps.mb = mb;
-    ps.tokens_per_step = static_cast<double>(mb.tokens() * M * (ep ? tp.size() : 1));
+    ps.tokens_per_step = static_cast<double>(mb.tokens() * M * (ep || cp ? tp.size() : 1));
     parts_ = std::make_unique<StepParts>(ps);
     StepParts& p = *parts_;
-    // tp: GradSync's tp all-reduces of partial gradients are part of the step. ep: no gradient
-    // collective (the dp reduction would be the same with SI on and off).
-    sync_real_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, ep ? nullptr : &tp_, nullptr,
+    // tp: GradSync's tp all-reduces of partial gradients are part of the step. ep, cp: no gradient
+    // collective (the dp / cp reduction would be the same with SI on and off).
+    sync_real_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, ep || cp ? nullptr : &tp_, nullptr,
                                             ZeroStage::kNone, &p.state_mem);
-    sync_local_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, ep ? nullptr : &standin_, nullptr,
+    sync_local_ = std::make_unique<GradSync>(*p.params, p.units, p.progs, ep || cp ? nullptr : &standin_, nullptr,
                                              ZeroStage::kNone, &p.state_mem);
     if (!plan_path.empty()) {
       plan_ = load_plan(plan_path, parts_->progs.block);
@@ -401,9 +414,9 @@ class Rig {
       r->set_bwd_unit_hook([this](int m, int unit) {
         if (m == M_ - 1) active_sync_->on_unit_done(unit);
       });
-    // Random tokens, the same on both tp ranks (one seed; ep: each rank its own); next-token targets
-    // within a sequence.
-    std::mt19937_64 rng(42 + (ep ? static_cast<uint64_t>(tp.rank()) : 0));
+    // Random tokens, the same on both tp ranks (one seed; ep, cp: each rank its own); next-token
+    // targets within a sequence.
+    std::mt19937_64 rng(42 + (ep || cp ? static_cast<uint64_t>(tp.rank()) : 0));
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model_.vocab_size - 1));
     for (int m = 0; m < M; ++m) {
       MicroBatch x{Tensor::empty({mb.tokens()}, DType::kI32), Tensor::empty({mb.tokens()}, DType::kI32)};
@@ -475,22 +488,28 @@ std::string mib(int64_t b) { return fmt::format("{:.1f}", static_cast<double>(b)
 int run(int argc, char** argv) {
   Args a = parse(argc, argv);
   cpu::set_num_threads(1);  // one BLAS thread per rank: two ranks share this machine's cores
-  const bool ep = a.group == "ep";
+  const bool ep = a.group == "ep", cp = a.group == "cp";
   LayoutConfig layout;
   if (ep) {
     layout.dp = layout.ep = 2;
+  } else if (cp) {
+    layout.cp = 2;
   } else {
     layout.tp = 2;
     layout.sequence_parallel = true;
   }
   std::unique_ptr<CommContext> comm = make_mpi_world(layout);
-  ProcessGroup& tp = comm->group(ep ? GroupRole::kEP : GroupRole::kTP);  // the measured group
+  ProcessGroup& tp = comm->group(ep ? GroupRole::kEP : cp ? GroupRole::kCP : GroupRole::kTP);  // the measured group
   const bool root = comm->rank() == 0;
   LocalStandInGroup standin(a.group, tp);
 
   ModelConfig model = model_preset(a.preset);
+  // cp measures long sequences: a RoPE model's context is raised to --seq (learned positions are not).
+  if (cp && model.family != ModelFamily::kGPT) model.seq_len = std::max(model.seq_len, a.T);
   DHX_CHECK(a.T <= model.seq_len, ConfigError, "--seq={} exceeds the {} context {}", a.T, a.preset, model.seq_len);
-  const MicroBatchShape mb{a.B, a.T};
+  // cp: --seq is the whole sequence; each rank holds T / cp rows of it (two chunks).
+  DHX_CHECK(!cp || a.T % (2 * layout.cp) == 0, ConfigError, "--seq={} is not divisible by 2*cp={}", a.T, 2 * layout.cp);
+  const MicroBatchShape mb{a.B, cp ? a.T / layout.cp : a.T};
   const int M = static_cast<int>(a.micro_batches);
   DHX_CHECK(!ep || model.is_moe(), ConfigError, "--group ep needs a moe preset (moe-demo, phi-3.5-moe), got {}",
             a.preset);
@@ -613,7 +632,8 @@ int run(int argc, char** argv) {
 
   // The demo preset's activation peaks (same layout, one rank's shard), T <= its context.
   ModelConfig demo = model_preset(ep ? "moe-demo" : "demo");
-  Rig demo_rig(demo, MicroBatchShape{a.B, std::min(a.T, demo.seq_len)}, M, tp, standin, "", a.group);
+  const int64_t demo_T = std::min(a.T, demo.seq_len);
+  Rig demo_rig(demo, MicroBatchShape{a.B, cp ? demo_T / layout.cp : demo_T}, M, tp, standin, "", a.group);
   Peaks demo_peaks = peak_activations(demo_rig);
 
   const double T_base = median(base), T_si = median(si), C = median(comp), Mc = median(comm_only);
@@ -724,6 +744,12 @@ int run(int argc, char** argv) {
       j["a2a_s"] = Mc;
       j["hidden_fraction"] = eff;
       j["group"] = "ep";
+    }
+    if (cp) {  // the same for context parallelism (the comm is the ring's key/value exchanges)
+      j["t_off_s"] = T_base;
+      j["ring_s"] = Mc;
+      j["hidden_fraction"] = eff;
+      j["group"] = "cp";
     }
     fmt::print("{}\n", j.dump());
   }

@@ -220,14 +220,18 @@ Work ProcessGroup::ring_shift(const Tensor& in, Tensor out) {
             CommError, "ring_shift on {}: in {} and out {} need one dtype and shape", name_, in.describe(), out.describe());
   DHX_CHECK(!overlaps(in, out), CommError, "ring_shift on {}: in {} and out {} overlap", name_, in.describe(),
             out.describe());
+  std::string sig = fmt::format("ring_shift {}", in.describe());
+  const double sent = size_ > 1 ? double(in.nbytes()) : 0.0;
+  return issue(std::move(sig), ring_shift_task(in, std::move(out)), sent);
+}
+
+ProcessGroup::Task ProcessGroup::ring_shift_task(Tensor in, Tensor out) {
   // One step of a ring: every element to the next rank, from the previous (an all-to-all-v whose
   // only non-zero counts are those two peers; for two ranks they are the same peer).
   std::vector<int64_t> send(static_cast<size_t>(size_), 0), recv(static_cast<size_t>(size_), 0);
   send[static_cast<size_t>((rank_ + 1) % size_)] = in.numel();
   recv[static_cast<size_t>((rank_ + size_ - 1) % size_)] = out.numel();
-  std::string sig = fmt::format("ring_shift {}", in.describe());
-  const double sent = size_ > 1 ? double(in.nbytes()) : 0.0;
-  return issue(std::move(sig), all_to_all_v_task(in, std::move(send), std::move(out), std::move(recv)), sent);
+  return all_to_all_v_task(std::move(in), std::move(send), std::move(out), std::move(recv));
 }
 
 Work ProcessGroup::broadcast(Tensor t, int root) {

@@ -104,6 +104,9 @@ class ProcessGroup {
   // Counts in elements (rows x row size).
   virtual Task all_to_all_v_task(Tensor in, std::vector<int64_t> send_elems, Tensor out,
                                  std::vector<int64_t> recv_elems) = 0;
+  // Elements of `in` to (rank + 1) mod size, `out` from (rank - 1) mod size. By default an
+  // all-to-all-v with those two counts non-zero.
+  virtual Task ring_shift_task(Tensor in, Tensor out);
   virtual Task broadcast_task(Tensor t, int root) = 0;
   virtual Task send_task(Tensor t, int peer, int tag) = 0;
   virtual Task recv_task(Tensor t, int peer, int tag) = 0;

@@ -363,6 +363,7 @@ void cp_attention_fwd(const Builder& b, std::vector<Op>& f, const std::string& q
     Op st = b.compute("attn.cp." + si, "ring_attention", in, {last ? "att" : "att.p" + si, last ? "att.lse" : "att.lse.p" + si});
     st.attrs = attn.attrs;
     st.attrs["step"] = i;
+    if (i > 0) st.attrs["in_place"] = 1;  // merges into the running output and lse
     // Every step covers B * Tl * Tl / 2 query-key pairs (step 0 causal over Tl, the others Tl x Tl/2).
     st.cost.flops = 2.0 * b.B * double(b.T) * double(b.T) * double(attn.attrs.at("heads")) * double(D);
     st.cost.bytes = attn.cost.bytes;
@@ -387,12 +388,14 @@ void cp_attention_bwd(const Builder& b, std::vector<Op>& g, const std::string& q
     Op st = b.compute("attn.cp.bwd." + si, "ring_attention_bwd", in, {"cp.dq" + si, i == 0 ? "cp.dkv0" : "cp.dkvc" + si});
     st.attrs = attn_b.attrs;
     st.attrs["step"] = i;
+    if (i > 0) st.attrs["in_place"] = 1;  // accumulates into the running dq
     st.cost.flops = 2.5 * 2.0 * b.B * double(b.T) * double(b.T) * double(attn_b.attrs.at("heads")) * double(D);
     st.cost.bytes = attn_b.cost.bytes;
     g.push_back(st);
     if (i > 0) {
       Op add = b.compute("attn.cp.dkv." + si, "cp_dkv_add", {"cp.dkvr" + si, "cp.dkvc" + si}, {"cp.dkv" + si});
       b.elem_cost(add, kv, 1, 3);
+      add.attrs["in_place"] = 1;
       g.push_back(add);
     }
     g.push_back(cp_ring("cp.ring.dkv." + si, "cp.dkv" + si, "cp.dkvr" + sn, kv));
@@ -400,6 +403,7 @@ void cp_attention_bwd(const Builder& b, std::vector<Op>& g, const std::string& q
   Op fin = b.compute("attn.cp.bwd.end", "cp_ring_bwd_finish", {"cp.dq" + std::to_string(cp - 1), "cp.dkvr" + std::to_string(cp)},
                      {dqkv});
   fin.attrs = attn_b.attrs;
+  fin.attrs["in_place"] = 1;  // writes dq's k and v columns
   b.elem_cost(fin, kv, 0, 2);
   g.push_back(fin);
 }

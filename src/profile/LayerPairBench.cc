@@ -30,8 +30,8 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
     : model_(model), layout_(layout), mb_(mb), comm_(comm) {
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
-              "world size {} != layout world {} (dp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
-              comm_->world_size(), layout_.world(), layout_.dp, layout_.tp, layout_.tp_x, layout_.tp_y, layout_.tp_z,
+              "world size {} != layout world {} (dp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
+              comm_->world_size(), layout_.world(), layout_.dp, layout_.cp, layout_.tp, layout_.tp_x, layout_.tp_y, layout_.tp_z,
               layout_.world());
     tp_rank_ = comm_->layout().coord().tp;
     coord_ = comm_->layout().coord();
@@ -54,7 +54,7 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.seed = seed;
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
-  for (GroupRole r : {GroupRole::kTP, GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kEP})
+  for (GroupRole r : {GroupRole::kTP, GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kEP, GroupRole::kCP})
     if (comm_ && comm_->layout().size(r) > 1) parts_->ctx.groups[group_role_name(r)] = &comm_->group(r);
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
@@ -118,6 +118,12 @@ void LayerPairBench::restore(UnitEnv& env, const std::vector<std::map<std::strin
       auto it = env.bufs.find(op.inputs.at(0));
       if (it != env.bufs.end()) it->second = it->second.clone(&parts_->act_mem);
     }
+    // Compute ops that update an input in place (the ring attention's running output, dq, dK/dV).
+    if (op.flag("in_place"))
+      for (const std::string& in : op.inputs) {
+        auto it = env.bufs.find(in);
+        if (it != env.bufs.end()) it->second = it->second.clone(&parts_->act_mem);
+      }
   }
 }
 
