@@ -329,9 +329,10 @@ void moe_bwd(const Builder& b, std::vector<Op>& g) {
 // it. Backward: the keys/values travel the ring again (re-packed from the saved qkv, not kept
 // per step), each step adds its share to dQ and to the travelling dK/dV of the keys it saw, which
 // follows one step behind (the dK/dV that arrives is added after the step's own GEMMs, so its
-// transfer runs under them) and ends, after cp moves, at the rank that owns those keys.
+// transfer runs under them) and ends at the rank that owns those keys, which adds its own share.
 //   fwd: pack kv0 -> [ring kv0 -> kv1] -> step 0 -> [ring kv1 -> kv2] -> step 1 ... -> step cp-1 (att, lse)
-//   bwd: pack -> [ring] -> step 0 -> ring dkv0 -> [ring] -> step 1 -> add -> ring dkv1 ... -> finish
+//   bwd: pack -> [ring] -> step 0 (own dkv) -> [ring] -> step 1 -> ring dkv1 -> [ring] -> step 2 -> add
+//        -> ring dkv2 ... -> finish (dq, own dkv + the dkv that came round)
 Op cp_ring(std::string name, const std::string& in, const std::string& out, double elems) {
   Op op;
   op.name = std::move(name);
@@ -380,31 +381,35 @@ void cp_attention_bwd(const Builder& b, std::vector<Op>& g, const std::string& q
   pack.attrs = attn_b.attrs;
   b.elem_cost(pack, kv, 0, 2);
   g.push_back(pack);
+  // Step 0's dK/dV (this rank's own keys) stays here; the dK/dV of the keys visiting at step i >= 1
+  // starts at their first visitor (step 1), is added to at each later step and, after step cp-1,
+  // reaches the owner: cp - 1 moves, as many as the keys make.
   for (int i = 0; i < cp; ++i) {
     const std::string si = std::to_string(i), sn = std::to_string(i + 1);
     if (i + 1 < cp) g.push_back(cp_ring("cp.ring.kv.bwd." + si, "cp.bkv" + si, "cp.bkv" + sn, kv));
     std::vector<std::string> in = {qkv, "cp.bkv" + si, "att", "att.lse", "datt"};
     if (i > 0) in.push_back("cp.dq" + std::to_string(i - 1));
-    Op st = b.compute("attn.cp.bwd." + si, "ring_attention_bwd", in, {"cp.dq" + si, i == 0 ? "cp.dkv0" : "cp.dkvc" + si});
+    const std::string dkv_out = i == 0 ? "cp.dkv.own" : i == 1 ? "cp.dkv1" : "cp.dkvc" + si;
+    Op st = b.compute("attn.cp.bwd." + si, "ring_attention_bwd", in, {"cp.dq" + si, dkv_out});
     st.attrs = attn_b.attrs;
     st.attrs["step"] = i;
     if (i > 0) st.attrs["in_place"] = 1;  // accumulates into the running dq
     st.cost.flops = 2.5 * 2.0 * b.B * double(b.T) * double(b.T) * double(attn_b.attrs.at("heads")) * double(D);
     st.cost.bytes = attn_b.cost.bytes;
     g.push_back(st);
-    if (i > 0) {
+    if (i >= 2) {
       Op add = b.compute("attn.cp.dkv." + si, "cp_dkv_add", {"cp.dkvr" + si, "cp.dkvc" + si}, {"cp.dkv" + si});
       b.elem_cost(add, kv, 1, 3);
       add.attrs["in_place"] = 1;
       g.push_back(add);
     }
-    g.push_back(cp_ring("cp.ring.dkv." + si, "cp.dkv" + si, "cp.dkvr" + sn, kv));
+    if (i >= 1) g.push_back(cp_ring("cp.ring.dkv." + si, "cp.dkv" + si, "cp.dkvr" + sn, kv));
   }
-  Op fin = b.compute("attn.cp.bwd.end", "cp_ring_bwd_finish", {"cp.dq" + std::to_string(cp - 1), "cp.dkvr" + std::to_string(cp)},
-                     {dqkv});
+  Op fin = b.compute("attn.cp.bwd.end", "cp_ring_bwd_finish",
+                     {"cp.dq" + std::to_string(cp - 1), "cp.dkv.own", "cp.dkvr" + std::to_string(cp)}, {dqkv});
   fin.attrs = attn_b.attrs;
   fin.attrs["in_place"] = 1;  // writes dq's k and v columns
-  b.elem_cost(fin, kv, 0, 2);
+  b.elem_cost(fin, kv, 1, 3);
   g.push_back(fin);
 }
 

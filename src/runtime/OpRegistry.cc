@@ -249,13 +249,14 @@ void op_cp_dkv_add(OpCall& c) {
   c.env.bufs[c.op.outputs.at(0)] = acc;
 }
 
-// dqkv: dq's q columns (in place) and the k, v columns from the dK/dV of this rank's own keys,
-// which arrived after its full trip round the ring.
+// dqkv: dq's q columns (in place) and the k, v columns: this rank's own share of the dK/dV of its
+// keys (step 0) plus the other ranks' shares, which arrived round the ring.
 void op_cp_ring_bwd_finish(OpCall& c) {
   Tensor dq = c.in(0);
-  Tensor& dkv = c.in(1);
-  const int64_t N = rows(dq), W = cols(dq), kvw = cols(dkv), H = attr(c, "heads"), D = attr(c, "head_dim");
-  for (int64_t i = 0; i < N; ++i) std::copy_n(dkv.f32() + i * kvw, kvw, dq.f32() + i * W + H * D);
+  Tensor& own = c.in(1);
+  Tensor& came = c.in(2);
+  const int64_t N = rows(dq), W = cols(dq), kvw = cols(own), H = attr(c, "heads"), D = attr(c, "head_dim");
+  for (int64_t i = 0; i < N; ++i) add<float>(own.f32() + i * kvw, came.f32() + i * kvw, dq.f32() + i * W + H * D, kvw);
   c.env.bufs[c.op.outputs.at(0)] = dq;
 }
 

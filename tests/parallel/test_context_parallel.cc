@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "../train/TempDir.h"
 #include "ParallelHarness.h"
@@ -121,6 +122,35 @@ TEST(ContextParallel, WithPipelineAndZeroOne) {
   const double zero_dev = max_rel_deviation(zero.losses, serial.losses);
   fmt::print("[measured] llama cp2 dp2 zero1: loss max rel dev {:.2e}\n", zero_dev);
   EXPECT_LE(zero_dev, kLossRelTol);
+}
+
+// The ring's traffic per step. Oracle: the closed form. Per layer and micro-batch the keys/values
+// ([B * T/cp rows, 2 * kv_heads * head_dim] floats) move cp - 1 times forward and cp - 1 times
+// backward, and the travelling dK/dV (same shape) cp - 1 times (it starts at the keys' first
+// visitor, not at their owner); ProcessGroup::traffic counts every byte a ring_shift sends. The
+// gradient reductions go over dpcp, so nothing else is on the cp group in compute_gradients.
+TEST(ContextParallel, RingTrafficIsThreeTripsOfTheKeysPerLayer) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  for (int cp : {2, 3}) {
+    const RunConfig cfg = cp_config(ModelFamily::kLlama, 1, 1, cp, prefix, dir / fmt::format("cp{}", cp));
+    double measured = -1;
+    std::mutex mu;
+    on_local_ranks(cfg, [&](CommContext* comm) {
+      Trainer t(cfg, comm, Quiet::kYes);
+      comm->group(GroupRole::kCP).reset_traffic();
+      t.compute_gradients();
+      comm->world().barrier();
+      if (comm->rank() != 0) return;
+      std::lock_guard lk(mu);
+      measured = comm->group(GroupRole::kCP).traffic().bytes;
+    });
+    const ModelConfig& m = cfg.model;
+    const double kv_bytes = 4.0 * double(cfg.training.micro_batch_size * (m.seq_len / cp)) * 2.0 *
+                            double(m.n_kv_heads * m.head_dim());
+    const double expect = 3.0 * (cp - 1) * kv_bytes * double(m.n_layers) * double(cfg.training.micro_batches);
+    EXPECT_DOUBLE_EQ(measured, expect) << "cp=" << cp;
+  }
 }
 
 }  // namespace
