@@ -30,8 +30,9 @@ namespace dhelix {
 
 namespace {
 
+// One rank's micro-batch: under context parallelism each rank holds seq_len / cp rows of a sequence.
 MicroBatchShape micro_batch_of(const RunConfig& cfg) {
-  return MicroBatchShape{cfg.training.micro_batch_size, cfg.model.seq_len};
+  return MicroBatchShape{cfg.training.micro_batch_size, cfg.model.seq_len / std::max<int64_t>(1, cfg.parallel.cp)};
 }
 
 // Compute threads per rank: the config's, else the cores shared by this node's ranks.

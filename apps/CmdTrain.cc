@@ -89,7 +89,7 @@ int cmd_train(int argc, char** argv) {
     if (comm && comm->world_size() > 1) check_ranks_agree(cfg, *comm);
     int local = 1;
     if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
-    // cp and ep layouts are refused by the trainer below (not built yet); the model prices neither.
+    // The memory pre-check uses the step model, which prices neither cp nor ep layouts yet.
     if (cfg.parallel.cp == 1 && cfg.parallel.ep == 1) check_memory(estimate_rank_memory(cfg), local);
     check_writable_paths(cfg);
     for (const std::string& line : prepare_run_directory(cfg, rank0))

@@ -77,10 +77,16 @@ struct Walk {
   int seg_end() const { return ends[next]; }
   // The compute run starting at `next` is followed by a collective.
   bool leads_to_collective() const { return seg_end() < size(); }
-  // Collectives from the one at `next` on, up to the first big compute segment or the end.
-  int collectives_to_cover() const {
+  // Collectives from the one at `next` on, up to the first big compute segment or the end; with
+  // `to_end` (the other strand's compute that must cover them is its last), every one to the end.
+  int collectives_to_cover(bool to_end = false) const {
     int n = 0;
     for (int i = next; i < size();) {
+      if (to_end) {
+        n += ops[i].is_collective() ? 1 : 0;
+        i = ops[i].is_collective() ? i + 1 : ends[i];
+        continue;
+      }
       if (ops[i].is_collective()) {
         ++n, ++i;
       } else {
@@ -171,9 +177,11 @@ SIPlan cover_plan(const LayerProgram& prog) {
     } else if (f.at_collective() && b.at_collective()) {
       emit(f.next + 1, b.next);
     } else if (f.at_collective()) {  // fwd collective over a share of the bwd compute
-      emit(f.next + 1, b.cover_end(f.collectives_to_cover()));
+      emit(f.next + 1, b.cover_end(f.collectives_to_cover(!b.leads_to_collective())));
     } else if (b.at_collective()) {
-      emit(f.cover_end(b.collectives_to_cover()), b.next + 1);
+      // The forward's last compute is the only cover left for all the backward's remaining
+      // collectives (context parallelism's ring has several after the forward's one).
+      emit(f.cover_end(b.collectives_to_cover(!f.leads_to_collective())), b.next + 1);
     } else {  // both compute
       const bool fl = f.leads_to_collective(), bl = b.leads_to_collective();
       if (fl && bl) {
