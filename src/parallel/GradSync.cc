@@ -39,20 +39,26 @@ void GradSync::issue_bucket(size_t b) {
   issued_[b] = 1;
   const GradBucket& bk = params_.buckets()[b];
   Tensor range = params_.flat_grads().narrow0(bk.begin, bk.end - bk.begin);
-  if (bk.expert && expert_group_set_) {
-    DHX_CHECK(zero_ == ZeroStage::kNone, InternalError, "ZeRO-1 with expert parallelism");
-    if (edp_ && edp_->size() > 1)
-      inflight_.push_back({edp_->all_reduce(range), fmt::format("edp.ar.bucket{}", b), range.numel()});
-    return;
-  }
+  ProcessGroup* g = shard_group(bk);  // edp for the experts' buckets under expert parallelism
+  const char* gname = g == edp_ && bk.expert ? "edp" : "dp";
   if (zero_ == ZeroStage::kOne) {
-    if (dp_ && dp_->size() > 1)
-      inflight_.push_back({dp_->reduce_scatter(range, owned_grads_[b]), fmt::format("dp.rs.bucket{}", b), range.numel()});
+    if (g && g->size() > 1)
+      inflight_.push_back({g->reduce_scatter(range, owned_grads_[b]), fmt::format("{}.rs.bucket{}", gname, b), range.numel()});
     else
       owned_grads_[b].copy_from(range);
-  } else if (dp_ && dp_->size() > 1) {
-    inflight_.push_back({dp_->all_reduce(range), fmt::format("dp.ar.bucket{}", b), range.numel()});
+  } else if (g && g->size() > 1) {
+    inflight_.push_back({g->all_reduce(range), fmt::format("{}.ar.bucket{}", gname, b), range.numel()});
   }
+}
+
+void GradSync::set_expert_group(ProcessGroup* edp) {
+  expert_group_set_ = true;
+  edp_ = edp;
+  if (zero_ != ZeroStage::kOne) return;
+  const auto& buckets = params_.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b)  // the experts' chunks are over edp, not dp
+    if (buckets[b].expert)
+      owned_grads_[b] = Tensor::zeros({(buckets[b].end - buckets[b].begin) / shard_size(buckets[b])}, DType::kF32, tracker_);
 }
 
 void GradSync::param_ready(size_t entry) {

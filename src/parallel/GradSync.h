@@ -66,10 +66,14 @@ class GradSync {
   void set_overlap(GradOverlap o) { overlap_ = o; }
   // Expert parallelism: the experts' buckets (GradBucket::expert) are all-reduced over `edp`, the
   // dp ranks holding the same experts (null: size 1, nothing to reduce), instead of over dp.
-  void set_expert_group(ProcessGroup* edp) {
-    expert_group_set_ = true;
-    edp_ = edp;
-  }
+  // With ZeRO-1 the experts' buckets are reduce-scattered over `edp` instead: each edp rank owns
+  // 1/edp of its experts' optimizer state.
+  void set_expert_group(ProcessGroup* edp);
+  // The group a bucket's gradient is reduced (and, with ZeRO-1, sharded) over: edp for the experts'
+  // buckets once set_expert_group was called, dp for the others (null: a group of one).
+  ProcessGroup* shard_group(const GradBucket& b) const { return b.expert && expert_group_set_ ? edp_ : dp_; }
+  int shard_size(const GradBucket& b) const { return shard_group(b) ? shard_group(b)->size() : 1; }
+  int shard_rank(const GradBucket& b) const { return shard_group(b) ? shard_group(b)->rank() : 0; }
   // Pipelines whose embedding and head live on different stages of a tied model: finish() first
   // sums the two copies of "wte" (the embedding's on one stage, the head's ParamStore::tied_copy()
   // on the other) with pp rank `peer`, so both hold E + H, and only then reduces their bucket over
@@ -77,7 +81,7 @@ class GradSync {
   // and update it identically and the copies stay equal. One process sums h0 + e0 + h1 + e1 + ...
   // in micro-batch order instead: bitwise different, equal within rounding.
   void set_tied_peer(ProcessGroup* pp, int peer);
-  // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/dp).
+  // ZeRO-1: this rank's reduced gradient chunk of bucket b (size (end-begin)/shard_size).
   Tensor& owned_grad(size_t b) { return owned_grads_.at(b); }
   ZeroStage zero() const { return zero_; }
   // Seconds the dp comm thread spent running bucket reductions in the last step.

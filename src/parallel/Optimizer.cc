@@ -9,34 +9,42 @@
 
 namespace dhelix {
 
-namespace {
-int dp_size(ProcessGroup* dp) { return dp ? dp->size() : 1; }
-int dp_rank(ProcessGroup* dp) { return dp ? dp->rank() : 0; }
-}  // namespace
-
 Optimizer::Optimizer(ParamStore& params, GradSync& sync, ProcessGroup* tp, ProcessGroup* dp, const AdamWConfig& cfg,
                      MemoryTracker* tracker)
-    : params_(params), sync_(sync), tp_(tp), dp_(dp), cfg_(cfg) {
+    : params_(params), sync_(sync), tp_(tp), dp_(dp), cfg_(cfg), tracker_(tracker) {
+  allocate_state();
+}
+
+// m and v for the elements this rank updates: all, or with ZeRO-1 its chunk of every bucket over
+// the bucket's shard group (GradSync::shard_group, which set_expert_group changes for experts).
+void Optimizer::allocate_state() {
   int64_t n = 0;
   if (sync_.zero() == ZeroStage::kOne)
-    for (auto& b : params_.buckets()) n += (b.end - b.begin) / dp_size(dp_);
+    for (auto& b : params_.buckets()) n += (b.end - b.begin) / sync_.shard_size(b);
   else
     n = params_.flat_values().numel();
-  m_ = Tensor::zeros({n}, DType::kF32, tracker);
-  v_ = Tensor::zeros({n}, DType::kF32, tracker);
+  m_ = Tensor::zeros({n}, DType::kF32, tracker_);
+  v_ = Tensor::zeros({n}, DType::kF32, tracker_);
+}
+
+void Optimizer::set_expert_group(ProcessGroup* ep, ProcessGroup* edp) {
+  DHX_CHECK(steps_ == 0, InternalError, "Optimizer::set_expert_group after {} updates", steps_);
+  ep_ = ep, edp_ = edp;
+  allocate_state();  // the experts' chunks follow GradSync's groups (call GradSync's first)
 }
 
 // Visits every (param, element range) this rank updates: all of them without ZeRO; the
-// intersection of each param with chunk dp_rank of its bucket with ZeRO-1. `owned` is the
-// offset of the range's first element in m_/v_ (and in the ZeRO owned-grad chunks).
+// intersection of each param with this rank's chunk of its bucket with ZeRO-1 (chunk r of n over
+// the bucket's shard group: dp, or edp for experts). `owned` is the offset of the range's first
+// element in m_/v_ (and in the ZeRO owned-grad chunks).
 template <typename Fn>
 void Optimizer::for_each_owned(Fn fn) {
   const bool zero = sync_.zero() == ZeroStage::kOne;
-  const int n = dp_size(dp_), r = dp_rank(dp_);
   int64_t owned_base = 0;
   const auto& buckets = params_.buckets();
   for (size_t bi = 0; bi < buckets.size(); ++bi) {
     const GradBucket& b = buckets[bi];
+    const int n = sync_.shard_size(b), r = sync_.shard_rank(b);
     int64_t chunk = (b.end - b.begin) / n;
     int64_t lo = zero ? b.begin + r * chunk : b.begin, hi = zero ? lo + chunk : b.end;
     for (size_t pi : b.params) {
@@ -52,7 +60,7 @@ float* Optimizer::grad_ptr(size_t bi, int64_t s) {
   // The gradient of flat element s: the flat buffer, or with ZeRO-1 the owned reduced chunk.
   if (sync_.zero() != ZeroStage::kOne) return params_.flat_grads().f32() + s;
   const GradBucket& b = params_.buckets()[bi];
-  int64_t lo = b.begin + dp_rank(dp_) * ((b.end - b.begin) / dp_size(dp_));
+  int64_t lo = b.begin + sync_.shard_rank(b) * ((b.end - b.begin) / sync_.shard_size(b));
   return sync_.owned_grad(bi).f32() + (s - lo);
 }
 
@@ -80,16 +88,21 @@ double Optimizer::grad_norm() {
     double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
     pt[e.global_index] += e.spec.replicas > 1 ? part / e.spec.replicas : part;
   });
-  if (ep_ && ep_->size() > 1) {  // the experts' slots only: each ep rank holds other experts
-    Tensor ex = Tensor::zeros({norm_parts_.numel()}, DType::kF64);
-    std::vector<int64_t> slots;
+  // The experts' slots: with ZeRO-1 each edp rank holds a chunk of its experts' gradients (summed
+  // over edp), and the ep ranks hold different experts (summed over ep). The other slots: with
+  // ZeRO-1 chunks over dp (summed over dp).
+  std::vector<int64_t> slots;
+  if (ep_ && ep_->size() > 1)
     for (const ParamEntry& e : params_.entries())
       if (e.spec.role == ShardRole::kExpert) slots.push_back(e.global_index);
-    for (int64_t i : slots) ex.data<double>()[i] = pt[i];
+  Tensor ex = Tensor::zeros({norm_parts_.numel()}, DType::kF64);
+  for (int64_t i : slots) ex.data<double>()[i] = pt[i], pt[i] = 0;
+  if (!slots.empty()) {
+    if (zero && edp_ && edp_->size() > 1) edp_->all_reduce(ex).wait();
     ep_->all_reduce(ex).wait();
-    for (int64_t i : slots) pt[i] = ex.data<double>()[i];
   }
   if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_parts_).wait();
+  for (int64_t i : slots) pt[i] = ex.data<double>()[i];
   if (tp_ && tp > 1) tp_->all_reduce(norm_parts_).wait();
   if (pp_ && pp_->size() > 1) pp_->all_reduce(norm_parts_).wait();
   double ss = 0;
@@ -118,14 +131,16 @@ void Optimizer::update(double lr, int64_t step, double norm) {
     ap.weight_decay = e.spec.weight_decay ? cfg_.weight_decay : 0.0;
     cpu::adamw_step<float>(flat_p + s, g, m_.f32() + o, v_.f32() + o, t - s, ap);
   });
-  if (zero && dp_ && dp_->size() > 1) {
+  if (zero) {
     std::vector<Work> works;
     std::vector<Tensor> sends;
-    const int n = dp_->size(), r = dp_->rank();
     for (auto& b : params_.buckets()) {
+      ProcessGroup* g = sync_.shard_group(b);
+      if (!g || g->size() == 1) continue;
+      const int n = g->size(), r = g->rank();
       int64_t chunk = (b.end - b.begin) / n;
       sends.push_back(params_.flat_values().narrow0(b.begin + r * chunk, chunk).clone());
-      works.push_back(dp_->all_gather(sends.back(), params_.flat_values().narrow0(b.begin, b.end - b.begin)));
+      works.push_back(g->all_gather(sends.back(), params_.flat_values().narrow0(b.begin, b.end - b.begin)));
     }
     for (auto& w : works) w.wait();
   }
@@ -139,15 +154,16 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::shard_state() {
     // Reassemble flat full-size m/v: all-gather each bucket's chunks over dp.
     m_full = Tensor::zeros({params_.flat_values().numel()});
     v_full = Tensor::zeros({params_.flat_values().numel()});
-    const int n = dp_size(dp_);
     int64_t base = 0;
     for (auto& b : params_.buckets()) {
+      ProcessGroup* g = sync_.shard_group(b);
+      const int n = sync_.shard_size(b);
       int64_t chunk = (b.end - b.begin) / n;
       for (auto [src, dst] : {std::pair{&m_, &m_full}, std::pair{&v_, &v_full}}) {
         Tensor mine = src->narrow0(base, chunk);
         Tensor out = dst->narrow0(b.begin, b.end - b.begin);
-        if (dp_ && n > 1)
-          dp_->all_gather(mine, out).wait();
+        if (g && n > 1)
+          g->all_gather(mine, out).wait();
         else
           out.copy_from(mine);
       }
@@ -178,9 +194,9 @@ void Optimizer::load_shard_state(const std::vector<std::pair<std::string, Tensor
     }
   }
   if (sync_.zero() == ZeroStage::kOne) {
-    const int n = dp_size(dp_), r = dp_rank(dp_);
     int64_t base = 0;
     for (auto& b : params_.buckets()) {
+      const int n = sync_.shard_size(b), r = sync_.shard_rank(b);
       int64_t chunk = (b.end - b.begin) / n;
       m_.narrow0(base, chunk).copy_from(m_full.narrow0(b.begin + r * chunk, chunk));
       v_.narrow0(base, chunk).copy_from(v_full.narrow0(b.begin + r * chunk, chunk));

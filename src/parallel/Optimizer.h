@@ -39,7 +39,9 @@ class Optimizer {
   void set_pipeline_group(ProcessGroup* pp) { pp_ = pp; }
   // Expert parallelism: the ranks of `ep` hold different experts, so the experts' parts of the
   // gradient norm are summed over it (the dense parts are equal there and are not).
-  void set_expert_group(ProcessGroup* ep) { ep_ = ep; }
+  // With ZeRO-1 their optimizer state is sharded over `edp` (GradSync::shard_group).
+  // Call after GradSync::set_expert_group and before the first update.
+  void set_expert_group(ProcessGroup* ep, ProcessGroup* edp = nullptr);
 
   // Full (unsharded) tensors of this rank's tp slice: "<param>.exp_avg" / ".exp_avg_sq", gathered
   // over dp when ZeRO-1 holds only chunks. Collective over dp.
@@ -48,15 +50,18 @@ class Optimizer {
   void load_shard_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps);
 
  private:
+  void allocate_state();
   template <typename Fn>
   void for_each_owned(Fn fn);  // fn(entry, bucket, flat_begin, flat_end, state_offset)
   ParamStore& params_;
   GradSync& sync_;
   ProcessGroup* tp_;
   ProcessGroup* dp_;
+  ProcessGroup* edp_ = nullptr;
   ProcessGroup* pp_ = nullptr;
   ProcessGroup* ep_ = nullptr;
   AdamWConfig cfg_;
+  MemoryTracker* tracker_ = nullptr;
   float* grad_ptr(size_t bucket, int64_t flat_index);
   Tensor m_, v_;  // flat; full size without ZeRO, the owned chunks (concatenated) with ZeRO-1
   Tensor norm_parts_;  // [global entry] squared-norm parts of the last grad_norm()

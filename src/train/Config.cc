@@ -357,9 +357,6 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     if (grid3d)
       e.push_back(fmt::format("model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; "
                               "use tp, dp and pp", p.tp_x, p.tp_y, p.tp_z));
-    if (p.ep > 1 && p.zero == 1)
-      e.push_back(fmt::format("parallel.zero=1 with parallel.ep={}: the optimizer state of experts is not sharded in "
-                              "this build; set zero=0 (or ep=1)", p.ep));
   } else if (p.ep > 1) {
     e.push_back(fmt::format("parallel.ep={} splits experts, but model.family={} has none; set ep=1 or family=moe", p.ep,
                             family_name(m.family)));

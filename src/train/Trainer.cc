@@ -167,7 +167,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   opt_->set_pipeline_group(pp_);
   if (layout_.ep > 1) {  // expert parallelism: tokens move over ep, expert gradients reduce over edp
     sync_->set_expert_group(group_of(GroupRole::kEDP));
-    opt_->set_expert_group(group_of(GroupRole::kEP));
+    opt_->set_expert_group(group_of(GroupRole::kEP), group_of(GroupRole::kEDP));
     parts_->ctx.groups["ep"] = group_of(GroupRole::kEP);
   }
 

@@ -69,7 +69,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelEqualsSerial,
 // attention; each tp rank routes its sequence shard and the router statistics are summed over tp),
 // and with expert parallelism (ep = 2 of dp = 2 or 4, ep = 4 of dp = 4: each rank holds E / ep of the
 // 4 experts, tokens go to them and back by all-to-all, expert gradients are reduced over the edp
-// ranks).
+// ranks), also with ZeRO-1 (the experts' optimizer state sharded over edp).
 TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -78,7 +78,7 @@ TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
     int dp, tp, ep, zero;
   };
   for (const Lay& l : {Lay{2, 1, 1, 0}, Lay{2, 1, 1, 1}, Lay{2, 2, 1, 0}, Lay{2, 1, 2, 0}, Lay{4, 1, 2, 0},
-                       Lay{4, 1, 4, 0}, Lay{2, 2, 2, 0}}) {
+                       Lay{4, 1, 4, 0}, Lay{2, 2, 2, 0}, Lay{2, 1, 2, 1}, Lay{4, 1, 2, 1}}) {
     const int tp = l.tp, zero = l.zero, dp = l.dp;
     RunConfig par_cfg = tiny_config(ModelFamily::kMoE, dp, tp, zero, prefix,
                                     dir / fmt::format("dp{}_tp{}_ep{}_zero{}", dp, tp, l.ep, zero));
@@ -147,6 +147,38 @@ TEST(MoeExpertParallel, CheckpointResumesOnOtherLayouts) {
     fmt::print("[measured] resume ep=2 checkpoint on ep={}: max rel loss dev over {} steps {:.2e}\n", ep, kAfter, dev);
     if (ep == 2) EXPECT_EQ(got, base.after) << "same-layout resume must be bitwise";
     else EXPECT_LE(dev, kLossRelTol);
+  }
+}
+
+// ZeRO-1 with expert parallelism: dp = 4, ep = 2, so the dense buckets are sharded over the 4 dp
+// ranks and the experts' over the 2 edp ranks holding the same experts. Oracles: the plain (ZeRO-0)
+// run of the same layout, within kLossRelTol (the gradient sums of 4 dp ranks regroup between
+// reduce-scatter and all-reduce); its checkpoint (optimizer state gathered over dp and edp, experts
+// over ep) resumed on the same layout (bitwise) and without ZeRO (within kLossRelTol).
+TEST(MoeExpertParallel, ZeroOneShardsExpertsOverEdp) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  constexpr int kBefore = 4, kAfter = 4;
+  auto cfg_of = [&](int zero, const std::string& out) {
+    RunConfig c = tiny_config(ModelFamily::kMoE, 4, 1, zero, prefix, dir / out);
+    c.parallel.ep = 2;
+    c.checkpoint.dir = dir / "ck";
+    c.checkpoint.keep = 0;
+    return c;
+  };
+  RunConfig plain = cfg_of(0, "plain"), zero = cfg_of(1, "zero");
+  plain.training.steps = zero.training.steps = 10;
+  const double dev = max_rel_deviation(run_local(zero).losses, run_local(plain).losses);
+  fmt::print("[measured] moe dp=4 ep=2 zero=1 vs zero=0: max rel loss dev over 10 steps {:.2e}\n", dev);
+  EXPECT_LE(dev, kLossRelTol);
+  const CheckpointedRun base = run_with_checkpoint(cfg_of(1, "zero_ck"), kBefore, kAfter);
+  for (int z : {1, 0}) {
+    const std::vector<double> got = resume_losses(cfg_of(z, fmt::format("resume_zero{}", z)), base.checkpoint, kAfter,
+                                                  kBefore);
+    const double rdev = max_rel_deviation(got, base.after);
+    fmt::print("[measured] resume dp=4 ep=2 zero=1 checkpoint with zero={}: max rel loss dev {:.2e}\n", z, rdev);
+    if (z == 1) EXPECT_EQ(got, base.after) << "same-layout resume must be bitwise";
+    else EXPECT_LE(rdev, kLossRelTol);
   }
 }
 
