@@ -31,7 +31,13 @@ namespace {
 using namespace cpu;
 
 int64_t rows(const Tensor& t) { return t.dim(0); }
-int64_t cols(const Tensor& t) { return t.numel() / std::max<int64_t>(1, t.dim(0)); }
+// Elements per row, from the shape (so a tensor of zero rows still has its width: an expert-parallel
+// rank that receives no tokens).
+int64_t cols(const Tensor& t) {
+  int64_t n = 1;
+  for (int i = 1; i < t.ndim(); ++i) n *= t.dim(i);
+  return n;
+}
 
 // Rows of the LM-head weight shard that are real vocabulary (the padding rows produce nothing).
 int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {

@@ -74,22 +74,24 @@ RunConfig tiny_config_3d(ModelFamily family, int dp, int gx, int gy, int gz, con
   return c;
 }
 
-RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads) {
+RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads, const Prepare& prepare) {
   RunResult r;
   if (grads == Grads::kCollect) {
     Trainer t(cfg, comm, Quiet::kYes);
+    if (prepare) prepare(t);
     t.compute_gradients();
     r.first_grads = t.gather_full_grads();
   }
   Trainer t(cfg, comm, Quiet::kYes);
+  if (prepare) prepare(t);
   for (int64_t s = 0; s < cfg.training.steps; ++s) r.losses.push_back(t.train_step().loss);
   return r;
 }
 
-RunResult run_serial(const RunConfig& cfg, Grads grads) {
+RunResult run_serial(const RunConfig& cfg, Grads grads, const Prepare& prepare) {
   DHX_CHECK(layout_config(cfg).world() == 1, ConfigError, "run_serial needs dp = tp = 1 (got dp={} tp={})",
             cfg.parallel.dp, cfg.parallel.tp);
-  return run_on(cfg, nullptr, grads);
+  return run_on(cfg, nullptr, grads, prepare);
 }
 
 void on_local_ranks(const RunConfig& cfg, const std::function<void(CommContext*)>& fn) {
@@ -98,11 +100,11 @@ void on_local_ranks(const RunConfig& cfg, const std::function<void(CommContext*)
   run_local_ranks(layout, [&](CommContext& comm) { fn(&comm); });
 }
 
-RunResult run_local(const RunConfig& cfg, Grads grads) {
+RunResult run_local(const RunConfig& cfg, Grads grads, const Prepare& prepare) {
   RunResult out;
   std::mutex mu;
   on_local_ranks(cfg, [&](CommContext* comm) {
-    RunResult r = run_on(cfg, comm, grads);
+    RunResult r = run_on(cfg, comm, grads, prepare);
     if (!comm || comm->rank() == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out = std::move(r);

@@ -11,6 +11,10 @@
 #include "tensor/Tensor.h"
 #include "train/Config.h"
 
+namespace dhelix {
+class Trainer;
+}
+
 namespace dhelix::testing {
 
 // Tolerances of parallel vs serial. TP splits the matmul reductions (row-parallel outputs are
@@ -54,12 +58,15 @@ enum class Grads { kSkip, kCollect };
 // layout is one rank, else on threads-as-ranks (run_local_ranks).
 void on_local_ranks(const RunConfig& cfg, const std::function<void(CommContext*)>& fn);
 
+// Called on every fresh trainer before it runs (e.g. to set weights); may be empty.
+using Prepare = std::function<void(Trainer&)>;
+
 // Trains cfg.training.steps steps, in one process (cfg dp = tp = 1) or on threads-as-ranks.
 // With Grads::kCollect a separate fresh trainer first computes the step-1 gradients.
-RunResult run_serial(const RunConfig& cfg, Grads grads = Grads::kSkip);
-RunResult run_local(const RunConfig& cfg, Grads grads = Grads::kSkip);
+RunResult run_serial(const RunConfig& cfg, Grads grads = Grads::kSkip, const Prepare& prepare = {});
+RunResult run_local(const RunConfig& cfg, Grads grads = Grads::kSkip, const Prepare& prepare = {});
 // The same on this rank of a real world (every rank calls it; rank 0's result is meaningful).
-RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads);
+RunResult run_on(const RunConfig& cfg, CommContext* comm, Grads grads, const Prepare& prepare = {});
 
 // Trains `before` steps of cfg, saves a checkpoint, trains `after` more (any layout, local ranks):
 // rank 0's losses of those `after` steps and the checkpoint's directory.

@@ -150,6 +150,49 @@ TEST(MoeExpertParallel, CheckpointResumesOnOtherLayouts) {
   }
 }
 
+// Routing edge cases through expert parallelism (dp = ep = 2, each rank 2 of the 4 experts): every
+// router weight zero, so every gate ties (all logits equal; top-k keeps the lower indices). With
+// top_k = 1 every token goes to expert 0: experts 1-3 receive nothing and ep rank 1 (experts 2, 3)
+// gets no rows at all; with top_k = 2 every token goes to experts 0 and 1. Oracle: the single process
+// on each rank's micro-batches (as EqualsSerialOverPerRankMicroBatches), its routers zeroed alike:
+// step-1 gradients (the tied routing) and 5 steps of losses within ParallelHarness.h's tolerances.
+TEST(MoeExpertParallel, RoutingEdgeCasesEqualSerial) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  const Prepare zero_routers = [](Trainer& t) {
+    for (ParamEntry& e : t.params().entries())
+      if (e.spec.name.ends_with(".router")) e.value.zero_();
+  };
+  for (int k : {1, 2}) {
+    RunConfig par = tiny_config(ModelFamily::kMoE, 2, 1, 0, prefix, dir / fmt::format("ep_k{}", k));
+    par.parallel.ep = 2;
+    par.model.top_k = k;
+    par.training.steps = 5;
+    RunConfig ser = tiny_config(ModelFamily::kMoE, 1, 1, 0, prefix, dir / fmt::format("serial_k{}", k));
+    ser.model.top_k = k;
+    ser.training.steps = 5;
+    ser.training.micro_batch_size = par.training.micro_batch_size;
+    ser.training.micro_batches = 2 * par.training.micro_batches;
+    const RunResult a = run_local(par, Grads::kCollect, zero_routers);
+    const RunResult b = run_serial(ser, Grads::kCollect, zero_routers);
+    std::string worst;
+    const double grad_dev = max_grad_deviation(a.first_grads, b.first_grads, &worst);
+    const double loss_dev = max_rel_deviation(a.losses, b.losses);
+    fmt::print("[measured] moe ep=2 zero routers top_k={}: grad max rel dev {:.2e} ({}), loss max rel dev {:.2e}\n", k,
+               grad_dev, worst, loss_dev);
+    // The experts that got no tokens have no gradient on either side; those that did, do.
+    const Tensor& w = b.first_grads.at("layers.0.experts.wgu");
+    const int64_t per = w.numel() / 4;
+    double used = 0, unused = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) (i / per < k ? used : unused) += std::abs(w.f32()[i]);
+    EXPECT_GT(used, 0.0);
+    EXPECT_EQ(unused, 0.0);
+    EXPECT_EQ(a.first_grads.size(), b.first_grads.size());
+    EXPECT_LE(grad_dev, kGradRelTol) << "worst tensor " << worst;
+    EXPECT_LE(loss_dev, kLossRelTol);
+  }
+}
+
 // ZeRO-1 with expert parallelism: dp = 4, ep = 2, so the dense buckets are sharded over the 4 dp
 // ranks and the experts' over the 2 edp ranks holding the same experts. Oracles: the plain (ZeRO-0)
 // run of the same layout, within kLossRelTol (the gradient sums of 4 dp ranks regroup between
