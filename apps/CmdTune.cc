@@ -242,7 +242,7 @@ constexpr double kMiB = 1 << 20, kGiB = 1 << 30;
 
 std::string axes_text(const std::map<std::string, AxisCost>& axes) {
   std::string s;
-  for (const char* g : {"tp", "x", "y", "z", "xy", "ep", "pp", "dp", "edp"})
+  for (const char* g : {"tp", "x", "y", "z", "xy", "ep", "cp", "pp", "dp", "edp", "dpcp"})
     if (auto it = axes.find(g); it != axes.end() && it->second.bytes > 0)
       s += fmt::format("{}{}:{:.1f}", s.empty() ? "" : " ", g, it->second.bytes / kMiB);
   return s.empty() ? "-" : s;

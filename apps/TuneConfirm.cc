@@ -60,7 +60,7 @@ std::vector<std::string> train_words(const ModelConfig& m, const BatchSpec& batc
       kv("parallel.tp", lay.tp),                   kv("parallel.pp", lay.pp),
       kv("parallel.tp_x", lay.tp_x),               kv("parallel.tp_y", lay.tp_y),
       kv("parallel.tp_z", lay.tp_z),               kv("parallel.zero", opt.zero == Zero::kZero1 ? 1 : 0),
-      kv("parallel.ep", lay.ep),
+      kv("parallel.ep", lay.ep),                   kv("parallel.cp", lay.cp),
       kv("schedule.strand_interleaving", opt.si == StrandInterleaving::kOn ? "on" : "off"),
       kv("output.dir", out_dir),                   kv("output.overwrite", "true"),
   };

@@ -46,6 +46,7 @@ std::vector<LayoutConfig> enumerate_layouts(int n) {
 std::string layout_label(const LayoutConfig& l) {
   if (l.is_3d()) return fmt::format("x={} y={} z={} dp={}", l.tp_x, l.tp_y, l.tp_z, l.dp);
   if (l.ep > 1) return fmt::format("tp={} pp={} dp={} ep={}", l.tp, l.pp, l.dp, l.ep);
+  if (l.cp > 1) return fmt::format("tp={} pp={} cp={} dp={}", l.tp, l.pp, l.cp, l.dp);
   return fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
 }
 
@@ -53,21 +54,21 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
                         const PredictOptions& opt) {
   TuneResult r;
   std::vector<LayoutConfig> layouts = enumerate_layouts(n);
-  if (m.is_moe()) {  // expert parallelism carved out of each Megatron layout's dp ranks
-    const size_t megatron = layouts.size();
-    for (size_t i = 0; i < megatron; ++i)
-      for (int ep : divisors(layouts[i].dp))
-        if (ep > 1 && !layouts[i].is_3d()) {
-          LayoutConfig l = layouts[i];
-          l.ep = ep;
-          layouts.push_back(l);
-        }
+  const size_t megatron = layouts.size();
+  for (size_t i = 0; i < megatron; ++i) {
+    if (layouts[i].is_3d()) continue;
+    for (int k : divisors(layouts[i].dp)) {
+      if (k == 1) continue;
+      LayoutConfig l = layouts[i];
+      if (m.is_moe()) {
+        l.ep = k;  // expert parallelism carved out of the layout's dp ranks
+      } else {
+        l.cp = k, l.dp /= k;  // context parallelism: cp of the dp ranks cut each sequence instead
+      }
+      layouts.push_back(l);
+    }
   }
   for (const LayoutConfig& lay : layouts) {
-    if (lay.ep > 1 && opt.zero == Zero::kZero1) {
-      r.excluded.push_back({lay, "ZeRO-1 with expert parallelism is not in this build"});
-      continue;
-    }
     const std::vector<std::string> errs = layout_errors(m, lay, batch);
     if (!errs.empty()) {
       r.excluded.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});

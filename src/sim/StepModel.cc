@@ -147,7 +147,11 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
 std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
   std::vector<std::string> e = validate_layout(lay, lay.world());
   for (const std::string& x : m.validate()) e.push_back(x);
-  if (lay.cp > 1) e.push_back(fmt::format("cp={}: context parallelism is not priced", lay.cp));
+  if (lay.cp > 1 && batch.seq % (2 * lay.cp) != 0)
+    e.push_back(fmt::format("sequence {} is not divisible by 2 x cp = {} (context parallelism's chunks)", batch.seq,
+                            2 * lay.cp));
+  if (lay.cp > 1 && m.is_moe()) e.push_back(fmt::format("cp={} with the moe family is not in this build", lay.cp));
+  if (lay.cp > 1 && lay.is_3d()) e.push_back(fmt::format("cp={} does not run on the 3D grid", lay.cp));
   if (lay.ep > 1 && !m.is_moe())
     e.push_back(fmt::format("ep={}: expert parallelism needs the moe family (model {} is {})", lay.ep, m.name,
                             family_name(m.family)));
@@ -180,8 +184,9 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
     e.push_back(fmt::format("batch {} is not divisible by {} x micro-batch {} = {}", batch.global_batch,
                             lay.is_3d() ? fmt::format("Gz x Gdata = {}", replicas) : fmt::format("dp = {}", replicas),
                             batch.micro_batch, replicas * batch.micro_batch));
-  } else if (lay.tp > 1 && batch.micro_batch * batch.seq % lay.tp != 0) {
-    e.push_back(fmt::format("micro-batch tokens {} are not divisible by tp={}", batch.micro_batch * batch.seq, lay.tp));
+  } else if (lay.tp > 1 && batch.micro_batch * (batch.seq / lay.cp) % lay.tp != 0) {
+    e.push_back(fmt::format("micro-batch tokens {} per rank are not divisible by tp={}",
+                            batch.micro_batch * (batch.seq / lay.cp), lay.tp));
   }
   return e;
 }
@@ -204,7 +209,7 @@ ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec&
   const double Hl = m.n_heads / wide, Hkvl = m.n_kv_heads / wide, D = double(m.head_dim());
   const double Fl = m.ffn_hidden / wide;
   ActDims d;
-  d.N = double(batch.micro_batch * batch.seq);
+  d.N = double(batch.micro_batch * (batch.seq / lay.cp));  // this rank's rows (its chunks under cp)
   d.Nres = d.N / lay.tp;
   d.Cres = double(m.d_model) / lay.tp_x;
   d.qkv = (Hl + 2 * Hkvl) * D;
@@ -397,11 +402,18 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
   MemoryUse worst;
   for (int s = 0; s < p; ++s) {
     const std::vector<int> mine = stage_units(L, p, s);
-    double elems = 0;
-    for (int u : mine) elems += unit_elems(units[u]);
+    double elems = 0, experts = 0;
+    for (int u : mine) {
+      elems += unit_elems(units[u]);
+      if (lay.ep > 1)
+        for (const ParamSpec& q : units[u].params)
+          if (q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
+    }
     if (s == p - 1 && p > 1 && m.tie_embeddings) elems += unit_elems(units[0]);
     MemoryUse mem;
-    add_states(mem, elems, elem, lay.dp, zero);
+    // ZeRO-1 shards over the weights' replicas: dp x cp, and the experts' over edp = dp / ep.
+    add_states(mem, elems - experts, elem, lay.dp * lay.cp, zero);
+    add_states(mem, experts, elem, lay.dp / lay.ep, zero);
     // Block sums of the z-reduce-scattered weight gradients (fp32, one per weight) while the step's
     // micro-batches accumulate (M > 1).
     for (int u : mine)
@@ -426,8 +438,8 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
   DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
   LayoutConfig plain = lay;
   plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
-  return memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq}), model_units(m, plain, 0), batch,
-                   precision, zero, si, notes);
+  return memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp}), model_units(m, plain, 0),
+                   batch, precision, zero, si, notes);
 }
 
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
@@ -437,7 +449,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   StepPrediction r;
   r.layout = lay;
   r.micro_batches = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
-  const MicroBatchShape mb{batch.micro_batch, batch.seq};
+  const MicroBatchShape mb{batch.micro_batch, batch.seq / lay.cp};  // one rank's rows
   LayoutConfig plain = lay;
   plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
   const ModelPrograms progs = build_programs(m, plain, mb);
@@ -462,7 +474,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
   const GroupLink& pp_link = groups.at("pp");
   // Activation (forward) or gradient (backward) of one micro-batch crossing a stage boundary.
-  const double p2p_bytes = double(batch.micro_batch * batch.seq) / lay.tp * double(m.d_model) * elem;
+  const double p2p_bytes = double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) * elem;
   const double p2p_s = p > 1 ? CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link) : 0;
 
   std::vector<std::string> notes;
@@ -572,19 +584,30 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
-    // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather.
-    const GroupLink& dp = groups.at("dp");
-    double tail = dp_exposed(g.bwd_span, g.grad_bytes, dp, opt.zero, st.axes["dp"]);
+    // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather; under
+    // context parallelism over the dp x cp replicas of the weights (the dpcp group).
+    const std::string dpg = lay.cp > 1 ? "dpcp" : "dp";
+    const GroupLink& dp = groups.at(dpg);
+    double tail = dp_exposed(g.bwd_span, g.grad_bytes, dp, opt.zero, st.axes[dpg]);
     if (lay.ep > 1) {  // expert buckets: all-reduced over edp on that group's own comm thread
-      const double t_e = dp_exposed(g.bwd_span, g.expert_bytes, groups.at("edp"), Zero::kNone, st.axes["edp"]);
+      const double t_e = dp_exposed(g.bwd_span, g.expert_bytes, groups.at("edp"), opt.zero, st.axes["edp"]);
       tail = std::max(tail, t_e);
       if (st.axes["edp"].bytes == 0) st.axes.erase("edp");
     }
     if (opt.zero == Zero::kZero1 && dp.size > 1) {
-      const double b = elems * elem;
+      double expert_elems = 0;  // under ep the experts' all-gather goes over edp
+      for (double b : g.expert_bytes) expert_elems += b / 4;
+      const double b = (elems - expert_elems) * elem;
       const double ag = CostModel::collective_time(CollOp::kAllGather, b, dp.size, dp.link);
-      st.axes["dp"].bytes += ring_bytes(CollOp::kAllGather, b, dp.size);
-      st.axes["dp"].seconds += ag, st.axes["dp"].exposed_s += ag, tail += ag;
+      st.axes[dpg].bytes += ring_bytes(CollOp::kAllGather, b, dp.size);
+      st.axes[dpg].seconds += ag, st.axes[dpg].exposed_s += ag, tail += ag;
+      const GroupLink& edp = groups.at("edp");
+      if (expert_elems > 0 && edp.size > 1) {
+        const double be = expert_elems * elem;
+        const double age = CostModel::collective_time(CollOp::kAllGather, be, edp.size, edp.link);
+        st.axes["edp"].bytes += ring_bytes(CollOp::kAllGather, be, edp.size);
+        st.axes["edp"].seconds += age, st.axes["edp"].exposed_s += age, tail += age;
+      }
     }
     // Sequence-parallel partial gradients (norms, row biases) all-reduced over tp before the step.
     double partial = 0;

@@ -27,7 +27,8 @@ std::map<std::string, double> measured_bytes(const RunConfig& cfg) {
   std::mutex mu;
   on_local_ranks(cfg, [&](CommContext* comm) {
     Trainer t(cfg, comm, Quiet::kYes);
-    const std::vector<GroupRole> roles = {GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kTP, GroupRole::kDP};
+    const std::vector<GroupRole> roles = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,
+                                          GroupRole::kTP, GroupRole::kDP, GroupRole::kCP, GroupRole::kDPCP};
     for (GroupRole r : roles) comm->group(r).reset_traffic();
     t.compute_gradients();
     comm->world().barrier();
@@ -63,6 +64,15 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     RunConfig moe = tiny_config(ModelFamily::kMoE, 2, 2, 0, prefix, dir / "m", 2, 8);
     moe.parallel.sparse_embed_grad = false;
     cases.push_back({"MoE tp2 dp2", moe});
+  }
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
+    // Context parallelism: the ring's key/value and dK/dV exchanges on cp, gradients over dp x cp.
+    RunConfig cp = tiny_config(f, 2, 2, 0, prefix, dir / "cp", 2, 8);
+    cp.parallel.cp = 2;
+    cp.parallel.dp = 1;
+    cp.training.micro_batch_size = 8;  // dp 1 holds the 8-sequence global micro-batch
+    cp.parallel.sparse_embed_grad = false;
+    cases.push_back({"Megatron tp2 cp2", cp});
   }
   for (const Case& c : cases) {
     const LayoutConfig lay = layout_config(c.cfg);

@@ -24,13 +24,14 @@ expect_bad() {  # expect_bad NAME PATTERN... -- ARGS
   if [ $good -eq 1 ]; then ok "$name"; else fail "$name"; echo "$out" | tail -10; fi
 }
 
-# 1. A ranked table of the 15 layouts of 4 ranks, and the JSON beside it.
+# 1. A ranked table of the 19 layouts of 4 ranks (15 Megatron and 3D, 4 with context parallelism
+#    cut out of dp), and the JSON beside it.
 out=$("$bin" tune --model gpt2-124m --gpus 4 --cluster cpu-emulated --global-batch 8 --seq 256 --top 20 \
       --json "$tmp/t.json" 2>&1); rc=$?
 rows=$(grep -cE '^ +[0-9]+  (tp|x)=' <<<"$out")
 excl=$(grep -cE '^  (tp|x)=' <<<"$out")
-if [ $rc -eq 0 ] && grep -q "^   1  " <<<"$out" && [ $((rows + excl)) -eq 15 ] && [ -s "$tmp/t.json" ] \
-   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['ranked'])+len(j['excluded'])==15; s=[r['step_s'] for r in j['ranked']]; assert s==sorted(s)" "$tmp/t.json"; then
+if [ $rc -eq 0 ] && grep -q "^   1  " <<<"$out" && [ $((rows + excl)) -eq 19 ] && [ -s "$tmp/t.json" ] \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['ranked'])+len(j['excluded'])==19; s=[r['step_s'] for r in j['ranked']]; assert s==sorted(s)" "$tmp/t.json"; then
   ok ranked_table_and_json
 else
   fail ranked_table_and_json; echo "exit $rc rows $rows excluded $excl"; echo "$out" | tail -20
