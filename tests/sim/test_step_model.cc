@@ -163,6 +163,34 @@ TEST(StepModel, ExpertParallelMemoryAndGradientVolumeByHand) {
   EXPECT_TRUE(listed);
 }
 
+// Context parallelism, counted by hand: the small GPT at dp = 2 with ZeRO-1 against cp = 2 of those
+// ranks. The weights are replicated over dp x cp, so the AdamW moments are split over 2 ranks either
+// way and the gradients all-reduced over 2 ranks (on "dpcp" instead of "dp", same bytes); each rank
+// holds T / cp = 16 of the 32 rows of its sequences, 2 of them (all 4 sequences of the micro-batch
+// are on every cp rank instead of split over dp), so the saved activations are the same per rank;
+// the ring moves 3 (cp - 1) key/value buffers [2 x 16, 2 C] per layer and micro-batch on "cp".
+TEST(StepModel, ContextParallelMemoryAndVolumeByHand) {
+  const ModelConfig m = small_gpt();
+  LayoutConfig dp2, cp2;
+  dp2.dp = 2;
+  cp2.cp = 2;
+  PredictOptions opt;
+  opt.zero = Zero::kZero1;
+  const StepPrediction a = predict(m, dp2, {4, 32, 2}, cpu(), opt), b = predict(m, cp2, {4, 32, 4}, cpu(), opt);
+  const double P = double(m.num_params()), C = 64;
+  EXPECT_DOUBLE_EQ(b.memory.optimizer, 8 * P / 2);
+  EXPECT_DOUBLE_EQ(b.memory.activations, a.memory.activations);
+  EXPECT_DOUBLE_EQ(b.axes.at("dpcp").bytes, a.axes.at("dp").bytes);
+  EXPECT_EQ(b.axes.count("dp"), 0u);
+  const double kv = 4.0 * (4 * 16) * 2 * C;  // B = 4 sequences x 16 rows, k and v [C] each, fp32
+  EXPECT_DOUBLE_EQ(b.axes.at("cp").bytes, 3 * 1 * kv * double(m.n_layers) * 1);  // M = 1 micro-batch
+  EXPECT_TRUE(b.notes.empty()) << b.notes[0];
+  // A sequence that does not cut into 2 cp chunks is named.
+  const std::vector<std::string> e = layout_errors(m, cp2, {4, 30, 4});
+  ASSERT_FALSE(e.empty());
+  EXPECT_NE(e[0].find("sequence 30 is not divisible by 2 x cp = 4"), std::string::npos) << e[0];
+}
+
 TEST(StepModel, EverySavedBufferHasASizeRule) {
   for (int ep : {1, 2}) {  // MoE, with and without expert parallelism
     LayoutConfig lay;
