@@ -67,7 +67,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelEqualsSerial,
 // terms and per-token losses are then identical; only the gradient sums regroup (tolerances:
 // ParallelHarness.h). Also with ZeRO-1, with tp = 2 inside each replica (sequence-parallel
 // attention; each tp rank routes its sequence shard and the router statistics are summed over tp),
-// and with expert parallelism (ep = 2 of dp = 2 or 4, ep = 4 of dp = 4: each rank holds E / ep of the
+// and with expert parallelism (ep = 2 of dp = 2 or 4, ep = 4 of dp = 4, alone and with tp = 2: each rank holds E / ep of the
 // 4 experts, tokens go to them and back by all-to-all, expert gradients are reduced over the edp
 // ranks), also with ZeRO-1 (the experts' optimizer state sharded over edp).
 TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
@@ -78,7 +78,7 @@ TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
     int dp, tp, ep, zero;
   };
   for (const Lay& l : {Lay{2, 1, 1, 0}, Lay{2, 1, 1, 1}, Lay{2, 2, 1, 0}, Lay{2, 1, 2, 0}, Lay{4, 1, 2, 0},
-                       Lay{4, 1, 4, 0}, Lay{2, 2, 2, 0}, Lay{2, 1, 2, 1}, Lay{4, 1, 2, 1}}) {
+                       Lay{4, 1, 4, 0}, Lay{2, 2, 2, 0}, Lay{4, 2, 4, 0}, Lay{2, 1, 2, 1}, Lay{4, 1, 2, 1}}) {
     const int tp = l.tp, zero = l.zero, dp = l.dp;
     RunConfig par_cfg = tiny_config(ModelFamily::kMoE, dp, tp, zero, prefix,
                                     dir / fmt::format("dp{}_tp{}_ep{}_zero{}", dp, tp, l.ep, zero));
