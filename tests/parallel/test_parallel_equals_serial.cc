@@ -67,9 +67,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelEqualsSerial,
 // terms and per-token losses are then identical; only the gradient sums regroup (tolerances:
 // ParallelHarness.h). Also with ZeRO-1, with tp = 2 inside each replica (sequence-parallel
 // attention; each tp rank routes its sequence shard and the router statistics are summed over tp),
-// and with expert parallelism (ep = 2 of dp = 2 or 4, ep = 4 of dp = 4, alone and with tp = 2: each rank holds E / ep of the
-// 4 experts, tokens go to them and back by all-to-all, expert gradients are reduced over the edp
-// ranks), also with ZeRO-1 (the experts' optimizer state sharded over edp).
+// and with expert parallelism (ep = 2 of dp = 2 or 4, ep = 4 of dp = 4, alone and with tp = 2: each
+// rank holds E / ep of the 4 experts, tokens go to them and back by all-to-all, expert gradients
+// are reduced over the edp ranks), also with ZeRO-1 (the experts' optimizer state sharded over edp).
 TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
