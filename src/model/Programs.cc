@@ -347,14 +347,21 @@ Op cp_ring(std::string name, const std::string& in, const std::string& out, doub
   return op;
 }
 
-void cp_attention_fwd(const Builder& b, std::vector<Op>& f, const std::string& qkv, const Op& attn) {
-  const int cp = b.lay.cp;
-  const int64_t Hkvl = attn.attrs.at("kv_heads"), D = attn.attrs.at("head_dim");
-  const double kv = double(b.N * 2 * Hkvl * D);
-  Op pack = b.compute("attn.cp.kv", "cp_kv_pack", {qkv}, {"cp.kv0"});
+// The keys/values of the packed qkv rows as the buffer that travels the ring; returns its elements.
+double cp_pack(const Builder& b, std::vector<Op>& ops, const std::string& name, const std::string& qkv,
+               const std::string& out, const Op& attn) {
+  const double kv = double(b.N * 2 * attn.attrs.at("kv_heads") * attn.attrs.at("head_dim"));
+  Op pack = b.compute(name, "cp_kv_pack", {qkv}, {out});
   pack.attrs = attn.attrs;
   b.elem_cost(pack, kv, 0, 2);
-  f.push_back(pack);
+  ops.push_back(pack);
+  return kv;
+}
+
+void cp_attention_fwd(const Builder& b, std::vector<Op>& f, const std::string& qkv, const Op& attn) {
+  const int cp = b.lay.cp;
+  const int64_t D = attn.attrs.at("head_dim");
+  const double kv = cp_pack(b, f, "attn.cp.kv", qkv, "cp.kv0", attn);
   for (int i = 0; i < cp; ++i) {
     const std::string si = std::to_string(i), sn = std::to_string(i + 1);
     if (i + 1 < cp) f.push_back(cp_ring("cp.ring.kv." + si, "cp.kv" + si, "cp.kv" + sn, kv));
@@ -375,12 +382,8 @@ void cp_attention_fwd(const Builder& b, std::vector<Op>& f, const std::string& q
 void cp_attention_bwd(const Builder& b, std::vector<Op>& g, const std::string& qkv, const std::string& dqkv,
                       const Op& attn_b) {
   const int cp = b.lay.cp;
-  const int64_t Hkvl = attn_b.attrs.at("kv_heads"), D = attn_b.attrs.at("head_dim");
-  const double kv = double(b.N * 2 * Hkvl * D);
-  Op pack = b.compute("attn.cp.kv.bwd", "cp_kv_pack", {qkv}, {"cp.bkv0"});
-  pack.attrs = attn_b.attrs;
-  b.elem_cost(pack, kv, 0, 2);
-  g.push_back(pack);
+  const int64_t D = attn_b.attrs.at("head_dim");
+  const double kv = cp_pack(b, g, "attn.cp.kv.bwd", qkv, "cp.bkv0", attn_b);
   // Step 0's dK/dV (this rank's own keys) stays here; the dK/dV of the keys visiting at step i >= 1
   // starts at their first visitor (step 1), is added to at each later step and, after step cp-1,
   // reaches the owner: cp - 1 moves, as many as the keys make.

@@ -1,8 +1,11 @@
 // Parallel test harness: dataset, tiny configs, and loss/gradient collection over any layout.
 #include "ParallelHarness.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -111,6 +114,19 @@ RunResult run_local(const RunConfig& cfg, Grads grads, const Prepare& prepare) {
     }
   });
   return out;
+}
+
+std::string si_on_off_difference(const RunConfig& on, const std::string& off_dir) {
+  RunConfig off = on;
+  off.schedule.strand_interleaving = false;
+  off.output.dir = off_dir;
+  const RunResult a = run_local(on), b = run_local(off);
+  if (a.losses.size() != b.losses.size())
+    return fmt::format("{} steps with SI, {} without", a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) != 0)
+      return fmt::format("step {}: {:.17g} (SI) vs {:.17g}", i + 1, a.losses[i], b.losses[i]);
+  return "";
 }
 
 CheckpointedRun run_with_checkpoint(const RunConfig& cfg, int before, int after) {

@@ -79,6 +79,10 @@ CheckpointedRun run_with_checkpoint(const RunConfig& cfg, int before, int after)
 // The loaded step must be `expect_step`.
 std::vector<double> resume_losses(const RunConfig& cfg, const std::string& checkpoint, int after, int64_t expect_step);
 
+// Runs `on` (Strand Interleaving as configured) and the same with SI off (output in `off_dir`) on
+// local ranks; returns "" when every step's loss is bitwise equal, else the first difference.
+std::string si_on_off_difference(const RunConfig& on, const std::string& off_dir);
+
 // max_i |a_i - b_i| / max(|b_i|, floor): relative deviation of a loss curve.
 double max_rel_deviation(const std::vector<double>& a, const std::vector<double>& b);
 // Per tensor ||a - b||_inf / ||b||_inf, maximised over tensors; `worst` names the tensor.

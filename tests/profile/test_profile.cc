@@ -39,10 +39,10 @@ void expect_legal(const SIPlan& p, const LayerProgram& prog) {
   }
 }
 
-std::vector<double> train_losses(const RunConfig& cfg, int tp, int steps) {
+std::vector<double> train_losses(const RunConfig& cfg, const LayoutConfig& lay, int steps) {
   std::vector<double> losses;
   std::mutex mu;
-  run_local_ranks(tp_layout(tp), [&](CommContext& comm) {
+  run_local_ranks(lay, [&](CommContext& comm) {
     Trainer t(cfg, &comm, Quiet::kYes);
     std::vector<double> mine;
     for (int i = 0; i < steps; ++i) mine.push_back(t.train_step().loss);
@@ -111,14 +111,16 @@ TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialTp2) {
     EXPECT_GT(k.measured_s, 0) << k.plan.source;
   }
   const SIPlan searched = load_plan(plan_path, prog);
-  EXPECT_EQ(searched.source, "search");
+  // Made by the search ("search+validated" when that candidate also won the timed validation,
+  // which depends on the machine's timings).
+  EXPECT_TRUE(searched.source == "search" || searched.source == "search+validated") << searched.source;
   EXPECT_NE(searched.blocks, block_default_plan(prog).blocks);
 
   RunConfig with_plan = cfg;
   with_plan.schedule.plan = plan_path;
   RunConfig sequential = cfg;
   sequential.schedule.strand_interleaving = false;
-  const std::vector<double> a = train_losses(with_plan, 2, 3), b = train_losses(sequential, 2, 3);
+  const std::vector<double> a = train_losses(with_plan, lay, 3), b = train_losses(sequential, lay, 3);
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 3u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
@@ -152,25 +154,11 @@ TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialCp2) {
   ASSERT_TRUE(std::any_of(prog.bwd.begin(), prog.bwd.end(), [](const Op& o) { return o.group == "cp"; }));
   EXPECT_EQ(choices[0].plan().blocks, choices[1].plan().blocks);
   for (const auto& k : choices[0].candidates) expect_legal(k.plan, prog);
-  auto losses = [&](const RunConfig& c) {
-    std::vector<double> out;
-    std::mutex mu;
-    run_local_ranks(lay, [&](CommContext& comm) {
-      Trainer t(c, &comm, Quiet::kYes);
-      std::vector<double> mine;
-      for (int i = 0; i < 3; ++i) mine.push_back(t.train_step().loss);
-      if (comm.rank() == 0) {
-        std::lock_guard<std::mutex> g(mu);
-        out = mine;
-      }
-    });
-    return out;
-  };
   RunConfig with_plan = cfg;
   with_plan.schedule.plan = plan_path;
   RunConfig sequential = cfg;
   sequential.schedule.strand_interleaving = false;
-  const std::vector<double> a = losses(with_plan), b = losses(sequential);
+  const std::vector<double> a = train_losses(with_plan, lay, 3), b = train_losses(sequential, lay, 3);
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 3u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
