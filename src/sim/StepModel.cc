@@ -66,6 +66,14 @@ double compute_time(const Op& op, const DeviceRates& r) {
 
 }  // namespace
 
+double op_time(const Op& op, const std::map<std::string, GroupLink>& groups, const DeviceRates& rates) {
+  if (!op.is_collective()) return compute_time(op, rates);
+  auto g = groups.find(op.group);
+  DHX_CHECK(g != groups.end(), ConfigError, "op '{}' runs on group '{}', which the layout does not have", op.name,
+            op.group);
+  return CostModel::collective_time(op.coll, op.cost.comm_bytes * rates.byte_scale, g->second.size, g->second.link);
+}
+
 // Timeline of one strand (times from the strand's start; a prefetched all-gather may start at
 // -credit, under the previous layer):
 //   engine : [op0][op1]......[op3 waits for AR]....
@@ -105,16 +113,16 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
       for (const std::string& b : op.outputs) produced.insert(b), ready[b] = {engine, ""};
       continue;
     }
-    auto g = groups.find(op.group);
-    DHX_CHECK(g != groups.end(), ConfigError, "op '{}' runs on group '{}', which the layout does not have", op.name,
-              op.group);
+    const double t = op_time(op, groups, rates);
     const double bytes = op.cost.comm_bytes * rates.byte_scale;
-    const double t = CostModel::collective_time(op.coll, bytes, g->second.size, g->second.link);
+    auto g = groups.find(op.group);
     AxisCost& axis = p.axes[op.group];
     axis.bytes += ring_bytes(op.coll, bytes, g->second.size);
     axis.seconds += t;
     busy[op.group] += t;
-    const double earliest = only_unproduced && prefetch == Prefetch::kOn ? -credit : in_ready;
+    // Issued by the compute thread when it reaches the op (after the compute before it in program
+    // order) and its inputs are ready; a prefetchable one (parameters only) a layer early.
+    const double earliest = only_unproduced && prefetch == Prefetch::kOn ? -credit : std::max(engine, in_ready);
     auto [cf, fresh] = channel_free.emplace(op.group, -credit);
     const double end = std::max(earliest, cf->second) + t;
     cf->second = end;

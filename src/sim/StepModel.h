@@ -151,6 +151,12 @@ struct DeviceRates {
   GemmTimer gemm_timer = {};  // when set: GEMM ops' compute time as measured for their shapes
 };
 
+// Seconds of one op of a layer program: a compute op on the device (FLOPs at the GEMM rate or its
+// bytes at memory bandwidth, whichever is longer; the GEMM timer where set), a collective on its
+// group's link (CostModel::collective_time). ConfigError when the collective's group is not in
+// `groups`. The cost terms price_strand and the pair simulator (PairSim.h) both use.
+double op_time(const Op& op, const std::map<std::string, GroupLink>& groups, const DeviceRates& rates);
+
 // Bytes one rank moves in the ring of `coll` over n ranks for a buffer of `bytes`
 // (all-gather, reduce-scatter, all-to-all: (n-1)/n; all-reduce: 2(n-1)/n; send/recv and broadcast: 1).
 double ring_bytes(CollOp coll, double bytes, int n);

@@ -1,0 +1,131 @@
+// PairSim: the executor's block rules over simulated time (see PairSim.h).
+#include "sim/PairSim.h"
+
+#include <algorithm>
+#include <set>
+
+#include "base/Error.h"
+
+namespace dhelix {
+
+namespace {
+
+struct Sim {
+  explicit Sim(const OpTimer& t) : time(t) {}
+  const OpTimer& time;
+  PairSimResult r;
+  double engine = 0;                                // when the compute engine is next free
+  std::map<std::string, double> channel_free;       // group -> when its comm thread is next free
+  std::map<std::pair<int, std::string>, double> ready;  // (strand, buffer) -> when it is ready
+  std::set<std::pair<int, std::string>> prefetched;      // (strand, buffer) a prefetch op fills
+
+  void note_prefetches(StrandKind kind, const std::vector<Op>* ops) {
+    if (!ops) return;
+    for (const Op& op : *ops)
+      if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next"))
+        prefetched.insert({static_cast<int>(kind), op.outputs[0].substr(0, op.outputs[0].size() - 5)});
+  }
+
+  double ready_at(int strand, const Op& op) const {
+    double t = 0;
+    for (const std::string& b : op.inputs) {
+      auto it = ready.find({strand, b});
+      if (it != ready.end()) t = std::max(t, it->second);
+    }
+    return t;
+  }
+
+  // Runs (compute) or issues (collective) op `i` of `ops`; a collective's end goes to `issued`
+  // unless it is background or blocking (waited for at once).
+  void run(StrandKind kind, const std::vector<Op>& ops, int i, std::vector<double>& issued) {
+    const Op& op = ops[static_cast<size_t>(i)];
+    const int s = static_cast<int>(kind);
+    const double inputs = ready_at(s, op);
+    if (!op.is_collective()) {
+      const double begin = std::max(engine, inputs), t = time(op);
+      DHX_CHECK(t >= 0, InternalError, "op {}: negative time {}", op.name, t);
+      engine = begin + t;
+      r.compute_s += t;
+      r.ops.push_back({kind, i, "compute", begin, engine});
+      for (const std::string& b : op.outputs) ready[{s, b}] = engine;
+      return;
+    }
+    // A weight all-gather the previous layer prefetched (steady state: this layer's own prefetch
+    // op, below, stands for it on the channel) is there already.
+    if (op.coll == CollOp::kAllGather && op.inputs.empty() && prefetched.count({s, op.outputs.at(0)})) {
+      r.ops.push_back({kind, i, op.group, engine, engine});
+      return;
+    }
+    // The compute thread waits for the collective's inputs, then hands it to the group's thread.
+    engine = std::max(engine, inputs);
+    const double t = time(op);
+    DHX_CHECK(t >= 0, InternalError, "collective {}: negative time {}", op.name, t);
+    double& free = channel_free[op.group];
+    const double begin = std::max(engine, free);
+    free = begin + t;
+    r.channel_busy_s[op.group] += t;
+    r.ops.push_back({kind, i, op.group, begin, free});
+    for (const std::string& b : op.outputs) ready[{s, b}] = free;
+    if (op.flag("blocking")) engine = std::max(engine, free);
+    else if (!op.flag("background") && !op.attrs.count("prefetch_unit")) issued.push_back(free);
+  }
+};
+
+bool is_coll(const std::vector<Op>& ops, int i) { return ops[static_cast<size_t>(i)].is_collective(); }
+
+}  // namespace
+
+PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,
+                            const OpTimer& time) {
+  Sim sim(time);
+  sim.note_prefetches(StrandKind::kForward, fwd);
+  sim.note_prefetches(StrandKind::kBackward, bwd);
+  const int nb = bwd ? static_cast<int>(bwd->size()) : 0;
+  const int carry = std::clamp(plan.carry, 0, nb);
+  const int bwd_stop = nb - carry;
+  bool carried_done = carry == 0;
+  auto run_carried = [&](std::vector<double>& issued) {
+    for (int i = bwd_stop; i < nb; ++i) sim.run(StrandKind::kBackward, *bwd, i, issued);
+    carried_done = true;
+  };
+  for (const Block& blk : plan.blocks) {
+    std::vector<double> issued;
+    struct Win {
+      StrandKind kind;
+      const std::vector<Op>* ops;
+      int next, end;
+      bool waits = false;
+    };
+    Win wins[2] = {{StrandKind::kForward, fwd, blk.fwd_begin, blk.fwd_end},
+                   {StrandKind::kBackward, bwd, blk.bwd_begin, std::min(blk.bwd_end, bwd_stop)}};
+    bool leading = false;
+    for (Win& w : wins) {
+      if (w.end <= w.next) continue;
+      DHX_CHECK(w.ops != nullptr, ConfigError, "plan block has {} ops but that strand is idle", strand_name(w.kind));
+      const int begin = w.next;
+      while (w.next < w.end && is_coll(*w.ops, w.next)) sim.run(w.kind, *w.ops, w.next++, issued), leading = true;
+      for (int i = w.next; i < w.end; ++i) w.waits |= is_coll(*w.ops, i);
+      if (w.next > begin && w.next < w.end) w.waits = true;
+    }
+    if (!carried_done && leading) run_carried(issued);
+    Win* order[2] = {&wins[1], &wins[0]};
+    if (wins[1].waits && !wins[0].waits) std::swap(order[0], order[1]);
+    for (Win* w : order)
+      for (; w->next < w->end; ++w->next) sim.run(w->kind, *w->ops, w->next, issued);
+    for (double e : issued) sim.engine = std::max(sim.engine, e);
+    sim.r.block_end_s.push_back(sim.engine);
+  }
+  if (!carried_done) {
+    std::vector<double> issued;
+    run_carried(issued);
+    for (double e : issued) sim.engine = std::max(sim.engine, e);
+  }
+  // Background collectives still in flight end the pair too (their readers are in a later pair).
+  double span = sim.engine;
+  for (const auto& [g, free] : sim.channel_free) span = std::max(span, free);
+  sim.r.span_s = span;
+  sim.r.idle_s = span - sim.r.compute_s;
+  return sim.r;
+}
+
+}  // namespace dhelix

@@ -1,0 +1,53 @@
+// Discrete-event simulation of one layer pair under a Strand-Interleaving plan: the forward strand
+// of one micro-batch beside the backward strand of another, op by op, with the executor's issue
+// rules (runtime/Executor.cc, run_pair) and no backend. One compute engine per rank; one FIFO
+// channel per process group (its comm thread). Per block:
+//   1. each strand's leading collectives are issued (forward's first), each once its inputs are
+//      ready (the engine waits for a collective input, as the compute thread does);
+//   2. carried-in backward ops (SIPlan::carry, the previous pair's trailing weight-gradient GEMMs)
+//      run right after the first block that issued a leading collective;
+//   3. the strand that does not wait on a collective of the block runs its remaining ops first
+//      (ties: the backward strand): a compute op when the engine is free and its inputs are ready,
+//      a later collective when reached (inputs ready);
+//   4. the block ends when its ops ran and every collective issued in it completed (a
+//      "background" collective excepted: only the op that reads it waits for it).
+// A "blocking" collective is waited for where it is issued. Buffers of the pair's inputs (x, dy,
+// saved activations) are ready at time 0. Steady state: the carried ops of the previous pair are
+// modelled as this pair's own (the same program in every layer).
+// Costs come from an OpTimer (seconds of a compute op on the engine, or of a collective on its
+// channel): the analytical rates (op_time, StepModel.h) or a profile of this machine. Not modelled
+// yet: a compute op slowing while a collective runs beside it (interference).
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "plan/Program.h"
+#include "plan/SIPlan.h"
+
+namespace dhelix {
+
+using OpTimer = std::function<double(const Op&)>;
+
+struct SimOp {
+  StrandKind strand = StrandKind::kForward;
+  int index = 0;          // into its strand's ops
+  std::string lane;       // "compute" or the collective's group
+  double begin_s = 0, end_s = 0;
+};
+
+struct PairSimResult {
+  double span_s = 0;     // the pair, first issue to the end of the last block
+  double compute_s = 0;  // engine busy time (both strands)
+  double idle_s = 0;     // span - compute: time the engine waited on collectives
+  std::map<std::string, double> channel_busy_s;  // per group
+  std::vector<double> block_end_s;               // end of each block
+  std::vector<SimOp> ops;                        // in the order they ran / were issued
+};
+
+// `fwd` / `bwd` may be null (a strand idle in this pair); `plan.blocks` index into them.
+PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,
+                            const OpTimer& time);
+
+}  // namespace dhelix

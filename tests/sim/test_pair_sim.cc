@@ -1,0 +1,174 @@
+// The pair simulator (sim/PairSim.h). Oracles: closed forms of hand-built strands (a collective
+// alone, a chain of compute, a collective under longer compute of the other strand, a dependent
+// chain, two collectives on one channel in FIFO order, two channels in parallel, the blocking,
+// background and carried ops), the executor's own overlap rule for a single strand as the step
+// model writes it (price_strand, which the pair simulator must equal on a one-block plan of a real
+// layer program), and coverage: every op of the programs of every layout kind has a price.
+#include <gtest/gtest.h>
+
+#include "model/Params.h"
+#include "model/Programs.h"
+#include "sim/PairSim.h"
+#include "sim/StepModel.h"
+
+namespace dhelix {
+namespace {
+
+// Ops whose time is their name's number of milliseconds: "c5" (compute, 5 ms), "t3" (a collective
+// on group tp, 3 ms), "d4" (a collective on group dp, 4 ms).
+Op op(const std::string& name, std::vector<std::string> in, std::vector<std::string> out) {
+  Op o;
+  o.name = name;
+  o.code = name.substr(0, 1);
+  o.inputs = std::move(in);
+  o.outputs = std::move(out);
+  if (name[0] != 'c') {
+    o.kind = OpKind::kCollective;
+    o.coll = CollOp::kAllReduce;
+    o.group = name[0] == 't' ? "tp" : "dp";
+  }
+  return o;
+}
+double ms(const Op& o) { return 1e-3 * std::stod(o.name.substr(1)); }
+
+SIPlan plan_of(std::vector<Block> blocks, int carry = 0) {
+  SIPlan p;
+  p.blocks = std::move(blocks);
+  p.carry = carry;
+  return p;
+}
+
+TEST(PairSim, ClosedFormsOfSmallStrands) {
+  {  // a collective alone
+    const std::vector<Op> f = {op("t3", {"x"}, {"g"})};
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, nullptr, plan_of({{0, 1, 0, 0}}), ms).span_s, 3e-3);
+  }
+  {  // a chain of compute: the sum, the engine never idle
+    const std::vector<Op> f = {op("c2", {"x"}, {"a"}), op("c3", {"a"}, {"b"}), op("c4", {"b"}, {"y"})};
+    const PairSimResult r = simulate_pair(&f, nullptr, plan_of({{0, 3, 0, 0}}), ms);
+    EXPECT_DOUBLE_EQ(r.span_s, 9e-3);
+    EXPECT_DOUBLE_EQ(r.idle_s, 0);
+  }
+  {  // a collective of one strand under longer compute of the other: hidden; under shorter: exposed
+    const std::vector<Op> f = {op("t3", {"x"}, {"g"})};
+    const std::vector<Op> b5 = {op("c5", {"dy"}, {"dx"})}, b1 = {op("c1", {"dy"}, {"dx"})};
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, &b5, plan_of({{0, 1, 0, 1}}), ms).span_s, 5e-3);
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, &b1, plan_of({{0, 1, 0, 1}}), ms).span_s, 3e-3);
+    // In two blocks (the collective alone, then the compute) nothing overlaps.
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, &b5, plan_of({{0, 1, 0, 0}, {1, 1, 0, 1}}), ms).span_s, 8e-3);
+  }
+  {  // a dependent chain: compute, its collective, the compute reading it
+    const std::vector<Op> f = {op("c2", {"x"}, {"a"}), op("t3", {"a"}, {"g"}), op("c4", {"g"}, {"y"})};
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, nullptr, plan_of({{0, 3, 0, 0}}), ms).span_s, 9e-3);
+    // An independent compute op after the collective hides it.
+    const std::vector<Op> h = {op("c2", {"x"}, {"a"}), op("t3", {"a"}, {"g"}), op("c4", {"x"}, {"w"}),
+                               op("c1", {"g"}, {"y"})};
+    EXPECT_DOUBLE_EQ(simulate_pair(&h, nullptr, plan_of({{0, 4, 0, 0}}), ms).span_s, 7e-3);
+  }
+  {  // two collectives on one group queue on its channel; on two groups they run together
+    const std::vector<Op> f = {op("t3", {"x"}, {"g"})}, b = {op("t4", {"dy"}, {"h"})}, d = {op("d4", {"dy"}, {"h"})};
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, &b, plan_of({{0, 1, 0, 1}}), ms).span_s, 7e-3);
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, &d, plan_of({{0, 1, 0, 1}}), ms).span_s, 4e-3);
+  }
+}
+
+TEST(PairSim, BlockingBackgroundAndCarry) {
+  {  // blocking: waited where issued, so the compute after it cannot hide it
+    std::vector<Op> f = {op("t3", {"x"}, {"g"}), op("c4", {"x"}, {"y"})};
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, nullptr, plan_of({{0, 2, 0, 0}}), ms).span_s, 4e-3);
+    f[0].attrs["blocking"] = 1;
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, nullptr, plan_of({{0, 2, 0, 0}}), ms).span_s, 7e-3);
+  }
+  {  // background: the block does not wait, the next block's compute runs under it
+    std::vector<Op> f = {op("t5", {"x"}, {"g"}), op("c4", {"x"}, {"y"})};
+    f[0].attrs["background"] = 1;
+    const PairSimResult r = simulate_pair(&f, nullptr, plan_of({{0, 1, 0, 0}, {1, 2, 0, 0}}), ms);
+    EXPECT_DOUBLE_EQ(r.block_end_s.at(0), 0);
+    EXPECT_DOUBLE_EQ(r.span_s, 5e-3);  // the channel's end closes the pair
+  }
+  {  // carry: the backward's trailing op runs right after the first leading collective is issued
+    const std::vector<Op> f = {op("t3", {"x"}, {"g"}), op("c1", {"g"}, {"y"})};
+    const std::vector<Op> b = {op("c2", {"dy"}, {"dx"}), op("c3", {"dy"}, {})};
+    const PairSimResult r = simulate_pair(&f, &b, plan_of({{0, 1, 0, 1}, {1, 2, 1, 1}}, 1), ms);
+    // block 0: t3 issued at 0, carried c3 0..3, c2 3..5; block 1: c1 5..6.
+    EXPECT_DOUBLE_EQ(r.block_end_s.at(0), 5e-3);
+    EXPECT_DOUBLE_EQ(r.span_s, 6e-3);
+    EXPECT_DOUBLE_EQ(r.compute_s, 6e-3);
+  }
+}
+
+// The executor's rule for one strand run alone (one block: collectives issued when reached, each
+// compute op waiting for its inputs, the block waiting for the rest) is what price_strand writes
+// down for the step model; the simulator must give the same span on real layer programs.
+TEST(PairSim, OneBlockEqualsTheStepModelsStrandRule) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const DeviceRates rates{cluster.gemm_rate(Precision::kFp32), cluster.mem_bw, 1.0, {}};
+  for (const char* preset : {"gpt2-124m", "llama-8b"})
+    for (int cp : {1, 2}) {
+      ModelConfig m = model_preset(preset);
+      m.n_layers = 2;
+      LayoutConfig lay;
+      lay.tp = 2, lay.cp = cp, lay.sequence_parallel = true;
+      const ModelPrograms progs = build_programs(m, lay, {1, 512 / cp});
+      const auto groups = group_links(lay, cluster);
+      const OpTimer t = [&](const Op& o) { return op_time(o, groups, rates); };
+      for (StrandKind k : {StrandKind::kForward, StrandKind::kBackward}) {
+        const bool f = k == StrandKind::kForward;
+        const std::vector<Op>& ops = f ? progs.block.fwd : progs.block.bwd;
+        const int n = static_cast<int>(ops.size());
+        const PairSimResult r = simulate_pair(f ? &ops : nullptr, f ? nullptr : &ops,
+                                              plan_of({f ? Block{0, n, 0, 0} : Block{0, 0, 0, n}}), t);
+        const StrandPrice p = price_strand(ops, groups, rates, Prefetch::kOff);
+        EXPECT_NEAR(r.span_s, p.span_s, 1e-12 * p.span_s) << preset << " cp=" << cp << " " << strand_name(k);
+        EXPECT_NEAR(r.compute_s, p.compute_s, 1e-12 * p.compute_s);
+      }
+    }
+}
+
+// Every op of the programs of every layout kind has a price: compute ops cost FLOPs or bytes,
+// collectives bytes on a group the layout has. An op the executor runs but the simulator could not
+// price (a new op written without its cost, a group missing from group_links) fails here.
+TEST(PairSim, EveryProgramOpHasAPrice) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const DeviceRates rates{cluster.gemm_rate(Precision::kFp32), cluster.mem_bw, 1.0, {}};
+  struct Case {
+    const char* preset;
+    LayoutConfig lay;
+  };
+  std::vector<Case> cases;
+  auto lay = [](int dp, int tp, int cp, int ep, int x, int y, int z) {
+    LayoutConfig l;
+    l.dp = dp, l.tp = tp, l.cp = cp, l.ep = ep, l.tp_x = x, l.tp_y = y, l.tp_z = z;
+    l.sequence_parallel = tp > 1;
+    return l;
+  };
+  for (const char* p : {"gpt2-124m", "llama-8b"}) {
+    cases.push_back({p, lay(1, 1, 1, 1, 1, 1, 1)});
+    cases.push_back({p, lay(2, 2, 2, 1, 1, 1, 1)});
+    cases.push_back({p, lay(1, 1, 1, 1, 2, 2, 2)});
+  }
+  cases.push_back({"moe-demo", lay(2, 2, 1, 2, 1, 1, 1)});
+  for (const Case& c : cases) {
+    ModelConfig m = model_preset(c.preset);
+    m.n_layers = 2;
+    const ModelPrograms progs = build_programs(m, c.lay, {2, 256 / c.lay.cp});
+    const auto groups = group_links(c.lay, cluster);
+    for (const LayerProgram* lp : {&progs.embed, &progs.block, &progs.head})
+      for (const auto* ops : {&lp->fwd, &lp->bwd})
+        for (const Op& o : *ops) {
+          const std::string where = std::string(c.preset) + " " + lp->name + " " + o.name;
+          if (o.is_collective()) {
+            EXPECT_TRUE(groups.count(o.group)) << where << ": group " << o.group;
+            if (!o.attrs.count("prefetch_unit")) {
+              EXPECT_GT(o.cost.comm_bytes, 0) << where;
+            }
+          } else {
+            EXPECT_GT(o.cost.flops + o.cost.bytes, 0) << where;
+          }
+          EXPECT_GE(op_time(o, groups, rates), 0) << where;
+        }
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
