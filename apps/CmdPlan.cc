@@ -23,6 +23,7 @@
 #include "profile/PlanValidation.h"
 #include "profile/Profiler.h"
 #include "sim/CostModel.h"
+#include "sim/Interference.h"
 #include "train/Config.h"
 #include "train/ProgressBar.h"
 
@@ -274,11 +275,35 @@ int cmd_plan(int argc, char** argv) {
     if (rank0) {
       fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
                  cost_name);
-      fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12}\n", "#", "source", "blocks", "predicted", "measured");
+      // With a profile: the co-execution interference fitted on its pairs, and each candidate as the
+      // pair simulator prices it from the single ops' times (beside the sum of block times).
+      std::optional<InterferenceFit> fit;
+      OpTimer solo;
+      if (profile_path) {
+        try {
+          solo = solo_op_timer(prog, *cost);
+          const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
+          std::vector<std::pair<Window, Window>> calib, held;
+          for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
+          fit = fit_interference(prog, *cost, solo, calib, held);
+        } catch (const ConfigError& e) {
+          fmt::print("(no pair simulation: {})\n", e.what());
+        }
+      }
+      if (fit)
+        fmt::print("interference: compute x{:.2f} beside a collective, fitted on {} measured pairs; held-back {} pairs "
+                   "simulated within median {:.1f}% / max {:.1f}% (without it: {:.1f}% / {:.1f}%)\n",
+                   fit->compute_slowdown, fit->calibration_pairs, fit->held_back_pairs,
+                   100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
+                   100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
+      fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}\n", "#", "source", "blocks", "predicted", "simulated",
+                 "measured");
       for (size_t i = 0; i < choice.candidates.size(); ++i) {
         const auto& k = choice.candidates[i];
-        fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
-                   format_seconds(k.predicted_s), bench ? format_seconds(k.measured_s) : "-",
+        const std::string sim =
+            fit ? format_seconds(simulate_pair(&prog.fwd, &prog.bwd, k.plan, solo, {fit->compute_slowdown}).span_s) : "-";
+        fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
+                   format_seconds(k.predicted_s), sim, bench ? format_seconds(k.measured_s) : "-",
                    static_cast<int>(i) == choice.chosen ? "  <- kept" : "");
       }
       if (!bench)

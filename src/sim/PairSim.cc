@@ -11,8 +11,9 @@ namespace dhelix {
 namespace {
 
 struct Sim {
-  explicit Sim(const OpTimer& t) : time(t) {}
+  Sim(const OpTimer& t, const PairSimOptions& o) : time(t), opt(o) {}
   const OpTimer& time;
+  const PairSimOptions& opt;
   PairSimResult r;
   double engine = 0;                                // when the compute engine is next free
   std::map<std::string, double> channel_free;       // group -> when its comm thread is next free
@@ -44,8 +45,15 @@ struct Sim {
     if (!op.is_collective()) {
       const double begin = std::max(engine, inputs), t = time(op);
       DHX_CHECK(t >= 0, InternalError, "op {}: negative time {}", op.name, t);
-      engine = begin + t;
-      r.compute_s += t;
+      // Every collective in flight was issued before this op (the compute thread issues them), so
+      // the rank's channels are busy without a gap from `begin` to the latest end, `busy`.
+      double busy = begin;
+      for (const auto& [g, free] : channel_free) busy = std::max(busy, free);
+      const double k = opt.compute_slowdown;
+      double end = begin + t;
+      if (k != 1.0 && busy > begin) end = begin + t * k <= busy ? begin + t * k : busy + (t - (busy - begin) / k);
+      engine = end;
+      r.compute_s += end - begin;
       r.ops.push_back({kind, i, "compute", begin, engine});
       for (const std::string& b : op.outputs) ready[{s, b}] = engine;
       return;
@@ -76,8 +84,9 @@ bool is_coll(const std::vector<Op>& ops, int i) { return ops[static_cast<size_t>
 }  // namespace
 
 PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,
-                            const OpTimer& time) {
-  Sim sim(time);
+                            const OpTimer& time, const PairSimOptions& opt) {
+  DHX_CHECK(opt.compute_slowdown >= 1.0, ConfigError, "compute_slowdown={} must be >= 1", opt.compute_slowdown);
+  Sim sim(time, opt);
   sim.note_prefetches(StrandKind::kForward, fwd);
   sim.note_prefetches(StrandKind::kBackward, bwd);
   const int nb = bwd ? static_cast<int>(bwd->size()) : 0;

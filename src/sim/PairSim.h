@@ -15,8 +15,8 @@
 // saved activations) are ready at time 0. Steady state: the carried ops of the previous pair are
 // modelled as this pair's own (the same program in every layer).
 // Costs come from an OpTimer (seconds of a compute op on the engine, or of a collective on its
-// channel): the analytical rates (op_time, StepModel.h) or a profile of this machine. Not modelled
-// yet: a compute op slowing while a collective runs beside it (interference).
+// channel): the analytical rates (op_time, StepModel.h) or a profile of this machine. Interference
+// (PairSimOptions): a compute op slows while a collective of its rank is in flight.
 #pragma once
 #include <functional>
 #include <map>
@@ -46,8 +46,16 @@ struct PairSimResult {
   std::vector<SimOp> ops;                        // in the order they ran / were issued
 };
 
-// `fwd` / `bwd` may be null (a strand idle in this pair); `plan.blocks` index into them.
+// Co-execution interference: a compute op that runs while a collective of this rank is in flight
+// progresses `compute_slowdown` times slower for that part (the comm thread's CPU work, NCCL's
+// SMs); 1 = none. The collectives' own times are not changed.
+struct PairSimOptions {
+  double compute_slowdown = 1.0;
+};
+
+// `fwd` / `bwd` may be null (a strand idle in this pair); `plan.blocks` index into them. The timer
+// is called with references into `*fwd` / `*bwd` (so it may look an op up by address).
 PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,
-                            const OpTimer& time);
+                            const OpTimer& time, const PairSimOptions& opt = {});
 
 }  // namespace dhelix

@@ -1,0 +1,80 @@
+// Interference: a profile's single-op windows as op times, and the slowdown fit (Interference.h).
+#include "sim/Interference.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/Error.h"
+
+namespace dhelix {
+
+OpTimer solo_op_timer(const LayerProgram& prog, const BlockCost& measured) {
+  return [&prog, &measured](const Op& op) {
+    auto index_in = [&](const std::vector<Op>& ops) {
+      return &op >= ops.data() && &op < ops.data() + ops.size() ? static_cast<int>(&op - ops.data()) : -1;
+    };
+    const int f = index_in(prog.fwd), b = index_in(prog.bwd);
+    DHX_CHECK(f >= 0 || b >= 0, InternalError, "op {} is not in the layer program", op.name);
+    const double t = f >= 0 ? measured.solo_fwd(f, f + 1) : measured.solo_bwd(b, b + 1);
+    DHX_CHECK(std::isfinite(t), ConfigError, "op {} ({} {}) has no single-op time in the profile", op.name,
+              f >= 0 ? "forward" : "backward", f >= 0 ? f : b);
+    return t;
+  };
+}
+
+double simulate_window_pair(const LayerProgram& prog, Window f, Window b, const OpTimer& op_seconds,
+                            const PairSimOptions& opt) {
+  SIPlan one;
+  one.blocks = {{f.begin, f.end, b.begin, b.end}};
+  return simulate_pair(&prog.fwd, &prog.bwd, one, op_seconds, opt).span_s;
+}
+
+namespace {
+
+struct Errors {
+  double mean = 0, median = 0, max = 0;
+};
+
+Errors errors_of(const LayerProgram& prog, const BlockCost& measured, const OpTimer& op_seconds,
+                 const std::vector<std::pair<Window, Window>>& pairs, double slowdown, size_t* used) {
+  std::vector<double> e;
+  const PairSimOptions opt{slowdown};
+  for (const auto& [f, b] : pairs) {
+    const double m = measured.pair(f.begin, f.end, b.begin, b.end);
+    if (!std::isfinite(m) || m <= 0) continue;
+    e.push_back(std::abs(simulate_window_pair(prog, f, b, op_seconds, opt) - m) / m);
+  }
+  if (used) *used = e.size();
+  if (e.empty()) return {};
+  std::sort(e.begin(), e.end());
+  const size_t n = e.size();
+  double sum = 0;
+  for (double x : e) sum += x;
+  return {sum / double(n), n % 2 ? e[n / 2] : 0.5 * (e[n / 2 - 1] + e[n / 2]), e.back()};
+}
+
+}  // namespace
+
+InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& measured, const OpTimer& op_seconds,
+                                 const std::vector<std::pair<Window, Window>>& calibration,
+                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown) {
+  DHX_CHECK(max_slowdown >= 1.0, ConfigError, "max_slowdown={} must be >= 1", max_slowdown);
+  InterferenceFit fit;
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; 1.0 + 0.01 * i <= max_slowdown + 1e-9; ++i) {
+    const double k = 1.0 + 0.01 * i;
+    const Errors e = errors_of(prog, measured, op_seconds, calibration, k, nullptr);
+    if (e.mean < best - 1e-12) best = e.mean, fit.compute_slowdown = k;
+  }
+  const Errors c = errors_of(prog, measured, op_seconds, calibration, fit.compute_slowdown, &fit.calibration_pairs);
+  const Errors h = errors_of(prog, measured, op_seconds, held_back, fit.compute_slowdown, &fit.held_back_pairs);
+  fit.calibration_median_error = c.median, fit.calibration_max_error = c.max;
+  fit.held_back_median_error = h.median, fit.held_back_max_error = h.max;
+  const Errors w = errors_of(prog, measured, op_seconds, held_back, 1.0, nullptr);
+  fit.held_back_median_error_without = w.median, fit.held_back_max_error_without = w.max;
+  return fit;
+}
+
+}  // namespace dhelix
