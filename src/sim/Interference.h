@@ -34,7 +34,7 @@ struct InterferenceFit {
 // Pairs whose measured time is unknown (kNoCost) are skipped.
 InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& measured, const OpTimer& op_seconds,
                                  const std::vector<std::pair<Window, Window>>& calibration,
-                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown = 3.0);
+                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown = 6.0);
 
 // The simulated time of the pair of windows (one block) under `opt`.
 double simulate_window_pair(const LayerProgram& prog, Window f, Window b, const OpTimer& op_seconds,
