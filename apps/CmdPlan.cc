@@ -270,26 +270,34 @@ int cmd_plan(int argc, char** argv) {
   try {
     if (validate)
       bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed));
+    // With a profile: the co-execution interference fitted on its pairs, and the search's candidates
+    // ranked by simulating the whole pair from the single ops' times (not by their summed blocks).
+    // Every rank computes the same fit from the same file, so every rank validates the same plans.
+    std::optional<InterferenceFit> fit;
+    OpTimer solo;
+    std::string no_sim;
+    if (profile_path) {
+      try {
+        solo = solo_op_timer(prog, *cost);
+        const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
+        std::vector<std::pair<Window, Window>> calib, held;
+        for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
+        fit = fit_interference(prog, *cost, solo, calib, held);
+      } catch (const ConfigError& e) {
+        no_sim = e.what();
+      }
+    }
+    PlanSimulator simulate;
+    if (fit)
+      simulate = [&](const SIPlan& p) {
+        return simulate_pair(&prog.fwd, &prog.bwd, p, solo, {fit->compute_slowdown}).span_s;
+      };
     const double t0 = now_seconds();
-    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain);
+    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate);
     if (rank0) {
       fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
                  cost_name);
-      // With a profile: the co-execution interference fitted on its pairs, and each candidate as the
-      // pair simulator prices it from the single ops' times (beside the sum of block times).
-      std::optional<InterferenceFit> fit;
-      OpTimer solo;
-      if (profile_path) {
-        try {
-          solo = solo_op_timer(prog, *cost);
-          const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
-          std::vector<std::pair<Window, Window>> calib, held;
-          for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
-          fit = fit_interference(prog, *cost, solo, calib, held);
-        } catch (const ConfigError& e) {
-          fmt::print("(no pair simulation: {})\n", e.what());
-        }
-      }
+      if (!no_sim.empty()) fmt::print("(no pair simulation: {})\n", no_sim);
       if (fit)
         fmt::print("interference: compute x{:.2f} beside a collective, fitted on {} measured pairs; held-back {} pairs "
                    "simulated within median {:.1f}% / max {:.1f}% (without it: {:.1f}% / {:.1f}%)\n",
@@ -300,8 +308,7 @@ int cmd_plan(int argc, char** argv) {
                  "measured");
       for (size_t i = 0; i < choice.candidates.size(); ++i) {
         const auto& k = choice.candidates[i];
-        const std::string sim =
-            fit ? format_seconds(simulate_pair(&prog.fwd, &prog.bwd, k.plan, solo, {fit->compute_slowdown}).span_s) : "-";
+        const std::string sim = fit ? format_seconds(k.simulated_s) : "-";
         fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
                    format_seconds(k.predicted_s), sim, bench ? format_seconds(k.measured_s) : "-",
                    static_cast<int>(i) == choice.chosen ? "  <- kept" : "");

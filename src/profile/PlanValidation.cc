@@ -17,13 +17,21 @@ SIPlan block_default_plan(const LayerProgram& prog) {
 }
 
 PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, const SearchOptions& opts,
-                               LayerPairBench* bench, const BenchTiming& timing, double min_gain) {
-  SearchResult r = search_plans(prog, cost, opts);
+                               LayerPairBench* bench, const BenchTiming& timing, double min_gain,
+                               const PlanSimulator& simulate) {
+  SearchOptions wide = opts;
+  if (simulate) wide.top_k = 3 * opts.top_k;
+  SearchResult r = search_plans(prog, cost, wide);
   PlanChoice c;
   for (SIPlan& p : r.plans) {
     p.pair = prog.name;
     check_plan(p, prog);
-    c.candidates.push_back({p, cost.plan(p), 0});
+    c.candidates.push_back({p, cost.plan(p), 0, simulate ? simulate(p) : 0.0});
+  }
+  if (simulate) {  // the simulator's order, then its top_k
+    std::stable_sort(c.candidates.begin(), c.candidates.end(),
+                     [](const PlanCandidate& a, const PlanCandidate& b) { return a.simulated_s < b.simulated_s; });
+    if (static_cast<int>(c.candidates.size()) > opts.top_k) c.candidates.resize(static_cast<size_t>(opts.top_k));
   }
   SIPlan def = block_default_plan(prog);
   check_plan(def, prog);
@@ -32,7 +40,7 @@ PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, 
     if (k.plan.blocks == def.blocks) def_found = true;
   if (!def_found) {
     def.predicted_s = cost.plan(def);
-    c.candidates.push_back({def, def.predicted_s, 0});
+    c.candidates.push_back({def, def.predicted_s, 0, simulate ? simulate(def) : 0.0});
   }
   c.chosen = 0;
   if (!bench) return c;

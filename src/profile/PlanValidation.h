@@ -3,6 +3,7 @@
 // the additive block model is only a model. Without a bench (cost model only) the search's best
 // is kept unvalidated. Every candidate passes check_plan before it is run or returned.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "plan/BlockCost.h"
@@ -15,7 +16,12 @@ struct PlanCandidate {
   SIPlan plan;
   double predicted_s = 0;  // the BlockCost total (additive model)
   double measured_s = 0;   // median on the layer pair, agreed across ranks; 0 when not timed
+  double simulated_s = 0;  // the pair simulation's time, when a simulator ranked the candidates
 };
+
+// Seconds of a plan for the layer pair as a simulator prices it (the apps pass sim's pair
+// simulator; this layer does not depend on sim).
+using PlanSimulator = std::function<double(const SIPlan&)>;
 
 struct PlanChoice {
   std::vector<PlanCandidate> candidates;  // search order (best predicted first), default plan last
@@ -38,8 +44,11 @@ inline constexpr double kDefaultMinGain = 0.03;
 // so drift hits all alike) and keeps the fastest measured, if it beats the default by min_gain;
 // otherwise (no bench) the best predicted. The chosen plan's source says how it was chosen
 // ("search", "search+validated", "default").
+// With `simulate`, the search returns three times top_k plans and keeps the top_k the simulator
+// prices fastest (the whole pair simulated, instead of its blocks' times summed), in that order;
+// every candidate's simulated_s is set.
 PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, const SearchOptions& opts,
                                LayerPairBench* bench, const BenchTiming& timing,
-                               double min_gain = kDefaultMinGain);
+                               double min_gain = kDefaultMinGain, const PlanSimulator& simulate = {});
 
 }  // namespace dhelix

@@ -196,6 +196,38 @@ TEST(ProfilePlanTrain, ProfileOfAnotherRunIsRefused) {
 
 // Oracle: check_plan. Every plan the flow emits with a cost model (top-k candidates and the
 // default), for the papers' shapes and layouts, keeps every plan rule and the segment rule.
+// With a simulator the search's candidates come in the simulator's order, top_k of three times as
+// many, each with its simulated time (the default plan appended last when the search did not find
+// it). Oracle: a stand-in simulator whose order is known (more blocks = slower) and the
+// unsimulated search of 3 top_k plans: the kept plans are its fewest-block ones.
+TEST(ProfilePlanTrain, ASimulatorRanksTheCandidates) {
+  const ModelConfig m = model_preset("gpt2-124m");
+  const LayoutConfig lay = tp_layout(2);
+  const LayerProgram prog = build_programs(m, lay, {4, 1024}).block;
+  CostModelConfig cc = CostModelConfig::preset("cpu-1gbit");
+  cc.group_sizes = {{"tp", 2}};
+  CostModel cost(prog, cc);
+  SearchOptions so;
+  so.top_k = 3;
+  const PlanSimulator by_blocks = [](const SIPlan& p) { return double(p.blocks.size()); };
+  const PlanChoice ch = search_and_validate(prog, cost, so, nullptr, {}, kDefaultMinGain, by_blocks);
+  SearchOptions wide = so;
+  wide.top_k = 9;
+  const PlanChoice all = search_and_validate(prog, cost, wide, nullptr, {});
+  std::vector<double> sizes;
+  for (const auto& k : all.candidates)
+    if (k.plan.source == "search") sizes.push_back(double(k.plan.blocks.size()));
+  std::sort(sizes.begin(), sizes.end());
+  std::vector<double> kept;
+  for (const auto& k : ch.candidates) {
+    EXPECT_EQ(k.simulated_s, double(k.plan.blocks.size()));
+    if (k.plan.source == "search") kept.push_back(k.simulated_s);
+  }
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+  EXPECT_EQ(kept, std::vector<double>(sizes.begin(), sizes.begin() + 3));
+}
+
 TEST(ProfilePlanTrain, EveryEmittedPlanPassesCheckPlan) {
   struct Case {
     const char* preset;
