@@ -24,6 +24,10 @@
 #include "profile/Profiler.h"
 #include "sim/CostModel.h"
 #include "sim/Interference.h"
+#include "sim/ClusterPreset.h"
+#include "sim/StepSim.h"
+#include "base/Trace.h"
+#include "schedule/BasicPlans.h"
 #include "train/Config.h"
 #include "train/ProgressBar.h"
 
@@ -206,6 +210,110 @@ int cmd_profile(int argc, char** argv) {
   } catch (const std::exception& e) {
     if (comm && comm->world_size() > 1) comm->abort(e.what());
     throw;
+  }
+  return 0;
+}
+
+namespace {
+
+const char* kSimulateUsage =
+    "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--precision fp32|bf16]\n"
+    "         [--compute-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
+    "Simulates one training step of the config's model, layout, batch and schedule (Strand\n"
+    "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
+    "step time, tokens/s, model FLOP/s per rank and its share of the preset's peak, exposed\n"
+    "communication, the gradient tail, memory per rank; --trace writes the simulated step as a Chrome\n"
+    "trace (ui.perfetto.dev). One pipeline stage (pp = 1) in this build.\n"
+    "  --gpus N               the layout's rank count, checked (default: the layout's)\n"
+    "  --compute-slowdown K   a compute op beside a collective runs K times slower (>= 1; default 1;\n"
+    "                         `dhelix plan --profile` fits it on this machine)\n";
+
+}  // namespace
+
+int cmd_simulate(int argc, char** argv) {
+  Flags fl("simulate", argc, argv);
+  const std::optional<std::string> cluster_arg = fl.take("--cluster"), trace_path = fl.take("--trace"),
+                                   json_path = fl.take("--json"), prec = fl.take("--precision"),
+                                   slow = fl.take("--compute-slowdown");
+  const int gpus = fl.take_int("--gpus", 0, 1);
+  std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "simulate", kSimulateUsage);
+  if (!parsed) return 0;
+  DHX_CHECK(cluster_arg.has_value(), ConfigError, "dhelix simulate: --cluster is required (e.g. --cluster "
+            "cpu-emulated, perlmutter-a100, h100-8gpu, or a .toml path)\n{}", kSimulateUsage);
+  const RunConfig cfg = load_config(parsed->config_path, parsed->overrides);
+  const LayoutConfig lay = layout_config(cfg);
+  DHX_CHECK(gpus == 0 || gpus == lay.world(), ConfigError,
+            "dhelix simulate: --gpus {} but the layout has {} ranks (dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); "
+            "set parallel.dp to {}", gpus, lay.world(), lay.dp, lay.pp, lay.cp, lay.tp, lay.tp_x, lay.tp_y, lay.tp_z,
+            gpus * lay.dp / std::max(1, lay.world()));
+  const ClusterPreset cluster = load_cluster(*cluster_arg);
+  StepSimOptions so;
+  DHX_CHECK(!prec || *prec == "fp32" || *prec == "bf16", ConfigError,
+            "dhelix simulate: --precision '{}' must be fp32 or bf16", *prec);
+  so.precision = prec && *prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  (void)cluster.gemm_rate(so.precision);  // the preset must have that precision's rate
+  if (slow) {
+    try {
+      so.compute_slowdown = std::stod(*slow);
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("dhelix simulate: --compute-slowdown expects a number, got '{}'", *slow));
+    }
+    DHX_CHECK(so.compute_slowdown >= 1, ConfigError, "dhelix simulate: --compute-slowdown {} must be >= 1",
+              so.compute_slowdown);
+  }
+  so.si = cfg.schedule.strand_interleaving ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+  so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
+  const BatchSpec batch{cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
+  std::optional<SIPlan> block_plan;
+  if (!cfg.schedule.plan.empty()) {
+    LayoutConfig plain = lay;
+    plain.sequence_parallel = lay.tp > 1;
+    const ModelPrograms progs = build_programs(cfg.model, plain, micro_batch_of(cfg));
+    block_plan = load_plan(cfg.schedule.plan, progs.block);
+    check_plan(*block_plan, progs.block);
+  }
+  so.plan_for = [&](const LayerProgram& f, const LayerProgram& b) {
+    if (block_plan && f.name == "block" && b.name == "block") return *block_plan;
+    return pair_default_plan(f.fwd, b.bwd);
+  };
+  const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
+  const double peak = cluster.gemm_rate(so.precision);
+  fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | cluster {}\n",
+             describe_model(cfg.model), describe_layout(lay), batch.micro_batch, batch.seq, r.micro_batches,
+             cfg.schedule.strand_interleaving ? "on" : "off",
+             cfg.schedule.plan.empty() ? "" : " (plan " + cfg.schedule.plan + ")", so.zero == Zero::kZero1 ? "ZeRO-1" : "no ZeRO",
+             cluster.name);
+  fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
+  fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
+  fmt::print("  {:<44} {:>12}\n", "  gradient tail past the last backward (s)", fmt::format("{:.4f}", r.tail_s));
+  fmt::print("  {:<44} {:>12}\n", "compute, engine busy (s)", fmt::format("{:.4f}", r.compute_s));
+  fmt::print("  {:<44} {:>12}\n", "exposed communication (s)", fmt::format("{:.4f}", r.exposed_s));
+  for (const auto& [g, t] : r.channel_busy_s)
+    fmt::print("  {:<44} {:>12}\n", fmt::format("  {} channel busy in the passes (s)", g), fmt::format("{:.4f}", t));
+  fmt::print("  {:<44} {:>12}\n", "tokens/s", fmt::format("{:.0f}", r.tokens_per_s));
+  fmt::print("  {:<44} {:>12}\n", "model FLOP/s per rank (6N + 6LTd per token)",
+             fmt::format("{:.3g}", r.model_flops_per_s_per_rank));
+  fmt::print("  {:<44} {:>12}\n", "  share of the preset's peak (MFU)", fmt::format("{:.3f}", r.model_flops_per_s_per_rank / peak));
+  fmt::print("  {:<44} {:>12}\n", "memory per rank (GiB)", fmt::format("{:.3f}", r.memory.total() / (1 << 30)));
+  if (trace_path) {
+    Trace t(0);
+    for (const StepSimEvent& e : r.events) t.add(e.lane == "compute" ? "compute" : "comm " + e.lane, e.name, e.begin_s, e.end_s);
+    t.write(*trace_path);
+    fmt::print("trace of the simulated step: {}\n", *trace_path);
+  }
+  if (json_path) {
+    nlohmann::json j = {{"step_s", r.step_s},
+                        {"body_s", r.body_s},
+                        {"tail_s", r.tail_s},
+                        {"compute_s", r.compute_s},
+                        {"exposed_s", r.exposed_s},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"model_flops_per_s_per_rank", r.model_flops_per_s_per_rank},
+                        {"mfu", r.model_flops_per_s_per_rank / peak},
+                        {"memory_bytes", r.memory.total()},
+                        {"micro_batches", r.micro_batches}};
+    make_parent_dir(*json_path);
+    write_file_atomic(*json_path, j.dump(2) + "\n");
   }
   return 0;
 }

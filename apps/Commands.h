@@ -30,6 +30,8 @@ int cmd_sample(int argc, char** argv);
 // dhelix profile / dhelix plan (apps/CmdPlan.cc).
 int cmd_profile(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
+// dhelix simulate --config C.toml --cluster PRESET [...]: one step simulated op by op (apps/CmdPlan.cc).
+int cmd_simulate(int argc, char** argv);
 // dhelix schedule [--pp P] [--micro-batches N] [--pipeline K] ... [--svg FILE]: a pipeline step
 // schedule printed and drawn; no config file (apps/CmdSchedule.cc).
 int cmd_schedule(int argc, char** argv);

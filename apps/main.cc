@@ -27,6 +27,7 @@ constexpr const char* kUsage =
     "  plan       search the best Strand-Interleaving plan for a profile\n"
     "  schedule   print and draw a pipeline step schedule (1f1b, interleaved, w); no hardware\n"
     "  tune       rank every parallel layout of N ranks by predicted step time on a cluster preset\n"
+    "  simulate   simulate one training step op by op on a cluster preset\n"
     "run `dhelix <command> --help` for the keys a command takes.\n";
 
 }  // namespace
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     if (verb == "data") return dhelix::cmd_data(argc - 1, argv + 1);
     if (verb == "profile") return dhelix::cmd_profile(argc - 1, argv + 1);
     if (verb == "plan") return dhelix::cmd_plan(argc - 1, argv + 1);
+    if (verb == "simulate") return dhelix::cmd_simulate(argc - 1, argv + 1);
     if (verb == "schedule") return dhelix::cmd_schedule(argc - 1, argv + 1);
     if (verb == "tune") return dhelix::cmd_tune(argc - 1, argv + 1);
     fmt::print(stderr, "dhelix: unknown command '{}'\n{}", verb, kUsage);

@@ -450,6 +450,50 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
                    batch, precision, zero, si, notes);
 }
 
+double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupLink>& groups,
+                     const std::vector<UnitSpec>& units, const std::vector<int>& mine, const std::vector<double>& bwd_span,
+                     const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
+                     double elem, Zero zero, std::map<std::string, AxisCost>& axes) {
+  // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather; under
+  // context parallelism over the dp x cp replicas of the weights (the dpcp group).
+  const std::string dpg = lay.cp > 1 ? "dpcp" : "dp";
+  const GroupLink& dp = groups.at(dpg);
+  double tail = dp_exposed(bwd_span, grad_bytes, dp, zero, axes[dpg]);
+  if (lay.ep > 1) {  // expert buckets: all-reduced over edp on that group's own comm thread
+    const double t_e = dp_exposed(bwd_span, expert_bytes, groups.at("edp"), zero, axes["edp"]);
+    tail = std::max(tail, t_e);
+    if (axes["edp"].bytes == 0) axes.erase("edp");
+  }
+  if (zero == Zero::kZero1 && dp.size > 1) {
+    double expert_elems = 0;  // under ep the experts' all-gather goes over edp
+    for (double b : expert_bytes) expert_elems += b / 4;
+    const double b = (elems - expert_elems) * elem;
+    const double ag = CostModel::collective_time(CollOp::kAllGather, b, dp.size, dp.link);
+    axes[dpg].bytes += ring_bytes(CollOp::kAllGather, b, dp.size);
+    axes[dpg].seconds += ag, axes[dpg].exposed_s += ag, tail += ag;
+    const GroupLink& edp = groups.at("edp");
+    if (expert_elems > 0 && edp.size > 1) {
+      const double be = expert_elems * elem;
+      const double age = CostModel::collective_time(CollOp::kAllGather, be, edp.size, edp.link);
+      axes["edp"].bytes += ring_bytes(CollOp::kAllGather, be, edp.size);
+      axes["edp"].seconds += age, axes["edp"].exposed_s += age, tail += age;
+    }
+  }
+  // Sequence-parallel partial gradients (norms, row biases) all-reduced over tp before the step.
+  double partial = 0;
+  for (int u : mine)
+    for (const ParamSpec& q : units[u].params)
+      if (q.partial_grad) partial += double(shape_numel(q.shard)) * 4;
+  const std::string pg = lay.is_3d() ? "z" : "tp";  // the group the tokens are split over
+  if (partial > 0 && groups.at(pg).size > 1) {
+    const GroupLink& pgl = groups.at(pg);
+    const double ar = CostModel::collective_time(CollOp::kAllReduce, partial, pgl.size, pgl.link);
+    axes[pg].bytes += ring_bytes(CollOp::kAllReduce, partial, pgl.size);
+    axes[pg].seconds += ar, axes[pg].exposed_s += ar, tail += ar;
+  }
+  return tail;
+}
+
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
@@ -592,43 +636,8 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
-    // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather; under
-    // context parallelism over the dp x cp replicas of the weights (the dpcp group).
-    const std::string dpg = lay.cp > 1 ? "dpcp" : "dp";
-    const GroupLink& dp = groups.at(dpg);
-    double tail = dp_exposed(g.bwd_span, g.grad_bytes, dp, opt.zero, st.axes[dpg]);
-    if (lay.ep > 1) {  // expert buckets: all-reduced over edp on that group's own comm thread
-      const double t_e = dp_exposed(g.bwd_span, g.expert_bytes, groups.at("edp"), opt.zero, st.axes["edp"]);
-      tail = std::max(tail, t_e);
-      if (st.axes["edp"].bytes == 0) st.axes.erase("edp");
-    }
-    if (opt.zero == Zero::kZero1 && dp.size > 1) {
-      double expert_elems = 0;  // under ep the experts' all-gather goes over edp
-      for (double b : g.expert_bytes) expert_elems += b / 4;
-      const double b = (elems - expert_elems) * elem;
-      const double ag = CostModel::collective_time(CollOp::kAllGather, b, dp.size, dp.link);
-      st.axes[dpg].bytes += ring_bytes(CollOp::kAllGather, b, dp.size);
-      st.axes[dpg].seconds += ag, st.axes[dpg].exposed_s += ag, tail += ag;
-      const GroupLink& edp = groups.at("edp");
-      if (expert_elems > 0 && edp.size > 1) {
-        const double be = expert_elems * elem;
-        const double age = CostModel::collective_time(CollOp::kAllGather, be, edp.size, edp.link);
-        st.axes["edp"].bytes += ring_bytes(CollOp::kAllGather, be, edp.size);
-        st.axes["edp"].seconds += age, st.axes["edp"].exposed_s += age, tail += age;
-      }
-    }
-    // Sequence-parallel partial gradients (norms, row biases) all-reduced over tp before the step.
-    double partial = 0;
-    for (int u : mine)
-      for (const ParamSpec& q : units[u].params)
-        if (q.partial_grad) partial += double(shape_numel(q.shard)) * 4;
-    const std::string pg = lay.is_3d() ? "z" : "tp";  // the group the tokens are split over
-    if (partial > 0 && groups.at(pg).size > 1) {
-      const GroupLink& pgl = groups.at(pg);
-      const double ar = CostModel::collective_time(CollOp::kAllReduce, partial, pgl.size, pgl.link);
-      st.axes[pg].bytes += ring_bytes(CollOp::kAllReduce, partial, pgl.size);
-      st.axes[pg].seconds += ar, st.axes[pg].exposed_s += ar, tail += ar;
-    }
+    const double tail = gradient_tail(lay, groups, units, mine, g.bwd_span, g.grad_bytes, g.expert_bytes, elems, elem,
+                                      opt.zero, st.axes);
     st.step_s = body + tail;
     st.exposed_comm_s = st.step_s - st.compute_s - st.bubble_s;
     // The slowest stage sets the step.

@@ -53,6 +53,7 @@
 
 #include "layout/Layout.h"
 #include "model/ModelConfig.h"
+#include "model/Params.h"
 #include "plan/Program.h"
 #include "sim/ClusterPreset.h"
 
@@ -150,6 +151,16 @@ struct DeviceRates {
   double byte_scale = 1.0;  // element bytes / 4 (programs are written in fp32)
   GemmTimer gemm_timer = {};  // when set: GEMM ops' compute time as measured for their shapes
 };
+
+// What follows a stage's last backward before the optimizer, in seconds past its end: the
+// data-parallel reduction of its units' gradients (buckets on the dp channel — dpcp under cp, edp
+// for experts — each as its unit's backward ends: bwd_span, grad_bytes and expert_bytes per unit
+// in forward order), ZeRO-1's all-gather of `elems` parameters, the sequence-parallel partial
+// gradients' all-reduce. Adds the traffic to `axes`.
+double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupLink>& groups,
+                     const std::vector<UnitSpec>& units, const std::vector<int>& mine, const std::vector<double>& bwd_span,
+                     const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
+                     double elem, Zero zero, std::map<std::string, AxisCost>& axes);
 
 // Seconds of one op of a layer program: a compute op on the device (FLOPs at the GEMM rate or its
 // bytes at memory bandwidth, whichever is longer; the GEMM timer where set), a collective on its

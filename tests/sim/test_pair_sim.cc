@@ -6,10 +6,13 @@
 // layer program), and coverage: every op of the programs of every layout kind has a price.
 #include <gtest/gtest.h>
 
+#include "base/Error.h"
+
 #include "model/Params.h"
 #include "model/Programs.h"
 #include "sim/Interference.h"
 #include "sim/PairSim.h"
+#include "sim/StepSim.h"
 #include "sim/StepModel.h"
 
 namespace dhelix {
@@ -218,6 +221,46 @@ TEST(PairSim, EveryProgramOpHasAPrice) {
           EXPECT_GE(op_time(o, groups, rates), 0) << where;
         }
   }
+}
+
+// The whole step. Oracles: with Strand Interleaving off every unit's pass runs alone, one block,
+// so the simulated step must equal the step model's (price_strand per strand, the same gradient
+// tail) exactly, on a tp x dp layout with its collectives and dp buckets, plain and ZeRO-1; on one
+// rank with no collective at all, SI on and off both take exactly the compute.
+TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  ModelConfig m = model_preset("llama-8b");
+  m.n_layers = 2, m.d_model = 256, m.n_heads = 8, m.n_kv_heads = 4, m.ffn_hidden = 512, m.vocab_size = 1000;
+  const PairPlanner together = [](const LayerProgram& f, const LayerProgram& b) {
+    SIPlan p;
+    p.blocks = {{0, static_cast<int>(f.fwd.size()), 0, static_cast<int>(b.bwd.size())}};
+    return p;
+  };
+  for (Zero z : {Zero::kNone, Zero::kZero1}) {
+    LayoutConfig lay;
+    lay.dp = 2, lay.tp = 2;
+    const BatchSpec batch{8, 128, 2};  // M = 2
+    StepSimOptions o;
+    o.si = StrandInterleaving::kOff, o.zero = z;
+    const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
+    PredictOptions po;
+    po.si = StrandInterleaving::kOff, po.zero = z;
+    const StepPrediction p = predict(m, lay, batch, cluster, po);
+    EXPECT_EQ(s.micro_batches, 2);
+    EXPECT_NEAR(s.step_s, p.step_s, 1e-12 * p.step_s) << (z == Zero::kZero1 ? "zero1" : "plain");
+    EXPECT_NEAR(s.compute_s, p.compute_s, 1e-12 * p.compute_s);
+    EXPECT_GT(s.tail_s, 0);
+    EXPECT_GT(s.exposed_s, 0);
+  }
+  LayoutConfig one;
+  const BatchSpec batch{4, 128, 2};
+  StepSimOptions on, off;
+  on.plan_for = together;
+  off.si = StrandInterleaving::kOff;
+  const StepSimResult a = simulate_step(m, one, batch, cluster, on), b = simulate_step(m, one, batch, cluster, off);
+  EXPECT_NEAR(a.step_s, a.compute_s, 1e-12 * a.compute_s);
+  EXPECT_NEAR(b.step_s, a.step_s, 1e-12 * a.step_s);
+  EXPECT_THROW(simulate_step(m, [] { LayoutConfig l; l.pp = 2; return l; }(), {4, 128, 1}, cluster, off), ConfigError);
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+// The whole step of one rank simulated op by op (issue 21): every micro-batch's passes through
+// every unit, as the step runner orders them, each unit (or co-executed pair of units) run through
+// the pair simulator (PairSim.h) with the executor's block rules, then the gradient tail (dp
+// buckets behind the last backward, ZeRO-1's all-gather, the partial-gradient all-reduce:
+// gradient_tail, StepModel.h). Single pipeline stage (pp = 1): with Strand Interleaving, slot 0 is
+// fwd(mb 0), slot i fwd(mb i) beside bwd(mb i-1) with forward unit u paired with backward unit
+// L+1-u (model folding), slot M bwd(mb M-1); without it, each micro-batch's forward then backward.
+// Costs: the cluster preset's rates and links (op_time), interference as a compute slowdown.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sim/PairSim.h"
+#include "sim/StepModel.h"
+
+namespace dhelix {
+
+// The plan of a co-executed pair: forward strand of the unit program `fwd` ("embed", "block",
+// "head") beside the backward strand of `bwd`. The apps pass the runtime's choice (a plan file's
+// for two transformer layers, else schedule/BasicPlans.h's default), which this layer cannot build.
+using PairPlanner = std::function<SIPlan(const LayerProgram& fwd, const LayerProgram& bwd)>;
+
+struct StepSimOptions {
+  StrandInterleaving si = StrandInterleaving::kOn;
+  Zero zero = Zero::kNone;
+  Precision precision = Precision::kFp32;
+  double compute_slowdown = 1.0;  // PairSimOptions
+  PairPlanner plan_for;           // required with SI on
+};
+
+struct StepSimEvent {
+  std::string lane, name;  // lane: "compute" or a group; name: "<op> mb<m> u<unit>"
+  double begin_s = 0, end_s = 0;
+};
+
+struct StepSimResult {
+  int64_t micro_batches = 0;
+  double step_s = 0;     // body + tail
+  double body_s = 0;     // the micro-batches' passes
+  double tail_s = 0;     // the gradient tail past the last backward
+  double compute_s = 0;  // engine busy time (slowed where it ran beside a collective)
+  double exposed_s = 0;  // step - compute: what the rank waited on communication
+  double tokens_per_s = 0, model_flops_per_s_per_rank = 0;
+  std::map<std::string, double> channel_busy_s;  // per group, passes only
+  std::map<std::string, AxisCost> tail_axes;
+  MemoryUse memory;
+  std::vector<StepSimEvent> events;
+};
+
+// ConfigError for a layout that cannot run (layout_errors) or pp > 1 (not simulated yet).
+StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                            const ClusterPreset& cluster, const StepSimOptions& opt);
+
+}  // namespace dhelix

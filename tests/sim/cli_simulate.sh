@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `dhelix simulate` from the command line. Oracle: the documented exit codes (0 with the step's
+# figures, a JSON and a trace; 2 with one clear message for bad input). The simulated numbers
+# themselves are checked against closed forms and the step model in test_pair_sim.cc (StepSim).
+# Usage: cli_simulate.sh DHELIX_BINARY SOURCE_DIR
+set -u
+bin=$(readlink -f "$1"); cd "$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+ok() { passes=$((passes+1)); echo "ok   $1"; }
+fail() { fails=$((fails+1)); echo "FAIL $1"; }
+expect_bad() {  # expect_bad NAME PATTERN... -- ARGS
+  local name=$1; shift; local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done; shift
+  out=$("$bin" simulate "$@" 2>&1); rc=$?
+  local good=1
+  [ "$rc" -eq 2 ] || { echo "  exit code $rc, expected 2"; good=0; }
+  for p in "${pats[@]}"; do grep -qF -- "$p" <<<"$out" || { echo "  message lacks '$p'"; good=0; }; done
+  if [ $good -eq 1 ]; then ok "$name"; else fail "$name"; echo "$out" | tail -5; fi
+}
+
+# 1. The demo model with tp = 2, SI on: the table, a JSON with the step's figures, a trace.
+out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --gpus 2 --parallel.tp 2 \
+      --training.micro_batch_size 4 --json "$tmp/s.json" --trace "$tmp/t.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "exposed communication" <<<"$out" && [ -s "$tmp/t.json" ] \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['step_s'] > 0 and j['micro_batches'] == 2 and abs(j['step_s'] - j['body_s'] - j['tail_s']) < 1e-9 and 0 < j['mfu'] <= 1" "$tmp/s.json" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); ev=j['traceEvents'] if isinstance(j, dict) else j; assert len(ev) > 100" "$tmp/t.json"; then
+  ok figures_json_trace
+else fail figures_json_trace; echo "$out" | tail -10; fi
+
+# 2. Bad input: exit 2, the values named.
+expect_bad no_cluster "--cluster is required" -- --config configs/demo.toml
+expect_bad pp "pp=2" "one pipeline stage" -- --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2
+expect_bad gpus "--gpus 4 but the layout has 2 ranks" -- --config configs/demo.toml --cluster cpu-emulated --gpus 4 \
+  --parallel.tp 2
+expect_bad precision "--precision 'fp8'" -- --config configs/demo.toml --cluster cpu-emulated --precision fp8
+expect_bad slowdown "--compute-slowdown 0.5 must be >= 1" -- --config configs/demo.toml --cluster cpu-emulated \
+  --compute-slowdown 0.5
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
