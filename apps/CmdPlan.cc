@@ -28,6 +28,7 @@
 #include "sim/StepSim.h"
 #include "base/Trace.h"
 #include "schedule/BasicPlans.h"
+#include "schedule/Pipelines.h"
 #include "train/Config.h"
 #include "train/ProgressBar.h"
 
@@ -223,7 +224,7 @@ const char* kSimulateUsage =
     "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
     "step time, tokens/s, model FLOP/s per rank and its share of the preset's peak, exposed\n"
     "communication, the gradient tail, memory per rank; --trace writes the simulated step as a Chrome\n"
-    "trace (ui.perfetto.dev). One pipeline stage (pp = 1) in this build.\n"
+    "trace (ui.perfetto.dev). Any pipeline (schedule.pipeline, parallel.pp): the step runner's slots.\n"
     "  --gpus N               the layout's rank count, checked (default: the layout's)\n"
     "  --compute-slowdown K   a compute op beside a collective runs K times slower (>= 1; default 1;\n"
     "                         `dhelix plan --profile` fits it on this machine)\n";
@@ -276,6 +277,8 @@ int cmd_simulate(int argc, char** argv) {
     if (block_plan && f.name == "block" && b.name == "block") return *block_plan;
     return pair_default_plan(f.fwd, b.bwd);
   };
+  const StepSchedule schedule = make_schedule(pipeline_spec(cfg));  // the step runner's slots
+  so.schedule = &schedule;
   const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
   const double peak = cluster.gemm_rate(so.precision);
   fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | cluster {}\n",
@@ -286,6 +289,8 @@ int cmd_simulate(int argc, char** argv) {
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
   fmt::print("  {:<44} {:>12}\n", "  gradient tail past the last backward (s)", fmt::format("{:.4f}", r.tail_s));
+  if (lay.pp > 1)
+    fmt::print("  {:<44} {:>12}\n", "  pipeline bubble of the slowest stage (s)", fmt::format("{:.4f}", r.bubble_s));
   fmt::print("  {:<44} {:>12}\n", "compute, engine busy (s)", fmt::format("{:.4f}", r.compute_s));
   fmt::print("  {:<44} {:>12}\n", "exposed communication (s)", fmt::format("{:.4f}", r.exposed_s));
   for (const auto& [g, t] : r.channel_busy_s)
@@ -304,6 +309,7 @@ int cmd_simulate(int argc, char** argv) {
   if (json_path) {
     nlohmann::json j = {{"step_s", r.step_s},
                         {"body_s", r.body_s},
+                        {"bubble_s", r.bubble_s},
                         {"tail_s", r.tail_s},
                         {"compute_s", r.compute_s},
                         {"exposed_s", r.exposed_s},

@@ -285,6 +285,17 @@ double ScheduleTimeline::max_bubble() const {
 }
 
 ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost, const TransferCost& transfer) {
+  return simulate_slots(
+      s,
+      [&](int, int, const Slot& sl) {
+        double d = 0;
+        for (const PassId& p : passes_of(sl)) d += cost(s.chunks[p.chunk], p.kind == 1);
+        return d;
+      },
+      transfer);
+}
+
+ScheduleTimeline simulate_slots(const StepSchedule& s, const SlotCost& cost, const TransferCost& transfer) {
   check_schedule(s);
   const int S = static_cast<int>(s.chunks.size());
   ScheduleTimeline tl;
@@ -297,14 +308,13 @@ ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost, 
   auto rank_of = [&](const PassId& p) { return s.chunks[p.chunk].rank; };
   simulate(s, [&](int r, int k) {
     const Slot& sl = s.ranks[r][k];
-    double start = free_at[r], dur = 0;
-    for (const PassId& p : passes_of(sl)) {
+    double start = free_at[r];
+    for (const PassId& p : passes_of(sl))
       for (const PassId& in : inputs_of(p, S)) {
         const bool remote = transfer && rank_of(in) != r;
         start = std::max(start, remote ? arrive_of.at(in) : end_of.at(in));
       }
-      dur += cost(s.chunks[p.chunk], p.kind == 1);
-    }
+    const double dur = cost(r, k, sl);
     const double end = start + dur;
     for (const PassId& p : passes_of(sl)) end_of[p] = end;
     if (transfer)

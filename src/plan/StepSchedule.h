@@ -145,6 +145,11 @@ struct ScheduleTimeline {
 };
 ScheduleTimeline simulate_timeline(const StepSchedule& s, const PassCost& cost, const TransferCost& transfer = {});
 
+// The same timeline with each slot's duration given whole (a co-executed slot's passes overlap:
+// the step simulator prices it as one): cost(rank, slot index, slot).
+using SlotCost = std::function<double(int rank, int slot, const Slot& sl)>;
+ScheduleTimeline simulate_slots(const StepSchedule& s, const SlotCost& cost, const TransferCost& transfer = {});
+
 // A readable table: one line per slot of each rank ("F3/c1 | B0/c6  recv act mb3 <-r0 ...").
 std::string render_schedule(const StepSchedule& s);
 

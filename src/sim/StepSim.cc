@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "base/Error.h"
 #include "model/Params.h"
 #include "model/Programs.h"
@@ -25,10 +28,8 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
                             const ClusterPreset& cluster, const StepSimOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
   DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
-  DHX_CHECK(lay.pp == 1, ConfigError,
-            "pp={}: the step simulator runs one pipeline stage in this build (dhelix tune prices pipelines)", lay.pp);
-  const bool si = opt.si == StrandInterleaving::kOn;
-  DHX_CHECK(!si || opt.plan_for, InternalError, "simulate_step: Strand Interleaving needs a pair planner");
+  DHX_CHECK(lay.pp == 1 || opt.schedule, ConfigError,
+            "pp={}: the step simulator needs the step schedule of the pipeline (dhelix simulate builds it)", lay.pp);
   LayoutConfig plain = lay;
   plain.sequence_parallel = lay.tp > 1;
   const ModelPrograms progs = build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp});
@@ -42,57 +43,148 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
   auto prog = [&](int u) -> const LayerProgram& { return u == 0 ? progs.embed : u == U - 1 ? progs.head : progs.block; };
 
-  StepSimResult r;
-  r.micro_batches = M;
-  double now = 0;
-  std::vector<double> last_bwd(static_cast<size_t>(U), 0.0);  // the last micro-batch's backward, per unit
-  // One pair (or a unit alone) at `now`: fwd of unit fu for micro-batch fm, bwd of unit bu for bm.
-  auto run = [&](int fm, int fu, int bm, int bu) {
+  // Per rank: events relative to the slot being priced, engine and channel time.
+  struct RankStats {
+    double compute = 0;
+    std::map<std::string, double> busy;
+    std::vector<StepSimEvent> events;
+  };
+  std::vector<RankStats> ranks(static_cast<size_t>(lay.pp));
+  // One pair (or a unit alone): fwd of unit fu for micro-batch fm beside bwd of unit bu for bm,
+  // at `at` on rank `rk`. Returns its span.
+  auto run = [&](int rk, double at, int fm, int fu, int bm, int bu) {
     const std::vector<Op>* f = fu >= 0 ? &prog(fu).fwd : nullptr;
     const std::vector<Op>* b = bu >= 0 ? &prog(bu).bwd : nullptr;
+    DHX_CHECK(!(f && b) || opt.plan_for, InternalError, "simulate_step: a co-executed slot needs a pair planner");
     const SIPlan plan = f && b ? opt.plan_for(prog(fu), prog(bu)) : one_block(f, b);
     const PairSimResult p = simulate_pair(f, b, plan, time, popt);
+    RankStats& st = ranks[static_cast<size_t>(rk)];
     for (const SimOp& o : p.ops) {
       const bool fw = o.strand == StrandKind::kForward;
       const Op& op = (fw ? *f : *b)[static_cast<size_t>(o.index)];
-      r.events.push_back({o.lane, fmt::format("{} mb{} u{}", op.name, fw ? fm : bm, fw ? fu : bu), now + o.begin_s,
-                          now + o.end_s});
+      st.events.push_back({o.lane, fmt::format("{} mb{} u{}", op.name, fw ? fm : bm, fw ? fu : bu), at + o.begin_s,
+                           at + o.end_s});
     }
-    for (const auto& [g, s] : p.channel_busy_s) r.channel_busy_s[g] += s;
-    r.compute_s += p.compute_s;
-    now += p.span_s;
+    for (const auto& [g, t] : p.channel_busy_s) st.busy[g] += t;
+    st.compute += p.compute_s;
     return p.span_s;
   };
-  if (si) {
-    for (int u = 0; u < U; ++u) run(0, u, -1, -1);
-    for (int64_t i = 1; i < M; ++i)
-      for (int u = 0; u < U; ++u) run(static_cast<int>(i), u, static_cast<int>(i - 1), U - 1 - u);
-  } else {
-    for (int64_t i = 0; i + 1 < M; ++i) {
-      for (int u = 0; u < U; ++u) run(static_cast<int>(i), u, -1, -1);
-      for (int u = U - 1; u >= 0; --u) run(-1, -1, static_cast<int>(i), u);
+  // A slot's passes over a chunk's units: forward units in order, backward units in reverse;
+  // co-executed, forward unit i beside backward unit i of that reverse order, the rest alone.
+  auto run_slot = [&](int rk, double at, int fm, std::vector<int> fu, int bm, std::vector<int> bu) {
+    std::reverse(bu.begin(), bu.end());
+    const size_t n = std::max(fu.size(), bu.size());
+    double t = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int f = i < fu.size() ? fu[i] : -1, b = i < bu.size() ? bu[i] : -1;
+      t += run(rk, at + t, f >= 0 ? fm : -1, f, b >= 0 ? bm : -1, b);
     }
-    for (int u = 0; u < U; ++u) run(static_cast<int>(M - 1), u, -1, -1);
-  }
-  for (int u = U - 1; u >= 0; --u) last_bwd[static_cast<size_t>(u)] = run(-1, -1, static_cast<int>(M - 1), u);
-  r.body_s = now;
+    return t;
+  };
+  auto range = [](int lo, int hi) {
+    std::vector<int> v;
+    for (int u = lo; u < hi; ++u) v.push_back(u);
+    return v;
+  };
 
-  std::vector<int> mine(static_cast<size_t>(U));
-  std::vector<double> grad_bytes, expert_bytes;
-  double elems = 0;
-  for (int u = 0; u < U; ++u) {
-    mine[static_cast<size_t>(u)] = u;
-    double all = 0, experts = 0;
-    for (const ParamSpec& q : units[static_cast<size_t>(u)].params) {
-      all += double(shape_numel(q.shard));
-      if (lay.ep > 1 && q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
+  StepSimResult r;
+  r.micro_batches = M;
+  std::vector<double> rank_end(static_cast<size_t>(lay.pp), 0.0), rank_busy(static_cast<size_t>(lay.pp), 0.0);
+  if (opt.schedule) {
+    const StepSchedule& sch = *opt.schedule;
+    DHX_CHECK(sch.pp == lay.pp && sch.micro_batches == M && sch.num_units == U, ConfigError,
+              "the step schedule (pp={} micro-batches={} units={}) is not this run's (pp={} micro-batches={} units={})",
+              sch.pp, sch.micro_batches, sch.num_units, lay.pp, M, U);
+    std::map<std::pair<int, int>, std::vector<StepSimEvent>> slot_events;  // relative to the slot's start
+    const SlotCost cost = [&](int rk, int k, const Slot& sl) {
+      RankStats& st = ranks[static_cast<size_t>(rk)];
+      const size_t before = st.events.size();
+      const Chunk* fc = sl.fwd.active() ? &sch.chunks[static_cast<size_t>(sl.fwd.chunk)] : nullptr;
+      const Chunk* bc = sl.bwd.active() ? &sch.chunks[static_cast<size_t>(sl.bwd.chunk)] : nullptr;
+      const double d = run_slot(rk, 0, sl.fwd.mb, fc ? range(fc->unit_begin, fc->unit_end) : std::vector<int>{},
+                                sl.bwd.mb, bc ? range(bc->unit_begin, bc->unit_end) : std::vector<int>{});
+      slot_events[{rk, k}].assign(st.events.begin() + static_cast<std::ptrdiff_t>(before), st.events.end());
+      st.events.resize(before);
+      return d;
+    };
+    const GroupLink& pp_link = groups.at("pp");
+    const double p2p_bytes = double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) * elem;
+    const double p2p_s = lay.pp > 1 ? CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link) : 0;
+    const ScheduleTimeline tl = simulate_slots(sch, cost, [&](const Transfer&) { return p2p_s; });
+    for (int rk = 0; rk < lay.pp; ++rk) {
+      const auto& slots = tl.ranks[static_cast<size_t>(rk)];
+      for (size_t k = 0; k < slots.size(); ++k)
+        for (StepSimEvent e : slot_events[{rk, static_cast<int>(k)}]) {
+          e.begin_s += slots[k].start, e.end_s += slots[k].start;
+          if (lay.pp > 1) e.lane = fmt::format("stage {} {}", rk, e.lane);
+          ranks[static_cast<size_t>(rk)].events.push_back(e);
+        }
+      rank_end[static_cast<size_t>(rk)] = slots.empty() ? 0 : slots.back().end;
+      rank_busy[static_cast<size_t>(rk)] = tl.busy[static_cast<size_t>(rk)];
     }
-    grad_bytes.push_back((all - experts) * 4), expert_bytes.push_back(experts * 4), elems += all;
+  } else {
+    const bool si = opt.si == StrandInterleaving::kOn;
+    double now = 0;
+    const std::vector<int> all = range(0, U);
+    if (si) {
+      now += run_slot(0, now, 0, all, -1, {});
+      for (int64_t i = 1; i < M; ++i) now += run_slot(0, now, static_cast<int>(i), all, static_cast<int>(i - 1), all);
+    } else {
+      for (int64_t i = 0; i + 1 < M; ++i) {
+        now += run_slot(0, now, static_cast<int>(i), all, -1, {});
+        now += run_slot(0, now, -1, {}, static_cast<int>(i), all);
+      }
+      now += run_slot(0, now, static_cast<int>(M - 1), all, -1, {});
+    }
+    now += run_slot(0, now, -1, {}, static_cast<int>(M - 1), all);
+    rank_end[0] = rank_busy[0] = now;
   }
-  r.tail_s = gradient_tail(lay, groups, units, mine, last_bwd, grad_bytes, expert_bytes, elems, elem, opt.zero,
-                           r.tail_axes);
-  r.step_s = r.body_s + r.tail_s;
-  r.exposed_s = r.step_s - r.compute_s;
+
+  // Each rank's gradient tail after its last slot (the last micro-batch's backward of its units,
+  // timed alone, sets when each unit's buckets can go); the step ends with the latest rank.
+  int critical = 0;
+  double step = -1;
+  std::vector<double> tails(static_cast<size_t>(lay.pp), 0.0);
+  std::vector<std::map<std::string, AxisCost>> tail_axes(static_cast<size_t>(lay.pp));
+  for (int rk = 0; rk < lay.pp; ++rk) {
+    std::vector<int> mine;
+    if (opt.schedule) {
+      for (int c : opt.schedule->chunks_of(rk))
+        for (int u : range(opt.schedule->chunks[static_cast<size_t>(c)].unit_begin,
+                           opt.schedule->chunks[static_cast<size_t>(c)].unit_end))
+          mine.push_back(u);
+      std::sort(mine.begin(), mine.end());
+    } else {
+      mine = range(0, U);
+    }
+    std::vector<double> bwd_span, grad_bytes, expert_bytes;
+    double elems = 0;
+    for (int u : mine) {
+      const std::vector<Op>& b = prog(u).bwd;
+      bwd_span.push_back(simulate_pair(nullptr, &b, one_block(nullptr, &b), time, popt).span_s);
+      double all = 0, experts = 0;
+      for (const ParamSpec& q : units[static_cast<size_t>(u)].params) {
+        all += double(shape_numel(q.shard));
+        if (lay.ep > 1 && q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
+      }
+      grad_bytes.push_back((all - experts) * 4), expert_bytes.push_back(experts * 4), elems += all;
+    }
+    tails[static_cast<size_t>(rk)] = gradient_tail(lay, groups, units, mine, bwd_span, grad_bytes, expert_bytes, elems,
+                                                   elem, opt.zero, tail_axes[static_cast<size_t>(rk)]);
+    const double end = rank_end[static_cast<size_t>(rk)] + tails[static_cast<size_t>(rk)];
+    if (end > step) step = end, critical = rk;
+  }
+  const RankStats& c = ranks[static_cast<size_t>(critical)];
+  r.body_s = rank_end[static_cast<size_t>(critical)];
+  r.tail_s = tails[static_cast<size_t>(critical)];
+  r.tail_axes = tail_axes[static_cast<size_t>(critical)];
+  r.step_s = step;
+  r.compute_s = c.compute;
+  r.channel_busy_s = c.busy;
+  // The critical rank's time outside its slots (waiting for its neighbours' messages).
+  r.bubble_s = rank_end[static_cast<size_t>(critical)] - rank_busy[static_cast<size_t>(critical)];
+  r.exposed_s = r.step_s - r.compute_s - r.bubble_s;
+  for (const RankStats& st : ranks) r.events.insert(r.events.end(), st.events.begin(), st.events.end());
   const double tokens = double(batch.global_batch) * double(batch.seq);
   r.tokens_per_s = tokens / r.step_s;
   r.model_flops_per_s_per_rank = m.flops_per_token(batch.seq) * tokens / r.step_s / double(lay.world());

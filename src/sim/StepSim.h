@@ -2,9 +2,10 @@
 // every unit, as the step runner orders them, each unit (or co-executed pair of units) run through
 // the pair simulator (PairSim.h) with the executor's block rules, then the gradient tail (dp
 // buckets behind the last backward, ZeRO-1's all-gather, the partial-gradient all-reduce:
-// gradient_tail, StepModel.h). Single pipeline stage (pp = 1): with Strand Interleaving, slot 0 is
-// fwd(mb 0), slot i fwd(mb i) beside bwd(mb i-1) with forward unit u paired with backward unit
+// gradient_tail, StepModel.h). Without a step schedule (one stage): with Strand Interleaving, slot 0
+// is fwd(mb 0), slot i fwd(mb i) beside bwd(mb i-1) with forward unit u paired with backward unit
 // L+1-u (model folding), slot M bwd(mb M-1); without it, each micro-batch's forward then backward.
+// With one (StepSimOptions::schedule), any pipeline: 1F1B, interleaved, the folded W.
 // Costs: the cluster preset's rates and links (op_time), interference as a compute slowdown.
 #pragma once
 #include <functional>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/StepSchedule.h"
 #include "sim/PairSim.h"
 #include "sim/StepModel.h"
 
@@ -23,11 +25,18 @@ namespace dhelix {
 using PairPlanner = std::function<SIPlan(const LayerProgram& fwd, const LayerProgram& bwd)>;
 
 struct StepSimOptions {
-  StrandInterleaving si = StrandInterleaving::kOn;
+  StrandInterleaving si = StrandInterleaving::kOn;  // without `schedule` (with one, its slots say)
   Zero zero = Zero::kNone;
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
-  PairPlanner plan_for;           // required with SI on
+  PairPlanner plan_for;           // required when a slot co-executes
+  // The step schedule (schedule/Pipelines.h's make_schedule of the config's pipeline): required
+  // for pp > 1. Every rank's slots run in order; a slot starts when its rank is free and its inputs
+  // are there (simulate_slots: activations and gradients cross the pp link, one message at a time
+  // per direction); a co-executed slot pairs forward unit fwd_begin+i with backward unit
+  // bwd_end-1-i, the longer pass's remaining units alone after; a rank's gradient tail follows its
+  // last slot, and the step ends with the latest rank.
+  const StepSchedule* schedule = nullptr;
 };
 
 struct StepSimEvent {
@@ -41,15 +50,16 @@ struct StepSimResult {
   double body_s = 0;     // the micro-batches' passes
   double tail_s = 0;     // the gradient tail past the last backward
   double compute_s = 0;  // engine busy time (slowed where it ran beside a collective)
-  double exposed_s = 0;  // step - compute: what the rank waited on communication
+  double exposed_s = 0;  // step - compute - bubble: what the rank waited on communication
+  double bubble_s = 0;   // pipelines: the critical rank's time between its slots
   double tokens_per_s = 0, model_flops_per_s_per_rank = 0;
-  std::map<std::string, double> channel_busy_s;  // per group, passes only
+  std::map<std::string, double> channel_busy_s;  // per group, passes only (the critical rank's)
   std::map<std::string, AxisCost> tail_axes;
   MemoryUse memory;
   std::vector<StepSimEvent> events;
 };
 
-// ConfigError for a layout that cannot run (layout_errors) or pp > 1 (not simulated yet).
+// ConfigError for a layout that cannot run (layout_errors), or pp > 1 without a schedule.
 StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                             const ClusterPreset& cluster, const StepSimOptions& opt);
 

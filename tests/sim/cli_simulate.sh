@@ -28,11 +28,20 @@ if [ $rc -eq 0 ] && grep -q "exposed communication" <<<"$out" && [ -s "$tmp/t.js
   ok figures_json_trace
 else fail figures_json_trace; echo "$out" | tail -10; fi
 
+# 1b. A W pipeline over 2 stages with co-execution: the bubble is reported.
+out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2 --schedule.pipeline w \
+      --training.micro_batches 4 --json "$tmp/w.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "pipeline bubble" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['bubble_s'] > 0 and j['step_s'] > j['bubble_s']" "$tmp/w.json"; then
+  ok pipeline_w
+else fail pipeline_w; echo "$out" | tail -10; fi
+
 # 2. Bad input: exit 2, the values named.
 expect_bad no_cluster "--cluster is required" -- --config configs/demo.toml
-expect_bad pp "pp=2" "one pipeline stage" -- --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2
 expect_bad gpus "--gpus 4 but the layout has 2 ranks" -- --config configs/demo.toml --cluster cpu-emulated --gpus 4 \
   --parallel.tp 2
+expect_bad pipeline "schedule.pipeline" -- --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2 \
+  --schedule.pipeline zigzag
 expect_bad precision "--precision 'fp8'" -- --config configs/demo.toml --cluster cpu-emulated --precision fp8
 expect_bad slowdown "--compute-slowdown 0.5 must be >= 1" -- --config configs/demo.toml --cluster cpu-emulated \
   --compute-slowdown 0.5

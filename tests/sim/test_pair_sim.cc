@@ -10,8 +10,10 @@
 
 #include "model/Params.h"
 #include "model/Programs.h"
+#include "sim/CostModel.h"
 #include "sim/Interference.h"
 #include "sim/PairSim.h"
+#include "schedule/Pipelines.h"
 #include "sim/StepSim.h"
 #include "sim/StepModel.h"
 
@@ -261,6 +263,63 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
   EXPECT_NEAR(a.step_s, a.compute_s, 1e-12 * a.compute_s);
   EXPECT_NEAR(b.step_s, a.step_s, 1e-12 * a.step_s);
   EXPECT_THROW(simulate_step(m, [] { LayoutConfig l; l.pp = 2; return l; }(), {4, 128, 1}, cluster, off), ConfigError);
+}
+
+// The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
+// exactly the built-in single-stage order's step; at pp = 2 (1F1B, SI off, no tp or dp) the step is
+// the schedule's own timeline (simulate_timeline) with each pass priced as its units run alone and
+// each message as one send over the pp link, which the step simulator must reproduce.
+TEST(StepSim, ScheduleOrderEqualsTheBuiltInOneAndTheTimeline) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  ModelConfig m = model_preset("llama-8b");
+  m.n_layers = 4, m.d_model = 256, m.n_heads = 8, m.n_kv_heads = 4, m.ffn_hidden = 512, m.vocab_size = 1000;
+  const PairPlanner together = [](const LayerProgram& f, const LayerProgram& b) {
+    SIPlan p;
+    p.blocks = {{0, static_cast<int>(f.fwd.size()), 0, static_cast<int>(b.bwd.size())}};
+    return p;
+  };
+  LayoutConfig tp2;
+  tp2.tp = 2;
+  const BatchSpec batch{4, 128, 1};  // M = 4
+  for (CoExecute co : {CoExecute::kOn, CoExecute::kOff}) {
+    PipelineSpec spec = single_stage(co);
+    spec.n_layers = 4, spec.micro_batches = 4;
+    const StepSchedule sch = make_schedule(spec);
+    StepSimOptions a, b;
+    a.si = b.si = co == CoExecute::kOn ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+    a.plan_for = b.plan_for = together;
+    b.schedule = &sch;
+    const double want = simulate_step(m, tp2, batch, cluster, a).step_s;
+    EXPECT_NEAR(simulate_step(m, tp2, batch, cluster, b).step_s, want, 1e-12 * want) << (co == CoExecute::kOn);
+  }
+  // pp = 2, 1F1B without co-execution.
+  PipelineSpec spec;
+  spec.pp = 2, spec.n_layers = 4, spec.micro_batches = 4;
+  const StepSchedule sch = make_schedule(spec);
+  LayoutConfig pp2;
+  pp2.pp = 2;
+  StepSimOptions o;
+  o.schedule = &sch;
+  const StepSimResult r = simulate_step(m, pp2, batch, cluster, o);
+  LayoutConfig plain = pp2;
+  const ModelPrograms progs = build_programs(m, plain, {1, 128});
+  const auto groups = group_links(pp2, cluster);
+  const DeviceRates rates{cluster.gemm_rate(Precision::kFp32), cluster.mem_bw, 1.0, {}};
+  auto alone = [&](const std::vector<Op>& ops) { return price_strand(ops, groups, rates, Prefetch::kOff).span_s; };
+  const int U = 6;
+  const PassCost cost = [&](const Chunk& c, bool backward) {
+    double t = 0;
+    for (int u = c.unit_begin; u < c.unit_end; ++u) {
+      const LayerProgram& p = u == 0 ? progs.embed : u == U - 1 ? progs.head : progs.block;
+      t += alone(backward ? p.bwd : p.fwd);
+    }
+    return t;
+  };
+  const double p2p = CostModel::collective_time(CollOp::kSendRecv, 128.0 * 256 * 4, 2, groups.at("pp").link);
+  const ScheduleTimeline tl = simulate_timeline(sch, cost, [&](const Transfer&) { return p2p; });
+  EXPECT_NEAR(r.step_s, tl.makespan, 1e-12 * tl.makespan);
+  EXPECT_GT(r.bubble_s, 0);
+  EXPECT_EQ(r.tail_s, 0);  // dp = tp = 1: nothing to reduce
 }
 
 }  // namespace
