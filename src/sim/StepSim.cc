@@ -183,7 +183,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   r.channel_busy_s = c.busy;
   // The critical rank's time outside its slots (waiting for its neighbours' messages).
   r.bubble_s = rank_end[static_cast<size_t>(critical)] - rank_busy[static_cast<size_t>(critical)];
-  r.exposed_s = r.step_s - r.compute_s - r.bubble_s;
+  r.exposed_s = std::max(0.0, r.step_s - r.compute_s - r.bubble_s);  // rounding aside
   for (const RankStats& st : ranks) r.events.insert(r.events.end(), st.events.begin(), st.events.end());
   const double tokens = double(batch.global_batch) * double(batch.seq);
   r.tokens_per_s = tokens / r.step_s;
