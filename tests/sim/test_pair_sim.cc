@@ -225,19 +225,28 @@ TEST(PairSim, EveryProgramOpHasAPrice) {
   }
 }
 
+// A small Llama of `layers` layers for the step simulations.
+ModelConfig small_llama(int64_t layers) {
+  ModelConfig m = model_preset("llama-8b");
+  m.n_layers = layers, m.d_model = 256, m.n_heads = 8, m.n_kv_heads = 4, m.ffn_hidden = 512, m.vocab_size = 1000;
+  return m;
+}
+
+// A pair planner for tests: each co-executed pair as one block of both whole strands.
+SIPlan whole_strands_together(const LayerProgram& f, const LayerProgram& b) {
+  SIPlan p;
+  p.blocks = {{0, static_cast<int>(f.fwd.size()), 0, static_cast<int>(b.bwd.size())}};
+  return p;
+}
+
 // The whole step. Oracles: with Strand Interleaving off every unit's pass runs alone, one block,
 // so the simulated step must equal the step model's (price_strand per strand, the same gradient
 // tail) exactly, on a tp x dp layout with its collectives and dp buckets, plain and ZeRO-1; on one
 // rank with no collective at all, SI on and off both take exactly the compute.
 TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
-  ModelConfig m = model_preset("llama-8b");
-  m.n_layers = 2, m.d_model = 256, m.n_heads = 8, m.n_kv_heads = 4, m.ffn_hidden = 512, m.vocab_size = 1000;
-  const PairPlanner together = [](const LayerProgram& f, const LayerProgram& b) {
-    SIPlan p;
-    p.blocks = {{0, static_cast<int>(f.fwd.size()), 0, static_cast<int>(b.bwd.size())}};
-    return p;
-  };
+  const ModelConfig m = small_llama(2);
+  const PairPlanner together = whole_strands_together;
   for (Zero z : {Zero::kNone, Zero::kZero1}) {
     LayoutConfig lay;
     lay.dp = 2, lay.tp = 2;
@@ -271,13 +280,8 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
 // each message as one send over the pp link, which the step simulator must reproduce.
 TEST(StepSim, ScheduleOrderEqualsTheBuiltInOneAndTheTimeline) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
-  ModelConfig m = model_preset("llama-8b");
-  m.n_layers = 4, m.d_model = 256, m.n_heads = 8, m.n_kv_heads = 4, m.ffn_hidden = 512, m.vocab_size = 1000;
-  const PairPlanner together = [](const LayerProgram& f, const LayerProgram& b) {
-    SIPlan p;
-    p.blocks = {{0, static_cast<int>(f.fwd.size()), 0, static_cast<int>(b.bwd.size())}};
-    return p;
-  };
+  const ModelConfig m = small_llama(4);
+  const PairPlanner together = whole_strands_together;
   LayoutConfig tp2;
   tp2.tp = 2;
   const BatchSpec batch{4, 128, 1};  // M = 4
