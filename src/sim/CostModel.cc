@@ -21,15 +21,15 @@ CostModelConfig make_preset(const std::string& name) {
   c.name = name;
   if (name == "a40-pcie") {  // A40 150 TF fp16 peak, 696 GB/s; PCIe 4 ring; 100 Gb/s IB
     c.flop_rate = 90e12, c.mem_bw = 600e9, c.op_overhead_s = 5e-6, c.block_overhead_s = 10e-6;
-    c.overlap_slowdown = 1.10;
+    c.overlap_slowdown = 1.10, c.element_bytes = 2;
     c.links = {{"tp", {12e9, 10e-6}}, {"default", {10e9, 10e-6}}};
   } else if (name == "a800-nvlink") {  // A800 312 TF, 2 TB/s; NVLink 400 GB/s; 4x200 Gb/s
     c.flop_rate = 190e12, c.mem_bw = 1.6e12, c.op_overhead_s = 5e-6, c.block_overhead_s = 10e-6;
-    c.overlap_slowdown = 1.10;
+    c.overlap_slowdown = 1.10, c.element_bytes = 2;
     c.links = {{"tp", {150e9, 5e-6}}, {"default", {12e9, 8e-6}}};
   } else if (name == "h100-nvlink") {  // H100 989 TF, 3.35 TB/s; NVLink 900 GB/s; 400 Gb/s/GPU
     c.flop_rate = 600e12, c.mem_bw = 3e12, c.op_overhead_s = 4e-6, c.block_overhead_s = 8e-6;
-    c.overlap_slowdown = 1.10;
+    c.overlap_slowdown = 1.10, c.element_bytes = 2;
     c.links = {{"tp", {350e9, 4e-6}}, {"default", {45e9, 6e-6}}};
   } else if (name == "cpu-1gbit") {  // one core per rank; the tc-shaped 1 Gbit/s emulated net
     c.flop_rate = 50e9, c.mem_bw = 10e9, c.op_overhead_s = 2e-6, c.block_overhead_s = 20e-6;
@@ -58,6 +58,7 @@ void CostModelConfig::validate() const {
   };
   positive(flop_rate, "flop_rate");
   positive(mem_bw, "mem_bw");
+  positive(element_bytes, "element_bytes");
   DHX_CHECK(op_overhead_s >= 0 && block_overhead_s >= 0, ConfigError,
             "cost model '{}': op_overhead_s={} block_overhead_s={} must be >= 0", name,
             op_overhead_s, block_overhead_s);
@@ -85,6 +86,7 @@ json CostModelConfig::to_json() const {
           {"block_overhead_s", block_overhead_s},
           {"overlap_slowdown", overlap_slowdown},
           {"comm_comm_slowdown", comm_comm_slowdown},
+          {"element_bytes", element_bytes},
           {"links", l},
           {"group_sizes", g}};
 }
@@ -101,6 +103,7 @@ CostModelConfig CostModelConfig::from_json(const json& j, const std::string& ori
     c.block_overhead_s = j.value("block_overhead_s", c.block_overhead_s);
     c.overlap_slowdown = j.value("overlap_slowdown", c.overlap_slowdown);
     c.comm_comm_slowdown = j.value("comm_comm_slowdown", c.comm_comm_slowdown);
+    c.element_bytes = j.value("element_bytes", c.element_bytes);
     if (j.contains("links"))
       for (auto& [role, l] : j.at("links").items())
         c.links[role] = {l.at("bandwidth").get<double>(), l.value("latency", 0.0)};
@@ -132,11 +135,12 @@ double CostModel::collective_time(CollOp coll, double bytes, int n, const LinkSp
 CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.validate();
   std::map<std::string, int> group_index;
+  const double scale = cfg_.element_bytes / 4.0;  // the programs count fp32 elements
   auto price = [&](const std::vector<Op>& ops, const char* sname) {
     std::vector<OpTime> out;
     for (const Op& op : ops) {
       if (!op.is_collective()) {
-        double t = std::max(op.cost.flops / cfg_.flop_rate, op.cost.bytes / cfg_.mem_bw);
+        double t = std::max(op.cost.flops / cfg_.flop_rate, scale * op.cost.bytes / cfg_.mem_bw);
         out.push_back({cfg_.op_overhead_s + t, -1});
         continue;
       }
@@ -157,7 +161,7 @@ CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::
         n = g->second;
       }
       auto [it, fresh] = group_index.emplace(op.group, static_cast<int>(group_index.size()));
-      double t = collective_time(op.coll, op.cost.comm_bytes, n, link->second);
+      double t = collective_time(op.coll, scale * op.cost.comm_bytes, n, link->second);
       out.push_back({cfg_.op_overhead_s + t, it->second});
     }
     return out;

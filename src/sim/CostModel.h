@@ -2,9 +2,9 @@
 // and a ring model for collectives, so the plan search runs without hardware. It predicts; it
 // measures nothing (Profile holds measurements) and knows nothing about MPI or CUDA.
 //
-//   compute op       t = op_overhead + max(flops / flop_rate, bytes / mem_bw)
-//   collective on a group of n ranks, B = Op::cost.comm_bytes = the full (gathered / unreduced)
-//   buffer, bw = per-rank link bandwidth, L = per-step latency of the group's link:
+//   compute op       t = op_overhead + max(flops / flop_rate, s · bytes / mem_bw)
+//   collective on a group of n ranks, B = s · Op::cost.comm_bytes = the full (gathered / unreduced)
+//   buffer (s = element_bytes / 4: the programs count fp32 elements), bw = per-rank link bandwidth, L = per-step latency of the group's link:
 //     all_gather, reduce_scatter, all_to_all   t = (n-1)/n · B/bw + (n-1)·L
 //     all_reduce                              t = 2 · ((n-1)/n · B/bw + (n-1)·L)
 //     broadcast                               t = B/bw + (n-1)·L
@@ -50,6 +50,10 @@ struct CostModelConfig {
   double block_overhead_s = 0;      // barrier/join cost of each block
   double overlap_slowdown = 1.0;    // >= 1: compute and comm co-running slow each other
   double comm_comm_slowdown = 1.0;  // >= 1: two groups' collectives co-running
+  // Bytes per element of the precision simulated. The programs count fp32 (4 bytes), so memory
+  // traffic and collective bytes are scaled by element_bytes / 4: the GPU presets train in 16-bit
+  // (the papers' bf16/fp16, and their flop_rate is the 16-bit tensor rate), cpu-1gbit in fp32.
+  double element_bytes = 4;
   std::map<std::string, LinkSpec> links;   // per group role; "default" for any other role
   std::map<std::string, int> group_sizes;  // ranks per role, for ops without attrs["group_size"]
 

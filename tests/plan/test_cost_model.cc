@@ -47,6 +47,23 @@ TEST(CostModel, BlockRules) {
   EXPECT_EQ(CostModel(same, unit_config()).pair(0, 1, 0, 1), kNoCost);
 }
 
+// The precision's element size: the programs count fp32 bytes, a 16-bit run moves half of them.
+// Oracle: BlockRules' tp all-gather worked by hand at 2-byte elements (B = 5e5: 3/4 * 0.5 s +
+// 1.5 s = 1.875 s); the GPU presets are 16-bit, the CPU one fp32; the field survives JSON.
+TEST(CostModel, ElementBytesScaleTheTraffic) {
+  LayerProgram prog = test::program_from("c tp", "c");
+  CostModelConfig half = unit_config();
+  half.element_bytes = 2;
+  EXPECT_DOUBLE_EQ(CostModel(prog, half).op_time(StrandKind::kForward, 1), 1.875);
+  EXPECT_DOUBLE_EQ(CostModel(prog, unit_config()).op_time(StrandKind::kForward, 1), 2.25);
+  for (const char* gpu : {"a40-pcie", "a800-nvlink", "h100-nvlink"})
+    EXPECT_EQ(CostModelConfig::preset(gpu).element_bytes, 2) << gpu;
+  EXPECT_EQ(CostModelConfig::preset("cpu-1gbit").element_bytes, 4);
+  EXPECT_EQ(CostModelConfig::from_json(half.to_json()).element_bytes, 2);
+  half.element_bytes = 0;
+  EXPECT_THROW(half.validate(), ConfigError);
+}
+
 TEST(CostModel, PresetsAndJson) {
   for (const std::string& name : CostModelConfig::preset_names())
     EXPECT_NO_THROW(CostModelConfig::preset(name).validate()) << name;
