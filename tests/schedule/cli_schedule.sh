@@ -6,22 +6,8 @@
 set -u
 bin=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fails=0; passes=0
-
-ok()   { passes=$((passes+1)); echo "ok   $1"; }
-fail() { fails=$((fails+1)); echo "FAIL $1"; }
-
-expect_bad() {  # expect_bad NAME PATTERN... -- ARGS
-  local name=$1; shift; local pats=()
-  while [ "$1" != "--" ]; do pats+=("$1"); shift; done; shift
-  out=$("$bin" schedule "$@" 2>&1); rc=$?
-  local good=1
-  [ "$rc" -eq 2 ] || { echo "  exit code $rc, expected 2"; good=0; }
-  for p in "${pats[@]}"; do
-    grep -qF -- "$p" <<<"$out" || { echo "  message lacks '$p'"; good=0; }
-  done
-  if [ $good -eq 1 ]; then ok "$name"; else fail "$name"; echo "$out" | tail -15; fi
-}
+verb=schedule
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_lib.sh"
 
 # 1. A W schedule over 4 ranks, printed and drawn.
 out=$("$bin" schedule --pp 4 --micro-batches 8 --pipeline w --svg "$tmp/w.svg" 2>&1); rc=$?
@@ -44,5 +30,4 @@ expect_bad non_integer_pp "--pp expects an integer, got 'x'" -- --pp x
 expect_bad unknown_flag "unknown flag '--stages'" "--si 'maybe'" -- --stages 3 --si maybe
 if [ -e "$tmp/bad.svg" ]; then fail no_svg_on_bad_input; else ok no_svg_on_bad_input; fi
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+summary

@@ -6,18 +6,8 @@
 set -u
 bin=$(readlink -f "$1"); cd "$2"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fails=0; passes=0
-ok() { passes=$((passes+1)); echo "ok   $1"; }
-fail() { fails=$((fails+1)); echo "FAIL $1"; }
-expect_bad() {  # expect_bad NAME PATTERN... -- ARGS
-  local name=$1; shift; local pats=()
-  while [ "$1" != "--" ]; do pats+=("$1"); shift; done; shift
-  out=$("$bin" simulate "$@" 2>&1); rc=$?
-  local good=1
-  [ "$rc" -eq 2 ] || { echo "  exit code $rc, expected 2"; good=0; }
-  for p in "${pats[@]}"; do grep -qF -- "$p" <<<"$out" || { echo "  message lacks '$p'"; good=0; }; done
-  if [ $good -eq 1 ]; then ok "$name"; else fail "$name"; echo "$out" | tail -5; fi
-}
+verb=simulate
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_lib.sh"
 
 # 1. The demo model with tp = 2, SI on: the table, a JSON with the step's figures, a trace.
 out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --gpus 2 --parallel.tp 2 \
@@ -46,5 +36,4 @@ expect_bad precision "--precision 'fp8'" -- --config configs/demo.toml --cluster
 expect_bad slowdown "--compute-slowdown 0.5 must be >= 1" -- --config configs/demo.toml --cluster cpu-emulated \
   --compute-slowdown 0.5
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+summary

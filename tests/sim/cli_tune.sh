@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dhelix tune`: a good run prints a ranked table and writes JSON; bad input exits 2 naming the value
 # and a hint. Oracle: the documented exit codes (0 success, 2 bad input), the count of layouts of 4
-# ranks (6 Megatron tp x pp x dp + 9 grids x*y*z*dp other than pure dp = 15), the flag values named.
+# ranks (6 Megatron tp x pp x dp + 9 grids x*y*z*dp other than pure dp + 4 with cp cut out of dp = 19),
+# the flag values named.
 # --confirm runs `dhelix train` under mpirun for two 2-rank layouts of a tiny model (needs the data
 # made by scripts/setup); oracle: each run's counted steps in the JSON, the per-rank traces --trace
 # asks for, with the layout's collectives in them.
@@ -10,19 +11,8 @@ set -u
 bin=$1; cd "$2"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok   $1"; }
-fail() { fails=$((fails+1)); echo "FAIL $1"; }
-
-expect_bad() {  # expect_bad NAME PATTERN... -- ARGS
-  local name=$1; shift; local pats=()
-  while [ "$1" != "--" ]; do pats+=("$1"); shift; done; shift
-  out=$("$bin" tune "$@" 2>&1); rc=$?
-  local good=1
-  [ "$rc" -eq 2 ] || { echo "  exit code $rc, expected 2"; good=0; }
-  for p in "${pats[@]}"; do grep -qF -- "$p" <<<"$out" || { echo "  message lacks '$p'"; good=0; }; done
-  if [ $good -eq 1 ]; then ok "$name"; else fail "$name"; echo "$out" | tail -10; fi
-}
+verb=tune
+source "$(dirname "${BASH_SOURCE[0]}")/../cli_lib.sh"
 
 # 1. A ranked table of the 19 layouts of 4 ranks (15 Megatron and 3D, 4 with context parallelism
 #    cut out of dp), and the JSON beside it.
@@ -98,5 +88,4 @@ for label, c in runs.items():
 PY
 then ok confirm_with_traces; else fail confirm_with_traces; echo "exit $rc"; echo "$out" | tail -15; fi
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+summary
