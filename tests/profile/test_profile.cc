@@ -39,6 +39,27 @@ void expect_legal(const SIPlan& p, const LayerProgram& prog) {
   }
 }
 
+// Each of the layout's ranks (threads-as-ranks): the layer pair's profile, then the search of the top
+// 3 plans validated on the bench (one timing round, no warm-up).
+struct Flow {
+  Profile profile;
+  PlanChoice choice;
+};
+std::vector<Flow> profile_and_search(const RunConfig& cfg, const LayoutConfig& lay, const MicroBatchShape& mb) {
+  std::vector<Flow> flows(static_cast<size_t>(lay.world()));
+  run_local_ranks(lay, [&](CommContext& comm) {
+    LayerPairBench bench(cfg.model, lay, mb, &comm, 7);
+    ProfileOptions po;
+    po.timing = {0, 1};
+    Flow& f = flows[static_cast<size_t>(comm.rank())];
+    f.profile = profile_layer_pair(bench, cfg.model, lay, &comm, po);
+    SearchOptions so;
+    so.top_k = 3;
+    f.choice = search_and_validate(bench.program(), f.profile, so, &bench, {0, 1});
+  });
+  return flows;
+}
+
 std::vector<double> train_losses(const RunConfig& cfg, const LayoutConfig& lay, int steps) {
   std::vector<double> losses;
   std::mutex mu;
@@ -68,45 +89,30 @@ TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialTp2) {
   const LayoutConfig lay = tp_layout(2);
   const std::string plan_path = dir.path() + "/plan.json", profile_path = dir.path() + "/profile.json";
 
-  std::vector<Profile> profiles(2);
-  std::vector<PlanChoice> choices(2);
-  run_local_ranks(lay, [&](CommContext& comm) {
-    LayerPairBench bench(cfg.model, lay, mb_of(cfg), &comm, 7);
-    ProfileOptions po;
-    po.timing = {0, 1};
-    Profile p = profile_layer_pair(bench, cfg.model, lay, &comm, po);
-    SearchOptions so;
-    so.top_k = 3;
-    PlanChoice c = search_and_validate(bench.program(), p, so, &bench, {0, 1});
-    profiles[comm.rank()] = p;
-    choices[comm.rank()] = c;
-    if (comm.rank() == 0) {
-      p.save(profile_path);
-      // The search's best plan, or, should that be the default plan, the next search plan (the
-      // point is to train with a plan the search made).
-      const SIPlan def = block_default_plan(bench.program());
-      for (const auto& k : c.candidates)
-        if (k.plan.blocks != def.blocks) {
-          save_plan(plan_path, k.plan, bench.program());
-          break;
-        }
-    }
-  });
-
+  const std::vector<Flow> flows = profile_and_search(cfg, lay, mb_of(cfg));
   const LayerProgram prog = build_programs(cfg.model, lay, mb_of(cfg)).block;
+  flows[0].profile.save(profile_path);
+  // The search's best plan, or, should that be the default plan, the next search plan (the point
+  // is to train with a plan the search made).
+  const SIPlan def = block_default_plan(prog);
+  for (const auto& k : flows[0].choice.candidates)
+    if (k.plan.blocks != def.blocks) {
+      save_plan(plan_path, k.plan, prog);
+      break;
+    }
   ASSERT_TRUE(std::any_of(prog.fwd.begin(), prog.fwd.end(), [](const Op& o) { return o.is_collective(); }));
-  const Profile& p = profiles[0];
+  const Profile& p = flows[0].profile;
   EXPECT_EQ(p.num_solo_fwd(), strand_windows(prog.fwd, WindowRule::kWithinSegments).size());
   EXPECT_EQ(p.num_solo_bwd(), strand_windows(prog.bwd, WindowRule::kWithinSegments).size());
   EXPECT_EQ(p.num_pairs(), legal_pairs(prog, WindowRule::kWithinSegments).size());
-  EXPECT_EQ(p.to_json(), profiles[1].to_json()) << "ranks disagree on the agreed (max) times";
+  EXPECT_EQ(p.to_json(), flows[1].profile.to_json()) << "ranks disagree on the agreed (max) times";
   EXPECT_NO_THROW(check_profile_fits(Profile::load(profile_path), cfg.model, lay, mb_of(cfg), prog));
 
   // Both ranks kept the same plan (timings are agreed), and every candidate is legal.
-  EXPECT_EQ(choices[0].chosen, choices[1].chosen);
-  EXPECT_EQ(choices[0].plan().blocks, choices[1].plan().blocks);
-  ASSERT_GE(choices[0].candidates.size(), 2u);
-  for (const auto& k : choices[0].candidates) {
+  EXPECT_EQ(flows[0].choice.chosen, flows[1].choice.chosen);
+  EXPECT_EQ(flows[0].choice.plan().blocks, flows[1].choice.plan().blocks);
+  ASSERT_GE(flows[0].choice.candidates.size(), 2u);
+  for (const auto& k : flows[0].choice.candidates) {
     expect_legal(k.plan, prog);
     EXPECT_GT(k.measured_s, 0) << k.plan.source;
   }
@@ -139,21 +145,12 @@ TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialCp2) {
   lay.cp = 2;
   const MicroBatchShape mb{cfg.training.micro_batch_size, cfg.model.seq_len / 2};
   const std::string plan_path = dir.path() + "/plan.json";
-  std::vector<PlanChoice> choices(2);
-  run_local_ranks(lay, [&](CommContext& comm) {
-    LayerPairBench bench(cfg.model, lay, mb, &comm, 7);
-    ProfileOptions po;
-    po.timing = {0, 1};
-    Profile p = profile_layer_pair(bench, cfg.model, lay, &comm, po);
-    SearchOptions so;
-    so.top_k = 3;
-    choices[comm.rank()] = search_and_validate(bench.program(), p, so, &bench, {0, 1});
-    if (comm.rank() == 0) save_plan(plan_path, choices[0].plan(), bench.program());
-  });
+  const std::vector<Flow> flows = profile_and_search(cfg, lay, mb);
   const LayerProgram prog = build_programs(cfg.model, lay, mb).block;
+  save_plan(plan_path, flows[0].choice.plan(), prog);
   ASSERT_TRUE(std::any_of(prog.bwd.begin(), prog.bwd.end(), [](const Op& o) { return o.group == "cp"; }));
-  EXPECT_EQ(choices[0].plan().blocks, choices[1].plan().blocks);
-  for (const auto& k : choices[0].candidates) expect_legal(k.plan, prog);
+  EXPECT_EQ(flows[0].choice.plan().blocks, flows[1].choice.plan().blocks);
+  for (const auto& k : flows[0].choice.candidates) expect_legal(k.plan, prog);
   RunConfig with_plan = cfg;
   with_plan.schedule.plan = plan_path;
   RunConfig sequential = cfg;
