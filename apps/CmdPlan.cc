@@ -22,6 +22,7 @@
 #include "plan/PlanSvg.h"
 #include "profile/PlanValidation.h"
 #include "profile/Profiler.h"
+#include "TuneConfirm.h"
 #include "sim/CostModel.h"
 #include "sim/Interference.h"
 #include "sim/ClusterPreset.h"
@@ -122,21 +123,21 @@ std::string svg_path_for(const std::string& plan_path) {
   return (p.extension() == ".json" ? p.replace_extension(".svg") : std::filesystem::path(plan_path + ".svg")).string();
 }
 
-// A cost-model preset name, or a JSON file of CostModelConfig fields ({"preset": ..., overrides}).
+// A cluster preset (name or .toml path: the same figures `dhelix simulate` and `tune` price with,
+// in the preset's native precision), or a JSON file of CostModelConfig fields.
 CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& lay) {
-  CostModelConfig c;
-  if (arg.size() > 5 && arg.substr(arg.size() - 5) == ".json") {
-    DHX_CHECK(file_exists(arg), IoError, "dhelix plan: cost-model file '{}' does not exist", arg);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(arg));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw ConfigError(fmt::format("dhelix plan: cost-model file '{}' is not JSON: {}", arg, e.what()));
-    }
-    c = CostModelConfig::from_json(j, arg);
-  } else {
-    c = CostModelConfig::preset(arg);
+  if (!(arg.size() > 5 && arg.substr(arg.size() - 5) == ".json")) {
+    const ClusterPreset cluster = load_cluster(arg);
+    return cost_model_config(cluster, lay, cluster.native_precision());
   }
+  DHX_CHECK(file_exists(arg), IoError, "dhelix plan: cost-model file '{}' does not exist", arg);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(arg));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(fmt::format("dhelix plan: cost-model file '{}' is not JSON: {}", arg, e.what()));
+  }
+  CostModelConfig c = CostModelConfig::from_json(j, arg);
   c.group_sizes = {{"tp", lay.tp},     {"dp", lay.dp},     {"pp", lay.pp},    {"cp", lay.cp},
                    {"ep", lay.ep},     {"x", lay.tp_x},    {"y", lay.tp_y},   {"z", lay.tp_z}};
   c.validate();
@@ -154,12 +155,15 @@ constexpr const char* kProfileUsage =
 constexpr const char* kPlanUsage =
     "usage: dhelix plan --config C.toml (--profile FILE | --cost-model PRESET|FILE.json)\n"
     "                   [--top-k K] [--out FILE] [--repeats R] [--warmup W] [--no-validate]\n"
-    "                   [--max-window N] [--min-gain G] [--section.key value ...]\n"
+    "                   [--max-window N] [--min-gain G] [--json FILE] [--section.key value ...]\n"
     "Searches the best Strand-Interleaving plan (DP, top K); with --profile the K candidates and the\n"
     "default plan are timed on the real layer pair (run it like `dhelix profile`: under mpirun for\n"
     "tp > 1); the fastest is kept if it beats the default plan by the fraction G (default 0.03).\n"
     "Writes the plan JSON (default <output.dir>/plan.json), an SVG beside it and prints the plan as\n"
-    "a table. Cost-model presets: a40-pcie, a800-nvlink, h100-nvlink, cpu-1gbit (no hardware needed).\n";
+    "a table. --cost-model prices blocks from a cluster preset (configs/clusters: a40-pcie, h100-8gpu,\n"
+    "perlmutter-a100, cpu-emulated, or a .toml path; GPUs in bf16) or a JSON file of the pricer's fields;\n"
+    "no hardware needed. --json FILE also writes every candidate's predicted, simulated and measured\n"
+    "time, the kept one and the fitted interference.\n";
 
 }  // namespace
 
@@ -227,7 +231,11 @@ const char* kSimulateUsage =
     "trace (ui.perfetto.dev). Any pipeline (schedule.pipeline, parallel.pp): the step runner's slots.\n"
     "  --gpus N               the layout's rank count, checked (default: the layout's)\n"
     "  --compute-slowdown K   a compute op beside a collective runs K times slower (>= 1; default 1;\n"
-    "                         `dhelix plan --profile` fits it on this machine)\n";
+    "                         `dhelix plan --profile` fits it on this machine)\n"
+    "  --profile FILE         fit that slowdown from a `dhelix profile` of this config's layer pair\n"
+    "                         (its pairs timed alone and together; excludes --compute-slowdown)\n"
+    "  --measure-gemm         time every GEMM op's shape on this machine instead of the preset's rate\n"
+    "                         (one core, shared as the preset's device.core_share says)\n";
 
 }  // namespace
 
@@ -235,7 +243,8 @@ int cmd_simulate(int argc, char** argv) {
   Flags fl("simulate", argc, argv);
   const std::optional<std::string> cluster_arg = fl.take("--cluster"), trace_path = fl.take("--trace"),
                                    json_path = fl.take("--json"), prec = fl.take("--precision"),
-                                   slow = fl.take("--compute-slowdown");
+                                   slow = fl.take("--compute-slowdown"), profile_path = fl.take("--profile");
+  const bool measure_gemm = fl.take_switch("--measure-gemm");
   const int gpus = fl.take_int("--gpus", 0, 1);
   std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "simulate", kSimulateUsage);
   if (!parsed) return 0;
@@ -262,6 +271,19 @@ int cmd_simulate(int argc, char** argv) {
     DHX_CHECK(so.compute_slowdown >= 1, ConfigError, "dhelix simulate: --compute-slowdown {} must be >= 1",
               so.compute_slowdown);
   }
+  DHX_CHECK(!(slow && profile_path), ConfigError,
+            "dhelix simulate: give --compute-slowdown or --profile, not both (the profile fits the slowdown)");
+  std::optional<InterferenceFit> fit;
+  if (profile_path) {
+    DHX_CHECK(file_exists(*profile_path), IoError, "dhelix simulate: profile file '{}' does not exist (make it with "
+              "`dhelix profile --config ... --out {}`)", *profile_path, *profile_path);
+    const Profile p = Profile::load(*profile_path);
+    const ModelPrograms progs = build_programs(cfg.model, lay, micro_batch_of(cfg));
+    check_profile_fits(p, cfg.model, lay, micro_batch_of(cfg), progs.block);
+    fit = fit_interference_alternating(progs.block, p);
+    so.compute_slowdown = fit->compute_slowdown;
+  }
+  if (measure_gemm) so.gemm_timer = measured_gemm_timer(cluster.core_share);
   so.si = cfg.schedule.strand_interleaving ? StrandInterleaving::kOn : StrandInterleaving::kOff;
   so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
   const BatchSpec batch{cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
@@ -280,12 +302,19 @@ int cmd_simulate(int argc, char** argv) {
   const StepSchedule schedule = make_schedule(pipeline_spec(cfg));  // the step runner's slots
   so.schedule = &schedule;
   const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
-  const double peak = cluster.gemm_rate(so.precision);
+  const double peak = cluster.peak_flops(so.precision);
   fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | cluster {}\n",
              describe_model(cfg.model), describe_layout(lay), batch.micro_batch, batch.seq, r.micro_batches,
              cfg.schedule.strand_interleaving ? "on" : "off",
              cfg.schedule.plan.empty() ? "" : " (plan " + cfg.schedule.plan + ")", so.zero == Zero::kZero1 ? "ZeRO-1" : "no ZeRO",
              cluster.name);
+  if (fit)
+    fmt::print("interference from {}: compute x{:.2f} beside a collective, fitted on {} measured pairs; held-back {} "
+               "pairs within median {:.1f}% / max {:.1f}% (without it: {:.1f}% / {:.1f}%)\n",
+               *profile_path, fit->compute_slowdown, fit->calibration_pairs, fit->held_back_pairs,
+               100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
+               100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
+  if (measure_gemm) fmt::print("GEMMs timed for their shapes on this machine (core share {})\n", cluster.core_share);
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
   fmt::print("  {:<44} {:>12}\n", "  gradient tail past the last backward (s)", fmt::format("{:.4f}", r.tail_s));
@@ -298,7 +327,7 @@ int cmd_simulate(int argc, char** argv) {
   fmt::print("  {:<44} {:>12}\n", "tokens/s", fmt::format("{:.0f}", r.tokens_per_s));
   fmt::print("  {:<44} {:>12}\n", "model FLOP/s per rank (6N + 6LTd per token)",
              fmt::format("{:.3g}", r.model_flops_per_s_per_rank));
-  fmt::print("  {:<44} {:>12}\n", "  share of the preset's peak (MFU)", fmt::format("{:.3f}", r.model_flops_per_s_per_rank / peak));
+  fmt::print("  {:<44} {:>12}\n", fmt::format("  MFU: share of the peak {:.3g} FLOP/s", peak), fmt::format("{:.3f}", r.model_flops_per_s_per_rank / peak));
   fmt::print("  {:<44} {:>12}\n", "memory per rank (GiB)", fmt::format("{:.3f}", r.memory.total() / (1 << 30)));
   if (trace_path) {
     Trace t(0);
@@ -317,7 +346,9 @@ int cmd_simulate(int argc, char** argv) {
                         {"model_flops_per_s_per_rank", r.model_flops_per_s_per_rank},
                         {"mfu", r.model_flops_per_s_per_rank / peak},
                         {"memory_bytes", r.memory.total()},
-                        {"micro_batches", r.micro_batches}};
+                        {"micro_batches", r.micro_batches},
+                        {"compute_slowdown", so.compute_slowdown},
+                        {"peak_flops", peak}};
     make_parent_dir(*json_path);
     write_file_atomic(*json_path, j.dump(2) + "\n");
   }
@@ -326,7 +357,7 @@ int cmd_simulate(int argc, char** argv) {
 
 int cmd_plan(int argc, char** argv) {
   Flags fl("plan", argc, argv);
-  std::optional<std::string> out = fl.take("--out"), profile_path = fl.take("--profile"),
+  std::optional<std::string> out = fl.take("--out"), profile_path = fl.take("--profile"), json_out = fl.take("--json"),
                              cost_arg = fl.take("--cost-model");
   SearchOptions sopts;
   sopts.top_k = fl.take_int("--top-k", 4, 1);
@@ -393,10 +424,7 @@ int cmd_plan(int argc, char** argv) {
     if (profile_path) {
       try {
         solo = solo_op_timer(prog, *cost);
-        const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
-        std::vector<std::pair<Window, Window>> calib, held;
-        for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
-        fit = fit_interference(prog, *cost, solo, calib, held);
+        fit = fit_interference_alternating(prog, *cost);
       } catch (const ConfigError& e) {
         no_sim = e.what();
       }
@@ -430,6 +458,22 @@ int cmd_plan(int argc, char** argv) {
       if (!bench)
         fmt::print("(not validated: {})\n", profile_path ? "--no-validate" : "a cost model needs no hardware");
       fmt::print("search{} took {:.3f} s\n\n", bench ? " + validation" : "", now_seconds() - t0);
+      if (json_out) {
+        nlohmann::json j = {{"candidates", nlohmann::json::array()}, {"chosen", choice.chosen},
+                            {"validated", bench != nullptr}};
+        for (const auto& k : choice.candidates)
+          j["candidates"].push_back({{"source", k.plan.source},
+                                     {"blocks", k.plan.blocks.size()},
+                                     {"predicted_s", k.predicted_s},
+                                     {"simulated_s", fit ? k.simulated_s : 0.0},
+                                     {"measured_s", k.measured_s}});
+        if (fit)
+          j["interference"] = {{"compute_slowdown", fit->compute_slowdown},
+                               {"held_back_median_error", fit->held_back_median_error},
+                               {"held_back_median_error_without", fit->held_back_median_error_without}};
+        make_parent_dir(*json_out);
+        write_file_atomic(*json_out, j.dump(2) + "\n");
+      }
     }
   } catch (const ConfigError&) {
     throw;

@@ -3,7 +3,7 @@
 //   search   (default mode, one process, no hardware): the time search_plans takes for one
 //            Llama-70B-shaped layer pair (tp = 8, sequence parallel, B=1, T=4096) from a full
 //            profile table — every fwd window, bwd window and legal pair priced by the
-//            h100-nvlink CostModel into a Profile, the search then reads only the table.
+//            h100-8gpu cluster preset's pricer (CostModel) into a Profile, the search then reads only the table.
 //            Median over --repeats runs; prints the table size and the JSON {"search_s": ...}.
 //   compare  (--compare PLAN.json, every rank of an MPI world): training-step time with the
 //            searched plan vs the default plan, measured in one run, round-robin per round so
@@ -30,6 +30,7 @@
 #include "plan/Profile.h"
 #include "schedule/PlanSearch.h"
 #include "sim/CostModel.h"
+#include "sim/StepModel.h"
 #include "train/Config.h"
 #include "train/IndexedDataset.h"
 #include "train/Trainer.h"
@@ -44,9 +45,8 @@ int run_search(int repeats, int top_k) {
   lay.sequence_parallel = true;
   const MicroBatchShape mb{1, 4096};
   const LayerProgram prog = build_programs(m, lay, mb).block;
-  CostModelConfig cc = CostModelConfig::preset("h100-nvlink");
-  cc.group_sizes = {{"tp", lay.tp}};
-  CostModel model(prog, cc);
+  const ClusterPreset h100 = load_cluster("h100-8gpu");  // scripts/bench runs from the repository root
+  CostModel model(prog, cost_model_config(h100, lay, Precision::kBf16));
   // The profile table, as `dhelix profile` would write it on the real cluster.
   Profile table;
   table.describe_program(prog);
@@ -66,7 +66,7 @@ int run_search(int repeats, int top_k) {
     t.push_back(now_seconds() - t0);
   }
   const double s = median(t);
-  fmt::print("plan search: llama-70b layer pair, tp=8 + SP, B=1 T=4096, h100-nvlink prices in a profile table\n");
+  fmt::print("plan search: llama-70b layer pair, tp=8 + SP, B=1 T=4096, h100-8gpu prices in a profile table\n");
   fmt::print("  {:<34} {}\n", "fwd ops / bwd ops", fmt::format("{} / {}", prog.fwd.size(), prog.bwd.size()));
   fmt::print("  {:<34} {} solo fwd, {} solo bwd, {} pairs\n", "profile entries", table.num_solo_fwd(),
              table.num_solo_bwd(), table.num_pairs());

@@ -22,7 +22,7 @@ struct ProfileMeta {
   std::string model;      // "llama-70b"
   std::string layout;     // "tp=8,sp,dp=1"
   std::string shapes;     // "b=1,s=4096,h=8192"
-  std::string machine;    // "a800-nvlink x8" / hostname + backend
+  std::string machine;    // "a800 x8" / hostname + backend
   std::string timestamp;  // ISO 8601
   std::string pair;       // LayerProgram name: "block"
   int repeats = 0;        // timed runs per entry (the stored value is their median)

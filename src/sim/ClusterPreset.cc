@@ -39,6 +39,12 @@ double ClusterPreset::gemm_rate(Precision p) const {
   return peak * gemm_efficiency;
 }
 
+double ClusterPreset::peak_flops(Precision p) const {
+  const double peak = p == Precision::kFp32 ? peak_flops_fp32 : peak_flops_bf16;
+  DHX_CHECK(peak > 0, ConfigError, "cluster '{}' ({}) has no device.peak_flops_{}", name, origin, precision_name(p));
+  return peak;
+}
+
 namespace {
 
 // Reads the fields of one table, refusing unknown keys (a typo is an error, not a default).

@@ -46,6 +46,10 @@ struct ClusterPreset {
 
   // FLOP/s of a GEMM in `p` on one device; ConfigError naming the preset when it has no figure.
   double gemm_rate(Precision p) const;
+  // bf16 when the preset has a bf16 figure (the GPUs: the papers train in 16-bit), else fp32.
+  Precision native_precision() const { return peak_flops_bf16 > 0 || gemm_flops_bf16 > 0 ? Precision::kBf16 : Precision::kFp32; }
+  // The vendor's peak FLOP/s in `p` (the MFU denominator); ConfigError when the preset has none.
+  double peak_flops(Precision p) const;
 };
 
 // Reads a preset from TOML text; ConfigError naming `origin`, the field and a hint.

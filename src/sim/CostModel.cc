@@ -12,45 +12,6 @@ namespace dhelix {
 
 using nlohmann::json;
 
-namespace {
-
-// Preset numbers are achievable (not peak) figures, rounded; they rank plans, they do not
-// promise times. Sources: vendor peak fp16 dense x ~0.6, NCCL bus bandwidth rules of thumb.
-CostModelConfig make_preset(const std::string& name) {
-  CostModelConfig c;
-  c.name = name;
-  if (name == "a40-pcie") {  // A40 150 TF fp16 peak, 696 GB/s; PCIe 4 ring; 100 Gb/s IB
-    c.flop_rate = 90e12, c.mem_bw = 600e9, c.op_overhead_s = 5e-6, c.block_overhead_s = 10e-6;
-    c.overlap_slowdown = 1.10, c.element_bytes = 2;
-    c.links = {{"tp", {12e9, 10e-6}}, {"default", {10e9, 10e-6}}};
-  } else if (name == "a800-nvlink") {  // A800 312 TF, 2 TB/s; NVLink 400 GB/s; 4x200 Gb/s
-    c.flop_rate = 190e12, c.mem_bw = 1.6e12, c.op_overhead_s = 5e-6, c.block_overhead_s = 10e-6;
-    c.overlap_slowdown = 1.10, c.element_bytes = 2;
-    c.links = {{"tp", {150e9, 5e-6}}, {"default", {12e9, 8e-6}}};
-  } else if (name == "h100-nvlink") {  // H100 989 TF, 3.35 TB/s; NVLink 900 GB/s; 400 Gb/s/GPU
-    c.flop_rate = 600e12, c.mem_bw = 3e12, c.op_overhead_s = 4e-6, c.block_overhead_s = 8e-6;
-    c.overlap_slowdown = 1.10, c.element_bytes = 2;
-    c.links = {{"tp", {350e9, 4e-6}}, {"default", {45e9, 6e-6}}};
-  } else if (name == "cpu-1gbit") {  // one core per rank; the tc-shaped 1 Gbit/s emulated net
-    c.flop_rate = 50e9, c.mem_bw = 10e9, c.op_overhead_s = 2e-6, c.block_overhead_s = 20e-6;
-    c.overlap_slowdown = 1.05;
-    c.links = {{"default", {117e6, 50e-6}}};
-  } else {
-    throw ConfigError(fmt::format("unknown cost-model preset '{}' (choices: a40-pcie, "
-                                  "a800-nvlink, h100-nvlink, cpu-1gbit)",
-                                  name));
-  }
-  return c;
-}
-
-}  // namespace
-
-CostModelConfig CostModelConfig::preset(const std::string& name) { return make_preset(name); }
-
-std::vector<std::string> CostModelConfig::preset_names() {
-  return {"a40-pcie", "a800-nvlink", "h100-nvlink", "cpu-1gbit"};
-}
-
 void CostModelConfig::validate() const {
   auto positive = [&](double v, const char* field) {
     DHX_CHECK(std::isfinite(v) && v > 0, ConfigError, "cost model '{}': {}={} must be > 0", name,
@@ -95,7 +56,9 @@ CostModelConfig CostModelConfig::from_json(const json& j, const std::string& ori
   DHX_CHECK(j.is_object(), ConfigError, "{}: a cost model must be a JSON object", origin);
   CostModelConfig c;
   try {
-    if (j.contains("preset")) c = preset(j.at("preset").get<std::string>());
+    DHX_CHECK(!j.contains("preset"), ConfigError,
+              "{}: \"preset\" is gone from cost-model files: give the figures, or pass a cluster preset "
+              "(configs/clusters/*.toml) to --cost-model instead of the file", origin);
     c.name = j.value("name", c.name);
     c.flop_rate = j.value("flop_rate", c.flop_rate);
     c.mem_bw = j.value("mem_bw", c.mem_bw);

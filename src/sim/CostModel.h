@@ -52,16 +52,13 @@ struct CostModelConfig {
   double comm_comm_slowdown = 1.0;  // >= 1: two groups' collectives co-running
   // Bytes per element of the precision simulated. The programs count fp32 (4 bytes), so memory
   // traffic and collective bytes are scaled by element_bytes / 4: the GPU presets train in 16-bit
-  // (the papers' bf16/fp16, and their flop_rate is the 16-bit tensor rate), cpu-1gbit in fp32.
+  // (the papers' bf16/fp16, and their flop_rate is the 16-bit tensor rate), cpu-emulated in fp32.
   double element_bytes = 4;
   std::map<std::string, LinkSpec> links;   // per group role; "default" for any other role
   std::map<std::string, int> group_sizes;  // ranks per role, for ops without attrs["group_size"]
 
-  // "a40-pcie", "a800-nvlink", "h100-nvlink", "cpu-1gbit" (ConfigError names the choices).
-  static CostModelConfig preset(const std::string& name);
-  static std::vector<std::string> preset_names();
-
-  // {"preset":"h100-nvlink", ...overrides...}; every field optional. ConfigError on bad values.
+  // Every field optional (defaults above). ConfigError on bad values. The named configurations come
+  // from the cluster presets (cost_model_config in StepModel.h), not from here.
   nlohmann::json to_json() const;
   static CostModelConfig from_json(const nlohmann::json& j, const std::string& origin = "<json>");
   void validate() const;  // ConfigError naming the field and value

@@ -77,4 +77,12 @@ InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& meas
   return fit;
 }
 
+InterferenceFit fit_interference_alternating(const LayerProgram& prog, const BlockCost& measured) {
+  const OpTimer solo = solo_op_timer(prog, measured);
+  const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
+  std::vector<std::pair<Window, Window>> calib, held;
+  for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
+  return fit_interference(prog, measured, solo, calib, held);
+}
+
 }  // namespace dhelix

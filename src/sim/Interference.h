@@ -36,6 +36,10 @@ InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& meas
                                  const std::vector<std::pair<Window, Window>>& calibration,
                                  const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown = 6.0);
 
+// The fit `dhelix plan --profile` and `dhelix simulate --profile` use: the profile's legal pairs
+// (within segments) alternately to calibration and held-back, the single-op windows as op times.
+InterferenceFit fit_interference_alternating(const LayerProgram& prog, const BlockCost& measured);
+
 // The simulated time of the pair of windows (one block) under `opt`.
 double simulate_window_pair(const LayerProgram& prog, Window f, Window b, const OpTimer& op_seconds,
                             const PairSimOptions& opt);

@@ -44,6 +44,20 @@ std::map<std::string, GroupLink> group_links(const LayoutConfig& lay, const Clus
   return out;
 }
 
+CostModelConfig cost_model_config(const ClusterPreset& cluster, const LayoutConfig& lay, Precision p) {
+  CostModelConfig c;
+  c.name = fmt::format("{} ({})", cluster.name, precision_name(p));
+  c.flop_rate = cluster.gemm_rate(p);
+  c.mem_bw = cluster.mem_bw;
+  c.element_bytes = element_bytes(p);
+  for (const auto& [role, g] : group_links(lay, cluster)) {
+    c.group_sizes[role] = g.size;
+    if (g.size > 1) c.links[role] = g.link;
+  }
+  c.validate();
+  return c;
+}
+
 namespace {
 
 const std::set<std::string>& boundary_in() {

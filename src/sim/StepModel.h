@@ -145,6 +145,12 @@ struct GroupLink {
 // placement of the group containing rank 0.
 std::map<std::string, GroupLink> group_links(const LayoutConfig& lay, const ClusterPreset& cluster);
 
+// The block pricer's configuration (CostModel.h, `dhelix plan --cost-model`) from a cluster preset:
+// the GEMM rate in `p` as flop_rate, the preset's memory bandwidth, p's element size, every role's
+// placement link and group size (group_links). No launch overheads and no overlap slowdown: the
+// preset gives none (a profile's fitted interference does, Interference.h). One cost vocabulary.
+CostModelConfig cost_model_config(const ClusterPreset& cluster, const LayoutConfig& lay, Precision p);
+
 struct DeviceRates {
   double gemm_rate = 0;     // FLOP/s
   double mem_bw = 0;        // bytes/s

@@ -36,7 +36,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
   const auto groups = group_links(lay, cluster);
   const double elem = element_bytes(opt.precision);
-  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, {}};
+  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, opt.gemm_timer};
   const OpTimer time = [&](const Op& o) { return op_time(o, groups, rates); };
   const PairSimOptions popt{opt.compute_slowdown};
   const int L = static_cast<int>(m.n_layers), U = L + 2;

@@ -29,6 +29,7 @@ struct StepSimOptions {
   Zero zero = Zero::kNone;
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
+  GemmTimer gemm_timer = {};      // when set: GEMM ops as timed for their shapes (DeviceRates)
   PairPlanner plan_for;           // required when a slot co-executes
   // The step schedule (schedule/Pipelines.h's make_schedule of the config's pipeline): required
   // for pp > 1. Every rank's slots run in order; a slot starts when its rank is free and its inputs

@@ -2,6 +2,7 @@
 // small numbers (exact in binary floating point where written with ==).
 #include <gtest/gtest.h>
 
+#include "ClusterTestUtil.h"
 #include "PlanTestUtil.h"
 #include "base/Error.h"
 #include "sim/CostModel.h"
@@ -56,21 +57,38 @@ TEST(CostModel, ElementBytesScaleTheTraffic) {
   half.element_bytes = 2;
   EXPECT_DOUBLE_EQ(CostModel(prog, half).op_time(StrandKind::kForward, 1), 1.875);
   EXPECT_DOUBLE_EQ(CostModel(prog, unit_config()).op_time(StrandKind::kForward, 1), 2.25);
-  for (const char* gpu : {"a40-pcie", "a800-nvlink", "h100-nvlink"})
-    EXPECT_EQ(CostModelConfig::preset(gpu).element_bytes, 2) << gpu;
-  EXPECT_EQ(CostModelConfig::preset("cpu-1gbit").element_bytes, 4);
+  for (const char* gpu : {"a40-pcie", "perlmutter-a100", "h100-8gpu"})
+    EXPECT_EQ(test::cluster_cost_model(gpu, test::tp_only(2)).element_bytes, 2) << gpu;
+  EXPECT_EQ(test::cluster_cost_model("cpu-emulated", test::tp_only(2)).element_bytes, 4);
   EXPECT_EQ(CostModelConfig::from_json(half.to_json()).element_bytes, 2);
   half.element_bytes = 0;
   EXPECT_THROW(half.validate(), ConfigError);
 }
 
-TEST(CostModel, PresetsAndJson) {
-  for (const std::string& name : CostModelConfig::preset_names())
-    EXPECT_NO_THROW(CostModelConfig::preset(name).validate()) << name;
-  EXPECT_THROW(CostModelConfig::preset("tpu"), ConfigError);
-  CostModelConfig c = CostModelConfig::from_json(
-      nlohmann::json::parse(R"({"preset":"cpu-1gbit","group_sizes":{"tp":2},"mem_bw":5e9})"));
-  EXPECT_EQ(c.name, "cpu-1gbit");
+// The named pricers are the cluster presets' figures (one cost vocabulary): the GEMM rate, memory
+// bandwidth and each group's placement link of the preset, as the step model reads them. Oracle:
+// the preset's own fields, and group_links for the links. JSON files give their figures.
+TEST(CostModel, ClusterPresetsAndJson) {
+  for (const char* name : {"a40-pcie", "perlmutter-a100", "h100-8gpu", "cpu-emulated"}) {
+    SCOPED_TRACE(name);
+    const ClusterPreset cl = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/" + name + ".toml");
+    LayoutConfig lay = test::tp_only(2);
+    lay.dp = 2;
+    const CostModelConfig c = cost_model_config(cl, lay, cl.native_precision());
+    EXPECT_NO_THROW(c.validate());
+    EXPECT_DOUBLE_EQ(c.flop_rate, cl.gemm_rate(cl.native_precision()));
+    EXPECT_DOUBLE_EQ(c.mem_bw, cl.mem_bw);
+    const auto groups = group_links(lay, cl);
+    for (const char* g : {"tp", "dp"}) {
+      EXPECT_EQ(c.group_sizes.at(g), 2);
+      EXPECT_DOUBLE_EQ(c.links.at(g).bandwidth, groups.at(g).link.bandwidth);
+      EXPECT_DOUBLE_EQ(c.links.at(g).latency, groups.at(g).link.latency);
+    }
+  }
+  EXPECT_THROW(CostModelConfig::from_json(nlohmann::json::parse(R"({"preset":"cpu-1gbit"})")), ConfigError);
+  CostModelConfig c = CostModelConfig::from_json(nlohmann::json::parse(
+      R"({"name":"mine","flop_rate":1e12,"links":{"default":{"bandwidth":1e9}},"group_sizes":{"tp":2},"mem_bw":5e9})"));
+  EXPECT_EQ(c.name, "mine");
   EXPECT_EQ(c.group_sizes.at("tp"), 2);
   EXPECT_DOUBLE_EQ(c.mem_bw, 5e9);
   CostModelConfig back = CostModelConfig::from_json(c.to_json());

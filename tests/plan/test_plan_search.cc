@@ -9,6 +9,7 @@
 #include <chrono>
 #include <set>
 
+#include "ClusterTestUtil.h"
 #include "PlanTestUtil.h"
 #include "plan/PlanCheck.h"
 #include "schedule/PlanSearch.h"
@@ -119,7 +120,7 @@ TEST(PlanSearch, NeverPairsSameGroupCollectives) {
 TEST(PlanSearch, LlamaShapedPairIsFast) {
   // 13 fwd x 17 bwd ops, 4 TP collectives per strand, priced by the analytical model.
   LayerProgram prog = test::llama_like_pair();
-  CostModel model(prog, CostModelConfig::preset("h100-nvlink"));
+  CostModel model(prog, test::cluster_cost_model("h100-8gpu", test::tp_only(8)));
   for (int k : {1, 8}) {
     auto t0 = std::chrono::steady_clock::now();
     SearchResult r = search_plans(prog, model, {.top_k = k});

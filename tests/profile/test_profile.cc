@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "../e2e/TinyRun.h"
+#include "../plan/ClusterTestUtil.h"
 #include "base/Error.h"
 #include "comm/LocalBackend.h"
 #include "plan/PlanCheck.h"
@@ -201,9 +202,7 @@ TEST(ProfilePlanTrain, ASimulatorRanksTheCandidates) {
   const ModelConfig m = model_preset("gpt2-124m");
   const LayoutConfig lay = tp_layout(2);
   const LayerProgram prog = build_programs(m, lay, {4, 1024}).block;
-  CostModelConfig cc = CostModelConfig::preset("cpu-1gbit");
-  cc.group_sizes = {{"tp", 2}};
-  CostModel cost(prog, cc);
+  CostModel cost(prog, test::cluster_cost_model("cpu-emulated", lay));
   SearchOptions so;
   so.top_k = 3;
   const PlanSimulator by_blocks = [](const SIPlan& p) { return double(p.blocks.size()); };
@@ -232,15 +231,13 @@ TEST(ProfilePlanTrain, EveryEmittedPlanPassesCheckPlan) {
     int64_t B, T;
     const char* hw;
   };
-  for (const Case& c : {Case{"llama-70b", 8, 1, 4096, "h100-nvlink"}, Case{"gpt2-124m", 2, 4, 1024, "cpu-1gbit"},
-                        Case{"llama-8b", 4, 2, 2048, "a40-pcie"}, Case{"gpt2-124m", 1, 1, 256, "a800-nvlink"}}) {
+  for (const Case& c : {Case{"llama-70b", 8, 1, 4096, "h100-8gpu"}, Case{"gpt2-124m", 2, 4, 1024, "cpu-emulated"},
+                        Case{"llama-8b", 4, 2, 2048, "a40-pcie"}, Case{"gpt2-124m", 1, 1, 256, "perlmutter-a100"}}) {
     SCOPED_TRACE(c.preset);
     ModelConfig m = model_preset(c.preset);
     const LayoutConfig lay = tp_layout(c.tp);
     const LayerProgram prog = build_programs(m, lay, {c.B, c.T}).block;
-    CostModelConfig cc = CostModelConfig::preset(c.hw);
-    cc.group_sizes = {{"tp", c.tp}};
-    CostModel cost(prog, cc);
+    CostModel cost(prog, test::cluster_cost_model(c.hw, lay));
     SearchOptions so;
     so.top_k = 5;
     so.max_window = c.tp == 1 ? 4 : 0;

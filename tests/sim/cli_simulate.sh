@@ -26,6 +26,30 @@ if [ $rc -eq 0 ] && grep -q "pipeline bubble" <<<"$out" \
   ok pipeline_w
 else fail pipeline_w; echo "$out" | tail -10; fi
 
+# 1c. GEMMs timed on this machine (--measure-gemm): the step is priced and says so.
+out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --measure-gemm --json "$tmp/g.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "GEMMs timed for their shapes" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['step_s'] > 0" "$tmp/g.json"; then
+  ok measure_gemm
+else fail measure_gemm; echo "$out" | tail -10; fi
+
+# 1d. Interference from a profile (--profile): a one-rank profile has no collective beside compute,
+# so no slowdown can be fitted and the fit keeps 1 (the grid's first value; a larger one changes no
+# simulated pair). A profile of another shape is refused.
+tiny=(--config configs/demo.toml --model.n_layers 2 --model.d_model 64 --model.n_heads 4 --model.n_kv_heads 2
+      --model.ffn_hidden 128 --model.seq_len 16 --model.vocab_size 200 --training.micro_batch_size 1 --training.threads 1)
+"$bin" profile "${tiny[@]}" --repeats 1 --warmup 0 --out "$tmp/prof.json" >/dev/null 2>&1
+out=$("$bin" simulate "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/prof.json" --json "$tmp/p.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "interference from" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['compute_slowdown'] == 1" "$tmp/p.json"; then
+  ok profile_fit
+else fail profile_fit; echo "$out" | tail -10; fi
+expect_bad profile_of_other_run "measured for another run" -- "${tiny[@]}" --model.d_model 128 --cluster cpu-emulated \
+  --profile "$tmp/prof.json"
+expect_bad profile_and_slowdown "not both" -- "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/prof.json" \
+  --compute-slowdown 2
+expect_bad profile_missing "does not exist" -- "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/none.json"
+
 # 2. Bad input: exit 2, the values named.
 expect_bad no_cluster "--cluster is required" -- --config configs/demo.toml
 expect_bad gpus "--gpus 4 but the layout has 2 ranks" -- --config configs/demo.toml --cluster cpu-emulated --gpus 4 \
