@@ -166,7 +166,8 @@ const std::map<std::string, ModelConfig>& presets() {
     // Shapes the papers name without extents: standard shapes of that size, MHA as in the
     // DHelix runtime (no GQA), 32k vocabulary.
     m["llama-25b"] = llama("llama-25b", 5120, 80, 40, 40, 13824, 32000, 4096);
-    m["llama-39b"] = llama("llama-39b", 6656, 72, 52, 52, 17920, 32000, 4096);
+    // 39B: the 66B shape's width in 48 layers (38.9B), so that the paper's tp = 8 divides its heads.
+    m["llama-39b"] = llama("llama-39b", 8192, 48, 64, 64, 22016, 32000, 4096);
     m["llama-66b"] = llama("llama-66b", 8192, 80, 64, 64, 22016, 32000, 16384);
     m["gpt-6.7b"] = gpt("gpt-6.7b", 4096, 32, 32, 2048);
     m["gpt-18b"] = gpt("gpt-18b", 6144, 40, 48, 2048);
