@@ -6,13 +6,16 @@
 // serves GEMMs and the elementwise kernels (two pools spinning against each other on a loaded
 // machine cost more than the GEMMs gain), and every C element is one serial BLAS dot-product
 // order fixed by the thread count: bitwise reproducible. Inside a parallel region (attention
-// tiles) gemm() is one serial call. Not here: any GEMM kernel of our own.
+// tiles) gemm() is one serial call. Not here: any GEMM kernel of our own. The linear layer's GEMMs
+// go to gemm_bf16 (Bf16.h) while the process's GEMM precision is bf16.
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "kernels/cpu/Parallel.h"
 
@@ -68,6 +71,21 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   }
 }
 
+namespace {
+// The linear layer's GEMMs: bf16 for float while the process's GEMM precision says so (Bf16.h).
+template <typename T>
+void linear_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                 int64_t ldb, T beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (gemm_precision() == GemmPrecision::kBf16) {
+      gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
+  }
+  gemm<T>(trans_a, trans_b, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
+}
+}  // namespace
+
 template <typename T>
 void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O) {
   T beta = T(0);
@@ -77,13 +95,13 @@ void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, 
     beta = T(1);
   }
   // y[N,O] = x[N,I] @ w[O,I]^T (+ y)
-  gemm<T>(false, true, N, O, I, T(1), x, I, w, I, beta, y, O);
+  linear_gemm<T>(false, true, N, O, I, x, I, w, I, beta, y, O);
 }
 
 template <typename T>
 void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc) {
   // dx[N,I] = dy[N,O] @ w[O,I]
-  gemm<T>(false, false, N, I, O, T(1), dy, O, w, I, acc == Accumulate::kYes ? T(1) : T(0), dx, I);
+  linear_gemm<T>(false, false, N, I, O, dy, O, w, I, acc == Accumulate::kYes ? T(1) : T(0), dx, I);
 }
 
 namespace {
@@ -110,7 +128,7 @@ void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, in
                             int64_t o1) {
   DHX_ASSERT(0 <= o0 && o0 <= o1 && o1 <= O, "weight rows [{}, {}) outside [0, {})", o0, o1, O);
   // dw[o0:o1, I] += dy[N, o0:o1]^T @ x[N, I]: op(A) rows are columns o0.. of dy (leading dim O)
-  gemm<T>(true, false, o1 - o0, I, N, T(1), dy + o0, O, x, I, T(1), dw + o0 * I, I);
+  linear_gemm<T>(true, false, o1 - o0, I, N, dy + o0, O, x, I, T(1), dw + o0 * I, I);
   if (db != nullptr) bias_grad_cols<T>(dy, db, N, O, o0, o1);
 }
 

@@ -1,0 +1,149 @@
+// bf16 GEMMs through oneDNN's matmul primitive (Bf16.h). The fp32 operands are rounded into
+// compact bf16 buffers (per thread, reused) in their stored orientation; the primitive reads them
+// through strides (a transposed operand is a column-major matrix) and writes fp32 C with its
+// leading dimension, alpha as an output scale and beta as a sum post-op.
+#include "kernels/cpu/Bf16.h"
+
+#include <cpuid.h>
+
+#include <atomic>
+#include <cstring>
+#include <dnnl.hpp>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "base/Error.h"
+
+namespace dhelix::cpu {
+
+std::string Bf16Support::describe() const {
+  std::string s;
+  if (amx_bf16) s += "amx_bf16";
+  if (avx512_bf16) s += std::string(s.empty() ? "" : " ") + "avx512_bf16";
+  return s.empty() ? "none" : s;
+}
+
+Bf16Support bf16_support() {
+  static const Bf16Support s = [] {
+    Bf16Support r;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+      r.amx_bf16 = ((d >> 22) & 1u) && ((d >> 24) & 1u);
+      if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) r.avx512_bf16 = (a >> 5) & 1u;
+    }
+    return r;
+  }();
+  return s;
+}
+
+namespace {
+std::atomic<GemmPrecision> g_precision{GemmPrecision::kFp32};
+
+void require_bf16() {
+  DHX_CHECK(bf16_support().usable(), ConfigError,
+            "bf16 needs a CPU with AMX-BF16 or AVX512-BF16; this one has neither (cpuid: amx_bf16 and avx512_bf16 "
+            "absent)\nhint: set training.precision = \"fp32\"");
+}
+}  // namespace
+
+void set_gemm_precision(GemmPrecision p) {
+  if (p == GemmPrecision::kBf16) require_bf16();
+  g_precision.store(p, std::memory_order_relaxed);
+}
+GemmPrecision gemm_precision() { return g_precision.load(std::memory_order_relaxed); }
+
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float from_bf16(uint16_t b) {
+  const uint32_t u = uint32_t{b} << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+
+struct Key {
+  int64_t M, N, K, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  bool operator<(const Key& o) const {
+    return std::tie(M, N, K, ldc, ta, tb, alpha, beta) < std::tie(o.M, o.N, o.K, o.ldc, o.ta, o.tb, o.alpha, o.beta);
+  }
+};
+
+struct Prim {
+  dnnl::matmul mm;
+  memory::desc a, b, c;
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+const Prim& primitive(const Key& k) {
+  static std::mutex mu;
+  static std::map<Key, Prim> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(k); it != cache.end()) return it->second;
+  // Compact operands in their stored orientation: op(A)[M,K] is A[M,K] row-major, or A[K,M]
+  // row-major read transposed (strides {1, M}); op(B)[K,N] likewise.
+  const memory::desc a({k.M, k.K}, memory::data_type::bf16, k.ta ? Dims{1, k.M} : Dims{k.K, 1});
+  const memory::desc b({k.K, k.N}, memory::data_type::bf16, k.tb ? Dims{1, k.K} : Dims{k.N, 1});
+  const memory::desc c({k.M, k.N}, memory::data_type::f32, Dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(k.beta);
+    attr.set_post_ops(po);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
+  return cache.emplace(k, Prim{dnnl::matmul(pd), a, b, c}).first->second;
+}
+
+// The rows x cols block of src (leading dimension ld) rounded into dst, compact.
+void round_block(const float* src, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& dst) {
+  dst.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * ld;
+    uint16_t* d = dst.data() + r * cols;
+    for (int64_t j = 0; j < cols; ++j) d[j] = to_bf16(s[j]);
+  }
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  require_bf16();
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  thread_local std::vector<uint16_t> a16, b16;
+  // Stored shapes: A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K]).
+  round_block(A, trans_a ? K : M, trans_a ? M : K, lda, a16);
+  round_block(B, trans_b ? N : K, trans_b ? K : N, ldb, b16);
+  const Prim& p = primitive({M, N, K, ldc, trans_a, trans_b, alpha, beta});
+  memory am(p.a, engine(), a16.data()), bm(p.b, engine(), b16.data()), cm(p.c, engine(), C);
+  dnnl::stream s(engine());
+  p.mm.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  s.wait();
+}
+
+}  // namespace dhelix::cpu

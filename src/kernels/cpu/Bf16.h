@@ -1,0 +1,38 @@
+// bf16 GEMMs on the CPU (issue 22): operands rounded to bfloat16 (8-bit mantissa, round to nearest
+// even), products accumulated in fp32 by oneDNN's matmul primitive (AMX tiles where the CPU has
+// them, else AVX512-BF16 dot products), fp32 results. The linear layer's three GEMMs (forward,
+// input gradient, weight gradient) take this path while the process's GEMM precision is bf16
+// (set_gemm_precision; the trainer sets it from training.precision); everything else stays fp32.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace dhelix::cpu {
+
+struct Bf16Support {
+  bool avx512_bf16 = false;  // CPUID.(EAX=7,ECX=1):EAX[5]
+  bool amx_bf16 = false;     // CPUID.(EAX=7,ECX=0):EDX[22] and AMX-TILE EDX[24]
+  bool usable() const { return avx512_bf16 || amx_bf16; }
+  std::string describe() const;  // "amx_bf16 avx512_bf16", or "none"
+};
+// What this CPU offers (read once).
+Bf16Support bf16_support();
+
+enum class GemmPrecision { kFp32, kBf16 };
+// Process-wide: the precision of the linear layer's GEMMs of type float (double is never rounded).
+// ConfigError naming the missing CPU feature when bf16 is asked for on a CPU without AMX or
+// AVX512-BF16 (never a silent fallback).
+void set_gemm_precision(GemmPrecision p);
+GemmPrecision gemm_precision();
+
+// fp32 -> bf16, round to nearest even (NaN stays NaN); bf16 -> fp32 exactly.
+uint16_t to_bf16(float x);
+float from_bf16(uint16_t b);
+
+// C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major fp32 buffers, computed from the bf16
+// roundings of A and B with fp32 accumulation. oneDNN primitives are cached per shape. Needs
+// bf16_support().usable() (ConfigError otherwise).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace dhelix::cpu
