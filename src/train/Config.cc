@@ -18,6 +18,7 @@
 
 #include "base/Error.h"
 #include "base/Files.h"
+#include "kernels/cpu/Bf16.h"
 
 namespace dhelix {
 namespace {
@@ -88,6 +89,7 @@ const std::vector<Field>& table() {
       DHX_F("training", "sample_tokens", training.sample_tokens, kInt, 0, 1e9, "tokens sampled and printed at the end"),
       DHX_F("training", "threads", training.threads, kInt, 0, 4096, "compute threads per rank; 0 = auto"),
       DHX_F("training", "nonfinite", training.nonfinite, kString, 0, 0, "a step with a non-finite loss or gradient norm: skip (no update; counted in the log and metrics) or stop (exit 3, naming the step and tensor); never reaches the weights or a checkpoint"),
+      DHX_F("training", "precision", training.precision, kString, 0, 0, "fp32, or bf16: the linear layers' GEMMs (forward, input and weight gradient) with bf16 operands and fp32 accumulation on AMX or AVX512-BF16 (oneDNN); weights, gradients, optimizer state and every other op stay fp32"),
       DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
       DHX_F("data", "tokenizer", data.tokenizer, kString, 0, 0, "SentencePiece model file"),
@@ -376,6 +378,11 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
   if (c.comm.transport != "gloo" && c.comm.transport != "mpi")
     e.push_back(fmt::format("comm.transport=\"{}\" is not a transport; use gloo or mpi", c.comm.transport));
+  if (t.precision != "fp32" && t.precision != "bf16")
+    e.push_back(fmt::format("training.precision=\"{}\" is not a precision; use fp32 or bf16", t.precision));
+  else if (t.precision == "bf16" && !cpu::bf16_support().usable())
+    e.push_back("training.precision=\"bf16\" needs a CPU with AMX-BF16 or AVX512-BF16; this one has neither "
+                "(cpuid: amx_bf16 and avx512_bf16 absent); use fp32");
   if (t.nonfinite != "skip" && t.nonfinite != "stop")
     e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
   if (c.data.prefix.empty()) e.push_back("data.prefix is empty");

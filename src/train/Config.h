@@ -35,6 +35,7 @@ struct TrainingConfig {
   int64_t threads = 0;            // compute threads per rank; 0 = auto
   std::string nonfinite = "skip"; // a non-finite loss or gradient norm: "skip" the update or "stop" (exit 3)
   int64_t nonfinite_max_skips = 3;  // consecutive skipped steps after which the run stops (exit 3)
+  std::string precision = "fp32";    // "bf16": the linear layers' GEMMs in bf16 (kernels/cpu/Bf16.h)
 };
 
 struct DataConfig {

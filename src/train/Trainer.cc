@@ -17,6 +17,7 @@
 #include "base/Files.h"
 #include "base/Log.h"
 #include "base/Signals.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
@@ -126,6 +127,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
               p.dp, p.pp, p.cp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world(), layout_.world());
   }
   cpu::set_num_threads(auto_threads(cfg_, comm_));
+  cpu::set_gemm_precision(cfg_.training.precision == "bf16" ? cpu::GemmPrecision::kBf16 : cpu::GemmPrecision::kFp32);
   // Under context parallelism this rank's micro-batch holds seq_len / cp rows of each sequence.
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len / layout_.cp};
   // A pipeline stage builds and stores only the units of its chunks.

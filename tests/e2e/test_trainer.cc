@@ -6,6 +6,7 @@
 
 #include "TinyRun.h"
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "sim/LayoutSearch.h"
 #include "sim/StepModel.h"
 #include "TrainMemory.h"
@@ -75,6 +76,58 @@ TEST_P(Families, LossFallsOnLearnableData) {
   std::vector<double> l = train_losses(cfg, 40);
   EXPECT_NEAR(l.front(), std::log(200.0), 0.5);
   EXPECT_LT(l.back(), l.front() - 1.0);
+}
+
+// bf16 GEMMs (training.precision = bf16). Oracles: the fp32 run on the same data and seed, and the
+// sequential schedule. SI only reorders whole ops, and each GEMM's bf16 result depends on its own
+// operands only, so SI on and off stay bitwise equal. Against fp32: the first loss differs only
+// by the forward's rounding (operands at u = 2^-8 relative, fp32 sums) -- within 0.01 nats of a
+// loss of log(200) = 5.3; after that the two runs follow different (rounded) updates, so the band
+// is on the curve: the means of every 20-step window within 0.1 nats (a step's loss alone swings by
+// 0.2-0.4 nats with its micro-batches' contents) and the drop from the first loss to the mean of the
+// last 20 within 5% of fp32's (measured: see the test's output). MoE's band is 0.2: its top-k
+// routing is discrete, so a rounding that moves a token to another expert changes its whole path
+// (measured 0.13 there, 0.04-0.05 for the dense families).
+TEST_P(Families, Bf16InterleavingOnOffBitwise) {
+  if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
+  TempDir dir;
+  write_synthetic_dataset(dir.path() + "/data", 200, 300, 9);
+  RunConfig on = tiny_config(dir.path(), GetParam());
+  on.training.micro_batches = 3;
+  on.training.precision = "bf16";
+  RunConfig off = on;
+  off.schedule.strand_interleaving = false;
+  std::vector<double> a = train_losses(on, 5), b = train_losses(off, 5);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+}
+
+TEST_P(Families, Bf16LossTracksFp32) {
+  if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
+  TempDir dir;
+  write_synthetic_dataset(dir.path() + "/data", 200, 300, 11);
+  RunConfig cfg = tiny_config(dir.path(), GetParam());
+  cfg.training.steps = 200;
+  const std::vector<double> f = train_losses(cfg, 200);
+  cfg.training.precision = "bf16";
+  const std::vector<double> h = train_losses(cfg, 200);
+  cfg.training.precision = "fp32";
+  (void)train_losses(cfg, 1);  // the process's GEMM precision back to fp32 for the tests after
+  EXPECT_NE(f, h) << "bf16 changed nothing: its GEMMs did not run";
+  EXPECT_NEAR(h.front(), f.front(), 0.01);
+  // The curves by windows of 20 steps (one step's loss swings with its micro-batches' contents).
+  double worst = 0, tail_f = 0, tail_h = 0;
+  for (size_t w = 0; w < f.size(); w += 20) {
+    double mf = 0, mh = 0;
+    for (size_t i = w; i < w + 20; ++i) mf += f[i] / 20, mh += h[i] / 20;
+    worst = std::max(worst, std::abs(mf - mh));
+    tail_f = mf, tail_h = mh;
+  }
+  const double drop_f = f.front() - tail_f, drop_h = h.front() - tail_h;
+  std::printf("[ info ] %s: fp32 %.4f -> %.4f, bf16 %.4f -> %.4f (last-20 means); worst 20-step window gap %.4f nats\n",
+              GetParam(), f.front(), tail_f, h.front(), tail_h, worst);
+  EXPECT_LE(worst, std::string(GetParam()) == "moe" ? 0.2 : 0.1);
+  EXPECT_NEAR(drop_h, drop_f, 0.05 * drop_f);
+  EXPECT_GT(drop_f, 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, Families, ::testing::Values("llama", "gpt", "moe"));
