@@ -103,6 +103,20 @@ TensorList to_hf(const ModelConfig& m, const std::map<std::string, Tensor>& full
   return out;
 }
 
+namespace {
+// A bf16 tensor as f32: each value's 16 bits become the high half of the float (exact).
+Tensor bf16_to_f32(const Tensor& t) {
+  Tensor f = Tensor::empty(t.shape(), DType::kF32);
+  const uint16_t* src = t.data<uint16_t>();
+  float* dst = f.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint32_t u = uint32_t{src[i]} << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+  return f;
+}
+}  // namespace
+
 std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<ParamSpec>& specs, const TensorList& hf) {
   std::map<std::string, const Tensor*> byname;
   for (auto& [k, t] : hf) byname[k] = &t;
@@ -130,7 +144,9 @@ std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<Pa
     auto sh = shape_of.find(p.internal);
     if (sh == shape_of.end()) continue;  // another pipeline stage's parameter (every one must be there)
     Tensor t = *it->second;
-    DHX_CHECK(t.dtype() == DType::kF32, IoError, "tensor '{}' is {}, expected f32", p.hf, dtype_name(t.dtype()));
+    if (t.dtype() == DType::kBF16) t = bf16_to_f32(t);  // Hugging Face's bf16 releases: exact widening
+    DHX_CHECK(t.dtype() == DType::kF32, IoError, "tensor '{}' is {}, expected f32 or bf16", p.hf,
+              dtype_name(t.dtype()));
     if (p.transpose) {
       DHX_CHECK(t.ndim() == 2, IoError, "tensor '{}' has shape {}, expected 2-D", p.hf, shape_str(t.shape()));
       t = transpose2d(t);

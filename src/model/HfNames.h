@@ -23,7 +23,7 @@ TensorList to_hf(const ModelConfig& m, const std::map<std::string, Tensor>& full
 // internal full shapes (padding rows of the vocabulary are zero). Every HF tensor of the model must
 // be present; missing or mis-shaped ones -> IoError naming the tensor, the expected and found shapes.
 // A tensor in `hf` that the model does not have (a checkpoint of a deeper model, say) -> IoError
-// naming them: nothing is silently dropped.
+// naming them: nothing is silently dropped. Tensors are f32 or bf16 (widened exactly to f32).
 std::map<std::string, Tensor> from_hf(const ModelConfig& m, const std::vector<ParamSpec>& specs,
                                       const TensorList& hf);
 

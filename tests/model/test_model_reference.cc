@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ostream>
 
 #include "ModelHarness.h"
@@ -113,6 +114,39 @@ TensorList model_tensors(const TensorList& all) {
 }
 
 class ModelReference : public ::testing::TestWithParam<ModelFamily> {};
+
+// Hugging Face's bf16 releases load. Oracle: the fp32 weights rounded to bf16 (to nearest even)
+// and loaded as f32 -- widening bf16 to f32 is exact, so the loaded parameters are bitwise those,
+// after a round trip through a safetensors file of BF16 tensors.
+TEST_P(ModelReference, Bf16WeightsLoadExactly) {
+  Reference r = load_reference(GetParam());
+  const TensorList f32 = model_tensors(r.file.tensors);
+  TensorList rounded, bf16;
+  for (const auto& [name, t] : f32) {
+    Tensor h = Tensor::empty(t.shape(), DType::kBF16), f = Tensor::empty(t.shape(), DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, t.f32() + i, 4);
+      u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (the weights are finite)
+      h.data<uint16_t>()[i] = static_cast<uint16_t>(u >> 16);
+      u &= 0xffff0000u;
+      std::memcpy(f.f32() + i, &u, 4);
+    }
+    bf16.push_back({name, h});
+    rounded.push_back({name, f});
+  }
+  const std::string path = ::testing::TempDir() + "/bf16_" + family_name(GetParam()) + ".safetensors";
+  write_safetensors(path, bf16);
+  const SafetensorsFile back = read_safetensors(path);
+  ModelHarness h(r.model, {kRefB, kRefT}, kRefMicroBatches);
+  const auto a = from_hf(r.model, h.specs(), back.tensors), b = from_hf(r.model, h.specs(), rounded);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.shape(), u.shape()) << name;
+    EXPECT_EQ(std::memcmp(t.f32(), u.f32(), t.nbytes()), 0) << name;
+  }
+}
 
 // Per-token loss (the head's "loss" buffer) and the logits of the real vocabulary, micro-batch by
 // micro-batch, each from a forward pass through the executor.
