@@ -9,8 +9,15 @@
 // JSON line: tokens_per_s, model_flops_per_s, sgemm_flops_per_s, sgemm_fraction, torch_tokens_per_s.
 // Model FLOPs/token = 6*N_matmul + 6*L*T*d (ModelConfig::flops_per_token). --profile adds a
 // per-op time table (from a Trace of the timed steps). Not here: data loading, checkpoints.
+// --precision bf16 (issue 22) adds, alternating step by step with the others: our run with the
+// linear layers' GEMMs in bf16 (kernels/cpu/Bf16.h), PyTorch under bf16 autocast, and each torch
+// peer also with glibc's allocator tuned (GLIBC_TUNABLES mmap_max=0, trim_threshold 64 GiB; the
+// faster of the two is the peer), plus oneDNN's bf16 matmul rate on the model's own GEMM shapes;
+// JSON adds tokens_per_s_bf16, tokens_per_s_fp32, torch_tokens_per_s_fp32, torch_tokens_per_s_bf16,
+// bf16_matmul_flops_per_s, bf16_fraction (our bf16 model FLOP/s over that rate) and bf16_isa.
 #include <cblas.h>
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +39,7 @@
 #include "base/Error.h"
 #include "base/Files.h"
 #include "base/Stats.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "parallel/GradSync.h"
 #include "parallel/Optimizer.h"
@@ -48,6 +56,7 @@ struct Args {
   int threads = 2;
   CoExecute interleave = CoExecute::kOff;
   bool torch = true, profile = false;
+  std::string precision = "fp32";  // bf16: dhelix bf16 and fp32, torch fp32 and bf16 autocast, alternating
   std::string torch_script = "bench/cpu_train_torch.py";
   std::string python = "/usr/bin/python3";
 };
@@ -56,6 +65,7 @@ void usage() {
   std::puts(
       "usage: dhelix_bench_cpu_train [--batch B=4] [--seq T=256] [--steps N=3] [--warmup N=1]\n"
       "         [--micro-batches M=1] [--interleave on|off] [--threads N=2] [--profile]\n"
+      "         [--precision fp32|bf16]\n"
       "         [--no-torch] [--torch-script PATH] [--python PATH]");
 }
 
@@ -72,6 +82,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--threads") a.threads = static_cast<int>(fl.count());
     else if (k == "--interleave") a.interleave = fl.value() == "on" ? CoExecute::kOn : CoExecute::kOff;
     else if (k == "--profile") a.profile = true;
+    else if (k == "--precision") a.precision = fl.value();
     else if (k == "--no-torch") a.torch = false;
     else if (k == "--torch-script") a.torch_script = fl.value();
     else if (k == "--python") a.python = fl.value();
@@ -81,6 +92,8 @@ Args parse(int argc, char** argv) {
   DHX_CHECK(a.B >= 1 && a.T >= 1 && a.steps >= 1 && a.micro_batches >= 1 && a.threads >= 1, ConfigError,
             "--batch={} --seq={} --steps={} --micro-batches={} --threads={} must all be >= 1", a.B, a.T, a.steps,
             a.micro_batches, a.threads);
+  DHX_CHECK(a.precision == "fp32" || a.precision == "bf16", ConfigError, "--precision '{}' must be fp32 or bf16",
+            a.precision);
   return a;
 }
 
@@ -123,20 +136,26 @@ struct SgemmSamples {
 // run, `why()` says why (no torch under that python, script missing, the process failed).
 class TorchPeer {
  public:
-  explicit TorchPeer(const Args& a) {
+  // `autocast`: bf16 autocast; `tuned`: glibc's allocator tuned so that it stops returning memory
+  // (GLIBC_TUNABLES mmap_max=0, trim_threshold 64 GiB), which removes the per-step page faults.
+  TorchPeer(const Args& a, bool autocast, bool tuned) {
     if (!a.torch) { fail("skipped (--no-torch)"); return; }
     if (!std::filesystem::exists(a.torch_script))
       { fail(fmt::format("{} not found (run from the repository root)", a.torch_script)); return; }
     if (std::system(fmt::format("{} -c 'import torch' >/dev/null 2>&1", a.python).c_str()) != 0)
       { fail(fmt::format("no torch under {} (scripts/setup --torch)", a.python)); return; }
     int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) { fail("pipe failed"); return; }
+    // Close-on-exec: a later peer's process must not inherit this one's pipe ends (this peer
+    // would never see EOF on its stdin and the destructor's waitpid would hang).
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) { fail("pipe failed"); return; }
     std::vector<std::string> argv = {a.python, a.torch_script, "--serve", "--batch", std::to_string(a.B), "--seq",
                                      std::to_string(a.T), "--micro-batches", std::to_string(a.micro_batches),
                                      "--threads", std::to_string(a.threads)};
+    if (autocast) argv.push_back("--autocast");
     std::fflush(stdout);
     pid_ = fork();
     if (pid_ == 0) {  // child: stdin <- in[0], stdout and stderr -> out[1]
+      if (tuned) setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736", 1);
       dup2(in[0], 0);
       dup2(out[1], 1);
       dup2(out[1], 2);
@@ -152,6 +171,7 @@ class TorchPeer {
     close(out[1]);
     to_ = fdopen(in[1], "w");
     from_ = fdopen(out[0], "r");
+    label_ = fmt::format("{}{}", autocast ? " bf16" : " fp32", tuned ? " tuned" : "");
     for (std::string line; read_line(line);) {
       if (line == "ready") return;
       fmt::print("  torch: {}\n", line);
@@ -179,7 +199,7 @@ class TorchPeer {
         continue;
       }
       auto j = nlohmann::json::parse(line);
-      fmt::print("  torch step {:>8.3f} s  loss {:.4f}\n", j["step_s"].get<double>(), j["loss"].get<double>());
+      fmt::print("  torch{} step {:>8.3f} s  loss {:.4f}\n", label_, j["step_s"].get<double>(), j["loss"].get<double>());
       return j["step_s"].get<double>();
     }
     fail("the torch process failed mid-run");
@@ -198,7 +218,7 @@ class TorchPeer {
   pid_t pid_ = -1;
   FILE* to_ = nullptr;
   FILE* from_ = nullptr;
-  std::string why_;
+  std::string why_, label_;
 };
 
 struct OursResult {
@@ -206,82 +226,117 @@ struct OursResult {
   int64_t peak_act = 0;
   std::map<std::string, double> op_s;  // per step, when profiled
   double opt_s = 0;                    // optimizer seconds per step
-  std::optional<double> torch_step_s;  // median of the peer's timed steps
+  std::vector<double> times;           // the timed steps
 };
 
-// Builds the model like Trainer does (single process) and trains warmup + steps steps; after each
-// of ours, the torch peer (when it runs) trains one step of its own.
-OursResult run_ours(const Args& a, const ModelConfig& model, SgemmSamples& sgemm, TorchPeer& torch) {
-  MicroBatchShape mb{a.B, a.T};
-  StepPartsSpec ps;
-  ps.model = model;
-  ps.mb = mb;
-  ps.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
-  StepParts parts(ps);
-  auto& units = parts.units;
-  ModelPrograms& progs = parts.progs;
-  ParamStore& params = *parts.params;
-  MemoryTracker& state_mem = parts.state_mem;
-  RunContext& ctx = parts.ctx;
-  GradSync sync(params, units, progs, nullptr, nullptr, ZeroStage::kNone, &state_mem);
-  Optimizer opt(params, sync, nullptr, nullptr, AdamWConfig{}, &state_mem);
-  const int M = static_cast<int>(a.micro_batches);
-  ctx.on_grad_op = [&sync, M](int m, int unit, const Op& op) {
-    if (m == M - 1) sync.on_grad_op(unit, op);
-  };
-  std::unique_ptr<Trace> trace;
-  StepRunner runner(ctx, units, progs, nullptr, single_stage(a.interleave));
-  runner.set_bwd_unit_hook([&sync, M](int m, int unit) {
-    if (m == M - 1) sync.on_unit_done(unit);
-  });
-
-  std::mt19937_64 rng(42);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model.vocab_size - 1));
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < M; ++m) {
-    MicroBatch x{Tensor::empty({a.B * a.T}, DType::kI32), Tensor::empty({a.B * a.T}, DType::kI32)};
-    for (int64_t i = 0; i < a.B * a.T; ++i) x.tokens.data<int32_t>()[i] = tok(rng);
-    for (int64_t i = 0; i < a.B * a.T; ++i)  // next-token targets within each sequence
-      x.targets.data<int32_t>()[i] = (i + 1) % a.T == 0 ? tok(rng) : x.tokens.data<int32_t>()[i + 1];
-    mbs.push_back(std::move(x));
+// The model built like Trainer does (single process), trained one step at a time with its GEMMs in
+// `precision` (the process-wide switch is set before each of its steps, so two of these alternate).
+class OursRun {
+ public:
+  OursRun(const Args& a, const ModelConfig& model, cpu::GemmPrecision precision)
+      : a_(a), precision_(precision), M_(static_cast<int>(a.micro_batches)) {
+    StepPartsSpec ps;
+    ps.model = model;
+    ps.mb = MicroBatchShape{a.B, a.T};
+    ps.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
+    parts_ = std::make_unique<StepParts>(ps);
+    ParamStore& params = *parts_->params;
+    sync_ = std::make_unique<GradSync>(params, parts_->units, parts_->progs, nullptr, nullptr, ZeroStage::kNone,
+                                       &parts_->state_mem);
+    opt_ = std::make_unique<Optimizer>(params, *sync_, nullptr, nullptr, AdamWConfig{}, &parts_->state_mem);
+    parts_->ctx.on_grad_op = [this](int m, int unit, const Op& op) {
+      if (m == M_ - 1) sync_->on_grad_op(unit, op);
+    };
+    runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, nullptr, single_stage(a.interleave));
+    runner_->set_bwd_unit_hook([this](int m, int unit) {
+      if (m == M_ - 1) sync_->on_unit_done(unit);
+    });
+    std::mt19937_64 rng(42);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model.vocab_size - 1));
+    for (int m = 0; m < M_; ++m) {
+      MicroBatch x{Tensor::empty({a.B * a.T}, DType::kI32), Tensor::empty({a.B * a.T}, DType::kI32)};
+      for (int64_t i = 0; i < a.B * a.T; ++i) x.tokens.data<int32_t>()[i] = tok(rng);
+      for (int64_t i = 0; i < a.B * a.T; ++i)  // next-token targets within each sequence
+        x.targets.data<int32_t>()[i] = (i + 1) % a.T == 0 ? tok(rng) : x.tokens.data<int32_t>()[i + 1];
+      mbs_.push_back(std::move(x));
+    }
   }
 
-  OursResult r;
-  std::vector<double> times, torch_times;
-  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    if (a.profile && s == a.warmup) {
-      trace = std::make_unique<Trace>(0);
-      ctx.trace = trace.get();
+  // Step s (0-based; the first a.warmup are not timed).
+  void step(int64_t s) {
+    cpu::set_gemm_precision(precision_);
+    if (a_.profile && s == a_.warmup) {
+      trace_ = std::make_unique<Trace>(0);
+      parts_->ctx.trace = trace_.get();
     }
-    sgemm.take(a.threads);
+    ParamStore& params = *parts_->params;
     double t0 = now_seconds();
     params.zero_grads();
-    StepStats st = runner.run(mbs);
-    sync.finish();
+    StepStats st = runner_->run(mbs_);
+    sync_->finish();
     double t1 = now_seconds();
-    opt.step(6e-4, s + 1);
+    opt_->step(6e-4, s + 1);
     double t2 = now_seconds();
-    if (s >= a.warmup) {
-      times.push_back(t2 - t0);
-      r.opt_s += (t2 - t1) / static_cast<double>(a.steps);
+    if (s >= a_.warmup) {
+      r_.times.push_back(t2 - t0);
+      r_.opt_s += (t2 - t1) / static_cast<double>(a_.steps);
     }
     double loss = st.loss_sum / static_cast<double>(st.tokens);
-    if (s == 0) r.loss_first = loss;
-    r.loss_last = loss;
-    r.peak_act = std::max(r.peak_act, st.peak_activation_bytes);
-    fmt::print("  ours step {:>2} {:>8.3f} s  loss {:.4f}{}\n", s + 1, t2 - t0, loss, s < a.warmup ? "  (warmup)" : "");
+    if (s == 0) r_.loss_first = loss;
+    r_.loss_last = loss;
+    r_.peak_act = std::max(r_.peak_act, st.peak_activation_bytes);
+    fmt::print("  ours {} step {:>2} {:>8.3f} s  loss {:.4f}{}\n",
+               precision_ == cpu::GemmPrecision::kBf16 ? "bf16" : "fp32", s + 1, t2 - t0, loss,
+               s < a_.warmup ? "  (warmup)" : "");
     std::fflush(stdout);
-    if (std::optional<double> ts = torch.step(); ts && s >= a.warmup) torch_times.push_back(*ts);
+    cpu::set_gemm_precision(cpu::GemmPrecision::kFp32);
   }
-  r.step_s = median(times);
-  if (torch.ok() && !torch_times.empty()) r.torch_step_s = median(torch_times);
-  if (trace) {
-    auto path = (std::filesystem::temp_directory_path() / fmt::format("dhelix_cpu_train_{}.json", getpid())).string();
-    trace->write(path);
-    for (auto& [k, v] : op_seconds(path)) r.op_s[k] = v / static_cast<double>(a.steps);
-    std::filesystem::remove(path);
+
+  OursResult result() {
+    r_.step_s = median(r_.times);
+    if (trace_) {
+      auto path = (std::filesystem::temp_directory_path() / fmt::format("dhelix_cpu_train_{}.json", getpid())).string();
+      trace_->write(path);
+      for (auto& [k, v] : op_seconds(path)) r_.op_s[k] = v / static_cast<double>(a_.steps);
+      std::filesystem::remove(path);
+    }
+    return r_;
   }
-  return r;
+
+ private:
+  const Args& a_;
+  cpu::GemmPrecision precision_;
+  int M_;
+  std::unique_ptr<StepParts> parts_;
+  std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<StepRunner> runner_;
+  std::vector<MicroBatch> mbs_;
+  std::unique_ptr<Trace> trace_;
+  OursResult r_;
+};
+
+// oneDNN's bf16 matmul rate on the model's own GEMM shapes (B*T rows: qkv, attention out, MLP fc and
+// proj, the tied head), forward orientation, operands already in bf16 (matmul_bf16: no rounding
+// pass): the FLOP-weighted rate of one pass over them (median of 3 passes after a warm-up).
+double measure_bf16_matmul(const Args& a, const ModelConfig& m) {
+  const int64_t N = a.B * a.T, d = m.d_model;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{d, 3 * d}, {d, d}, {d, 4 * d}, {4 * d, d}, {d, m.vocab_size}};
+  std::vector<double> rates;
+  for (int rep = 0; rep < 4; ++rep) {
+    double flops = 0, secs = 0;
+    for (auto [in, out] : shapes) {
+      std::vector<uint16_t> x(static_cast<size_t>(N * in), cpu::to_bf16(0.5f)),
+          w(static_cast<size_t>(out * in), cpu::to_bf16(0.25f));
+      std::vector<float> y(static_cast<size_t>(N * out));
+      const double t0 = now_seconds();
+      cpu::matmul_bf16(false, true, N, out, in, 1.0f, x.data(), w.data(), 0.0f, y.data(), out);
+      secs += now_seconds() - t0;
+      flops += 2.0 * double(N) * double(in) * double(out);
+    }
+    if (rep > 0) rates.push_back(flops / secs);
+  }
+  return median(rates);
 }
 
 std::string gflops(double f) { return fmt::format("{:.1f} GFLOP/s", f / 1e9); }
@@ -299,14 +354,52 @@ int run(int argc, char** argv) {
              a.warmup);
   fmt::print("model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.4g}\n", flops_tok);
 
+  const bool bf16 = a.precision == "bf16";
+  // The contestants, one step each in turn (so a slow spell of the machine hits all alike): ours
+  // fp32 (and bf16), then the torch peers -- fp32 (and bf16 autocast), each as is and with the
+  // allocator tuned.
   SgemmSamples samples;
-  TorchPeer torch(a);
-  OursResult ours = run_ours(a, model, samples, torch);
+  OursRun ours32(a, model, cpu::GemmPrecision::kFp32);
+  std::unique_ptr<OursRun> ours16;
+  if (bf16) ours16 = std::make_unique<OursRun>(a, model, cpu::GemmPrecision::kBf16);
+  struct Peer {
+    std::unique_ptr<TorchPeer> p;
+    bool autocast, tuned;
+    std::vector<double> times;
+  };
+  std::vector<Peer> peers;
+  for (bool autocast : bf16 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+    for (bool tuned : {false, true}) peers.push_back({std::make_unique<TorchPeer>(a, autocast, tuned), autocast, tuned, {}});
+  for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
+    samples.take(a.threads);
+    ours32.step(s);
+    if (ours16) ours16->step(s);
+    for (Peer& q : peers)
+      if (std::optional<double> t = q.p->step(); t && s >= a.warmup) q.times.push_back(*t);
+  }
   samples.take(a.threads);
+  const OursResult ours = ours32.result();
+  const std::optional<OursResult> ours_bf16 = ours16 ? std::optional<OursResult>(ours16->result()) : std::nullopt;
   const double sgemm_ours = median(samples.ours), sgemm_blas = median(samples.openblas);
   const double sgemm = std::max(sgemm_ours, sgemm_blas);
-  std::optional<double> torch_tps;
-  if (ours.torch_step_s) torch_tps = tokens / *ours.torch_step_s;
+  // The faster of each torch pair (as is / tuned allocator), tokens/s; null when neither ran.
+  auto torch_best = [&](bool autocast) -> std::optional<double> {
+    std::optional<double> best;
+    for (const Peer& q : peers)
+      if (q.autocast == autocast && q.p->ok() && !q.times.empty()) {
+        const double tps = tokens / median(q.times);
+        fmt::print("torch {}{}: {:.1f} tokens/s\n", autocast ? "bf16 autocast" : "fp32", q.tuned ? " (tuned allocator)" : "",
+                   tps);
+        best = std::max(best.value_or(0.0), tps);
+      } else if (q.autocast == autocast) {
+        fmt::print("torch {}{}: not run ({})\n", autocast ? "bf16 autocast" : "fp32", q.tuned ? " (tuned allocator)" : "",
+                   q.p->why());
+      }
+    return best;
+  };
+  const std::optional<double> torch_tps = torch_best(false);
+  const std::optional<double> torch16_tps = bf16 ? torch_best(true) : std::nullopt;
+  const double bf16_mm = bf16 ? measure_bf16_matmul(a, model) : 0.0;
 
   const double tps = tokens / ours.step_s, mflops = tps * flops_tok, frac = mflops / sgemm;
   if (a.profile) {
@@ -314,13 +407,17 @@ int run(int argc, char** argv) {
     double traced = 0;
     for (auto& [k, v] : ours.op_s) rows.push_back({v, k}), traced += v;
     std::sort(rows.rbegin(), rows.rend());
-    fmt::print("\nper-op time per step (summed over layers and micro-batches)\n");
+    fmt::print("\nper-op time per step, fp32 (summed over layers and micro-batches)\n");
     fmt::print("  {:<26} {:>9} {:>7}\n", "op", "seconds", "share");
     for (auto& [v, k] : rows) fmt::print("  {:<26} {:>9.4f} {:>6.1f}%\n", k, v, 100 * v / ours.step_s);
     fmt::print("  {:<26} {:>9.4f} {:>6.1f}%\n", "optimizer (clip+AdamW)", ours.opt_s, 100 * ours.opt_s / ours.step_s);
     double other = ours.step_s - traced - ours.opt_s;
     fmt::print("  {:<26} {:>9.4f} {:>6.1f}%\n", "untraced (alloc, glue)", other, 100 * other / ours.step_s);
   }
+  auto jnum = [](const std::optional<double>& v) {
+    const double x = v.value_or(-1.0);  // (value_or: gcc 12 sees *v as maybe-uninitialized)
+    return x >= 0 ? nlohmann::json(x) : nlohmann::json(nullptr);
+  };
   fmt::print("\n{:<30} {:>18}\n", "metric", "value");
   fmt::print("{:<30} {:>18.3f}\n", "step time, median (s)", ours.step_s);
   fmt::print("{:<30} {:>18.1f}\n", "tokens/s", tps);
@@ -332,16 +429,34 @@ int run(int argc, char** argv) {
   fmt::print("{:<30} {:>18}\n", "loss first / last step", fmt::format("{:.4f} / {:.4f}", ours.loss_first,
                                                                       ours.loss_last));
   if (torch_tps) {
-    fmt::print("{:<30} {:>18.1f}\n", "torch eager tokens/s", *torch_tps);
+    fmt::print("{:<30} {:>18.1f}\n", "torch fp32 tokens/s (faster)", *torch_tps);
     fmt::print("{:<30} {:>18.2f}\n", "ours / torch", tps / *torch_tps);
-  } else {
-    fmt::print("{:<30} {:>18}  {}\n", "torch eager tokens/s", "null", torch.why());
+  }
+  std::optional<double> tps16;
+  if (ours_bf16) {
+    tps16 = tokens / ours_bf16->step_s;
+    fmt::print("{:<30} {:>18.3f}\n", "bf16 step time, median (s)", ours_bf16->step_s);
+    fmt::print("{:<30} {:>18.1f}\n", "bf16 tokens/s", *tps16);
+    fmt::print("{:<30} {:>18}\n", "bf16 loss first / last step",
+               fmt::format("{:.4f} / {:.4f}", ours_bf16->loss_first, ours_bf16->loss_last));
+    fmt::print("{:<30} {:>18} ({})\n", "bf16 matmul, model's shapes", gflops(bf16_mm), cpu::bf16_support().describe());
+    fmt::print("{:<30} {:>18.3f}\n", "bf16 model FLOP/s / matmul", *tps16 * flops_tok / bf16_mm);
+    if (torch16_tps) fmt::print("{:<30} {:>18.2f}\n", "ours bf16 / torch autocast", *tps16 / *torch16_tps);
   }
   nlohmann::json j = {{"tokens_per_s", tps},
                       {"model_flops_per_s", mflops},
                       {"sgemm_flops_per_s", sgemm},
                       {"sgemm_fraction", frac},
-                      {"torch_tokens_per_s", torch_tps ? nlohmann::json(*torch_tps) : nlohmann::json(nullptr)}};
+                      {"torch_tokens_per_s", jnum(torch_tps)}};
+  if (bf16) {
+    j["tokens_per_s_fp32"] = tps;
+    j["tokens_per_s_bf16"] = jnum(tps16);
+    j["torch_tokens_per_s_fp32"] = jnum(torch_tps);
+    j["torch_tokens_per_s_bf16"] = jnum(torch16_tps);
+    j["bf16_matmul_flops_per_s"] = bf16_mm;
+    j["bf16_fraction"] = tps16 ? nlohmann::json(*tps16 * flops_tok / bf16_mm) : nlohmann::json(nullptr);
+    j["bf16_isa"] = cpu::bf16_support().describe();
+  }
   fmt::print("{}\n", j.dump());
   return 0;
 }

@@ -3,7 +3,8 @@
 Same model and batch as dhelix's "gpt2-124m" preset: 12 layers, d=768, 12 heads, V=50257,
 1024 learned positions, LayerNorm (eps 1e-5), GELU (tanh), tied embeddings, causal attention
 written in plain ops (q k^T, mask, softmax, p v), AdamW (0.9, 0.95, eps 1e-8, weight decay 0.1
-on matrices only), global-norm clip 1.0, random tokens. Not here: torch.compile, fused kernels.
+on matrices only), global-norm clip 1.0, random tokens. Not here: torch.compile, fused kernels. --autocast runs the
+forward (and so its backward) under torch.autocast("cpu", bfloat16), PyTorch's bf16 mixed precision.
 Prints one line per step and, last, one JSON object: {"tokens_per_s": ..., "step_s": ...}.
 With --serve it builds the model, prints "ready", then runs one step per "step" line read from
 stdin and answers {"step_s": ..., "loss": ...}; dhelix_bench_cpu_train drives it that way under
@@ -77,6 +78,7 @@ def main():
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--autocast", action="store_true", help="bf16 autocast on the CPU (fp32 master weights)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -93,7 +95,8 @@ def main():
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for d in data:
-            loss = model(d[:, :-1], d[:, 1:]) / a.micro_batches
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+                loss = model(d[:, :-1], d[:, 1:]) / a.micro_batches
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

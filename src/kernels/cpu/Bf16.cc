@@ -139,8 +139,15 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   // Stored shapes: A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K]).
   round_block(A, trans_a ? K : M, trans_a ? M : K, lda, a16);
   round_block(B, trans_b ? N : K, trans_b ? K : N, ldb, b16);
+  matmul_bf16(trans_a, trans_b, M, N, K, alpha, a16.data(), b16.data(), beta, C, ldc);
+}
+
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 const uint16_t* B, float beta, float* C, int64_t ldc) {
+  require_bf16();
   const Prim& p = primitive({M, N, K, ldc, trans_a, trans_b, alpha, beta});
-  memory am(p.a, engine(), a16.data()), bm(p.b, engine(), b16.data()), cm(p.c, engine(), C);
+  memory am(p.a, engine(), const_cast<uint16_t*>(A)), bm(p.b, engine(), const_cast<uint16_t*>(B)),
+      cm(p.c, engine(), C);
   dnnl::stream s(engine());
   p.mm.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   s.wait();

@@ -35,4 +35,10 @@ float from_bf16(uint16_t b);
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The oneDNN primitive alone on operands already in bf16, compact in their stored orientation
+// (A [M,K] row-major, or [K,M] when trans_a; B [K,N], or [N,K] when trans_b): gemm_bf16 without
+// the rounding pass, for measuring the matmul rate.
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 const uint16_t* B, float beta, float* C, int64_t ldc);
+
 }  // namespace dhelix::cpu
