@@ -43,6 +43,20 @@ double measure_sgemm_flops() {
   return best;
 }
 
+double measure_bf16_gemm_flops() {
+  // As measure_sgemm_flops, through gemm_bf16 (the operands' rounding included, as in training).
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    double t0 = now_seconds();
+    cpu::gemm_bf16(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double dt = now_seconds() - t0;
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
 namespace {
 
 int auto_threads(const RunConfig& cfg, CommContext* comm) {
@@ -418,7 +432,11 @@ int Trainer::run() {
     metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
   }
   const double flops_tok = cfg_.model.flops_per_token(cfg_.model.seq_len);
-  sgemm_flops_ = measure_sgemm_flops();
+  // The reference rate: sgemm, or in bf16 the bf16 GEMM (gemm_bf16, rounding included) the run uses.
+  const bool bf16 = cfg_.training.precision == "bf16";
+  const char* ref_name = bf16 ? "bf16 gemm" : "sgemm";
+  auto measure_ref = [bf16] { return bf16 ? measure_bf16_gemm_flops() : measure_sgemm_flops(); };
+  sgemm_flops_ = measure_ref();
   log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} {} | "
                   "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
                   cfg_.model.name, family_name(cfg_.model.family), cfg_.model.num_params() / 1e6, cfg_.model.n_layers,
@@ -426,7 +444,7 @@ int Trainer::run() {
                   comm_ ? comm_->layout().describe() : "single process",
                   fmt::format("schedule {},", cfg_.schedule.pipeline), cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
                   cfg_.model.seq_len, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
-  log(fmt::format("sgemm {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}",
+  log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", ref_name,
                   sgemm_flops_ / 1e9, flops_tok));
   const int world = comm_ ? comm_->world_size() : 1;
   std::optional<double> first_val;
@@ -441,10 +459,10 @@ int Trainer::run() {
     double frac = r.model_flops_per_s / (sgemm_flops_ * world);
     if (frac > 1) {
       // Above the machine's rate: the start-up reference was measured while the machine was busy.
-      sgemm_flops_ = std::max(sgemm_flops_, measure_sgemm_flops());
+      sgemm_flops_ = std::max(sgemm_flops_, measure_ref());
       frac = r.model_flops_per_s / (sgemm_flops_ * world);
-      if (frac > 1) log(fmt::format("warning: step {} ran at {:.2f} of the sgemm rate measured twice; the reference is "
-                                    "not this machine's peak (other load?)", r.step, frac));
+      if (frac > 1) log(fmt::format("warning: step {} ran at {:.2f} of the {} rate measured twice; the reference is "
+                                    "not this machine's peak (other load?)", r.step, frac, ref_name));
     }
     if (r.skipped)
       log(fmt::format("step {:>5}/{} | loss {:.4f} | grad {:.3f} | SKIPPED: non-finite, no update ({} in a row, {} in the run; "
@@ -452,8 +470,8 @@ int Trainer::run() {
                       r.step, tc.steps, r.loss, r.grad_norm, skipped_in_a_row_, skipped_total_, tc.nonfinite_max_skips));
     else if (is_logger() && (r.step % std::max<int64_t>(1, tc.log_interval) == 0 || r.step == tc.steps)) {
       log(fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s "
-                      "({:.2f} of sgemm) | peak act {} | {:.3f} s",
-                      r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac,
+                      "({:.2f} of {}) | peak act {} | {:.3f} s",
+                      r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac, ref_name,
                       human_bytes(double(r.peak_activation_bytes)), r.seconds));
       if (cfg_.model.is_moe()) log(fmt::format("step {:>5}/{} | moe | {}", r.step, tc.steps, describe_routing(r, cfg_.model.n_experts)));
     }

@@ -127,5 +127,7 @@ class Trainer {
 
 // sgemm FLOP/s of this machine (1024^3, the best of five runs, current thread count).
 double measure_sgemm_flops();
+// The same through gemm_bf16 (bf16 operands, fp32 accumulation; the rounding pass included).
+double measure_bf16_gemm_flops();
 
 }  // namespace dhelix
