@@ -16,9 +16,9 @@
 #include <toml++/toml.h>
 #include <variant>
 
+#include "base/CpuFeatures.h"
 #include "base/Error.h"
 #include "base/Files.h"
-#include "kernels/cpu/Bf16.h"
 
 namespace dhelix {
 namespace {

@@ -7,16 +7,9 @@
 #include <cstdint>
 #include <string>
 
-namespace dhelix::cpu {
+#include "base/CpuFeatures.h"  // bf16_support()
 
-struct Bf16Support {
-  bool avx512_bf16 = false;  // CPUID.(EAX=7,ECX=1):EAX[5]
-  bool amx_bf16 = false;     // CPUID.(EAX=7,ECX=0):EDX[22] and AMX-TILE EDX[24]
-  bool usable() const { return avx512_bf16 || amx_bf16; }
-  std::string describe() const;  // "amx_bf16 avx512_bf16", or "none"
-};
-// What this CPU offers (read once).
-Bf16Support bf16_support();
+namespace dhelix::cpu {
 
 enum class GemmPrecision { kFp32, kBf16 };
 // Process-wide: the precision of the linear layer's GEMMs of type float (double is never rounded).
