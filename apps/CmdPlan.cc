@@ -4,7 +4,10 @@
 // so any config key (--model.preset, --parallel.tp, ...) is a flag of both commands.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cstdlib>
+#include <map>
+#include <sstream>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -222,14 +225,18 @@ int cmd_profile(int argc, char** argv) {
 namespace {
 
 const char* kSimulateUsage =
-    "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--precision fp32|bf16]\n"
+    "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--layout L] [--precision fp32|bf16]\n"
     "         [--compute-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
     "Simulates one training step of the config's model, layout, batch and schedule (Strand\n"
     "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
     "step time, tokens/s, model FLOP/s per rank and its share of the preset's peak, exposed\n"
     "communication, the gradient tail, memory per rank; --trace writes the simulated step as a Chrome\n"
     "trace (ui.perfetto.dev). Any pipeline (schedule.pipeline, parallel.pp): the step runner's slots.\n"
-    "  --gpus N               the layout's rank count, checked (default: the layout's)\n"
+    "  --gpus N               the layout's rank count, checked (default: the layout's); with --layout\n"
+    "                         and no dp in it, dp = N / (the other axes)\n"
+    "  --layout \"tp=2 pp=2 dp=2\"  the layout, as `dhelix tune` prints it (keys tp pp dp cp ep, or x y z\n"
+    "                         dp for a 3D grid; ep is carved out of dp); unnamed axes are 1. Replaces\n"
+    "                         the config's parallel.{tp,pp,dp,cp,ep,tp_x,tp_y,tp_z}\n"
     "  --compute-slowdown K   a compute op beside a collective runs K times slower (>= 1; default 1;\n"
     "                         `dhelix plan --profile` fits it on this machine)\n"
     "  --profile FILE         fit that slowdown from a `dhelix profile` of this config's layer pair\n"
@@ -237,17 +244,58 @@ const char* kSimulateUsage =
     "  --measure-gemm         time every GEMM op's shape on this machine instead of the preset's rate\n"
     "                         (one core, shared as the preset's device.core_share says)\n";
 
+// --layout "tp=2 pp=2 dp=2" (or "x=2 y=1 z=2 dp=1"; dp from --gpus when not named) as config
+// overrides of every parallel axis; ConfigError naming the bad word.
+ConfigOverrides layout_overrides(const std::string& spec, int gpus) {
+  static const std::map<std::string, std::string> kKeys = {{"tp", "tp"}, {"pp", "pp"},   {"dp", "dp"},
+                                                           {"cp", "cp"}, {"ep", "ep"},   {"x", "tp_x"},
+                                                           {"y", "tp_y"}, {"z", "tp_z"}};
+  std::map<std::string, int64_t> v;
+  std::istringstream words(spec);
+  for (std::string w; words >> w;) {
+    const size_t eq = w.find('=');
+    const std::string k = w.substr(0, eq);
+    int64_t n = 0;
+    const char* digits = eq == std::string::npos ? nullptr : w.c_str() + eq + 1;
+    const auto [end, ec] = digits ? std::from_chars(digits, w.c_str() + w.size(), n) : std::from_chars_result{};
+    DHX_CHECK(digits && kKeys.count(k) && ec == std::errc() && *end == '\0' && n >= 1 && !v.count(k), ConfigError,
+              "dhelix simulate: --layout '{}': '{}' is not an axis=count (axes tp pp dp cp ep, or x y z dp; each once, "
+              "counts >= 1)\nhint: --layout \"tp=2 pp=2 dp=2\" or --layout \"x=2 y=1 z=2 dp=1\"", spec, w);
+    v[k] = n;
+  }
+  DHX_CHECK(!v.empty(), ConfigError, "dhelix simulate: --layout is empty\nhint: --layout \"tp=2 pp=1 dp=2\"");
+  if (!v.count("dp")) {
+    int64_t others = 1;
+    for (const auto& [k, n] : v) others *= k == "ep" ? 1 : n;  // ep is carved out of dp
+    DHX_CHECK(gpus == 0 || gpus % others == 0, ConfigError,
+              "dhelix simulate: --layout '{}' uses {} ranks per data replica, which does not divide --gpus {}", spec,
+              others, gpus);
+    v["dp"] = gpus == 0 ? 1 : gpus / others;
+  }
+  ConfigOverrides o;
+  for (const auto& [k, key] : kKeys) o.emplace_back("parallel." + key, std::to_string(v.count(k) ? v[k] : 1));
+  return o;
+}
+
 }  // namespace
 
 int cmd_simulate(int argc, char** argv) {
   Flags fl("simulate", argc, argv);
   const std::optional<std::string> cluster_arg = fl.take("--cluster"), trace_path = fl.take("--trace"),
                                    json_path = fl.take("--json"), prec = fl.take("--precision"),
-                                   slow = fl.take("--compute-slowdown"), profile_path = fl.take("--profile");
+                                   slow = fl.take("--compute-slowdown"), profile_path = fl.take("--profile"),
+                                   layout_arg = fl.take("--layout");
   const bool measure_gemm = fl.take_switch("--measure-gemm");
   const int gpus = fl.take_int("--gpus", 0, 1);
   std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "simulate", kSimulateUsage);
   if (!parsed) return 0;
+  if (layout_arg) {
+    const ConfigOverrides lo = layout_overrides(*layout_arg, gpus);
+    for (const auto& [k, val] : parsed->overrides)
+      for (const auto& [lk, lv] : lo)
+        DHX_CHECK(k != lk, ConfigError, "dhelix simulate: --{} and --layout both set the layout; give one", k);
+    parsed->overrides.insert(parsed->overrides.end(), lo.begin(), lo.end());
+  }
   DHX_CHECK(cluster_arg.has_value(), ConfigError, "dhelix simulate: --cluster is required (e.g. --cluster "
             "cpu-emulated, perlmutter-a100, h100-8gpu, or a .toml path)\n{}", kSimulateUsage);
   const RunConfig cfg = load_config(parsed->config_path, parsed->overrides);
@@ -301,7 +349,9 @@ int cmd_simulate(int argc, char** argv) {
   };
   const StepSchedule schedule = make_schedule(pipeline_spec(cfg));  // the step runner's slots
   so.schedule = &schedule;
+  const double sim_t0 = now_seconds();
   const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
+  const double sim_s = now_seconds() - sim_t0;
   const double peak = cluster.peak_flops(so.precision);
   fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | cluster {}\n",
              describe_model(cfg.model), describe_layout(lay), batch.micro_batch, batch.seq, r.micro_batches,
@@ -328,10 +378,25 @@ int cmd_simulate(int argc, char** argv) {
   fmt::print("  {:<44} {:>12}\n", "model FLOP/s per rank (6N + 6LTd per token)",
              fmt::format("{:.3g}", r.model_flops_per_s_per_rank));
   fmt::print("  {:<44} {:>12}\n", fmt::format("  MFU: share of the peak {:.3g} FLOP/s", peak), fmt::format("{:.3f}", r.model_flops_per_s_per_rank / peak));
-  fmt::print("  {:<44} {:>12}\n", "memory per rank (GiB)", fmt::format("{:.3f}", r.memory.total() / (1 << 30)));
+  const double gib = double(1 << 30);
+  fmt::print("  {:<44} {:>12}\n", "memory per rank (GiB)", fmt::format("{:.3f}", r.memory.total() / gib));
+  fmt::print("  {:<44} {:>12}\n", "  parameters / gradients / optimizer",
+             fmt::format("{:.3f} / {:.3f} / {:.3f}", r.memory.params / gib, r.memory.grads / gib, r.memory.optimizer / gib));
+  fmt::print("  {:<44} {:>12}\n", "  gathered blocks / activations (peak)",
+             fmt::format("{:.3f} / {:.3f}", r.memory.gathered / gib, r.memory.activations / gib));
+  if (lay.pp > 1) {
+    fmt::print("  per stage (s): {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "stage", "passes", "tail", "compute", "bubble",
+               "exposed");
+    for (size_t i = 0; i < r.stages.size(); ++i) {
+      const StepSimStage& g = r.stages[i];
+      fmt::print("                 {:>5} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f}{}\n", i, g.end_s, g.tail_s,
+                 g.compute_s, g.bubble_s, g.exposed_s, static_cast<int>(i) == r.critical_stage ? "  (sets the step)" : "");
+    }
+  }
+  fmt::print("simulated in {:.3f} s ({} ranks, {} simulated ops)\n", sim_s, lay.world(), r.events.size());
   if (trace_path) {
     Trace t(0);
-    for (const StepSimEvent& e : r.events) t.add(e.lane == "compute" ? "compute" : "comm " + e.lane, e.name, e.begin_s, e.end_s);
+    for (const StepSimEvent& e : r.events) t.add(e.lane.ends_with("compute") ? e.lane : "comm " + e.lane, e.name, e.begin_s, e.end_s);
     t.write(*trace_path);
     fmt::print("trace of the simulated step: {}\n", *trace_path);
   }
@@ -346,9 +411,19 @@ int cmd_simulate(int argc, char** argv) {
                         {"model_flops_per_s_per_rank", r.model_flops_per_s_per_rank},
                         {"mfu", r.model_flops_per_s_per_rank / peak},
                         {"memory_bytes", r.memory.total()},
+                        {"memory", {{"params", r.memory.params},
+                                    {"grads", r.memory.grads},
+                                    {"optimizer", r.memory.optimizer},
+                                    {"gathered", r.memory.gathered},
+                                    {"activations", r.memory.activations}}},
+                        {"critical_stage", r.critical_stage},
+                        {"simulated_in_s", sim_s},
                         {"micro_batches", r.micro_batches},
                         {"compute_slowdown", so.compute_slowdown},
                         {"peak_flops", peak}};
+    for (const StepSimStage& g : r.stages)
+      j["stages"].push_back({{"end_s", g.end_s}, {"tail_s", g.tail_s}, {"compute_s", g.compute_s}, {"bubble_s", g.bubble_s},
+                             {"exposed_s", g.exposed_s}, {"channel_busy_s", g.channel_busy_s}});
     make_parent_dir(*json_path);
     write_file_atomic(*json_path, j.dump(2) + "\n");
   }

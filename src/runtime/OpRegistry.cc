@@ -612,4 +612,10 @@ const OpFn& lookup_op(const std::string& code) {
   return it->second;
 }
 
+std::vector<std::string> op_codes() {
+  std::vector<std::string> codes;
+  for (const auto& [code, fn] : registry()) codes.push_back(code);
+  return codes;
+}
+
 }  // namespace dhelix

@@ -66,5 +66,8 @@ using OpFn = std::function<void(OpCall&)>;
 
 // Throws InternalError naming the code when no binding exists.
 const OpFn& lookup_op(const std::string& code);
+// Every op code with a kernel binding, sorted (what the executor can run; the simulator's coverage
+// test checks each against the programs it prices).
+std::vector<std::string> op_codes();
 
 }  // namespace dhelix

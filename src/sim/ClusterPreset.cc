@@ -23,6 +23,14 @@ namespace fs = std::filesystem;
 const char* precision_name(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
 int element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 
+double GemmTiling::efficiency(int64_t m, int64_t n, int64_t groups) const {
+  if (units <= 0 || m <= 0 || n <= 0) return 1.0;
+  const int64_t tiles = std::max<int64_t>(1, groups) * ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
+  const int64_t waves = (tiles + units - 1) / units;
+  return double(std::max<int64_t>(1, groups)) * double(m) * double(n) / (double(tiles) * double(tile_m * tile_n)) *
+         double(tiles) / double(waves * units);
+}
+
 double ClusterPreset::gemm_rate(Precision p) const {
   const double measured = p == Precision::kFp32 ? gemm_flops_fp32 : gemm_flops_bf16;
   if (measured > 0) return measured;
@@ -84,12 +92,11 @@ class TableReader {
               prefix(), key);
     return *s;
   }
-  const toml::array* array(const std::string& key) {
+  const toml::array* array(const std::string& key, const char* of) {
     seen_.insert(key);
     const toml::node* n = t_.get(key);
     if (!n) return nullptr;
-    DHX_CHECK(n->is_array(), ConfigError, "{}: field {}{} must be an array of {{ip, g, bw}} tables", origin_, prefix(),
-              key);
+    DHX_CHECK(n->is_array(), ConfigError, "{}: field {}{} must be an array of {}", origin_, prefix(), key, of);
     return n->as_array();
   }
   void no_unknown_keys() const {
@@ -143,6 +150,16 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.gemm_flops_fp32 = dev.number("gemm_flops_fp32", false, "measured fp32 GEMM FLOP/s per device");
   c.gemm_flops_bf16 = dev.number("gemm_flops_bf16", false, "measured bf16 GEMM FLOP/s per device");
   c.core_share = dev.number("core_share", false, "share of one core each rank computes with (presets of this machine)");
+  c.gemm_tiling.units = static_cast<int>(dev.number("gemm_units", false, "streaming multiprocessors a GEMM's tiles run on"));
+  if (const toml::array* tile = dev.array("gemm_tile", "two integers [tm, tn]")) {
+    DHX_CHECK(tile->size() == 2 && tile->get(0)->value<int64_t>() && tile->get(1)->value<int64_t>() &&
+                  *tile->get(0)->value<int64_t>() > 0 && *tile->get(1)->value<int64_t>() > 0,
+              ConfigError, "{}: device.gemm_tile must be two positive integers [tm, tn] (the GEMM's output tile)", origin);
+    c.gemm_tiling.tile_m = *tile->get(0)->value<int64_t>(), c.gemm_tiling.tile_n = *tile->get(1)->value<int64_t>();
+  }
+  DHX_CHECK((c.gemm_tiling.units > 0) == (c.gemm_tiling.tile_m > 0), ConfigError,
+            "{}: device.gemm_units ({}) and device.gemm_tile go together (give both or neither)\nhint: e.g. gemm_units = "
+            "108 and gemm_tile = [256, 128] for an A100", origin, c.gemm_tiling.units);
   dev.no_unknown_keys();
   DHX_CHECK(c.gemm_efficiency <= 1, ConfigError, "{}: device.gemm_efficiency={} must be in (0, 1]", origin,
             c.gemm_efficiency);
@@ -159,7 +176,7 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.inter_node.latency = node.number("inter_latency", true, "seconds per ring step across nodes");
   c.inter_shared_min_op_s = node.number("inter_shared_min_op_s", false,
                                         "least seconds of a collective spanning nodes with several members on a node");
-  if (const toml::array* table = node.array("intra_table")) {
+  if (const toml::array* table = node.array("intra_table", "{ip, g, bw} tables")) {
     for (size_t i = 0; i < table->size(); ++i) {
       const toml::table* e = table->get(i)->as_table();
       DHX_CHECK(e, ConfigError, "{}: node.intra_table[{}] must be a table {{ip = .., g = .., bw = ..}}", origin, i);

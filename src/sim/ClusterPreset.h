@@ -3,6 +3,7 @@
 // the file). Plus AxoNN's placement rule: the bandwidth a collective group sees depends on where
 // its ranks sit (axonn.md §4.3). Pure data and arithmetic; it measures nothing.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,18 @@ namespace dhelix {
 enum class Precision { kFp32, kBf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
 int element_bytes(Precision p);           // 4, 2
+
+// How a GPU's GEMM library cuts C[m, n] into output tiles run one per streaming multiprocessor, in
+// waves (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, §2.3 and §3): a
+// partial tile and a partial last wave compute nothing useful, so a GEMM runs at
+//   efficiency(m, n) = m·n / (tiles · tm·tn)  ×  tiles / (waves · units),
+//   tiles = g·⌈m/tm⌉·⌈n/tn⌉, waves = ⌈tiles/units⌉ (g GEMMs of one grouped launch),
+// of the preset's large-GEMM rate. Absent (units = 0): 1 (the CPU presets: no tiles in waves).
+struct GemmTiling {
+  int units = 0;                   // streaming multiprocessors (device.gemm_units)
+  int64_t tile_m = 0, tile_n = 0;  // device.gemm_tile = [tm, tn]
+  double efficiency(int64_t m, int64_t n, int64_t groups = 1) const;
+};
 
 // A measured intra-node bus bandwidth for one placement pattern: a group of g ranks at stride ip.
 struct IntraNodeEntry {
@@ -36,6 +49,7 @@ struct ClusterPreset {
   // Share of one core each rank computes with, for presets of this machine: `dhelix tune
   // --measure-gemm` times the programs' GEMM shapes on one core here and scales by it. 0: absent.
   double core_share = 0;
+  GemmTiling gemm_tiling;      // size-dependent GEMM efficiency (GPUs); absent: every GEMM at gemm_rate
   LinkSpec intra_node;         // bus bandwidth and per-step latency inside a node
   LinkSpec inter_node;         // per-node injection bandwidth and per-step latency across nodes
   // The least time of one collective whose group spans nodes with several members on one node

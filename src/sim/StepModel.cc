@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <limits>
+#include <numeric>
 #include <set>
 
 #include "base/Error.h"
@@ -71,14 +72,27 @@ const std::set<std::string>& boundary_out() {
 
 double compute_time(const Op& op, const DeviceRates& r) {
   const double mem = op.cost.bytes * r.byte_scale / r.mem_bw;
-  if (r.gemm_timer && op.attrs.count("gemm_rows")) {
-    const double t = r.gemm_timer(op);
-    if (t >= 0) return std::max(t, mem);
+  double rate = r.gemm_rate;
+  if (op.attrs.count("gemm_rows")) {
+    if (r.gemm_timer) {
+      const double t = r.gemm_timer(op);
+      if (t >= 0) return std::max(t, mem);
+    }
+    // C is [rows, out], or [in, out] for a weight gradient (model/Programs.cc's gemm_* attrs); a
+    // grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such GEMMs at once.
+    const int64_t rows = op.attrs.at("gemm_rows"), in = op.attrs.at("gemm_in"), out = op.attrs.at("gemm_out");
+    const double one = 2.0 * double(rows) * double(in) * double(out);
+    const int64_t groups = one > 0 ? std::max<int64_t>(1, std::llround(op.cost.flops / one)) : 1;
+    rate *= r.tiling.efficiency(op.code.ends_with("wgrad") ? in : rows, out, groups);
   }
-  return std::max(op.cost.flops / r.gemm_rate, mem);
+  return std::max(op.cost.flops / rate, mem);
 }
 
 }  // namespace
+
+DeviceRates device_rates(const ClusterPreset& cluster, Precision p, GemmTimer gemm_timer) {
+  return {cluster.gemm_rate(p), cluster.mem_bw, element_bytes(p) / 4.0, std::move(gemm_timer), cluster.gemm_tiling};
+}
 
 double op_time(const Op& op, const std::map<std::string, GroupLink>& groups, const DeviceRates& rates) {
   if (!op.is_collective()) return compute_time(op, rates);
@@ -319,22 +333,42 @@ struct UnitTimes {
   StrandPrice fwd, bwd;
 };
 
-// The data-parallel gradient reduction of one stage: unit u's gradients go when its backward (last
-// micro-batch) ends, in backward order, one at a time on the dp channel. Returns seconds past the
-// end of the backward pass, and adds the traffic to `axis`.
+// Buckets on one group's comm thread: unit mine[i]'s bucket of bytes[i] is ready at ready_s[i] and
+// goes when the thread is free, in the order they become ready (ties: the later unit first, as the
+// backward produces them). Returns when the thread is done (0 when nothing goes); adds the traffic
+// to `axis` and, when given, each bucket's span to `spans`.
+double bucket_channel(const std::vector<int>& mine, const GradReadiness& rd, const std::vector<double>& bytes,
+                      const std::string& group, const GroupLink& link, Zero zero, AxisCost& axis,
+                      std::vector<ChannelSpan>* spans) {
+  if (link.size <= 1) return 0;
+  const CollOp coll = zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce;
+  std::vector<size_t> order(mine.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return rd.ready_s[a] != rd.ready_s[b] ? rd.ready_s[a] < rd.ready_s[b] : a > b;
+  });
+  double channel = 0;
+  for (size_t i : order) {
+    const double c = CostModel::collective_time(coll, bytes[i], link.size, link.link);
+    const double begin = std::max(channel, rd.ready_s[i]);
+    channel = begin + c;
+    axis.bytes += ring_bytes(coll, bytes[i], link.size);
+    axis.seconds += c;
+    if (spans) spans->push_back({group, fmt::format("grad bucket u{}", mine[i]), begin, channel});
+  }
+  return channel;
+}
+
+// The data-parallel gradient reduction of one stage whose last backward runs alone (unit i taking
+// bwd_span[i], in reverse order). Returns seconds past the end of the backward pass, and adds the
+// traffic to `axis`.
 double dp_exposed(const std::vector<double>& bwd_span, const std::vector<double>& grad_bytes, const GroupLink& dp,
                   Zero zero, AxisCost& axis) {
   if (dp.size <= 1) return 0;
-  const CollOp coll = zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce;
-  double t = 0, channel = 0;
-  for (size_t i = bwd_span.size(); i-- > 0;) {
-    t += bwd_span[i];
-    const double c = CostModel::collective_time(coll, grad_bytes[i], dp.size, dp.link);
-    channel = std::max(channel, t) + c;
-    axis.bytes += ring_bytes(coll, grad_bytes[i], dp.size);
-    axis.seconds += c;
-  }
-  const double exposed = std::max(0.0, channel - t);
+  const GradReadiness rd = readiness_after(bwd_span);
+  std::vector<int> index(bwd_span.size());
+  std::iota(index.begin(), index.end(), 0);
+  const double exposed = std::max(0.0, bucket_channel(index, rd, grad_bytes, "dp", dp, zero, axis, nullptr) - rd.end_s);
   axis.exposed_s += exposed;
   return exposed;
 }
@@ -379,15 +413,19 @@ void check_fits(StepPrediction& r, const ClusterPreset& c) {
 StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                                    const ClusterPreset& cluster, const PredictOptions& opt, StepPrediction r);
 
-// A backward strand as a micro-batch before the step's last runs it (Executor's block sums): each
-// last_micro_batch collective becomes an element-wise add of its input into the block sum (read
-// both, write the sum), and the ops reading its output do not run. Unchanged when it has none.
+}  // namespace
+
 std::vector<Op> folding_variant(const std::vector<Op>& ops) {
   std::vector<Op> out;
   std::set<std::string> deferred;
   for (const Op& op : ops) {
-    if (std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& b) { return deferred.count(b) > 0; }))
+    if (std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& b) { return deferred.count(b) > 0; })) {
+      Op nothing;  // reads what the last micro-batch reduces: nothing to do now (Executor::run_op)
+      nothing.name = op.name + ".deferred";
+      nothing.code = "deferred";
+      out.push_back(nothing);
       continue;
+    }
     if (op.is_collective() && op.flag("last_micro_batch")) {
       deferred.insert(op.outputs.begin(), op.outputs.end());
       Op add;
@@ -402,6 +440,8 @@ std::vector<Op> folding_variant(const std::vector<Op>& ops) {
   }
   return out;
 }
+
+namespace {
 
 // memory_per_rank of a legal layout `lay` (as the engine runs it: tp with sequence parallelism)
 // whose programs and units are built already; predict() passes its own.
@@ -464,34 +504,51 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
                    batch, precision, zero, si, notes);
 }
 
+GradReadiness readiness_after(const std::vector<double>& bwd_span) {
+  GradReadiness rd;
+  rd.ready_s.assign(bwd_span.size(), 0.0);
+  double t = 0;
+  for (size_t i = bwd_span.size(); i-- > 0;) rd.ready_s[i] = t += bwd_span[i];
+  rd.end_s = t;
+  return rd;
+}
+
 double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupLink>& groups,
-                     const std::vector<UnitSpec>& units, const std::vector<int>& mine, const std::vector<double>& bwd_span,
+                     const std::vector<UnitSpec>& units, const std::vector<int>& mine, const GradReadiness& ready,
                      const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
-                     double elem, Zero zero, std::map<std::string, AxisCost>& axes) {
-  // Data parallel: gradients of the last micro-batch's backward, then ZeRO-1's all-gather; under
-  // context parallelism over the dp x cp replicas of the weights (the dpcp group).
+                     double elem, Zero zero, std::map<std::string, AxisCost>& axes, std::vector<ChannelSpan>* spans) {
+  // Data parallel: each unit's bucket as its last backward ends, then ZeRO-1's all-gather; under
+  // context parallelism over the dp x cp replicas of the weights (the dpcp group). Expert buckets
+  // go over edp on that group's own comm thread, beside them.
   const std::string dpg = lay.cp > 1 ? "dpcp" : "dp";
   const GroupLink& dp = groups.at(dpg);
-  double tail = dp_exposed(bwd_span, grad_bytes, dp, zero, axes[dpg]);
-  if (lay.ep > 1) {  // expert buckets: all-reduced over edp on that group's own comm thread
-    const double t_e = dp_exposed(bwd_span, expert_bytes, groups.at("edp"), zero, axes["edp"]);
-    tail = std::max(tail, t_e);
+  auto past_end = [&](const std::string& g, const GroupLink& link, const std::vector<double>& bytes) {
+    AxisCost& axis = axes[g];
+    if (link.size <= 1) return 0.0;
+    const double t = std::max(0.0, bucket_channel(mine, ready, bytes, g, link, zero, axis, spans) - ready.end_s);
+    axis.exposed_s += t;
+    return t;
+  };
+  double tail = past_end(dpg, dp, grad_bytes);
+  if (lay.ep > 1) {
+    tail = std::max(tail, past_end("edp", groups.at("edp"), expert_bytes));
     if (axes["edp"].bytes == 0) axes.erase("edp");
   }
+  // Then, one after another on the compute thread's wait: ZeRO-1's all-gathers, the partial
+  // gradients' all-reduce.
+  auto after = [&](const std::string& g, const std::string& name, CollOp c, double bytes, const GroupLink& link) {
+    const double t = CostModel::collective_time(c, bytes, link.size, link.link);
+    axes[g].bytes += ring_bytes(c, bytes, link.size);
+    axes[g].seconds += t, axes[g].exposed_s += t;
+    if (spans) spans->push_back({g, name, ready.end_s + tail, ready.end_s + tail + t});
+    tail += t;
+  };
   if (zero == Zero::kZero1 && dp.size > 1) {
     double expert_elems = 0;  // under ep the experts' all-gather goes over edp
     for (double b : expert_bytes) expert_elems += b / 4;
-    const double b = (elems - expert_elems) * elem;
-    const double ag = CostModel::collective_time(CollOp::kAllGather, b, dp.size, dp.link);
-    axes[dpg].bytes += ring_bytes(CollOp::kAllGather, b, dp.size);
-    axes[dpg].seconds += ag, axes[dpg].exposed_s += ag, tail += ag;
+    after(dpg, "zero1 all-gather", CollOp::kAllGather, (elems - expert_elems) * elem, dp);
     const GroupLink& edp = groups.at("edp");
-    if (expert_elems > 0 && edp.size > 1) {
-      const double be = expert_elems * elem;
-      const double age = CostModel::collective_time(CollOp::kAllGather, be, edp.size, edp.link);
-      axes["edp"].bytes += ring_bytes(CollOp::kAllGather, be, edp.size);
-      axes["edp"].seconds += age, axes["edp"].exposed_s += age, tail += age;
-    }
+    if (expert_elems > 0 && edp.size > 1) after("edp", "zero1 all-gather (experts)", CollOp::kAllGather, expert_elems * elem, edp);
   }
   // Sequence-parallel partial gradients (norms, row biases) all-reduced over tp before the step.
   double partial = 0;
@@ -499,12 +556,7 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
     for (const ParamSpec& q : units[u].params)
       if (q.partial_grad) partial += double(shape_numel(q.shard)) * 4;
   const std::string pg = lay.is_3d() ? "z" : "tp";  // the group the tokens are split over
-  if (partial > 0 && groups.at(pg).size > 1) {
-    const GroupLink& pgl = groups.at(pg);
-    const double ar = CostModel::collective_time(CollOp::kAllReduce, partial, pgl.size, pgl.link);
-    axes[pg].bytes += ring_bytes(CollOp::kAllReduce, partial, pgl.size);
-    axes[pg].seconds += ar, axes[pg].exposed_s += ar, tail += ar;
-  }
+  if (partial > 0 && groups.at(pg).size > 1) after(pg, "partial grads all-reduce", CollOp::kAllReduce, partial, groups.at(pg));
   return tail;
 }
 
@@ -522,7 +574,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   if (lay.is_3d() && !writes_3d(progs)) return predict_closed_form(m, lay, batch, cluster, opt, r);
 
   const double elem = element_bytes(opt.precision);
-  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, opt.gemm_timer};
+  const DeviceRates rates = device_rates(cluster, opt.precision, opt.gemm_timer);
   const std::map<std::string, GroupLink> groups = group_links(lay, cluster);
   const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn),
                         price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn)};
@@ -650,7 +702,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
-    const double tail = gradient_tail(lay, groups, units, mine, g.bwd_span, g.grad_bytes, g.expert_bytes, elems, elem,
+    const double tail = gradient_tail(lay, groups, units, mine, readiness_after(g.bwd_span), g.grad_bytes, g.expert_bytes, elems, elem,
                                       opt.zero, st.axes);
     st.step_s = body + tail;
     st.exposed_comm_s = st.step_s - st.compute_s - st.bubble_s;
@@ -680,7 +732,7 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
                                    const ClusterPreset& cluster, const PredictOptions& opt, StepPrediction r) {
   r.pricer = PricerKind::kClosedForm3D;
   const double elem = element_bytes(opt.precision);
-  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, opt.gemm_timer};
+  const DeviceRates rates = device_rates(cluster, opt.precision, opt.gemm_timer);
   LayoutConfig one;  // the single-rank programs
   const ModelPrograms progs = build_programs(m, one, {batch.micro_batch, batch.seq});
   const double gx = lay.tp_x, gy = lay.tp_y, gxy = gx * gy;

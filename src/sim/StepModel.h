@@ -156,17 +156,45 @@ struct DeviceRates {
   double mem_bw = 0;        // bytes/s
   double byte_scale = 1.0;  // element bytes / 4 (programs are written in fp32)
   GemmTimer gemm_timer = {};  // when set: GEMM ops' compute time as measured for their shapes
+  GemmTiling tiling = {};     // else: a GEMM op at gemm_rate x tiling.efficiency(its C's rows, cols)
+};
+// The rates of `cluster`'s device in `p` (its GEMM rate and tiling, memory bandwidth, element size).
+DeviceRates device_rates(const ClusterPreset& cluster, Precision p, GemmTimer gemm_timer = {});
+
+// When each of a stage's units has its gradients (its last backward of the step has ended), for
+// gradient_tail: ready_s[i] for unit mine[i], on the clock on which the stage's passes end at end_s.
+struct GradReadiness {
+  std::vector<double> ready_s;
+  double end_s = 0;
+};
+// The stage's last backward pass alone, starting at 0: its units in reverse order, unit i taking
+// bwd_span[i].
+GradReadiness readiness_after(const std::vector<double>& bwd_span);
+
+// A gradient-tail collective on its group's comm thread, on the readiness clock (the trace).
+struct ChannelSpan {
+  std::string group, name;
+  double begin_s = 0, end_s = 0;
 };
 
-// What follows a stage's last backward before the optimizer, in seconds past its end: the
-// data-parallel reduction of its units' gradients (buckets on the dp channel — dpcp under cp, edp
-// for experts — each as its unit's backward ends: bwd_span, grad_bytes and expert_bytes per unit
-// in forward order), ZeRO-1's all-gather of `elems` parameters, the sequence-parallel partial
-// gradients' all-reduce. Adds the traffic to `axes`.
+// What follows a stage's last backward before the optimizer, in seconds past ready.end_s: the
+// data-parallel reduction of its units' gradients (one bucket per unit on the dp comm thread —
+// dpcp under cp, edp for the experts' — each going when its unit is ready and the thread is free:
+// grad_bytes and expert_bytes per unit of `mine`), then ZeRO-1's all-gather of `elems` parameters
+// and the sequence-parallel partial gradients' all-reduce. Adds the traffic to `axes` and, when
+// given, every collective's span to `spans`.
 double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupLink>& groups,
-                     const std::vector<UnitSpec>& units, const std::vector<int>& mine, const std::vector<double>& bwd_span,
+                     const std::vector<UnitSpec>& units, const std::vector<int>& mine, const GradReadiness& ready,
                      const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
-                     double elem, Zero zero, std::map<std::string, AxisCost>& axes);
+                     double elem, Zero zero, std::map<std::string, AxisCost>& axes,
+                     std::vector<ChannelSpan>* spans = nullptr);
+
+// A backward strand as a micro-batch before the step's last runs it under 3D TP's accumulate_z
+// (the executor's block sums): each last_micro_batch collective becomes an element-wise add of its
+// input into the block sum (read both, write the sum), and each op reading its output a no-op
+// ("deferred", no cost). Op for op, so an SI plan of the strand still applies. Unchanged when it
+// has none.
+std::vector<Op> folding_variant(const std::vector<Op>& ops);
 
 // Seconds of one op of a layer program: a compute op on the device (FLOPs at the GEMM rate or its
 // bytes at memory bandwidth, whichever is longer; the GEMM timer where set), a collective on its

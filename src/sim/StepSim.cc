@@ -36,12 +36,23 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
   const auto groups = group_links(lay, cluster);
   const double elem = element_bytes(opt.precision);
-  const DeviceRates rates{cluster.gemm_rate(opt.precision), cluster.mem_bw, elem / 4.0, opt.gemm_timer};
-  const OpTimer time = [&](const Op& o) { return op_time(o, groups, rates); };
+  const DeviceRates rates = device_rates(cluster, opt.precision, opt.gemm_timer);
+  const OpTimer time = opt.op_timer ? opt.op_timer : OpTimer([&](const Op& o) { return op_time(o, groups, rates); });
   const PairSimOptions popt{opt.compute_slowdown};
   const int L = static_cast<int>(m.n_layers), U = L + 2;
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
   auto prog = [&](int u) -> const LayerProgram& { return u == 0 ? progs.embed : u == U - 1 ? progs.head : progs.block; };
+  // The backward of a micro-batch before the last under accumulate_z (3D TP): its weight-gradient
+  // reduce-scatters become block-sum adds, as the executor runs them (folding_variant).
+  auto folded = [](LayerProgram p) {
+    p.bwd = folding_variant(p.bwd);
+    return p;
+  };
+  const ModelPrograms early{folded(progs.embed), folded(progs.block), folded(progs.head)};
+  auto bwd_prog = [&](int u, int mb) -> const LayerProgram& {
+    if (mb == M - 1) return prog(u);
+    return u == 0 ? early.embed : u == U - 1 ? early.head : early.block;
+  };
 
   // Per rank: events relative to the slot being priced, engine and channel time.
   struct RankStats {
@@ -54,16 +65,16 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   // at `at` on rank `rk`. Returns its span.
   auto run = [&](int rk, double at, int fm, int fu, int bm, int bu) {
     const std::vector<Op>* f = fu >= 0 ? &prog(fu).fwd : nullptr;
-    const std::vector<Op>* b = bu >= 0 ? &prog(bu).bwd : nullptr;
+    const std::vector<Op>* b = bu >= 0 ? &bwd_prog(bu, bm).bwd : nullptr;
     DHX_CHECK(!(f && b) || opt.plan_for, InternalError, "simulate_step: a co-executed slot needs a pair planner");
-    const SIPlan plan = f && b ? opt.plan_for(prog(fu), prog(bu)) : one_block(f, b);
+    const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block(f, b);
     const PairSimResult p = simulate_pair(f, b, plan, time, popt);
     RankStats& st = ranks[static_cast<size_t>(rk)];
     for (const SimOp& o : p.ops) {
       const bool fw = o.strand == StrandKind::kForward;
       const Op& op = (fw ? *f : *b)[static_cast<size_t>(o.index)];
       st.events.push_back({o.lane, fmt::format("{} mb{} u{}", op.name, fw ? fm : bm, fw ? fu : bu), at + o.begin_s,
-                           at + o.end_s});
+                           at + o.end_s, fw ? fm : bm, fw ? fu : bu, o.strand});
     }
     for (const auto& [g, t] : p.channel_busy_s) st.busy[g] += t;
     st.compute += p.compute_s;
@@ -109,7 +120,12 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     };
     const GroupLink& pp_link = groups.at("pp");
     const double p2p_bytes = double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) * elem;
-    const double p2p_s = lay.pp > 1 ? CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link) : 0;
+    Op p2p;  // one activation or gradient message, for a stand-in timer
+    p2p.name = p2p.code = "pp.p2p", p2p.kind = OpKind::kCollective, p2p.coll = CollOp::kSendRecv, p2p.group = "pp";
+    p2p.cost.comm_bytes = p2p_bytes;
+    const double p2p_s = lay.pp == 1         ? 0
+                         : opt.op_timer ? opt.op_timer(p2p)
+                                        : CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link);
     const ScheduleTimeline tl = simulate_slots(sch, cost, [&](const Transfer&) { return p2p_s; });
     for (int rk = 0; rk < lay.pp; ++rk) {
       const auto& slots = tl.ranks[static_cast<size_t>(rk)];
@@ -140,12 +156,11 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     rank_end[0] = rank_busy[0] = now;
   }
 
-  // Each rank's gradient tail after its last slot (the last micro-batch's backward of its units,
-  // timed alone, sets when each unit's buckets can go); the step ends with the latest rank.
+  // Each rank's gradient tail after its last slot: a unit's buckets go as its last backward (of
+  // micro-batch M-1) ends in the simulated passes; the step ends with the latest rank.
   int critical = 0;
   double step = -1;
-  std::vector<double> tails(static_cast<size_t>(lay.pp), 0.0);
-  std::vector<std::map<std::string, AxisCost>> tail_axes(static_cast<size_t>(lay.pp));
+  r.stages.resize(static_cast<size_t>(lay.pp));
   for (int rk = 0; rk < lay.pp; ++rk) {
     std::vector<int> mine;
     if (opt.schedule) {
@@ -157,11 +172,17 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     } else {
       mine = range(0, U);
     }
-    std::vector<double> bwd_span, grad_bytes, expert_bytes;
+    RankStats& st = ranks[static_cast<size_t>(rk)];
+    GradReadiness ready;
+    ready.end_s = rank_end[static_cast<size_t>(rk)];
+    std::vector<double> grad_bytes, expert_bytes;
     double elems = 0;
     for (int u : mine) {
-      const std::vector<Op>& b = prog(u).bwd;
-      bwd_span.push_back(simulate_pair(nullptr, &b, one_block(nullptr, &b), time, popt).span_s);
+      double done = -1;
+      for (const StepSimEvent& e : st.events)
+        if (e.strand == StrandKind::kBackward && e.mb == M - 1 && e.unit == u) done = std::max(done, e.end_s);
+      DHX_ASSERT(done >= 0, "simulate_step: stage {} never ran the last backward of unit {}", rk, u);
+      ready.ready_s.push_back(done);
       double all = 0, experts = 0;
       for (const ParamSpec& q : units[static_cast<size_t>(u)].params) {
         all += double(shape_numel(q.shard));
@@ -169,21 +190,28 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       }
       grad_bytes.push_back((all - experts) * 4), expert_bytes.push_back(experts * 4), elems += all;
     }
-    tails[static_cast<size_t>(rk)] = gradient_tail(lay, groups, units, mine, bwd_span, grad_bytes, expert_bytes, elems,
-                                                   elem, opt.zero, tail_axes[static_cast<size_t>(rk)]);
-    const double end = rank_end[static_cast<size_t>(rk)] + tails[static_cast<size_t>(rk)];
-    if (end > step) step = end, critical = rk;
+    std::map<std::string, AxisCost> axes;
+    std::vector<ChannelSpan> spans;
+    StepSimStage& sg = r.stages[static_cast<size_t>(rk)];
+    sg.tail_s = gradient_tail(lay, groups, units, mine, ready, grad_bytes, expert_bytes, elems, elem, opt.zero, axes, &spans);
+    for (const ChannelSpan& c : spans)
+      st.events.push_back({lay.pp > 1 ? fmt::format("stage {} {}", rk, c.group) : c.group, c.name, c.begin_s, c.end_s});
+    sg.end_s = rank_end[static_cast<size_t>(rk)];
+    sg.compute_s = st.compute;
+    sg.channel_busy_s = st.busy;
+    sg.bubble_s = sg.end_s - rank_busy[static_cast<size_t>(rk)];  // waiting for its neighbours' messages
+    sg.exposed_s = std::max(0.0, sg.end_s + sg.tail_s - sg.compute_s - sg.bubble_s);  // rounding aside
+    if (rk == 0 || sg.end_s + sg.tail_s > step) step = sg.end_s + sg.tail_s, critical = rk, r.tail_axes = axes;
   }
-  const RankStats& c = ranks[static_cast<size_t>(critical)];
-  r.body_s = rank_end[static_cast<size_t>(critical)];
-  r.tail_s = tails[static_cast<size_t>(critical)];
-  r.tail_axes = tail_axes[static_cast<size_t>(critical)];
+  const StepSimStage& c = r.stages[static_cast<size_t>(critical)];
+  r.critical_stage = critical;
+  r.body_s = c.end_s;
+  r.tail_s = c.tail_s;
   r.step_s = step;
-  r.compute_s = c.compute;
-  r.channel_busy_s = c.busy;
-  // The critical rank's time outside its slots (waiting for its neighbours' messages).
-  r.bubble_s = rank_end[static_cast<size_t>(critical)] - rank_busy[static_cast<size_t>(critical)];
-  r.exposed_s = std::max(0.0, r.step_s - r.compute_s - r.bubble_s);  // rounding aside
+  r.compute_s = c.compute_s;
+  r.channel_busy_s = c.channel_busy_s;
+  r.bubble_s = c.bubble_s;
+  r.exposed_s = c.exposed_s;
   for (const RankStats& st : ranks) r.events.insert(r.events.end(), st.events.begin(), st.events.end());
   const double tokens = double(batch.global_batch) * double(batch.seq);
   r.tokens_per_s = tokens / r.step_s;

@@ -1,8 +1,8 @@
 // The whole step of one rank simulated op by op (issue 21): every micro-batch's passes through
 // every unit, as the step runner orders them, each unit (or co-executed pair of units) run through
 // the pair simulator (PairSim.h) with the executor's block rules, then the gradient tail (dp
-// buckets behind the last backward, ZeRO-1's all-gather, the partial-gradient all-reduce:
-// gradient_tail, StepModel.h). Without a step schedule (one stage): with Strand Interleaving, slot 0
+// buckets on the dp channel as each unit's last backward ends in the simulated passes, ZeRO-1's
+// all-gather, the partial-gradient all-reduce: gradient_tail, StepModel.h). Without a step schedule (one stage): with Strand Interleaving, slot 0
 // is fwd(mb 0), slot i fwd(mb i) beside bwd(mb i-1) with forward unit u paired with backward unit
 // L+1-u (model folding), slot M bwd(mb M-1); without it, each micro-batch's forward then backward.
 // With one (StepSimOptions::schedule), any pipeline: 1F1B, interleaved, the folded W.
@@ -30,6 +30,9 @@ struct StepSimOptions {
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
   GemmTimer gemm_timer = {};      // when set: GEMM ops as timed for their shapes (DeviceRates)
+  OpTimer op_timer = {};          // when set: every op's seconds instead of the preset's op_time (a
+                                  // profile's single-op timings, a test's stand-in); a pipeline
+                                  // message is then the send_recv op "pp.p2p" on group pp
   PairPlanner plan_for;           // required when a slot co-executes
   // The step schedule (schedule/Pipelines.h's make_schedule of the config's pipeline): required
   // for pp > 1. Every rank's slots run in order; a slot starts when its rank is free and its inputs
@@ -41,8 +44,20 @@ struct StepSimOptions {
 };
 
 struct StepSimEvent {
-  std::string lane, name;  // lane: "compute" or a group; name: "<op> mb<m> u<unit>"
+  std::string lane, name;  // lane: "compute" or a group; name: "<op> mb<m> u<unit>", or a tail collective's
   double begin_s = 0, end_s = 0;
+  int mb = -1, unit = -1;  // a pass's op: its micro-batch and unit (-1: the gradient tail)
+  StrandKind strand = StrandKind::kForward;
+};
+
+// One pipeline stage (every rank of a stage runs alike: the simulator follows one of them).
+struct StepSimStage {
+  double end_s = 0;       // its last slot ends
+  double tail_s = 0;      // its gradient tail past that
+  double compute_s = 0;   // engine busy time
+  double bubble_s = 0;    // time between its slots
+  double exposed_s = 0;   // end + tail - compute - bubble
+  std::map<std::string, double> channel_busy_s;  // per group, passes only
 };
 
 struct StepSimResult {
@@ -57,7 +72,9 @@ struct StepSimResult {
   std::map<std::string, double> channel_busy_s;  // per group, passes only (the critical rank's)
   std::map<std::string, AxisCost> tail_axes;
   MemoryUse memory;
-  std::vector<StepSimEvent> events;
+  std::vector<StepSimStage> stages;  // per pipeline stage; the step ends with the latest (critical)
+  int critical_stage = 0;
+  std::vector<StepSimEvent> events;  // passes and gradient tails of every stage, on one clock
 };
 
 // ConfigError for a layout that cannot run (layout_errors), or pp > 1 without a schedule.

@@ -21,10 +21,26 @@ else fail figures_json_trace; echo "$out" | tail -10; fi
 # 1b. A W pipeline over 2 stages with co-execution: the bubble is reported.
 out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2 --schedule.pipeline w \
       --training.micro_batches 4 --json "$tmp/w.json" 2>&1); rc=$?
-if [ $rc -eq 0 ] && grep -q "pipeline bubble" <<<"$out" \
-   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['bubble_s'] > 0 and j['step_s'] > j['bubble_s']" "$tmp/w.json"; then
+if [ $rc -eq 0 ] && grep -q "pipeline bubble" <<<"$out" && grep -q "(sets the step)" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['bubble_s'] > 0 and j['step_s'] > j['bubble_s'] and len(j['stages']) == 2 and abs(j['stages'][j['critical_stage']]['end_s'] + j['stages'][j['critical_stage']]['tail_s'] - j['step_s']) < 1e-9" "$tmp/w.json"; then
   ok pipeline_w
 else fail pipeline_w; echo "$out" | tail -10; fi
+
+# 1b'. --layout, as tune prints it, with dp from --gpus: the same step as the parallel.* flags; the
+# memory split sums to its total.
+out=$("$bin" simulate --config configs/demo.toml --cluster h100-8gpu --gpus 16 --layout "tp=2 pp=2" \
+      --schedule.pipeline 1f1b --training.micro_batches 8 --json "$tmp/l1.json" 2>&1); rc=$?
+out2=$("$bin" simulate --config configs/demo.toml --cluster h100-8gpu --parallel.tp 2 --parallel.pp 2 --parallel.dp 4 \
+      --schedule.pipeline 1f1b --training.micro_batches 8 --json "$tmp/l2.json" 2>&1); rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "tp=2" <<<"$out" && grep -q "simulated in" <<<"$out" \
+   && /usr/bin/python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
+assert a['step_s'] == b['step_s'] and a['memory_bytes'] == b['memory_bytes'], (a['step_s'], b['step_s'])
+assert abs(sum(a['memory'].values()) - a['memory_bytes']) <= 1e-9 * a['memory_bytes']
+assert a['simulated_in_s'] >= 0" "$tmp/l1.json" "$tmp/l2.json"; then
+  ok layout_flag
+else fail layout_flag; echo "$out" | tail -10; fi
 
 # 1c. GEMMs timed on this machine (--measure-gemm): the step is priced and says so.
 out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --measure-gemm --json "$tmp/g.json" 2>&1); rc=$?
@@ -59,5 +75,10 @@ expect_bad pipeline "schedule.pipeline" -- --config configs/demo.toml --cluster 
 expect_bad precision "--precision 'fp8'" -- --config configs/demo.toml --cluster cpu-emulated --precision fp8
 expect_bad slowdown "--compute-slowdown 0.5 must be >= 1" -- --config configs/demo.toml --cluster cpu-emulated \
   --compute-slowdown 0.5
+expect_bad layout_word "'tp2' is not an axis=count" -- --config configs/demo.toml --cluster cpu-emulated --layout "tp2 dp=1"
+expect_bad layout_gpus "does not divide --gpus 6" -- --config configs/demo.toml --cluster cpu-emulated --gpus 6 \
+  --layout "tp=4"
+expect_bad layout_twice "--parallel.tp and --layout both set the layout" -- --config configs/demo.toml \
+  --cluster cpu-emulated --layout "tp=2" --parallel.tp 2
 
 summary

@@ -125,6 +125,36 @@ TEST(ClusterPreset, BadFilesNameFileFieldAndHint) {
   EXPECT_NE(e.find("node.intra_table[0]"), std::string::npos) << e;  // 4 ranks > 2 per node
   e = error_of("[device\n");
   EXPECT_NE(e.find("not valid TOML"), std::string::npos) << e;
+  const std::string dev_end = "gemm_efficiency = 0.5\n";
+  std::string tiled = good;
+  tiled.insert(tiled.find(dev_end) + dev_end.size(), "gemm_units = 4\n");  // without gemm_tile
+  e = error_of(tiled);
+  EXPECT_NE(e.find("device.gemm_units"), std::string::npos) << e;
+  EXPECT_NE(e.find("gemm_tile"), std::string::npos) << e;
+  tiled.insert(tiled.find("gemm_units"), "gemm_tile = [0, 128]\n");
+  e = error_of(tiled);
+  EXPECT_NE(e.find("device.gemm_tile must be two positive integers"), std::string::npos) << e;
+}
+
+// The size-dependent GEMM efficiency (GemmTiling). Oracle: tile and wave quantization worked by
+// hand for an A100 (108 SMs, 256 x 128 tiles, from the committed preset): one full wave of whole
+// tiles runs at 1; one row past a tile doubles the tiles (two waves, each tile half used); one
+// tile past a wave leaves 107 of the second wave's 108 SMs idle; a grouped launch of g GEMMs
+// fills waves together.
+TEST(ClusterPreset, GemmTileAndWaveQuantization) {
+  const ClusterPreset c = load_cluster(preset_path("perlmutter-a100"));
+  const GemmTiling& t = c.gemm_tiling;
+  ASSERT_EQ(t.units, 108);
+  ASSERT_EQ(t.tile_m, 256);
+  ASSERT_EQ(t.tile_n, 128);
+  EXPECT_DOUBLE_EQ(t.efficiency(256, 128 * 108), 1.0);
+  EXPECT_DOUBLE_EQ(t.efficiency(2560, 128 * 108), 1.0);                      // 10 whole waves
+  EXPECT_DOUBLE_EQ(t.efficiency(257, 128 * 108), 257.0 / 512.0);             // 216 tiles, 2 waves
+  EXPECT_DOUBLE_EQ(t.efficiency(256, 128 * 109), 109.0 / 216.0);             // 109 tiles in 2 waves
+  EXPECT_DOUBLE_EQ(t.efficiency(256, 128, 54), 54.0 / 108.0);                // 54 one-tile GEMMs together
+  EXPECT_DOUBLE_EQ(t.efficiency(128, 64), 128.0 * 64 / (256.0 * 128) / 108);  // one quarter tile, one SM
+  EXPECT_DOUBLE_EQ(GemmTiling{}.efficiency(7, 9), 1.0);                       // absent: no quantization
+  EXPECT_EQ(load_cluster(preset_path("cpu-emulated")).gemm_tiling.units, 0);
 }
 
 }  // namespace

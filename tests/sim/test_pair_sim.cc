@@ -4,9 +4,15 @@
 // background and carried ops), the executor's own overlap rule for a single strand as the step
 // model writes it (price_strand, which the pair simulator must equal on a one-block plan of a real
 // layer program), and coverage: every op of the programs of every layout kind has a price.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 #include "base/Error.h"
+#include "runtime/OpRegistry.h"
 
 #include "model/Params.h"
 #include "model/Programs.h"
@@ -182,7 +188,9 @@ TEST(PairSim, OneBlockEqualsTheStepModelsStrandRule) {
 
 // Every op of the programs of every layout kind has a price: compute ops cost FLOPs or bytes,
 // collectives bytes on a group the layout has. An op the executor runs but the simulator could not
-// price (a new op written without its cost, a group missing from group_links) fails here.
+// price (a new op written without its cost, a group missing from group_links) fails here; and every
+// op code the executor binds a kernel to (runtime's op_codes) must appear in these programs, so a
+// new kernel the simulator has never priced fails too.
 TEST(PairSim, EveryProgramOpHasAPrice) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
   const DeviceRates rates{cluster.gemm_rate(Precision::kFp32), cluster.mem_bw, 1.0, {}};
@@ -203,6 +211,8 @@ TEST(PairSim, EveryProgramOpHasAPrice) {
     cases.push_back({p, lay(1, 1, 1, 1, 2, 2, 2)});
   }
   cases.push_back({"moe-demo", lay(2, 2, 1, 2, 1, 1, 1)});
+  cases.push_back({"llama-8b", lay(1, 1, 4, 1, 1, 1, 1)});  // cp >= 3: the dK/dV relay adds (cp_dkv_add)
+  std::set<std::string> priced;
   for (const Case& c : cases) {
     ModelConfig m = model_preset(c.preset);
     m.n_layers = 2;
@@ -219,10 +229,14 @@ TEST(PairSim, EveryProgramOpHasAPrice) {
             }
           } else {
             EXPECT_GT(o.cost.flops + o.cost.bytes, 0) << where;
+            priced.insert(o.code);
           }
           EXPECT_GE(op_time(o, groups, rates), 0) << where;
         }
   }
+  for (const std::string& code : op_codes())
+    EXPECT_TRUE(priced.count(code)) << "the executor runs op code '" << code
+                                    << "' but no program of these layouts has it: add a layout that emits it";
 }
 
 // A small Llama of `layers` layers for the step simulations.
@@ -260,6 +274,9 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
     EXPECT_EQ(s.micro_batches, 2);
     EXPECT_NEAR(s.step_s, p.step_s, 1e-12 * p.step_s) << (z == Zero::kZero1 ? "zero1" : "plain");
     EXPECT_NEAR(s.compute_s, p.compute_s, 1e-12 * p.compute_s);
+    // Memory: the step model's by-hand-checked figure (StepModel.MemoryOfASmallLayoutByHand).
+    EXPECT_EQ(s.memory.total(), p.memory.total());
+    EXPECT_EQ(s.memory.optimizer, p.memory.optimizer);
     EXPECT_GT(s.tail_s, 0);
     EXPECT_GT(s.exposed_s, 0);
   }
@@ -324,6 +341,127 @@ TEST(StepSim, ScheduleOrderEqualsTheBuiltInOneAndTheTimeline) {
   EXPECT_NEAR(r.step_s, tl.makespan, 1e-12 * tl.makespan);
   EXPECT_GT(r.bubble_s, 0);
   EXPECT_EQ(r.tail_s, 0);  // dp = tp = 1: nothing to reduce
+}
+
+// Pipeline bubbles through the whole step simulator. Oracle: bubble_formula's closed forms
+// (1F1B, interleaved, W; co-executed and not; schedule/Pipelines.h), which hold for uniform layers,
+// a free embedding and head and free messages. A stand-in timer makes the real programs so: every
+// compute op of a transformer layer's forward shares 1 ms, of its backward `ratio` ms; embedding,
+// head, collectives and pipeline messages cost nothing. The most idle stage's 1 - busy / step must
+// equal the formula (to rounding of the per-op shares: 1e-9).
+TEST(StepSim, PipelineBubblesEqualTheirClosedForms) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(8);
+  const ModelPrograms progs = build_programs(m, LayoutConfig{}, {1, 128});
+  std::set<std::string> fwd_names, bwd_names, others;
+  int cf = 0, cb = 0;
+  for (const Op& o : progs.block.fwd) cf += !o.is_collective(), fwd_names.insert(o.name);
+  for (const Op& o : progs.block.bwd) cb += !o.is_collective(), bwd_names.insert(o.name);
+  for (const LayerProgram* lp : {&progs.embed, &progs.head})
+    for (const auto* ops : {&lp->fwd, &lp->bwd})
+      for (const Op& o : *ops) others.insert(o.name);
+  for (const std::string& n : fwd_names) ASSERT_FALSE(bwd_names.count(n) || others.count(n)) << n;
+  for (const std::string& n : bwd_names) ASSERT_FALSE(others.count(n)) << n;
+  const PairPlanner together = whole_strands_together;
+  for (double ratio : {2.0, 3.0}) {
+    const OpTimer uniform = [&](const Op& o) {
+      if (o.is_collective()) return 0.0;
+      return fwd_names.count(o.name) ? 1e-3 / cf : bwd_names.count(o.name) ? ratio * 1e-3 / cb : 0.0;
+    };
+    for (PipelineKind k : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
+      for (int p : {2, 4})
+        for (int N : {p, 2 * p})
+          for (CoExecute co : {CoExecute::kOff, CoExecute::kOn}) {
+            PipelineSpec spec;
+            spec.kind = k, spec.pp = p, spec.n_layers = 8, spec.micro_batches = N, spec.co_execute = co;
+            spec.virtual_stages = k == PipelineKind::kInterleaved ? 2 : 1;
+            const StepSchedule sch = make_schedule(spec);
+            LayoutConfig lay;
+            lay.pp = p;
+            StepSimOptions o;
+            o.schedule = &sch, o.op_timer = uniform, o.plan_for = together;
+            const StepSimResult r = simulate_step(m, lay, {N, 128, 1}, cluster, o);
+            double idle = 0;
+            for (const StepSimStage& g : r.stages) idle = std::max(idle, 1.0 - g.compute_s / r.step_s);
+            EXPECT_NEAR(idle, bubble_formula(spec, ratio), 1e-9)
+                << sch.name << " p=" << p << " N=" << N << " b/f=" << ratio << " co=" << (co == CoExecute::kOn);
+            EXPECT_EQ(r.tail_s, 0);
+          }
+  }
+}
+
+// Data-parallel buckets in the simulated step. Oracle: a FIFO channel worked from the simulated
+// passes: every unit's bucket starts at the later of the end of that unit's last backward (the
+// events of micro-batch M-1) and the previous bucket's end, and the stage's tail is what the last
+// bucket runs past its passes (tp = 1, no ZeRO: nothing else follows). On a 2-stage W with dp = 2,
+// where a stage's units finish their last backward in two slots (the W's down and up halves).
+TEST(StepSim, BucketsGoAsTheirUnitsLastBackwardEnds) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(4);
+  PipelineSpec spec;
+  spec.kind = PipelineKind::kW, spec.pp = 2, spec.n_layers = 4, spec.micro_batches = 4;
+  const StepSchedule sch = make_schedule(spec);
+  LayoutConfig lay;
+  lay.pp = 2, lay.dp = 2;
+  StepSimOptions o;
+  o.schedule = &sch, o.plan_for = whole_strands_together;
+  const StepSimResult r = simulate_step(m, lay, {8, 128, 1}, cluster, o);
+  for (int stage = 0; stage < 2; ++stage) {
+    const std::string lane = fmt::format("stage {} dp", stage);
+    std::map<int, double> ready;
+    for (const StepSimEvent& e : r.events)
+      if (e.lane.starts_with(fmt::format("stage {} ", stage)) && e.strand == StrandKind::kBackward && e.mb == 3)
+        ready[e.unit] = std::max(ready[e.unit], e.end_s);
+    std::vector<StepSimEvent> buckets;
+    for (const StepSimEvent& e : r.events)
+      if (e.lane == lane) buckets.push_back(e);
+    ASSERT_EQ(buckets.size(), ready.size()) << "one bucket per unit of stage " << stage;
+    std::sort(buckets.begin(), buckets.end(), [](const auto& a, const auto& b) { return a.begin_s < b.begin_s; });
+    double channel = 0;
+    for (const StepSimEvent& b : buckets) {
+      const int u = std::stoi(b.name.substr(b.name.rfind('u') + 1));
+      ASSERT_TRUE(ready.count(u)) << b.name;
+      EXPECT_DOUBLE_EQ(b.begin_s, std::max(channel, ready[u])) << b.name;
+      channel = b.end_s;
+    }
+    const StepSimStage& g = r.stages[static_cast<size_t>(stage)];
+    EXPECT_DOUBLE_EQ(g.tail_s, std::max(0.0, channel - g.end_s)) << "stage " << stage;
+  }
+  // Stage 0 finishes its units' last backward at two different times (its mirror layers' up-pass
+  // and its own layers' at the end): some bucket goes before the stage's passes end.
+  double first = 1e30;
+  for (const StepSimEvent& e : r.events)
+    if (e.lane == "stage 0 dp") first = std::min(first, e.begin_s);
+  EXPECT_LT(first, r.stages[0].end_s);
+}
+
+// 3D TP's accumulate_z in the simulated step. Oracle: the executor's rule (Executor::run_op's
+// block sums): with it, only the step's last micro-batch reduce-scatters its weight gradients over
+// z, so the z lane holds each z.rs op of a layer's backward once per layer instead of once per
+// micro-batch, and the z channel is busy for less time (the step itself need not be shorter: the
+// background reduce-scatters it drops were hidden, the adds that replace them cost memory traffic).
+TEST(StepSim, AccumulateZReduceScattersOncePerStep) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(2);
+  const BatchSpec batch{8, 128, 2};  // z = 2: 2 sequences per z rank and micro-batch, M = 2
+  int rs_per_layer = 0;
+  LayoutConfig lay;
+  lay.tp_z = 2, lay.sequence_parallel = false;
+  for (const Op& o : build_programs(m, lay, {2, 128}).block.bwd) rs_per_layer += o.name.starts_with("z.rs.");
+  ASSERT_GT(rs_per_layer, 0);
+  double z_busy[2] = {0, 0};
+  for (bool acc : {false, true}) {
+    lay.overlap3d.accumulate_z = acc;
+    StepSimOptions o;
+    o.si = StrandInterleaving::kOff;
+    const StepSimResult r = simulate_step(m, lay, batch, cluster, o);
+    ASSERT_EQ(r.micro_batches, 2);
+    int rs = 0;
+    for (const StepSimEvent& e : r.events) rs += e.lane == "z" && e.name.starts_with("z.rs.") && e.unit >= 1 && e.unit <= 2;
+    EXPECT_EQ(rs, rs_per_layer * 2 * (acc ? 1 : 2)) << "accumulate_z " << acc;  // 2 layers
+    z_busy[acc] = r.channel_busy_s.at("z");
+  }
+  EXPECT_LT(z_busy[1], z_busy[0]);
 }
 
 }  // namespace

@@ -39,6 +39,30 @@ Op coll(const std::string& name, CollOp c, double seconds, std::vector<std::stri
 const std::map<std::string, GroupLink> kTp2 = {{"tp", {2, {1e9, 0}}}};
 const DeviceRates kRates{1e9, 1e30, 1.0};
 
+// GEMM ops under a tiled device (GemmTiling): the time of each GEMM kind is its FLOPs at the rate
+// times the quantization efficiency of its own output C. Oracle: by hand on a device of 4 units
+// and 100 x 100 tiles at 1 GFLOP/s. rows 200, in 300, out 100: forward C [200, 100] = 2 tiles, one
+// wave of 4 units -> 1/2; input gradient (attrs in 100, out 300) C [200, 300] = 6 tiles, 2 waves ->
+// 6/8; weight gradient C [in 300, out 100] = 3 tiles -> 3/4; two experts' forward (twice the
+// FLOPs) fill 4 units -> 1.
+TEST(PriceStrand, GemmTimeFollowsItsOutputTiles) {
+  DeviceRates r{1e9, 1e30, 1.0};
+  r.tiling = GemmTiling{4, 100, 100};
+  auto gemm = [](const std::string& code, int64_t rows, int64_t in, int64_t out, double groups) {
+    Op op;
+    op.name = op.code = code;
+    op.cost.flops = groups * 2.0 * double(rows * in * out);
+    op.attrs = {{"gemm_rows", rows}, {"gemm_in", in}, {"gemm_out", out}};
+    return op;
+  };
+  const double f = 2.0 * 200 * 300 * 100 / 1e9;
+  EXPECT_DOUBLE_EQ(op_time(gemm("linear", 200, 300, 100, 1), {}, r), f / 0.5);
+  EXPECT_DOUBLE_EQ(op_time(gemm("linear_dgrad", 200, 100, 300, 1), {}, r), f / 0.75);
+  EXPECT_DOUBLE_EQ(op_time(gemm("linear_wgrad", 200, 300, 100, 1), {}, r), f / 0.75);
+  EXPECT_DOUBLE_EQ(op_time(gemm("expert_linear", 200, 300, 100, 2), {}, r), 2 * f);
+  EXPECT_DOUBLE_EQ(op_time(gemm("linear", 200, 300, 100, 1), {}, kRates), f);  // no tiling
+}
+
 TEST(PriceStrand, DependentAllReduceIsExposed) {
   // engine: [c1 1s]......[c2 1s]   tp: [AR 2s] -> span 4, exposed 2
   const StrandPrice p = price_strand({comp("c1", 1, {"x"}, {"a"}), coll("ar", CollOp::kAllReduce, 2, {"a"}, "b"),
