@@ -241,6 +241,8 @@ const char* kSimulateUsage =
     "                         `dhelix plan --profile` fits it on this machine)\n"
     "  --profile FILE         fit that slowdown from a `dhelix profile` of this config's layer pair\n"
     "                         (its pairs timed alone and together; excludes --compute-slowdown)\n"
+    "  --profile-op-times     with --profile: the layer's compute ops at the profile's single-op times\n"
+    "                         (the embedding's, the head's and every collective still from the preset)\n"
     "  --measure-gemm         time every GEMM op's shape on this machine instead of the preset's rate\n"
     "                         (one core, shared as the preset's device.core_share says)\n";
 
@@ -285,7 +287,7 @@ int cmd_simulate(int argc, char** argv) {
                                    json_path = fl.take("--json"), prec = fl.take("--precision"),
                                    slow = fl.take("--compute-slowdown"), profile_path = fl.take("--profile"),
                                    layout_arg = fl.take("--layout");
-  const bool measure_gemm = fl.take_switch("--measure-gemm");
+  const bool measure_gemm = fl.take_switch("--measure-gemm"), profile_times = fl.take_switch("--profile-op-times");
   const int gpus = fl.take_int("--gpus", 0, 1);
   std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "simulate", kSimulateUsage);
   if (!parsed) return 0;
@@ -330,7 +332,10 @@ int cmd_simulate(int argc, char** argv) {
     check_profile_fits(p, cfg.model, lay, micro_batch_of(cfg), progs.block);
     fit = fit_interference_alternating(progs.block, p);
     so.compute_slowdown = fit->compute_slowdown;
+    if (profile_times) so.op_timer = profile_op_timer(progs, p);
   }
+  DHX_CHECK(!profile_times || profile_path, ConfigError,
+            "dhelix simulate: --profile-op-times takes the op times from a profile: give --profile FILE too");
   if (measure_gemm) so.gemm_timer = measured_gemm_timer(cluster.core_share);
   so.si = cfg.schedule.strand_interleaving ? StrandInterleaving::kOn : StrandInterleaving::kOff;
   so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
@@ -365,6 +370,7 @@ int cmd_simulate(int argc, char** argv) {
                100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
                100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
   if (measure_gemm) fmt::print("GEMMs timed for their shapes on this machine (core share {})\n", cluster.core_share);
+  if (profile_times) fmt::print("the layer's compute ops at their profiled single-op times ({})\n", *profile_path);
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
   fmt::print("  {:<44} {:>12}\n", "  gradient tail past the last backward (s)", fmt::format("{:.4f}", r.tail_s));
@@ -490,24 +496,25 @@ int cmd_plan(int argc, char** argv) {
   try {
     if (validate)
       bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed));
-    // With a profile: the co-execution interference fitted on its pairs, and the search's candidates
-    // ranked by simulating the whole pair from the single ops' times (not by their summed blocks).
-    // Every rank computes the same fit from the same file, so every rank validates the same plans.
+    // The search's candidates are ranked by simulating the whole pair from the single ops' times
+    // (not by their summed blocks): the profile's, with the co-execution interference fitted on its
+    // pairs, or the cost model's, with none (a preset gives none). Every rank computes the same fit
+    // from the same file, so every rank validates the same plans.
     std::optional<InterferenceFit> fit;
     OpTimer solo;
     std::string no_sim;
-    if (profile_path) {
-      try {
-        solo = solo_op_timer(prog, *cost);
-        fit = fit_interference_alternating(prog, *cost);
-      } catch (const ConfigError& e) {
-        no_sim = e.what();
-      }
+    try {
+      solo = solo_op_timer(prog, *cost);
+      if (profile_path) fit = fit_interference_alternating(prog, *cost);
+    } catch (const ConfigError& e) {
+      no_sim = e.what();
+      solo = {};
     }
     PlanSimulator simulate;
-    if (fit)
+    const bool simulated = static_cast<bool>(solo);
+    if (simulated)
       simulate = [&](const SIPlan& p) {
-        return simulate_pair(&prog.fwd, &prog.bwd, p, solo, {fit->compute_slowdown}).span_s;
+        return simulate_pair(&prog.fwd, &prog.bwd, p, solo, {fit ? fit->compute_slowdown : 1.0}).span_s;
       };
     const double t0 = now_seconds();
     choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate);
@@ -525,7 +532,7 @@ int cmd_plan(int argc, char** argv) {
                  "measured");
       for (size_t i = 0; i < choice.candidates.size(); ++i) {
         const auto& k = choice.candidates[i];
-        const std::string sim = fit ? format_seconds(k.simulated_s) : "-";
+        const std::string sim = simulated ? format_seconds(k.simulated_s) : "-";
         fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
                    format_seconds(k.predicted_s), sim, bench ? format_seconds(k.measured_s) : "-",
                    static_cast<int>(i) == choice.chosen ? "  <- kept" : "");
@@ -540,7 +547,7 @@ int cmd_plan(int argc, char** argv) {
           j["candidates"].push_back({{"source", k.plan.source},
                                      {"blocks", k.plan.blocks.size()},
                                      {"predicted_s", k.predicted_s},
-                                     {"simulated_s", fit ? k.simulated_s : 0.0},
+                                     {"simulated_s", simulated ? k.simulated_s : 0.0},
                                      {"measured_s", k.measured_s}});
         if (fit)
           j["interference"] = {{"compute_slowdown", fit->compute_slowdown},

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <set>
 
 #include "base/Error.h"
 
@@ -21,6 +24,23 @@ OpTimer solo_op_timer(const LayerProgram& prog, const BlockCost& measured) {
     DHX_CHECK(std::isfinite(t), ConfigError, "op {} ({} {}) has no single-op time in the profile", op.name,
               f >= 0 ? "forward" : "backward", f >= 0 ? f : b);
     return t;
+  };
+}
+
+OpTimer profile_op_timer(const ModelPrograms& progs, const BlockCost& measured) {
+  std::set<std::string> shared;
+  for (const LayerProgram* p : {&progs.embed, &progs.head})
+    for (const auto* ops : {&p->fwd, &p->bwd})
+      for (const Op& o : *ops) shared.insert(o.name);
+  const OpTimer solo = solo_op_timer(progs.block, measured);
+  auto seconds = std::make_shared<std::map<std::string, double>>();
+  for (const auto* ops : {&progs.block.fwd, &progs.block.bwd})
+    for (const Op& o : *ops)
+      if (!o.is_collective() && !shared.count(o.name)) (*seconds)[o.name] = solo(o);
+  return [seconds](const Op& op) {
+    if (op.is_collective()) return -1.0;
+    const auto it = seconds->find(op.name);
+    return it == seconds->end() ? -1.0 : it->second;
   };
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/Programs.h"
 #include "plan/BlockCost.h"
 #include "plan/Program.h"
 #include "plan/Windows.h"
@@ -19,6 +20,13 @@ namespace dhelix {
 // Per-op seconds from a BlockCost's single-op solo windows of `prog` (the op is found by address in
 // prog.fwd / prog.bwd); ConfigError naming the op when its window was not timed.
 OpTimer solo_op_timer(const LayerProgram& prog, const BlockCost& measured);
+
+// The compute ops of the layer pair's program (progs.block) at their profiled single-op times, found
+// by name, so that any copy of the same programs is priced (simulate_step builds its own); every
+// other op (collectives, the embedding's and head's, a name the embedding or head shares) returns
+// -1, the step simulator's "price it from the preset" (StepSimOptions::op_timer). The times are
+// copied: the profile need not outlive the timer.
+OpTimer profile_op_timer(const ModelPrograms& progs, const BlockCost& measured);
 
 struct InterferenceFit {
   double compute_slowdown = 1.0;

@@ -37,7 +37,10 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   const auto groups = group_links(lay, cluster);
   const double elem = element_bytes(opt.precision);
   const DeviceRates rates = device_rates(cluster, opt.precision, opt.gemm_timer);
-  const OpTimer time = opt.op_timer ? opt.op_timer : OpTimer([&](const Op& o) { return op_time(o, groups, rates); });
+  const OpTimer time = [&](const Op& o) {
+    const double t = opt.op_timer ? opt.op_timer(o) : -1;
+    return t >= 0 ? t : op_time(o, groups, rates);
+  };
   const PairSimOptions popt{opt.compute_slowdown};
   const int L = static_cast<int>(m.n_layers), U = L + 2;
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
@@ -123,9 +126,10 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     Op p2p;  // one activation or gradient message, for a stand-in timer
     p2p.name = p2p.code = "pp.p2p", p2p.kind = OpKind::kCollective, p2p.coll = CollOp::kSendRecv, p2p.group = "pp";
     p2p.cost.comm_bytes = p2p_bytes;
-    const double p2p_s = lay.pp == 1         ? 0
-                         : opt.op_timer ? opt.op_timer(p2p)
-                                        : CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link);
+    const double asked = lay.pp > 1 && opt.op_timer ? opt.op_timer(p2p) : -1;
+    const double p2p_s = lay.pp == 1  ? 0
+                         : asked >= 0 ? asked
+                                      : CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link);
     const ScheduleTimeline tl = simulate_slots(sch, cost, [&](const Transfer&) { return p2p_s; });
     for (int rk = 0; rk < lay.pp; ++rk) {
       const auto& slots = tl.ranks[static_cast<size_t>(rk)];

@@ -30,9 +30,10 @@ struct StepSimOptions {
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
   GemmTimer gemm_timer = {};      // when set: GEMM ops as timed for their shapes (DeviceRates)
-  OpTimer op_timer = {};          // when set: every op's seconds instead of the preset's op_time (a
-                                  // profile's single-op timings, a test's stand-in); a pipeline
-                                  // message is then the send_recv op "pp.p2p" on group pp
+  OpTimer op_timer = {};          // when set: an op's seconds instead of the preset's op_time (a
+                                  // profile's single-op timings: profile_op_timer, a test's
+                                  // stand-in); a negative value: the preset's; a pipeline message
+                                  // is asked for as the send_recv op "pp.p2p" on group pp
   PairPlanner plan_for;           // required when a slot co-executes
   // The step schedule (schedule/Pipelines.h's make_schedule of the config's pipeline): required
   // for pp > 1. Every rank's slots run in order; a slot starts when its rank is free and its inputs

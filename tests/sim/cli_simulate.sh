@@ -60,6 +60,12 @@ if [ $rc -eq 0 ] && grep -q "interference from" <<<"$out" \
    && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['compute_slowdown'] == 1" "$tmp/p.json"; then
   ok profile_fit
 else fail profile_fit; echo "$out" | tail -10; fi
+out=$("$bin" simulate "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/prof.json" --profile-op-times --json "$tmp/q.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "profiled single-op times" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['step_s'] > 0" "$tmp/q.json"; then
+  ok profile_op_times
+else fail profile_op_times; echo "$out" | tail -10; fi
+expect_bad profile_op_times_alone "give --profile FILE too" -- "${tiny[@]}" --cluster cpu-emulated --profile-op-times
 expect_bad profile_of_other_run "measured for another run" -- "${tiny[@]}" --model.d_model 128 --cluster cpu-emulated \
   --profile "$tmp/prof.json"
 expect_bad profile_and_slowdown "not both" -- "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/prof.json" \
