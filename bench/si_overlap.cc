@@ -119,6 +119,7 @@ struct Args {
   std::string plan;   // SI plan JSON for the block pair; empty = default plan
   std::string trace;  // writes a trace of one SI step and one SI-off step: PATH.rank<r>
   std::string group = "tp";  // tp: Megatron tp = 2; ep: MoE expert parallelism, dp = ep = 2; cp: cp = 2
+  std::string wire = "fp32";  // the activation collectives' element type on the wire (comm.precision)
   bool preset_given = false;
 };
 
@@ -126,7 +127,7 @@ void usage() {
   std::puts(
       "usage: dhelix_bench_si_overlap [--preset gpt2-124m] [--batch B=1] [--seq T=256] [--micro-batches M=4]\n"
       "         [--steps N=5] [--warmup N=1] [--max-steal F=0.05] [--plan PLAN.json] [--trace PATH]\n"
-      "         [--group tp|ep|cp]   (ep: expert parallelism of a MoE preset, default moe-demo; cp: context\n"
+      "         [--group tp|ep|cp] [--wire fp32|bf16]   (ep: expert parallelism of a MoE preset, default moe-demo; cp: context\n"
       "                               parallelism, --seq the whole sequence, cut over the 2 ranks)\n"
       "       --max-steal: repeat a round (at most 3N attempts) in which the hypervisor stole more than F\n"
       "         of a rank's time during any of its timings; F >= 1 keeps every round\n"
@@ -140,6 +141,7 @@ Args parse(int argc, char** argv) {
     const std::string& k = fl.key();
     if (k == "--preset") a.preset = fl.value(), a.preset_given = true;
     else if (k == "--group") a.group = fl.value();
+    else if (k == "--wire") a.wire = fl.value();
     else if (k == "--batch") a.B = fl.count();
     else if (k == "--seq") a.T = fl.count();
     else if (k == "--micro-batches") a.micro_batches = fl.count();
@@ -159,6 +161,7 @@ Args parse(int argc, char** argv) {
     DHX_CHECK(std::filesystem::is_directory(dir), ConfigError,
               "--trace={}: directory '{}' does not exist (create it first)", a.trace, dir.string());
   }
+  DHX_CHECK(a.wire == "fp32" || a.wire == "bf16", ConfigError, "--wire={}: expected fp32 or bf16", a.wire);
   DHX_CHECK(a.group == "tp" || a.group == "ep" || a.group == "cp", ConfigError, "--group={}: expected tp, ep or cp",
             a.group);
   if (a.group == "ep" && !a.preset_given) a.preset = "moe-demo";
@@ -442,6 +445,7 @@ class Rig {
     return {now_seconds() - t0, st};
   }
   void set_trace(Trace* t) { parts_->ctx.trace = t; }
+  void set_wire(WirePrecision w) { parts_->ctx.activation_wire = w; }
   // The SI runner's slot hook (Variant::kSi and kComputeSi steps).
   void set_si_slot_hook(std::function<void(int, bool)> hook) { on_->set_slot_hook(std::move(hook)); }
   const SIPlan& plan() const { return on_->block_plan(); }
@@ -514,7 +518,9 @@ int run(int argc, char** argv) {
   DHX_CHECK(!ep || model.is_moe(), ConfigError, "--group ep needs a moe preset (moe-demo, phi-3.5-moe), got {}",
             a.preset);
   Rig rig(model, mb, M, tp, standin, a.plan, a.group);
+  rig.set_wire(a.wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32);
   if (root) {
+    fmt::print("si-overlap: activations on the wire in {}\n", a.wire);
     fmt::print("si-overlap: {} ({:.1f}M params), {}={} (one rank per host), B={} T={} x {} micro-batches, "
                "{} timed rounds after {} warm-up, plan '{}' ({} blocks per layer pair)\n",
                a.preset, model.num_params() / 1e6, a.group, tp.size(), a.B, a.T, M, a.steps, a.warmup, rig.plan().source,
@@ -703,7 +709,8 @@ int run(int argc, char** argv) {
                fmt::format("{} / {}", mib(demo_peaks.off), mib(demo_peaks.on)));
     fmt::print("  {:<56} {:>10.3f}\n", "   on / off",
                static_cast<double>(demo_peaks.on) / static_cast<double>(demo_peaks.off));
-    nlohmann::json j = {{"t_base_s", T_base},
+    nlohmann::json j = {{"wire", a.wire},
+                        {"t_base_s", T_base},
                         {"t_si_s", T_si},
                         {"compute_s", C},
                         {"comm_s", Mc},

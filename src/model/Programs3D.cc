@@ -57,6 +57,13 @@ struct Builder3 {
   }
 };
 
+// Marks a collective of activations or their gradients (it may move in bf16:
+// RunContext::activation_wire); the weight gathers, gradient reduce-scatters and statistics do not.
+Op activation(Op op) {
+  op.attrs["activation"] = 1;
+  return op;
+}
+
 // One 3D linear: its weight block's shape and the axes its activations reduce over.
 struct Lin3 {
   std::string tag, w, bias;  // "attn.qkv", "wqkv", "bqkv" ("" without)
@@ -105,8 +112,8 @@ void lin3_fwd(const Builder3& b, std::vector<Op>& ops, const Lin3& l, const std:
   Builder3::gemm_cost(g, double(b.N), double(l.cols), double(l.rows));
   ops.push_back(g);
   if (reduce)
-    ops.push_back(b.coll(l.fwd_group() + ".ar." + l.tag, CollOp::kAllReduce, l.fwd_group(), {partial}, summed,
-                         kF * double(b.N * l.rows)));
+    ops.push_back(activation(b.coll(l.fwd_group() + ".ar." + l.tag, CollOp::kAllReduce, l.fwd_group(), {partial},
+                                    summed, kF * double(b.N * l.rows))));
   if (!l.bias.empty()) {
     Op ba = b.compute(l.tag + ".bias", "bias_add", {summed}, {out}, {l.bias});
     Builder3::elem_cost(ba, double(b.N * l.rows), 1, 2);
@@ -134,8 +141,8 @@ void lin3_bwd(const Builder3& b, std::vector<Op>& ops, const Lin3& l, const std:
   Builder3::gemm_cost(dg, double(b.N), double(l.rows), double(l.cols));
   ops.push_back(dg);
   if (reduce)
-    ops.push_back(b.coll(l.bwd_group() + ".ar." + l.tag + ".bwd", CollOp::kAllReduce, l.bwd_group(), {partial}, d_in,
-                         kF * double(b.N * l.cols), !ov.ar));
+    ops.push_back(activation(b.coll(l.bwd_group() + ".ar." + l.tag + ".bwd", CollOp::kAllReduce, l.bwd_group(),
+                                    {partial}, d_in, kF * double(b.N * l.cols), !ov.ar)));
   Op wg = b.compute(l.tag + ".wgrad", "linear3d_wgrad", {d_out, in}, {}, {}, {l.w});
   wg.attrs = {{"w_rows", l.rows}, {"w_cols", l.cols}};
   Builder3::gemm_cost(wg, double(b.N), double(l.rows), double(l.cols));
@@ -331,7 +338,7 @@ LayerProgram embed_program_3d(const Builder3& b) {
   Op tok = b.compute("embed.tok", "embed", {"tokens"}, {part}, {"wte"});
   Builder3::elem_cost(tok, double(b.N * Cx), 0, 2);
   p.fwd.push_back(tok);
-  if (b.gy > 1) p.fwd.push_back(b.coll("y.ar.embed", CollOp::kAllReduce, "y", {part}, e, kF * double(b.N * Cx)));
+  if (b.gy > 1) p.fwd.push_back(activation(b.coll("y.ar.embed", CollOp::kAllReduce, "y", {part}, e, kF * double(b.N * Cx))));
   if (gpt) {
     Op pe = b.compute("embed.pos", "pos_embed", {"e"}, {"y"}, {"wpe"});
     Builder3::elem_cost(pe, double(b.N * Cx), 1, 3);
@@ -360,7 +367,8 @@ LayerProgram head_program_3d(const Builder3& b) {
   lg.attrs["vocab_rows"] = 1;
   Builder3::gemm_cost(lg, double(b.N), double(Cx), double(Vl));
   f.push_back(lg);
-  if (b.gx > 1) f.push_back(b.coll("x.ar.lm_head", CollOp::kAllReduce, "x", {logits_p}, "logits", kF * double(b.N * Vl)));
+  if (b.gx > 1)
+    f.push_back(activation(b.coll("x.ar.lm_head", CollOp::kAllReduce, "x", {logits_p}, "logits", kF * double(b.N * Vl))));
   if (b.gy > 1) {
     Op mx = b.compute("xent.max", "xent_max", {"logits"}, {"xent.m"});
     Builder3::elem_cost(mx, double(b.N * Vl), 1, 1);
@@ -387,8 +395,8 @@ LayerProgram head_program_3d(const Builder3& b) {
   Builder3::gemm_cost(dg, double(b.N), double(Vl), double(Cx));
   g.push_back(dg);
   if (b.gy > 1)
-    g.push_back(b.coll("y.ar.lm_head.bwd", CollOp::kAllReduce, "y", {dhf_p}, "dhf", kF * double(b.N * Cx),
-                       !b.lay.overlap3d.ar));
+    g.push_back(activation(b.coll("y.ar.lm_head.bwd", CollOp::kAllReduce, "y", {dhf_p}, "dhf", kF * double(b.N * Cx),
+                                  !b.lay.overlap3d.ar)));
   Op wg = b.compute("lm_head.wgrad", "linear_wgrad", {"dlogits", "hf"}, {}, {}, {w});
   wg.attrs["vocab_rows"] = 1;
   Builder3::gemm_cost(wg, double(b.N), double(Vl), double(Cx));

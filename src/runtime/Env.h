@@ -16,6 +16,10 @@ struct PendingColl {
   std::string group;
   std::string name;   // op name, for the trace
   double issue_s = 0;
+  // An activation collective in bf16 (RunContext::activation_wire): the rounded input it sends
+  // (kept alive until it completes), the bf16 result it receives, and the fp32 buffer the result is
+  // widened into when the collective is waited for (undefined tensors otherwise).
+  Tensor wire_in, wire_out, widen_to;
 };
 
 struct UnitEnv {

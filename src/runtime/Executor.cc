@@ -7,6 +7,7 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 
 namespace dhelix {
@@ -92,6 +93,10 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
   if (it == env.pending.end()) return;
   const double wait_called = ctx_.trace ? now_seconds() : 0;
   it->second.work.wait();
+  if (it->second.widen_to.defined()) {  // arrived in bf16: widened into the fp32 buffer its readers use
+    const Tensor& w = it->second.wire_out;
+    cpu::widen_bf16(w.data<uint16_t>(), it->second.widen_to.f32(), w.numel());
+  }
   if (ctx_.trace) {
     // Besides when the comm thread ran it: when the compute thread issued it (queued_us before the
     // begin) and began to wait for it (wait_us after the begin; negative if before), so the
@@ -112,6 +117,14 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   // A weight all-gather (3D tensor parallelism) reads this rank's flat shard of the parameter.
   Tensor in = op.inputs.empty() ? ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.view({ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.numel()})
                                 : env.at(op.inputs.at(0));
+  // An activation collective in bf16: it moves a rounded copy; the fp32 result buffer is filled when
+  // it is waited for (wait_pending).
+  const Tensor in32 = in;
+  const bool wire16 = ctx_.activation_wire == WirePrecision::kBf16 && op.flag("activation") && in.dtype() == DType::kF32;
+  if (wire16) {
+    in = Tensor::empty(in32.shape(), DType::kBF16, ctx_.act_mem);
+    cpu::round_to_bf16(in32.f32(), in.data<uint16_t>(), in32.numel());
+  }
   const int n = pg.size();
   Work w;
   switch (op.coll) {
@@ -183,6 +196,13 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   pc.group = pg.name();
   pc.name = fmt::format("{} mb{} u{}", op.name, s.mb, s.unit);
   pc.issue_s = now_seconds();
+  if (wire16) {
+    Tensor& out = env.bufs[op.outputs.at(0)];
+    pc.wire_in = in, pc.wire_out = out;
+    // In place (all-reduce): the result lands back in the input's fp32 buffer.
+    pc.widen_to = op.coll == CollOp::kAllReduce ? in32 : Tensor::empty(out.shape(), DType::kF32, ctx_.act_mem);
+    out = pc.widen_to;
+  }
   env.pending[op.outputs.at(0)] = std::move(pc);
   (void)kind;
 }

@@ -26,6 +26,13 @@
 
 namespace dhelix {
 
+// The element type activation collectives move (ops with the "activation" attr: TP/SP gathers and
+// reduce-scatters, the context-parallel ring, the expert all-to-alls, 3D TP's activation
+// all-reduces): fp32, or bf16 (rounded to nearest even before sending, reductions in fp32 per hop
+// and rounded, widened back to fp32 on arrival: half the bytes on the wire). Weights, gradients and
+// loss statistics always move in fp32.
+enum class WirePrecision { kFp32, kBf16 };
+
 struct RunContext {
   const ModelConfig* model = nullptr;
   LayoutConfig layout;
@@ -57,6 +64,7 @@ struct RunContext {
   // Wait for every collective right after issuing it: no overlap of any kind, not even within a
   // strand (benchmarks measure the fully exposed step with it).
   bool expose_collectives = false;
+  WirePrecision activation_wire = WirePrecision::kFp32;
 };
 
 // One micro-batch positioned at one unit on one strand.

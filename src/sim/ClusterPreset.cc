@@ -23,14 +23,6 @@ namespace fs = std::filesystem;
 const char* precision_name(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
 int element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 
-double GemmTiling::efficiency(int64_t m, int64_t n, int64_t groups) const {
-  if (units <= 0 || m <= 0 || n <= 0) return 1.0;
-  const int64_t tiles = std::max<int64_t>(1, groups) * ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
-  const int64_t waves = (tiles + units - 1) / units;
-  return double(std::max<int64_t>(1, groups)) * double(m) * double(n) / (double(tiles) * double(tile_m * tile_n)) *
-         double(tiles) / double(waves * units);
-}
-
 double ClusterPreset::gemm_rate(Precision p) const {
   const double measured = p == Precision::kFp32 ? gemm_flops_fp32 : gemm_flops_bf16;
   if (measured > 0) return measured;

@@ -15,18 +15,6 @@ enum class Precision { kFp32, kBf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
 int element_bytes(Precision p);           // 4, 2
 
-// How a GPU's GEMM library cuts C[m, n] into output tiles run one per streaming multiprocessor, in
-// waves (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, §2.3 and §3): a
-// partial tile and a partial last wave compute nothing useful, so a GEMM runs at
-//   efficiency(m, n) = m·n / (tiles · tm·tn)  ×  tiles / (waves · units),
-//   tiles = g·⌈m/tm⌉·⌈n/tn⌉, waves = ⌈tiles/units⌉ (g GEMMs of one grouped launch),
-// of the preset's large-GEMM rate. Absent (units = 0): 1 (the CPU presets: no tiles in waves).
-struct GemmTiling {
-  int units = 0;                   // streaming multiprocessors (device.gemm_units)
-  int64_t tile_m = 0, tile_n = 0;  // device.gemm_tile = [tm, tn]
-  double efficiency(int64_t m, int64_t n, int64_t groups = 1) const;
-};
-
 // A measured intra-node bus bandwidth for one placement pattern: a group of g ranks at stride ip.
 struct IntraNodeEntry {
   int ip = 1;

@@ -31,6 +31,9 @@ void CostModelConfig::validate() const {
               "cost model '{}': link '{}' bandwidth={} latency={} (need bandwidth > 0, "
               "latency >= 0)",
               name, role, l.bandwidth, l.latency);
+  DHX_CHECK(tiling.units >= 0 && (tiling.units == 0 || (tiling.tile_m > 0 && tiling.tile_n > 0)), ConfigError,
+            "cost model '{}': gemm_units={} needs gemm_tile [tm, tn] > 0 (got [{}, {}])", name, tiling.units,
+            tiling.tile_m, tiling.tile_n);
   for (auto& [role, n] : group_sizes)
     DHX_CHECK(n >= 1, ConfigError, "cost model '{}': group_sizes.{}={} must be >= 1", name, role,
               n);
@@ -48,6 +51,8 @@ json CostModelConfig::to_json() const {
           {"overlap_slowdown", overlap_slowdown},
           {"comm_comm_slowdown", comm_comm_slowdown},
           {"element_bytes", element_bytes},
+          {"gemm_units", tiling.units},
+          {"gemm_tile", {tiling.tile_m, tiling.tile_n}},
           {"links", l},
           {"group_sizes", g}};
 }
@@ -67,6 +72,9 @@ CostModelConfig CostModelConfig::from_json(const json& j, const std::string& ori
     c.overlap_slowdown = j.value("overlap_slowdown", c.overlap_slowdown);
     c.comm_comm_slowdown = j.value("comm_comm_slowdown", c.comm_comm_slowdown);
     c.element_bytes = j.value("element_bytes", c.element_bytes);
+    c.tiling.units = j.value("gemm_units", 0);
+    if (j.contains("gemm_tile"))
+      c.tiling.tile_m = j.at("gemm_tile").at(0).get<int64_t>(), c.tiling.tile_n = j.at("gemm_tile").at(1).get<int64_t>();
     if (j.contains("links"))
       for (auto& [role, l] : j.at("links").items())
         c.links[role] = {l.at("bandwidth").get<double>(), l.value("latency", 0.0)};
@@ -95,6 +103,27 @@ double CostModel::collective_time(CollOp coll, double bytes, int n, const LinkSp
   throw InternalError(fmt::format("collective_time: not a collective ({})", coll_op_name(coll)));
 }
 
+double GemmTiling::efficiency(int64_t m, int64_t n, int64_t groups) const {
+  if (units <= 0 || m <= 0 || n <= 0) return 1.0;
+  const int64_t tiles = std::max<int64_t>(1, groups) * ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
+  const int64_t waves = (tiles + units - 1) / units;
+  return double(std::max<int64_t>(1, groups)) * double(m) * double(n) / (double(tiles) * double(tile_m * tile_n)) *
+         double(tiles) / double(waves * units);
+}
+
+double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling) {
+  double rate = gemm_rate;
+  if (op.attrs.count("gemm_rows")) {
+    // C is [rows, out], or [in, out] for a weight gradient (model/Programs.cc's gemm_* attrs); a
+    // grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such GEMMs at once.
+    const int64_t rows = op.attrs.at("gemm_rows"), in = op.attrs.at("gemm_in"), out = op.attrs.at("gemm_out");
+    const double one = 2.0 * double(rows) * double(in) * double(out);
+    const int64_t groups = one > 0 ? std::max<int64_t>(1, std::llround(op.cost.flops / one)) : 1;
+    rate *= tiling.efficiency(op.code.ends_with("wgrad") ? in : rows, out, groups);
+  }
+  return std::max(op.cost.flops / rate, byte_scale * op.cost.bytes / mem_bw);
+}
+
 CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.validate();
   std::map<std::string, int> group_index;
@@ -103,8 +132,7 @@ CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::
     std::vector<OpTime> out;
     for (const Op& op : ops) {
       if (!op.is_collective()) {
-        double t = std::max(op.cost.flops / cfg_.flop_rate, scale * op.cost.bytes / cfg_.mem_bw);
-        out.push_back({cfg_.op_overhead_s + t, -1});
+        out.push_back({cfg_.op_overhead_s + compute_seconds(op, cfg_.flop_rate, cfg_.mem_bw, scale, cfg_.tiling), -1});
         continue;
       }
       auto link = cfg_.links.find(op.group);

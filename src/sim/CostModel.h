@@ -2,7 +2,8 @@
 // and a ring model for collectives, so the plan search runs without hardware. It predicts; it
 // measures nothing (Profile holds measurements) and knows nothing about MPI or CUDA.
 //
-//   compute op       t = op_overhead + max(flops / flop_rate, s · bytes / mem_bw)
+//   compute op       t = op_overhead + compute_seconds (max(flops / (flop_rate · tiling efficiency),
+//                    s · bytes / mem_bw))
 //   collective on a group of n ranks, B = s · Op::cost.comm_bytes = the full (gathered / unreduced)
 //   buffer (s = element_bytes / 4: the programs count fp32 elements), bw = per-rank link bandwidth, L = per-step latency of the group's link:
 //     all_gather, reduce_scatter, all_to_all   t = (n-1)/n · B/bw + (n-1)·L
@@ -23,6 +24,7 @@
 // and every block adds block_overhead (the barrier between blocks). So the pure cases are
 // max(C, M)·s for compute ∥ comm and Cf + Cb for compute + compute.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,6 +44,24 @@ struct LinkSpec {
   double min_op_s = 0;
 };
 
+// How a GPU's GEMM library cuts C[m, n] into output tiles run one per streaming multiprocessor, in
+// waves (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, §2.3 and §3): a
+// partial tile and a partial last wave compute nothing useful, so a GEMM runs at
+//   efficiency(m, n) = m·n / (tiles · tm·tn)  ×  tiles / (waves · units),
+//   tiles = g·⌈m/tm⌉·⌈n/tn⌉, waves = ⌈tiles/units⌉ (g GEMMs of one grouped launch),
+// of the preset's large-GEMM rate. Absent (units = 0): 1 (the CPU presets: no tiles in waves).
+struct GemmTiling {
+  int units = 0;                   // streaming multiprocessors (device.gemm_units)
+  int64_t tile_m = 0, tile_n = 0;  // device.gemm_tile = [tm, tn]
+  double efficiency(int64_t m, int64_t n, int64_t groups = 1) const;
+};
+
+// Seconds of a compute op on a device: its FLOPs at the GEMM rate (a GEMM op -- attrs gemm_rows /
+// gemm_in / gemm_out -- at the rate times tiling.efficiency of its output C) or its bytes (scaled by
+// byte_scale: the programs count fp32) at memory bandwidth, whichever is longer. The one compute
+// formula of the simulator, the step model and the cost model.
+double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling);
+
 struct CostModelConfig {
   std::string name = "custom";
   double flop_rate = 0;             // achievable FLOP/s of one compute engine
@@ -54,6 +74,7 @@ struct CostModelConfig {
   // traffic and collective bytes are scaled by element_bytes / 4: the GPU presets train in 16-bit
   // (the papers' bf16/fp16, and their flop_rate is the 16-bit tensor rate), cpu-emulated in fp32.
   double element_bytes = 4;
+  GemmTiling tiling;                       // the preset's (GPUs); absent: every GEMM at flop_rate
   std::map<std::string, LinkSpec> links;   // per group role; "default" for any other role
   std::map<std::string, int> group_sizes;  // ranks per role, for ops without attrs["group_size"]
 

@@ -51,6 +51,7 @@ CostModelConfig cost_model_config(const ClusterPreset& cluster, const LayoutConf
   c.flop_rate = cluster.gemm_rate(p);
   c.mem_bw = cluster.mem_bw;
   c.element_bytes = element_bytes(p);
+  c.tiling = cluster.gemm_tiling;
   for (const auto& [role, g] : group_links(lay, cluster)) {
     c.group_sizes[role] = g.size;
     if (g.size > 1) c.links[role] = g.link;
@@ -71,21 +72,11 @@ const std::set<std::string>& boundary_out() {
 }
 
 double compute_time(const Op& op, const DeviceRates& r) {
-  const double mem = op.cost.bytes * r.byte_scale / r.mem_bw;
-  double rate = r.gemm_rate;
-  if (op.attrs.count("gemm_rows")) {
-    if (r.gemm_timer) {
-      const double t = r.gemm_timer(op);
-      if (t >= 0) return std::max(t, mem);
-    }
-    // C is [rows, out], or [in, out] for a weight gradient (model/Programs.cc's gemm_* attrs); a
-    // grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such GEMMs at once.
-    const int64_t rows = op.attrs.at("gemm_rows"), in = op.attrs.at("gemm_in"), out = op.attrs.at("gemm_out");
-    const double one = 2.0 * double(rows) * double(in) * double(out);
-    const int64_t groups = one > 0 ? std::max<int64_t>(1, std::llround(op.cost.flops / one)) : 1;
-    rate *= r.tiling.efficiency(op.code.ends_with("wgrad") ? in : rows, out, groups);
+  if (r.gemm_timer && op.attrs.count("gemm_rows")) {
+    const double t = r.gemm_timer(op);
+    if (t >= 0) return std::max(t, op.cost.bytes * r.byte_scale / r.mem_bw);
   }
-  return std::max(op.cost.flops / rate, mem);
+  return compute_seconds(op, r.gemm_rate, r.mem_bw, r.byte_scale, r.tiling);
 }
 
 }  // namespace

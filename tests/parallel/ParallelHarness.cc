@@ -116,6 +116,24 @@ RunResult run_local(const RunConfig& cfg, Grads grads, const Prepare& prepare) {
   return out;
 }
 
+std::map<std::string, double> counted_step_bytes(const RunConfig& cfg) {
+  std::map<std::string, double> out;
+  std::mutex mu;
+  on_local_ranks(cfg, [&](CommContext* comm) {
+    Trainer t(cfg, comm, Quiet::kYes);
+    const std::vector<GroupRole> roles = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,
+                                          GroupRole::kTP, GroupRole::kDP, GroupRole::kCP, GroupRole::kDPCP};
+    for (GroupRole r : roles) comm->group(r).reset_traffic();
+    t.compute_gradients();
+    comm->world().barrier();
+    if (comm->rank() != 0) return;
+    std::lock_guard lk(mu);
+    for (GroupRole r : roles)
+      if (comm->group(r).size() > 1) out[group_role_name(r)] = comm->group(r).traffic().bytes;
+  });
+  return out;
+}
+
 std::string si_on_off_difference(const RunConfig& on, const std::string& off_dir) {
   RunConfig off = on;
   off.schedule.strand_interleaving = false;

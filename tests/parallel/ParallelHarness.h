@@ -83,6 +83,11 @@ std::vector<double> resume_losses(const RunConfig& cfg, const std::string& check
 // local ranks; returns "" when every step's loss is bitwise equal, else the first difference.
 std::string si_on_off_difference(const RunConfig& on, const std::string& off_dir);
 
+// The bytes the comm layer counts (ProcessGroup::traffic: the ring bytes of every collective) per
+// group role of size > 1 ("x", "y", "z", "tp", "dp", "cp", "dpcp") over one step's forward and
+// backward of every micro-batch and its gradient reductions (Trainer::compute_gradients), on rank 0.
+std::map<std::string, double> counted_step_bytes(const RunConfig& cfg);
+
 // max_i |a_i - b_i| / max(|b_i|, floor): relative deviation of a loss curve.
 double max_rel_deviation(const std::vector<double>& a, const std::vector<double>& b);
 // Per tensor ||a - b||_inf / ||b||_inf, maximised over tensors; `worst` names the tensor.

@@ -11,8 +11,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <mutex>
-
 #include "../train/TempDir.h"
 #include "ParallelHarness.h"
 #include "sim/ClusterPreset.h"
@@ -21,24 +19,6 @@
 
 namespace dhelix::testing {
 namespace {
-
-std::map<std::string, double> measured_bytes(const RunConfig& cfg) {
-  std::map<std::string, double> out;
-  std::mutex mu;
-  on_local_ranks(cfg, [&](CommContext* comm) {
-    Trainer t(cfg, comm, Quiet::kYes);
-    const std::vector<GroupRole> roles = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,
-                                          GroupRole::kTP, GroupRole::kDP, GroupRole::kCP, GroupRole::kDPCP};
-    for (GroupRole r : roles) comm->group(r).reset_traffic();
-    t.compute_gradients();
-    comm->world().barrier();
-    if (comm->rank() != 0) return;
-    std::lock_guard lk(mu);
-    for (GroupRole r : roles)
-      if (comm->group(r).size() > 1) out[group_role_name(r)] = comm->group(r).traffic().bytes;
-  });
-  return out;
-}
 
 TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
   TempDir dir;
@@ -78,7 +58,7 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     const LayoutConfig lay = layout_config(c.cfg);
     BatchSpec batch{c.cfg.global_batch(), c.cfg.model.seq_len, c.cfg.training.micro_batch_size};
     const StepPrediction pred = predict(c.cfg.model, lay, batch, cluster, PredictOptions{});
-    const std::map<std::string, double> got = measured_bytes(c.cfg);
+    const std::map<std::string, double> got = counted_step_bytes(c.cfg);
     for (const auto& [axis, bytes] : got) {
       auto it = pred.axes.find(axis);
       const double want = it == pred.axes.end() ? 0.0 : it->second.bytes;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/Error.h"
+#include "kernels/cpu/Parallel.h"
 
 namespace dhelix::cpu {
 
@@ -45,6 +46,16 @@ float from_bf16(uint16_t b) {
   float x;
   std::memcpy(&x, &u, 4);
   return x;
+}
+
+void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+#pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
+void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
+#pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_bf16(src[i]);
 }
 
 namespace {

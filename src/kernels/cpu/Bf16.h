@@ -21,6 +21,10 @@ GemmPrecision gemm_precision();
 // fp32 -> bf16, round to nearest even (NaN stays NaN); bf16 -> fp32 exactly.
 uint16_t to_bf16(float x);
 float from_bf16(uint16_t b);
+// The same over n elements (communication in bf16: a buffer rounded before it goes on the wire,
+// widened when it arrives). Need no bf16 arithmetic from the CPU.
+void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
+void widen_bf16(const uint16_t* src, float* dst, int64_t n);
 
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major fp32 buffers, computed from the bf16
 // roundings of A and B with fp32 accumulation. oneDNN primitives are cached per shape. Needs
