@@ -324,30 +324,43 @@ struct UnitTimes {
   StrandPrice fwd, bwd;
 };
 
-// Buckets on one group's comm thread: unit mine[i]'s bucket of bytes[i] is ready at ready_s[i] and
-// goes when the thread is free, in the order they become ready (ties: the later unit first, as the
-// backward produces them). Returns when the thread is done (0 when nothing goes); adds the traffic
-// to `axis` and, when given, each bucket's span to `spans`.
-double bucket_channel(const std::vector<int>& mine, const GradReadiness& rd, const std::vector<double>& bytes,
-                      const std::string& group, const GroupLink& link, Zero zero, AxisCost& axis,
-                      std::vector<ChannelSpan>* spans) {
+// One transfer of the gradient tail on a group's comm thread (channel()).
+struct ChannelItem {
+  std::string name;
+  double ready_s = 0, bytes = 0;
+  CollOp coll = CollOp::kAllReduce;
+  int order = 0;  // ties of ready_s: the larger goes first (the later unit, as backward produces them)
+};
+
+// Transfers on one group's comm thread: each goes when it is ready and the thread is free, in the
+// order they become ready. Returns when the thread is done (0 when nothing goes); adds the traffic
+// to `axis` and, when given, each transfer's span to `spans`.
+double channel(std::vector<ChannelItem> items, const std::string& group, const GroupLink& link, AxisCost& axis,
+               std::vector<ChannelSpan>* spans) {
   if (link.size <= 1) return 0;
-  const CollOp coll = zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce;
-  std::vector<size_t> order(mine.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return rd.ready_s[a] != rd.ready_s[b] ? rd.ready_s[a] < rd.ready_s[b] : a > b;
+  std::stable_sort(items.begin(), items.end(), [](const ChannelItem& a, const ChannelItem& b) {
+    return a.ready_s != b.ready_s ? a.ready_s < b.ready_s : a.order > b.order;
   });
-  double channel = 0;
-  for (size_t i : order) {
-    const double c = CostModel::collective_time(coll, bytes[i], link.size, link.link);
-    const double begin = std::max(channel, rd.ready_s[i]);
-    channel = begin + c;
-    axis.bytes += ring_bytes(coll, bytes[i], link.size);
+  double free_at = 0;
+  for (const ChannelItem& it : items) {
+    const double c = CostModel::collective_time(it.coll, it.bytes, link.size, link.link);
+    const double begin = std::max(free_at, it.ready_s);
+    free_at = begin + c;
+    axis.bytes += ring_bytes(it.coll, it.bytes, link.size);
     axis.seconds += c;
-    if (spans) spans->push_back({group, fmt::format("grad bucket u{}", mine[i]), begin, channel});
+    if (spans) spans->push_back({group, it.name, begin, free_at});
   }
-  return channel;
+  return free_at;
+}
+
+// The buckets of a stage's units: unit mine[i]'s bucket of bytes[i], ready at rd.ready_s[i].
+std::vector<ChannelItem> unit_buckets(const std::vector<int>& mine, const GradReadiness& rd,
+                                      const std::vector<double>& bytes, Zero zero) {
+  std::vector<ChannelItem> items;
+  for (size_t i = 0; i < mine.size(); ++i)
+    items.push_back({fmt::format("grad bucket u{}", mine[i]), rd.ready_s[i], bytes[i],
+                     zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce, static_cast<int>(i)});
+  return items;
 }
 
 // The data-parallel gradient reduction of one stage whose last backward runs alone (unit i taking
@@ -359,7 +372,8 @@ double dp_exposed(const std::vector<double>& bwd_span, const std::vector<double>
   const GradReadiness rd = readiness_after(bwd_span);
   std::vector<int> index(bwd_span.size());
   std::iota(index.begin(), index.end(), 0);
-  const double exposed = std::max(0.0, bucket_channel(index, rd, grad_bytes, "dp", dp, zero, axis, nullptr) - rd.end_s);
+  const double exposed =
+      std::max(0.0, channel(unit_buckets(index, rd, grad_bytes, zero), "dp", dp, axis, nullptr) - rd.end_s);
   axis.exposed_s += exposed;
   return exposed;
 }
@@ -495,6 +509,36 @@ MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const B
                    batch, precision, zero, si, notes);
 }
 
+bool sparse_embedding_applies(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                              SparseEmbedGrad s) {
+  return s == SparseEmbedGrad::kOn && lay.pp == 1 && !lay.is_3d() && lay.tp == 1 && lay.cp == 1 && lay.ep == 1 &&
+         lay.dp > 1 && batch.micro_batch * batch.seq * lay.dp < 2 * m.vocab_size;
+}
+
+SparseEmbedTail sparse_embed_tail(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                  const std::vector<UnitSpec>& units, const std::vector<int>& mine,
+                                  const GradReadiness& rd, double last_bwd_start_s, std::vector<double>& grad_bytes) {
+  auto at = [&](int unit) {
+    const auto it = std::find(mine.begin(), mine.end(), unit);
+    DHX_ASSERT(it != mine.end(), "sparse embedding: unit {} is not on this stage", unit);
+    return static_cast<size_t>(it - mine.begin());
+  };
+  double table = 0;
+  for (const ParamSpec& q : units.at(0).params)
+    if (q.local == "wte") table = double(shape_numel(q.shard)) * 4;
+  DHX_ASSERT(table > 0, "sparse embedding: the embedding unit has no wte");
+  grad_bytes[at(0)] -= table;
+  const double tokens = double(batch.micro_batch * batch.seq) * lay.dp;  // gathered over dp
+  SparseEmbedTail t;
+  t.table_bytes = table;
+  t.rows_bytes = tokens * double(m.d_model) * 4;
+  t.tokens_bytes = tokens * 4;  // int32 ids
+  // Tied, the head's backward adds its part to the table first.
+  t.table_ready_s = m.tie_embeddings ? rd.ready_s[at(static_cast<int>(units.size()) - 1)] : last_bwd_start_s;
+  t.rows_ready_s = rd.ready_s[at(1)];  // the first layer's input gradient
+  return t;
+}
+
 GradReadiness readiness_after(const std::vector<double>& bwd_span) {
   GradReadiness rd;
   rd.ready_s.assign(bwd_span.size(), 0.0);
@@ -507,22 +551,30 @@ GradReadiness readiness_after(const std::vector<double>& bwd_span) {
 double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupLink>& groups,
                      const std::vector<UnitSpec>& units, const std::vector<int>& mine, const GradReadiness& ready,
                      const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
-                     double elem, Zero zero, std::map<std::string, AxisCost>& axes, std::vector<ChannelSpan>* spans) {
+                     double elem, Zero zero, std::map<std::string, AxisCost>& axes, std::vector<ChannelSpan>* spans,
+                     const SparseEmbedTail* sparse) {
   // Data parallel: each unit's bucket as its last backward ends, then ZeRO-1's all-gather; under
   // context parallelism over the dp x cp replicas of the weights (the dpcp group). Expert buckets
   // go over edp on that group's own comm thread, beside them.
   const std::string dpg = lay.cp > 1 ? "dpcp" : "dp";
   const GroupLink& dp = groups.at(dpg);
-  auto past_end = [&](const std::string& g, const GroupLink& link, const std::vector<double>& bytes) {
+  auto past_end = [&](const std::string& g, const GroupLink& link, std::vector<ChannelItem> items) {
     AxisCost& axis = axes[g];
     if (link.size <= 1) return 0.0;
-    const double t = std::max(0.0, bucket_channel(mine, ready, bytes, g, link, zero, axis, spans) - ready.end_s);
+    const double t = std::max(0.0, channel(std::move(items), g, link, axis, spans) - ready.end_s);
     axis.exposed_s += t;
     return t;
   };
-  double tail = past_end(dpg, dp, grad_bytes);
+  std::vector<ChannelItem> dp_items = unit_buckets(mine, ready, grad_bytes, zero);
+  if (sparse) {  // the token table's own bucket, then the last micro-batch's rows and their ids
+    dp_items.push_back({"grad bucket wte (table)", sparse->table_ready_s, sparse->table_bytes,
+                        zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce, -1});
+    dp_items.push_back({"embedding token ids", sparse->rows_ready_s, sparse->tokens_bytes, CollOp::kAllGather, -2});
+    dp_items.push_back({"embedding rows", sparse->rows_ready_s, sparse->rows_bytes, CollOp::kAllGather, -3});
+  }
+  double tail = past_end(dpg, dp, std::move(dp_items));
   if (lay.ep > 1) {
-    tail = std::max(tail, past_end("edp", groups.at("edp"), expert_bytes));
+    tail = std::max(tail, past_end("edp", groups.at("edp"), unit_buckets(mine, ready, expert_bytes, zero)));
     if (axes["edp"].bytes == 0) axes.erase("edp");
   }
   // Then, one after another on the compute thread's wait: ZeRO-1's all-gathers, the partial
@@ -693,8 +745,13 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
-    const double tail = gradient_tail(lay, groups, units, mine, readiness_after(g.bwd_span), g.grad_bytes, g.expert_bytes, elems, elem,
-                                      opt.zero, st.axes);
+    const GradReadiness rd = readiness_after(g.bwd_span);
+    std::vector<double> grad_bytes = g.grad_bytes;
+    std::optional<SparseEmbedTail> sparse;  // the last backward starts at 0 on the readiness clock
+    if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed))
+      sparse = sparse_embed_tail(m, lay, batch, units, mine, rd, 0.0, grad_bytes);
+    const double tail = gradient_tail(lay, groups, units, mine, rd, grad_bytes, g.expert_bytes, elems, elem, opt.zero,
+                                      st.axes, nullptr, sparse ? &*sparse : nullptr);
     st.step_s = body + tail;
     st.exposed_comm_s = st.step_s - st.compute_s - st.bubble_s;
     // The slowest stage sets the step.

@@ -66,6 +66,7 @@ struct BatchSpec {
 };
 
 enum class Zero { kNone, kZero1 };
+enum class SparseEmbedGrad { kOff, kOn };  // parallel.sparse_embed_grad
 enum class StrandInterleaving { kOff, kOn };
 enum class PricerKind { kPrograms, kClosedForm3D };
 const char* pricer_name(PricerKind p);  // "programs", "closed-form"
@@ -79,6 +80,7 @@ struct PredictOptions {
   GemmTimer gemm_timer = {};  // empty: every GEMM at the preset's rate
   Zero zero = Zero::kNone;
   StrandInterleaving si = StrandInterleaving::kOff;
+  SparseEmbedGrad sparse_embed = SparseEmbedGrad::kOff;  // price the trainer's sparse embedding exchange
 };
 
 // One process-group role's traffic per rank per step.
@@ -177,6 +179,27 @@ struct ChannelSpan {
   double begin_s = 0, end_s = 0;
 };
 
+// The sparse exchange of the token embedding's gradient (parallel.sparse_embed_grad; GradSync):
+// the table's bucket (the earlier micro-batches, and the head's part when tied) goes at the start
+// of the last backward (after the head's when tied), and the last micro-batch's rows and token ids
+// are all-gathered once the first layer's backward has written them; the embedding unit's own
+// bucket then holds the rest of its parameters. Bytes are the full (gathered) buffers.
+struct SparseEmbedTail {
+  double table_bytes = 0, rows_bytes = 0, tokens_bytes = 0;
+  double table_ready_s = 0, rows_ready_s = 0;  // on the GradReadiness clock
+};
+// Whether the trainer takes that path (Trainer, GradSync::enable_sparse_embedding) and the models
+// price it: parallel.sparse_embed_grad on, one stage, no 3D grid, tp = 1, dp > 1, and a micro-batch's
+// tokens over all dp ranks under 2 x vocabulary; priced with cp = ep = 1 only (other layouts keep
+// the dense table bucket in the price).
+bool sparse_embedding_applies(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                              SparseEmbedGrad s);
+// That exchange's figures for a stage (units `mine`, ready as `rd`, its last backward starting at
+// last_bwd_start_s), taking the table's bytes out of the embedding unit's entry of grad_bytes.
+SparseEmbedTail sparse_embed_tail(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                  const std::vector<UnitSpec>& units, const std::vector<int>& mine,
+                                  const GradReadiness& rd, double last_bwd_start_s, std::vector<double>& grad_bytes);
+
 // What follows a stage's last backward before the optimizer, in seconds past ready.end_s: the
 // data-parallel reduction of its units' gradients (one bucket per unit on the dp comm thread —
 // dpcp under cp, edp for the experts' — each going when its unit is ready and the thread is free:
@@ -187,7 +210,7 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
                      const std::vector<UnitSpec>& units, const std::vector<int>& mine, const GradReadiness& ready,
                      const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
                      double elem, Zero zero, std::map<std::string, AxisCost>& axes,
-                     std::vector<ChannelSpan>* spans = nullptr);
+                     std::vector<ChannelSpan>* spans = nullptr, const SparseEmbedTail* sparse = nullptr);
 
 // A backward strand as a micro-batch before the step's last runs it under 3D TP's accumulate_z
 // (the executor's block sums): each last_micro_batch collective becomes an element-wise add of its

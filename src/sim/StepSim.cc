@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "base/Error.h"
 #include "model/Params.h"
@@ -194,10 +195,18 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       }
       grad_bytes.push_back((all - experts) * 4), expert_bytes.push_back(experts * 4), elems += all;
     }
+    std::optional<SparseEmbedTail> sparse;
+    if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed)) {
+      double start = ready.end_s;  // when the last micro-batch's backward began
+      for (const StepSimEvent& e : st.events)
+        if (e.strand == StrandKind::kBackward && e.mb == M - 1) start = std::min(start, e.begin_s);
+      sparse = sparse_embed_tail(m, lay, batch, units, mine, ready, start, grad_bytes);
+    }
     std::map<std::string, AxisCost> axes;
     std::vector<ChannelSpan> spans;
     StepSimStage& sg = r.stages[static_cast<size_t>(rk)];
-    sg.tail_s = gradient_tail(lay, groups, units, mine, ready, grad_bytes, expert_bytes, elems, elem, opt.zero, axes, &spans);
+    sg.tail_s = gradient_tail(lay, groups, units, mine, ready, grad_bytes, expert_bytes, elems, elem, opt.zero, axes,
+                              &spans, sparse ? &*sparse : nullptr);
     for (const ChannelSpan& c : spans)
       st.events.push_back({lay.pp > 1 ? fmt::format("stage {} {}", rk, c.group) : c.group, c.name, c.begin_s, c.end_s});
     sg.end_s = rank_end[static_cast<size_t>(rk)];

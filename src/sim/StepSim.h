@@ -27,6 +27,7 @@ using PairPlanner = std::function<SIPlan(const LayerProgram& fwd, const LayerPro
 struct StepSimOptions {
   StrandInterleaving si = StrandInterleaving::kOn;  // without `schedule` (with one, its slots say)
   Zero zero = Zero::kNone;
+  SparseEmbedGrad sparse_embed = SparseEmbedGrad::kOff;  // parallel.sparse_embed_grad (StepModel.h)
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
   GemmTimer gemm_timer = {};      // when set: GEMM ops as timed for their shapes (DeviceRates)

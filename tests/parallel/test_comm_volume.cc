@@ -7,7 +7,8 @@
 // layout and batch. Equality is exact up to double rounding of the byte sums (relative 1e-12): both
 // sides count the same buffers. Not counted on either side: the loss and gradient-norm scalars
 // reduced after compute_gradients. The tiny model's shards are all even, so the dp buckets carry no
-// padding (ParamStore pads a bucket to a multiple of dp; the model counts unpadded bytes).
+// padding (ParamStore pads a bucket to a multiple of dp; the model counts unpadded bytes). With the
+// sparse embedding exchange the model prices the table's bucket and the gathered rows and ids.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -46,6 +47,11 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     cases.push_back({"MoE tp2 dp2", moe});
   }
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
+    // Data parallelism with the sparse embedding exchange (on by default; 4 x 32 tokens a rank x
+    // dp 2 < 2 x 256 vocabulary): the table's bucket plus the last micro-batch's rows and ids.
+    cases.push_back({"dp2 sparse embedding", tiny_config(f, 2, 1, 0, prefix, dir / "sp", 2, 8)});
+  }
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
     // Context parallelism: the ring's key/value and dK/dV exchanges on cp, gradients over dp x cp.
     RunConfig cp = tiny_config(f, 2, 2, 0, prefix, dir / "cp", 2, 8);
     cp.parallel.cp = 2;
@@ -57,7 +63,9 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
   for (const Case& c : cases) {
     const LayoutConfig lay = layout_config(c.cfg);
     BatchSpec batch{c.cfg.global_batch(), c.cfg.model.seq_len, c.cfg.training.micro_batch_size};
-    const StepPrediction pred = predict(c.cfg.model, lay, batch, cluster, PredictOptions{});
+    PredictOptions po;
+    po.sparse_embed = c.cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+    const StepPrediction pred = predict(c.cfg.model, lay, batch, cluster, po);
     const std::map<std::string, double> got = counted_step_bytes(c.cfg);
     for (const auto& [axis, bytes] : got) {
       auto it = pred.axes.find(axis);

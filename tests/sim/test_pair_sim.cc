@@ -305,6 +305,27 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
     EXPECT_GT(s.tail_s, 0);
     EXPECT_GT(s.exposed_s, 0);
   }
+  {  // dp = 2 with the sparse embedding exchange: the same equality, and the exchange is in the tail
+    LayoutConfig dp2;
+    dp2.dp = 2;
+    const BatchSpec batch{8, 128, 2};  // 2 x 128 tokens x dp 2 < 2 x vocabulary 1000
+    ASSERT_TRUE(sparse_embedding_applies(m, dp2, batch, SparseEmbedGrad::kOn));
+    StepSimOptions o;
+    o.si = StrandInterleaving::kOff, o.sparse_embed = SparseEmbedGrad::kOn;
+    PredictOptions po;
+    po.si = StrandInterleaving::kOff, po.sparse_embed = SparseEmbedGrad::kOn;
+    const StepSimResult s = simulate_step(m, dp2, batch, cluster, o);
+    const StepPrediction p = predict(m, dp2, batch, cluster, po);
+    EXPECT_NEAR(s.step_s, p.step_s, 1e-12 * p.step_s) << "sparse embedding";
+    int exchanged = 0;
+    for (const StepSimEvent& e : s.events) exchanged += e.lane == "dp" && e.name.starts_with("embedding ");
+    EXPECT_EQ(exchanged, 2);  // the rows and their ids
+    po.sparse_embed = SparseEmbedGrad::kOff;
+    const StepPrediction dense = predict(m, dp2, batch, cluster, po);
+    // By hand: the rows (2 x 256 x 256 floats) and ids (2 x 256 int32) gathered besides the table's
+    // all-reduce: an all-gather of B moves B/2 per rank at dp 2.
+    EXPECT_NEAR(p.axes.at("dp").bytes - dense.axes.at("dp").bytes, (2.0 * 256 * 256 * 4 + 2.0 * 256 * 4) / 2, 1e-6);
+  }
   LayoutConfig one;
   const BatchSpec batch{4, 128, 2};
   StepSimOptions on, off;
