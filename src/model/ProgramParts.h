@@ -15,6 +15,14 @@ inline constexpr double kF = 4.0;  // bytes per fp32 element
 Op compute_op(std::string name, std::string code, std::vector<std::string> in, std::vector<std::string> out,
               std::vector<std::string> params, std::vector<std::string> grads);
 
+// Marks a collective of activations or of their gradients (the "activation" attr: it may move in
+// bf16, RunContext::activation_wire); weight gathers, gradient reductions, statistics and counts
+// stay unmarked.
+inline Op activation(Op op) {
+  op.attrs["activation"] = 1;
+  return op;
+}
+
 // build_programs for a layout with a 3D grid (lay.is_3d()), lifetimes annotated.
 ModelPrograms build_programs_3d(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb);
 

@@ -28,6 +28,7 @@ Op compute_op(std::string name, std::string code, std::vector<std::string> in, s
 
 namespace {
 
+using detail::activation;
 using detail::compute_op;
 using detail::kF;
 
@@ -56,13 +57,6 @@ struct Builder {
     op.cost.bytes = elems_full * kF;
     return op;
   }
-  // The same for activations or their gradients (the "activation" attr: it may move in bf16,
-  // RunContext::activation_wire); statistics, counts and loss sums use coll().
-  Op act_coll(std::string name, CollOp c, const std::string& in, const std::string& out, double elems_full) const {
-    Op op = coll(std::move(name), c, in, out, elems_full);
-    op.attrs["activation"] = 1;
-    return op;
-  }
   // GEMM extents as attrs gemm_rows / gemm_in / gemm_out (what a pricer that times GEMM shapes
   // reads): forward Y[rows x out] = X[rows x in] W^T; input gradient dX[rows x out] = dY[rows x in] W;
   // weight gradient dW[in x out] = dY^T[in x rows] X[rows x out] (the contraction over the rows).
@@ -84,7 +78,7 @@ void column_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   std::string g = in;
   if (b.tp > 1) {
     g = in + "_g";
-    ops.push_back(b.act_coll("tp.ag." + tag, CollOp::kAllGather, in, g, double(b.N * b.C)));
+    ops.push_back(activation(b.coll("tp.ag." + tag, CollOp::kAllGather, in, g, double(b.N * b.C))));
   }
   std::vector<std::string> params = {w};
   if (!bias.empty()) params.push_back(bias);
@@ -118,7 +112,7 @@ void column_bwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, 
   // With tp > 1 the input-gradient reduce-scatter goes out before the weight-gradient GEMM, which
   // does not need it: the collective then also runs under this strand's wgrad (Megatron's
   // dgrad-RS / wgrad overlap), not only under the other strand's compute.
-  if (b.tp > 1) ops.push_back(b.act_coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C)));
+  if (b.tp > 1) ops.push_back(activation(b.coll("tp.rs." + tag + ".bwd", CollOp::kReduceScatter, dg, d_in, double(b.N * b.C))));
   for (Op& h : held) (deferred && defer_held ? *deferred : ops).push_back(std::move(h));
   if (split_wgrad && deferred && out_local >= 2) {
     // The cut falls on a multiple of 96 rows when the weight has enough (a whole row tile of every
@@ -146,7 +140,7 @@ void row_fwd(const Builder& b, std::vector<Op>& ops, const std::string& tag, con
   Op op = b.compute(tag, "linear", {in}, {partial}, {w});
   b.linear_cost(op, double(b.N), double(in_local), double(b.C));
   ops.push_back(op);
-  if (b.tp > 1) ops.push_back(b.act_coll("tp.rs." + tag, CollOp::kReduceScatter, partial, out, double(b.N * b.C)));
+  if (b.tp > 1) ops.push_back(activation(b.coll("tp.rs." + tag, CollOp::kReduceScatter, partial, out, double(b.N * b.C))));
 }
 
 // With tp > 1 the weight-gradient GEMM is returned, not appended: nothing in the layer reads its
@@ -161,7 +155,7 @@ std::vector<Op> row_bwd(const Builder& b, std::vector<Op>& ops, const std::strin
   std::string dg = d_out;
   if (b.tp > 1) {
     dg = d_out + "_g";
-    ops.push_back(b.act_coll("tp.ag." + tag + ".bwd", CollOp::kAllGather, d_out, dg, double(b.N * b.C)));
+    ops.push_back(activation(b.coll("tp.ag." + tag + ".bwd", CollOp::kAllGather, d_out, dg, double(b.N * b.C))));
   }
   Op dgrad = b.compute(tag + ".dgrad", "linear_dgrad", {dg}, {d_in}, {w});
   b.linear_cost(dgrad, double(b.N), double(b.C), double(in_local));
@@ -213,9 +207,9 @@ Op norm_bwd(const Builder& b, const std::string& tag, const std::string& in, con
 Op ep_coll(const Builder& b, std::string name, std::vector<std::string> in, const std::string& out, double bytes) {
   Op op = b.coll(std::move(name), CollOp::kAllToAll, in.at(0), out, bytes / kF);
   op.group = "ep";
-  if (in.size() == 3) op.attrs["activation"] = 1;  // the rows, not the token counts
+  const bool rows = in.size() == 3;  // the rows, not the token counts
   op.inputs = std::move(in);
-  return op;
+  return rows ? activation(std::move(op)) : op;
 }
 
 void moe_fwd(const Builder& b, std::vector<Op>& f) {
@@ -356,10 +350,9 @@ Op cp_ring(std::string name, const std::string& in, const std::string& out, doub
   op.code = coll_op_name(CollOp::kSendRecv);
   op.inputs = {in};
   op.outputs = {out};
-  op.attrs["activation"] = 1;  // keys and values, or their gradients
   op.cost.comm_bytes = elems * kF;
   op.cost.bytes = elems * kF;
-  return op;
+  return activation(std::move(op));  // keys and values, or their gradients
 }
 
 // The keys/values of the packed qkv rows as the buffer that travels the ring; returns its elements.
@@ -551,7 +544,7 @@ LayerProgram embed_program(const Builder& b) {
   b.elem_cost(e, double(b.N * b.C), 0, 2);
   p.fwd.push_back(e);
   std::string shard = gpt ? "e" : "y";
-  if (b.tp > 1) p.fwd.push_back(b.act_coll("tp.rs.embed", CollOp::kReduceScatter, "e_p", shard, double(b.N * b.C)));
+  if (b.tp > 1) p.fwd.push_back(activation(b.coll("tp.rs.embed", CollOp::kReduceScatter, "e_p", shard, double(b.N * b.C))));
   if (gpt) {
     Op pe = b.compute("embed.pos", "pos_embed", {"e"}, {"y"}, {"wpe"});
     b.elem_cost(pe, double(b.Ns * b.C), 1, 3);
@@ -563,7 +556,7 @@ LayerProgram embed_program(const Builder& b) {
   std::string dg = "dy";
   if (b.tp > 1) {
     dg = "dy_g";
-    p.bwd.push_back(b.act_coll("tp.ag.embed.bwd", CollOp::kAllGather, "dy", dg, double(b.N * b.C)));
+    p.bwd.push_back(activation(b.coll("tp.ag.embed.bwd", CollOp::kAllGather, "dy", dg, double(b.N * b.C))));
   }
   Op eb = b.compute("embed.tok.bwd", "embed_bwd", {"tokens", dg}, {}, {}, {"wte"});
   b.elem_cost(eb, double(b.N * b.C), 1, 2);

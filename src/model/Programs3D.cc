@@ -8,6 +8,7 @@ namespace dhelix {
 
 namespace {
 
+using detail::activation;
 using detail::compute_op;
 using detail::kF;
 
@@ -56,13 +57,6 @@ struct Builder3 {
     op.cost.bytes = kF * elems * passes;
   }
 };
-
-// Marks a collective of activations or their gradients (it may move in bf16:
-// RunContext::activation_wire); the weight gathers, gradient reduce-scatters and statistics do not.
-Op activation(Op op) {
-  op.attrs["activation"] = 1;
-  return op;
-}
 
 // One 3D linear: its weight block's shape and the axes its activations reduce over.
 struct Lin3 {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "base/Error.h"
@@ -180,14 +181,22 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     RankStats& st = ranks[static_cast<size_t>(rk)];
     GradReadiness ready;
     ready.end_s = rank_end[static_cast<size_t>(rk)];
+    // One pass over the stage's ops: when the last micro-batch's backward began, and when it ended
+    // in each unit.
+    double last_bwd_start = ready.end_s;
+    std::map<int, double> last_bwd_end;
+    for (const StepSimEvent& e : st.events)
+      if (e.strand == StrandKind::kBackward && e.mb == M - 1) {
+        last_bwd_start = std::min(last_bwd_start, e.begin_s);
+        double& end = last_bwd_end.try_emplace(e.unit, e.end_s).first->second;
+        end = std::max(end, e.end_s);
+      }
     std::vector<double> grad_bytes, expert_bytes;
     double elems = 0;
     for (int u : mine) {
-      double done = -1;
-      for (const StepSimEvent& e : st.events)
-        if (e.strand == StrandKind::kBackward && e.mb == M - 1 && e.unit == u) done = std::max(done, e.end_s);
-      DHX_ASSERT(done >= 0, "simulate_step: stage {} never ran the last backward of unit {}", rk, u);
-      ready.ready_s.push_back(done);
+      const auto done = last_bwd_end.find(u);
+      DHX_ASSERT(done != last_bwd_end.end(), "simulate_step: stage {} never ran the last backward of unit {}", rk, u);
+      ready.ready_s.push_back(done->second);
       double all = 0, experts = 0;
       for (const ParamSpec& q : units[static_cast<size_t>(u)].params) {
         all += double(shape_numel(q.shard));
@@ -196,12 +205,8 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       grad_bytes.push_back((all - experts) * 4), expert_bytes.push_back(experts * 4), elems += all;
     }
     std::optional<SparseEmbedTail> sparse;
-    if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed)) {
-      double start = ready.end_s;  // when the last micro-batch's backward began
-      for (const StepSimEvent& e : st.events)
-        if (e.strand == StrandKind::kBackward && e.mb == M - 1) start = std::min(start, e.begin_s);
-      sparse = sparse_embed_tail(m, lay, batch, units, mine, ready, start, grad_bytes);
-    }
+    if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed))
+      sparse = sparse_embed_tail(m, lay, batch, units, mine, ready, last_bwd_start, grad_bytes);
     std::map<std::string, AxisCost> axes;
     std::vector<ChannelSpan> spans;
     StepSimStage& sg = r.stages[static_cast<size_t>(rk)];
