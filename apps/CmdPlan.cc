@@ -340,6 +340,7 @@ int cmd_simulate(int argc, char** argv) {
   so.si = cfg.schedule.strand_interleaving ? StrandInterleaving::kOn : StrandInterleaving::kOff;
   so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
   so.sparse_embed = cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+  so.grad_wire_bytes = cfg.comm.grad_precision == "bf16" ? 2 : 4;
   const BatchSpec batch{cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
   std::optional<SIPlan> block_plan;
   if (!cfg.schedule.plan.empty()) {

@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kTuneUsage =
     "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
-    "                   [--micro-batch-size b] [--precision fp32|bf16] [--zero 0|1] [--si on|off]\n"
+    "                   [--micro-batch-size b] [--precision fp32|bf16] [--grad-precision fp32|bf16]\n"
+    "                   [--zero 0|1] [--si on|off]\n"
     "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
     "                   [--paper-compat] [--json FILE]\n"
     "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -42,6 +43,8 @@ constexpr const char* kTuneUsage =
     "  --seq T                tokens per sequence (default the model's seq_len)\n"
     "  --micro-batch-size b   sequences per micro-batch per data replica (default 1)\n"
     "  --precision P          fp32 (default; the engine today) or bf16 (element size 2)\n"
+    "  --grad-precision P     data-parallel gradient buckets on the wire: fp32 (default) or bf16\n"
+    "                         (comm.grad_precision: 2 bytes an element)\n"
     "  --zero 0|1             ZeRO-1: optimizer state sharded over dp (default 0)\n"
     "  --si on|off            Strand Interleaving (default off)\n"
     "  --d-model, --layers, --heads, --vocab   override the preset's extents (GPT: ffn = 4 x d-model)\n"
@@ -68,7 +71,7 @@ constexpr const char* kTuneUsage =
     "                         presets of this machine (cpu-emulated)\n";
 
 const std::vector<std::string> kFlags = {"--model", "--gpus",  "--cluster", "--top",    "--global-batch",
-                                         "--seq",   "--micro-batch-size",  "--precision", "--zero",
+                                         "--seq",   "--micro-batch-size",  "--precision", "--grad-precision", "--zero",
                                          "--si",    "--d-model", "--layers", "--heads",  "--json",
                                          "--vocab", "--only",  "--confirm", "--config", "--rounds",
                                          "--launch", "--workdir"};
@@ -199,6 +202,10 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   const std::string prec = v.count("--precision") ? v["--precision"] : "fp32";
   if (prec != "fp32" && prec != "bf16") errors.push_back(fmt::format("--precision '{}' must be fp32 or bf16", prec));
   req.opt.precision = prec == "bf16" || req.paper ? Precision::kBf16 : Precision::kFp32;
+  const std::string gprec = v.count("--grad-precision") ? v["--grad-precision"] : "fp32";
+  if (gprec != "fp32" && gprec != "bf16")
+    errors.push_back(fmt::format("--grad-precision '{}' must be fp32 or bf16", gprec));
+  req.opt.grad_wire_bytes = gprec == "bf16" ? 2 : 4;
   const std::string zero = v.count("--zero") ? v["--zero"] : "0";
   if (zero != "0" && zero != "1") errors.push_back(fmt::format("--zero '{}' must be 0 or 1", zero));
   req.opt.zero = zero == "1" ? Zero::kZero1 : Zero::kNone;

@@ -1,6 +1,6 @@
 // dp-overlap: how much communication one training step of the demo model hides, on 2 ranks
 // (run by bench/dp-overlap.sh on the emulated cluster: 2 hosts x 1 rank, 1 Gbit/s link).
-//   dhelix_bench_dp-overlap dp|tp DIR [STEPS]   (under mpirun -np 2; DIR is shared scratch)
+//   dhelix_bench_dp-overlap dp|dp16|tp DIR [STEPS]   (under mpirun -np 2; DIR is shared scratch)
 // Every figure is a median over STEPS rounds measured in the same run, one round =
 //   dp: (a) a dp=2 step with bucketed overlap (T_step; GradSync's dp_comm_seconds = the bucket
 //       reductions' busy time on the comm thread), (b) the same step without overlap (every bucket
@@ -17,6 +17,8 @@
 //       bookkeeping), so tp_comm_hidden_fraction_lb = 1 - (T_step - T_compute) / T_comm_tp is a
 //       lower bound. With tp the collectives are on the critical path of each layer; only the
 //       other strand's compute can cover them.
+//   dp16: the dp layout with the gradient buckets in bf16 on the wire (comm.grad_precision = bf16):
+//       the same four timings, T_comm_dp over bf16 buffers (half the bytes).
 // Last line: one JSON object with the figures of this layout.
 #include <fmt/format.h>
 
@@ -62,15 +64,18 @@ std::string row(const char* what, double s, const char* note) {
   return fmt::format("  {:<44} {:>9.1f} ms   {}\n", what, s * 1e3, note);
 }
 
-int bench_dp(CommContext& comm, const std::string& dir, int steps) {
-  const RunConfig cfg = demo_config(2, 1, dir);
+int bench_dp(CommContext& comm, const std::string& dir, int steps, bool bf16) {
+  RunConfig cfg = demo_config(2, 1, dir);
+  cfg.comm.grad_precision = bf16 ? "bf16" : "fp32";
+  const DType wire = bf16 ? DType::kBF16 : DType::kF32;
+  const int64_t wire_bytes = bf16 ? 2 : 4;
   RunConfig solo_cfg = cfg;
   solo_cfg.parallel.dp = 1;
   Trainer overlap(cfg, &comm, Quiet::kYes), serial_sync(cfg, &comm, Quiet::kYes), solo(solo_cfg, nullptr, Quiet::kYes);
   serial_sync.grad_sync().set_overlap(GradOverlap::kOff);  // GradSync::finish then issues every bucket
   ProcessGroup& dp = comm.group(GroupRole::kDP);
   const auto& buckets = overlap.params().buckets();
-  Tensor scratch = Tensor::zeros({overlap.params().flat_grads().numel()});
+  Tensor scratch = Tensor::zeros({overlap.params().flat_grads().numel()}, wire);
   // With the sparse embedding exchange on, GradSync also all-gathers N token ids and N x C rows.
   const bool sparse = overlap.grad_sync().sparse_embedding();
   const int64_t N = cfg.training.micro_batch_size * cfg.model.seq_len, C = cfg.model.d_model;
@@ -115,12 +120,13 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
   const double hidden_of_medians = (comp + cm - step) / cm, hidden = median(round_hidden);
   const double q1 = quantile(round_hidden, 0.25), q3 = quantile(round_hidden, 0.75);
   if (comm.rank() != 0) return 0;
-  int64_t grad_bytes = overlap.params().flat_grads().numel() * 4;
+  int64_t grad_bytes = overlap.params().flat_grads().numel() * wire_bytes;
   std::string b_sizes;
-  for (const GradBucket& b : buckets) b_sizes += fmt::format("{}{:.2f}", b_sizes.empty() ? "" : " ", (b.end - b.begin) * 4 / 1048576.0);
+  for (const GradBucket& b : buckets)
+    b_sizes += fmt::format("{}{:.2f}", b_sizes.empty() ? "" : " ", double((b.end - b.begin) * wire_bytes) / 1048576.0);
   std::string out = fmt::format("dp-overlap: demo model ({:.2f}M params), dp=2, B=8 x T=128 x 2 micro-batches per rank, "
-                                "{} gradient buckets [{}] MiB, medians of {} rounds (each the slowest rank's time)\n",
-                                cfg.model.num_params() / 1e6, buckets.size(), b_sizes, steps);
+                                "{} gradient buckets [{}] MiB in {}, medians of {} rounds (each the slowest rank's time)\n",
+                                cfg.model.num_params() / 1e6, buckets.size(), b_sizes, bf16 ? "bf16" : "fp32", steps);
   out += row("T_step (bucketed dp overlap)", step, "train_step()");
   out += row("T_step without overlap (buckets after bwd)", noovl, "same step, buckets issued in finish()");
   out += row("T_compute (comm-free, same per-rank work)", comp, "single-rank trainer, B=8 per rank");
@@ -134,11 +140,11 @@ int bench_dp(CommContext& comm, const std::string& dir, int steps) {
                      hidden, q1, q3, hidden_of_medians);
   out += fmt::format("  without overlap:          (T_compute + T_comm_dp - T_step_noovl) / T_comm_dp = {:.3f}\n",
                      (comp + cm - noovl) / cm);
-  out += fmt::format(R"({{"layout":"dp2","dp_comm_hidden_fraction":{:.4f},"dp_comm_hidden_fraction_q1":{:.4f},"dp_comm_hidden_fraction_q3":{:.4f},"dp_comm_hidden_fraction_of_medians":{:.4f},"step_s":{:.5f},"step_no_overlap_s":{:.5f},)"
+  out += fmt::format(R"({{"layout":"{}","dp_comm_hidden_fraction":{:.4f},"dp_comm_hidden_fraction_q1":{:.4f},"dp_comm_hidden_fraction_q3":{:.4f},"dp_comm_hidden_fraction_of_medians":{:.4f},"step_s":{:.5f},"step_no_overlap_s":{:.5f},)"
                      R"("compute_s":{:.5f},"comm_dp_s":{:.5f},"comm_dp_busy_in_step_s":{:.5f},"buckets":{},"grad_mib":{:.2f},)"
                      R"("sparse_embed_grad":{}}})"
                      "\n",
-                     hidden, q1, q3, hidden_of_medians, step, noovl, comp, cm, busy, buckets.size(), grad_bytes / 1048576.0,
+                     bf16 ? "dp2 bf16 gradients" : "dp2", hidden, q1, q3, hidden_of_medians, step, noovl, comp, cm, busy, buckets.size(), grad_bytes / 1048576.0,
                      sparse ? "true" : "false");
   std::fputs(out.c_str(), stdout);
   return 0;
@@ -192,10 +198,11 @@ int bench_tp(CommContext& comm, const std::string& dir, int steps) {
 }
 
 int run(const std::string& layout, const std::string& dir, int steps) {
-  DHX_CHECK(layout == "dp" || layout == "tp", ConfigError, "layout '{}' must be dp or tp", layout);
+  DHX_CHECK(layout == "dp" || layout == "dp16" || layout == "tp", ConfigError, "layout '{}' must be dp, dp16 or tp",
+            layout);
   DHX_CHECK(mpi_world_size() == 2, ConfigError, "run under mpirun -np 2 (got {} ranks)", mpi_world_size());
   LayoutConfig l;
-  (layout == "dp" ? l.dp : l.tp) = 2;
+  (layout == "tp" ? l.tp : l.dp) = 2;
   l.sequence_parallel = l.tp > 1;
   auto comm = make_mpi_world(l);
   if (comm->rank() == 0) {
@@ -203,7 +210,7 @@ int run(const std::string& layout, const std::string& dir, int steps) {
     write_random_dataset(dir + "/random", demo_config(1, 1, dir).model.vocab_size);
   }
   comm->world().barrier();
-  return layout == "dp" ? bench_dp(*comm, dir, steps) : bench_tp(*comm, dir, steps);
+  return layout == "tp" ? bench_tp(*comm, dir, steps) : bench_dp(*comm, dir, steps, layout == "dp16");
 }
 
 }  // namespace
@@ -211,7 +218,7 @@ int run(const std::string& layout, const std::string& dir, int steps) {
 
 int main(int argc, char** argv) {
   if (argc < 3 || argc > 4) {
-    std::fputs("usage: mpirun -np 2 dhelix_bench_dp-overlap dp|tp DIR [STEPS]\n", stderr);
+    std::fputs("usage: mpirun -np 2 dhelix_bench_dp-overlap dp|dp16|tp DIR [STEPS]\n", stderr);
     return 2;
   }
   try {

@@ -9,6 +9,7 @@
 #include "base/Clock.h"
 #include "base/Error.h"
 #include "base/Trace.h"
+#include "kernels/cpu/Bf16.h"
 
 namespace dhelix {
 
@@ -41,14 +42,34 @@ void GradSync::issue_bucket(size_t b) {
   Tensor range = params_.flat_grads().narrow0(bk.begin, bk.end - bk.begin);
   ProcessGroup* g = shard_group(bk);  // edp for the experts' buckets under expert parallelism
   const char* gname = g == edp_ && bk.expert ? "edp" : "dp";
-  if (zero_ == ZeroStage::kOne) {
-    if (g && g->size() > 1)
-      inflight_.push_back({g->reduce_scatter(range, owned_grads_[b]), fmt::format("{}.rs.bucket{}", gname, b), range.numel()});
-    else
-      owned_grads_[b].copy_from(range);
-  } else if (g && g->size() > 1) {
-    inflight_.push_back({g->all_reduce(range), fmt::format("{}.ar.bucket{}", gname, b), range.numel()});
+  const bool reduce = g && g->size() > 1;
+  Tensor send = range;
+  if (reduce && wire_ == DType::kBF16) {
+    send = Tensor::empty({range.numel()}, DType::kBF16, tracker_);
+    cpu::round_to_bf16(range.f32(), send.data<uint16_t>(), range.numel());
   }
+  if (zero_ == ZeroStage::kOne) {
+    if (!reduce) {
+      owned_grads_[b].copy_from(range);
+    } else if (wire_ == DType::kBF16) {
+      Tensor out = Tensor::empty({owned_grads_[b].numel()}, DType::kBF16, tracker_);
+      inflight_.push_back({g->reduce_scatter(send, out), fmt::format("{}.rs.bucket{}", gname, b), range.numel(), out,
+                           owned_grads_[b]});
+    } else {
+      inflight_.push_back({g->reduce_scatter(range, owned_grads_[b]), fmt::format("{}.rs.bucket{}", gname, b), range.numel(), {}, {}});
+    }
+  } else if (reduce) {
+    if (wire_ == DType::kBF16)
+      inflight_.push_back({g->all_reduce(send), fmt::format("{}.ar.bucket{}", gname, b), range.numel(), send, range});
+    else
+      inflight_.push_back({g->all_reduce(range), fmt::format("{}.ar.bucket{}", gname, b), range.numel(), {}, {}});
+  }
+}
+
+void GradSync::set_wire(DType wire) {
+  DHX_CHECK(wire == DType::kF32 || wire == DType::kBF16, ConfigError,
+            "gradient wire precision {} is neither f32 nor bf16", dtype_name(wire));
+  wire_ = wire;
 }
 
 void GradSync::set_expert_group(ProcessGroup* edp) {
@@ -100,8 +121,8 @@ bool GradSync::take_embedding_rows(const Tensor& tokens, const Tensor& dy) {
   DHX_CHECK(!rows_taken_, InternalError, "embedding rows taken twice in one step");
   tokens_all_ = Tensor::empty({n * N}, DType::kI32, tracker_);
   rows_all_ = Tensor::empty({n * N, C}, DType::kF32, tracker_);
-  inflight_.push_back({dp_->all_gather(tokens.view({N}), tokens_all_), "dp.ag.embed.tokens", tokens_all_.numel()});
-  inflight_.push_back({dp_->all_gather(dy.view({N, C}), rows_all_), "dp.ag.embed.rows", rows_all_.numel()});
+  inflight_.push_back({dp_->all_gather(tokens.view({N}), tokens_all_), "dp.ag.embed.tokens", tokens_all_.numel(), {}, {}});
+  inflight_.push_back({dp_->all_gather(dy.view({N, C}), rows_all_), "dp.ag.embed.rows", rows_all_.numel(), {}, {}});
   rows_taken_ = true;
   return true;
 }
@@ -175,10 +196,12 @@ double GradSync::finish() {
   double busy = 0;
   for (Inflight& f : inflight_) {
     f.work.wait();
+    if (f.widen_to.defined()) cpu::widen_bf16(f.wire_out.data<uint16_t>(), f.widen_to.f32(), f.wire_out.numel());
     busy += f.work.end_time() - f.work.start_time();
+    const double bytes = static_cast<double>(f.elems) * (f.wire_out.defined() ? 2 : 4);
     if (trace_)
       trace_->add("comm " + dp_->name(), f.name, f.work.start_time(), f.work.end_time(),
-                  fmt::format(R"({{"mib":{:.3f},"queued_us":{:.3f}}})", f.elems * 4 / 1048576.0,
+                  fmt::format(R"({{"mib":{:.3f},"queued_us":{:.3f}}})", bytes / 1048576.0,
                               (f.work.start_time() - f.work.issue_time()) * 1e6));
   }
   if (rows_taken_) add_gathered_rows();

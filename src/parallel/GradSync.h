@@ -64,6 +64,12 @@ class GradSync {
   bool embedding_rows_taken() const { return rows_taken_; }
 
   void set_overlap(GradOverlap o) { overlap_ = o; }
+  // The data-parallel buckets' element type on the wire: kF32 (default) or kBF16 (comm.grad_precision):
+  // each bucket rounded to bf16 before its all-reduce / reduce-scatter (half the bytes; every hop
+  // adds in fp32 and rounds once), widened back into the fp32 gradient when it is waited for. The
+  // fp32 gradients, their accumulation over micro-batches, tp's partial-gradient all-reduce and the
+  // sparse embedding rows are untouched.
+  void set_wire(DType wire);
   // Expert parallelism: the experts' buckets (GradBucket::expert) are all-reduced over `edp`, the
   // dp ranks holding the same experts (null: size 1, nothing to reduce), instead of over dp.
   // With ZeRO-1 the experts' buckets are reduce-scattered over `edp` instead: each edp rank owns
@@ -113,8 +119,10 @@ class GradSync {
   struct Inflight {
     Work work;
     std::string name;  // trace name: "dp.ar.bucket3", "dp.ag.embed.rows", ...
-    int64_t elems;     // elements it moves (4 bytes each)
+    int64_t elems;     // elements it moves
+    Tensor wire_out, widen_to;  // a bf16 bucket: its reduced bf16 result, widened into widen_to at wait
   };
+  DType wire_ = DType::kF32;
   std::vector<Inflight> inflight_;
   double dp_comm_s_ = 0;
   Trace* trace_ = nullptr;

@@ -517,7 +517,8 @@ bool sparse_embedding_applies(const ModelConfig& m, const LayoutConfig& lay, con
 
 SparseEmbedTail sparse_embed_tail(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                                   const std::vector<UnitSpec>& units, const std::vector<int>& mine,
-                                  const GradReadiness& rd, double last_bwd_start_s, std::vector<double>& grad_bytes) {
+                                  const GradReadiness& rd, double last_bwd_start_s, std::vector<double>& grad_bytes,
+                                  double grad_wire_bytes) {
   auto at = [&](int unit) {
     const auto it = std::find(mine.begin(), mine.end(), unit);
     DHX_ASSERT(it != mine.end(), "sparse embedding: unit {} is not on this stage", unit);
@@ -525,7 +526,7 @@ SparseEmbedTail sparse_embed_tail(const ModelConfig& m, const LayoutConfig& lay,
   };
   double table = 0;
   for (const ParamSpec& q : units.at(0).params)
-    if (q.local == "wte") table = double(shape_numel(q.shard)) * 4;
+    if (q.local == "wte") table = double(shape_numel(q.shard)) * grad_wire_bytes;
   DHX_ASSERT(table > 0, "sparse embedding: the embedding unit has no wte");
   grad_bytes[at(0)] -= table;
   const double tokens = double(batch.micro_batch * batch.seq) * lay.dp;  // gathered over dp
@@ -674,8 +675,8 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       if (lay.ep > 1)
         for (const ParamSpec& q : units[u].params)
           if (q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
-      g.grad_bytes.push_back((unit_elems(units[u]) - experts) * 4);
-      g.expert_bytes.push_back(experts * 4);
+      g.grad_bytes.push_back((unit_elems(units[u]) - experts) * opt.grad_wire_bytes);
+      g.expert_bytes.push_back(experts * opt.grad_wire_bytes);
       g.elems += unit_elems(units[u]);
     }
     if (s == p - 1 && p > 1 && m.tie_embeddings) g.elems += unit_elems(units[0]);
@@ -749,7 +750,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     std::vector<double> grad_bytes = g.grad_bytes;
     std::optional<SparseEmbedTail> sparse;  // the last backward starts at 0 on the readiness clock
     if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed))
-      sparse = sparse_embed_tail(m, lay, batch, units, mine, rd, 0.0, grad_bytes);
+      sparse = sparse_embed_tail(m, lay, batch, units, mine, rd, 0.0, grad_bytes, opt.grad_wire_bytes);
     const double tail = gradient_tail(lay, groups, units, mine, rd, grad_bytes, g.expert_bytes, elems, elem, opt.zero,
                                       st.axes, nullptr, sparse ? &*sparse : nullptr);
     st.step_s = body + tail;
@@ -831,7 +832,7 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
       n += !matrix ? full / gx : u.kind == "block" ? full / gxyz : full / gxy;
     }
     elems += n;
-    grad_bytes.push_back(n * 4);
+    grad_bytes.push_back(n * opt.grad_wire_bytes);
     bwd_span.push_back(u.kind == "embed" ? eb : u.kind == "head" ? hb : bb);
   }
   const GroupLink dp{lay.dp, placement_link(cluster, lay.tp_x * lay.tp_y * lay.tp_z, lay.dp)};

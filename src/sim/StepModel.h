@@ -81,6 +81,7 @@ struct PredictOptions {
   Zero zero = Zero::kNone;
   StrandInterleaving si = StrandInterleaving::kOff;
   SparseEmbedGrad sparse_embed = SparseEmbedGrad::kOff;  // price the trainer's sparse embedding exchange
+  double grad_wire_bytes = 4;  // a data-parallel gradient element on the wire: 4, or 2 (comm.grad_precision = bf16)
 };
 
 // One process-group role's traffic per rank per step.
@@ -198,7 +199,8 @@ bool sparse_embedding_applies(const ModelConfig& m, const LayoutConfig& lay, con
 // last_bwd_start_s), taking the table's bytes out of the embedding unit's entry of grad_bytes.
 SparseEmbedTail sparse_embed_tail(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                                   const std::vector<UnitSpec>& units, const std::vector<int>& mine,
-                                  const GradReadiness& rd, double last_bwd_start_s, std::vector<double>& grad_bytes);
+                                  const GradReadiness& rd, double last_bwd_start_s, std::vector<double>& grad_bytes,
+                                  double grad_wire_bytes);
 
 // What follows a stage's last backward before the optimizer, in seconds past ready.end_s: the
 // data-parallel reduction of its units' gradients (one bucket per unit on the dp comm thread —

@@ -202,11 +202,12 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
         all += double(shape_numel(q.shard));
         if (lay.ep > 1 && q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
       }
-      grad_bytes.push_back((all - experts) * 4), expert_bytes.push_back(experts * 4), elems += all;
+      grad_bytes.push_back((all - experts) * opt.grad_wire_bytes), expert_bytes.push_back(experts * opt.grad_wire_bytes),
+          elems += all;
     }
     std::optional<SparseEmbedTail> sparse;
     if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed))
-      sparse = sparse_embed_tail(m, lay, batch, units, mine, ready, last_bwd_start, grad_bytes);
+      sparse = sparse_embed_tail(m, lay, batch, units, mine, ready, last_bwd_start, grad_bytes, opt.grad_wire_bytes);
     std::map<std::string, AxisCost> axes;
     std::vector<ChannelSpan> spans;
     StepSimStage& sg = r.stages[static_cast<size_t>(rk)];

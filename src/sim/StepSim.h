@@ -28,6 +28,7 @@ struct StepSimOptions {
   StrandInterleaving si = StrandInterleaving::kOn;  // without `schedule` (with one, its slots say)
   Zero zero = Zero::kNone;
   SparseEmbedGrad sparse_embed = SparseEmbedGrad::kOff;  // parallel.sparse_embed_grad (StepModel.h)
+  double grad_wire_bytes = 4;  // comm.grad_precision: 4 (fp32) or 2 (bf16) per gradient element
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
   GemmTimer gemm_timer = {};      // when set: GEMM ops as timed for their shapes (DeviceRates)

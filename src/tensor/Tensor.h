@@ -44,7 +44,10 @@ class MemoryTracker {
   std::atomic<int64_t> peak_{0};
 };
 
-// 64-byte aligned host buffer; releases its bytes from the tracker on destruction.
+// 64-byte aligned host buffer; releases its bytes from the tracker on destruction. Buffers of
+// 1 MiB and more are recycled (Tensor.cc, HostBlockCache): freed into a process-wide cache, reused
+// by the next allocation of about their size, so a training step does not page-fault its large
+// tensors in again every step.
 class Storage {
  public:
   Storage(size_t bytes, MemoryTracker* tracker);
@@ -56,9 +59,16 @@ class Storage {
 
  private:
   void* data_ = nullptr;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0, capacity_ = 0;  // asked for; allocated (64-byte multiple, or a cached block's)
   MemoryTracker* tracker_ = nullptr;
 };
+
+// The host block cache's figures, for tests and benchmarks.
+struct HostCacheStats {
+  int64_t hits = 0, misses = 0;  // allocations of >= 1 MiB served from the cache / from malloc
+  size_t cached_bytes = 0;       // held now, free
+};
+HostCacheStats host_cache_stats();
 
 class Tensor {
  public:

@@ -116,7 +116,8 @@ const std::vector<Field>& table() {
       DHX_F("schedule", "plan", schedule.plan, kString, 0, 0, "SI plan JSON from `dhelix plan`; empty = default plan"),
       DHX_F("schedule", "expose_collectives", schedule.expose_collectives, kBool, 0, 0, "wait for every collective as soon as it is issued (no overlap at all; for measuring what overlap hides)"),
       DHX_F("comm", "transport", comm.transport, kString, 0, 0, "how ranks move data: gloo (Gloo's TCP mesh; Open MPI launches and bootstraps it) or mpi (Open MPI's own transport)"),
-      DHX_F("comm", "precision", comm.precision, kString, 0, 0, "element type of the activation collectives on the wire (TP/SP gathers and reduce-scatters, the context-parallel ring, the expert all-to-alls, 3D TP's activation all-reduces): auto (training.precision), fp32, or bf16 (half the bytes; reductions in fp32 per hop); weights, gradients and loss statistics always move in fp32"),
+      DHX_F("comm", "precision", comm.precision, kString, 0, 0, "element type of the activation collectives on the wire (TP/SP gathers and reduce-scatters, the context-parallel ring, the expert all-to-alls, 3D TP's activation all-reduces): auto (training.precision), fp32, or bf16 (half the bytes; reductions in fp32 per hop); weights and loss statistics always move in fp32, gradients as comm.grad_precision says"),
+      DHX_F("comm", "grad_precision", comm.grad_precision, kString, 0, 0, "element type of the data-parallel gradient buckets on the wire: fp32, or bf16 (each bucket rounded before its all-reduce or ZeRO-1 reduce-scatter, every hop adding in fp32; half the bytes); gradients, their accumulation and the optimizer stay fp32"),
       DHX_F("comm", "timeout_s", comm.timeout_s, kFloat, 0, 1e7, "bound in seconds on every collective and point-to-point wait (a dead or missing rank ends the job); 0 = DHELIX_COMM_TIMEOUT_S, else 120"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
       DHX_F("checkpoint", "interval", checkpoint.interval, kInt, 0, 1e12, "steps between checkpoints; 0 = only at the end"),
@@ -379,6 +380,9 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
   if (c.comm.precision != "auto" && c.comm.precision != "fp32" && c.comm.precision != "bf16")
     e.push_back(fmt::format("comm.precision=\"{}\" is not a wire precision; use auto, fp32 or bf16", c.comm.precision));
+  if (c.comm.grad_precision != "fp32" && c.comm.grad_precision != "bf16")
+    e.push_back(fmt::format("comm.grad_precision=\"{}\" is not a gradient wire precision; use fp32 or bf16",
+                            c.comm.grad_precision));
   if (c.comm.transport != "gloo" && c.comm.transport != "mpi")
     e.push_back(fmt::format("comm.transport=\"{}\" is not a transport; use gloo or mpi", c.comm.transport));
   if (t.precision != "fp32" && t.precision != "bf16")

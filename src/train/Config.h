@@ -72,6 +72,7 @@ struct CommConfig {
   std::string transport = "gloo";  // "gloo" (Gloo's TCP mesh, bootstrapped by Open MPI) | "mpi"
   double timeout_s = 0;            // bound on every collective wait; 0 = DHELIX_COMM_TIMEOUT_S or 120
   std::string precision = "auto";  // activation collectives on the wire: "auto" (training.precision) | "fp32" | "bf16"
+  std::string grad_precision = "fp32";  // data-parallel gradient buckets on the wire: "fp32" | "bf16"
 };
 
 struct CheckpointConfig {

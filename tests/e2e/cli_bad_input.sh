@@ -45,6 +45,8 @@ expect precision_name 'training.precision="fp16"' "fp32 or bf16" -- train --conf
   --training.precision fp16 --output.dir "$tmp/p1"
 expect wire_precision_name 'comm.precision="fp8"' "auto, fp32 or bf16" -- train --config configs/demo.toml \
   --comm.precision fp8 --output.dir "$tmp/p2"
+expect grad_precision_name 'comm.grad_precision="fp16"' "fp32 or bf16" -- train --config configs/demo.toml \
+  --comm.grad_precision fp16 --output.dir "$tmp/p3"
 expect moe_topk "model.top_k=9" "n_experts=8" -- train --config configs/moe-demo.toml --model.top_k 9 --output.dir "$tmp/m1"
 expect moe_ep_divides "model.n_experts=8 is not divisible by parallel.ep" -- train --config configs/moe-demo.toml \
   --parallel.ep 3 --parallel.dp 3 --output.dir "$tmp/m2"

@@ -10,7 +10,10 @@
 //  - inputs exactly representable in bf16 (small integers) give the exact sums: every product and
 //    partial sum is an integer below 2^24;
 //  - that rounding happened at all (no silent fp32): on random inputs some element lies farther
-//    from the exact product than fp32's own bound allows.
+//    from the exact product than fp32's own bound allows;
+//  - bf16 attention (the tile products through the same matmul): the exact softmax attention in
+//    double, within the bound that rounding q, k, v and the probabilities carries (derived beside
+//    the test), and on bf16-exact inputs the fp32 kernel, within the rounding of the score tiles.
 // Skipped, with the reason, on a CPU without AMX-BF16 or AVX512-BF16.
 #include <gtest/gtest.h>
 
@@ -161,6 +164,202 @@ TEST(Bf16, LinearLayerFollowsThePrecision) {
       for (int64_t k = 0; k < I; ++k) mag += std::abs(double(x[n * I + k]) * w[o * I + k]);
       EXPECT_LE(std::abs(double(y16[n * O + o]) - y32[n * O + o]), 2 * gamma * mag) << n << "," << o;
     }
+}
+
+// ---- attention ----
+
+struct AttnCase {
+  AttnDims d;
+  float scale;
+  std::vector<float> q, k, v, dout;
+};
+
+AttnCase attn_case(unsigned seed, bool bf16_exact) {
+  // T = 600: two of the bf16 path's 512-wide key tiles (one ragged) and ten 64-row query tiles.
+  AttnCase c{AttnDims{1, 600, 4, 2, 64, 4 * 64, 2 * 64, 4 * 64}, 0.125f, {}, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& x, int64_t n) {
+    x.resize(static_cast<size_t>(n));
+    for (float& e : x) e = bf16_exact ? from_bf16(to_bf16(nd(rng))) : nd(rng);
+  };
+  fill(c.q, c.d.B * c.d.T * c.d.q_stride);
+  fill(c.k, c.d.B * c.d.T * c.d.kv_stride);
+  fill(c.v, c.d.B * c.d.T * c.d.kv_stride);
+  fill(c.dout, c.d.B * c.d.T * c.d.o_stride);
+  return c;
+}
+
+// The exact probabilities p[b, h, t, s] (s <= t) in double.
+std::vector<double> exact_probs(const AttnCase& c) {
+  const AttnDims& d = c.d;
+  std::vector<double> p(static_cast<size_t>(d.B * d.H * d.T * d.T), 0.0);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t t = 0; t < d.T; ++t) {
+        double* row = p.data() + ((b * d.H + h) * d.T + t) * d.T;
+        double m = -1e300, l = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          double acc = 0;
+          for (int64_t e = 0; e < d.D; ++e)
+            acc += double(c.q[(b * d.T + t) * d.q_stride + h * d.D + e]) *
+                   c.k[(b * d.T + s) * d.kv_stride + (h / (d.H / d.Hkv)) * d.D + e];
+          row[s] = c.scale * acc;
+          m = std::max(m, row[s]);
+        }
+        for (int64_t s = 0; s <= t; ++s) l += (row[s] = std::exp(row[s] - m));
+        for (int64_t s = 0; s <= t; ++s) row[s] /= l;
+      }
+  return p;
+}
+
+// The forward in bf16 against exact softmax attention. Derivation, per query row (b, h, t):
+//   score s_j = scale q.k_j from bf16(q), bf16(k): |error| <= delta_j = scale (2u + u^2 + gamma_D
+//   (1 + 2u + u^2)) sum_e |q_e k_je| (the GEMM bound above); so each exp(s_j - m) and the fp32
+//   normaliser l are within a factor e^(+-delta) (delta = max_j delta_j, times (1 + gamma_T) for
+//   l's sum), and the weight exp/l within e^(+-2 delta) (1 +- gamma_T). The P V product rounds
+//   the weight and v to bf16 (factor (1 +- u) each, their product exact in fp32) and sums T terms
+//   (gamma_T). So |o_c - exact| <= ((1 + u)^2 (1 + gamma_T)^2 e^(2 delta) - 1) sum_j p_j |v_jc|,
+//   and |lse - exact| <= delta + gamma_T. Beside that, the fp32 kernel's own error (polynomial
+//   exp, fp32 max and scaling): test_attention.cc's FloatAgreesWithDouble tolerance, 2e-5 of the
+//   same magnitude.
+TEST(Bf16, AttentionForwardWithinTheRoundingBound) {
+  NEED_BF16();
+  const AttnCase c = attn_case(21, false);
+  const AttnDims& d = c.d;
+  const std::vector<double> p = exact_probs(c);
+  std::vector<float> o32(c.dout.size()), lse32(d.B * d.H * d.T), o16(o32.size()), lse16(lse32.size());
+  cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o32.data(), lse32.data(), d, c.scale);
+  set_gemm_precision(GemmPrecision::kBf16);
+  cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o16.data(), lse16.data(), d, c.scale);
+  set_gemm_precision(GemmPrecision::kFp32);
+  const double gD = d.D * kU32 / (1 - d.D * kU32), gT = d.T * kU32 / (1 - d.T * kU32), kFp32Tol = 2e-5;
+  const int64_t G = d.H / d.Hkv;
+  bool rounded = false;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t t = 0; t < d.T; ++t) {
+        const double* row = p.data() + ((b * d.H + h) * d.T + t) * d.T;
+        double delta = 0, lse_exact = 0, m = -1e300;
+        std::vector<double> s(static_cast<size_t>(t + 1));
+        for (int64_t j = 0; j <= t; ++j) {
+          double mag = 0, acc = 0;
+          for (int64_t e = 0; e < d.D; ++e) {
+            const double x = double(c.q[(b * d.T + t) * d.q_stride + h * d.D + e]) *
+                             c.k[(b * d.T + j) * d.kv_stride + (h / G) * d.D + e];
+            acc += x, mag += std::abs(x);
+          }
+          s[j] = c.scale * acc, m = std::max(m, s[j]);
+          delta = std::max(delta, c.scale * (2 * kU + kU * kU + gD * (1 + 2 * kU + kU * kU)) * mag);
+        }
+        for (int64_t j = 0; j <= t; ++j) lse_exact += std::exp(s[j] - m);
+        lse_exact = m + std::log(lse_exact);
+        const double lse_got = lse16[(b * d.H + h) * d.T + t];
+        ASSERT_LE(std::abs(lse_got - lse_exact), delta + gT + kFp32Tol * std::max(1.0, std::abs(lse_exact)))
+            << "lse b=" << b << " h=" << h << " t=" << t;
+        const double factor = (1 + kU) * (1 + kU) * (1 + gT) * (1 + gT) * std::exp(2 * delta) - 1;
+        for (int64_t e = 0; e < d.D; ++e) {
+          double exact = 0, mag = 0;
+          for (int64_t j = 0; j <= t; ++j) {
+            const double vj = c.v[(b * d.T + j) * d.kv_stride + (h / G) * d.D + e];
+            exact += row[j] * vj, mag += row[j] * std::abs(vj);
+          }
+          const size_t i = static_cast<size_t>((b * d.T + t) * d.o_stride + h * d.D + e);
+          const double err = std::abs(double(o16[i]) - exact);
+          ASSERT_LE(err, (factor + kFp32Tol) * mag) << "o b=" << b << " h=" << h << " t=" << t << " e=" << e;
+          if (err > 4 * std::abs(double(o32[i]) - exact) + kFp32Tol * mag) rounded = true;
+        }
+      }
+  EXPECT_TRUE(rounded) << "bf16 attention no farther from exact than fp32 anywhere: nothing was rounded";
+}
+
+// The backward in bf16 against the fp32 kernel on bf16-exact q, k, v and dout (same o and lse for
+// both): every product of two such operands is exact in fp32, so the two runs differ by the
+// rounding of the probability and score-gradient tiles P and dS to bf16 (relative u each) plus
+// each run's fp32 summation order. Per element:
+//   |dV_jc| <= u sum_i P_ij |dO_ic|,  |dK_jc| <= u sum_i |dS_ij| |Q_ic|,  |dQ_ic| <= u sum_j |dS_ij| |K_jc|
+// (P, dS exact in double), plus twice the fp32 kernel's normwise tolerance against double (2e-5,
+// FloatAgreesWithDouble: once for each fp32-accumulating run).
+TEST(Bf16, AttentionBackwardWithinTheTileRounding) {
+  NEED_BF16();
+  const AttnCase c = attn_case(22, true);
+  const AttnDims& d = c.d;
+  const std::vector<double> p = exact_probs(c);
+  std::vector<float> o(c.dout.size()), lse(d.B * d.H * d.T);
+  cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), d, c.scale);
+  auto bwd = [&](GemmPrecision prec) {
+    std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.v.size());
+    set_gemm_precision(prec);
+    cpu::attention_bwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.dout.data(), dq.data(),
+                              dk.data(), dv.data(), d, c.scale);
+    set_gemm_precision(GemmPrecision::kFp32);
+    return std::vector<std::vector<float>>{dq, dk, dv};
+  };
+  const auto g32 = bwd(GemmPrecision::kFp32), g16 = bwd(GemmPrecision::kBf16);
+  // Magnitudes from the exact P and dS = scale P (dO.V - dO.O) in double.
+  std::vector<double> mq(c.q.size()), mk(c.k.size()), mv(c.v.size());
+  const int64_t G = d.H / d.Hkv;
+  auto at = [&](const std::vector<float>& x, int64_t b, int64_t t, int64_t stride, int64_t col) {
+    return double(x[(b * d.T + t) * stride + col]);
+  };
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / G;
+      for (int64_t t = 0; t < d.T; ++t) {
+        const double* row = p.data() + ((b * d.H + h) * d.T + t) * d.T;
+        double Di = 0;
+        for (int64_t e = 0; e < d.D; ++e) {
+          double oe = 0;
+          for (int64_t j = 0; j <= t; ++j) oe += row[j] * at(c.v, b, j, d.kv_stride, g * d.D + e);
+          Di += at(c.dout, b, t, d.o_stride, h * d.D + e) * oe;
+        }
+        for (int64_t j = 0; j <= t; ++j) {
+          double dp = 0;
+          for (int64_t e = 0; e < d.D; ++e)
+            dp += at(c.dout, b, t, d.o_stride, h * d.D + e) * at(c.v, b, j, d.kv_stride, g * d.D + e);
+          const double ds = std::abs(c.scale * row[j] * (dp - Di));
+          for (int64_t e = 0; e < d.D; ++e) {
+            mv[(b * d.T + j) * d.kv_stride + g * d.D + e] += row[j] * std::abs(at(c.dout, b, t, d.o_stride, h * d.D + e));
+            mk[(b * d.T + j) * d.kv_stride + g * d.D + e] += ds * std::abs(at(c.q, b, t, d.q_stride, h * d.D + e));
+            mq[(b * d.T + t) * d.q_stride + h * d.D + e] += ds * std::abs(at(c.k, b, j, d.kv_stride, g * d.D + e));
+          }
+        }
+      }
+    }
+  const char* names[] = {"dq", "dk", "dv"};
+  const std::vector<double>* mags[] = {&mq, &mk, &mv};
+  bool rounded = false;
+  for (int w = 0; w < 3; ++w) {
+    double ref_max = 0;
+    for (float x : g32[w]) ref_max = std::max(ref_max, double(std::abs(x)));
+    const double floor = 2 * 2e-5 * ref_max;
+    for (size_t i = 0; i < g32[w].size(); ++i) {
+      const double err = std::abs(double(g16[w][i]) - g32[w][i]);
+      ASSERT_LE(err, kU * (*mags[w])[i] + floor) << names[w] << "[" << i << "]";
+      if (err > floor) rounded = true;
+    }
+  }
+  EXPECT_TRUE(rounded) << "bf16 backward within fp32's own error everywhere: the tiles were not rounded";
+}
+
+// Two threads against one, bitwise: each (b, h, query tile) and (b, kv head) item is computed the
+// same way on whichever thread runs it, with the product on the calling thread.
+TEST(Bf16, AttentionTwoThreadsEqualOneBitwise) {
+  NEED_BF16();
+  const AttnCase c = attn_case(23, false);
+  auto run = [&](int threads) {
+    cpu::set_num_threads(threads);
+    set_gemm_precision(GemmPrecision::kBf16);
+    std::vector<float> o(c.dout.size()), lse(c.d.B * c.d.H * c.d.T), dq(c.q.size()), dk(c.k.size()), dv(c.v.size());
+    cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.d, c.scale);
+    cpu::attention_bwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.dout.data(), dq.data(),
+                              dk.data(), dv.data(), c.d, c.scale);
+    set_gemm_precision(GemmPrecision::kFp32);
+    cpu::set_num_threads(1);
+    return std::vector<std::vector<float>>{o, lse, dq, dk, dv};
+  };
+  const auto one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "output " << i;
 }
 
 }  // namespace

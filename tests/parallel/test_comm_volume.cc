@@ -50,6 +50,14 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     // Data parallelism with the sparse embedding exchange (on by default; 4 x 32 tokens a rank x
     // dp 2 < 2 x 256 vocabulary): the table's bucket plus the last micro-batch's rows and ids.
     cases.push_back({"dp2 sparse embedding", tiny_config(f, 2, 1, 0, prefix, dir / "sp", 2, 8)});
+    // The buckets in bf16 (comm.grad_precision): 2 bytes a gradient element, the gathered rows fp32.
+    RunConfig b16 = tiny_config(f, 2, 1, 0, prefix, dir / "sp16", 2, 8);
+    b16.comm.grad_precision = "bf16";
+    cases.push_back({"dp2 sparse embedding, bf16 gradients", b16});
+    RunConfig t16 = tiny_config(f, 2, 2, 0, prefix, dir / "t16", 2, 8);
+    t16.comm.grad_precision = "bf16";
+    t16.parallel.sparse_embed_grad = false;
+    cases.push_back({"Megatron tp2 dp2, bf16 gradients", t16});
   }
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
     // Context parallelism: the ring's key/value and dK/dV exchanges on cp, gradients over dp x cp.
@@ -65,6 +73,7 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     BatchSpec batch{c.cfg.global_batch(), c.cfg.model.seq_len, c.cfg.training.micro_batch_size};
     PredictOptions po;
     po.sparse_embed = c.cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+    po.grad_wire_bytes = c.cfg.comm.grad_precision == "bf16" ? 2 : 4;
     const StepPrediction pred = predict(c.cfg.model, lay, batch, cluster, po);
     const std::map<std::string, double> got = counted_step_bytes(c.cfg);
     for (const auto& [axis, bytes] : got) {

@@ -1,13 +1,17 @@
 // Causal self-attention with grouped-query heads, flash-attention style on the CPU: queries and
 // keys are cut into kTile x kTile tiles; the forward keeps a running max / sum per query row
 // (online softmax) and saves only lse[B, H, T]; the backward recomputes each score tile from q, k
-// and lse. Tile products go through gemm() (OpenBLAS). No T x T matrix is ever held.
+// and lse. Tile products go through gemm() (OpenBLAS), or, for float while the GEMM precision is bf16
+// (issue 22), through oneDNN's bf16 matmul with fp32 accumulation (Bf16Tiles below). No T x T
+// matrix is ever held.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/FastMath.h"
 #include "kernels/cpu/Kernels.h"
 #include "kernels/cpu/Parallel.h"
@@ -43,44 +47,107 @@ AttnBlock causal_block(const AttnDims& d) {
                    d.o_stride,   d.T * d.q_stride, d.T * d.kv_stride, d.T * d.o_stride, d.T, true};
 }
 
-// Number of valid keys in row r of tile (qi, kj): in a causal block, whose query and key tiles
-// share origins, only the diagonal tile is cut (keys c <= r); a full block sees every key.
-inline int64_t valid_keys(bool causal, int64_t qi, int64_t kj, int64_t r, int64_t bk) {
-  return causal && qi == kj ? std::min(bk, r + 1) : bk;
+// Number of valid keys of the key tile starting at s0 (bk keys) for query position t: in a causal
+// block, whose queries and keys share origins, keys s <= t; a full block sees every key.
+inline int64_t valid_keys(bool causal, int64_t t, int64_t s0, int64_t bk) {
+  return causal ? std::clamp<int64_t>(t + 1 - s0, 0, bk) : bk;
 }
 
-}  // namespace
+// Where the tile products read their operands, and how they multiply. Tiles<T> is the fp32 (or
+// double) path: the block's own buffers, gemm() (OpenBLAS), kTile x kTile score tiles. Bf16Tiles
+// is the bf16 path (float blocks while the GEMM precision is bf16): q, k, v and dout rounded once
+// per call into compact bf16 copies, the score tiles P and dS rounded per tile, products through
+// oneDNN's matmul with fp32 accumulation, and key tiles kKeys = 512 wide (a primitive call costs
+// about as much as a 64^3 product, so fewer, larger calls). Softmax, lse, D_i and every
+// accumulator stay fp32 in both.
+template <typename E> struct Src {
+  const E* p;
+  int64_t stride, bstride;  // between rows, between sequences
+  const E* at(int64_t b, int64_t t, int64_t col) const { return p + b * bstride + t * stride + col; }
+};
 
-template <typename T>
-void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale) {
-  check_block(d);
+template <typename T> struct Tiles {
+  using E = T;
+  static constexpr int64_t kKeys = kTile;
+  static void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const E* A, int64_t lda, const E* B,
+                 int64_t ldb, T beta, T* C, int64_t ldc) {
+    gemm<T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  // A score tile [rows, cols] (ld kKeys) as an operand: itself.
+  static const E* tile(const T* S, int64_t, int64_t, std::vector<E>&) { return S; }
+};
+
+struct Bf16Tiles {
+  using E = uint16_t;
+  static constexpr int64_t kKeys = 512;
+  static void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const E* A, int64_t lda,
+                 const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    matmul_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  static const E* tile(const float* S, int64_t rows, int64_t cols, std::vector<E>& buf) {
+    buf.resize(kTile * kKeys);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* s = S + r * kKeys;
+      E* b = buf.data() + r * kKeys;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) b[c] = to_bf16(s[c]);
+    }
+    return buf.data();
+  }
+  // The [B, rows, width] part of a strided buffer rounded into a compact copy.
+  static Src<E> round(const float* x, int64_t B, int64_t rows, int64_t width, int64_t stride, int64_t bstride,
+                      std::vector<E>& buf) {
+    buf.resize(static_cast<size_t>(B * rows * width));
+#pragma omp parallel for num_threads(detail::threads_for(B * rows * width)) schedule(static)
+    for (int64_t i = 0; i < B * rows; ++i) {
+      const float* s = x + (i / rows) * bstride + (i % rows) * stride;
+      E* d = buf.data() + i * width;
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) d[c] = to_bf16(s[c]);
+    }
+    return {buf.data(), width, rows * width};
+  }
+};
+
+template <typename T> bool bf16_tiles() {
+  if constexpr (std::is_same_v<T, float>) return gemm_precision() == GemmPrecision::kBf16;
+  return false;
+}
+
+template <typename T, typename Ops>
+void block_fwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops::E> v, T* o, T* lse,
+               const AttnBlock& d, T scale) {
+  using E = typename Ops::E;
+  constexpr int64_t kK = Ops::kKeys;
   const int64_t Tq = d.Tq, D = d.D, H = d.H, G = d.H / d.Hkv;
-  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kTile - 1) / kTile;
+  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kK - 1) / kK;
   const int64_t BH = d.B * H, items = BH * nq;
   const int nt = detail::threads_for(BH * Tq * D);
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<T> S(kTile * kTile), acc(kTile * D), mrow(kTile), lrow(kTile);  // per thread
+    std::vector<T> S(kTile * kK), acc(kTile * D), mrow(kTile), lrow(kTile);  // per thread
+    std::vector<E> Pbuf;
     // Largest query tiles (most key tiles) first, for load balance under dynamic scheduling.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qi = nq - 1 - it / BH, bh = it % BH;
       const int64_t b = bh / H, h = bh % H, g = h / G;
       const int64_t t0 = qi * kTile, bq = std::min(kTile, Tq - t0);
-      const T* Q = q + b * d.q_bstride + t0 * d.q_stride + h * D;  // [bq, D], ld q_stride
+      const E* Q = q.at(b, t0, h * D);  // [bq, D], ld q.stride
       std::fill(acc.begin(), acc.end(), T(0));
       std::fill(mrow.begin(), mrow.end(), -std::numeric_limits<T>::infinity());
       std::fill(lrow.begin(), lrow.end(), T(0));
-      const int64_t kend = d.causal ? qi + 1 : nk;
+      // key tiles up to the one holding the tile's last query (causal), else all
+      const int64_t kend = d.causal ? (t0 + bq - 1) / kK + 1 : nk;
       for (int64_t kj = 0; kj < kend; ++kj) {
-        const int64_t s0 = kj * kTile, bk = std::min(kTile, d.Tk - s0);
-        const T* K = k + b * d.kv_bstride + s0 * d.kv_stride + g * D;  // [bk, D], ld kv_stride
-        const T* V = v + b * d.kv_bstride + s0 * d.kv_stride + g * D;
+        const int64_t s0 = kj * kK, bk = std::min(kK, d.Tk - s0);
+        const E* K = k.at(b, s0, g * D);  // [bk, D], ld k.stride
+        const E* V = v.at(b, s0, g * D);
         // S[bq, bk] = scale Q K^T
-        gemm<T>(false, true, bq, bk, D, scale, Q, d.q_stride, K, d.kv_stride, T(0), S.data(), kTile);
+        Ops::mm(false, true, bq, bk, D, scale, Q, q.stride, K, k.stride, T(0), S.data(), kK);
         for (int64_t r = 0; r < bq; ++r) {
-          T* srow = S.data() + r * kTile;
-          const int64_t nv = valid_keys(d.causal, qi, kj, r, bk);
+          T* srow = S.data() + r * kK;
+          const int64_t nv = valid_keys(d.causal, t0 + r, s0, bk);
           T mx = mrow[r];
 #pragma omp simd reduction(max : mx)
           for (int64_t c = 0; c < nv; ++c) mx = srow[c] > mx ? srow[c] : mx;
@@ -102,7 +169,8 @@ void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const
           }
         }
         // acc[bq, D] += P[bq, bk] V[bk, D]
-        gemm<T>(false, false, bq, D, bk, T(1), S.data(), kTile, V, d.kv_stride, T(1), acc.data(), D);
+        Ops::mm(false, false, bq, D, bk, T(1), Ops::tile(S.data(), bq, bk, Pbuf), kK, V, v.stride, T(1),
+                acc.data(), D);
       }
       T* L = lse + bh * d.lse_stride + t0;
       for (int64_t r = 0; r < bq; ++r) {
@@ -122,19 +190,22 @@ void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const
 //   S = scale Q_i K_j^T,  P = exp(S - lse_i),  dV_j += P^T dO_i,  dP = dO_i V_j^T,
 //   dS = scale P (dP - D_i) with D_i = rowsum(dO_i * O_i),  dK_j += dS^T Q_i,  dQ_i += dS K_j.
 // One thread owns all of dK, dV (and the group's dQ) for its (b, g): no races, no atomics.
-// Parallelism is B * Hkv items.
-template <typename T>
-void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
-                         T* dv, const AttnBlock& d, T scale) {
-  check_block(d);
+// Parallelism is B * Hkv items. D_i reads o and dout in T; the products read q, k, v and dO as Ops'
+// operands.
+template <typename T, typename Ops>
+void block_bwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops::E> v, Src<typename Ops::E> dO_src,
+               const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv, const AttnBlock& d, T scale) {
+  using E = typename Ops::E;
+  constexpr int64_t kK = Ops::kKeys;
   const int64_t Tq = d.Tq, D = d.D, H = d.H, Hkv = d.Hkv, G = d.H / d.Hkv;
-  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kTile - 1) / kTile;
+  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kK - 1) / kK;
   const int64_t items = d.B * Hkv;
   const int nt = std::min<int64_t>(detail::threads_for(d.B * H * std::max(Tq, d.Tk) * D), std::max<int64_t>(items, 1));
 #pragma omp parallel num_threads(nt)
   {
-    // per thread: P and dP/dS tiles [kTile, kTile], dK/dV accumulators [kTile, D], D_i for the group [G, Tq]
-    std::vector<T> P(kTile * kTile), dS(kTile * kTile), dKacc(kTile * D), dVacc(kTile * D), Di(G * Tq);
+    // per thread: P and dP/dS tiles [kTile, kK], dK/dV accumulators [kK, D], D_i for the group [G, Tq]
+    std::vector<T> P(kTile * kK), dS(kTile * kK), dKacc(kK * D), dVacc(kK * D), Di(G * Tq);
+    std::vector<E> Pbuf, dSbuf;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / Hkv, g = it % Hkv;
@@ -150,26 +221,27 @@ void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T
         }
       }
       for (int64_t kj = 0; kj < nk; ++kj) {
-        const int64_t s0 = kj * kTile, bk = std::min(kTile, d.Tk - s0);
-        const T* K = k + b * d.kv_bstride + s0 * d.kv_stride + g * D;  // [bk, D], ld kv_stride
-        const T* V = v + b * d.kv_bstride + s0 * d.kv_stride + g * D;
+        const int64_t s0 = kj * kK, bk = std::min(kK, d.Tk - s0);
+        const E* K = k.at(b, s0, g * D);  // [bk, D], ld k.stride
+        const E* V = v.at(b, s0, g * D);
         std::fill(dKacc.begin(), dKacc.end(), T(0));
         std::fill(dVacc.begin(), dVacc.end(), T(0));
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t h = g * G + hh;
-          for (int64_t qi = d.causal ? kj : 0; qi < nq; ++qi) {
+          // query tiles from the one holding the key tile's first key (causal), else all
+          for (int64_t qi = d.causal ? s0 / kTile : 0; qi < nq; ++qi) {
             const int64_t t0 = qi * kTile, bq = std::min(kTile, Tq - t0);
-            const T* Q = q + b * d.q_bstride + t0 * d.q_stride + h * D;  // [bq, D]
-            const T* dO = dout + b * d.o_bstride + t0 * d.o_stride + h * D;
+            const E* Q = q.at(b, t0, h * D);  // [bq, D]
+            const E* dO = dO_src.at(b, t0, h * D);
             T* dQ = dq + b * d.q_bstride + t0 * d.q_stride + h * D;
             const T* L = lse + (b * H + h) * d.lse_stride + t0;
             const T* Dr = Di.data() + hh * Tq + t0;
-            gemm<T>(false, true, bq, bk, D, scale, Q, d.q_stride, K, d.kv_stride, T(0), P.data(), kTile);
-            gemm<T>(false, true, bq, bk, D, T(1), dO, d.o_stride, V, d.kv_stride, T(0), dS.data(), kTile);
+            Ops::mm(false, true, bq, bk, D, scale, Q, q.stride, K, k.stride, T(0), P.data(), kK);
+            Ops::mm(false, true, bq, bk, D, T(1), dO, dO_src.stride, V, v.stride, T(0), dS.data(), kK);
             for (int64_t r = 0; r < bq; ++r) {
-              T* prow = P.data() + r * kTile;
-              T* srow = dS.data() + r * kTile;
-              const int64_t nv = valid_keys(d.causal, qi, kj, r, bk);
+              T* prow = P.data() + r * kK;
+              T* srow = dS.data() + r * kK;
+              const int64_t nv = valid_keys(d.causal, t0 + r, s0, bk);
               const T lr = L[r], dr = Dr[r];
 #pragma omp simd
               for (int64_t c = 0; c < nv; ++c) {
@@ -179,9 +251,11 @@ void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T
               for (int64_t c = nv; c < bk; ++c) prow[c] = srow[c] = T(0);
             }
             // dV_j[bk, D] += P^T dO;  dK_j[bk, D] += dS^T Q;  dQ_i[bq, D] += dS K_j
-            gemm<T>(true, false, bk, D, bq, T(1), P.data(), kTile, dO, d.o_stride, T(1), dVacc.data(), D);
-            gemm<T>(true, false, bk, D, bq, T(1), dS.data(), kTile, Q, d.q_stride, T(1), dKacc.data(), D);
-            gemm<T>(false, false, bq, D, bk, T(1), dS.data(), kTile, K, d.kv_stride, T(1), dQ, d.q_stride);
+            const E* Pt = Ops::tile(P.data(), bq, bk, Pbuf);
+            const E* dSt = Ops::tile(dS.data(), bq, bk, dSbuf);
+            Ops::mm(true, false, bk, D, bq, T(1), Pt, kK, dO, dO_src.stride, T(1), dVacc.data(), D);
+            Ops::mm(true, false, bk, D, bq, T(1), dSt, kK, Q, q.stride, T(1), dKacc.data(), D);
+            Ops::mm(false, false, bq, D, bk, T(1), dSt, kK, K, k.stride, T(1), dQ, d.q_stride);
           }
         }
         for (int64_t r = 0; r < bk; ++r) {
@@ -195,6 +269,44 @@ void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T
       }
     }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale) {
+  check_block(d);
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_tiles<T>()) {
+      std::vector<uint16_t> q16, k16, v16;
+      const auto Q = Bf16Tiles::round(q, d.B, d.Tq, d.H * d.D, d.q_stride, d.q_bstride, q16);
+      const auto K = Bf16Tiles::round(k, d.B, d.Tk, d.Hkv * d.D, d.kv_stride, d.kv_bstride, k16);
+      const auto V = Bf16Tiles::round(v, d.B, d.Tk, d.Hkv * d.D, d.kv_stride, d.kv_bstride, v16);
+      block_fwd<float, Bf16Tiles>(Q, K, V, o, lse, d, scale);
+      return;
+    }
+  }
+  block_fwd<T, Tiles<T>>({q, d.q_stride, d.q_bstride}, {k, d.kv_stride, d.kv_bstride}, {v, d.kv_stride, d.kv_bstride},
+                         o, lse, d, scale);
+}
+
+template <typename T>
+void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
+                         T* dv, const AttnBlock& d, T scale) {
+  check_block(d);
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_tiles<T>()) {
+      std::vector<uint16_t> q16, k16, v16, g16;
+      const auto Q = Bf16Tiles::round(q, d.B, d.Tq, d.H * d.D, d.q_stride, d.q_bstride, q16);
+      const auto K = Bf16Tiles::round(k, d.B, d.Tk, d.Hkv * d.D, d.kv_stride, d.kv_bstride, k16);
+      const auto V = Bf16Tiles::round(v, d.B, d.Tk, d.Hkv * d.D, d.kv_stride, d.kv_bstride, v16);
+      const auto dO = Bf16Tiles::round(dout, d.B, d.Tq, d.H * d.D, d.o_stride, d.o_bstride, g16);
+      block_bwd<float, Bf16Tiles>(Q, K, V, dO, o, lse, dout, dq, dk, dv, d, scale);
+      return;
+    }
+  }
+  block_bwd<T, Tiles<T>>({q, d.q_stride, d.q_bstride}, {k, d.kv_stride, d.kv_bstride}, {v, d.kv_stride, d.kv_bstride},
+                         {dout, d.o_stride, d.o_bstride}, o, lse, dout, dq, dk, dv, d, scale);
 }
 
 template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale) {

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <map>
-#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -33,21 +32,6 @@ void set_gemm_precision(GemmPrecision p) {
 }
 GemmPrecision gemm_precision() { return g_precision.load(std::memory_order_relaxed); }
 
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16(uint16_t b) {
-  const uint32_t u = uint32_t{b} << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 #pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
@@ -64,11 +48,12 @@ using dnnl::memory;
 using Dims = memory::dims;
 
 struct Key {
-  int64_t M, N, K, ldc;
+  int64_t M, N, K, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
   bool operator<(const Key& o) const {
-    return std::tie(M, N, K, ldc, ta, tb, alpha, beta) < std::tie(o.M, o.N, o.K, o.ldc, o.ta, o.tb, o.alpha, o.beta);
+    return std::tie(M, N, K, lda, ldb, ldc, ta, tb, alpha, beta) <
+           std::tie(o.M, o.N, o.K, o.lda, o.ldb, o.ldc, o.ta, o.tb, o.alpha, o.beta);
   }
 };
 
@@ -82,15 +67,15 @@ dnnl::engine& engine() {
   return e;
 }
 
+// Per thread (the attention kernel calls from inside its OpenMP region, where oneDNN runs the
+// product on the calling thread): no lock, and no primitive executed by two threads at once.
 const Prim& primitive(const Key& k) {
-  static std::mutex mu;
-  static std::map<Key, Prim> cache;
-  std::lock_guard<std::mutex> lock(mu);
+  thread_local std::map<Key, Prim> cache;
   if (auto it = cache.find(k); it != cache.end()) return it->second;
-  // Compact operands in their stored orientation: op(A)[M,K] is A[M,K] row-major, or A[K,M]
-  // row-major read transposed (strides {1, M}); op(B)[K,N] likewise.
-  const memory::desc a({k.M, k.K}, memory::data_type::bf16, k.ta ? Dims{1, k.M} : Dims{k.K, 1});
-  const memory::desc b({k.K, k.N}, memory::data_type::bf16, k.tb ? Dims{1, k.K} : Dims{k.N, 1});
+  // Operands in their stored orientation: op(A)[M,K] is A[M,K] row-major (strides {lda, 1}), or
+  // A[K,M] row-major read transposed (strides {1, lda}); op(B)[K,N] likewise.
+  const memory::desc a({k.M, k.K}, memory::data_type::bf16, k.ta ? Dims{1, k.lda} : Dims{k.lda, 1});
+  const memory::desc b({k.K, k.N}, memory::data_type::bf16, k.tb ? Dims{1, k.ldb} : Dims{k.ldb, 1});
   const memory::desc c({k.M, k.N}, memory::data_type::f32, Dims{k.ldc, 1});
   dnnl::primitive_attr attr;
   if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
@@ -103,12 +88,15 @@ const Prim& primitive(const Key& k) {
   return cache.emplace(k, Prim{dnnl::matmul(pd), a, b, c}).first->second;
 }
 
-// The rows x cols block of src (leading dimension ld) rounded into dst, compact.
+// The rows x cols block of src (leading dimension ld) rounded into dst, compact; rows split over
+// the threads (the lm_head's weight alone is 38.6M elements, rounded twice a micro-batch).
 void round_block(const float* src, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& dst) {
   dst.resize(static_cast<size_t>(rows * cols));
+#pragma omp parallel for num_threads(detail::threads_for(rows * cols)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * ld;
     uint16_t* d = dst.data() + r * cols;
+#pragma omp simd
     for (int64_t j = 0; j < cols; ++j) d[j] = to_bf16(s[j]);
   }
 }
@@ -133,11 +121,17 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                  const uint16_t* B, float beta, float* C, int64_t ldc) {
+  matmul_bf16(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, ldc);
+}
+
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   require_bf16();
-  const Prim& p = primitive({M, N, K, ldc, trans_a, trans_b, alpha, beta});
+  if (M == 0 || N == 0) return;
+  const Prim& p = primitive({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
   memory am(p.a, engine(), const_cast<uint16_t*>(A)), bm(p.b, engine(), const_cast<uint16_t*>(B)),
       cm(p.c, engine(), C);
-  dnnl::stream s(engine());
+  thread_local dnnl::stream s(engine());
   p.mm.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   s.wait();
 }

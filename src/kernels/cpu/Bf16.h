@@ -4,6 +4,7 @@
 // input gradient, weight gradient) take this path while the process's GEMM precision is bf16
 // (set_gemm_precision; the trainer sets it from training.precision); everything else stays fp32.
 #pragma once
+#include <bit>
 #include <cstdint>
 #include <string>
 
@@ -18,9 +19,15 @@ enum class GemmPrecision { kFp32, kBf16 };
 void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();
 
-// fp32 -> bf16, round to nearest even (NaN stays NaN); bf16 -> fp32 exactly.
-uint16_t to_bf16(float x);
-float from_bf16(uint16_t b);
+// fp32 -> bf16, round to nearest even (NaN stays NaN, made quiet); bf16 -> fp32 exactly. Inline
+// and branch-free, so that loops over them vectorise: add 0x7fff plus the kept part's lowest bit.
+inline uint16_t to_bf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+inline float from_bf16(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
 // The same over n elements (communication in bf16: a buffer rounded before it goes on the wire,
 // widened when it arrives). Need no bf16 arithmetic from the CPU.
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
@@ -37,5 +44,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 // the rounding pass, for measuring the matmul rate.
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                  const uint16_t* B, float beta, float* C, int64_t ldc);
+// The same with leading dimensions (stored rows of A lda apart, of B ldb apart): blocks of larger
+// bf16 buffers, as the attention kernel's tiles read them. Safe from several threads at once
+// (primitives cached per thread); inside an OpenMP parallel region the product runs on the
+// calling thread.
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 }  // namespace dhelix::cpu
