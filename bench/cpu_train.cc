@@ -14,7 +14,8 @@
 // peer also with glibc's allocator tuned (GLIBC_TUNABLES mmap_max=0, trim_threshold 64 GiB; the
 // faster of the two is the peer), plus oneDNN's bf16 matmul rate on the model's own GEMM shapes;
 // JSON adds tokens_per_s_bf16, tokens_per_s_fp32, torch_tokens_per_s_fp32, torch_tokens_per_s_bf16,
-// bf16_matmul_flops_per_s, bf16_fraction (our bf16 model FLOP/s over that rate) and bf16_isa.
+// bf16_matmul_flops_per_s, bf16_fraction (our bf16 model FLOP/s over that rate), bf16_isa and
+// each run's peak activation MiB (the bf16 run keeps its saved GEMM inputs in bf16, as the trainer).
 #include <cblas.h>
 #include <fmt/format.h>
 #include <fcntl.h>
@@ -261,6 +262,8 @@ class OursRun {
     ps.mb = MicroBatchShape{a.B, a.T};
     ps.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
     parts_ = std::make_unique<StepParts>(ps);
+    // As the trainer runs bf16 (training.bf16_activations on): saved GEMM inputs kept in bf16.
+    parts_->ctx.bf16_saved_activations = precision == cpu::GemmPrecision::kBf16;
     ParamStore& params = *parts_->params;
     sync_ = std::make_unique<GradSync>(params, parts_->units, parts_->progs, nullptr, nullptr, ZeroStage::kNone,
                                        &parts_->state_mem);
@@ -459,6 +462,7 @@ int run(int argc, char** argv) {
     fmt::print("{:<30} {:>18.1f}\n", "bf16 tokens/s", *tps16);
     fmt::print("{:<30} {:>18}\n", "bf16 loss first / last step",
                fmt::format("{:.4f} / {:.4f}", ours_bf16->loss_first, ours_bf16->loss_last));
+    fmt::print("{:<30} {:>18.1f}\n", "bf16 peak activations (MiB)", ours_bf16->peak_act / 1048576.0);
     fmt::print("{:<30} {:>18} ({})\n", "bf16 matmul, model's shapes", gflops(bf16_mm), cpu::bf16_support().describe());
     fmt::print("{:<30} {:>18.3f}\n", "bf16 model FLOP/s / matmul", *tps16 * flops_tok / bf16_mm);
     if (torch16_tps) fmt::print("{:<30} {:>18.2f}\n", "ours bf16 / torch autocast", *tps16 / *torch16_tps);
@@ -471,6 +475,8 @@ int run(int argc, char** argv) {
   if (bf16) {
     j["tokens_per_s_fp32"] = tps;
     j["tokens_per_s_bf16"] = jnum(tps16);
+    j["peak_activation_mib_fp32"] = ours.peak_act / 1048576.0;
+    j["peak_activation_mib_bf16"] = ours_bf16 ? nlohmann::json(ours_bf16->peak_act / 1048576.0) : nlohmann::json(nullptr);
     j["torch_tokens_per_s_fp32"] = jnum(torch_tps);
     j["torch_tokens_per_s_bf16"] = jnum(torch16_tps);
     j["bf16_matmul_flops_per_s"] = bf16_mm;

@@ -51,6 +51,27 @@ void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep
   for (auto* op : order) std::sort(op->frees.begin(), op->frees.end());
 }
 
+std::vector<std::vector<std::string>> bf16_saved_buffers(const LayerProgram& prog) {
+  std::map<std::string, int> last_fwd;  // buffer -> last forward op touching it
+  for (size_t i = 0; i < prog.fwd.size(); ++i) {
+    for (const auto& b : prog.fwd[i].inputs) last_fwd[b] = static_cast<int>(i);
+    for (const auto& b : prog.fwd[i].outputs) last_fwd[b] = static_cast<int>(i);
+  }
+  std::map<std::string, bool> only_wgrad_x;  // read by the backward; only as a wgrad GEMM's x so far
+  for (const Op& op : prog.bwd) {
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      const bool x_of_wgrad = !op.is_collective() && op.code == "linear_wgrad" && k == 1;
+      auto [it, fresh] = only_wgrad_x.try_emplace(op.inputs[k], x_of_wgrad);
+      if (!fresh) it->second = it->second && x_of_wgrad;
+    }
+    for (const auto& b : op.outputs) only_wgrad_x[b] = false;  // written again in the backward
+  }
+  std::vector<std::vector<std::string>> out(prog.fwd.size());
+  for (const auto& [buf, ok] : only_wgrad_x)
+    if (ok && last_fwd.count(buf)) out[static_cast<size_t>(last_fwd[buf])].push_back(buf);
+  return out;
+}
+
 bool only_accumulates_grads(const Op& op) {
   return !op.is_collective() && op.outputs.empty() && !op.grads.empty();
 }

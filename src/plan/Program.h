@@ -64,6 +64,13 @@ std::vector<int> segment_ids(const std::vector<Op>& ops);
 // Buffers in `keep` (layer outputs, parameters) are never freed.
 void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep);
 
+// Activations the backward reads only as the input x of weight-gradient GEMMs (op code
+// "linear_wgrad", inputs[1]), which in bf16 round x before multiplying: such a buffer may be kept
+// in bf16 from its last forward use on at no change in any result. Per forward op (index into
+// prog.fwd), the buffers whose last forward use it is; a buffer some other backward op reads (a
+// norm's input, a collective) is never listed.
+std::vector<std::vector<std::string>> bf16_saved_buffers(const LayerProgram& prog);
+
 // Totals over a strand's ops.
 OpCost total_cost(const std::vector<Op>& ops);
 

@@ -265,10 +265,29 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     }
     if (ctx_.trace)
       ctx_.trace->add(lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), t0, now_seconds());
+    if (kind == StrandKind::kForward && ctx_.bf16_saved_activations) keep_saved_in_bf16(s, op);
   }
   for (auto& f : op.frees) {
     if (env.pending.count(f)) continue;  // a collective still owns it; freed with the env
     env.bufs.erase(f);
+  }
+}
+
+void Executor::keep_saved_in_bf16(StrandSlot& s, const Op& op) {
+  const LayerProgram& prog = program(s.unit);
+  auto it = bf16_saves_.find(&prog);
+  if (it == bf16_saves_.end()) it = bf16_saves_.emplace(&prog, bf16_saved_buffers(prog)).first;
+  const std::ptrdiff_t i = &op - prog.fwd.data();
+  DHX_ASSERT(i >= 0 && i < static_cast<std::ptrdiff_t>(prog.fwd.size()), "{} is not a forward op of unit {}", op.name,
+             s.unit);
+  UnitEnv& env = *s.env;
+  for (const std::string& b : it->second[static_cast<size_t>(i)]) {
+    auto buf = env.bufs.find(b);
+    if (buf == env.bufs.end() || buf->second.dtype() != DType::kF32 || env.pending.count(b)) continue;
+    const Tensor& x = buf->second;
+    Tensor h = Tensor::empty(x.shape(), DType::kBF16, ctx_.act_mem);
+    cpu::round_to_bf16(x.f32(), h.data<uint16_t>(), x.numel());
+    buf->second = h;
   }
 }
 

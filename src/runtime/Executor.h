@@ -65,6 +65,10 @@ struct RunContext {
   // strand (benchmarks measure the fully exposed step with it).
   bool expose_collectives = false;
   WirePrecision activation_wire = WirePrecision::kFp32;
+  // GEMM precision bf16 (training.bf16_activations): after its last forward use, each activation
+  // the backward reads only as a weight-gradient GEMM's x (bf16_saved_buffers) is replaced by its
+  // bf16 rounding -- half its bytes until the backward, the same results bitwise.
+  bool bf16_saved_activations = false;
 };
 
 // One micro-batch positioned at one unit on one strand.
@@ -125,6 +129,10 @@ class Executor {
   // first one starts it) and returns true (not issued); the last adds the sum into its input, drops
   // the sum and returns false (issued as usual).
   bool fold_into_block_sum(StrandSlot& s, const Op& op);
+  // RunContext::bf16_saved_activations: after forward compute op `op` of s.unit, its unit's
+  // activations whose last forward use it was and that only weight-gradient GEMMs read later are
+  // replaced by their bf16 rounding.
+  void keep_saved_in_bf16(StrandSlot& s, const Op& op);
 
   RunContext& ctx_;
   const std::vector<UnitSpec>& units_;
@@ -136,6 +144,7 @@ class Executor {
   // Keyed by (strand, micro-batch, unit, the adopting op's output buffer).
   std::map<std::tuple<int, int, int, std::string>, Prefetched> prefetched_;
   std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
+  std::map<const LayerProgram*, std::vector<std::vector<std::string>>> bf16_saves_;  // bf16_saved_buffers, per program
 };
 
 }  // namespace dhelix

@@ -86,9 +86,13 @@ void op_linear_wgrad(OpCall& c) {
   float* db = c.op.grads.size() > 1 ? c.grad(1).grad.f32() : nullptr;
   int64_t N = rows(dy), O = cols(dy), I = cols(x);
   // A piece of a split weight gradient (Programs.cc column_bwd) covers weight rows [lo, hi);
-  // a whole one all of them.
-  linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O, attr_or(c, "rows_lo", 0),
-                                attr_or(c, "rows_hi", O));
+  // a whole one all of them. x may have been kept in bf16 (RunContext::bf16_saved_activations).
+  if (x.dtype() == DType::kBF16)
+    linear_bwd_weight_rows_bf16x(dy.f32(), x.data<uint16_t>(), w.grad.f32(), db, N, I, O, attr_or(c, "rows_lo", 0),
+                                 attr_or(c, "rows_hi", O));
+  else
+    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O, attr_or(c, "rows_lo", 0),
+                                  attr_or(c, "rows_hi", O));
 }
 
 void op_layernorm(OpCall& c) {

@@ -36,6 +36,7 @@ struct TrainingConfig {
   std::string nonfinite = "skip"; // a non-finite loss or gradient norm: "skip" the update or "stop" (exit 3)
   int64_t nonfinite_max_skips = 3;  // consecutive skipped steps after which the run stops (exit 3)
   std::string precision = "fp32";    // "bf16": the linear layers' GEMMs in bf16 (kernels/cpu/Bf16.h)
+  bool bf16_activations = true;      // bf16: keep activations only weight-gradient GEMMs read in bf16
 };
 
 struct DataConfig {

@@ -218,6 +218,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
   parts_->ctx.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
   sync_->set_wire(cfg_.comm.grad_precision == "bf16" ? DType::kBF16 : DType::kF32);
+  parts_->ctx.bf16_saved_activations = cfg_.training.precision == "bf16" && cfg_.training.bf16_activations;
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
     parts_->ctx.trace = trace_.get();

@@ -3,10 +3,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "TinyRun.h"
 #include "base/Error.h"
 #include "kernels/cpu/Bf16.h"
+#include "model/Programs.h"
+#include "plan/Program.h"
 #include "sim/LayoutSearch.h"
 #include "sim/StepModel.h"
 #include "TrainMemory.h"
@@ -87,7 +90,7 @@ TEST_P(Families, LossFallsOnLearnableData) {
 // 0.2-0.4 nats with its micro-batches' contents) and the drop from the first loss to the mean of the
 // last 20 within 5% of fp32's (measured: see the test's output). MoE's band is 0.2: its top-k
 // routing is discrete, so a rounding that moves a token to another expert changes its whole path
-// (measured 0.13 there, 0.04-0.05 for the dense families).
+// (measured 0.13 there, 0.04-0.05 for the dense families; 0.04-0.08 with attention in bf16 too).
 TEST_P(Families, Bf16InterleavingOnOffBitwise) {
   if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
   TempDir dir;
@@ -130,7 +133,67 @@ TEST_P(Families, Bf16LossTracksFp32) {
   EXPECT_GT(drop_f, 1.0);
 }
 
+// Activations kept in bf16 (training.bf16_activations, on with bf16). Oracles: the same run with
+// them kept in fp32 -- every loss bitwise equal, since each such activation is read in the backward
+// only by a weight-gradient GEMM that rounds it to the same bf16 before multiplying -- and the
+// activation memory tracker: the peak strictly lower (the tiny model's figures printed).
+TEST_P(Families, Bf16SavedActivationsSameResultsLessMemory) {
+  if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
+  TempDir dir;
+  write_synthetic_dataset(dir.path() + "/data", 200, 300, 9);
+  RunConfig cfg = tiny_config(dir.path(), GetParam());
+  cfg.training.precision = "bf16";
+  auto run = [&](bool keep16, int64_t* peak) {
+    cfg.training.bf16_activations = keep16;
+    Trainer t(cfg, nullptr, Quiet::kYes);
+    std::vector<double> losses;
+    for (int i = 0; i < 4; ++i) {
+      const StepReport r = t.train_step();
+      losses.push_back(r.loss);
+      *peak = std::max(*peak, r.peak_activation_bytes);
+    }
+    return losses;
+  };
+  int64_t peak16 = 0, peak32 = 0;
+  const std::vector<double> a = run(true, &peak16), b = run(false, &peak32);
+  cfg.training.precision = "fp32";
+  (void)train_losses(cfg, 1);  // the process's GEMM precision back to fp32 for the tests after
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  std::printf("[ info ] %s: peak activations %lld B with the saved inputs in bf16, %lld B in fp32 (%.3f)\n",
+              GetParam(), static_cast<long long>(peak16), static_cast<long long>(peak32), double(peak16) / peak32);
+  EXPECT_LT(peak16, peak32);
+}
+
 INSTANTIATE_TEST_SUITE_P(Trainer, Families, ::testing::Values("llama", "gpt", "moe"));
+
+// Which activations are kept in bf16 (bf16_saved_buffers on the programs the trainer builds).
+// Oracle, by hand from Programs.cc: the linear layers' inputs whose only backward reader is their
+// weight-gradient GEMM -- the norms' outputs h1 and h2 (with tp > 1 their gathered copies h1_g,
+// h2_g, which the backward's GEMMs read), the MLP activation act and the head's hf. Not the
+// attention output att (attention's backward reads it: D_i = rowsum(dO * O)), nor any buffer a
+// norm, an activation function or a collective reads in the backward. Embedding: none.
+TEST(Bf16SavedActivations, LinearInputsOnlyTheirWeightGradientReads) {
+  TempDir dir;
+  for (const char* family : {"gpt", "llama"})
+    for (int tp : {1, 2}) {
+      RunConfig cfg = tiny_config(dir.path(), family);
+      LayoutConfig lay;
+      lay.tp = tp;
+      lay.sequence_parallel = tp > 1;
+      const ModelPrograms progs = build_programs(cfg.model, lay, {cfg.training.micro_batch_size, cfg.model.seq_len});
+      auto listed = [](const LayerProgram& p) {
+        std::set<std::string> out;
+        for (const auto& v : bf16_saved_buffers(p)) out.insert(v.begin(), v.end());
+        return out;
+      };
+      const std::string g = tp > 1 ? "_g" : "";
+      const std::set<std::string> block = {"h1" + g, "h2" + g, "act"};
+      SCOPED_TRACE(std::string(family) + " tp " + std::to_string(tp));
+      EXPECT_EQ(listed(progs.block), block);
+      EXPECT_EQ(listed(progs.head), std::set<std::string>{"hf" + g});
+      EXPECT_TRUE(listed(progs.embed).empty());
+    }
+}
 
 // A checkpoint of another shape is rejected with the tensor named, before anything changes.
 // `dhelix train` refuses a run by the memory `dhelix tune` reports (one cost vocabulary). Oracle:

@@ -112,11 +112,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
-  thread_local std::vector<uint16_t> a16, b16;
+  thread_local std::vector<uint16_t> b16;
   // Stored shapes: A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K]).
-  round_block(A, trans_a ? K : M, trans_a ? M : K, lda, a16);
   round_block(B, trans_b ? N : K, trans_b ? K : N, ldb, b16);
-  matmul_bf16(trans_a, trans_b, M, N, K, alpha, a16.data(), b16.data(), beta, C, ldc);
+  gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, b16.data(), beta, C, ldc);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const uint16_t* B, float beta, float* C, int64_t ldc) {
+  require_bf16();
+  if (M == 0 || N == 0) return;
+  DHX_CHECK(K > 0, InternalError, "gemm_bf16 with a bf16 operand: K = 0");
+  thread_local std::vector<uint16_t> a16;
+  round_block(A, trans_a ? K : M, trans_a ? M : K, lda, a16);
+  matmul_bf16(trans_a, trans_b, M, N, K, alpha, a16.data(), B, beta, C, ldc);
 }
 
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,

@@ -39,6 +39,12 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t n);
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The same with B already in bf16, compact in its stored orientation ([K,N], or [N,K] when
+// trans_b): only A is rounded. gemm_bf16 above is this after rounding B, so a B kept in bf16 (a
+// saved activation) gives bitwise the result of rounding it here.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const uint16_t* B, float beta, float* C, int64_t ldc);
+
 // The oneDNN primitive alone on operands already in bf16, compact in their stored orientation
 // (A [M,K] row-major, or [K,M] when trans_a; B [K,N], or [N,K] when trans_b): gemm_bf16 without
 // the rounding pass, for measuring the matmul rate.

@@ -132,6 +132,13 @@ void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, in
   if (db != nullptr) bias_grad_cols<T>(dy, db, N, O, o0, o1);
 }
 
+void linear_bwd_weight_rows_bf16x(const float* dy, const uint16_t* x, float* dw, float* db, int64_t N, int64_t I,
+                                  int64_t O, int64_t o0, int64_t o1) {
+  DHX_ASSERT(0 <= o0 && o0 <= o1 && o1 <= O, "weight rows [{}, {}) outside [0, {})", o0, o1, O);
+  gemm_bf16(true, false, o1 - o0, I, N, 1.0f, dy + o0, O, x, 1.0f, dw + o0 * I, I);
+  if (db != nullptr) bias_grad_cols<float>(dy, db, N, O, o0, o1);
+}
+
 template <typename T>
 void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O) {
   linear_bwd_weight_rows<T>(dy, x, dw, db, N, I, O, 0, O);

@@ -23,6 +23,10 @@ template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* 
 // kernel may handle a tail of rows with a different summation order (tested).
 template <typename T> void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I,
                                                   int64_t O, int64_t o0, int64_t o1);
+// The same with x kept in bf16 ([N, I], a saved activation; GEMM precision bf16): bitwise the
+// float call on x's fp32 values, which rounds x to the same bf16 before multiplying.
+void linear_bwd_weight_rows_bf16x(const float* dy, const uint16_t* x, float* dw, float* db, int64_t N, int64_t I,
+                                  int64_t O, int64_t o0, int64_t o1);
 // acc db[O] += sum_n dy[n,:], rows summed in order n = 0..N-1 for every thread count.
 template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O);
 // General sgemm/dgemm: C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major.
