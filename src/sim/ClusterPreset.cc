@@ -66,6 +66,14 @@ class TableReader {
               describe(*n), hint);
     return *v;
   }
+  bool boolean(const std::string& key, const char* hint) {
+    seen_.insert(key);
+    const toml::node* n = t_.get(key);
+    if (!n) return false;
+    DHX_CHECK(n->is_boolean(), ConfigError, "{}: field {}{} must be true or false, got {}\nhint: {}", origin_, prefix(),
+              key, describe(*n), hint);
+    return *n->value<bool>();
+  }
   int integer(const std::string& key, const char* hint) {
     seen_.insert(key);
     const toml::node* n = t_.get(key);
@@ -168,6 +176,9 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.inter_node.latency = node.number("inter_latency", true, "seconds per ring step across nodes");
   c.inter_shared_min_op_s = node.number("inter_shared_min_op_s", false,
                                         "least seconds of a collective spanning nodes with several members on a node");
+  c.intra_node.tree_allreduce = c.inter_node.tree_allreduce =
+      node.boolean("allreduce_trees", "true where the collective library runs all-reduce as a ring or a double "
+                                      "binary tree, whichever is faster (NCCL >= 2.4)");
   if (const toml::array* table = node.array("intra_table", "{ip, g, bw} tables")) {
     for (size_t i = 0; i < table->size(); ++i) {
       const toml::table* e = table->get(i)->as_table();
@@ -234,11 +245,11 @@ LinkSpec placement_link(const ClusterPreset& c, int ip, int g) {
   if (g <= 1) return c.intra_node;
   if (static_cast<int64_t>(ip) * g <= c.devices_per_node) {
     for (const IntraNodeEntry& e : c.intra_table)
-      if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency};
+      if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency, 0.0, c.intra_node.tree_allreduce};
     return c.intra_node;
   }
   return {c.inter_node.bandwidth / std::min(ip, c.devices_per_node), c.inter_node.latency,
-          ip < c.devices_per_node ? c.inter_shared_min_op_s : 0.0};
+          ip < c.devices_per_node ? c.inter_shared_min_op_s : 0.0, c.inter_node.tree_allreduce};
 }
 
 LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int world) {
@@ -250,13 +261,14 @@ LinkSpec group_link(const ClusterPreset& c, const std::vector<int>& ranks, int w
   if (members.size() == 1) {
     const int ip = std::abs(ranks[1] - ranks[0]);
     for (const IntraNodeEntry& e : c.intra_table)
-      if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency};
+      if (e.ip == ip && e.g == g) return {e.bandwidth, c.intra_node.latency, 0.0, c.intra_node.tree_allreduce};
     return c.intra_node;
   }
   const int node = ranks[0] / per;
   const int on_node = std::min(per, world - node * per);  // ranks of the world on that node
   const double sharing = std::max(1.0, static_cast<double>(on_node) / members[node]);
-  return {c.inter_node.bandwidth / sharing, c.inter_node.latency, members[node] > 1 ? c.inter_shared_min_op_s : 0.0};
+  return {c.inter_node.bandwidth / sharing, c.inter_node.latency, members[node] > 1 ? c.inter_shared_min_op_s : 0.0,
+          c.inter_node.tree_allreduce};
 }
 
 }  // namespace dhelix

@@ -41,7 +41,11 @@ void CostModelConfig::validate() const {
 
 json CostModelConfig::to_json() const {
   json l = json::object(), g = json::object();
-  for (auto& [role, s] : links) l[role] = {{"bandwidth", s.bandwidth}, {"latency", s.latency}};
+  for (auto& [role, s] : links) {
+    l[role] = {{"bandwidth", s.bandwidth}, {"latency", s.latency}};
+    if (s.min_op_s > 0) l[role]["min_op_s"] = s.min_op_s;
+    if (s.tree_allreduce) l[role]["tree_allreduce"] = true;
+  }
   for (auto& [role, n] : group_sizes) g[role] = n;
   return {{"name", name},
           {"flop_rate", flop_rate},
@@ -77,7 +81,8 @@ CostModelConfig CostModelConfig::from_json(const json& j, const std::string& ori
       c.tiling.tile_m = j.at("gemm_tile").at(0).get<int64_t>(), c.tiling.tile_n = j.at("gemm_tile").at(1).get<int64_t>();
     if (j.contains("links"))
       for (auto& [role, l] : j.at("links").items())
-        c.links[role] = {l.at("bandwidth").get<double>(), l.value("latency", 0.0)};
+        c.links[role] = {l.at("bandwidth").get<double>(), l.value("latency", 0.0), l.value("min_op_s", 0.0),
+                         l.value("tree_allreduce", false)};
     if (j.contains("group_sizes"))
       for (auto& [role, n] : j.at("group_sizes").items()) c.group_sizes[role] = n.get<int>();
   } catch (const json::exception& e) {
@@ -95,7 +100,12 @@ double CostModel::collective_time(CollOp coll, double bytes, int n, const LinkSp
     case CollOp::kAllGather:
     case CollOp::kReduceScatter:
     case CollOp::kAllToAll: return std::max(link.min_op_s, ring);
-    case CollOp::kAllReduce: return std::max(link.min_op_s, 2 * ring);
+    case CollOp::kAllReduce: {
+      double t = 2 * ring;
+      if (link.tree_allreduce)
+        t = std::min(t, 2 * bytes / link.bandwidth + 2 * std::ceil(std::log2(double(n))) * link.latency);
+      return std::max(link.min_op_s, t);
+    }
     case CollOp::kBroadcast: return std::max(link.min_op_s, bytes / link.bandwidth + steps * link.latency);
     case CollOp::kSendRecv: return bytes / link.bandwidth + link.latency;
     case CollOp::kNone: break;

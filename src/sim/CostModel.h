@@ -7,7 +7,14 @@
 //   collective on a group of n ranks, B = s · Op::cost.comm_bytes = the full (gathered / unreduced)
 //   buffer (s = element_bytes / 4: the programs count fp32 elements), bw = per-rank link bandwidth, L = per-step latency of the group's link:
 //     all_gather, reduce_scatter, all_to_all   t = (n-1)/n · B/bw + (n-1)·L
-//     all_reduce                              t = 2 · ((n-1)/n · B/bw + (n-1)·L)
+//     all_reduce                              t = 2 · ((n-1)/n · B/bw + (n-1)·L)       (ring)
+//       with LinkSpec::tree_allreduce, the less of that and a double binary tree's
+//                                             t = 2 · B/bw + 2 · ⌈log2 n⌉ · L
+//       (each half of the buffer reduced up one tree and broadcast down it, pipelined: every rank
+//       sends and receives about B each way -- the ring's bandwidth term as n grows -- and the
+//       pipeline fills in ⌈log2 n⌉ steps up and as many down; NVIDIA, "Massively Scale Your Deep
+//       Learning Training with NCCL 2.4", 2019; Sanders, Speck, Träff, "Two-tree algorithms for
+//       full bandwidth broadcast, reduction and scan", Parallel Computing 35(12), 2009)
 //     broadcast                               t = B/bw + (n-1)·L
 //     send_recv                               t = B/bw + L
 //     (n <= 1: 0) + op_overhead
@@ -42,6 +49,10 @@ struct LinkSpec {
   // with ring neighbours (the emulated cluster: 2 ranks per core), each hand-off between them waits
   // for the scheduler, and a collective of any size takes a few milliseconds (ClusterPreset).
   double min_op_s = 0;
+  // The collective library may run an all-reduce as a pipelined double binary tree instead of a
+  // ring, taking whichever is faster (NCCL >= 2.4 does; Gloo and Open MPI here run rings): the
+  // tree's latency grows with log2 n instead of n (below).
+  bool tree_allreduce = false;
 };
 
 // How a GPU's GEMM library cuts C[m, n] into output tiles run one per streaming multiprocessor, in

@@ -1,5 +1,5 @@
 // Cluster presets and placement. Oracles: the ring formulas of axonn.md §4.1 (CostModel's
-// collective_time), the Perlmutter bandwidth table of axonn.md §4.3 (read from the committed
+// collective_time) and the double binary tree's closed form (CostModel.h), the Perlmutter bandwidth table of axonn.md §4.3 (read from the committed
 // preset), and the loader's error contract (file, field, hint).
 #include <gtest/gtest.h>
 
@@ -30,6 +30,37 @@ TEST(ClusterPreset, CollectiveTakesAtLeastTheLinksFloor) {
   EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllGather, 1024, 4, l), 4e-3);
   EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, 1e8, 4, l), 2 * 0.75 * 1e8 / 1e9);
   EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kSendRecv, 1024, 2, l), 1024 / 1e9);  // no ring
+}
+
+// Trees (LinkSpec::tree_allreduce): an all-reduce takes the less of the ring and the double binary
+// tree, t_tree = 2 B/bw + 2 ceil(log2 n) L (CostModel.h); other collectives stay rings.
+TEST(ClusterPreset, AllReduceTakesTheFasterOfRingAndTree) {
+  const LinkSpec l{1e9, 10e-6, 0, true};
+  // 1024 ranks, 64 KiB: ring 2 (1023/1024 B/bw + 1023 L) = 20.6 ms, tree 2 B/bw + 20 L = 0.33 ms.
+  const double small = 64 * 1024;
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, small, 1024, l), 2 * small / 1e9 + 2 * 10 * 10e-6);
+  // 4 ranks, 1 GB: ring 1.5 s + 60 us, tree 2 s + 40 us: the ring.
+  const double big = 1e9;
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, big, 4, l), 2 * (0.75 * big / 1e9 + 3 * 10e-6));
+  // The crossover at n = 4: ring 1.5 B/bw + 6 L, tree 2 B/bw + 4 L -- equal at B = 4 L bw = 40 KB.
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, 30e3, 4, l), 2 * 30e3 / 1e9 + 4 * 10e-6);
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, 50e3, 4, l), 2 * (0.75 * 50e3 / 1e9 + 3 * 10e-6));
+  // 5 ranks: ceil(log2 5) = 3 steps each way.
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllReduce, 1e3, 5, l), 2 * 1e3 / 1e9 + 6 * 10e-6);
+  // All-gather stays a ring even where a tree would be cheaper.
+  EXPECT_DOUBLE_EQ(CostModel::collective_time(CollOp::kAllGather, small, 1024, l), 1023.0 / 1024 * small / 1e9 + 1023 * 10e-6);
+  // Presets: the GPU clusters run NCCL (trees), this machine's emulated cluster Gloo (rings);
+  // every link a preset hands out carries its setting.
+  for (const char* gpu : {"a40-pcie", "h100-8gpu", "perlmutter-a100"}) {
+    const ClusterPreset c = load_cluster(preset_path(gpu));
+    EXPECT_TRUE(group_link(c, {0, 1}, 64).tree_allreduce) << gpu;
+    EXPECT_TRUE(group_link(c, {0, 8, 16, 24}, 64).tree_allreduce) << gpu;
+    EXPECT_TRUE(placement_link(c, 1, 64).tree_allreduce) << gpu;
+    EXPECT_TRUE(placement_link(c, 1, 2).tree_allreduce) << gpu;
+  }
+  const ClusterPreset cpu = load_cluster(preset_path("cpu-emulated"));
+  EXPECT_FALSE(group_link(cpu, {0, 1, 2, 3}, 4).tree_allreduce);
+  EXPECT_FALSE(placement_link(cpu, 1, 4).tree_allreduce);
 }
 
 TEST(ClusterPreset, SharedFloorOnlyForGroupsWithSeveralMembersOnANode) {
