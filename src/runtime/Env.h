@@ -3,6 +3,7 @@
 // collectives in flight whose outputs are not yet safe to read.
 #pragma once
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -20,6 +21,24 @@ struct PendingColl {
   // (kept alive until it completes), the bf16 result it receives, and the fp32 buffer the result is
   // widened into when the collective is waited for (undefined tensors otherwise).
   Tensor wire_in, wire_out, widen_to;
+};
+
+// bf16 copies of the weights for one training step (GEMM precision bf16): each weight is rounded the
+// first time a GEMM of the step multiplies it and the copy serves every later forward and
+// input-gradient GEMM of the step, instead of rounding it again in each (2 x micro-batches times).
+// The weights do not change inside a step; StepRunner makes one per step and drops it at the end.
+// The copies are charged to `tracker` (the model and optimizer states: they are the 16-bit weights
+// of mixed precision beside the fp32 masters). Thread-safe.
+class Bf16Weights {
+ public:
+  explicit Bf16Weights(MemoryTracker* tracker) : tracker_(tracker) {}
+  // The bf16 rounding of w (fp32, contiguous), made on first use.
+  const uint16_t* get(const Tensor& w);
+
+ private:
+  MemoryTracker* tracker_;
+  std::mutex mu_;
+  std::map<const void*, Tensor> copies_;  // keyed by the weight's data
 };
 
 struct UnitEnv {

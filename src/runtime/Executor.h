@@ -69,6 +69,9 @@ struct RunContext {
   // the backward reads only as a weight-gradient GEMM's x (bf16_saved_buffers) is replaced by its
   // bf16 rounding -- half its bytes until the backward, the same results bitwise.
   bool bf16_saved_activations = false;
+  // The current step's bf16 weight copies (StepRunner sets it while a step runs in bf16), or null.
+  Bf16Weights* bf16_weights = nullptr;
+  MemoryTracker* state_mem = nullptr;  // model and optimizer states (the bf16 weight copies count there)
 };
 
 // One micro-batch positioned at one unit on one strand.

@@ -7,10 +7,22 @@
 #include <map>
 
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "runtime/Ops3D.h"
 
 namespace dhelix {
+
+const uint16_t* Bf16Weights::get(const Tensor& w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = copies_.find(w.raw());
+  if (it == copies_.end()) {
+    Tensor h = Tensor::empty(w.shape(), DType::kBF16, tracker_);
+    cpu::round_to_bf16(w.f32(), h.data<uint16_t>(), w.numel());
+    it = copies_.emplace(w.raw(), h).first;
+  }
+  return it->second.data<uint16_t>();
+}
 
 Tensor& UnitEnv::at(const std::string& name) {
   auto it = bufs.find(name);
@@ -56,7 +68,10 @@ void op_linear(OpCall& c) {
   int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
   DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
   Tensor& y = c.out_new(0, {N, O});
-  linear_fwd<float>(x.f32(), w.value.f32(), b, y.f32(), N, I, O);
+  if (c.bf16_weights && gemm_precision() == GemmPrecision::kBf16)  // this step's bf16 copy of w
+    linear_fwd_bf16w(x.f32(), c.bf16_weights->get(w.value), b, y.f32(), N, I, O);
+  else
+    linear_fwd<float>(x.f32(), w.value.f32(), b, y.f32(), N, I, O);
 }
 
 void op_linear_dgrad(OpCall& c) {
@@ -65,7 +80,10 @@ void op_linear_dgrad(OpCall& c) {
   int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
   DHX_ASSERT(O == linear_out(c, w.value), "{}: dy {} vs weight {}", c.op.name, dy.describe(), w.value.describe());
   Tensor& dx = c.out_new(0, {N, I});
-  linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo);
+  if (c.bf16_weights && gemm_precision() == GemmPrecision::kBf16)
+    linear_bwd_data_bf16w(dy.f32(), c.bf16_weights->get(w.value), dx.f32(), N, I, O, Accumulate::kNo);
+  else
+    linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo);
 }
 
 int64_t attr(const OpCall& c, const char* k) {

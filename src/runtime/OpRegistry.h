@@ -45,6 +45,7 @@ struct OpCall {
   RouterStats* router = nullptr;  // MoE routing statistics (may be null: nothing recorded)
   int cp_rank = 0;                 // context parallelism: this rank's chunks of each sequence
   int cp = 1;
+  Bf16Weights* bf16_weights = nullptr;  // this step's bf16 weight copies (GEMM precision bf16), or null
 
   // The vocabulary shard this rank holds (tp rank, or y under 3D); the first sequence row of its
   // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of

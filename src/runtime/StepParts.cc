@@ -35,6 +35,7 @@ StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec
   ctx.mb = spec.mb;
   ctx.params = params.get();
   ctx.act_mem = &act_mem;
+  ctx.state_mem = &state_mem;
   ctx.dloss = 1.0f / static_cast<float>(spec.tokens_per_step);
 }
 

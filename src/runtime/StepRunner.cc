@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "plan/StepSchedule.h"
 #include "schedule/BasicPlans.h"
 
@@ -166,6 +168,15 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
             ProcessGroup::kMaxP2PTag / 2);
   check_schedule(sch);
   if (ctx_.act_mem) ctx_.act_mem->reset_peak();
+  // bf16: the step's weight copies (Bf16Weights), made on first use and dropped when the step ends
+  // however it ends (the weights change only between steps).
+  std::optional<Bf16Weights> weights16;
+  if (cpu::gemm_precision() == cpu::GemmPrecision::kBf16) weights16.emplace(ctx_.state_mem);
+  struct Unset {
+    Bf16Weights*& slot;
+    ~Unset() { slot = nullptr; }
+  } unset{ctx_.bf16_weights};
+  ctx_.bf16_weights = weights16 ? &*weights16 : nullptr;
 
   std::map<int, Inflight> live;  // micro-batches with a unit between its forward and backward
   auto inflight = [&](int mb) -> Inflight& {

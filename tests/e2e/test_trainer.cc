@@ -10,6 +10,7 @@
 #include "kernels/cpu/Bf16.h"
 #include "model/Programs.h"
 #include "plan/Program.h"
+#include "runtime/Env.h"
 #include "sim/LayoutSearch.h"
 #include "sim/StepModel.h"
 #include "TrainMemory.h"
@@ -165,6 +166,27 @@ TEST_P(Families, Bf16SavedActivationsSameResultsLessMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, Families, ::testing::Values("llama", "gpt", "moe"));
+
+// The step's bf16 weight copies (runtime/Env.h). Oracles: to_bf16 of every element, pointer identity
+// (a weight is rounded once, however often it is asked for), and the tracker's closed form (2 bytes
+// an element while the copies live, nothing after).
+TEST(Bf16Weights, RoundsEachWeightOnceAndChargesItsBytes) {
+  MemoryTracker states("states");
+  Tensor w = Tensor::empty({7, 5}), v = Tensor::empty({3});
+  for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = 0.1f * float(i) - 1.3f;
+  for (int64_t i = 0; i < v.numel(); ++i) v.f32()[i] = 3.7f * float(i + 1);
+  {
+    Bf16Weights cache(&states);
+    const uint16_t* a = cache.get(w);
+    EXPECT_EQ(cache.get(w), a);
+    const uint16_t* c = cache.get(v);
+    EXPECT_NE(c, a);
+    for (int64_t i = 0; i < w.numel(); ++i) ASSERT_EQ(a[i], cpu::to_bf16(w.f32()[i])) << i;
+    for (int64_t i = 0; i < v.numel(); ++i) ASSERT_EQ(c[i], cpu::to_bf16(v.f32()[i])) << i;
+    EXPECT_EQ(states.current(), 2 * (w.numel() + v.numel()));
+  }
+  EXPECT_EQ(states.current(), 0);
+}
 
 // Which activations are kept in bf16 (bf16_saved_buffers on the programs the trainer builds).
 // Oracle, by hand from Programs.cc: the linear layers' inputs whose only backward reader is their

@@ -166,6 +166,57 @@ TEST(Bf16, LinearLayerFollowsThePrecision) {
     }
 }
 
+// The linear layer's forward with a bias in bf16 adds it in the primitive's epilogue. Oracle: the
+// bias-free bf16 forward of the same inputs plus the bias in fp32 -- bitwise, since both add the
+// bias once to the same fp32 accumulator value (the bias-free result is that value unrounded
+// further) -- and the bias-free result differs from it (the bias was added at all).
+TEST(Bf16, LinearBiasInTheEpilogueEqualsAddingIt) {
+  NEED_BF16();
+  const int64_t N = 37, I = 96, O = 70;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(N * I), w(O * I), b(O), with(N * O), without(N * O);
+  for (float& v : x) v = d(rng);
+  for (float& v : w) v = d(rng);
+  for (float& v : b) v = d(rng);
+  set_gemm_precision(GemmPrecision::kBf16);
+  linear_fwd<float>(x.data(), w.data(), b.data(), with.data(), N, I, O);
+  linear_fwd<float>(x.data(), w.data(), nullptr, without.data(), N, I, O);
+  set_gemm_precision(GemmPrecision::kFp32);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) ASSERT_EQ(with[n * O + o], without[n * O + o] + b[o]) << n << "," << o;
+  EXPECT_NE(with, without);
+}
+
+// The linear layer with its weight already in bf16 (a step's weight copy) against the float calls
+// that round the weight themselves: bitwise, forward with and without a bias, input gradient
+// written and accumulated.
+TEST(Bf16, LinearWithBf16WeightsEqualsRoundingThem) {
+  NEED_BF16();
+  const int64_t N = 29, I = 80, O = 52;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(N * I), w(O * I), b(O), dy(N * O);
+  for (auto* v : {&x, &w, &b, &dy})
+    for (float& e : *v) e = d(rng);
+  std::vector<uint16_t> w16(w.size());
+  round_to_bf16(w.data(), w16.data(), static_cast<int64_t>(w.size()));
+  set_gemm_precision(GemmPrecision::kBf16);
+  for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data())}) {
+    std::vector<float> a(N * O), c(N * O);
+    linear_fwd<float>(x.data(), w.data(), bias, a.data(), N, I, O);
+    linear_fwd_bf16w(x.data(), w16.data(), bias, c.data(), N, I, O);
+    EXPECT_EQ(a, c) << (bias ? "with bias" : "without bias");
+  }
+  for (Accumulate acc : {Accumulate::kNo, Accumulate::kYes}) {
+    std::vector<float> a(N * I, 0.5f), c(N * I, 0.5f);
+    linear_bwd_data<float>(dy.data(), w.data(), a.data(), N, I, O, acc);
+    linear_bwd_data_bf16w(dy.data(), w16.data(), c.data(), N, I, O, acc);
+    EXPECT_EQ(a, c) << (acc == Accumulate::kYes ? "accumulated" : "written");
+  }
+  set_gemm_precision(GemmPrecision::kFp32);
+}
+
 // ---- attention ----
 
 struct AttnCase {

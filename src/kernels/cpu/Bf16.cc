@@ -9,6 +9,7 @@
 #include <dnnl.hpp>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "base/Error.h"
@@ -51,15 +52,16 @@ struct Key {
   int64_t M, N, K, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
+  bool bias;  // an fp32 row vector [N] added to every row of C in the primitive's epilogue
   bool operator<(const Key& o) const {
-    return std::tie(M, N, K, lda, ldb, ldc, ta, tb, alpha, beta) <
-           std::tie(o.M, o.N, o.K, o.lda, o.ldb, o.ldc, o.ta, o.tb, o.alpha, o.beta);
+    return std::tie(M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, bias) <
+           std::tie(o.M, o.N, o.K, o.lda, o.ldb, o.ldc, o.ta, o.tb, o.alpha, o.beta, o.bias);
   }
 };
 
 struct Prim {
   dnnl::matmul mm;
-  memory::desc a, b, c;
+  memory::desc a, b, c, bias;
 };
 
 dnnl::engine& engine() {
@@ -84,8 +86,10 @@ const Prim& primitive(const Key& k) {
     po.append_sum(k.beta);
     attr.set_post_ops(po);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-  return cache.emplace(k, Prim{dnnl::matmul(pd), a, b, c}).first->second;
+  const memory::desc bias({1, k.N}, memory::data_type::f32, Dims{k.N, 1});
+  const dnnl::matmul::primitive_desc pd(k.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c), attr,
+                                        engine());
+  return cache.emplace(k, Prim{dnnl::matmul(pd), a, b, c, bias}).first->second;
 }
 
 // The rows x cols block of src (leading dimension ld) rounded into dst, compact; rows split over
@@ -99,6 +103,21 @@ void round_block(const float* src, int64_t rows, int64_t cols, int64_t ld, std::
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) d[j] = to_bf16(s[j]);
   }
+}
+
+// The primitive on bf16 operands (bias: an fp32 [N] row added in the epilogue, or null).
+void run_matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                int64_t lda, const uint16_t* B, int64_t ldb, float beta, const float* bias, float* C, int64_t ldc) {
+  require_bf16();
+  if (M == 0 || N == 0) return;
+  const Prim& p = primitive({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, bias != nullptr});
+  memory am(p.a, engine(), const_cast<uint16_t*>(A)), bm(p.b, engine(), const_cast<uint16_t*>(B)),
+      cm(p.c, engine(), C);
+  thread_local dnnl::stream s(engine());
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (bias) args.insert({DNNL_ARG_BIAS, memory(p.bias, engine(), const_cast<float*>(bias))});
+  p.mm.execute(s, args);
+  s.wait();
 }
 
 }  // namespace
@@ -135,14 +154,26 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  run_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc);
+}
+
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc) {
   require_bf16();
   if (M == 0 || N == 0) return;
-  const Prim& p = primitive({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
-  memory am(p.a, engine(), const_cast<uint16_t*>(A)), bm(p.b, engine(), const_cast<uint16_t*>(B)),
-      cm(p.c, engine(), C);
-  thread_local dnnl::stream s(engine());
-  p.mm.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  s.wait();
+  thread_local std::vector<uint16_t> b16;
+  round_block(B, trans_b ? N : K, trans_b ? K : N, ldb, b16);
+  gemm_bf16_bias(trans_a, trans_b, M, N, K, A, lda, b16.data(), bias, C, ldc);
+}
+
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                    const uint16_t* B, const float* bias, float* C, int64_t ldc) {
+  require_bf16();
+  if (M == 0 || N == 0) return;
+  DHX_CHECK(K > 0 && bias != nullptr, InternalError, "gemm_bf16_bias: K = {} or no bias", K);
+  thread_local std::vector<uint16_t> a16;
+  round_block(A, trans_a ? K : M, trans_a ? M : K, lda, a16);
+  run_matmul(trans_a, trans_b, M, N, K, 1.0f, a16.data(), trans_a ? M : K, B, trans_b ? K : N, 0.0f, bias, C, ldc);
 }
 
 }  // namespace dhelix::cpu

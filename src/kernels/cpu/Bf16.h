@@ -45,6 +45,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                int64_t lda, const uint16_t* B, float beta, float* C, int64_t ldc);
 
+// C[M,N] = op(A) @ op(B) + bias (an fp32 [N] row added to every row in the primitive's epilogue:
+// the linear layer's forward without a separate pass writing the bias into C).
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+// The same with B already in bf16, compact in its stored orientation.
+void gemm_bf16_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                    const uint16_t* B, const float* bias, float* C, int64_t ldc);
+
 // The oneDNN primitive alone on operands already in bf16, compact in their stored orientation
 // (A [M,K] row-major, or [K,M] when trans_a; B [K,N], or [N,K] when trans_b): gemm_bf16 without
 // the rounding pass, for measuring the matmul rate.

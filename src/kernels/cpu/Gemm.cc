@@ -88,6 +88,12 @@ void linear_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
 
 template <typename T>
 void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (b != nullptr && gemm_precision() == GemmPrecision::kBf16 && N > 0 && I > 0) {
+      gemm_bf16_bias(false, true, N, O, I, x, I, w, I, b, y, O);  // the bias in the GEMM's epilogue
+      return;
+    }
+  }
   T beta = T(0);
   if (b != nullptr) {  // y rows = b, then the GEMM accumulates onto them (one write pass, no re-read)
 #pragma omp parallel for num_threads(detail::threads_for(N * O)) schedule(static)
@@ -130,6 +136,21 @@ void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, in
   // dw[o0:o1, I] += dy[N, o0:o1]^T @ x[N, I]: op(A) rows are columns o0.. of dy (leading dim O)
   linear_gemm<T>(true, false, o1 - o0, I, N, dy + o0, O, x, I, T(1), dw + o0 * I, I);
   if (db != nullptr) bias_grad_cols<T>(dy, db, N, O, o0, o1);
+}
+
+void linear_fwd_bf16w(const float* x, const uint16_t* w, const float* b, float* y, int64_t N, int64_t I, int64_t O) {
+  if (N == 0 || O == 0) return;
+  DHX_CHECK(I > 0, InternalError, "linear_fwd_bf16w: I = 0");
+  if (b != nullptr)
+    gemm_bf16_bias(false, true, N, O, I, x, I, w, b, y, O);
+  else
+    gemm_bf16(false, true, N, O, I, 1.0f, x, I, w, 0.0f, y, O);
+}
+
+void linear_bwd_data_bf16w(const float* dy, const uint16_t* w, float* dx, int64_t N, int64_t I, int64_t O,
+                           Accumulate acc) {
+  if (N == 0 || I == 0) return;
+  gemm_bf16(false, false, N, I, O, 1.0f, dy, O, w, acc == Accumulate::kYes ? 1.0f : 0.0f, dx, I);
 }
 
 void linear_bwd_weight_rows_bf16x(const float* dy, const uint16_t* x, float* dw, float* db, int64_t N, int64_t I,

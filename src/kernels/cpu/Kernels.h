@@ -23,6 +23,11 @@ template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* 
 // kernel may handle a tail of rows with a different summation order (tested).
 template <typename T> void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I,
                                                   int64_t O, int64_t o0, int64_t o1);
+// linear_fwd and linear_bwd_data with the weight already in bf16 ([O, I], the step's copy; GEMM
+// precision bf16): bitwise the float calls on its fp32 values, which round it the same way.
+void linear_fwd_bf16w(const float* x, const uint16_t* w, const float* b, float* y, int64_t N, int64_t I, int64_t O);
+void linear_bwd_data_bf16w(const float* dy, const uint16_t* w, float* dx, int64_t N, int64_t I, int64_t O,
+                           Accumulate acc);
 // The same with x kept in bf16 ([N, I], a saved activation; GEMM precision bf16): bitwise the
 // float call on x's fp32 values, which rounds x to the same bf16 before multiplying.
 void linear_bwd_weight_rows_bf16x(const float* dy, const uint16_t* x, float* dw, float* db, int64_t N, int64_t I,
