@@ -226,7 +226,7 @@ struct AttnCase {
 };
 
 AttnCase attn_case(unsigned seed, bool bf16_exact) {
-  // T = 600: two of the bf16 path's 512-wide key tiles (one ragged) and ten 64-row query tiles.
+  // T = 600: two of the bf16 path's 512-wide key tiles and five 128-row query tiles (each last one ragged).
   AttnCase c{AttnDims{1, 600, 4, 2, 64, 4 * 64, 2 * 64, 4 * 64}, 0.125f, {}, {}, {}, {}};
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);

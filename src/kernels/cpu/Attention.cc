@@ -57,9 +57,10 @@ inline int64_t valid_keys(bool causal, int64_t t, int64_t s0, int64_t bk) {
 // double) path: the block's own buffers, gemm() (OpenBLAS), kTile x kTile score tiles. Bf16Tiles
 // is the bf16 path (float blocks while the GEMM precision is bf16): q, k, v and dout rounded once
 // per call into compact bf16 copies, the score tiles P and dS rounded per tile, products through
-// oneDNN's matmul with fp32 accumulation, and key tiles kKeys = 512 wide (a primitive call costs
-// about as much as a 64^3 product, so fewer, larger calls). Softmax, lse, D_i and every
-// accumulator stay fp32 in both.
+// oneDNN's matmul with fp32 accumulation, and tiles of 128 queries x 512 keys (a primitive call
+// costs about as much as a 64^3 product, so fewer, larger calls; a causal tile's keys stop at its
+// last query, so little of a larger tile is masked). Softmax, lse, D_i and every accumulator stay
+// fp32 in both.
 template <typename E> struct Src {
   const E* p;
   int64_t stride, bstride;  // between rows, between sequences
@@ -68,7 +69,7 @@ template <typename E> struct Src {
 
 template <typename T> struct Tiles {
   using E = T;
-  static constexpr int64_t kKeys = kTile;
+  static constexpr int64_t kQueries = kTile, kKeys = kTile;
   static void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const E* A, int64_t lda, const E* B,
                  int64_t ldb, T beta, T* C, int64_t ldc) {
     gemm<T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -79,13 +80,13 @@ template <typename T> struct Tiles {
 
 struct Bf16Tiles {
   using E = uint16_t;
-  static constexpr int64_t kKeys = 512;
+  static constexpr int64_t kQueries = 128, kKeys = 512;
   static void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const E* A, int64_t lda,
                  const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     matmul_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   static const E* tile(const float* S, int64_t rows, int64_t cols, std::vector<E>& buf) {
-    buf.resize(kTile * kKeys);
+    buf.resize(kQueries * kKeys);
     for (int64_t r = 0; r < rows; ++r) {
       const float* s = S + r * kKeys;
       E* b = buf.data() + r * kKeys;
@@ -118,21 +119,21 @@ template <typename T, typename Ops>
 void block_fwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops::E> v, T* o, T* lse,
                const AttnBlock& d, T scale) {
   using E = typename Ops::E;
-  constexpr int64_t kK = Ops::kKeys;
+  constexpr int64_t kQ = Ops::kQueries, kK = Ops::kKeys;
   const int64_t Tq = d.Tq, D = d.D, H = d.H, G = d.H / d.Hkv;
-  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kK - 1) / kK;
+  const int64_t nq = (Tq + kQ - 1) / kQ, nk = (d.Tk + kK - 1) / kK;
   const int64_t BH = d.B * H, items = BH * nq;
   const int nt = detail::threads_for(BH * Tq * D);
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<T> S(kTile * kK), acc(kTile * D), mrow(kTile), lrow(kTile);  // per thread
+    std::vector<T> S(kQ * kK), acc(kQ * D), mrow(kQ), lrow(kQ);  // per thread
     std::vector<E> Pbuf;
     // Largest query tiles (most key tiles) first, for load balance under dynamic scheduling.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qi = nq - 1 - it / BH, bh = it % BH;
       const int64_t b = bh / H, h = bh % H, g = h / G;
-      const int64_t t0 = qi * kTile, bq = std::min(kTile, Tq - t0);
+      const int64_t t0 = qi * kQ, bq = std::min(kQ, Tq - t0);
       const E* Q = q.at(b, t0, h * D);  // [bq, D], ld q.stride
       std::fill(acc.begin(), acc.end(), T(0));
       std::fill(mrow.begin(), mrow.end(), -std::numeric_limits<T>::infinity());
@@ -140,7 +141,9 @@ void block_fwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops:
       // key tiles up to the one holding the tile's last query (causal), else all
       const int64_t kend = d.causal ? (t0 + bq - 1) / kK + 1 : nk;
       for (int64_t kj = 0; kj < kend; ++kj) {
-        const int64_t s0 = kj * kK, bk = std::min(kK, d.Tk - s0);
+        const int64_t s0 = kj * kK;
+        // the tile's keys; causal: none past the tile's last query
+        const int64_t bk = std::min(std::min(kK, d.Tk - s0), d.causal ? t0 + bq - s0 : kK);
         const E* K = k.at(b, s0, g * D);  // [bk, D], ld k.stride
         const E* V = v.at(b, s0, g * D);
         // S[bq, bk] = scale Q K^T
@@ -196,15 +199,15 @@ template <typename T, typename Ops>
 void block_bwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops::E> v, Src<typename Ops::E> dO_src,
                const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv, const AttnBlock& d, T scale) {
   using E = typename Ops::E;
-  constexpr int64_t kK = Ops::kKeys;
+  constexpr int64_t kQ = Ops::kQueries, kK = Ops::kKeys;
   const int64_t Tq = d.Tq, D = d.D, H = d.H, Hkv = d.Hkv, G = d.H / d.Hkv;
-  const int64_t nq = (Tq + kTile - 1) / kTile, nk = (d.Tk + kK - 1) / kK;
+  const int64_t nq = (Tq + kQ - 1) / kQ, nk = (d.Tk + kK - 1) / kK;
   const int64_t items = d.B * Hkv;
   const int nt = std::min<int64_t>(detail::threads_for(d.B * H * std::max(Tq, d.Tk) * D), std::max<int64_t>(items, 1));
 #pragma omp parallel num_threads(nt)
   {
-    // per thread: P and dP/dS tiles [kTile, kK], dK/dV accumulators [kK, D], D_i for the group [G, Tq]
-    std::vector<T> P(kTile * kK), dS(kTile * kK), dKacc(kK * D), dVacc(kK * D), Di(G * Tq);
+    // per thread: P and dP/dS tiles [kQ, kK], dK/dV accumulators [kK, D], D_i for the group [G, Tq]
+    std::vector<T> P(kQ * kK), dS(kQ * kK), dKacc(kK * D), dVacc(kK * D), Di(G * Tq);
     std::vector<E> Pbuf, dSbuf;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
@@ -229,33 +232,35 @@ void block_bwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops:
         for (int64_t hh = 0; hh < G; ++hh) {
           const int64_t h = g * G + hh;
           // query tiles from the one holding the key tile's first key (causal), else all
-          for (int64_t qi = d.causal ? s0 / kTile : 0; qi < nq; ++qi) {
-            const int64_t t0 = qi * kTile, bq = std::min(kTile, Tq - t0);
+          for (int64_t qi = d.causal ? s0 / kQ : 0; qi < nq; ++qi) {
+            const int64_t t0 = qi * kQ, bq = std::min(kQ, Tq - t0);
+            // the keys this query tile sees; causal: none past its last query
+            const int64_t bw = d.causal ? std::min(bk, t0 + bq - s0) : bk;
             const E* Q = q.at(b, t0, h * D);  // [bq, D]
             const E* dO = dO_src.at(b, t0, h * D);
             T* dQ = dq + b * d.q_bstride + t0 * d.q_stride + h * D;
             const T* L = lse + (b * H + h) * d.lse_stride + t0;
             const T* Dr = Di.data() + hh * Tq + t0;
-            Ops::mm(false, true, bq, bk, D, scale, Q, q.stride, K, k.stride, T(0), P.data(), kK);
-            Ops::mm(false, true, bq, bk, D, T(1), dO, dO_src.stride, V, v.stride, T(0), dS.data(), kK);
+            Ops::mm(false, true, bq, bw, D, scale, Q, q.stride, K, k.stride, T(0), P.data(), kK);
+            Ops::mm(false, true, bq, bw, D, T(1), dO, dO_src.stride, V, v.stride, T(0), dS.data(), kK);
             for (int64_t r = 0; r < bq; ++r) {
               T* prow = P.data() + r * kK;
               T* srow = dS.data() + r * kK;
-              const int64_t nv = valid_keys(d.causal, t0 + r, s0, bk);
+              const int64_t nv = valid_keys(d.causal, t0 + r, s0, bw);
               const T lr = L[r], dr = Dr[r];
 #pragma omp simd
               for (int64_t c = 0; c < nv; ++c) {
                 prow[c] = detail::exp_k<T>(prow[c] - lr);
                 srow[c] = scale * prow[c] * (srow[c] - dr);
               }
-              for (int64_t c = nv; c < bk; ++c) prow[c] = srow[c] = T(0);
+              for (int64_t c = nv; c < bw; ++c) prow[c] = srow[c] = T(0);
             }
-            // dV_j[bk, D] += P^T dO;  dK_j[bk, D] += dS^T Q;  dQ_i[bq, D] += dS K_j
-            const E* Pt = Ops::tile(P.data(), bq, bk, Pbuf);
-            const E* dSt = Ops::tile(dS.data(), bq, bk, dSbuf);
-            Ops::mm(true, false, bk, D, bq, T(1), Pt, kK, dO, dO_src.stride, T(1), dVacc.data(), D);
-            Ops::mm(true, false, bk, D, bq, T(1), dSt, kK, Q, q.stride, T(1), dKacc.data(), D);
-            Ops::mm(false, false, bq, D, bk, T(1), dSt, kK, K, k.stride, T(1), dQ, d.q_stride);
+            // dV_j[bw, D] += P^T dO;  dK_j[bw, D] += dS^T Q;  dQ_i[bq, D] += dS K_j
+            const E* Pt = Ops::tile(P.data(), bq, bw, Pbuf);
+            const E* dSt = Ops::tile(dS.data(), bq, bw, dSbuf);
+            Ops::mm(true, false, bw, D, bq, T(1), Pt, kK, dO, dO_src.stride, T(1), dVacc.data(), D);
+            Ops::mm(true, false, bw, D, bq, T(1), dSt, kK, Q, q.stride, T(1), dKacc.data(), D);
+            Ops::mm(false, false, bq, D, bw, T(1), dSt, kK, K, k.stride, T(1), dQ, d.q_stride);
           }
         }
         for (int64_t r = 0; r < bk; ++r) {
