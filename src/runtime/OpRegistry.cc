@@ -68,7 +68,7 @@ void op_linear(OpCall& c) {
   int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
   DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
   Tensor& y = c.out_new(0, {N, O});
-  if (c.bf16_weights && gemm_precision() == GemmPrecision::kBf16)  // this step's bf16 copy of w
+  if (c.bf16_weights)  // this step's bf16 copy of w (StepRunner makes one only in bf16)
     linear_fwd_bf16w(x.f32(), c.bf16_weights->get(w.value), b, y.f32(), N, I, O);
   else
     linear_fwd<float>(x.f32(), w.value.f32(), b, y.f32(), N, I, O);
@@ -80,7 +80,7 @@ void op_linear_dgrad(OpCall& c) {
   int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
   DHX_ASSERT(O == linear_out(c, w.value), "{}: dy {} vs weight {}", c.op.name, dy.describe(), w.value.describe());
   Tensor& dx = c.out_new(0, {N, I});
-  if (c.bf16_weights && gemm_precision() == GemmPrecision::kBf16)
+  if (c.bf16_weights)
     linear_bwd_data_bf16w(dy.f32(), c.bf16_weights->get(w.value), dx.f32(), N, I, O, Accumulate::kNo);
   else
     linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo);

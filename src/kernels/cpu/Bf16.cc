@@ -5,7 +5,6 @@
 #include "kernels/cpu/Bf16.h"
 
 #include <atomic>
-#include <cstring>
 #include <dnnl.hpp>
 #include <map>
 #include <tuple>
