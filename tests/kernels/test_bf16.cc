@@ -6,7 +6,8 @@
 //    carries relative error <= 2u + u^2, and summing K terms in fp32 adds at most
 //    gamma_K = K u32 / (1 - K u32) (u32 = 2^-24, Higham, Accuracy and Stability, Lemma 3.1) of
 //    sum|a||b|: |c - exact| <= (2u + u^2 + gamma_K (1 + 2u + u^2)) * sum_k |a_ik| |b_kj|;
-//    beta * C adds one more fp32 rounding of the result (u32 (|beta C| + sum|a||b|), doubled);
+//    beta * C adds one more fp32 rounding of the result (u32 (|beta C| + sum|a||b|), doubled; one
+//    more per block where a long reduction runs in blocks);
 //  - inputs exactly representable in bf16 (small integers) give the exact sums: every product and
 //    partial sum is an integer below 2^24;
 //  - that rounding happened at all (no silent fp32): on random inputs some element lies farther
@@ -81,7 +82,11 @@ TEST(Bf16, GemmWithinTheRoundingBound) {
   bool rounded = false;
   for (const Case& c : {Case{false, false, 37, 50, 300, 0}, Case{false, true, 64, 33, 129, 0},
                         Case{true, false, 20, 71, 256, 1}, Case{true, true, 45, 17, 77, 0},
-                        Case{false, true, 1, 96, 768, 1}}) {
+                        Case{false, true, 1, 96, 768, 1},
+                        // An extent above 4096 runs as 2048-wide blocks (Bf16.cc): C's rows, C's
+                        // columns, the reduction (its blocks each add one rounding of C, below).
+                        Case{true, false, 5000, 9, 33, 1}, Case{false, true, 3, 4500, 20, 0}, Case{false, false, 2, 4400, 9, 1},
+                        Case{false, false, 5, 7, 4300, 1}, Case{true, true, 4, 6, 4200, 1}}) {
     SCOPED_TRACE(testing::Message() << "ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K
                                     << " beta=" << c.beta);
     // Stored shapes with padded leading dimensions (a block of a larger buffer).
@@ -94,6 +99,9 @@ TEST(Bf16, GemmWithinTheRoundingBound) {
     const std::vector<float> C0 = C;
     gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, 1.0f, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc);
     const double gamma = c.K * kU32 / (1 - c.K * kU32);
+    // beta * C is rounded once into the first block's result and once more by each later block's
+    // addition onto C: 1 + blocks roundings of the running value (within |old| + mag).
+    const double blocks = c.K > 4096 ? double((c.K + 2047) / 2048) : 1.0;
     for (int64_t i = 0; i < c.M; ++i)
       for (int64_t j = 0; j < c.N; ++j) {
         double exact = 0, mag = 0;
@@ -103,7 +111,7 @@ TEST(Bf16, GemmWithinTheRoundingBound) {
         }
         const double old = c.beta * double(C0[i * ldc + j]);
         const double bound = (2 * kU + kU * kU + gamma * (1 + 2 * kU + kU * kU)) * mag +
-                             2 * kU32 * (std::abs(old) + mag);
+                             (1 + blocks) * kU32 * (std::abs(old) + mag);
         const double err = std::abs(double(C[i * ldc + j]) - (exact + old));
         ASSERT_LE(err, bound) << "i=" << i << " j=" << j;
         if (err > (gamma + kU32) * mag + 2 * kU32 * std::abs(old)) rounded = true;
