@@ -409,4 +409,35 @@ void init_full_param(const ParamSpec& spec, Tensor& full, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) p[i] = dist(rng);
 }
 
+std::vector<GradBucketPlan> plan_grad_buckets(const std::vector<UnitSpec>& units, int64_t bucket_elems) {
+  DHX_CHECK(bucket_elems > 0, InternalError, "bucket_elems = {}", bucket_elems);
+  std::vector<GradBucketPlan> out;
+  GradBucketPlan cur;
+  auto close = [&] {
+    if (!cur.members.empty()) out.push_back(std::move(cur));
+    cur = GradBucketPlan{};
+  };
+  const int head = static_cast<int>(units.size()) - 1;
+  for (int u = head; u >= 0; --u) {
+    if (u == 0) close();
+    const auto& params = units[static_cast<size_t>(u)].params;
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+      const ParamSpec& q = params[static_cast<size_t>(i)];
+      const bool copy = u == head && u > 0 && q.local == "wte", expert = q.role == ShardRole::kExpert;
+      if (copy || expert) close();
+      cur.members.push_back({u, i});
+      cur.min_unit = u;
+      cur.expert = expert;
+      cur.elems += shape_numel(q.shard);
+      if (u == 0 || copy || expert || cur.elems >= bucket_elems) close();
+    }
+  }
+  close();
+  return out;
+}
+
+int64_t auto_bucket_elems(int64_t param_elems) {
+  return std::clamp<int64_t>(param_elems / 16, int64_t{64} << 10, int64_t{4} << 20);
+}
+
 }  // namespace dhelix

@@ -83,6 +83,28 @@ inline int vocab_shards(const LayoutConfig& lay) { return lay.is_3d() ? lay.tp_y
 // "wte" and owns no copy.
 std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay, int tp_rank);
 
+// The data-parallel gradient buckets of a rank's parameters: how ParamStore lays out its flat
+// buffers and GradSync reduces them, and how the simulators price that reduction (one rule for
+// both). `units` are the model's units with the parameters this rank holds (the others empty; the
+// head of a stage holding a tied embedding's copy lists "wte"). Walked backward (head first), each
+// unit's parameters in reverse declaration order (about the order backward produces their
+// gradients); a bucket closes once it holds `bucket_elems` elements, so it is complete early in
+// the backward pass. Alone in a bucket: each parameter of unit 0 (the token embedding's may be
+// reduced early by GradSync's sparse path; the others wait for the last backward ops, so the
+// exposed tail stays as short as it can be), the head's copy of "wte", each expert weight (reduced
+// over edp, not dp). Element counts are the shards', unpadded.
+struct GradBucketPlan {
+  std::vector<std::pair<int, int>> members;  // (unit, index into units[unit].params), layout order
+  int min_unit = 0;                          // complete once backward finished this unit
+  bool expert = false;
+  int64_t elems = 0;
+};
+std::vector<GradBucketPlan> plan_grad_buckets(const std::vector<UnitSpec>& units, int64_t bucket_elems);
+// 1/16 of a rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets several
+// buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of later
+// layers; a large one gets 16 MiB buckets (fewer, larger messages).
+int64_t auto_bucket_elems(int64_t param_elems);
+
 // Copies this rank's shard of `full` (shape spec.full) into `shard` (shape spec.shard).
 void extract_shard(const ParamSpec& spec, const Tensor& full, Tensor& shard, const ShardIndex& at);
 // Inverse: scatters a shard into its place in `full`.

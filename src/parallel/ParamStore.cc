@@ -51,53 +51,31 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
       for (const auto& spec : u.params) total += shape_numel(spec.shard);
     bucket_elems = auto_bucket_elems(total);
   }
-  // Pass 1: offsets. Units in backward order and, inside a unit, parameters in reverse
-  // declaration order (about the order backward produces their gradients); a bucket closes as soon
-  // as it holds bucket_elems, so it is complete early in the backward pass.
+  // Pass 1: offsets, bucket by bucket (plan_grad_buckets, Params.h), each padded to a multiple of dp.
   int64_t off = 0;
-  GradBucket cur;
-  auto close = [&] {
-    if (cur.params.empty()) return;
-    int64_t len = off - cur.begin;
-    int64_t padded = (len + dp - 1) / dp * dp;
-    off = cur.begin + padded;
-    cur.end = off;
-    buckets_.push_back(cur);
-    cur = GradBucket{};
+  for (const GradBucketPlan& plan : plan_grad_buckets(units, bucket_elems)) {
+    GradBucket cur;
     cur.begin = off;
-  };
-  for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
-    // The first unit's gradients come from the last ops of the backward pass, so nothing is left
-    // to hide their bucket under: it holds them alone, keeping the exposed tail as short as it can be.
-    if (u == 0) close();
-    for (auto it = units[u].params.rbegin(); it != units[u].params.rend(); ++it) {
-      const bool copy = u == head && it->local == "wte";
-      if (copy) {  // alone in its bucket, as the embedding's table is (GradSync::set_tied_peer)
-        close();
-        tied_copy_ = static_cast<int64_t>(entries_.size());
-      }
-      // Experts' weights each get a bucket: under expert parallelism they are reduced over other
-      // ranks (those holding the same experts) than the dense parameters.
-      const bool expert = it->role == ShardRole::kExpert;
-      if (expert) close();
-      cur.expert = expert;
+    cur.min_unit = plan.min_unit;
+    cur.expert = plan.expert;
+    for (const auto& [u, i] : plan.members) {
+      const ParamSpec& spec = units[static_cast<size_t>(u)].params[static_cast<size_t>(i)];
+      if (u == head && spec.local == "wte") tied_copy_ = static_cast<int64_t>(entries_.size());
       ParamEntry e;
-      e.spec = *it;
+      e.spec = spec;
       e.unit = u;
       e.offset = off;
       e.bucket = buckets_.size();
-      e.global_index = global.at(it->name);
-      off += shape_numel(it->shard);
-      index_[it->name] = entries_.size();
+      e.global_index = global.at(spec.name);
+      off += shape_numel(spec.shard);
+      index_[spec.name] = entries_.size();
       cur.params.push_back(entries_.size());
-      cur.min_unit = u;
       entries_.push_back(std::move(e));
-      // The first unit's parameters each get a bucket: the token embedding's may be reduced
-      // early (GradSync's sparse path) while the others' wait for the last backward ops.
-      if (u == 0 || copy || expert || off - cur.begin >= bucket_elems) close();
     }
+    off = cur.begin + (off - cur.begin + dp - 1) / dp * dp;
+    cur.end = off;
+    buckets_.push_back(std::move(cur));
   }
-  close();
   flat_values_ = Tensor::zeros({off}, DType::kF32, tracker);
   flat_grads_ = Tensor::zeros({off}, DType::kF32, tracker);
   // Pass 2: views and initial values.
@@ -112,7 +90,7 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
 }
 
 int64_t ParamStore::auto_bucket_elems(int64_t param_elems) {
-  return std::clamp<int64_t>(param_elems / 16, int64_t{64} << 10, int64_t{4} << 20);
+  return dhelix::auto_bucket_elems(param_elems);
 }
 
 ParamEntry& ParamStore::get(const std::string& name) {

@@ -43,9 +43,8 @@ class ParamStore {
   // GradSync sums the two copies' gradients (tied_copy()).
   ParamStore(const std::vector<UnitSpec>& units, const std::vector<int>& owned_units, const ShardIndex& at, int dp,
              uint64_t seed, MemoryTracker* tracker, int64_t bucket_elems = 0);
-  // 1/16 of this rank's parameter elements, clamped to [64Ki, 4Mi]: a small model still gets
-  // several buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of
-  // later layers; a large one gets 16 MiB buckets (fewer, larger messages).
+  // dhelix::auto_bucket_elems (model/Params.h): 1/16 of this rank's parameter elements, clamped
+  // to [64Ki, 4Mi]. The buckets themselves are plan_grad_buckets' (the simulators price the same).
   static int64_t auto_bucket_elems(int64_t param_elems);
 
   ParamEntry& get(const std::string& global_name);

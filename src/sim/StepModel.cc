@@ -363,6 +363,48 @@ std::vector<ChannelItem> unit_buckets(const std::vector<int>& mine, const GradRe
   return items;
 }
 
+// The executor's buckets of a stage's gradients (plan_grad_buckets over the units of `mine`, at
+// ParamStore's automatic size): the dense parameters' (experts = false; with ep = 1 the experts'
+// weights are among them, as GradSync reduces them over dp) or, under ep, the experts' (over edp).
+// A bucket carries its members' share by elements of their unit's `bytes` (which follow the wire's
+// element size), and goes once the last backward of its min_unit has ended. Under the sparse
+// embedding exchange the table (unit 0's "wte") is priced by its own items, not here.
+std::vector<ChannelItem> param_buckets(const LayoutConfig& lay, const std::vector<UnitSpec>& units,
+                                       const std::vector<int>& mine, const GradReadiness& rd,
+                                       const std::vector<double>& bytes, bool experts, Zero zero, bool sparse) {
+  std::vector<UnitSpec> held(units.size());
+  std::map<int, size_t> at;  // unit -> its index in mine
+  int64_t total = 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    held[static_cast<size_t>(mine[i])] = units[static_cast<size_t>(mine[i])];
+    at[mine[i]] = i;
+    for (const ParamSpec& q : units[static_cast<size_t>(mine[i])].params) total += shape_numel(q.shard);
+  }
+  auto here = [&](int u, const ParamSpec& q) {
+    if (sparse && u == 0 && q.local == "wte") return false;
+    return experts == (lay.ep > 1 && q.role == ShardRole::kExpert);
+  };
+  std::vector<double> unit_elems(mine.size(), 0.0);  // per unit, its elements on this channel
+  for (size_t i = 0; i < mine.size(); ++i)
+    for (const ParamSpec& q : units[static_cast<size_t>(mine[i])].params)
+      if (here(mine[i], q)) unit_elems[i] += double(shape_numel(q.shard));
+  const std::vector<GradBucketPlan> plan = plan_grad_buckets(held, auto_bucket_elems(total));
+  std::vector<ChannelItem> items;
+  for (size_t b = 0; b < plan.size(); ++b) {
+    double sum = 0;
+    for (const auto& [u, k] : plan[b].members) {
+      const ParamSpec& q = held[static_cast<size_t>(u)].params[static_cast<size_t>(k)];
+      const size_t i = at.at(u);
+      if (here(u, q)) sum += bytes[i] * double(shape_numel(q.shard)) / unit_elems[i];
+    }
+    if (sum <= 0) continue;
+    items.push_back({fmt::format("grad bucket {} u{}", b, plan[b].min_unit), rd.ready_s[at.at(plan[b].min_unit)], sum,
+                     zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce,
+                     static_cast<int>(plan.size() - b)});  // ties: the bucket laid out first goes first
+  }
+  return items;
+}
+
 // The data-parallel gradient reduction of one stage whose last backward runs alone (unit i taking
 // bwd_span[i], in reverse order). Returns seconds past the end of the backward pass, and adds the
 // traffic to `axis`.
@@ -566,7 +608,7 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
     axis.exposed_s += t;
     return t;
   };
-  std::vector<ChannelItem> dp_items = unit_buckets(mine, ready, grad_bytes, zero);
+  std::vector<ChannelItem> dp_items = param_buckets(lay, units, mine, ready, grad_bytes, false, zero, sparse != nullptr);
   if (sparse) {  // the token table's own bucket, then the last micro-batch's rows and their ids
     dp_items.push_back({"grad bucket wte (table)", sparse->table_ready_s, sparse->table_bytes,
                         zero == Zero::kZero1 ? CollOp::kReduceScatter : CollOp::kAllReduce, -1});
@@ -575,7 +617,7 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
   }
   double tail = past_end(dpg, dp, std::move(dp_items));
   if (lay.ep > 1) {
-    tail = std::max(tail, past_end("edp", groups.at("edp"), unit_buckets(mine, ready, expert_bytes, zero)));
+    tail = std::max(tail, past_end("edp", groups.at("edp"), param_buckets(lay, units, mine, ready, expert_bytes, true, zero, false)));
     if (axes["edp"].bytes == 0) axes.erase("edp");
   }
   // Then, one after another on the compute thread's wait: ZeRO-1's all-gathers, the partial

@@ -203,9 +203,10 @@ SparseEmbedTail sparse_embed_tail(const ModelConfig& m, const LayoutConfig& lay,
                                   double grad_wire_bytes);
 
 // What follows a stage's last backward before the optimizer, in seconds past ready.end_s: the
-// data-parallel reduction of its units' gradients (one bucket per unit on the dp comm thread —
-// dpcp under cp, edp for the experts' — each going when its unit is ready and the thread is free:
-// grad_bytes and expert_bytes per unit of `mine`), then ZeRO-1's all-gather of `elems` parameters
+// data-parallel reduction of its units' gradients (the executor's buckets, plan_grad_buckets in
+// model/Params.h, on the dp comm thread — dpcp under cp, edp for the experts' — each going when
+// the last unit it holds is ready and the thread is free: grad_bytes and expert_bytes per unit of
+// `mine`, shared among a unit's buckets by elements), then ZeRO-1's all-gather of `elems` parameters
 // and the sequence-parallel partial gradients' all-reduce. Adds the traffic to `axes` and, when
 // given, every collective's span to `spans`.
 double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupLink>& groups,

@@ -436,11 +436,13 @@ TEST(StepSim, PipelineBubblesEqualTheirClosedForms) {
   }
 }
 
-// Data-parallel buckets in the simulated step. Oracle: a FIFO channel worked from the simulated
-// passes: every unit's bucket starts at the later of the end of that unit's last backward (the
-// events of micro-batch M-1) and the previous bucket's end, and the stage's tail is what the last
-// bucket runs past its passes (tp = 1, no ZeRO: nothing else follows). On a 2-stage W with dp = 2,
-// where a stage's units finish their last backward in two slots (the W's down and up halves).
+// Data-parallel buckets in the simulated step. Oracles: the executor's buckets (plan_grad_buckets
+// over the stage's units, at ParamStore's automatic size: as many); and a
+// FIFO channel worked from the simulated passes: every bucket starts at the later of the end of
+// the last backward (the events of micro-batch M-1) of the last unit it holds and the previous
+// bucket's end, and the stage's tail is what the last bucket runs past its passes (tp = 1, no
+// ZeRO: nothing else follows). On a 2-stage W with dp = 2, where a stage's units finish their last
+// backward in two slots (the W's down and up halves).
 TEST(StepSim, BucketsGoAsTheirUnitsLastBackwardEnds) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
   const ModelConfig m = small_llama(4);
@@ -461,7 +463,15 @@ TEST(StepSim, BucketsGoAsTheirUnitsLastBackwardEnds) {
     std::vector<StepSimEvent> buckets;
     for (const StepSimEvent& e : r.events)
       if (e.lane == lane) buckets.push_back(e);
-    ASSERT_EQ(buckets.size(), ready.size()) << "one bucket per unit of stage " << stage;
+    std::vector<UnitSpec> held = model_units(m, lay, 0);
+    int64_t elems = 0;
+    for (size_t u = 0; u < held.size(); ++u)
+      if (ready.count(static_cast<int>(u)))
+        for (const ParamSpec& q : held[u].params) elems += shape_numel(q.shard);
+      else
+        held[u].params.clear();
+    ASSERT_EQ(buckets.size(), plan_grad_buckets(held, auto_bucket_elems(elems)).size()) << "stage " << stage;
+    ASSERT_GT(buckets.size(), ready.size()) << "a unit of more than 64Ki elements spans several buckets";
     std::sort(buckets.begin(), buckets.end(), [](const auto& a, const auto& b) { return a.begin_s < b.begin_s; });
     double channel = 0;
     for (const StepSimEvent& b : buckets) {
