@@ -75,6 +75,10 @@ std::string gather_op(const Builder3& b, std::vector<Op>& ops, const Lin3& l, co
   if (b.gz == 1) return "";
   const std::string buf = l.w + ".g" + suffix;
   Op ag = b.coll("z.ag." + l.tag + suffix, CollOp::kAllGather, "z", {}, buf, kF * double(l.rows * l.cols), blocking);
+  // With OAG a block is gathered a GEMM ahead of its use: only that GEMM waits for it, not the end
+  // of the SI block it was issued in (as the weight-gradient reduce-scatters: Executor::run_op), so
+  // under Strand Interleaving the z gathers run beside the other strand's x / y all-reduces.
+  if (!blocking) ag.attrs["background"] = 1;
   ag.params = {l.w};
   ops.push_back(ag);
   return buf;

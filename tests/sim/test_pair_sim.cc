@@ -20,6 +20,7 @@
 #include "sim/CostModel.h"
 #include "sim/Interference.h"
 #include "sim/PairSim.h"
+#include "schedule/BasicPlans.h"
 #include "schedule/Pipelines.h"
 #include "sim/StepSim.h"
 #include "sim/StepModel.h"
@@ -546,6 +547,58 @@ TEST(StepSim, ProfiledOpTimesPriceTheLayersComputeOps) {
   const double rest = simulate_step(m, LayoutConfig{}, batch, cluster, b).step_s;
   EXPECT_NEAR(with, rest + 3 * 2 * n * 1e-3, 1e-12 * with);
   EXPECT_GT(rest, 0);  // the embedding and head, from the preset
+}
+
+}  // namespace
+}  // namespace dhelix
+
+namespace dhelix {
+namespace {
+
+// AxoNN's OAG under Strand Interleaving. Oracle: the executor's rule for a background collective
+// (Executor::run_op: only the op reading its output waits for it, not the end of its SI block). A
+// 3D layer pair (x = y = z = 2) under the runtime's default plan, every op 1 ms: with OAG the
+// gathers issued a GEMM ahead are background, so some z gather still runs past the end of the
+// block it was issued in, and the pair is shorter than the same programs with those gathers
+// waited for at their block's end (the attribute removed); without OAG they are blocking.
+TEST(PairSim, AheadGathersCrossSiBlockEnds) {
+  const ModelConfig m = small_llama(2);
+  LayoutConfig lay;
+  lay.tp_x = 2, lay.tp_y = 2, lay.tp_z = 2, lay.sequence_parallel = false;
+  const LayerProgram prog = build_programs(m, lay, {2, 128}).block;
+  int ahead = 0;
+  for (const auto* ops : {&prog.fwd, &prog.bwd})
+    for (const Op& o : *ops)
+      if (o.name.starts_with("z.ag.") && !o.attrs.count("prefetch_unit")) ahead += o.flag("background");
+  ASSERT_GT(ahead, 0) << "OAG marks the ahead gathers background";
+  const SIPlan plan = pair_default_plan(prog.fwd, prog.bwd);
+  const OpTimer each = [](const Op&) { return 1e-3; };
+  const PairSimResult r = simulate_pair(&prog.fwd, &prog.bwd, plan, each);
+  bool crossed = false;
+  for (const SimOp& s : r.ops) {
+    const Op& o = (s.strand == StrandKind::kForward ? prog.fwd : prog.bwd)[static_cast<size_t>(s.index)];
+    if (!o.flag("background") || !o.name.starts_with("z.ag.")) continue;
+    for (size_t k = 0; k < plan.blocks.size(); ++k) {
+      const Block& b = plan.blocks[k];
+      const bool in = s.strand == StrandKind::kForward ? (s.index >= b.fwd_begin && s.index < b.fwd_end)
+                                                       : (s.index >= b.bwd_begin && s.index < b.bwd_end);
+      if (in && s.end_s > r.block_end_s.at(k) + 1e-12) crossed = true;
+    }
+  }
+  EXPECT_TRUE(crossed) << "no background gather outlived its block";
+  LayerProgram waited = prog;
+  for (auto* ops : {&waited.fwd, &waited.bwd})
+    for (Op& o : *ops)
+      if (o.name.starts_with("z.ag.")) o.attrs.erase("background");
+  EXPECT_LT(r.span_s, simulate_pair(&waited.fwd, &waited.bwd, plan, each).span_s);
+  lay.overlap3d.ag = false;
+  const LayerProgram off = build_programs(m, lay, {2, 128}).block;
+  for (const auto* ops : {&off.fwd, &off.bwd})
+    for (const Op& o : *ops) {
+      if (o.name.starts_with("z.ag.")) {
+        EXPECT_TRUE(o.flag("blocking") && !o.flag("background")) << o.name;
+      }
+    }
 }
 
 }  // namespace
