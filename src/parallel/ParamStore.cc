@@ -89,10 +89,6 @@ ParamStore::ParamStore(const std::vector<UnitSpec>& all, const std::vector<int>&
   }
 }
 
-int64_t ParamStore::auto_bucket_elems(int64_t param_elems) {
-  return dhelix::auto_bucket_elems(param_elems);
-}
-
 ParamEntry& ParamStore::get(const std::string& name) {
   auto it = index_.find(name);
   DHX_CHECK(it != index_.end(), InternalError, "no parameter named '{}'", name);

@@ -34,7 +34,8 @@ class ParamStore {
  public:
   // Allocates every parameter of `units` (this rank's shards) and initialises them from the full
   // deterministic init (so any layout starts from the single-process weights). Buckets hold about
-  // `bucket_elems` elements; 0 = auto_bucket_elems().
+  // `bucket_elems` elements; 0 = auto_bucket_elems() (model/Params.h, as plan_grad_buckets, whose
+  // buckets these are: the simulators price the same).
   ParamStore(const std::vector<UnitSpec>& units, const ShardIndex& at, int dp, uint64_t seed, MemoryTracker* tracker,
              int64_t bucket_elems = 0);
   // A pipeline stage's store: only the parameters of `owned_units` (indices into `units`, which is
@@ -43,10 +44,6 @@ class ParamStore {
   // GradSync sums the two copies' gradients (tied_copy()).
   ParamStore(const std::vector<UnitSpec>& units, const std::vector<int>& owned_units, const ShardIndex& at, int dp,
              uint64_t seed, MemoryTracker* tracker, int64_t bucket_elems = 0);
-  // dhelix::auto_bucket_elems (model/Params.h): 1/16 of this rank's parameter elements, clamped
-  // to [64Ki, 4Mi]. The buckets themselves are plan_grad_buckets' (the simulators price the same).
-  static int64_t auto_bucket_elems(int64_t param_elems);
-
   ParamEntry& get(const std::string& global_name);
   const ParamEntry& get(const std::string& global_name) const;
   // Resolves a program's parameter name inside unit `u` ("wqkv" -> "layers.3.wqkv"; tied "wte").

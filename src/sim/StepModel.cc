@@ -617,7 +617,8 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
   }
   double tail = past_end(dpg, dp, std::move(dp_items));
   if (lay.ep > 1) {
-    tail = std::max(tail, past_end("edp", groups.at("edp"), param_buckets(lay, units, mine, ready, expert_bytes, true, zero, false)));
+    tail = std::max(tail, past_end("edp", groups.at("edp"),
+                                   param_buckets(lay, units, mine, ready, expert_bytes, true, zero, false)));
     if (axes["edp"].bytes == 0) axes.erase("edp");
   }
   // Then, one after another on the compute thread's wait: ZeRO-1's all-gathers, the partial

@@ -85,8 +85,9 @@ TEST(Bf16, GemmWithinTheRoundingBound) {
                         Case{false, true, 1, 96, 768, 1},
                         // An extent above 4096 runs as 2048-wide blocks (Bf16.cc): C's rows, C's
                         // columns, the reduction (its blocks each add one rounding of C, below).
-                        Case{true, false, 5000, 9, 33, 1}, Case{false, true, 3, 4500, 20, 0}, Case{false, false, 2, 4400, 9, 1},
-                        Case{false, false, 5, 7, 4300, 1}, Case{true, true, 4, 6, 4200, 1}}) {
+                        Case{true, false, 5000, 9, 33, 1}, Case{false, true, 3, 4500, 20, 0},
+                        Case{false, false, 2, 4400, 9, 1}, Case{false, false, 5, 7, 4300, 1},
+                        Case{true, true, 4, 6, 4200, 1}}) {
     SCOPED_TRACE(testing::Message() << "ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K
                                     << " beta=" << c.beta);
     // Stored shapes with padded leading dimensions (a block of a larger buffer).

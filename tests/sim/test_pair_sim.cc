@@ -438,12 +438,12 @@ TEST(StepSim, PipelineBubblesEqualTheirClosedForms) {
 }
 
 // Data-parallel buckets in the simulated step. Oracles: the executor's buckets (plan_grad_buckets
-// over the stage's units, at ParamStore's automatic size: as many); and a
-// FIFO channel worked from the simulated passes: every bucket starts at the later of the end of
-// the last backward (the events of micro-batch M-1) of the last unit it holds and the previous
-// bucket's end, and the stage's tail is what the last bucket runs past its passes (tp = 1, no
-// ZeRO: nothing else follows). On a 2-stage W with dp = 2, where a stage's units finish their last
-// backward in two slots (the W's down and up halves).
+// over the stage's units, at ParamStore's automatic size: as many); and a FIFO channel worked from
+// the simulated passes: every bucket starts at the later of the end of the last backward (the
+// events of micro-batch M-1) of the last unit it holds and the previous bucket's end, and the
+// stage's tail is what the last bucket runs past its passes (tp = 1, no ZeRO: nothing else
+// follows). On a 2-stage W with dp = 2, where a stage's units finish their last backward in two
+// slots (the W's down and up halves).
 TEST(StepSim, BucketsGoAsTheirUnitsLastBackwardEnds) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
   const ModelConfig m = small_llama(4);
@@ -548,12 +548,6 @@ TEST(StepSim, ProfiledOpTimesPriceTheLayersComputeOps) {
   EXPECT_NEAR(with, rest + 3 * 2 * n * 1e-3, 1e-12 * with);
   EXPECT_GT(rest, 0);  // the embedding and head, from the preset
 }
-
-}  // namespace
-}  // namespace dhelix
-
-namespace dhelix {
-namespace {
 
 // AxoNN's OAG under Strand Interleaving. Oracle: the executor's rule for a background collective
 // (Executor::run_op: only the op reading its output waits for it, not the end of its SI block). A

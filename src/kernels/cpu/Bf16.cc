@@ -95,9 +95,9 @@ const Prim& primitive(const Key& k) {
 // GEMMs with an extent above kChunkAbove run as blocks of kChunk along their largest extent (C's
 // rows, C's columns, or the reduction). oneDNN's matmul on plain-layout operands streams the whole
 // of A, B and C through the cache per call; on the LM head's shapes (50257-wide, 1024 tokens, 768
-// channels) whole calls ran at 260-350 GFLOP/s on this machine's 2 cores and 2048-wide blocks at
-// 370-380 (weight gradient 0.31 -> 0.21 s, input gradient 0.28 -> 0.21 s). The layers' own shapes
-// (at most 4 x 768 wide at GPT-2 124M) stay whole calls.
+// channels) whole calls ran at 250-360 GFLOP/s on this machine's 2 cores and 2048-wide blocks at
+// 350-400 (weight gradient 0.32 -> 0.23 s, input gradient 0.28 -> 0.24 s, forward 0.21 -> 0.20 s).
+// The layers' own shapes (at most 4 x 768 wide at GPT-2 124M) stay whole calls.
 constexpr int64_t kChunk = 2048, kChunkAbove = 4096;
 
 // The rows x cols block of src (leading dimension ld) rounded into dst, compact; rows split over
@@ -151,29 +151,21 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   if (M == 0 || N == 0) return;
   DHX_CHECK(K > 0, InternalError, "gemm_bf16 with a bf16 operand: K = 0");
   thread_local std::vector<uint16_t> a16;
-  const int64_t ldb = trans_b ? K : N, big = std::max({M, N, K});
   round_block(A, trans_a ? K : M, trans_a ? M : K, lda, a16);  // compact: [M,K], or [K,M] when trans_a
-  if (big <= kChunkAbove) {
-    run_matmul(trans_a, trans_b, M, N, K, alpha, a16.data(), trans_a ? M : K, B, ldb, beta, nullptr, C, ldc);
-  } else if (big == M) {  // blocks of C's rows
-    for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
-      const int64_t m = std::min(kChunk, M - m0);
-      run_matmul(trans_a, trans_b, m, N, K, alpha, trans_a ? a16.data() + m0 : a16.data() + m0 * K, trans_a ? M : K, B,
-                 ldb, beta, nullptr, C + m0 * ldc, ldc);
-    }
-  } else if (big == N) {  // blocks of C's columns
-    for (int64_t n0 = 0; n0 < N; n0 += kChunk) {
-      const int64_t n = std::min(kChunk, N - n0);
-      run_matmul(trans_a, trans_b, M, n, K, alpha, a16.data(), trans_a ? M : K, trans_b ? B + n0 * K : B + n0, ldb,
-                 beta, nullptr, C + n0, ldc);
-    }
-  } else {  // blocks of the reduction, in order, each after the first adding onto C
-    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-      const int64_t k = std::min(kChunk, K - k0);
-      run_matmul(trans_a, trans_b, M, N, k, alpha, trans_a ? a16.data() + k0 * M : a16.data() + k0, trans_a ? M : K,
-                 trans_b ? B + k0 : B + k0 * N, ldb, k0 == 0 ? beta : 1.0f, nullptr, C, ldc);
-    }
-  }
+  const int64_t lda16 = trans_a ? M : K, ldb = trans_b ? K : N;
+  auto a_at = [&](int64_t i, int64_t k) { return a16.data() + (trans_a ? k * M + i : i * K + k); };  // op(A)[i,k]
+  auto b_at = [&](int64_t k, int64_t j) { return B + (trans_b ? j * K + k : k * N + j); };          // op(B)[k,j]
+  // Blocks along the largest extent only (C's rows before its columns before the reduction on a
+  // tie); a block of the reduction after the first adds onto C.
+  const int64_t big = std::max({M, N, K});
+  const bool split = big > kChunkAbove;
+  const int64_t bm = split && big == M ? kChunk : M, bn = split && big == N && big != M ? kChunk : N,
+                bk = split && big == K && big != M && big != N ? kChunk : K;
+  for (int64_t m0 = 0; m0 < M; m0 += bm)
+    for (int64_t n0 = 0; n0 < N; n0 += bn)
+      for (int64_t k0 = 0; k0 < K; k0 += bk)
+        run_matmul(trans_a, trans_b, std::min(bm, M - m0), std::min(bn, N - n0), std::min(bk, K - k0), alpha,
+                   a_at(m0, k0), lda16, b_at(k0, n0), ldb, k0 == 0 ? beta : 1.0f, nullptr, C + m0 * ldc + n0, ldc);
 }
 
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
