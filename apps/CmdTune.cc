@@ -27,7 +27,7 @@ namespace {
 constexpr const char* kTuneUsage =
     "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
     "                   [--micro-batch-size b] [--precision fp32|bf16] [--grad-precision fp32|bf16]\n"
-    "                   [--zero 0|1] [--si on|off]\n"
+    "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
     "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
     "                   [--paper-compat] [--json FILE]\n"
     "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -47,6 +47,9 @@ constexpr const char* kTuneUsage =
     "                         (comm.grad_precision: 2 bytes an element)\n"
     "  --zero 0|1             ZeRO-1: optimizer state sharded over dp (default 0)\n"
     "  --si on|off            Strand Interleaving (default off)\n"
+    "  --sparse-embed-grad on|off  price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\n"
+    "                         micro-batch's token-embedding rows all-gathered instead of the whole table\n"
+    "                         all-reduced (default off, as the config key; --confirm runs set it alike)\n"
     "  --d-model, --layers, --heads, --vocab   override the preset's extents (GPT: ffn = 4 x d-model)\n"
     "  --only LAYOUTS         rank only these layouts: labels as printed, separated by commas\n"
     "                         (\"tp=2 pp=1 dp=2,x=2 y=1 z=2 dp=1\")\n"
@@ -72,7 +75,7 @@ constexpr const char* kTuneUsage =
 
 const std::vector<std::string> kFlags = {"--model", "--gpus",  "--cluster", "--top",    "--global-batch",
                                          "--seq",   "--micro-batch-size",  "--precision", "--grad-precision", "--zero",
-                                         "--si",    "--d-model", "--layers", "--heads",  "--json",
+                                         "--si",    "--sparse-embed-grad", "--d-model", "--layers", "--heads",  "--json",
                                          "--vocab", "--only",  "--confirm", "--config", "--rounds",
                                          "--launch", "--workdir"};
 
@@ -212,6 +215,10 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   const std::string si = v.count("--si") ? v["--si"] : "off";
   if (si != "on" && si != "off") errors.push_back(fmt::format("--si '{}' must be on or off", si));
   req.opt.si = si == "on" ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+  const std::string sparse = v.count("--sparse-embed-grad") ? v["--sparse-embed-grad"] : "off";
+  if (sparse != "on" && sparse != "off")
+    errors.push_back(fmt::format("--sparse-embed-grad '{}' must be on or off", sparse));
+  req.opt.sparse_embed = sparse == "on" ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
   if (v.count("--json")) {
     if (v["--json"].empty()) errors.push_back("--json needs a file name");
     req.json_path = v["--json"];

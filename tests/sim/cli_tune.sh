@@ -51,7 +51,24 @@ expect_bad confirm_one_step "--confirm expects a whole number >= 2" -- --model g
   --confirm 1 --config configs/demo.toml
 expect_bad only_unknown "--only" "not a layout of 4 ranks" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --only "tp=3 pp=1 dp=1"
 expect_bad explain_without_only "--explain" "--only" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --explain
+expect_bad sparse_embed_value "--sparse-embed-grad 'maybe' must be on or off" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --sparse-embed-grad maybe
 expect_bad trace_without_confirm "--trace is only for --confirm" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --trace
+
+# 4b. --sparse-embed-grad prices the trainer's sparse exchange where the trainer takes it. Oracle: the
+# gating rule (StepModel.h sparse_embedding_applies: dp > 1 and tp = 1; here 256 tokens x dp 4 rows
+# against 2 x 50257): the pure-dp layout's step gets shorter (the rows' all-gather is ~1% of the
+# table's all-reduce), the tp = 2 layout's does not move.
+for s in off on; do
+  "$bin" tune --model gpt2-124m --gpus 4 --cluster cpu-emulated --global-batch 8 --seq 256 --sparse-embed-grad $s \
+    --only "tp=1 pp=1 dp=4,tp=2 pp=1 dp=2" --json "$tmp/sparse_$s.json" >/dev/null 2>&1
+done
+if /usr/bin/python3 - "$tmp/sparse_off.json" "$tmp/sparse_on.json" <<'PY'
+import json, sys
+off, on = ({r["layout"]: r["step_s"] for r in json.load(open(p))["ranked"]} for p in sys.argv[1:])
+assert on["tp=1 pp=1 dp=4"] < off["tp=1 pp=1 dp=4"], (on, off)
+assert on["tp=2 pp=1 dp=2"] == off["tp=2 pp=1 dp=2"], (on, off)
+PY
+then ok sparse_embed_priced; else fail sparse_embed_priced; fi
 
 # 5. --explain: the priced ops of each strand. Oracle: Megatron tp = 2 with sequence parallelism
 # writes 4 collectives in a block's forward strand (all-gather before qkv and fc, reduce-scatter
