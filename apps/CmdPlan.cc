@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "Commands.h"
 #include "base/Clock.h"
@@ -226,7 +227,7 @@ namespace {
 
 const char* kSimulateUsage =
     "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--layout L] [--precision fp32|bf16]\n"
-    "         [--compute-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
+    "         [--compute-slowdown K] [--comm-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
     "Simulates one training step of the config's model, layout, batch and schedule (Strand\n"
     "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
     "step time, tokens/s, model FLOP/s per rank and its share of the preset's peak, exposed\n"
@@ -239,8 +240,10 @@ const char* kSimulateUsage =
     "                         the config's parallel.{tp,pp,dp,cp,ep,tp_x,tp_y,tp_z}\n"
     "  --compute-slowdown K   a compute op beside a collective runs K times slower (>= 1; default 1;\n"
     "                         `dhelix plan --profile` fits it on this machine)\n"
-    "  --profile FILE         fit that slowdown from a `dhelix profile` of this config's layer pair\n"
-    "                         (its pairs timed alone and together; excludes --compute-slowdown)\n"
+    "  --comm-slowdown K      a collective in flight while its rank computes runs K times slower (>= 1;\n"
+    "                         default 1; fitted alike)\n"
+    "  --profile FILE         fit both slowdowns from a `dhelix profile` of this config's layer pair\n"
+    "                         (its pairs timed alone and together; excludes the two flags above)\n"
     "  --profile-op-times     with --profile: the layer's compute ops at the profile's single-op times\n"
     "                         (the embedding's, the head's and every collective still from the preset)\n"
     "  --measure-gemm         time every GEMM op's shape on this machine instead of the preset's rate\n"
@@ -285,7 +288,8 @@ int cmd_simulate(int argc, char** argv) {
   Flags fl("simulate", argc, argv);
   const std::optional<std::string> cluster_arg = fl.take("--cluster"), trace_path = fl.take("--trace"),
                                    json_path = fl.take("--json"), prec = fl.take("--precision"),
-                                   slow = fl.take("--compute-slowdown"), profile_path = fl.take("--profile"),
+                                   slow = fl.take("--compute-slowdown"), comm_slow = fl.take("--comm-slowdown"),
+                                   profile_path = fl.take("--profile"),
                                    layout_arg = fl.take("--layout");
   const bool measure_gemm = fl.take_switch("--measure-gemm"), profile_times = fl.take_switch("--profile-op-times");
   const int gpus = fl.take_int("--gpus", 0, 1);
@@ -312,17 +316,20 @@ int cmd_simulate(int argc, char** argv) {
             "dhelix simulate: --precision '{}' must be fp32 or bf16", *prec);
   so.precision = prec && *prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
   (void)cluster.gemm_rate(so.precision);  // the preset must have that precision's rate
-  if (slow) {
+  for (const auto& [flag, value, k] : {std::tuple{"--compute-slowdown", &slow, &so.compute_slowdown},
+                                       std::tuple{"--comm-slowdown", &comm_slow, &so.comm_slowdown}}) {
+    if (!*value) continue;
     try {
-      so.compute_slowdown = std::stod(*slow);
+      size_t used = 0;
+      *k = std::stod(**value, &used);
+      if (used != (*value)->size()) throw std::invalid_argument("trailing");
     } catch (const std::exception&) {
-      throw ConfigError(fmt::format("dhelix simulate: --compute-slowdown expects a number, got '{}'", *slow));
+      throw ConfigError(fmt::format("dhelix simulate: {} expects a number, got '{}'", flag, **value));
     }
-    DHX_CHECK(so.compute_slowdown >= 1, ConfigError, "dhelix simulate: --compute-slowdown {} must be >= 1",
-              so.compute_slowdown);
+    DHX_CHECK(*k >= 1, ConfigError, "dhelix simulate: {} {} must be >= 1 (1: no slowdown)", flag, *k);
+    DHX_CHECK(!profile_path, ConfigError,
+              "dhelix simulate: give {} or --profile, not both (the profile fits the slowdowns)", flag);
   }
-  DHX_CHECK(!(slow && profile_path), ConfigError,
-            "dhelix simulate: give --compute-slowdown or --profile, not both (the profile fits the slowdown)");
   std::optional<InterferenceFit> fit;
   if (profile_path) {
     DHX_CHECK(file_exists(*profile_path), IoError, "dhelix simulate: profile file '{}' does not exist (make it with "
@@ -331,7 +338,7 @@ int cmd_simulate(int argc, char** argv) {
     const ModelPrograms progs = build_programs(cfg.model, lay, micro_batch_of(cfg));
     check_profile_fits(p, cfg.model, lay, micro_batch_of(cfg), progs.block);
     fit = fit_interference_alternating(progs.block, p);
-    so.compute_slowdown = fit->compute_slowdown;
+    so.compute_slowdown = fit->compute_slowdown, so.comm_slowdown = fit->comm_slowdown;
     if (profile_times) so.op_timer = profile_op_timer(progs, p);
   }
   DHX_CHECK(!profile_times || profile_path, ConfigError,
@@ -366,9 +373,10 @@ int cmd_simulate(int argc, char** argv) {
              cfg.schedule.plan.empty() ? "" : " (plan " + cfg.schedule.plan + ")", so.zero == Zero::kZero1 ? "ZeRO-1" : "no ZeRO",
              cluster.name);
   if (fit)
-    fmt::print("interference from {}: compute x{:.2f} beside a collective, fitted on {} measured pairs; held-back {} "
-               "pairs within median {:.1f}% / max {:.1f}% (without it: {:.1f}% / {:.1f}%)\n",
-               *profile_path, fit->compute_slowdown, fit->calibration_pairs, fit->held_back_pairs,
+    fmt::print("interference from {}: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute, "
+               "fitted on {} measured pairs; held-back {} pairs within median {:.1f}% / max {:.1f}% (without it: "
+               "{:.1f}% / {:.1f}%)\n",
+               *profile_path, fit->compute_slowdown, fit->comm_slowdown, fit->calibration_pairs, fit->held_back_pairs,
                100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
                100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
   if (measure_gemm) fmt::print("GEMMs timed for their shapes on this machine (core share {})\n", cluster.core_share);
@@ -428,6 +436,7 @@ int cmd_simulate(int argc, char** argv) {
                         {"simulated_in_s", sim_s},
                         {"micro_batches", r.micro_batches},
                         {"compute_slowdown", so.compute_slowdown},
+                        {"comm_slowdown", so.comm_slowdown},
                         {"peak_flops", peak}};
     for (const StepSimStage& g : r.stages)
       j["stages"].push_back({{"end_s", g.end_s}, {"tail_s", g.tail_s}, {"compute_s", g.compute_s}, {"bubble_s", g.bubble_s},
@@ -516,7 +525,8 @@ int cmd_plan(int argc, char** argv) {
     const bool simulated = static_cast<bool>(solo);
     if (simulated)
       simulate = [&](const SIPlan& p) {
-        return simulate_pair(&prog.fwd, &prog.bwd, p, solo, {fit ? fit->compute_slowdown : 1.0}).span_s;
+        const PairSimOptions o = fit ? PairSimOptions{fit->compute_slowdown, fit->comm_slowdown} : PairSimOptions{};
+        return simulate_pair(&prog.fwd, &prog.bwd, p, solo, o).span_s;
       };
     const double t0 = now_seconds();
     choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate);
@@ -525,9 +535,10 @@ int cmd_plan(int argc, char** argv) {
                  cost_name);
       if (!no_sim.empty()) fmt::print("(no pair simulation: {})\n", no_sim);
       if (fit)
-        fmt::print("interference: compute x{:.2f} beside a collective, fitted on {} measured pairs; held-back {} pairs "
-                   "simulated within median {:.1f}% / max {:.1f}% (without it: {:.1f}% / {:.1f}%)\n",
-                   fit->compute_slowdown, fit->calibration_pairs, fit->held_back_pairs,
+        fmt::print("interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute, fitted "
+                   "on {} measured pairs; held-back {} pairs simulated within median {:.1f}% / max {:.1f}% (without "
+                   "it: {:.1f}% / {:.1f}%)\n",
+                   fit->compute_slowdown, fit->comm_slowdown, fit->calibration_pairs, fit->held_back_pairs,
                    100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
                    100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
       fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}\n", "#", "source", "blocks", "predicted", "simulated",
@@ -553,6 +564,7 @@ int cmd_plan(int argc, char** argv) {
                                      {"measured_s", k.measured_s}});
         if (fit)
           j["interference"] = {{"compute_slowdown", fit->compute_slowdown},
+                               {"comm_slowdown", fit->comm_slowdown},
                                {"held_back_median_error", fit->held_back_median_error},
                                {"held_back_median_error_without", fit->held_back_median_error_without}};
         make_parent_dir(*json_out);

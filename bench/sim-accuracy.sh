@@ -8,7 +8,8 @@
 # from this machine's figures only: the cpu-emulated preset (its link rate scaled to the case's),
 # every GEMM timed for its shape here (--measure-gemm), and the co-execution interference fitted
 # from a `dhelix profile` of the tp=2 dp=2 layer pair taken on the same cluster before the runs
-# (--profile; the other cases reuse its slowdown). Prints predicted vs measured per case; last
+# (--profile: the compute slowdown beside a collective and the collectives' beside compute; the
+# other cases reuse both). Prints predicted vs measured per case; last
 # line: one JSON object with median_abs_error, max_abs_error, layouts, si_order_correct and the
 # per-case figures. Needs root (scripts/cluster).
 # Model: GPT-2's width (d 768, 12 heads, GELU MLP 3072) with 2 layers (4 for the pipelines), a
@@ -74,6 +75,7 @@ tail -1 "$work/profile.log"
 "$bin" simulate "${prof_args[@]}" --cluster cpu-emulated --profile "$work/profile.json" --json "$work/fit.json" |
   grep interference
 slowdown=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['compute_slowdown'])" "$work/fit.json")
+comm_slowdown=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['comm_slowdown'])" "$work/fit.json")
 
 # A preset per link rate: the cpu-emulated one with inter_bw at the same 0.92 of the line rate.
 preset() {  # preset RATE -> path
@@ -98,7 +100,7 @@ for c in "${cases[@]}"; do
   IFS='|' read -r name rate over <<< "$c"
   # shellcheck disable=SC2086
   "$bin" simulate --config "$PWD/configs/demo.toml" "${model[@]}" $over --cluster "$(preset "$rate")" \
-    --measure-gemm --compute-slowdown "$slowdown" --json "$work/sim_$name.json" > "$work/sim_$name.log" 2>&1 ||
+    --measure-gemm --compute-slowdown "$slowdown" --comm-slowdown "$comm_slowdown" --json "$work/sim_$name.json" > "$work/sim_$name.log" 2>&1 ||
     { cat "$work/sim_$name.log" >&2; exit 1; }
 done
 
@@ -119,9 +121,9 @@ for r in $(seq 0 $((rounds - 1))); do
   done
 done
 
-python3 - "$work" "$rounds" "$slowdown" "${cases[@]}" <<'PY'
+python3 - "$work" "$rounds" "$slowdown" "$comm_slowdown" "${cases[@]}" <<'PY'
 import json, os, statistics, sys
-work, rounds, slowdown, cases = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+work, rounds, slowdown, comm_slowdown, cases = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5:]
 rows = []
 for c in cases:
     name, rate, _ = c.split("|", 2)
@@ -165,9 +167,9 @@ for p in pairs:
     print("SI on vs off:", p)
 med = statistics.median(errs) if errs else None
 print(f"median |error| {100 * med:.1f}%, worst {100 * max(errs):.1f}% over {len(rows)} cases; "
-      f"SI order right in {correct}/{len(pairs)} pairs; interference slowdown {slowdown}")
+      f"SI order right in {correct}/{len(pairs)} pairs; interference: compute x{slowdown}, collectives x{comm_slowdown}")
 print(json.dumps({"median_abs_error": round(med, 4) if med is not None else None,
                   "max_abs_error": round(max(errs), 4) if errs else None, "layouts": len(rows),
                   "si_order_correct": len(pairs) > 0 and correct == len(pairs), "si_pairs": len(pairs),
-                  "si_pairs_right": correct, "compute_slowdown": slowdown, "rounds": rounds, "per_case": rows}))
+                  "si_pairs_right": correct, "compute_slowdown": slowdown, "comm_slowdown": comm_slowdown, "rounds": rounds, "per_case": rows}))
 PY

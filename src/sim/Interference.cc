@@ -58,9 +58,8 @@ struct Errors {
 };
 
 Errors errors_of(const LayerProgram& prog, const BlockCost& measured, const OpTimer& op_seconds,
-                 const std::vector<std::pair<Window, Window>>& pairs, double slowdown, size_t* used) {
+                 const std::vector<std::pair<Window, Window>>& pairs, const PairSimOptions& opt, size_t* used) {
   std::vector<double> e;
-  const PairSimOptions opt{slowdown};
   for (const auto& [f, b] : pairs) {
     const double m = measured.pair(f.begin, f.end, b.begin, b.end);
     if (!std::isfinite(m) || m <= 0) continue;
@@ -79,20 +78,46 @@ Errors errors_of(const LayerProgram& prog, const BlockCost& measured, const OpTi
 
 InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& measured, const OpTimer& op_seconds,
                                  const std::vector<std::pair<Window, Window>>& calibration,
-                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown) {
+                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown,
+                                 double max_comm_slowdown) {
   DHX_CHECK(max_slowdown >= 1.0, ConfigError, "max_slowdown={} must be >= 1", max_slowdown);
+  DHX_CHECK(max_comm_slowdown >= 1.0, ConfigError, "max_comm_slowdown={} must be >= 1", max_comm_slowdown);
   InterferenceFit fit;
+  PairSimOptions opt;
   double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; 1.0 + 0.01 * i <= max_slowdown + 1e-9; ++i) {
-    const double k = 1.0 + 0.01 * i;
-    const Errors e = errors_of(prog, measured, op_seconds, calibration, k, nullptr);
-    if (e.mean < best - 1e-12) best = e.mean, fit.compute_slowdown = k;
+  // One parameter over its grid (steps of 0.01) with the other held.
+  auto sweep = [&](double PairSimOptions::*k, double hi) {
+    double at = opt.*k;
+    for (int i = 0; 1.0 + 0.01 * i <= hi + 1e-9; ++i) {
+      opt.*k = 1.0 + 0.01 * i;
+      const Errors e = errors_of(prog, measured, op_seconds, calibration, opt, nullptr);
+      if (e.mean < best - 1e-12) best = e.mean, at = opt.*k;
+    }
+    opt.*k = at;
+  };
+  // A coarse grid over both (steps of 0.1: the error surface has ridges along which one parameter
+  // trades for the other, where a search one axis at a time from (1, 1) stalls), then coordinate
+  // descent at 0.01 until a round moves neither (each sweep keeps the best point so far, so the
+  // error never rises; at most 4 rounds).
+  sweep(&PairSimOptions::compute_slowdown, max_slowdown);
+  for (int i = 0; max_comm_slowdown > 1.0 && 1.0 + 0.1 * i <= max_slowdown + 1e-9; ++i)
+    for (int j = 1; 1.0 + 0.1 * j <= max_comm_slowdown + 1e-9; ++j) {
+      const PairSimOptions o{1.0 + 0.1 * i, 1.0 + 0.1 * j};
+      const Errors e = errors_of(prog, measured, op_seconds, calibration, o, nullptr);
+      if (e.mean < best - 1e-12) best = e.mean, opt = o;
+    }
+  for (int round = 0; round < 4 && max_comm_slowdown > 1.0; ++round) {
+    const PairSimOptions before = opt;
+    sweep(&PairSimOptions::comm_slowdown, max_comm_slowdown);
+    sweep(&PairSimOptions::compute_slowdown, max_slowdown);
+    if (opt.comm_slowdown == before.comm_slowdown && opt.compute_slowdown == before.compute_slowdown) break;
   }
-  const Errors c = errors_of(prog, measured, op_seconds, calibration, fit.compute_slowdown, &fit.calibration_pairs);
-  const Errors h = errors_of(prog, measured, op_seconds, held_back, fit.compute_slowdown, &fit.held_back_pairs);
+  fit.compute_slowdown = opt.compute_slowdown, fit.comm_slowdown = opt.comm_slowdown;
+  const Errors c = errors_of(prog, measured, op_seconds, calibration, opt, &fit.calibration_pairs);
+  const Errors h = errors_of(prog, measured, op_seconds, held_back, opt, &fit.held_back_pairs);
   fit.calibration_median_error = c.median, fit.calibration_max_error = c.max;
   fit.held_back_median_error = h.median, fit.held_back_max_error = h.max;
-  const Errors w = errors_of(prog, measured, op_seconds, held_back, 1.0, nullptr);
+  const Errors w = errors_of(prog, measured, op_seconds, held_back, PairSimOptions{}, nullptr);
   fit.held_back_median_error_without = w.median, fit.held_back_max_error_without = w.max;
   return fit;
 }

@@ -2,9 +2,10 @@
 // window of a layer pair alone and every legal pair of windows together. Each op's own time is its
 // single-op window timed alone; a pair simulated from those (PairSim) with no interference is what
 // a sum of isolated timings assumes, and the measured pair time differs from it by what the two
-// strands cost each other. One parameter, the compute slowdown beside a collective
-// (PairSimOptions), is fitted on some pairs (least mean relative error over a grid; most pairs
-// hold no collective beside compute and do not move with it) and judged on the others.
+// strands cost each other. Two parameters (PairSimOptions): the compute slowdown beside a
+// collective and the collective's slowdown beside compute, fitted on some pairs (least mean
+// relative error over a grid, one parameter at a time; most pairs hold no collective beside compute
+// and do not move with either) and judged on the others.
 #pragma once
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@ OpTimer profile_op_timer(const ModelPrograms& progs, const BlockCost& measured);
 
 struct InterferenceFit {
   double compute_slowdown = 1.0;
+  double comm_slowdown = 1.0;
   size_t calibration_pairs = 0, held_back_pairs = 0;
   // |simulated - measured| / measured over each set, with the fitted slowdown and without (1.0).
   double calibration_median_error = 0, calibration_max_error = 0;
@@ -38,11 +40,13 @@ struct InterferenceFit {
                                                                               // assumption (1.0)
 };
 
-// Fits the slowdown over [1, max_slowdown] (steps of 0.01) on `calibration` and reports both sets.
-// Pairs whose measured time is unknown (kNoCost) are skipped.
+// Fits the compute slowdown over [1, max_slowdown] and the collectives' over [1, max_comm_slowdown]
+// (steps of 0.01; max_comm_slowdown = 1: the compute slowdown alone) on `calibration` and reports
+// both sets. Pairs whose measured time is unknown (kNoCost) are skipped.
 InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& measured, const OpTimer& op_seconds,
                                  const std::vector<std::pair<Window, Window>>& calibration,
-                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown = 6.0);
+                                 const std::vector<std::pair<Window, Window>>& held_back, double max_slowdown = 6.0,
+                                 double max_comm_slowdown = 4.0);
 
 // The fit `dhelix plan --profile` and `dhelix simulate --profile` use: the profile's legal pairs
 // (within segments) alternately to calibration and held-back, the single-op windows as op times.

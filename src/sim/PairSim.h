@@ -16,7 +16,8 @@
 // modelled as this pair's own (the same program in every layer).
 // Costs come from an OpTimer (seconds of a compute op on the engine, or of a collective on its
 // channel): the analytical rates (op_time, StepModel.h) or a profile of this machine. Interference
-// (PairSimOptions): a compute op slows while a collective of its rank is in flight.
+// (PairSimOptions): a compute op slows while a collective of its rank is in flight, and the
+// collective while the rank computes.
 #pragma once
 #include <functional>
 #include <map>
@@ -48,9 +49,14 @@ struct PairSimResult {
 
 // Co-execution interference: a compute op that runs while a collective of this rank is in flight
 // progresses `compute_slowdown` times slower for that part (the comm thread's CPU work, NCCL's
-// SMs); 1 = none. The collectives' own times are not changed.
+// SMs); a collective in flight while the rank computes progresses `comm_slowdown` times slower for
+// that part (its comm threads wait behind the compute thread for the core: a CPU rank's TCP work,
+// a GPU's SMs shared with NCCL); 1 = none. With both, each slows the other: the pair is simulated
+// again with the previous pass's compute intervals stretching the collectives until the span
+// settles (a fixed point; the closed forms are in the tests).
 struct PairSimOptions {
   double compute_slowdown = 1.0;
+  double comm_slowdown = 1.0;
 };
 
 // `fwd` / `bwd` may be null (a strand idle in this pair); `plan.blocks` index into them. The timer

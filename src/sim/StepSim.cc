@@ -43,7 +43,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     const double t = opt.op_timer ? opt.op_timer(o) : -1;
     return t >= 0 ? t : op_time(o, groups, rates);
   };
-  const PairSimOptions popt{opt.compute_slowdown};
+  const PairSimOptions popt{opt.compute_slowdown, opt.comm_slowdown};
   const int L = static_cast<int>(m.n_layers), U = L + 2;
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
   auto prog = [&](int u) -> const LayerProgram& { return u == 0 ? progs.embed : u == U - 1 ? progs.head : progs.block; };

@@ -6,7 +6,8 @@
 // is fwd(mb 0), slot i fwd(mb i) beside bwd(mb i-1) with forward unit u paired with backward unit
 // L+1-u (model folding), slot M bwd(mb M-1); without it, each micro-batch's forward then backward.
 // With one (StepSimOptions::schedule), any pipeline: 1F1B, interleaved, the folded W.
-// Costs: the cluster preset's rates and links (op_time), interference as a compute slowdown.
+// Costs: the cluster preset's rates and links (op_time), interference as a compute slowdown beside
+// a collective and a collective's slowdown beside compute (PairSimOptions).
 #pragma once
 #include <functional>
 #include <map>
@@ -31,6 +32,7 @@ struct StepSimOptions {
   double grad_wire_bytes = 4;  // comm.grad_precision: 4 (fp32) or 2 (bf16) per gradient element
   Precision precision = Precision::kFp32;
   double compute_slowdown = 1.0;  // PairSimOptions
+  double comm_slowdown = 1.0;     // PairSimOptions
   GemmTimer gemm_timer = {};      // when set: GEMM ops as timed for their shapes (DeviceRates)
   OpTimer op_timer = {};          // when set: an op's seconds instead of the preset's op_time (a
                                   // profile's single-op timings: profile_op_timer, a test's

@@ -57,7 +57,7 @@ tiny=(--config configs/demo.toml --model.n_layers 2 --model.d_model 64 --model.n
 "$bin" profile "${tiny[@]}" --repeats 1 --warmup 0 --out "$tmp/prof.json" >/dev/null 2>&1
 out=$("$bin" simulate "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/prof.json" --json "$tmp/p.json" 2>&1); rc=$?
 if [ $rc -eq 0 ] && grep -q "interference from" <<<"$out" \
-   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['compute_slowdown'] == 1" "$tmp/p.json"; then
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['compute_slowdown'] == 1 and j['comm_slowdown'] == 1" "$tmp/p.json"; then
   ok profile_fit
 else fail profile_fit; echo "$out" | tail -10; fi
 out=$("$bin" simulate "${tiny[@]}" --cluster cpu-emulated --profile "$tmp/prof.json" --profile-op-times --json "$tmp/q.json" 2>&1); rc=$?
@@ -81,6 +81,22 @@ expect_bad pipeline "schedule.pipeline" -- --config configs/demo.toml --cluster 
 expect_bad precision "--precision 'fp8'" -- --config configs/demo.toml --cluster cpu-emulated --precision fp8
 expect_bad slowdown "--compute-slowdown 0.5 must be >= 1" -- --config configs/demo.toml --cluster cpu-emulated \
   --compute-slowdown 0.5
+expect_bad comm_slowdown "--comm-slowdown 0.5 must be >= 1" -- --config configs/demo.toml --cluster cpu-emulated \
+  --comm-slowdown 0.5
+expect_bad comm_slowdown_word "--comm-slowdown expects a number, got '2x'" -- --config configs/demo.toml \
+  --cluster cpu-emulated --comm-slowdown 2x
+expect_bad profile_and_comm_slowdown "not both" -- --config configs/demo.toml --cluster cpu-emulated \
+  --profile "$tmp/prof.json" --comm-slowdown 2
+
+# 3. --comm-slowdown: tp = 2 with SI has collectives in flight beside compute, so slowing them
+# lengthens the step, and no run gets shorter by it (oracle: fluid sharing only ever delays a
+# collective); the JSON records the factor.
+"$bin" simulate --config configs/demo.toml --parallel.tp 2 --cluster cpu-emulated --json "$tmp/c1.json" >/dev/null 2>&1
+"$bin" simulate --config configs/demo.toml --parallel.tp 2 --cluster cpu-emulated --comm-slowdown 3 \
+  --json "$tmp/c3.json" >/dev/null 2>&1
+if /usr/bin/python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); assert b['step_s'] > a['step_s'] and b['comm_slowdown'] == 3, (a['step_s'], b['step_s'])" "$tmp/c1.json" "$tmp/c3.json"; then
+  ok comm_slowdown_lengthens
+else fail comm_slowdown_lengthens; fi
 expect_bad layout_word "'tp2' is not an axis=count" -- --config configs/demo.toml --cluster cpu-emulated --layout "tp2 dp=1"
 expect_bad layout_gpus "does not divide --gpus 6" -- --config configs/demo.toml --cluster cpu-emulated --gpus 6 \
   --layout "tp=4"

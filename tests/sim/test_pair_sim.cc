@@ -128,11 +128,30 @@ TEST(PairSim, ComputeSlowsBesideACollective) {
   EXPECT_NEAR(simulate_pair(nullptr, &b, plan_of({{0, 0, 0, 1}}), ms, k15).span_s, 4e-3, 1e-15);
 }
 
-// The fit recovers a known slowdown. Oracle: "measured" pair times made by the simulator itself with
-// k = 1.4 from per-op times (a closed loop): fitted on every other legal pair, the slowdown comes
-// back within the grid step and the held-back pairs are predicted exactly, where the isolated-timing
-// assumption (k = 1) misses them.
-TEST(Interference, FitRecoversAKnownSlowdown) {
+// Interference on the collective (PairSimOptions::comm_slowdown): a collective in flight while its
+// rank computes progresses k times slower. Closed forms (fluid sharing): t3 issued at 0 beside c4
+// with the collective slowed 2x does 2 ms of its 3 in the 4 ms of compute and ends at 5 ms; with
+// both slowed 2x each runs at half speed until t3 ends at 6 ms (c4 has done 3 of its 4 ms), and c4
+// ends at 7 ms. A collective with no compute beside it keeps its time.
+TEST(PairSim, CollectiveSlowsBesideCompute) {
+  const std::vector<Op> f = {op("t3", {"x"}, {"g"})}, b = {op("c4", {"dy"}, {"dx"})};
+  const PairSimResult r = simulate_pair(&f, &b, plan_of({{0, 1, 0, 1}}), ms, PairSimOptions{1.0, 2.0});
+  EXPECT_NEAR(r.ops.at(0).end_s, 5e-3, 1e-15);
+  EXPECT_NEAR(r.span_s, 5e-3, 1e-15);
+  EXPECT_NEAR(r.channel_busy_s.at("tp"), 5e-3, 1e-15);
+  const PairSimResult both = simulate_pair(&f, &b, plan_of({{0, 1, 0, 1}}), ms, PairSimOptions{2.0, 2.0});
+  EXPECT_NEAR(both.ops.at(0).end_s, 6e-3, 1e-12);
+  EXPECT_NEAR(both.span_s, 7e-3, 1e-12);
+  EXPECT_NEAR(simulate_pair(&f, nullptr, plan_of({{0, 1, 0, 0}}), ms, PairSimOptions{2.0, 2.0}).span_s, 3e-3, 1e-15);
+  EXPECT_THROW(simulate_pair(&f, &b, plan_of({{0, 1, 0, 1}}), ms, PairSimOptions{1.0, 0.5}), ConfigError);
+}
+
+// The fit recovers known slowdowns. Oracle: "measured" pair times made by the simulator itself
+// from per-op times (a closed loop) with the compute slowdown 1.4 and the collectives' 1 (no
+// collective interference), 1.7 (both), or the compute's 1 and the collectives' 2: fitted on every
+// other legal pair, both come back within the grid step and the held-back pairs are predicted
+// exactly, where the isolated-timing assumption (1, 1) misses them.
+TEST(Interference, FitRecoversKnownSlowdowns) {
   LayerProgram prog;
   prog.fwd = {op("c2", {"x"}, {"a"}), op("t3", {"a"}, {"g"}), op("c4", {"g"}, {"h"}), op("c1", {"h"}, {"y"}),
               op("d2", {"y"}, {"z"})};
@@ -140,24 +159,30 @@ TEST(Interference, FitRecoversAKnownSlowdown) {
               op("d3", {"dx"}, {"dz"})};
   struct Made final : BlockCost {
     const LayerProgram& p;
-    explicit Made(const LayerProgram& q) : p(q) {}
+    PairSimOptions o;
+    Made(const LayerProgram& q, PairSimOptions k) : p(q), o(k) {}
     double solo_fwd(int a, int b) const override { return pair_of(Window{a, b}, Window{}); }
     double solo_bwd(int c, int d) const override { return pair_of(Window{}, Window{c, d}); }
     double pair(int a, int b, int c, int d) const override { return pair_of(Window{a, b}, Window{c, d}); }
     double pair_of(Window f, Window b) const {
-      return simulate_window_pair(p, f, b, [](const Op& o) { return ms(o); }, PairSimOptions{1.4});
+      return simulate_window_pair(p, f, b, [](const Op& x) { return ms(x); }, o);
     }
-  } measured(prog);
-  const OpTimer solo = solo_op_timer(prog, measured);
-  EXPECT_DOUBLE_EQ(solo(prog.fwd[2]), 4e-3);
-  const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
-  std::vector<std::pair<Window, Window>> calib, held;
-  for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
-  const InterferenceFit fit = fit_interference(prog, measured, solo, calib, held);
-  EXPECT_NEAR(fit.compute_slowdown, 1.4, 0.005);
-  EXPECT_GT(fit.held_back_pairs, 3u);
-  EXPECT_LT(fit.held_back_max_error, 1e-9);
-  EXPECT_GT(fit.held_back_max_error_without, 0.05);
+  };
+  for (const PairSimOptions truth : {PairSimOptions{1.4, 1.0}, PairSimOptions{1.4, 1.7}, PairSimOptions{1.0, 2.0}}) {
+    SCOPED_TRACE(fmt::format("compute x{} collectives x{}", truth.compute_slowdown, truth.comm_slowdown));
+    const Made measured(prog, truth);
+    const OpTimer solo = solo_op_timer(prog, measured);
+    EXPECT_DOUBLE_EQ(solo(prog.fwd[2]), 4e-3);
+    const auto pairs = legal_pairs(prog, WindowRule::kWithinSegments);
+    std::vector<std::pair<Window, Window>> calib, held;
+    for (size_t i = 0; i < pairs.size(); ++i) (i % 2 ? held : calib).push_back(pairs[i]);
+    const InterferenceFit fit = fit_interference(prog, measured, solo, calib, held);
+    EXPECT_NEAR(fit.compute_slowdown, truth.compute_slowdown, 0.005);
+    EXPECT_NEAR(fit.comm_slowdown, truth.comm_slowdown, 0.005);
+    EXPECT_GT(fit.held_back_pairs, 3u);
+    EXPECT_LT(fit.held_back_max_error, 1e-9);
+    EXPECT_GT(fit.held_back_max_error_without, 0.05);
+  }
 }
 
 // The fit on real measurements. Oracle: the pair times this machine measured (a committed `dhelix
