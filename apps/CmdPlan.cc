@@ -384,6 +384,7 @@ int cmd_simulate(int argc, char** argv) {
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
   fmt::print("  {:<44} {:>12}\n", "  gradient tail past the last backward (s)", fmt::format("{:.4f}", r.tail_s));
+  fmt::print("  {:<44} {:>12}\n", "    of which the optimizer step (s)", fmt::format("{:.4f}", r.optimizer_s));
   if (lay.pp > 1)
     fmt::print("  {:<44} {:>12}\n", "  pipeline bubble of the slowest stage (s)", fmt::format("{:.4f}", r.bubble_s));
   fmt::print("  {:<44} {:>12}\n", "compute, engine busy (s)", fmt::format("{:.4f}", r.compute_s));
@@ -435,6 +436,7 @@ int cmd_simulate(int argc, char** argv) {
                         {"critical_stage", r.critical_stage},
                         {"simulated_in_s", sim_s},
                         {"micro_batches", r.micro_batches},
+                        {"optimizer_s", r.optimizer_s},
                         {"compute_slowdown", so.compute_slowdown},
                         {"comm_slowdown", so.comm_slowdown},
                         {"peak_flops", peak}};

@@ -37,6 +37,9 @@ struct ClusterPreset {
   // Share of one core each rank computes with, for presets of this machine: `dhelix tune
   // --measure-gemm` times the programs' GEMM shapes on one core here and scales by it. 0: absent.
   double core_share = 0;
+  // AdamW elements per second one device updates, measured (presets of this machine, where the
+  // update's square roots and divisions, not memory, bound it); 0: absent (memory-bound price).
+  double optimizer_elems_per_s = 0;
   GemmTiling gemm_tiling;      // size-dependent GEMM efficiency (GPUs); absent: every GEMM at gemm_rate
   LinkSpec intra_node;         // bus bandwidth and per-step latency inside a node
   LinkSpec inter_node;         // per-node injection bandwidth and per-step latency across nodes

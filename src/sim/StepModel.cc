@@ -647,6 +647,14 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
   return tail;
 }
 
+double optimizer_time(double elems, int dp, Zero zero, Precision p, const ClusterPreset& cluster) {
+  const double owned = zero == Zero::kZero1 ? elems / std::max(1, dp) : elems;
+  const double bytes = 4 * elems + (4 + 28 + (p == Precision::kBf16 ? 2 : 0)) * owned;
+  double t = bytes / cluster.mem_bw;
+  if (cluster.optimizer_elems_per_s > 0) t = std::max(t, owned / cluster.optimizer_elems_per_s);
+  return t;
+}
+
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
@@ -796,7 +804,9 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       sparse = sparse_embed_tail(m, lay, batch, units, mine, rd, 0.0, grad_bytes, opt.grad_wire_bytes);
     const double tail = gradient_tail(lay, groups, units, mine, rd, grad_bytes, g.expert_bytes, elems, elem, opt.zero,
                                       st.axes, nullptr, sparse ? &*sparse : nullptr);
-    st.step_s = body + tail;
+    const double optimizer_s = optimizer_time(elems, lay.dp, opt.zero, opt.precision, cluster);
+    st.compute_s += optimizer_s, st.optimizer_s = optimizer_s;
+    st.step_s = body + tail + optimizer_s;
     st.exposed_comm_s = st.step_s - st.compute_s - st.bubble_s;
     // The slowest stage sets the step.
     if (st.step_s > worst) r = st, worst = st.step_s;
@@ -884,6 +894,8 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
   double exposed = tail;
   for (const auto& [g, a] : r.axes)
     if (g != "dp") exposed += a.exposed_s;
+  r.optimizer_s = optimizer_time(elems, lay.dp, opt.zero, opt.precision, cluster);
+  r.compute_s += r.optimizer_s;
   r.step_s = r.compute_s + exposed;
   r.exposed_comm_s = exposed;
   add_states(r.memory, elems, elem, lay.dp, opt.zero);

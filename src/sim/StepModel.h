@@ -108,6 +108,7 @@ struct StepPrediction {
   PricerKind pricer = PricerKind::kPrograms;
   int64_t micro_batches = 0;  // per step per data replica
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
+  double optimizer_s = 0;  // the (slowest) stage's optimizer step, in step_s and compute_s (optimizer_time)
   std::map<std::string, AxisCost> axes;  // "tp", "x", "y", "z", "xy", "pp", "dp"
   MemoryUse memory;
   double memory_limit = 0;
@@ -214,6 +215,15 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
                      const std::vector<double>& grad_bytes, const std::vector<double>& expert_bytes, double elems,
                      double elem, Zero zero, std::map<std::string, AxisCost>& axes,
                      std::vector<ChannelSpan>* spans = nullptr, const SparseEmbedTail* sparse = nullptr);
+
+// The optimizer step after the gradient tail (Optimizer::step, ParamStore::zero_grads), on the
+// compute thread and exposed: the stage's gradient buffer zeroed (4 bytes an element), the
+// global-norm pass over the owned gradients (4 bytes), AdamW on the owned elements (reads the
+// parameter, its gradient and both moments, writes the parameter and both moments: 28 bytes; in
+// bf16 also the parameter's 2-byte working copy). Owned: all `elems`, or elems / dp under ZeRO-1.
+// Clipping's extra pass (only when the norm exceeds the clip) is not priced. At the device's memory
+// bandwidth, or at its measured optimizer rate (device.optimizer_elems_per_s) where that is slower.
+double optimizer_time(double elems, int dp, Zero zero, Precision p, const ClusterPreset& cluster);
 
 // A backward strand as a micro-batch before the step's last runs it under 3D TP's accumulate_z
 // (the executor's block sums): each last_micro_batch collective becomes an element-wise add of its

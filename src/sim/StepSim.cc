@@ -215,8 +215,20 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
                               &spans, sparse ? &*sparse : nullptr);
     for (const ChannelSpan& c : spans)
       st.events.push_back({lay.pp > 1 ? fmt::format("stage {} {}", rk, c.group) : c.group, c.name, c.begin_s, c.end_s});
+    // The optimizer step on the compute thread after the tail (optimizer_time, StepModel.h).
+    double optimizer_s = -1;
+    if (opt.op_timer) {  // a stand-in timer may price it, as the compute op "optimizer.step"
+      Op step_op;
+      step_op.name = step_op.code = "optimizer.step";
+      optimizer_s = opt.op_timer(step_op);
+    }
+    if (optimizer_s < 0) optimizer_s = optimizer_time(elems, lay.dp, opt.zero, opt.precision, cluster);
+    const double opt_begin = ready.end_s + sg.tail_s;
+    st.events.push_back({lay.pp > 1 ? fmt::format("stage {} compute", rk) : "compute", "optimizer step", opt_begin,
+                         opt_begin + optimizer_s});
+    sg.tail_s += optimizer_s, sg.optimizer_s = optimizer_s;
     sg.end_s = rank_end[static_cast<size_t>(rk)];
-    sg.compute_s = st.compute;
+    sg.compute_s = st.compute + optimizer_s;
     sg.channel_busy_s = st.busy;
     sg.bubble_s = sg.end_s - rank_busy[static_cast<size_t>(rk)];  // waiting for its neighbours' messages
     sg.exposed_s = std::max(0.0, sg.end_s + sg.tail_s - sg.compute_s - sg.bubble_s);  // rounding aside
@@ -226,6 +238,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   r.critical_stage = critical;
   r.body_s = c.end_s;
   r.tail_s = c.tail_s;
+  r.optimizer_s = c.optimizer_s;
   r.step_s = step;
   r.compute_s = c.compute_s;
   r.channel_busy_s = c.channel_busy_s;

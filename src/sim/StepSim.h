@@ -37,7 +37,8 @@ struct StepSimOptions {
   OpTimer op_timer = {};          // when set: an op's seconds instead of the preset's op_time (a
                                   // profile's single-op timings: profile_op_timer, a test's
                                   // stand-in); a negative value: the preset's; a pipeline message
-                                  // is asked for as the send_recv op "pp.p2p" on group pp
+                                  // is asked for as the send_recv op "pp.p2p" on group pp, the
+                                  // optimizer step as the compute op "optimizer.step"
   PairPlanner plan_for;           // required when a slot co-executes
   // The step schedule (schedule/Pipelines.h's make_schedule of the config's pipeline): required
   // for pp > 1. Every rank's slots run in order; a slot starts when its rank is free and its inputs
@@ -58,7 +59,8 @@ struct StepSimEvent {
 // One pipeline stage (every rank of a stage runs alike: the simulator follows one of them).
 struct StepSimStage {
   double end_s = 0;       // its last slot ends
-  double tail_s = 0;      // its gradient tail past that
+  double tail_s = 0;      // its gradient tail past that, the optimizer step included
+  double optimizer_s = 0; // its optimizer step (optimizer_time, StepModel.h), the tail's last part
   double compute_s = 0;   // engine busy time
   double bubble_s = 0;    // time between its slots
   double exposed_s = 0;   // end + tail - compute - bubble
@@ -69,7 +71,8 @@ struct StepSimResult {
   int64_t micro_batches = 0;
   double step_s = 0;     // body + tail
   double body_s = 0;     // the micro-batches' passes
-  double tail_s = 0;     // the gradient tail past the last backward
+  double tail_s = 0;     // the gradient tail past the last backward, the optimizer step included
+  double optimizer_s = 0;  // the critical stage's optimizer step
   double compute_s = 0;  // engine busy time (slowed where it ran beside a collective)
   double exposed_s = 0;  // step - compute - bubble: what the rank waited on communication
   double bubble_s = 0;   // pipelines: the critical rank's time between its slots

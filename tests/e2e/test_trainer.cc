@@ -87,11 +87,14 @@ TEST_P(Families, LossFallsOnLearnableData) {
 // operands only, so SI on and off stay bitwise equal. Against fp32: the first loss differs only
 // by the forward's rounding (operands at u = 2^-8 relative, fp32 sums) -- within 0.01 nats of a
 // loss of log(200) = 5.3; after that the two runs follow different (rounded) updates, so the band
-// is on the curve: the means of every 20-step window within 0.1 nats (a step's loss alone swings by
+// is on the curve: the means of every 20-step window within 0.2 nats (a step's loss alone swings by
 // 0.2-0.4 nats with its micro-batches' contents) and the drop from the first loss to the mean of the
-// last 20 within 5% of fp32's (measured: see the test's output). MoE's band is 0.2: its top-k
+// last 20 within 5% of fp32's (measured: see the test's output). The window gap is chaotic, not a
+// bias: over the data seeds 11-15 on a CPU with AMX-BF16 it measured 0.03-0.16 nats for the dense
+// families, bf16 ending above fp32 for some seeds and below for others (0.04-0.08 at seed 11 on a
+// CPU with AVX512-BF16 only); the drop's 5% is the bias check. MoE's band is 0.25: its top-k
 // routing is discrete, so a rounding that moves a token to another expert changes its whole path
-// (measured 0.13 there, 0.04-0.05 for the dense families; 0.04-0.08 with attention in bf16 too).
+// (measured 0.08-0.17 over those seeds).
 TEST_P(Families, Bf16InterleavingOnOffBitwise) {
   if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
   TempDir dir;
@@ -129,7 +132,7 @@ TEST_P(Families, Bf16LossTracksFp32) {
   const double drop_f = f.front() - tail_f, drop_h = h.front() - tail_h;
   std::printf("[ info ] %s: fp32 %.4f -> %.4f, bf16 %.4f -> %.4f (last-20 means); worst 20-step window gap %.4f nats\n",
               GetParam(), f.front(), tail_f, h.front(), tail_h, worst);
-  EXPECT_LE(worst, std::string(GetParam()) == "moe" ? 0.2 : 0.1);
+  EXPECT_LE(worst, std::string(GetParam()) == "moe" ? 0.25 : 0.2);
   EXPECT_NEAR(drop_h, drop_f, 0.05 * drop_f);
   EXPECT_GT(drop_f, 1.0);
 }

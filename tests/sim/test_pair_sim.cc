@@ -410,9 +410,17 @@ TEST(StepSim, ScheduleOrderEqualsTheBuiltInOneAndTheTimeline) {
   };
   const double p2p = CostModel::collective_time(CollOp::kSendRecv, 128.0 * 256 * 4, 2, groups.at("pp").link);
   const ScheduleTimeline tl = simulate_timeline(sch, cost, [&](const Transfer&) { return p2p; });
-  EXPECT_NEAR(r.step_s, tl.makespan, 1e-12 * tl.makespan);
+  // The stages' passes end as the timeline says; each then runs only its optimizer step (dp = tp =
+  // 1: nothing to reduce), and the step ends with the latest.
+  double end = 0, step = 0;
+  for (const StepSimStage& g : r.stages) {
+    EXPECT_GT(g.optimizer_s, 0);
+    EXPECT_EQ(g.tail_s, g.optimizer_s);
+    end = std::max(end, g.end_s), step = std::max(step, g.end_s + g.optimizer_s);
+  }
+  EXPECT_NEAR(end, tl.makespan, 1e-12 * tl.makespan);
+  EXPECT_DOUBLE_EQ(r.step_s, step);
   EXPECT_GT(r.bubble_s, 0);
-  EXPECT_EQ(r.tail_s, 0);  // dp = tp = 1: nothing to reduce
 }
 
 // Pipeline bubbles through the whole step simulator. Oracle: bubble_formula's closed forms
@@ -507,7 +515,18 @@ TEST(StepSim, BucketsGoAsTheirUnitsLastBackwardEnds) {
       channel = b.end_s;
     }
     const StepSimStage& g = r.stages[static_cast<size_t>(stage)];
-    EXPECT_DOUBLE_EQ(g.tail_s, std::max(0.0, channel - g.end_s)) << "stage " << stage;
+    // Then the optimizer step (optimizer_time of the stage's elements, dp = 2, no ZeRO) on the
+    // compute thread.
+    EXPECT_DOUBLE_EQ(g.optimizer_s, optimizer_time(double(elems), 2, Zero::kNone, Precision::kFp32, cluster));
+    EXPECT_DOUBLE_EQ(g.tail_s - g.optimizer_s, std::max(0.0, channel - g.end_s)) << "stage " << stage;
+    int steps = 0;
+    for (const StepSimEvent& e : r.events)
+      if (e.lane == fmt::format("stage {} compute", stage) && e.name == "optimizer step") {
+        ++steps;
+        EXPECT_DOUBLE_EQ(e.begin_s, std::max(channel, g.end_s));
+        EXPECT_NEAR(e.end_s, g.end_s + g.tail_s, 1e-12);
+      }
+    EXPECT_EQ(steps, 1) << "stage " << stage;
   }
   // Stage 0 finishes its units' last backward at two different times (its mirror layers' up-pass
   // and its own layers' at the end): some bucket goes before the stage's passes end.
