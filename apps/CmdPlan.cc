@@ -166,8 +166,10 @@ constexpr const char* kPlanUsage =
     "Writes the plan JSON (default <output.dir>/plan.json), an SVG beside it and prints the plan as\n"
     "a table. --cost-model prices blocks from a cluster preset (configs/clusters: a40-pcie, h100-8gpu,\n"
     "perlmutter-a100, cpu-emulated, or a .toml path; GPUs in bf16) or a JSON file of the pricer's fields;\n"
-    "no hardware needed. --json FILE also writes every candidate's predicted, simulated and measured\n"
-    "time, the kept one and the fitted interference.\n";
+    "no hardware needed: with a preset each candidate is simulated in the whole training step (the\n"
+    "step simulator, the config's batch and schedule) and the fastest, the default plan included, is\n"
+    "kept. --json FILE also writes every candidate's predicted, simulated and measured time, the kept\n"
+    "one and the fitted interference.\n";
 
 }  // namespace
 
@@ -530,12 +532,41 @@ int cmd_plan(int argc, char** argv) {
         const PairSimOptions o = fit ? PairSimOptions{fit->compute_slowdown, fit->comm_slowdown} : PairSimOptions{};
         return simulate_pair(&prog.fwd, &prog.bwd, p, solo, o).span_s;
       };
+    // With a cluster preset, each candidate is priced by the whole step it would run in (the step
+    // simulator with the plan on every pair of transformer layers, the config's batch, schedule and
+    // ZeRO; the preset's native precision): a plan that wins its pair alone can lose in the step
+    // (the pairs' carried ops and prefetches, the embedding and head pairs, the pipeline slots).
+    std::optional<ClusterPreset> preset;
+    std::optional<StepSchedule> step_schedule;
+    const bool step_simulated = simulated && cost_arg && !(cost_arg->size() > 5 && cost_arg->ends_with(".json"));
+    if (step_simulated) {
+      preset = load_cluster(*cost_arg);
+      step_schedule = make_schedule(pipeline_spec(cfg));
+      simulate = [&](const SIPlan& p) {
+        StepSimOptions so;
+        so.precision = preset->native_precision();
+        so.si = StrandInterleaving::kOn;
+        so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
+        so.sparse_embed = cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+        so.grad_wire_bytes = cfg.comm.grad_precision == "bf16" ? 2 : 4;
+        so.schedule = &*step_schedule;
+        so.plan_for = [&](const LayerProgram& f, const LayerProgram& b) {
+          if (f.name == "block" && b.name == "block") return p;
+          return pair_default_plan(f.fwd, b.bwd);
+        };
+        const BatchSpec batch{cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
+        return simulate_step(cfg.model, lay, batch, *preset, so).step_s;
+      };
+    }
     const double t0 = now_seconds();
     choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate);
     if (rank0) {
       fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
                  cost_name);
       if (!no_sim.empty()) fmt::print("(no pair simulation: {})\n", no_sim);
+      if (step_simulated)
+        fmt::print("simulated: the whole step on {} ({} micro-batches, this plan on every transformer-layer pair)\n",
+                   preset->name, cfg.training.micro_batches);
       if (fit)
         fmt::print("interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute, fitted "
                    "on {} measured pairs; held-back {} pairs simulated within median {:.1f}% / max {:.1f}% (without "

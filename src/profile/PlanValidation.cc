@@ -43,7 +43,13 @@ PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, 
     c.candidates.push_back({def, def.predicted_s, 0, simulate ? simulate(def) : 0.0});
   }
   c.chosen = 0;
-  if (!bench) return c;
+  if (!bench) {  // unvalidated: the simulator's fastest, the default plan included
+    if (simulate)
+      for (size_t i = 1; i < c.candidates.size(); ++i)
+        if (c.candidates[i].simulated_s < c.candidates[static_cast<size_t>(c.chosen)].simulated_s)
+          c.chosen = static_cast<int>(i);
+    return c;
+  }
   // Round-robin: every round runs each candidate once, so slow phases of a noisy machine hit all.
   const size_t n = c.candidates.size();
   std::vector<std::vector<double>> samples(n);

@@ -222,6 +222,13 @@ TEST(ProfilePlanTrain, ASimulatorRanksTheCandidates) {
   ASSERT_EQ(kept.size(), 3u);
   EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
   EXPECT_EQ(kept, std::vector<double>(sizes.begin(), sizes.begin() + 3));
+  // Unvalidated, the kept plan is the simulator's fastest, the default plan included: a stand-in
+  // that prices the default below every searched plan makes it the kept one.
+  for (size_t i = 0; i < ch.candidates.size(); ++i)
+    EXPECT_LE(ch.candidates[static_cast<size_t>(ch.chosen)].simulated_s, ch.candidates[i].simulated_s);
+  const PlanSimulator default_fastest = [](const SIPlan& p) { return p.source == "default" ? 1.0 : 2.0; };
+  const PlanChoice d = search_and_validate(prog, cost, so, nullptr, {}, kDefaultMinGain, default_fastest);
+  EXPECT_EQ(d.candidates.at(static_cast<size_t>(d.chosen)).plan.source, "default");
 }
 
 TEST(ProfilePlanTrain, EveryEmittedPlanPassesCheckPlan) {
