@@ -11,7 +11,9 @@
 # (--profile: the compute slowdown beside a collective and the collectives' beside compute; the
 # other cases reuse both). Prints predicted vs measured per case; last
 # line: one JSON object with median_abs_error, max_abs_error, layouts, si_order_correct and the
-# per-case figures. Needs root (scripts/cluster).
+# per-case figures (si_pairs_resolved: the SI pairs whose measured step ranges do not overlap).
+# Needs root (scripts/cluster). Two more cases run one rank per host (tp = 2 over 300 Mbit/s, SI
+# on and off), simulated with the preset's whole-core figures and their own profile's interference.
 # Model: GPT-2's width (d 768, 12 heads, GELU MLP 3072) with 2 layers (4 for the pipelines), a
 # 2,048-token vocabulary (the demo's tokenizer has 2,000), T = 128, micro-batch 1, 8 sequences per
 # step (16 in the pipelines, so that the slots outnumber the stages).
@@ -37,21 +39,26 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 model=(--model.family gpt --model.vocab_size 2048 --model.seq_len 128 --model.d_model 768 --model.n_heads 12
        --model.n_kv_heads 12 --model.ffn_hidden 3072 --model.tie_embeddings true --training.micro_batch_size 1
        --training.threads 1)
-# name | link rate | overrides (layout, schedule, batch)
+# name | link rate | placement (2ph: 2 hosts x 2 ranks, a core per host; 1ph: 2 hosts x 1 rank) |
+# overrides (layout, schedule, batch)
 cases=(
-  "dp4-si|1gbit|--model.n_layers 2 --parallel.dp 4 --training.micro_batches 2 --schedule.strand_interleaving on"
-  "dp4-nosi|1gbit|--model.n_layers 2 --parallel.dp 4 --training.micro_batches 2 --schedule.strand_interleaving off"
-  "dp4-zero-si|1gbit|--model.n_layers 2 --parallel.dp 4 --parallel.zero 1 --training.micro_batches 2 --schedule.strand_interleaving on"
-  "tp2dp2-si|1gbit|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving on"
-  "tp2dp2-nosi|1gbit|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving off"
-  "tp2dp2-m8-si|1gbit|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 8 --schedule.strand_interleaving on"
-  "tp4-si|1gbit|--model.n_layers 2 --parallel.tp 4 --training.micro_batches 8 --schedule.strand_interleaving on"
-  "tp4-nosi|1gbit|--model.n_layers 2 --parallel.tp 4 --training.micro_batches 8 --schedule.strand_interleaving off"
-  "pp2dp2-1f1b|1gbit|--model.n_layers 4 --parallel.pp 2 --parallel.dp 2 --training.micro_batches 8 --schedule.pipeline 1f1b --schedule.strand_interleaving off"
-  "pp2dp2-w|1gbit|--model.n_layers 4 --parallel.pp 2 --parallel.dp 2 --training.micro_batches 8 --schedule.pipeline w --schedule.strand_interleaving on"
-  "dp4-si-300m|300mbit|--model.n_layers 2 --parallel.dp 4 --training.micro_batches 2 --schedule.strand_interleaving on"
-  "tp2dp2-si-300m|300mbit|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving on"
-  "tp2dp2-nosi-300m|300mbit|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving off"
+  "dp4-si|1gbit|2ph|--model.n_layers 2 --parallel.dp 4 --training.micro_batches 2 --schedule.strand_interleaving on"
+  "dp4-nosi|1gbit|2ph|--model.n_layers 2 --parallel.dp 4 --training.micro_batches 2 --schedule.strand_interleaving off"
+  "dp4-zero-si|1gbit|2ph|--model.n_layers 2 --parallel.dp 4 --parallel.zero 1 --training.micro_batches 2 --schedule.strand_interleaving on"
+  "tp2dp2-si|1gbit|2ph|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving on"
+  "tp2dp2-nosi|1gbit|2ph|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving off"
+  "tp2dp2-m8-si|1gbit|2ph|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 8 --schedule.strand_interleaving on"
+  "tp4-si|1gbit|2ph|--model.n_layers 2 --parallel.tp 4 --training.micro_batches 8 --schedule.strand_interleaving on"
+  "tp4-nosi|1gbit|2ph|--model.n_layers 2 --parallel.tp 4 --training.micro_batches 8 --schedule.strand_interleaving off"
+  "pp2dp2-1f1b|1gbit|2ph|--model.n_layers 4 --parallel.pp 2 --parallel.dp 2 --training.micro_batches 8 --schedule.pipeline 1f1b --schedule.strand_interleaving off"
+  "pp2dp2-w|1gbit|2ph|--model.n_layers 4 --parallel.pp 2 --parallel.dp 2 --training.micro_batches 8 --schedule.pipeline w --schedule.strand_interleaving on"
+  "dp4-si-300m|300mbit|2ph|--model.n_layers 2 --parallel.dp 4 --training.micro_batches 2 --schedule.strand_interleaving on"
+  "tp2dp2-si-300m|300mbit|2ph|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving on"
+  "tp2dp2-nosi-300m|300mbit|2ph|--model.n_layers 2 --parallel.tp 2 --parallel.dp 2 --training.micro_batches 4 --schedule.strand_interleaving off"
+  # One rank per host, a core each: tp = 2 across the 300 Mbit/s link, nothing on the core but the
+  # rank's own threads -- the arrangement where Strand Interleaving has the wire to hide.
+  "tp2-1ph-si-300m|300mbit|1ph|--model.n_layers 2 --parallel.tp 2 --training.micro_batches 4 --schedule.strand_interleaving on"
+  "tp2-1ph-nosi-300m|300mbit|1ph|--model.n_layers 2 --parallel.tp 2 --training.micro_batches 4 --schedule.strand_interleaving off"
 )
 if [ -n "$only" ]; then
   keep=()
@@ -59,9 +66,9 @@ if [ -n "$only" ]; then
   [ ${#keep[@]} -gt 0 ] || { echo "bench/sim-accuracy.sh: --cases '$only' names no case" >&2; exit 2; }
   cases=("${keep[@]}")
 fi
-launch() {  # launch RATE PROGRAM ARGS...
-  local rate=$1; shift
-  scripts/cluster --hosts 2 --rate "$rate" --np-per-host 2 --map-by slot --cpus "${DHELIX_CLUSTER_CPUS:-auto}" \
+launch() {  # launch RATE PLACEMENT PROGRAM ARGS...
+  local rate=$1 nph=${2%ph}; shift 2
+  scripts/cluster --hosts 2 --rate "$rate" --np-per-host "$nph" --map-by slot --cpus "${DHELIX_CLUSTER_CPUS:-auto}" \
     --mpirun-arg --mca --mpirun-arg mpi_yield_when_idle --mpirun-arg 1 -- "$@"
 }
 
@@ -69,7 +76,7 @@ launch() {  # launch RATE PROGRAM ARGS...
 prof_args=(--config "$PWD/configs/demo.toml" "${model[@]}" --model.n_layers 2 --parallel.tp 2 --parallel.dp 2
            --training.micro_batches 4 --output.dir "$work/profile")
 echo "profiling the tp=2 dp=2 layer pair on the cluster (interference calibration) ..."
-launch 1gbit "$bin" profile "${prof_args[@]}" --out "$work/profile.json" --repeats 3 > "$work/profile.log" 2>&1 ||
+launch 1gbit 2ph "$bin" profile "${prof_args[@]}" --out "$work/profile.json" --repeats 3 > "$work/profile.log" 2>&1 ||
   { tail -20 "$work/profile.log" >&2; exit 1; }
 tail -1 "$work/profile.log"
 "$bin" simulate "${prof_args[@]}" --cluster cpu-emulated --profile "$work/profile.json" --json "$work/fit.json" |
@@ -78,15 +85,22 @@ slowdown=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['comp
 comm_slowdown=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['comm_slowdown'])" "$work/fit.json")
 
 # A preset per link rate: the cpu-emulated one with inter_bw at the same 0.92 of the line rate.
-preset() {  # preset RATE -> path
-  local rate=$1 bps
+preset() {  # preset RATE PLACEMENT -> path
+  local rate=$1 place=$2 bps
   case "$rate" in *gbit) bps=$(( ${rate%gbit} * 1000000000 )) ;; *mbit) bps=$(( ${rate%mbit} * 1000000 )) ;;
     *) echo "bad rate $rate" >&2; exit 2 ;; esac
-  local f="$work/cpu-emulated-$rate.toml"
-  python3 - "$bps" configs/clusters/cpu-emulated.toml "$f" <<'PY'
+  local f="$work/cpu-emulated-$rate-$place.toml"
+  python3 - "$bps" configs/clusters/cpu-emulated.toml "$f" "$place" <<'PY'
 import re, sys
-bps, src, dst = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+bps, src, dst, place = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 t = open(src).read()
+if place == "1ph":
+    # One rank per host: the whole core's figures the preset's comments give for its half-core ones
+    # (x2: memory, bandwidth, peak, sgemm, the optimizer's rate), one device per node.
+    for key in ("memory_bytes", "mem_bw", "peak_flops_fp32", "gemm_flops_fp32", "optimizer_elems_per_s"):
+        t = re.sub(rf"^{key} = ([0-9.e]+)", lambda m: f"{key} = {2 * float(m.group(1)):.6g}", t, count=1, flags=re.M)
+    t = re.sub(r"^core_share = [0-9.e]+", "core_share = 1.0", t, count=1, flags=re.M)
+    t = re.sub(r"^devices = [0-9]+", "devices = 1", t, count=1, flags=re.M)
 # 0.92 x the line in bytes/s: the fraction Gloo reached of the tbf line (the preset's own comment).
 t = re.sub(r"^inter_bw = [0-9.e]+", f"inter_bw = {0.92 * bps / 8:.6g}", t, count=1, flags=re.M)
 t = re.sub(r'^name = "cpu-emulated"', 'name = "cpu-emulated-scaled"', t, count=1, flags=re.M)
@@ -95,12 +109,26 @@ PY
   echo "$f"
 }
 
+# The one-rank-per-host cases: a profile of their tp=2 layer pair in that placement.
+prof1=(--config "$PWD/configs/demo.toml" "${model[@]}" --model.n_layers 2 --parallel.tp 2 --training.micro_batches 4
+       --output.dir "$work/profile1")
+echo "profiling the tp=2 layer pair, one rank per host, 300 Mbit/s (interference calibration) ..."
+launch 300mbit 1ph "$bin" profile "${prof1[@]}" --out "$work/profile1.json" --repeats 3 > "$work/profile1.log" 2>&1 ||
+  { tail -20 "$work/profile1.log" >&2; exit 1; }
+tail -1 "$work/profile1.log"
+"$bin" simulate "${prof1[@]}" --cluster "$(preset 300mbit 1ph)" --profile "$work/profile1.json" --json "$work/fit1.json" |
+  grep interference
+slowdown1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['compute_slowdown'])" "$work/fit1.json")
+comm_slowdown1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['comm_slowdown'])" "$work/fit1.json")
+
 # Simulate every case (the machine is quiet: GEMM timings).
 for c in "${cases[@]}"; do
-  IFS='|' read -r name rate over <<< "$c"
+  IFS='|' read -r name rate place over <<< "$c"
+  ks=$slowdown kc=$comm_slowdown
+  [ "$place" = 1ph ] && ks=$slowdown1 kc=$comm_slowdown1
   # shellcheck disable=SC2086
-  "$bin" simulate --config "$PWD/configs/demo.toml" "${model[@]}" $over --cluster "$(preset "$rate")" \
-    --measure-gemm --compute-slowdown "$slowdown" --comm-slowdown "$comm_slowdown" --json "$work/sim_$name.json" > "$work/sim_$name.log" 2>&1 ||
+  "$bin" simulate --config "$PWD/configs/demo.toml" "${model[@]}" $over --cluster "$(preset "$rate" "$place")" \
+    --measure-gemm --compute-slowdown "$ks" --comm-slowdown "$kc" --json "$work/sim_$name.json" > "$work/sim_$name.log" 2>&1 ||
     { cat "$work/sim_$name.log" >&2; exit 1; }
 done
 
@@ -108,10 +136,10 @@ done
 n=${#cases[@]}
 for r in $(seq 0 $((rounds - 1))); do
   for k in $(seq 0 $((n - 1))); do
-    IFS='|' read -r name rate over <<< "${cases[$(( (k + r) % n ))]}"
+    IFS='|' read -r name rate place over <<< "${cases[$(( (k + r) % n ))]}"
     dir="$work/run_${name}_$r"
     # shellcheck disable=SC2086
-    if launch "$rate" "$bin" train --config "$PWD/configs/demo.toml" "${model[@]}" $over --training.steps "$steps" \
+    if launch "$rate" "$place" "$bin" train --config "$PWD/configs/demo.toml" "${model[@]}" $over --training.steps "$steps" \
         --training.eval_interval 0 --training.sample_tokens 0 --training.log_interval 1 --checkpoint.interval 0 \
         --output.dir "$dir" --output.overwrite true > "$work/run_${name}_$r.log" 2>&1; then
       echo "  round $((r + 1)) $name done"
@@ -121,9 +149,11 @@ for r in $(seq 0 $((rounds - 1))); do
   done
 done
 
-python3 - "$work" "$rounds" "$slowdown" "$comm_slowdown" "${cases[@]}" <<'PY'
+python3 - "$work" "$rounds" "$slowdown" "$comm_slowdown" "$slowdown1" "$comm_slowdown1" "${cases[@]}" <<'PY'
 import json, os, statistics, sys
-work, rounds, slowdown, comm_slowdown, cases = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5:]
+work, rounds = sys.argv[1], int(sys.argv[2])
+slowdown, comm_slowdown, slowdown1, comm_slowdown1 = map(float, sys.argv[3:7])
+cases = sys.argv[7:]
 rows = []
 for c in cases:
     name, rate, _ = c.split("|", 2)
@@ -153,23 +183,32 @@ for r in rows:
           f"{'(%.2f-%.2f, %d)' % (r['min_s'], r['max_s'], r['steps']):>22} {100 * r['error']:>+7.1f}%")
 errs = [abs(r["error"]) for r in rows]
 by = {r["case"]: r for r in rows}
-pairs, correct = [], 0
+pairs, correct, resolved, resolved_right = [], 0, 0, 0
 for r in rows:
     if "-si" in r["case"]:
         off = r["case"].replace("-si", "-nosi")
         if off in by:
             o = by[off]
             ok = (r["predicted_s"] < o["predicted_s"]) == (r["measured_s"] < o["measured_s"])
+            # A measured order counts as resolved when the two cases' step ranges do not overlap;
+            # otherwise it is a tie within this machine's step-to-step spread.
+            sep = r["max_s"] < o["min_s"] or o["max_s"] < r["min_s"]
             pairs.append(f"{r['case']} vs {off}: simulated {o['predicted_s'] / r['predicted_s']:.3f}x, "
-                         f"measured {o['measured_s'] / r['measured_s']:.3f}x {'right' if ok else 'WRONG'}")
+                         f"measured {o['measured_s'] / r['measured_s']:.3f}x {'right' if ok else 'WRONG'}"
+                         f"{'' if sep else ' (measured ranges overlap: a tie)'}")
             correct += ok
+            resolved += sep
+            resolved_right += sep and ok
 for p in pairs:
     print("SI on vs off:", p)
 med = statistics.median(errs) if errs else None
 print(f"median |error| {100 * med:.1f}%, worst {100 * max(errs):.1f}% over {len(rows)} cases; "
-      f"SI order right in {correct}/{len(pairs)} pairs; interference: compute x{slowdown}, collectives x{comm_slowdown}")
+      f"SI order right in {correct}/{len(pairs)} pairs ({resolved_right}/{resolved} of those the measurement resolves); "
+      f"interference: compute x{slowdown}, collectives x{comm_slowdown} (one rank per host: x{slowdown1}, x{comm_slowdown1})")
 print(json.dumps({"median_abs_error": round(med, 4) if med is not None else None,
                   "max_abs_error": round(max(errs), 4) if errs else None, "layouts": len(rows),
                   "si_order_correct": len(pairs) > 0 and correct == len(pairs), "si_pairs": len(pairs),
-                  "si_pairs_right": correct, "compute_slowdown": slowdown, "comm_slowdown": comm_slowdown, "rounds": rounds, "per_case": rows}))
+                  "si_pairs_right": correct, "si_pairs_resolved": resolved, "si_pairs_resolved_right": resolved_right,
+                  "compute_slowdown": slowdown, "comm_slowdown": comm_slowdown, "compute_slowdown_1ph": slowdown1,
+                  "comm_slowdown_1ph": comm_slowdown1, "rounds": rounds, "per_case": rows}))
 PY
