@@ -215,7 +215,9 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
                               &spans, sparse ? &*sparse : nullptr);
     for (const ChannelSpan& c : spans)
       st.events.push_back({lay.pp > 1 ? fmt::format("stage {} {}", rk, c.group) : c.group, c.name, c.begin_s, c.end_s});
-    // The optimizer step on the compute thread after the tail (optimizer_time, StepModel.h).
+    // The optimizer step on the compute thread after the tail (optimizer_time, StepModel.h). The
+    // executor runs it before ZeRO-1's all-gather, which the tail holds; both are exposed, so the
+    // step's length is the same, only the trace's order differs under ZeRO-1.
     double optimizer_s = -1;
     if (opt.op_timer) {  // a stand-in timer may price it, as the compute op "optimizer.step"
       Op step_op;
