@@ -127,10 +127,27 @@ std::string svg_path_for(const std::string& plan_path) {
   return (p.extension() == ".json" ? p.replace_extension(".svg") : std::filesystem::path(plan_path + ".svg")).string();
 }
 
+// Whether a --cost-model argument names a JSON file of CostModelConfig fields (else a cluster preset).
+bool is_cost_model_json(const std::string& arg) { return arg.size() > 5 && arg.ends_with(".json"); }
+
+// The step simulator's settings the config fixes (Strand Interleaving, ZeRO-1, the sparse embedding
+// exchange, the gradients' wire precision), and its batch; `simulate` and `plan` alike.
+StepSimOptions step_sim_options(const RunConfig& cfg) {
+  StepSimOptions so;
+  so.si = cfg.schedule.strand_interleaving ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+  so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
+  so.sparse_embed = cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+  so.grad_wire_bytes = cfg.comm.grad_precision == "bf16" ? 2 : 4;
+  return so;
+}
+BatchSpec step_batch(const RunConfig& cfg) {
+  return {cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
+}
+
 // A cluster preset (name or .toml path: the same figures `dhelix simulate` and `tune` price with,
 // in the preset's native precision), or a JSON file of CostModelConfig fields.
 CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& lay) {
-  if (!(arg.size() > 5 && arg.substr(arg.size() - 5) == ".json")) {
+  if (!is_cost_model_json(arg)) {
     const ClusterPreset cluster = load_cluster(arg);
     return cost_model_config(cluster, lay, cluster.native_precision());
   }
@@ -313,7 +330,7 @@ int cmd_simulate(int argc, char** argv) {
             "set parallel.dp to {}", gpus, lay.world(), lay.dp, lay.pp, lay.cp, lay.tp, lay.tp_x, lay.tp_y, lay.tp_z,
             gpus * lay.dp / std::max(1, lay.world()));
   const ClusterPreset cluster = load_cluster(*cluster_arg);
-  StepSimOptions so;
+  StepSimOptions so = step_sim_options(cfg);
   DHX_CHECK(!prec || *prec == "fp32" || *prec == "bf16", ConfigError,
             "dhelix simulate: --precision '{}' must be fp32 or bf16", *prec);
   so.precision = prec && *prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
@@ -346,11 +363,7 @@ int cmd_simulate(int argc, char** argv) {
   DHX_CHECK(!profile_times || profile_path, ConfigError,
             "dhelix simulate: --profile-op-times takes the op times from a profile: give --profile FILE too");
   if (measure_gemm) so.gemm_timer = measured_gemm_timer(cluster.core_share);
-  so.si = cfg.schedule.strand_interleaving ? StrandInterleaving::kOn : StrandInterleaving::kOff;
-  so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
-  so.sparse_embed = cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
-  so.grad_wire_bytes = cfg.comm.grad_precision == "bf16" ? 2 : 4;
-  const BatchSpec batch{cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
+  const BatchSpec batch = step_batch(cfg);
   std::optional<SIPlan> block_plan;
   if (!cfg.schedule.plan.empty()) {
     LayoutConfig plain = lay;
@@ -538,24 +551,21 @@ int cmd_plan(int argc, char** argv) {
     // (the pairs' carried ops and prefetches, the embedding and head pairs, the pipeline slots).
     std::optional<ClusterPreset> preset;
     std::optional<StepSchedule> step_schedule;
-    const bool step_simulated = simulated && cost_arg && !(cost_arg->size() > 5 && cost_arg->ends_with(".json"));
+    StepSimOptions step_opt = step_sim_options(cfg);
+    const bool step_simulated = simulated && cost_arg && !is_cost_model_json(*cost_arg);
     if (step_simulated) {
       preset = load_cluster(*cost_arg);
       step_schedule = make_schedule(pipeline_spec(cfg));
+      step_opt.precision = preset->native_precision();
+      step_opt.si = StrandInterleaving::kOn;
+      step_opt.schedule = &*step_schedule;
       simulate = [&](const SIPlan& p) {
-        StepSimOptions so;
-        so.precision = preset->native_precision();
-        so.si = StrandInterleaving::kOn;
-        so.zero = cfg.parallel.zero ? Zero::kZero1 : Zero::kNone;
-        so.sparse_embed = cfg.parallel.sparse_embed_grad ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
-        so.grad_wire_bytes = cfg.comm.grad_precision == "bf16" ? 2 : 4;
-        so.schedule = &*step_schedule;
+        StepSimOptions so = step_opt;
         so.plan_for = [&](const LayerProgram& f, const LayerProgram& b) {
           if (f.name == "block" && b.name == "block") return p;
           return pair_default_plan(f.fwd, b.bwd);
         };
-        const BatchSpec batch{cfg.global_batch(), cfg.model.seq_len, cfg.training.micro_batch_size};
-        return simulate_step(cfg.model, lay, batch, *preset, so).step_s;
+        return simulate_step(cfg.model, lay, step_batch(cfg), *preset, so).step_s;
       };
     }
     const double t0 = now_seconds();

@@ -81,8 +81,10 @@ launch 1gbit 2ph "$bin" profile "${prof_args[@]}" --out "$work/profile.json" --r
 tail -1 "$work/profile.log"
 "$bin" simulate "${prof_args[@]}" --cluster cpu-emulated --profile "$work/profile.json" --json "$work/fit.json" |
   grep interference
-slowdown=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['compute_slowdown'])" "$work/fit.json")
-comm_slowdown=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['comm_slowdown'])" "$work/fit.json")
+fitted() {  # fitted FIT.json KEY -> the fitted factor `dhelix simulate --json` recorded
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"
+}
+slowdown=$(fitted "$work/fit.json" compute_slowdown) comm_slowdown=$(fitted "$work/fit.json" comm_slowdown)
 
 # A preset per link rate: the cpu-emulated one with inter_bw at the same 0.92 of the line rate.
 preset() {  # preset RATE PLACEMENT -> path
@@ -118,8 +120,7 @@ launch 300mbit 1ph "$bin" profile "${prof1[@]}" --out "$work/profile1.json" --re
 tail -1 "$work/profile1.log"
 "$bin" simulate "${prof1[@]}" --cluster "$(preset 300mbit 1ph)" --profile "$work/profile1.json" --json "$work/fit1.json" |
   grep interference
-slowdown1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['compute_slowdown'])" "$work/fit1.json")
-comm_slowdown1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['comm_slowdown'])" "$work/fit1.json")
+slowdown1=$(fitted "$work/fit1.json" compute_slowdown) comm_slowdown1=$(fitted "$work/fit1.json" comm_slowdown)
 
 # Simulate every case (the machine is quiet: GEMM timings).
 for c in "${cases[@]}"; do

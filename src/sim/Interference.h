@@ -4,8 +4,8 @@
 // a sum of isolated timings assumes, and the measured pair time differs from it by what the two
 // strands cost each other. Two parameters (PairSimOptions): the compute slowdown beside a
 // collective and the collective's slowdown beside compute, fitted on some pairs (least mean
-// relative error over a grid, one parameter at a time; most pairs hold no collective beside compute
-// and do not move with either) and judged on the others.
+// relative error: a coarse grid over both, then one parameter at a time; most pairs hold no
+// collective beside compute and do not move with either) and judged on the others.
 #pragma once
 #include <utility>
 #include <vector>
