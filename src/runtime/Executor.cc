@@ -9,6 +9,7 @@
 #include "base/Error.h"
 #include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
+#include "plan/IssueOrder.h"
 
 namespace dhelix {
 
@@ -232,6 +233,11 @@ bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
 void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
                       std::vector<std::pair<UnitEnv*, std::string>>& issued) {
   UnitEnv& env = *s.env;
+  if (!observers_.empty()) {
+    const std::vector<Op>& ops = kind == StrandKind::kForward ? program(s.unit).fwd : program(s.unit).bwd;
+    const IssuedOp io{kind, s.mb, s.unit, static_cast<int>(&op - ops.data()), &op};
+    for (StepObserver* o : observers_) o->on_issue(io);
+  }
   const bool skipped = std::any_of(op.inputs.begin(), op.inputs.end(),
                                    [&](const std::string& b) { return env.deferred.count(b) > 0; });
   if (skipped) {
@@ -291,57 +297,45 @@ void Executor::keep_saved_in_bf16(StrandSlot& s, const Op& op) {
   }
 }
 
-void Executor::run_carried(CarriedOps& c) {
-  if (c.empty()) return;
-  const std::vector<Op>& ops = program(c.slot.unit).bwd;
-  std::vector<std::pair<UnitEnv*, std::string>> issued;
-  for (int i = c.begin; i < c.end; ++i) run_op(StrandKind::kBackward, c.slot, ops[i], issued);
+void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out,
+                        CarriedOps* carry_in) {
+  DHX_CHECK(carry_out == 0 || b, InternalError, "carry {} without a backward strand", carry_out);
+  PairStrands strands;
+  strands.fwd = f ? &program(f->unit).fwd : nullptr;
+  strands.bwd = b ? &program(b->unit).bwd : nullptr;
+  strands.carry_out = carry_out;
+  strands.carried_in = carry_in && !carry_in->empty() ? carry_in->end - carry_in->begin : 0;
+  const std::vector<Op>* carried_ops = strands.carried_in > 0 ? &program(carry_in->slot.unit).bwd : nullptr;
+  std::vector<std::pair<UnitEnv*, std::string>> issued, carried_issued;
+  for (StepObserver* o : observers_) o->on_pair_begin(f ? f->unit : -1, b ? b->unit : -1);
+  for (const IssueStep& st : IssueOrder(strands, blocks)) {
+    switch (st.kind) {
+      case IssueStep::Kind::kOp: {
+        StrandSlot& slot = st.strand == StrandKind::kForward ? *f : *b;
+        const std::vector<Op>& ops = st.strand == StrandKind::kForward ? *strands.fwd : *strands.bwd;
+        run_op(st.strand, slot, ops[static_cast<size_t>(st.op)], issued);
+        break;
+      }
+      case IssueStep::Kind::kCarried:
+        // Ops carried in from the previous pair wait on nothing here: they hide its first collective.
+        run_op(StrandKind::kBackward, carry_in->slot, (*carried_ops)[static_cast<size_t>(carry_in->begin + st.op)],
+               carried_issued);
+        if (st.op + 1 == strands.carried_in) finish_carried(*carry_in, carried_issued);
+        break;
+      case IssueStep::Kind::kBlockEnd:  // the block completes before the next starts
+        for (auto& [env, buf] : issued) wait_pending(*env, buf);
+        issued.clear();
+        break;
+    }
+  }
+}
+
+void Executor::run_carried(CarriedOps& c) { run_pair(nullptr, nullptr, {}, 0, &c); }
+
+void Executor::finish_carried(CarriedOps& c, const std::vector<std::pair<UnitEnv*, std::string>>& issued) {
   DHX_ASSERT(issued.empty(), "carried backward ops of unit {} issued a collective", c.slot.unit);
   c.begin = c.end;
   if (auto done = std::move(c.on_done)) done();
-}
-
-void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out,
-                        CarriedOps* carry_in) {
-  const std::vector<Op>* fops = f ? &program(f->unit).fwd : nullptr;
-  const std::vector<Op>* bops = b ? &program(b->unit).bwd : nullptr;
-  const int bwd_stop = bops ? static_cast<int>(bops->size()) - carry_out : 0;
-  DHX_ASSERT(carry_out == 0 || (bops && bwd_stop >= 0), "carry {} without a backward strand", carry_out);
-  for (const Block& blk : blocks) {
-    std::vector<std::pair<UnitEnv*, std::string>> issued;
-    struct Win {
-      StrandKind kind;
-      StrandSlot* slot;
-      const std::vector<Op>* ops;
-      int begin, end;
-      int next;       // first op not yet run
-      bool waits;     // a compute op after a collective of this window reads its output
-    };
-    Win wins[2] = {{StrandKind::kForward, f, fops, blk.fwd_begin, blk.fwd_end, blk.fwd_begin, false},
-                   {StrandKind::kBackward, b, bops, blk.bwd_begin, std::min(blk.bwd_end, bwd_stop), blk.bwd_begin,
-                    false}};
-    for (Win& w : wins) {
-      if (w.end <= w.begin) continue;
-      DHX_CHECK(w.slot && w.ops, InternalError, "plan block has {} ops but that strand is idle", strand_name(w.kind));
-      // 1) Leading collectives are issued first.
-      while (w.next < w.end && (*w.ops)[w.next].is_collective()) run_op(w.kind, *w.slot, (*w.ops)[w.next++], issued);
-      w.waits = false;
-      for (int i = w.next; i < w.end; ++i)
-        if ((*w.ops)[i].is_collective()) w.waits = true;
-      if (w.next > w.begin && w.next < w.end) w.waits = true;
-    }
-    // Ops carried in from the previous pair wait on nothing here: they hide its first collective.
-    if (carry_in && !issued.empty()) run_carried(*carry_in);
-    // 2) The strand that does not wait on a collective of this block goes first; ties: backward
-    //    first, so freed activations are reused by the forward strand's new ones.
-    Win* order[2] = {&wins[1], &wins[0]};
-    if (wins[1].waits && !wins[0].waits) std::swap(order[0], order[1]);
-    for (Win* w : order)
-      for (; w->next < w->end; ++w->next) run_op(w->kind, *w->slot, (*w->ops)[w->next], issued);
-    // 3) The block completes before the next starts.
-    for (auto& [env, buf] : issued) wait_pending(*env, buf);
-  }
-  if (carry_in) run_carried(*carry_in);  // no block issued a leading collective
 }
 
 void Executor::run_alone(StrandSlot& s, StrandKind kind) {

@@ -21,6 +21,7 @@
 #include "plan/SIPlan.h"
 #include "runtime/Env.h"
 #include "runtime/OpRegistry.h"
+#include "runtime/StepObserver.h"
 #include "parallel/ParamStore.h"
 #include "base/Trace.h"
 
@@ -105,9 +106,12 @@ class Executor {
   // program(f->unit).fwd and program(b->unit).bwd. The last `carry_out` bwd ops are skipped (the
   // caller runs them later: SIPlan::carry). `carry_in` (may be null or empty), ops an earlier pair
   // carried out, run in the first block that issues a leading collective, right after issuing it,
-  // or after the last block when none does.
+  // or after the last block when none does. The order is plan/IssueOrder's, as the simulator's.
   void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out = 0,
                 CarriedOps* carry_in = nullptr);
+  // Watches every later pair and op (not owned; it must outlive the executor or be removed).
+  void add_observer(StepObserver* o) { observers_.push_back(o); }
+  void remove_observer(StepObserver* o) { std::erase(observers_, o); }
   // Runs carried ops now (the slot's last pair carried some and no pair follows).
   void run_carried(CarriedOps& c);
   // Runs the whole forward (or backward) program of one slot, collectives exposed.
@@ -119,6 +123,8 @@ class Executor {
 
  private:
   void run_op(StrandKind kind, StrandSlot& s, const Op& op, std::vector<std::pair<UnitEnv*, std::string>>& issued);
+  // The carried ops ran (none may issue a collective): mark them done and call c.on_done.
+  void finish_carried(CarriedOps& c, const std::vector<std::pair<UnitEnv*, std::string>>& issued);
   void issue_collective(StrandKind kind, StrandSlot& s, const Op& op);
   void wait_pending(UnitEnv& env, const std::string& buf);
   std::string lane(StrandKind k) const;
@@ -148,6 +154,7 @@ class Executor {
   std::map<std::tuple<int, int, int, std::string>, Prefetched> prefetched_;
   std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
   std::map<const LayerProgram*, std::vector<std::vector<std::string>>> bf16_saves_;  // bf16_saved_buffers, per program
+  std::vector<StepObserver*> observers_;
 };
 
 }  // namespace dhelix

@@ -221,7 +221,12 @@ double CostModel::pair(int a, int b, int c, int d) const {
       if (fwd_[i].group >= 0 && fwd_[i].group == bwd_[j].group) return kNoCost;
   const bool f_comm = has(fwd_, a, b, true), b_comm = has(bwd_, c, d, true);
   const bool f_comp = has(fwd_, a, b, false), b_comp = has(bwd_, c, d, false);
-  // The strand that waits on no collective of its own queues its compute first.
+  // How this approximates plan/IssueOrder (the executor's and PairSim's order): it prices the
+  // block as two FIFO lanes (engine, channels) without issuing leading collectives ahead, without
+  // carried-in ops (SIPlan::carry is priced by PairSim and the step simulator, not here), and with
+  // "waits" read as "has a collective"; so ties (both strands or neither have one) queue the forward
+  // strand first where IssueOrder runs the backward first. With neither, the makespan is the same
+  // sum either way; with both, the additive model's slowdown factor is what the search prices.
   const bool bwd_first = f_comm && !b_comm;
   double t = bwd_first ? makespan(&bwd_, c, d, &fwd_, a, b) : makespan(&fwd_, a, b, &bwd_, c, d);
   if ((f_comm && b_comp) || (b_comm && f_comp))

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "base/Error.h"
+#include "plan/IssueOrder.h"
 
 namespace dhelix {
 
@@ -99,53 +100,34 @@ struct Sim {
   }
 };
 
-bool is_coll(const std::vector<Op>& ops, int i) { return ops[static_cast<size_t>(i)].is_collective(); }
-
 PairSimResult simulate_once(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,
                             const OpTimer& time, const PairSimOptions& opt, const Intervals& computing) {
   Sim sim(time, opt, computing);
   sim.note_prefetches(StrandKind::kForward, fwd);
   sim.note_prefetches(StrandKind::kBackward, bwd);
+  // Steady state: the ops this pair carries out stand for those the previous pair carried in.
   const int nb = bwd ? static_cast<int>(bwd->size()) : 0;
   const int carry = std::clamp(plan.carry, 0, nb);
-  const int bwd_stop = nb - carry;
-  bool carried_done = carry == 0;
-  auto run_carried = [&](std::vector<double>& issued) {
-    for (int i = bwd_stop; i < nb; ++i) sim.run(StrandKind::kBackward, *bwd, i, issued);
-    carried_done = true;
+  std::vector<double> issued;
+  auto complete = [&] {
+    for (double e : issued) sim.engine = std::max(sim.engine, e);
+    issued.clear();
   };
-  for (const Block& blk : plan.blocks) {
-    std::vector<double> issued;
-    struct Win {
-      StrandKind kind;
-      const std::vector<Op>* ops;
-      int next, end;
-      bool waits = false;
-    };
-    Win wins[2] = {{StrandKind::kForward, fwd, blk.fwd_begin, blk.fwd_end},
-                   {StrandKind::kBackward, bwd, blk.bwd_begin, std::min(blk.bwd_end, bwd_stop)}};
-    bool leading = false;
-    for (Win& w : wins) {
-      if (w.end <= w.next) continue;
-      DHX_CHECK(w.ops != nullptr, ConfigError, "plan block has {} ops but that strand is idle", strand_name(w.kind));
-      const int begin = w.next;
-      while (w.next < w.end && is_coll(*w.ops, w.next)) sim.run(w.kind, *w.ops, w.next++, issued), leading = true;
-      for (int i = w.next; i < w.end; ++i) w.waits |= is_coll(*w.ops, i);
-      if (w.next > begin && w.next < w.end) w.waits = true;
+  for (const IssueStep& st : IssueOrder(PairStrands{fwd, bwd, carry, carry}, plan.blocks)) {
+    switch (st.kind) {
+      case IssueStep::Kind::kOp:
+        sim.run(st.strand, st.strand == StrandKind::kForward ? *fwd : *bwd, st.op, issued);
+        break;
+      case IssueStep::Kind::kCarried:
+        sim.run(StrandKind::kBackward, *bwd, nb - carry + st.op, issued);
+        break;
+      case IssueStep::Kind::kBlockEnd:
+        complete();
+        sim.r.block_end_s.push_back(sim.engine);
+        break;
     }
-    if (!carried_done && leading) run_carried(issued);
-    Win* order[2] = {&wins[1], &wins[0]};
-    if (wins[1].waits && !wins[0].waits) std::swap(order[0], order[1]);
-    for (Win* w : order)
-      for (; w->next < w->end; ++w->next) sim.run(w->kind, *w->ops, w->next, issued);
-    for (double e : issued) sim.engine = std::max(sim.engine, e);
-    sim.r.block_end_s.push_back(sim.engine);
   }
-  if (!carried_done) {
-    std::vector<double> issued;
-    run_carried(issued);
-    for (double e : issued) sim.engine = std::max(sim.engine, e);
-  }
+  complete();  // carried ops after the last block
   // Background collectives still in flight end the pair too (their readers are in a later pair).
   double span = sim.engine;
   for (const auto& [g, free] : sim.channel_free) span = std::max(span, free);

@@ -1,7 +1,7 @@
 // Discrete-event simulation of one layer pair under a Strand-Interleaving plan: the forward strand
-// of one micro-batch beside the backward strand of another, op by op, with the executor's issue
-// rules (runtime/Executor.cc, run_pair) and no backend. One compute engine per rank; one FIFO
-// channel per process group (its comm thread). Per block:
+// of one micro-batch beside the backward strand of another, op by op, walking the executor's issue
+// order (plan/IssueOrder.h, which runtime/Executor.cc's run_pair walks too) with no backend. One
+// compute engine per rank; one FIFO channel per process group (its comm thread). Per block:
 //   1. each strand's leading collectives are issued (forward's first), each once its inputs are
 //      ready (the engine waits for a collective input, as the compute thread does);
 //   2. carried-in backward ops (SIPlan::carry, the previous pair's trailing weight-gradient GEMMs)
