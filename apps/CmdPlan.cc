@@ -31,6 +31,7 @@
 #include "sim/Interference.h"
 #include "sim/ClusterPreset.h"
 #include "sim/StepSim.h"
+#include "train/Preflight.h"
 #include "base/Trace.h"
 #include "schedule/BasicPlans.h"
 #include "schedule/Pipelines.h"
@@ -46,16 +47,9 @@ MicroBatchShape micro_batch_of(const RunConfig& cfg) {
   return MicroBatchShape{cfg.training.micro_batch_size, cfg.model.seq_len / std::max<int64_t>(1, cfg.parallel.cp)};
 }
 
-// Compute threads per rank: the config's, else the cores shared by this node's ranks.
-void set_threads(const RunConfig& cfg) {
-  int n = static_cast<int>(cfg.training.threads);
-  if (n <= 0) {
-    int local = 1;
-    if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
-    n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
-  }
-  cpu::set_num_threads(n);
-}
+// Compute threads per rank on this (the timing) thread: the config's, else the cores shared by
+// this host's ranks (train/Preflight.h).
+void set_threads(const RunConfig& cfg) { cpu::set_num_threads(threads_per_rank(cfg, nullptr)); }
 
 // The world for timing on real process groups: MPI under mpirun or when the layout needs more
 // than one rank (make_mpi_world then names the mismatch), else none.

@@ -87,10 +87,8 @@ int cmd_train(int argc, char** argv) {
   try {
     // Every rank checks the same inputs, so every rank fails alike; rank 0 alone reports (below).
     if (comm && comm->world_size() > 1) check_ranks_agree(cfg, *comm);
-    int local = 1;
-    if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
     // The memory pre-check uses the step model, which prices neither cp nor ep layouts yet.
-    if (cfg.parallel.cp == 1 && cfg.parallel.ep == 1) check_memory(estimate_rank_memory(cfg), local);
+    if (cfg.parallel.cp == 1 && cfg.parallel.ep == 1) check_memory(estimate_rank_memory(cfg), ranks_on_this_host(nullptr));
     check_writable_paths(cfg);
     for (const std::string& line : prepare_run_directory(cfg, rank0))
       if (rank0) fmt::print("{}\n", line);

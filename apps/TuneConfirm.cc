@@ -212,6 +212,7 @@ GemmTimer measured_gemm_timer(double core_share) {
     std::vector<std::thread> others;
     for (int i = 0; i < partners; ++i)
       others.emplace_back([&, kind, rows, in, out] {
+        cpu::set_num_threads(1);  // a thread's own OpenMP count (Kernels.h), as the timed one's
         pin_to(cpu);
         GemmCase g(kind, rows, in, out);
         while (!stop.load(std::memory_order_relaxed)) g.run();

@@ -132,7 +132,8 @@ struct SgemmSamples {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
       if (rep > 0) rates.push_back(2.0 * n * n * n / (now_seconds() - t0));
     }
-    cpu::set_num_threads(threads);  // back to serial OpenBLAS under OpenMP slabs
+    openblas_set_num_threads(1);  // back to serial OpenBLAS under OpenMP slabs
+    cpu::set_num_threads(threads);
     std::sort(rates.begin(), rates.end());
     openblas.push_back(rates[rates.size() / 2]);
   }
@@ -252,7 +253,7 @@ void print_profile(const char* label, const OursResult& r) {
 }
 
 // The model built like Trainer does (single process), trained one step at a time with its GEMMs in
-// `precision` (the process-wide switch is set before each of its steps, so two of these alternate).
+// `precision` (in its run context, so two of these alternate without a process-wide switch).
 class OursRun {
  public:
   OursRun(const Args& a, const ModelConfig& model, cpu::GemmPrecision precision)
@@ -264,6 +265,7 @@ class OursRun {
     parts_ = std::make_unique<StepParts>(ps);
     // As the trainer runs bf16 (training.bf16_activations on): saved GEMM inputs kept in bf16.
     parts_->ctx.bf16_saved_activations = precision == cpu::GemmPrecision::kBf16;
+    parts_->ctx.kernels = cpu::kernel_config(static_cast<int>(a.threads), precision);
     ParamStore& params = *parts_->params;
     sync_ = std::make_unique<GradSync>(params, parts_->units, parts_->progs, nullptr, nullptr, ZeroStage::kNone,
                                        &parts_->state_mem);
@@ -288,7 +290,6 @@ class OursRun {
 
   // Step s (0-based; the first a.warmup are not timed).
   void step(int64_t s) {
-    cpu::set_gemm_precision(precision_);
     if (a_.profile && s == a_.warmup) {
       trace_ = std::make_unique<Trace>(0);
       parts_->ctx.trace = trace_.get();
@@ -313,7 +314,6 @@ class OursRun {
                precision_ == cpu::GemmPrecision::kBf16 ? "bf16" : "fp32", s + 1, t2 - t0, loss,
                s < a_.warmup ? "  (warmup)" : "");
     std::fflush(stdout);
-    cpu::set_gemm_precision(cpu::GemmPrecision::kFp32);
   }
 
   OursResult result() {

@@ -262,7 +262,8 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     for (auto& in : op.inputs) wait_pending(env, in);
     double t0 = ctx_.trace ? now_seconds() : 0;
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
-                ctx_.act_mem, ctx_.dloss, ctx_.shard, &ctx_.router, ctx_.cp_rank, ctx_.layout.cp, ctx_.bf16_weights};
+                ctx_.act_mem, ctx_.dloss, ctx_.shard, &ctx_.router, ctx_.cp_rank, ctx_.layout.cp, ctx_.bf16_weights,
+                ctx_.kernels.precision};
     const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op);
     if (!diverted) {
       lookup_op(op.code)(call);

@@ -73,6 +73,7 @@ struct RunContext {
   // The current step's bf16 weight copies (StepRunner sets it while a step runs in bf16), or null.
   Bf16Weights* bf16_weights = nullptr;
   MemoryTracker* state_mem = nullptr;  // model and optimizer states (the bf16 weight copies count there)
+  cpu::KernelConfig kernels;  // the GEMM precision handed to the op kernels; threads: StepRunner sets them
 };
 
 // One micro-batch positioned at one unit on one strand.

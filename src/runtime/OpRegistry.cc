@@ -71,7 +71,7 @@ void op_linear(OpCall& c) {
   if (c.bf16_weights)  // this step's bf16 copy of w (StepRunner makes one only in bf16)
     linear_fwd_bf16w(x.f32(), c.bf16_weights->get(w.value), b, y.f32(), N, I, O);
   else
-    linear_fwd<float>(x.f32(), w.value.f32(), b, y.f32(), N, I, O);
+    linear_fwd<float>(x.f32(), w.value.f32(), b, y.f32(), N, I, O, c.precision);
 }
 
 void op_linear_dgrad(OpCall& c) {
@@ -83,7 +83,7 @@ void op_linear_dgrad(OpCall& c) {
   if (c.bf16_weights)
     linear_bwd_data_bf16w(dy.f32(), c.bf16_weights->get(w.value), dx.f32(), N, I, O, Accumulate::kNo);
   else
-    linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo);
+    linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo, c.precision);
 }
 
 int64_t attr(const OpCall& c, const char* k) {
@@ -110,7 +110,7 @@ void op_linear_wgrad(OpCall& c) {
                                  attr_or(c, "rows_hi", O));
   else
     linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), db, N, I, O, attr_or(c, "rows_lo", 0),
-                                  attr_or(c, "rows_hi", O));
+                                  attr_or(c, "rows_hi", O), c.precision);
 }
 
 void op_layernorm(OpCall& c) {
@@ -194,7 +194,7 @@ void op_attention(OpCall& c) {
   const float* v = k + d.Hkv * d.D;
   Tensor& o = c.out_new(0, {N, d.H * d.D});
   Tensor& lse = c.out_new(1, {d.B, d.H, d.T});
-  attention_fwd<float>(q, k, v, o.f32(), lse.f32(), d, 1.0f / std::sqrt(static_cast<float>(d.D)));
+  attention_fwd<float>(q, k, v, o.f32(), lse.f32(), d, 1.0f / std::sqrt(static_cast<float>(d.D)), c.precision);
 }
 
 void op_attention_bwd(OpCall& c) {
@@ -210,7 +210,7 @@ void op_attention_bwd(OpCall& c) {
   Tensor& dqkv = c.out_new(0, {N, W});
   float* dq = dqkv.f32();
   attention_bwd<float>(q, k, v, o.f32(), lse.f32(), dout.f32(), dq, dq + d.H * d.D, dq + (d.H + d.Hkv) * d.D, d,
-                       1.0f / std::sqrt(static_cast<float>(d.D)));
+                       1.0f / std::sqrt(static_cast<float>(d.D)), c.precision);
 }
 
 // ---- context parallelism: the ring attention's ops (Programs.cc, cp_attention_fwd/bwd) ----
@@ -239,12 +239,13 @@ void op_ring_attention(OpCall& c) {
   if (step == 0) {
     Tensor& o = c.out_new(0, {N, r.H * r.D});
     Tensor& lse = c.out_new(1, {r.B, r.H, r.Tl});
-    ring_attention_fwd_step<float>(r, 0, qkv.f32(), kv.f32(), o.f32(), lse.f32(), nullptr, nullptr, scale);
+    ring_attention_fwd_step<float>(r, 0, qkv.f32(), kv.f32(), o.f32(), lse.f32(), nullptr, nullptr, scale, c.precision);
     return;
   }
   Tensor o = c.in(2), lse = c.in(3);
   Tensor o_tmp = Tensor::empty(o.shape(), DType::kF32, c.act_mem), lse_tmp = Tensor::empty(lse.shape(), DType::kF32, c.act_mem);
-  ring_attention_fwd_step<float>(r, step, qkv.f32(), kv.f32(), o.f32(), lse.f32(), o_tmp.f32(), lse_tmp.f32(), scale);
+  ring_attention_fwd_step<float>(r, step, qkv.f32(), kv.f32(), o.f32(), lse.f32(), o_tmp.f32(), lse_tmp.f32(), scale,
+                                 c.precision);
   c.env.bufs[c.op.outputs.at(0)] = o;
   c.env.bufs[c.op.outputs.at(1)] = lse;
 }
@@ -266,7 +267,7 @@ void op_ring_attention_bwd(OpCall& c) {
   Tensor& dkv = c.out_new(1, kv.shape());
   dkv.zero_();
   ring_attention_bwd_step<float>(r, step, qkv.f32(), kv.f32(), o.f32(), lse.f32(), dout.f32(), dq.f32(), dkv.f32(),
-                                 1.0f / std::sqrt(static_cast<float>(r.D)));
+                                 1.0f / std::sqrt(static_cast<float>(r.D)), c.precision);
 }
 
 // The dK/dV that arrived (travelling with the keys it belongs to) plus this rank's share, in place.

@@ -11,6 +11,7 @@
 #include "model/Params.h"
 #include "model/Programs.h"
 #include "plan/Program.h"
+#include "kernels/cpu/Kernels.h"
 #include "runtime/Env.h"
 #include "parallel/ParamStore.h"
 
@@ -46,6 +47,7 @@ struct OpCall {
   int cp_rank = 0;                 // context parallelism: this rank's chunks of each sequence
   int cp = 1;
   Bf16Weights* bf16_weights = nullptr;  // this step's bf16 weight copies (GEMM precision bf16), or null
+  cpu::GemmPrecision precision = cpu::GemmPrecision::kFp32;  // the run's (RunContext::kernels)
 
   // The vocabulary shard this rank holds (tp rank, or y under 3D); the first sequence row of its
   // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of

@@ -44,7 +44,7 @@ void op_linear3d(OpCall& c) {
   DHX_ASSERT(cols(x) == I, "{}: input {} vs block columns {}", c.op.name, x.describe(), I);
   const float* w = weight_block(c, 1);
   Tensor& y = c.out_new(0, {N, O});
-  linear_fwd<float>(x.f32(), w, nullptr, y.f32(), N, I, O);
+  linear_fwd<float>(x.f32(), w, nullptr, y.f32(), N, I, O, c.precision);
 }
 
 void op_linear3d_dgrad(OpCall& c) {
@@ -53,7 +53,7 @@ void op_linear3d_dgrad(OpCall& c) {
   DHX_ASSERT(cols(dy) == O, "{}: dy {} vs block rows {}", c.op.name, dy.describe(), O);
   const float* w = weight_block(c, 1);
   Tensor& dx = c.out_new(0, {N, I});
-  linear_bwd_data<float>(dy.f32(), w, dx.f32(), N, I, O, Accumulate::kNo);
+  linear_bwd_data<float>(dy.f32(), w, dx.f32(), N, I, O, Accumulate::kNo, c.precision);
 }
 
 // The block's weight gradient dy^T x: into a fresh flat buffer for the reduce-scatter over z
@@ -65,11 +65,11 @@ void op_linear3d_wgrad(OpCall& c) {
   if (!c.op.outputs.empty()) {
     Tensor& dw = c.out_new(0, {O * I});
     dw.zero_();
-    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), dw.f32(), nullptr, N, I, O, 0, O);
+    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), dw.f32(), nullptr, N, I, O, 0, O, c.precision);
   } else {
     ParamEntry& w = c.grad(0);
     DHX_ASSERT(w.grad.numel() == O * I, "{}: gradient shard {} vs block {} x {}", c.op.name, w.grad.describe(), O, I);
-    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), nullptr, N, I, O, 0, O);
+    linear_bwd_weight_rows<float>(dy.f32(), x.f32(), w.grad.f32(), nullptr, N, I, O, 0, O, c.precision);
   }
 }
 

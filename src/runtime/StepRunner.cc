@@ -168,10 +168,11 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
             ProcessGroup::kMaxP2PTag / 2);
   check_schedule(sch);
   if (ctx_.act_mem) ctx_.act_mem->reset_peak();
+  cpu::set_num_threads(ctx_.kernels.threads);  // this thread's OpenMP count: the run's, not a process-wide one
   // bf16: the step's weight copies (Bf16Weights), made on first use and dropped when the step ends
   // however it ends (the weights change only between steps).
   std::optional<Bf16Weights> weights16;
-  if (cpu::gemm_precision() == cpu::GemmPrecision::kBf16) weights16.emplace(ctx_.state_mem);
+  if (ctx_.kernels.precision == cpu::GemmPrecision::kBf16) weights16.emplace(ctx_.state_mem);
   struct Unset {
     Bf16Weights*& slot;
     ~Unset() { slot = nullptr; }

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "base/Checksum.h"
 #include "base/Error.h"
@@ -211,6 +213,17 @@ void check_ranks_agree(const RunConfig& cfg, CommContext& comm) {
   for (const auto& d : diffs) msg += "\n  - " + d;
   msg += "\nhint: launch every rank with the same --config and flags (and the same data files)";
   throw ConfigError(msg);
+}
+
+int ranks_on_this_host(const CommContext* comm) {
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(v));
+  return comm ? comm->world_size() : 1;
+}
+
+int threads_per_rank(const RunConfig& cfg, const CommContext* comm) {
+  if (cfg.training.threads > 0) return static_cast<int>(cfg.training.threads);
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, hw / ranks_on_this_host(comm));
 }
 
 }  // namespace dhelix

@@ -45,6 +45,13 @@ struct MemoryEstimate {
 // with the figures when it does not fit.
 void check_memory(const MemoryEstimate& e, int ranks_on_host);
 
+// The ranks that share this host's cores and memory: OMPI_COMM_WORLD_LOCAL_SIZE under mpirun (the
+// launcher says), else `comm`'s world when its ranks are threads of this process (local backend),
+// else 1. The one reading of the launcher's local size.
+int ranks_on_this_host(const CommContext* comm);
+// Compute threads per rank: training.threads, else this host's cores shared by its ranks (at least 1).
+int threads_per_rank(const RunConfig& cfg, const CommContext* comm);
+
 // Multi-rank: every rank's resolved configuration (key by key) and data identity (the .idx and
 // .bin sizes and the index's checksum) are compared; a difference -> ConfigError naming the keys
 // and the ranks that differ from rank 0 (the same message on every rank). Collective over the world.

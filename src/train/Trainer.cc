@@ -59,15 +59,6 @@ double measure_bf16_gemm_flops() {
 
 namespace {
 
-int auto_threads(const RunConfig& cfg, CommContext* comm) {
-  if (cfg.training.threads > 0) return static_cast<int>(cfg.training.threads);
-  int hw = std::max(1u, std::thread::hardware_concurrency());
-  int local = 1;
-  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
-  else if (comm) local = comm->world_size();  // local-threads backend: all ranks share this process
-  return std::max(1, hw / local);
-}
-
 // TEST HOOK (tests/parallel/mpi_train_failure_test.sh, tests/train/nonfinite_test.sh):
 // DHELIX_FAULT_INJECT=RANK:STEP[:MODE] makes world rank RANK fail in optimizer step STEP (1-based).
 // MODE kill (the default) and throw act mid-backward, once the step's last micro-batch has
@@ -140,8 +131,12 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
               "parallel.dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={} need {} processes; launch with mpirun -np {}",
               p.dp, p.pp, p.cp, p.tp, p.tp_x, p.tp_y, p.tp_z, layout_.world(), layout_.world());
   }
-  cpu::set_num_threads(auto_threads(cfg_, comm_));
-  cpu::set_gemm_precision(cfg_.training.precision == "bf16" ? cpu::GemmPrecision::kBf16 : cpu::GemmPrecision::kFp32);
+  // The kernels' threads and GEMM precision travel in the run's context (RunContext::kernels); this
+  // thread's OpenMP count is set now for the work before the first step (StepRunner sets it per step).
+  const cpu::KernelConfig kernels = cpu::kernel_config(
+      threads_per_rank(cfg_, comm_),
+      cfg_.training.precision == "bf16" ? cpu::GemmPrecision::kBf16 : cpu::GemmPrecision::kFp32);
+  cpu::set_num_threads(kernels.threads);
   // Under context parallelism this rank's micro-batch holds seq_len / cp rows of each sequence.
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len / layout_.cp};
   // A pipeline stage builds and stores only the units of its chunks.
@@ -214,6 +209,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
       return true;
     };
   }
+  parts_->ctx.kernels = kernels;
   parts_->ctx.expose_collectives = cfg_.schedule.expose_collectives;
   const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
   parts_->ctx.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;

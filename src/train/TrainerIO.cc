@@ -249,6 +249,7 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   lay.cp = 1;
   ModelPrograms progs = build_programs(cfg_.model, lay, one);
   RunContext ctx = parts.ctx;
+  ctx.kernels = parts_->ctx.kernels;  // the run's precision (a gathered `whole` has the default)
   ctx.layout = lay;
   ctx.cp_rank = 0;
   ctx.mb = one;
@@ -283,7 +284,7 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
                                 rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));
     else
       cpu::rmsnorm_fwd<float>(h, g.value.f32(), hn.data(), rstd.data(), 1, C, static_cast<float>(cfg_.model.norm_eps));
-    cpu::linear_fwd<float>(hn.data(), w.value.f32(), nullptr, logits.data(), 1, C, V);
+    cpu::linear_fwd<float>(hn.data(), w.value.f32(), nullptr, logits.data(), 1, C, V, ctx.kernels.precision);
     // top-k over temperature-scaled logits
     std::vector<int32_t> idx(static_cast<size_t>(V));
     for (int32_t i = 0; i < V; ++i) idx[i] = i;

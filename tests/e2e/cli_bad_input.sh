@@ -6,7 +6,7 @@ set -u
 bin=$1; cd "$2"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0; passes=0
-export OPENBLAS_NUM_THREADS=1 DHELIX_THREADS=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 expect() {  # expect NAME PATTERN... -- ARGS
   local name=$1; shift; local pats=()

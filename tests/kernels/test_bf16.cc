@@ -56,16 +56,16 @@ TEST(Bf16, RoundingClosedForms) {
 
 TEST(Bf16, RefusedWithoutTheCpuFeature) {
   if (bf16_support().usable()) {
-    EXPECT_NO_THROW(set_gemm_precision(GemmPrecision::kBf16));
-    set_gemm_precision(GemmPrecision::kFp32);
+    EXPECT_NO_THROW(kernel_config(1, GemmPrecision::kBf16));
   } else {
+    KernelConfig k;
     try {
-      set_gemm_precision(GemmPrecision::kBf16);
+      k = kernel_config(1, GemmPrecision::kBf16);
       ADD_FAILURE() << "bf16 accepted on a CPU without it";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("AVX512-BF16"), std::string::npos) << e.what();
     }
-    EXPECT_EQ(gemm_precision(), GemmPrecision::kFp32);
+    EXPECT_EQ(k.precision, GemmPrecision::kFp32);
   }
 }
 
@@ -138,7 +138,7 @@ TEST(Bf16, IntegersAreExact) {
     }
 }
 
-// The linear layer follows the process's GEMM precision: bf16 rounds (differs from fp32 on random
+// The linear layer follows the GEMM precision it is given: bf16 rounds (differs from fp32 on random
 // data, equals it on bf16-exact data), fp32 again after switching back; double is never rounded.
 TEST(Bf16, LinearLayerFollowsThePrecision) {
   NEED_BF16();
@@ -149,11 +149,9 @@ TEST(Bf16, LinearLayerFollowsThePrecision) {
   for (float& v : x) v = d(rng);
   for (float& v : w) v = d(rng);
   linear_fwd<float>(x.data(), w.data(), nullptr, y32.data(), N, I, O);
-  set_gemm_precision(GemmPrecision::kBf16);
-  linear_fwd<float>(x.data(), w.data(), nullptr, y16.data(), N, I, O);
+  linear_fwd<float>(x.data(), w.data(), nullptr, y16.data(), N, I, O, GemmPrecision::kBf16);
   std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), yd(N * O), yd16(N * O);
-  linear_fwd<double>(xd.data(), wd.data(), nullptr, yd16.data(), N, I, O);
-  set_gemm_precision(GemmPrecision::kFp32);
+  linear_fwd<double>(xd.data(), wd.data(), nullptr, yd16.data(), N, I, O, GemmPrecision::kBf16);
   linear_fwd<float>(x.data(), w.data(), nullptr, again.data(), N, I, O);
   linear_fwd<double>(xd.data(), wd.data(), nullptr, yd.data(), N, I, O);
   EXPECT_NE(y16, y32);
@@ -162,9 +160,7 @@ TEST(Bf16, LinearLayerFollowsThePrecision) {
   for (float& v : x) v = from_bf16(to_bf16(v));
   for (float& v : w) v = from_bf16(to_bf16(v));
   linear_fwd<float>(x.data(), w.data(), nullptr, y32.data(), N, I, O);
-  set_gemm_precision(GemmPrecision::kBf16);
-  linear_fwd<float>(x.data(), w.data(), nullptr, y16.data(), N, I, O);
-  set_gemm_precision(GemmPrecision::kFp32);
+  linear_fwd<float>(x.data(), w.data(), nullptr, y16.data(), N, I, O, GemmPrecision::kBf16);
   // Same exact products; only the fp32 summation orders differ: each within gamma_I sum|x||w|.
   const double gamma = I * kU32 / (1 - I * kU32);
   for (int64_t n = 0; n < N; ++n)
@@ -188,10 +184,8 @@ TEST(Bf16, LinearBiasInTheEpilogueEqualsAddingIt) {
   for (float& v : x) v = d(rng);
   for (float& v : w) v = d(rng);
   for (float& v : b) v = d(rng);
-  set_gemm_precision(GemmPrecision::kBf16);
-  linear_fwd<float>(x.data(), w.data(), b.data(), with.data(), N, I, O);
-  linear_fwd<float>(x.data(), w.data(), nullptr, without.data(), N, I, O);
-  set_gemm_precision(GemmPrecision::kFp32);
+  linear_fwd<float>(x.data(), w.data(), b.data(), with.data(), N, I, O, GemmPrecision::kBf16);
+  linear_fwd<float>(x.data(), w.data(), nullptr, without.data(), N, I, O, GemmPrecision::kBf16);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < O; ++o) ASSERT_EQ(with[n * O + o], without[n * O + o] + b[o]) << n << "," << o;
   EXPECT_NE(with, without);
@@ -210,20 +204,18 @@ TEST(Bf16, LinearWithBf16WeightsEqualsRoundingThem) {
     for (float& e : *v) e = d(rng);
   std::vector<uint16_t> w16(w.size());
   round_to_bf16(w.data(), w16.data(), static_cast<int64_t>(w.size()));
-  set_gemm_precision(GemmPrecision::kBf16);
   for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data())}) {
     std::vector<float> a(N * O), c(N * O);
-    linear_fwd<float>(x.data(), w.data(), bias, a.data(), N, I, O);
+    linear_fwd<float>(x.data(), w.data(), bias, a.data(), N, I, O, GemmPrecision::kBf16);
     linear_fwd_bf16w(x.data(), w16.data(), bias, c.data(), N, I, O);
     EXPECT_EQ(a, c) << (bias ? "with bias" : "without bias");
   }
   for (Accumulate acc : {Accumulate::kNo, Accumulate::kYes}) {
     std::vector<float> a(N * I, 0.5f), c(N * I, 0.5f);
-    linear_bwd_data<float>(dy.data(), w.data(), a.data(), N, I, O, acc);
+    linear_bwd_data<float>(dy.data(), w.data(), a.data(), N, I, O, acc, GemmPrecision::kBf16);
     linear_bwd_data_bf16w(dy.data(), w16.data(), c.data(), N, I, O, acc);
     EXPECT_EQ(a, c) << (acc == Accumulate::kYes ? "accumulated" : "written");
   }
-  set_gemm_precision(GemmPrecision::kFp32);
 }
 
 // ---- attention ----
@@ -290,9 +282,7 @@ TEST(Bf16, AttentionForwardWithinTheRoundingBound) {
   const std::vector<double> p = exact_probs(c);
   std::vector<float> o32(c.dout.size()), lse32(d.B * d.H * d.T), o16(o32.size()), lse16(lse32.size());
   cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o32.data(), lse32.data(), d, c.scale);
-  set_gemm_precision(GemmPrecision::kBf16);
-  cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o16.data(), lse16.data(), d, c.scale);
-  set_gemm_precision(GemmPrecision::kFp32);
+  cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o16.data(), lse16.data(), d, c.scale, GemmPrecision::kBf16);
   const double gD = d.D * kU32 / (1 - d.D * kU32), gT = d.T * kU32 / (1 - d.T * kU32), kFp32Tol = 2e-5;
   const int64_t G = d.H / d.Hkv;
   bool rounded = false;
@@ -349,10 +339,8 @@ TEST(Bf16, AttentionBackwardWithinTheTileRounding) {
   cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), d, c.scale);
   auto bwd = [&](GemmPrecision prec) {
     std::vector<float> dq(c.q.size()), dk(c.k.size()), dv(c.v.size());
-    set_gemm_precision(prec);
     cpu::attention_bwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.dout.data(), dq.data(),
-                              dk.data(), dv.data(), d, c.scale);
-    set_gemm_precision(GemmPrecision::kFp32);
+                              dk.data(), dv.data(), d, c.scale, prec);
     return std::vector<std::vector<float>>{dq, dk, dv};
   };
   const auto g32 = bwd(GemmPrecision::kFp32), g16 = bwd(GemmPrecision::kBf16);
@@ -409,12 +397,10 @@ TEST(Bf16, AttentionTwoThreadsEqualOneBitwise) {
   const AttnCase c = attn_case(23, false);
   auto run = [&](int threads) {
     cpu::set_num_threads(threads);
-    set_gemm_precision(GemmPrecision::kBf16);
     std::vector<float> o(c.dout.size()), lse(c.d.B * c.d.H * c.d.T), dq(c.q.size()), dk(c.k.size()), dv(c.v.size());
-    cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.d, c.scale);
+    cpu::attention_fwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.d, c.scale, GemmPrecision::kBf16);
     cpu::attention_bwd<float>(c.q.data(), c.k.data(), c.v.data(), o.data(), lse.data(), c.dout.data(), dq.data(),
-                              dk.data(), dv.data(), c.d, c.scale);
-    set_gemm_precision(GemmPrecision::kFp32);
+                              dk.data(), dv.data(), c.d, c.scale, GemmPrecision::kBf16);
     cpu::set_num_threads(1);
     return std::vector<std::vector<float>>{o, lse, dq, dk, dv};
   };

@@ -110,8 +110,8 @@ struct Bf16Tiles {
   }
 };
 
-template <typename T> bool bf16_tiles() {
-  if constexpr (std::is_same_v<T, float>) return gemm_precision() == GemmPrecision::kBf16;
+template <typename T> bool bf16_tiles(GemmPrecision p) {
+  if constexpr (std::is_same_v<T, float>) return p == GemmPrecision::kBf16;
   return false;
 }
 
@@ -279,10 +279,11 @@ void block_bwd(Src<typename Ops::E> q, Src<typename Ops::E> k, Src<typename Ops:
 }  // namespace
 
 template <typename T>
-void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale) {
+void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale,
+                         GemmPrecision p) {
   check_block(d);
   if constexpr (std::is_same_v<T, float>) {
-    if (bf16_tiles<T>()) {
+    if (bf16_tiles<T>(p)) {
       std::vector<uint16_t> q16, k16, v16;
       const auto Q = Bf16Tiles::round(q, d.B, d.Tq, d.H * d.D, d.q_stride, d.q_bstride, q16);
       const auto K = Bf16Tiles::round(k, d.B, d.Tk, d.Hkv * d.D, d.kv_stride, d.kv_bstride, k16);
@@ -297,10 +298,10 @@ void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const
 
 template <typename T>
 void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
-                         T* dv, const AttnBlock& d, T scale) {
+                         T* dv, const AttnBlock& d, T scale, GemmPrecision p) {
   check_block(d);
   if constexpr (std::is_same_v<T, float>) {
-    if (bf16_tiles<T>()) {
+    if (bf16_tiles<T>(p)) {
       std::vector<uint16_t> q16, k16, v16, g16;
       const auto Q = Bf16Tiles::round(q, d.B, d.Tq, d.H * d.D, d.q_stride, d.q_bstride, q16);
       const auto K = Bf16Tiles::round(k, d.B, d.Tk, d.Hkv * d.D, d.kv_stride, d.kv_bstride, k16);
@@ -314,13 +315,14 @@ void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T
                          {dout, d.o_stride, d.o_bstride}, o, lse, dout, dq, dk, dv, d, scale);
 }
 
-template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale) {
-  attention_block_fwd(q, k, v, o, lse, causal_block(d), scale);
+template <typename T>
+void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale, GemmPrecision p) {
+  attention_block_fwd(q, k, v, o, lse, causal_block(d), scale, p);
 }
 
 template <typename T>
 void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv,
-                   const AttnDims& d, T scale) {
+                   const AttnDims& d, T scale, GemmPrecision p) {
   check_dims(d);
   // The block kernel accumulates: start every gradient row of the sequences at zero.
   for (int64_t r = 0; r < d.B * d.T; ++r) {
@@ -328,7 +330,7 @@ void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse,
     std::fill_n(dk + r * d.kv_stride, d.Hkv * d.D, T(0));
     std::fill_n(dv + r * d.kv_stride, d.Hkv * d.D, T(0));
   }
-  attention_block_bwd(q, k, v, o, lse, dout, dq, dk, dv, causal_block(d), scale);
+  attention_block_bwd(q, k, v, o, lse, dout, dq, dk, dv, causal_block(d), scale, p);
 }
 
 template <typename T>
@@ -382,46 +384,48 @@ AttnBlock ring_block(const RingDims& r, const RingStep& st) {
 
 template <typename T>
 void ring_attention_fwd_step(const RingDims& r, int step, const T* q, const T* kv, T* o, T* lse, T* o_tmp, T* lse_tmp,
-                             T scale) {
+                             T scale, GemmPrecision p) {
   const RingStep st = cp_ring_step(r.cp, r.rank, step, r.Tl);
   const AttnBlock blk = ring_block(r, st);
   const int64_t ow = r.H * r.D;
   const T* qs = q + st.q_row0 * r.q_stride;
   const T* ks = kv + st.k_row0 * blk.kv_stride;
   if (step == 0) {
-    attention_block_fwd(qs, ks, ks + r.Hkv * r.D, o + st.q_row0 * ow, lse + st.q_row0, blk, scale);
+    attention_block_fwd(qs, ks, ks + r.Hkv * r.D, o + st.q_row0 * ow, lse + st.q_row0, blk, scale, p);
     return;
   }
   T* ot = o_tmp + st.q_row0 * ow;
   T* lt = lse_tmp + st.q_row0;
-  attention_block_fwd(qs, ks, ks + r.Hkv * r.D, ot, lt, blk, scale);
+  attention_block_fwd(qs, ks, ks + r.Hkv * r.D, ot, lt, blk, scale, p);
   attention_merge(o + st.q_row0 * ow, lse + st.q_row0, ot, lt, r.B, st.Tq, r.H, r.D, ow, blk.o_bstride, r.Tl, r.Tl);
 }
 
 template <typename T>
 void ring_attention_bwd_step(const RingDims& r, int step, const T* q, const T* kv, const T* o, const T* lse,
-                             const T* dout, T* dq, T* dkv, T scale) {
+                             const T* dout, T* dq, T* dkv, T scale, GemmPrecision p) {
   const RingStep st = cp_ring_step(r.cp, r.rank, step, r.Tl);
   const AttnBlock blk = ring_block(r, st);
   const int64_t ow = r.H * r.D, kvo = r.Hkv * r.D;
   const T* ks = kv + st.k_row0 * blk.kv_stride;
   T* dks = dkv + st.k_row0 * blk.kv_stride;
   attention_block_bwd(q + st.q_row0 * r.q_stride, ks, ks + kvo, o + st.q_row0 * ow, lse + st.q_row0,
-                      dout + st.q_row0 * ow, dq + st.q_row0 * r.q_stride, dks, dks + kvo, blk, scale);
+                      dout + st.q_row0 * ow, dq + st.q_row0 * r.q_stride, dks, dks + kvo, blk, scale, p);
 }
 
 #define DHX_INSTANTIATE(T)                                                                                  \
-  template void attention_fwd<T>(const T*, const T*, const T*, T*, T*, const AttnDims&, T);                 \
+  template void attention_fwd<T>(const T*, const T*, const T*, T*, T*, const AttnDims&, T, GemmPrecision);  \
   template void attention_bwd<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*,     \
-                                 const AttnDims&, T);                                                       \
-  template void attention_block_fwd<T>(const T*, const T*, const T*, T*, T*, const AttnBlock&, T);          \
+                                 const AttnDims&, T, GemmPrecision);                                        \
+  template void attention_block_fwd<T>(const T*, const T*, const T*, T*, T*, const AttnBlock&, T,           \
+                                       GemmPrecision);                                                      \
   template void attention_block_bwd<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
-                                       const AttnBlock&, T);                                                \
+                                       const AttnBlock&, T, GemmPrecision);                                 \
   template void attention_merge<T>(T*, T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
                                    int64_t, int64_t, int64_t);                                             \
-  template void ring_attention_fwd_step<T>(const RingDims&, int, const T*, const T*, T*, T*, T*, T*, T);     \
+  template void ring_attention_fwd_step<T>(const RingDims&, int, const T*, const T*, T*, T*, T*, T*, T,      \
+                                           GemmPrecision);                                                  \
   template void ring_attention_bwd_step<T>(const RingDims&, int, const T*, const T*, const T*, const T*,     \
-                                           const T*, T*, T*, T);
+                                           const T*, T*, T*, T, GemmPrecision);
 DHX_INSTANTIATE(float)
 DHX_INSTANTIATE(double)
 #undef DHX_INSTANTIATE

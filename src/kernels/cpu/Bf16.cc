@@ -5,7 +5,6 @@
 #include "kernels/cpu/Bf16.h"
 
 #include <algorithm>
-#include <atomic>
 #include <dnnl.hpp>
 #include <map>
 #include <tuple>
@@ -17,21 +16,11 @@
 
 namespace dhelix::cpu {
 
-namespace {
-std::atomic<GemmPrecision> g_precision{GemmPrecision::kFp32};
-
 void require_bf16() {
   DHX_CHECK(bf16_support().usable(), ConfigError,
             "bf16 needs a CPU with AMX-BF16 or AVX512-BF16; this one has neither (cpuid: amx_bf16 and avx512_bf16 "
             "absent)\nhint: set training.precision = \"fp32\"");
 }
-}  // namespace
-
-void set_gemm_precision(GemmPrecision p) {
-  if (p == GemmPrecision::kBf16) require_bf16();
-  g_precision.store(p, std::memory_order_relaxed);
-}
-GemmPrecision gemm_precision() { return g_precision.load(std::memory_order_relaxed); }
 
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 #pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)

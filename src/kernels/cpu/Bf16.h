@@ -1,23 +1,21 @@
 // bf16 GEMMs on the CPU (issue 22): operands rounded to bfloat16 (8-bit mantissa, round to nearest
 // even), products accumulated in fp32 by oneDNN's matmul primitive (AMX tiles where the CPU has
 // them, else AVX512-BF16 dot products), fp32 results. The linear layer's three GEMMs (forward,
-// input gradient, weight gradient) take this path while the process's GEMM precision is bf16
-// (set_gemm_precision; the trainer sets it from training.precision); everything else stays fp32.
+// input gradient, weight gradient) and attention's tiles take this path when called with
+// GemmPrecision::kBf16 (the run's KernelConfig, from training.precision); everything else stays fp32.
 #pragma once
 #include <bit>
 #include <cstdint>
 #include <string>
 
 #include "base/CpuFeatures.h"  // bf16_support()
+#include "kernels/cpu/Kernels.h"   // GemmPrecision
 
 namespace dhelix::cpu {
 
-enum class GemmPrecision { kFp32, kBf16 };
-// Process-wide: the precision of the linear layer's GEMMs of type float (double is never rounded).
-// ConfigError naming the missing CPU feature when bf16 is asked for on a CPU without AMX or
-// AVX512-BF16 (never a silent fallback).
-void set_gemm_precision(GemmPrecision p);
-GemmPrecision gemm_precision();
+// ConfigError naming the missing CPU feature when the CPU has neither AMX-BF16 nor AVX512-BF16
+// (kernel_config asks it for GemmPrecision::kBf16; never a silent fallback).
+void require_bf16();
 
 // fp32 -> bf16, round to nearest even (NaN stays NaN, made quiet); bf16 -> fp32 exactly. Inline
 // and branch-free, so that loops over them vectorise: add 0x7fff plus the kept part's lowest bit.

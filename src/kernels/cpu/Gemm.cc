@@ -7,7 +7,7 @@
 // machine cost more than the GEMMs gain), and every C element is one serial BLAS dot-product
 // order fixed by the thread count: bitwise reproducible. Inside a parallel region (attention
 // tiles) gemm() is one serial call. Not here: any GEMM kernel of our own. The linear layer's GEMMs
-// go to gemm_bf16 (Bf16.h) while the process's GEMM precision is bf16.
+// go to gemm_bf16 (Bf16.h) when called with GemmPrecision::kBf16.
 #include <cblas.h>
 #include <omp.h>
 
@@ -72,12 +72,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 }
 
 namespace {
-// The linear layer's GEMMs: bf16 for float while the process's GEMM precision says so (Bf16.h).
+// The linear layer's GEMMs: bf16 for float when the precision says so (Bf16.h).
 template <typename T>
 void linear_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-                 int64_t ldb, T beta, T* C, int64_t ldc) {
+                 int64_t ldb, T beta, T* C, int64_t ldc, GemmPrecision p) {
   if constexpr (std::is_same_v<T, float>) {
-    if (gemm_precision() == GemmPrecision::kBf16) {
+    if (p == GemmPrecision::kBf16) {
       gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
       return;
     }
@@ -87,9 +87,9 @@ void linear_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
 }  // namespace
 
 template <typename T>
-void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O) {
+void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O, GemmPrecision p) {
   if constexpr (std::is_same_v<T, float>) {
-    if (b != nullptr && gemm_precision() == GemmPrecision::kBf16 && N > 0 && I > 0) {
+    if (b != nullptr && p == GemmPrecision::kBf16 && N > 0 && I > 0) {
       gemm_bf16_bias(false, true, N, O, I, x, I, w, I, b, y, O);  // the bias in the GEMM's epilogue
       return;
     }
@@ -101,13 +101,14 @@ void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, 
     beta = T(1);
   }
   // y[N,O] = x[N,I] @ w[O,I]^T (+ y)
-  linear_gemm<T>(false, true, N, O, I, x, I, w, I, beta, y, O);
+  linear_gemm<T>(false, true, N, O, I, x, I, w, I, beta, y, O, p);
 }
 
 template <typename T>
-void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc) {
+void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc,
+                     GemmPrecision p) {
   // dx[N,I] = dy[N,O] @ w[O,I]
-  linear_gemm<T>(false, false, N, I, O, dy, O, w, I, acc == Accumulate::kYes ? T(1) : T(0), dx, I);
+  linear_gemm<T>(false, false, N, I, O, dy, O, w, I, acc == Accumulate::kYes ? T(1) : T(0), dx, I, p);
 }
 
 namespace {
@@ -131,10 +132,10 @@ template <typename T> void bias_grad_cols(const T* dy, T* db, int64_t N, int64_t
 
 template <typename T>
 void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O, int64_t o0,
-                            int64_t o1) {
+                            int64_t o1, GemmPrecision p) {
   DHX_ASSERT(0 <= o0 && o0 <= o1 && o1 <= O, "weight rows [{}, {}) outside [0, {})", o0, o1, O);
   // dw[o0:o1, I] += dy[N, o0:o1]^T @ x[N, I]: op(A) rows are columns o0.. of dy (leading dim O)
-  linear_gemm<T>(true, false, o1 - o0, I, N, dy + o0, O, x, I, T(1), dw + o0 * I, I);
+  linear_gemm<T>(true, false, o1 - o0, I, N, dy + o0, O, x, I, T(1), dw + o0 * I, I, p);
   if (db != nullptr) bias_grad_cols<T>(dy, db, N, O, o0, o1);
 }
 
@@ -161,8 +162,8 @@ void linear_bwd_weight_rows_bf16x(const float* dy, const uint16_t* x, float* dw,
 }
 
 template <typename T>
-void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O) {
-  linear_bwd_weight_rows<T>(dy, x, dw, db, N, I, O, 0, O);
+void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O, GemmPrecision p) {
+  linear_bwd_weight_rows<T>(dy, x, dw, db, N, I, O, 0, O, p);
 }
 
 template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O) { bias_grad_cols<T>(dy, db, N, O, 0, O); }
@@ -170,10 +171,11 @@ template <typename T> void bias_grad(const T* dy, T* db, int64_t N, int64_t O) {
 #define DHX_INSTANTIATE(T)                                                                                   \
   template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
                         int64_t);                                                                            \
-  template void linear_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);                  \
-  template void linear_bwd_data<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, Accumulate);           \
-  template void linear_bwd_weight<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t);                \
-  template void linear_bwd_weight_rows<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t); \
+  template void linear_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, GemmPrecision);   \
+  template void linear_bwd_data<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, Accumulate, GemmPrecision); \
+  template void linear_bwd_weight<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t, GemmPrecision); \
+  template void linear_bwd_weight_rows<T>(const T*, const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                                          GemmPrecision);                                                    \
   template void bias_grad<T>(const T*, T*, int64_t, int64_t);
 DHX_INSTANTIATE(float)
 DHX_INSTANTIATE(double)

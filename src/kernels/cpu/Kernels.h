@@ -9,20 +9,28 @@
 namespace dhelix::cpu {
 
 enum class Accumulate { kNo, kYes };
+// The precision of the linear layers' and attention's GEMMs of type float (double is never
+// rounded): fp32, or bf16 operands with fp32 accumulation (Bf16.h). A kernel that has GEMMs takes
+// it as an argument; the run's KernelConfig (below) says which.
+enum class GemmPrecision { kFp32, kBf16 };
 
 // ---- GEMM-based linear layer (weights stored [out, in], like torch.nn.Linear) ----
 // y[N,O] = x[N,I] @ w[O,I]^T + b[O]   (b may be null)
-template <typename T> void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O);
+template <typename T> void linear_fwd(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O,
+                                      GemmPrecision p = GemmPrecision::kFp32);
 // dx[N,I] (=|+=) dy[N,O] @ w[O,I]
-template <typename T> void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc);
+template <typename T> void linear_bwd_data(const T* dy, const T* w, T* dx, int64_t N, int64_t I, int64_t O, Accumulate acc,
+                                           GemmPrecision p = GemmPrecision::kFp32);
 // acc dw[O,I] += dy[N,O]^T @ x[N,I];  acc db[O] += sum_n dy[n,:]  (db may be null)
-template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O);
+template <typename T> void linear_bwd_weight(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I, int64_t O,
+                                             GemmPrecision p = GemmPrecision::kFp32);
 // The same for the weight rows [o0, o1) only (and db[o0, o1)): a weight gradient cut in pieces
 // that a schedule can place apart. Pieces cut at multiples of 96 rows equal the whole call bitwise
 // (a whole row tile of every OpenBLAS sgemm kernel measured); other cuts within rounding, since a
 // kernel may handle a tail of rows with a different summation order (tested).
 template <typename T> void linear_bwd_weight_rows(const T* dy, const T* x, T* dw, T* db, int64_t N, int64_t I,
-                                                  int64_t O, int64_t o0, int64_t o1);
+                                                  int64_t O, int64_t o0, int64_t o1,
+                                                  GemmPrecision p = GemmPrecision::kFp32);
 // linear_fwd and linear_bwd_data with the weight already in bf16 ([O, I], the step's copy; GEMM
 // precision bf16): bitwise the float calls on its fp32 values, which round it the same way.
 void linear_fwd_bf16w(const float* x, const uint16_t* w, const float* b, float* y, int64_t N, int64_t I, int64_t O);
@@ -73,11 +81,13 @@ struct AttnDims {
   int64_t B, T, H, Hkv, D;
   int64_t q_stride, kv_stride, o_stride;
 };
-template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale);
+// p: the tiles' GEMMs (bf16 tiles for float, Attention.cc).
+template <typename T> void attention_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnDims& d, T scale,
+                                         GemmPrecision p = GemmPrecision::kFp32);
 // dq (q_stride), dk, dv (kv_stride) are written (not accumulated); scores are recomputed tile by tile.
 // dout has o's layout (o_stride).
 template <typename T> void attention_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
-                                         T* dv, const AttnDims& d, T scale);
+                                         T* dv, const AttnDims& d, T scale, GemmPrecision p = GemmPrecision::kFp32);
 
 // ---- one block of attention (context parallelism's ring steps) ----
 // Queries [B, Tq] against keys/values [B, Tk]: row t of sequence b of q is at
@@ -93,10 +103,11 @@ struct AttnBlock {
   int64_t lse_stride;
   bool causal;
 };
-template <typename T> void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale);
+template <typename T> void attention_block_fwd(const T* q, const T* k, const T* v, T* o, T* lse, const AttnBlock& d, T scale,
+                                               GemmPrecision p = GemmPrecision::kFp32);
 template <typename T>
 void attention_block_bwd(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv,
-                         const AttnBlock& d, T scale);
+                         const AttnBlock& d, T scale, GemmPrecision p = GemmPrecision::kFp32);
 // Online-softmax merge of a block's partial result into a running one, rows [B, Tq] x H heads:
 // lse = log(e^lse + e^lse_blk), o = o e^(lse_old - lse) + o_blk e^(lse_blk - lse). o and o_blk
 // share one layout (o_stride, o_bstride); lse and lse_blk have their own (b, h) row strides.
@@ -128,12 +139,12 @@ struct RingDims {
 // lse's shapes) and merges it into o and lse.
 template <typename T>
 void ring_attention_fwd_step(const RingDims& r, int step, const T* q, const T* kv, T* o, T* lse, T* o_tmp, T* lse_tmp,
-                             T scale);
+                             T scale, GemmPrecision p = GemmPrecision::kFp32);
 // Given the final o and lse and dout: accumulates the step's share into dq (q_stride layout) and
 // into dkv (kv's layout: the gradient of the keys/values this step saw).
 template <typename T>
 void ring_attention_bwd_step(const RingDims& r, int step, const T* q, const T* kv, const T* o, const T* lse,
-                             const T* dout, T* dq, T* dkv, T scale);
+                             const T* dout, T* dq, T* dkv, T scale, GemmPrecision p = GemmPrecision::kFp32);
 template <typename T>
 void attention_merge(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t B, int64_t Tq, int64_t H, int64_t D,
                      int64_t o_stride, int64_t o_bstride, int64_t lse_stride, int64_t blk_lse_stride);
@@ -218,9 +229,20 @@ struct AdamWParams {
 // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * mhat / (sqrt(vhat) + eps)
 template <typename T> void adamw_step(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& a);
 
-// ---- threading ----
-// Number of threads BLAS and the OpenMP loops use in this process (default from
-// DHELIX_THREADS or 1 per rank).
+// ---- the run's kernel settings (Threads.cc) ----
+// What a run hands its kernels; it travels in the run's context (RunContext::kernels), never in a
+// process-wide variable: ranks run as threads of one process may differ. `threads` is the OpenMP
+// thread count of the thread that runs the kernels, `precision` the GEMMs' (passed to each kernel).
+struct KernelConfig {
+  int threads = 1;
+  GemmPrecision precision = GemmPrecision::kFp32;
+};
+// A checked config: ConfigError when threads < 1, or bf16 on a CPU without AMX-BF16 / AVX512-BF16
+// (named, with a hint; never a silent fallback to fp32).
+KernelConfig kernel_config(int threads, GemmPrecision precision);
+// The calling thread's OpenMP thread count (its nthreads ICV: other threads, other ranks among
+// them, keep theirs), which every kernel run on this thread uses; n >= 1 (ConfigError otherwise).
+// Whoever runs kernels on a thread sets it from its KernelConfig first (Trainer, StepRunner).
 void set_num_threads(int n);
 int num_threads();
 

@@ -1,59 +1,44 @@
-// Thread count of the OpenMP loops of the CPU kernels (GEMMs included: gemm() slabs C over the
-// OpenMP threads and OpenBLAS itself stays single-threaded, so there is one thread pool). It is
-// one process-wide setting by nature (both libraries keep it globally); default from
-// DHELIX_THREADS, else 1 (one rank per core). Not here: pinning, the comm threads.
+// The run's kernel settings (Kernels.h: KernelConfig) and the thread count of the CPU kernels'
+// OpenMP loops, GEMMs included. What this relies on: OpenMP's thread count is a per-thread ICV
+// (omp_set_num_threads sets nthreads-var for the calling thread only; libgomp gives a thread that
+// never set it OMP_NUM_THREADS, else the core count), so ranks run as threads keep their own; and
+// OpenBLAS stays single-threaded (gemm() slabs C over OpenMP; Gemm.cc). No state of our own.
 #include <omp.h>
 #include <cblas.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <string>
+#include <mutex>
 
 #include "base/Error.h"
+#include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
-#include "kernels/cpu/Parallel.h"
 
 namespace dhelix::cpu {
 namespace {
 
-int default_threads() {
-  const char* env = std::getenv("DHELIX_THREADS");
-  if (env == nullptr || *env == '\0') return 1;
-  char* end = nullptr;
-  long n = std::strtol(env, &end, 10);
-  DHX_CHECK(end != env && *end == '\0' && n >= 1 && n <= 4096, ConfigError,
-            "DHELIX_THREADS='{}' is not a thread count in [1, 4096]", env);
-  return static_cast<int>(n);
+// OpenBLAS's own thread count is process-wide; it is made 1 once, before the first OpenMP setting
+// (an OpenMP build of OpenBLAS would reset the caller's ICV here), and never changed again.
+void make_blas_serial() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
 }
-
-void apply(int n) {
-  openblas_set_num_threads(1);  // gemm() threads over OpenMP; see Gemm.cc
-  omp_set_num_threads(n);
-}
-
-// 0 = not yet initialised; the first num_threads() applies the default to both libraries.
-std::atomic<int> g_threads{0};
 
 }  // namespace
 
+KernelConfig kernel_config(int threads, GemmPrecision precision) {
+  DHX_CHECK(threads >= 1, ConfigError, "kernel threads={}: need threads >= 1", threads);
+  if (precision == GemmPrecision::kBf16) require_bf16();
+  return KernelConfig{threads, precision};
+}
+
 void set_num_threads(int n) {
   DHX_CHECK(n >= 1, ConfigError, "set_num_threads(n={}): need n >= 1", n);
-  apply(n);
-  g_threads.store(n);
+  make_blas_serial();
+  omp_set_num_threads(n);
 }
 
 int num_threads() {
-  int n = g_threads.load(std::memory_order_relaxed);
-  if (n > 0) [[likely]] return n;
-  static const int init = [] {
-    int d = default_threads();
-    apply(d);
-    int expected = 0;
-    g_threads.compare_exchange_strong(expected, d);
-    return d;
-  }();
-  (void)init;
-  return g_threads.load();
+  make_blas_serial();
+  return omp_get_max_threads();
 }
 
 }  // namespace dhelix::cpu
