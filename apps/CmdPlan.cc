@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "Commands.h"
+#include "VerbFlags.h"
 #include "base/Clock.h"
 #include "base/Error.h"
 #include "base/Files.h"
@@ -57,55 +58,6 @@ std::unique_ptr<CommContext> make_world(const LayoutConfig& lay) {
   if (launched_by_mpirun() || lay.world() > 1) return make_mpi_world(lay);
   return nullptr;
 }
-
-// Command-specific flags: `--name value`, peeled off before parse_cli_args sees the words.
-class Flags {
- public:
-  Flags(const char* verb, int argc, char** argv) : verb_(verb), words_(argv + 1, argv + argc) {}
-  std::optional<std::string> take(const std::string& flag) {
-    for (size_t i = 0; i < words_.size(); ++i) {
-      if (words_[i] == flag) {
-        DHX_CHECK(i + 1 < words_.size(), ConfigError, "dhelix {}: {} needs a value", verb_, flag);
-        std::string v = words_[i + 1];
-        words_.erase(words_.begin() + i, words_.begin() + i + 2);
-        return v;
-      }
-      if (words_[i].rfind(flag + "=", 0) == 0) {
-        std::string v = words_[i].substr(flag.size() + 1);
-        words_.erase(words_.begin() + i);
-        return v;
-      }
-    }
-    return std::nullopt;
-  }
-  bool take_switch(const std::string& flag) {
-    for (size_t i = 0; i < words_.size(); ++i)
-      if (words_[i] == flag) {
-        words_.erase(words_.begin() + i);
-        return true;
-      }
-    return false;
-  }
-  int take_int(const std::string& flag, int def, int min) {
-    auto v = take(flag);
-    if (!v) return def;
-    int x = 0;
-    try {
-      size_t used = 0;
-      x = std::stoi(*v, &used);
-      DHX_CHECK(used == v->size(), ConfigError, "");
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("dhelix {}: {} expects an integer, got '{}'", verb_, flag, *v));
-    }
-    DHX_CHECK(x >= min, ConfigError, "dhelix {}: {} {} must be >= {}", verb_, flag, x, min);
-    return x;
-  }
-  const std::vector<std::string>& rest() const { return words_; }
-
- private:
-  const char* verb_;
-  std::vector<std::string> words_;
-};
 
 std::string default_path(const RunConfig& cfg, const char* file) { return cfg.output.dir + "/" + file; }
 
@@ -159,40 +111,17 @@ CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& la
   return c;
 }
 
-constexpr const char* kProfileUsage =
-    "usage: dhelix profile --config C.toml [--out FILE] [--repeats R] [--warmup W] [--max-window N]\n"
-    "                      [--section.key value ...]\n"
-    "       mpirun -np N dhelix profile --config C.toml --parallel.tp T ...\n"
-    "Times every forward window, backward window and legal (fwd, bwd) window pair of the\n"
-    "transformer-layer pair on the real executor and process groups; writes the profile JSON\n"
-    "(default <output.dir>/profile.json).\n";
-
-constexpr const char* kPlanUsage =
-    "usage: dhelix plan --config C.toml (--profile FILE | --cost-model PRESET|FILE.json)\n"
-    "                   [--top-k K] [--out FILE] [--repeats R] [--warmup W] [--no-validate]\n"
-    "                   [--max-window N] [--min-gain G] [--json FILE] [--section.key value ...]\n"
-    "Searches the best Strand-Interleaving plan (DP, top K); with --profile the K candidates and the\n"
-    "default plan are timed on the real layer pair (run it like `dhelix profile`: under mpirun for\n"
-    "tp > 1); the fastest is kept if it beats the default plan by the fraction G (default 0.03).\n"
-    "Writes the plan JSON (default <output.dir>/plan.json), an SVG beside it and prints the plan as\n"
-    "a table. --cost-model prices blocks from a cluster preset (configs/clusters: a40-pcie, h100-8gpu,\n"
-    "perlmutter-a100, cpu-emulated, or a .toml path; GPUs in bf16) or a JSON file of the pricer's fields;\n"
-    "no hardware needed: with a preset each candidate is simulated in the whole training step (the\n"
-    "step simulator, the config's batch and schedule) and the fastest, the default plan included, is\n"
-    "kept. --json FILE also writes every candidate's predicted, simulated and measured time, the kept\n"
-    "one and the fitted interference.\n";
-
 }  // namespace
 
 int cmd_profile(int argc, char** argv) {
-  Flags fl("profile", argc, argv);
-  std::optional<std::string> out = fl.take("--out");
-  ProfileOptions opts;
-  opts.timing.repeats = fl.take_int("--repeats", 5, 1);
-  opts.timing.warmup = fl.take_int("--warmup", 1, 0);
-  opts.max_window = fl.take_int("--max-window", 0, 0);
-  std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "profile", kProfileUsage);
+  FlagValues fl;
+  std::optional<CliArgs> parsed = parse_flags_and_config(profile_flags(), argc, argv, fl);
   if (!parsed) return 0;
+  const std::optional<std::string> out = fl.text("--out");
+  ProfileOptions opts;
+  opts.timing.repeats = static_cast<int>(fl.integer("--repeats"));
+  opts.timing.warmup = static_cast<int>(fl.integer("--warmup"));
+  opts.max_window = static_cast<int>(fl.integer("--max-window"));
   const CliArgs& args = *parsed;
   RunConfig cfg = load_config(args.config_path, args.overrides);
   const std::string path = out.value_or(default_path(cfg, "profile.json"));
@@ -238,30 +167,6 @@ int cmd_profile(int argc, char** argv) {
 
 namespace {
 
-const char* kSimulateUsage =
-    "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--layout L] [--precision fp32|bf16]\n"
-    "         [--compute-slowdown K] [--comm-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
-    "Simulates one training step of the config's model, layout, batch and schedule (Strand\n"
-    "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
-    "step time, tokens/s, model FLOP/s per rank and its share of the preset's peak, exposed\n"
-    "communication, the gradient tail, memory per rank; --trace writes the simulated step as a Chrome\n"
-    "trace (ui.perfetto.dev). Any pipeline (schedule.pipeline, parallel.pp): the step runner's slots.\n"
-    "  --gpus N               the layout's rank count, checked (default: the layout's); with --layout\n"
-    "                         and no dp in it, dp = N / (the other axes)\n"
-    "  --layout \"tp=2 pp=2 dp=2\"  the layout, as `dhelix tune` prints it (keys tp pp dp cp ep, or x y z\n"
-    "                         dp for a 3D grid; ep is carved out of dp); unnamed axes are 1. Replaces\n"
-    "                         the config's parallel.{tp,pp,dp,cp,ep,tp_x,tp_y,tp_z}\n"
-    "  --compute-slowdown K   a compute op beside a collective runs K times slower (>= 1; default 1;\n"
-    "                         `dhelix plan --profile` fits it on this machine)\n"
-    "  --comm-slowdown K      a collective in flight while its rank computes runs K times slower (>= 1;\n"
-    "                         default 1; fitted alike)\n"
-    "  --profile FILE         fit both slowdowns from a `dhelix profile` of this config's layer pair\n"
-    "                         (its pairs timed alone and together; excludes the two flags above)\n"
-    "  --profile-op-times     with --profile: the layer's compute ops at the profile's single-op times\n"
-    "                         (the embedding's, the head's and every collective still from the preset)\n"
-    "  --measure-gemm         time every GEMM op's shape on this machine instead of the preset's rate\n"
-    "                         (one core, shared as the preset's device.core_share says)\n";
-
 // --layout "tp=2 pp=2 dp=2" (or "x=2 y=1 z=2 dp=1"; dp from --gpus when not named) as config
 // overrides of every parallel axis; ConfigError naming the bad word.
 ConfigOverrides layout_overrides(const std::string& spec, int gpus) {
@@ -298,16 +203,14 @@ ConfigOverrides layout_overrides(const std::string& spec, int gpus) {
 }  // namespace
 
 int cmd_simulate(int argc, char** argv) {
-  Flags fl("simulate", argc, argv);
-  const std::optional<std::string> cluster_arg = fl.take("--cluster"), trace_path = fl.take("--trace"),
-                                   json_path = fl.take("--json"), prec = fl.take("--precision"),
-                                   slow = fl.take("--compute-slowdown"), comm_slow = fl.take("--comm-slowdown"),
-                                   profile_path = fl.take("--profile"),
-                                   layout_arg = fl.take("--layout");
-  const bool measure_gemm = fl.take_switch("--measure-gemm"), profile_times = fl.take_switch("--profile-op-times");
-  const int gpus = fl.take_int("--gpus", 0, 1);
-  std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "simulate", kSimulateUsage);
+  FlagValues fl;
+  std::optional<CliArgs> parsed = parse_flags_and_config(simulate_flags(), argc, argv, fl);
   if (!parsed) return 0;
+  const std::optional<std::string> cluster_arg = fl.text("--cluster"), trace_path = fl.text("--trace"),
+                                   json_path = fl.text("--json"), profile_path = fl.text("--profile"),
+                                   layout_arg = fl.text("--layout");
+  const bool measure_gemm = fl.on("--measure-gemm"), profile_times = fl.on("--profile-op-times");
+  const int gpus = fl.given("--gpus") ? static_cast<int>(fl.integer("--gpus")) : 0;
   if (layout_arg) {
     const ConfigOverrides lo = layout_overrides(*layout_arg, gpus);
     for (const auto& [k, val] : parsed->overrides)
@@ -315,8 +218,6 @@ int cmd_simulate(int argc, char** argv) {
         DHX_CHECK(k != lk, ConfigError, "dhelix simulate: --{} and --layout both set the layout; give one", k);
     parsed->overrides.insert(parsed->overrides.end(), lo.begin(), lo.end());
   }
-  DHX_CHECK(cluster_arg.has_value(), ConfigError, "dhelix simulate: --cluster is required (e.g. --cluster "
-            "cpu-emulated, perlmutter-a100, h100-8gpu, or a .toml path)\n{}", kSimulateUsage);
   const RunConfig cfg = load_config(parsed->config_path, parsed->overrides);
   const LayoutConfig lay = layout_config(cfg);
   DHX_CHECK(gpus == 0 || gpus == lay.world(), ConfigError,
@@ -325,21 +226,12 @@ int cmd_simulate(int argc, char** argv) {
             gpus * lay.dp / std::max(1, lay.world()));
   const ClusterPreset cluster = load_cluster(*cluster_arg);
   StepSimOptions so = step_sim_options(cfg);
-  DHX_CHECK(!prec || *prec == "fp32" || *prec == "bf16", ConfigError,
-            "dhelix simulate: --precision '{}' must be fp32 or bf16", *prec);
-  so.precision = prec && *prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  so.precision = fl.text_or_default("--precision") == "bf16" ? Precision::kBf16 : Precision::kFp32;
   (void)cluster.gemm_rate(so.precision);  // the preset must have that precision's rate
-  for (const auto& [flag, value, k] : {std::tuple{"--compute-slowdown", &slow, &so.compute_slowdown},
-                                       std::tuple{"--comm-slowdown", &comm_slow, &so.comm_slowdown}}) {
-    if (!*value) continue;
-    try {
-      size_t used = 0;
-      *k = std::stod(**value, &used);
-      if (used != (*value)->size()) throw std::invalid_argument("trailing");
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("dhelix simulate: {} expects a number, got '{}'", flag, **value));
-    }
-    DHX_CHECK(*k >= 1, ConfigError, "dhelix simulate: {} {} must be >= 1 (1: no slowdown)", flag, *k);
+  for (const auto& [flag, k] : {std::pair{"--compute-slowdown", &so.compute_slowdown},
+                                std::pair{"--comm-slowdown", &so.comm_slowdown}}) {
+    if (!fl.given(flag)) continue;
+    *k = fl.number(flag);  // >= 1 (1: no slowdown), checked by the flag table
     DHX_CHECK(!profile_path, ConfigError,
               "dhelix simulate: give {} or --profile, not both (the profile fits the slowdowns)", flag);
   }
@@ -459,30 +351,23 @@ int cmd_simulate(int argc, char** argv) {
 }
 
 int cmd_plan(int argc, char** argv) {
-  Flags fl("plan", argc, argv);
-  std::optional<std::string> out = fl.take("--out"), profile_path = fl.take("--profile"), json_out = fl.take("--json"),
-                             cost_arg = fl.take("--cost-model");
-  SearchOptions sopts;
-  sopts.top_k = fl.take_int("--top-k", 4, 1);
-  sopts.max_window = fl.take_int("--max-window", 0, 0);
-  BenchTiming timing;
-  timing.repeats = fl.take_int("--repeats", 5, 1);
-  timing.warmup = fl.take_int("--warmup", 1, 0);
-  const bool no_validate = fl.take_switch("--no-validate");
-  double min_gain = kDefaultMinGain;
-  if (auto g = fl.take("--min-gain")) {
-    try {
-      min_gain = std::stod(*g);
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("dhelix plan: --min-gain expects a number, got '{}'", *g));
-    }
-    DHX_CHECK(min_gain >= 0 && min_gain < 1, ConfigError, "dhelix plan: --min-gain {} must be in [0, 1)", min_gain);
-  }
-  std::optional<CliArgs> parsed = parse_verb_args(fl.rest(), "plan", kPlanUsage);
+  FlagValues fl;
+  std::optional<CliArgs> parsed = parse_flags_and_config(plan_flags(), argc, argv, fl);
   if (!parsed) return 0;
   const CliArgs& args = *parsed;
+  const std::optional<std::string> out = fl.text("--out"), profile_path = fl.text("--profile"),
+                                   json_out = fl.text("--json"), cost_arg = fl.text("--cost-model");
+  SearchOptions sopts;
+  sopts.top_k = static_cast<int>(fl.integer("--top-k"));
+  sopts.max_window = static_cast<int>(fl.integer("--max-window"));
+  BenchTiming timing;
+  timing.repeats = static_cast<int>(fl.integer("--repeats"));
+  timing.warmup = static_cast<int>(fl.integer("--warmup"));
+  const bool no_validate = fl.on("--no-validate");
+  const double min_gain = fl.given("--min-gain") ? fl.number("--min-gain") : kDefaultMinGain;
+  DHX_CHECK(min_gain < 1, ConfigError, "dhelix plan: --min-gain {} must be in [0, 1)", min_gain);
   DHX_CHECK(profile_path.has_value() != cost_arg.has_value(), ConfigError,
-            "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", kPlanUsage);
+            "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", flag_help(plan_flags()));
   RunConfig cfg = load_config(args.config_path, args.overrides);
   const LayoutConfig lay = layout_config(cfg);
   const MicroBatchShape mb = micro_batch_of(cfg);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "Commands.h"
+#include "FlagTable.h"
 #include "base/Error.h"
 #include "base/Files.h"
 #include "sim/AxonnModel.h"
@@ -24,60 +25,75 @@ namespace dhelix {
 
 namespace {
 
-constexpr const char* kTuneUsage =
-    "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
-    "                   [--micro-batch-size b] [--precision fp32|bf16] [--grad-precision fp32|bf16]\n"
-    "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
-    "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
-    "                   [--paper-compat] [--json FILE]\n"
-    "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
-    "                    [--trace]]\n"
-    "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
-    "factorisations) -- by predicted step time on a cluster preset (configs/clusters/*.toml, or a path),\n"
-    "then lists the excluded layouts with the reason. Nothing runs.\n"
-    "  --model PRESET         model preset (gpt2-124m, llama-8b, gpt-18b, ...)\n"
-    "  --gpus N               ranks (devices)\n"
-    "  --cluster PRESET       cluster preset name or .toml path ($DHELIX_CLUSTERS_DIR, <exe>/../configs/clusters)\n"
-    "  --top K                rows of the ranked table (default 10)\n"
-    "  --global-batch B       sequences per step (default 8 x N)\n"
-    "  --seq T                tokens per sequence (default the model's seq_len)\n"
-    "  --micro-batch-size b   sequences per micro-batch per data replica (default 1)\n"
-    "  --precision P          fp32 (default; the engine today) or bf16 (element size 2)\n"
-    "  --grad-precision P     data-parallel gradient buckets on the wire: fp32 (default) or bf16\n"
-    "                         (comm.grad_precision: 2 bytes an element)\n"
-    "  --zero 0|1             ZeRO-1: optimizer state sharded over dp (default 0)\n"
-    "  --si on|off            Strand Interleaving (default off)\n"
-    "  --sparse-embed-grad on|off  price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\n"
-    "                         micro-batch's token-embedding rows all-gathered instead of the whole table\n"
-    "                         all-reduced (default off, as the config key; --confirm runs set it alike)\n"
-    "  --d-model, --layers, --heads, --vocab   override the preset's extents (GPT: ffn = 4 x d-model)\n"
-    "  --only LAYOUTS         rank only these layouts: labels as printed, separated by commas\n"
-    "                         (\"tp=2 pp=1 dp=2,x=2 y=1 z=2 dp=1\")\n"
-    "  --paper-compat         rank the 3D grids by AxoNN's closed form as coded (bf16, communication\n"
-    "                         seconds only; axonn.md §4.2), memory from the step model\n"
-    "  --json FILE            also write the table and the exclusions as JSON\n"
-    "  --confirm STEPS        run the top K layouts for STEPS steps each with `dhelix train` (the first step\n"
-    "                         is a warm-up) and print the measured median step beside the prediction, with\n"
-    "                         Kendall's tau, the top-1 regret and the median error; needs --config (data and\n"
-    "                         training settings; the model, batch and layout keys are set from tune's)\n"
-    "  --rounds R             runs per layout, alternating the layouts between rounds (default 1)\n"
-    "  --launch CMD           launcher prefix, {np} = the layout's ranks (default\n"
-    "                         \"mpirun --oversubscribe --bind-to none -np {np}\"; the emulated cluster:\n"
-    "                         \"scripts/cluster --hosts 2 --np-per-host 2 --map-by slot --\")\n"
-    "  --workdir DIR          run directories and logs of --confirm (default runs/tune)\n"
-    "  --explain              with --only: print each listed layout's priced ops per strand (one\n"
-    "                         micro-batch: start and seconds of every compute op and collective)\n"
-    "  --trace                each --confirm run also writes a Chrome trace per rank (trace.json.rank<r> in\n"
-    "                         its run directory; the counted steps' op and collective times)\n"
-    "  --measure-gemm         price every GEMM op by timing its shape on this machine (one core, scaled by\n"
-    "                         the preset's device.core_share) instead of the preset's one GEMM rate: for\n"
-    "                         presets of this machine (cpu-emulated)\n";
-
-const std::vector<std::string> kFlags = {"--model", "--gpus",  "--cluster", "--top",    "--global-batch",
-                                         "--seq",   "--micro-batch-size",  "--precision", "--grad-precision", "--zero",
-                                         "--si",    "--sparse-embed-grad", "--d-model", "--layers", "--heads",  "--json",
-                                         "--vocab", "--only",  "--confirm", "--config", "--rounds",
-                                         "--launch", "--workdir"};
+const FlagTable& tune_flags() {
+  static const FlagTable t{
+      "tune",
+      "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
+      "                   [--micro-batch-size b] [--precision fp32|bf16] [--grad-precision fp32|bf16]\n"
+      "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
+      "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
+      "                   [--paper-compat] [--json FILE]\n"
+      "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
+      "                    [--trace]]\n"
+      "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
+      "factorisations) -- by predicted step time on a cluster preset (configs/clusters/*.toml, or a path),\n"
+      "then lists the excluded layouts with the reason. Nothing runs.\n",
+      {
+          {"--model", FlagType::kText, "", "model preset (gpt2-124m, llama-8b, gpt-18b, ...)", "PRESET", {}, {},
+           Need::kRequired},
+          {"--gpus", FlagType::kInt, "", "ranks (devices)", "N", 1, {}, Need::kRequired},
+          {"--cluster", FlagType::kText, "",
+           "cluster preset name or .toml path ($DHELIX_CLUSTERS_DIR, <exe>/../configs/clusters)", "PRESET",
+           {}, {}, Need::kRequired},
+          {"--top", FlagType::kInt, "10", "rows of the ranked table", "K", 1},
+          {"--global-batch", FlagType::kInt, "", "sequences per step (default 8 x N)", "B", 1},
+          {"--seq", FlagType::kInt, "", "tokens per sequence (default the model's seq_len)", "T", 1},
+          {"--micro-batch-size", FlagType::kInt, "1", "sequences per micro-batch per data replica", "b", 1},
+          {"--precision", FlagType::kChoice, "fp32", "fp32 (the engine today) or bf16 (element size 2)", "fp32|bf16"},
+          {"--grad-precision", FlagType::kChoice, "fp32",
+           "data-parallel gradient buckets on the wire: fp32 or bf16\n(comm.grad_precision: 2 bytes an element)",
+           "fp32|bf16"},
+          {"--zero", FlagType::kChoice, "0", "ZeRO-1: optimizer state sharded over dp", "0|1"},
+          {"--si", FlagType::kOnOff, "off", "Strand Interleaving", "on|off"},
+          {"--sparse-embed-grad", FlagType::kOnOff, "off",
+           "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
+           "all-gathered instead of the whole table\nall-reduced (--confirm runs set it alike)",
+           "on|off"},
+          {"--d-model", FlagType::kInt, "", "override the preset's d_model (GPT: ffn = 4 x d-model)", "C", 1},
+          {"--layers", FlagType::kInt, "", "override the preset's layer count", "L", 1},
+          {"--heads", FlagType::kInt, "", "override the preset's head count", "H", 1},
+          {"--vocab", FlagType::kInt, "", "override the preset's vocabulary", "V", 1},
+          {"--only", FlagType::kText, "",
+           "rank only these layouts: labels as printed, separated by commas\n(\"tp=2 pp=1 dp=2,x=2 y=1 z=2 dp=1\")",
+           "LAYOUTS"},
+          {"--paper-compat", FlagType::kSwitch, "",
+           "rank the 3D grids by AxoNN's closed form as coded (bf16, communication\nseconds only; axonn.md §4.2), "
+           "memory from the step model"},
+          {"--json", FlagType::kText, "", "also write the table and the exclusions as JSON", "FILE"},
+          {"--confirm", FlagType::kInt, "",
+           "run the top K layouts for STEPS steps each with `dhelix train` (the first step\nis a warm-up) and print "
+           "the measured median step beside the prediction, with\nKendall's tau, the top-1 regret and the median "
+           "error; needs --config (data and\ntraining settings; the model, batch and layout keys are set from tune's)",
+           "STEPS", 2},
+          {"--config", FlagType::kText, "", "with --confirm: the runs' config (data and training settings)", "C.toml"},
+          {"--rounds", FlagType::kInt, "1", "runs per layout, alternating the layouts between rounds", "R", 1},
+          {"--launch", FlagType::kText, "",
+           "launcher prefix, {np} = the layout's ranks (default\n\"mpirun --oversubscribe --bind-to none -np {np}\"; "
+           "the emulated cluster:\n\"scripts/cluster --hosts 2 --np-per-host 2 --map-by slot --\")",
+           "CMD"},
+          {"--workdir", FlagType::kText, "runs/tune", "run directories and logs of --confirm", "DIR"},
+          {"--explain", FlagType::kSwitch, "",
+           "with --only: print each listed layout's priced ops per strand (one\nmicro-batch: start and seconds of "
+           "every compute op and collective)"},
+          {"--trace", FlagType::kSwitch, "",
+           "each --confirm run also writes a Chrome trace per rank (trace.json.rank<r> in\nits run directory; the "
+           "counted steps' op and collective times)"},
+          {"--measure-gemm", FlagType::kSwitch, "",
+           "price every GEMM op by timing its shape on this machine (one core, scaled by\nthe preset's "
+           "device.core_share) instead of the preset's one GEMM rate: for\npresets of this machine (cpu-emulated)"},
+      }};
+  return t;
+}
 
 struct TuneRequest {
   ModelConfig model;
@@ -95,81 +111,65 @@ struct TuneRequest {
   std::optional<ConfirmOptions> confirm;
 };
 
-std::optional<int64_t> int_value(const std::map<std::string, std::string>& v, const std::string& flag, int64_t def,
-                                 int64_t lo, std::vector<std::string>& errors) {
-  auto it = v.find(flag);
-  if (it == v.end()) return def;
+// The preset named by --model with --d-model, --layers, --heads and --vocab applied.
+void apply_model_flags(const FlagValues& f, TuneRequest& req, std::vector<std::string>& errors) {
+  if (!f.given("--model")) return;
   try {
-    size_t used = 0;
-    const long long x = std::stoll(it->second, &used);
-    if (used == it->second.size() && x >= lo && x <= (int64_t{1} << 40)) return x;
-  } catch (const std::exception&) {
+    req.model = model_preset(*f.text("--model"));
+  } catch (const ConfigError& e) {
+    errors.push_back(e.what());
+    return;
   }
-  errors.push_back(fmt::format("{} expects a whole number >= {}, got '{}'", flag, lo, it->second));
-  return std::nullopt;
+  const int64_t d = f.given("--d-model") ? f.integer("--d-model") : req.model.d_model;
+  const int64_t layers = f.given("--layers") ? f.integer("--layers") : req.model.n_layers;
+  const int64_t heads = f.given("--heads") ? f.integer("--heads") : req.model.n_heads;
+  if (req.model.family == ModelFamily::kGPT && d != req.model.d_model) req.model.ffn_hidden = 4 * d;
+  if (req.model.n_kv_heads == req.model.n_heads) req.model.n_kv_heads = heads;
+  req.model.d_model = d, req.model.n_layers = layers, req.model.n_heads = heads;
+  if (f.given("--d-model") || f.given("--layers") || f.given("--heads")) req.model.name += " (overridden)";
+  if (f.given("--vocab"))
+    req.model.vocab_size = f.integer("--vocab"), req.model.name += f.given("--d-model") ? "" : " (overridden)";
+}
+
+// --confirm's options, or the errors of its flags given without it.
+void apply_confirm_flags(const FlagValues& f, TuneRequest& req, std::vector<std::string>& errors) {
+  if (!f.given("--confirm") && f.ok("--confirm")) {  // a bad --confirm was asked for: its errors still show
+    for (const char* flag : {"--config", "--rounds", "--launch", "--workdir"})
+      if (f.given(flag)) errors.push_back(fmt::format("{} is only for --confirm", flag));
+    if (req.trace) errors.push_back("--trace is only for --confirm");
+    return;
+  }
+  ConfirmOptions c;
+  if (f.given("--confirm")) c.steps = static_cast<int>(f.integer("--confirm"));
+  c.rounds = static_cast<int>(f.integer("--rounds"));
+  const std::optional<std::string> config = f.text("--config");
+  if (!config) errors.push_back("--confirm needs --config FILE (the runs' data and training settings)");
+  else if (!file_exists(*config)) errors.push_back(fmt::format("--config '{}' does not exist", *config));
+  c.config_path = config.value_or("");
+  if (f.given("--launch")) c.launch = *f.text("--launch");
+  c.workdir = f.text_or_default("--workdir");
+  c.trace = req.trace;
+  if (launched_by_mpirun())
+    errors.push_back("--confirm launches its own runs: start dhelix tune directly, not under mpirun");
+  if (req.paper) errors.push_back("--confirm runs the step model's ranking; drop --paper-compat");
+  req.confirm = c;
 }
 
 std::optional<TuneRequest> parse_request(int argc, char** argv) {
+  const FlagTable& t = tune_flags();
   std::vector<std::string> errors;
-  std::map<std::string, std::string> v;
+  const ParsedFlags parsed = parse_flags(t, argc, argv, errors);
+  if (parsed.help) {
+    fmt::print("{}", flag_help(t));
+    return std::nullopt;
+  }
+  const FlagValues& f = parsed.values;
   TuneRequest req;
-  for (int i = 1; i < argc; ++i) {
-    std::string w = argv[i], value;
-    if (w == "--help" || w == "-h") {
-      fmt::print("{}", kTuneUsage);
-      return std::nullopt;
-    }
-    // Switches: flags without a value.
-    static const std::map<std::string, bool TuneRequest::*> switches = {{"--paper-compat", &TuneRequest::paper},
-                                                                         {"--measure-gemm", &TuneRequest::measure_gemm},
-                                                                         {"--trace", &TuneRequest::trace},
-                                                                         {"--explain", &TuneRequest::explain}};
-    if (auto sw = switches.find(w); sw != switches.end()) {
-      req.*(sw->second) = true;
-      continue;
-    }
-    bool has_value = false;
-    if (size_t eq = w.find('='); w.rfind("--", 0) == 0 && eq != std::string::npos)
-      value = w.substr(eq + 1), w = w.substr(0, eq), has_value = true;
-    if (std::find(kFlags.begin(), kFlags.end(), w) == kFlags.end()) {
-      errors.push_back(w.rfind("--", 0) == 0 ? fmt::format("unknown flag '{}'", w)
-                                             : fmt::format("unexpected argument '{}'", w));
-      continue;
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) {
-        errors.push_back(fmt::format("{} needs a value", w));
-        continue;
-      }
-      value = argv[++i];
-    }
-    v[w] = value;
-  }
-  for (const char* must : {"--model", "--gpus", "--cluster"})
-    if (!v.count(must)) errors.push_back(fmt::format("{} is required", must));
-  const std::optional<int64_t> gpus = int_value(v, "--gpus", 1, 1, errors);
-  const std::optional<int64_t> top = int_value(v, "--top", 10, 1, errors);
-  const std::optional<int64_t> mbs = int_value(v, "--micro-batch-size", 1, 1, errors);
-  if (v.count("--model")) {
-    try {
-      req.model = model_preset(v["--model"]);
-    } catch (const ConfigError& e) {
-      errors.push_back(e.what());
-    }
-  }
-  const std::optional<int64_t> d = int_value(v, "--d-model", req.model.d_model, 1, errors);
-  const std::optional<int64_t> layers = int_value(v, "--layers", req.model.n_layers, 1, errors);
-  const std::optional<int64_t> heads = int_value(v, "--heads", req.model.n_heads, 1, errors);
-  if (d && layers && heads) {
-    if (req.model.family == ModelFamily::kGPT && *d != req.model.d_model) req.model.ffn_hidden = 4 * *d;
-    if (req.model.n_kv_heads == req.model.n_heads) req.model.n_kv_heads = *heads;
-    req.model.d_model = *d, req.model.n_layers = *layers, req.model.n_heads = *heads;
-    if (v.count("--d-model") || v.count("--layers") || v.count("--heads")) req.model.name += " (overridden)";
-  }
-  const std::optional<int64_t> vocab = int_value(v, "--vocab", req.model.vocab_size, 1, errors);
-  if (vocab && v.count("--vocab")) req.model.vocab_size = *vocab, req.model.name += v.count("--d-model") ? "" : " (overridden)";
-  if (v.count("--only")) {
-    std::string rest = v["--only"];
+  req.paper = f.on("--paper-compat"), req.measure_gemm = f.on("--measure-gemm");
+  req.trace = f.on("--trace"), req.explain = f.on("--explain");
+  apply_model_flags(f, req, errors);
+  if (const std::optional<std::string> only = f.text("--only")) {
+    std::string rest = *only;
     for (size_t at; !rest.empty(); rest = at == std::string::npos ? "" : rest.substr(at + 1)) {
       at = rest.find(',');
       std::string label = rest.substr(0, at);
@@ -179,54 +179,19 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     }
     if (req.only.empty()) errors.push_back("--only needs at least one layout label, e.g. \"x=2 y=1 z=2 dp=1\"");
   }
-  if (v.count("--confirm")) {
-    ConfirmOptions c;
-    const std::optional<int64_t> steps = int_value(v, "--confirm", 3, 2, errors);
-    const std::optional<int64_t> rounds = int_value(v, "--rounds", 1, 1, errors);
-    if (steps) c.steps = static_cast<int>(*steps);
-    if (rounds) c.rounds = static_cast<int>(*rounds);
-    if (!v.count("--config")) errors.push_back("--confirm needs --config FILE (the runs' data and training settings)");
-    else if (!file_exists(v["--config"])) errors.push_back(fmt::format("--config '{}' does not exist", v["--config"]));
-    c.config_path = v.count("--config") ? v["--config"] : "";
-    if (v.count("--launch")) c.launch = v["--launch"];
-    c.workdir = v.count("--workdir") ? v["--workdir"] : "runs/tune";
-    c.trace = req.trace;
-    if (launched_by_mpirun())
-      errors.push_back("--confirm launches its own runs: start dhelix tune directly, not under mpirun");
-    if (req.paper) errors.push_back("--confirm runs the step model's ranking; drop --paper-compat");
-    req.confirm = c;
-  } else {
-    for (const char* f : {"--config", "--rounds", "--launch", "--workdir"})
-      if (v.count(f)) errors.push_back(fmt::format("{} is only for --confirm", f));
-    if (req.trace) errors.push_back("--trace is only for --confirm");
-  }
-  const std::optional<int64_t> seq = int_value(v, "--seq", req.model.seq_len, 1, errors);
-  const std::optional<int64_t> gb = int_value(v, "--global-batch", 8 * gpus.value_or(1), 1, errors);
-  const std::string prec = v.count("--precision") ? v["--precision"] : "fp32";
-  if (prec != "fp32" && prec != "bf16") errors.push_back(fmt::format("--precision '{}' must be fp32 or bf16", prec));
+  apply_confirm_flags(f, req, errors);
+  const int64_t gpus = f.given("--gpus") ? f.integer("--gpus") : 1;
+  const std::string prec = f.text_or_default("--precision");
   req.opt.precision = prec == "bf16" || req.paper ? Precision::kBf16 : Precision::kFp32;
-  const std::string gprec = v.count("--grad-precision") ? v["--grad-precision"] : "fp32";
-  if (gprec != "fp32" && gprec != "bf16")
-    errors.push_back(fmt::format("--grad-precision '{}' must be fp32 or bf16", gprec));
-  req.opt.grad_wire_bytes = gprec == "bf16" ? 2 : 4;
-  const std::string zero = v.count("--zero") ? v["--zero"] : "0";
-  if (zero != "0" && zero != "1") errors.push_back(fmt::format("--zero '{}' must be 0 or 1", zero));
-  req.opt.zero = zero == "1" ? Zero::kZero1 : Zero::kNone;
-  const std::string si = v.count("--si") ? v["--si"] : "off";
-  if (si != "on" && si != "off") errors.push_back(fmt::format("--si '{}' must be on or off", si));
-  req.opt.si = si == "on" ? StrandInterleaving::kOn : StrandInterleaving::kOff;
-  const std::string sparse = v.count("--sparse-embed-grad") ? v["--sparse-embed-grad"] : "off";
-  if (sparse != "on" && sparse != "off")
-    errors.push_back(fmt::format("--sparse-embed-grad '{}' must be on or off", sparse));
-  req.opt.sparse_embed = sparse == "on" ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
-  if (v.count("--json")) {
-    if (v["--json"].empty()) errors.push_back("--json needs a file name");
-    req.json_path = v["--json"];
-  }
-  if (v.count("--cluster")) {
+  req.opt.grad_wire_bytes = f.text_or_default("--grad-precision") == "bf16" ? 2 : 4;
+  req.opt.zero = f.text_or_default("--zero") == "1" ? Zero::kZero1 : Zero::kNone;
+  req.opt.si = f.on("--si") ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+  req.opt.sparse_embed = f.on("--sparse-embed-grad") ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+  req.json_path = f.text("--json");
+  if (f.given("--cluster")) {
     try {
-      req.cluster = load_cluster(v["--cluster"]);
-      if (prec == "fp32" || prec == "bf16") (void)req.cluster.gemm_rate(req.opt.precision);
+      req.cluster = load_cluster(*f.text("--cluster"));
+      if (f.ok("--precision")) (void)req.cluster.gemm_rate(req.opt.precision);
     } catch (const ConfigError& e) {
       errors.push_back(e.what());
     }
@@ -240,16 +205,13 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
       errors.push_back(e.what());
     }
   }
-  if (gpus && top && mbs && seq && gb) {
-    req.gpus = static_cast<int>(std::min<int64_t>(*gpus, 1 << 20));
-    req.top = static_cast<int>(*top);
-    req.batch = {*gb, *seq, *mbs};
-  }
-  if (gpus && *gpus > 65536) errors.push_back(fmt::format("--gpus {} is above the 65536 ranks tune enumerates", *gpus));
-  if (errors.empty()) return req;
-  std::string msg = fmt::format("{} error{}:", errors.size(), errors.size() == 1 ? "" : "s");
-  for (const std::string& e : errors) msg += "\n  - " + e;
-  throw ConfigError(msg + "\nrun `dhelix tune --help` for the flags");
+  req.gpus = static_cast<int>(std::min<int64_t>(gpus, 1 << 20));
+  req.top = static_cast<int>(f.integer("--top"));
+  req.batch = {f.given("--global-batch") ? f.integer("--global-batch") : 8 * gpus,
+               f.given("--seq") ? f.integer("--seq") : req.model.seq_len, f.integer("--micro-batch-size")};
+  if (gpus > 65536) errors.push_back(fmt::format("--gpus {} is above the 65536 ranks tune enumerates", gpus));
+  throw_flag_errors(t, errors);
+  return req;
 }
 
 constexpr double kMiB = 1 << 20, kGiB = 1 << 30;

@@ -1,0 +1,105 @@
+// The flag tables of profile, plan and simulate (VerbFlags.h): name, type, default, help.
+#include "VerbFlags.h"
+
+namespace dhelix {
+
+const FlagTable& profile_flags() {
+  static const FlagTable t{
+      "profile",
+      "usage: dhelix profile --config C.toml [--out FILE] [--repeats R] [--warmup W] [--max-window N]\n"
+      "                      [--section.key value ...]\n"
+      "       mpirun -np N dhelix profile --config C.toml --parallel.tp T ...\n"
+      "Times every forward window, backward window and legal (fwd, bwd) window pair of the\n"
+      "transformer-layer pair on the real executor and process groups; writes the profile JSON.\n",
+      {
+          {"--out", FlagType::kText, "<output.dir>/profile.json", "the profile JSON", "FILE"},
+          {"--repeats", FlagType::kInt, "5", "timed runs of each window", "R", 1},
+          {"--warmup", FlagType::kInt, "1", "untimed runs before them", "W", 0},
+          {"--max-window", FlagType::kInt, "0", "longest window in ops (0: no bound)", "N", 0},
+      },
+      ConfigWords::kPassedOn};
+  return t;
+}
+
+const FlagTable& plan_flags() {
+  static const FlagTable t{
+      "plan",
+      "usage: dhelix plan --config C.toml (--profile FILE | --cost-model PRESET|FILE.json)\n"
+      "                   [--top-k K] [--out FILE] [--repeats R] [--warmup W] [--no-validate]\n"
+      "                   [--max-window N] [--min-gain G] [--json FILE] [--section.key value ...]\n"
+      "Searches the best Strand-Interleaving plan (DP, top K); with --profile the K candidates and the\n"
+      "default plan are timed on the real layer pair (run it like `dhelix profile`: under mpirun for\n"
+      "tp > 1); the fastest is kept if it beats the default plan by the fraction G.\n"
+      "Writes the plan JSON, an SVG beside it and prints the plan as a table. --cost-model prices blocks\n"
+      "from a cluster preset (configs/clusters: a40-pcie, h100-8gpu, perlmutter-a100, cpu-emulated, or a\n"
+      ".toml path; GPUs in bf16) or a JSON file of the pricer's fields; no hardware needed: with a preset\n"
+      "each candidate is simulated in the whole training step (the step simulator, the config's batch\n"
+      "and schedule) and the fastest, the default plan included, is kept.\n",
+      {
+          {"--profile", FlagType::kText, "", "a `dhelix profile` of this config's layer pair", "FILE"},
+          {"--cost-model", FlagType::kText, "", "a cluster preset or a JSON file of the pricer's fields",
+           "PRESET|FILE.json"},
+          {"--top-k", FlagType::kInt, "4", "candidates the search keeps", "K", 1},
+          {"--out", FlagType::kText, "<output.dir>/plan.json", "the plan JSON (an SVG is written beside it)", "FILE"},
+          {"--repeats", FlagType::kInt, "5", "timed runs of each candidate (--profile)", "R", 1},
+          {"--warmup", FlagType::kInt, "1", "untimed runs before them", "W", 0},
+          {"--no-validate", FlagType::kSwitch, "", "keep the searched plans untimed"},
+          {"--max-window", FlagType::kInt, "0", "longest window in ops (0: no bound)", "N", 0},
+          {"--min-gain", FlagType::kNumber, "0.03", "the fraction a candidate must beat the default plan by, in [0, 1)",
+           "G", 0, 1},
+          {"--json", FlagType::kText, "",
+           "also write every candidate's predicted, simulated and measured time, the kept\none and the fitted "
+           "interference",
+           "FILE"},
+      },
+      ConfigWords::kPassedOn};
+  return t;
+}
+
+const FlagTable& simulate_flags() {
+  static const FlagTable t{
+      "simulate",
+      "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--layout L] [--precision fp32|bf16]\n"
+      "         [--compute-slowdown K] [--comm-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
+      "Simulates one training step of the config's model, layout, batch and schedule (Strand\n"
+      "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
+      "step time, tokens/s, model FLOP/s per rank and its share of the preset's peak, exposed\n"
+      "communication, the gradient tail, memory per rank; --trace writes the simulated step as a Chrome\n"
+      "trace (ui.perfetto.dev). Any pipeline (schedule.pipeline, parallel.pp): the step runner's slots.\n",
+      {
+          {"--cluster", FlagType::kText, "",
+           "cluster preset (cpu-emulated, perlmutter-a100, h100-8gpu, ...) or a .toml path", "PRESET", {}, {},
+           Need::kRequired},
+          {"--gpus", FlagType::kInt, "",
+           "the layout's rank count, checked (default: the layout's); with --layout\nand no dp in it, dp = N / (the "
+           "other axes)",
+           "N", 1},
+          {"--layout", FlagType::kText, "",
+           "the layout, as `dhelix tune` prints it (\"tp=2 pp=2 dp=2\": keys tp pp dp cp ep,\nor x y z dp for a 3D "
+           "grid; ep is carved out of dp); unnamed axes are 1. Replaces\nthe config's "
+           "parallel.{tp,pp,dp,cp,ep,tp_x,tp_y,tp_z}",
+           "L"},
+          {"--precision", FlagType::kChoice, "fp32", "the preset's GEMM rate and element size", "fp32|bf16"},
+          {"--compute-slowdown", FlagType::kNumber, "1",
+           "a compute op beside a collective runs K times slower\n(`dhelix plan --profile` fits it on this machine)",
+           "K", 1},
+          {"--comm-slowdown", FlagType::kNumber, "1",
+           "a collective in flight while its rank computes runs K times slower\n(fitted alike)", "K", 1},
+          {"--profile", FlagType::kText, "",
+           "fit both slowdowns from a `dhelix profile` of this config's layer pair\n(its pairs timed alone and "
+           "together; excludes the two flags above)",
+           "FILE"},
+          {"--profile-op-times", FlagType::kSwitch, "",
+           "with --profile: the layer's compute ops at the profile's single-op times\n(the embedding's, the head's "
+           "and every collective still from the preset)"},
+          {"--measure-gemm", FlagType::kSwitch, "",
+           "time every GEMM op's shape on this machine instead of the preset's rate\n(one core, shared as the "
+           "preset's device.core_share says)"},
+          {"--trace", FlagType::kText, "", "write the simulated step as a Chrome trace", "FILE"},
+          {"--json", FlagType::kText, "", "also write the figures as JSON", "FILE"},
+      },
+      ConfigWords::kPassedOn};
+  return t;
+}
+
+}  // namespace dhelix

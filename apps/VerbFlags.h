@@ -1,0 +1,12 @@
+// The flag tables of the verbs that take a config (profile, plan, simulate: apps/CmdPlan.cc): each
+// verb's own flags beside the config's keys, parsed and documented by FlagTable.h.
+#pragma once
+#include "FlagTable.h"
+
+namespace dhelix {
+
+const FlagTable& profile_flags();
+const FlagTable& plan_flags();
+const FlagTable& simulate_flags();
+
+}  // namespace dhelix
