@@ -14,7 +14,7 @@
 namespace dhelix {
 
 Executor::Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs)
-    : ctx_(ctx), units_(units), progs_(progs) {}
+    : ctx_(ctx), units_(units), progs_(progs), kernels_(kernel_registry(ctx.device)), compute_(make_stream(ctx.device)) {}
 
 const LayerProgram& Executor::program(int u) const {
   const std::string& k = units_.at(u).kind;
@@ -93,7 +93,8 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
   auto it = env.pending.find(buf);
   if (it == env.pending.end()) return;
   const double wait_called = ctx_.trace ? now_seconds() : 0;
-  it->second.work.wait();
+  WorkEvent done(it->second.work);
+  compute_->wait(done);  // host: a join with the group's comm thread
   if (it->second.widen_to.defined()) {  // arrived in bf16: widened into the fp32 buffer its readers use
     const Tensor& w = it->second.wire_out;
     cpu::widen_bf16(w.data<uint16_t>(), it->second.widen_to.f32(), w.numel());
@@ -266,7 +267,8 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
                 ctx_.kernels.precision};
     const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op);
     if (!diverted) {
-      lookup_op(op.code)(call);
+      const OpFn& kernel = kernels_.find(op.code);
+      compute_->launch([&] { kernel(call); });
       if (!op.grads.empty() && ctx_.on_grad_op) ctx_.on_grad_op(s.mb, s.unit, op);
       if (ctx_.on_op_done) ctx_.on_op_done(s.mb, s.unit, op, env);
     }

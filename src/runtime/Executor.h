@@ -5,13 +5,16 @@
 // next block starts — except two kinds that 3D tensor parallelism marks: a background collective
 // (attr "background": a weight-gradient reduce-scatter, waited for by the op that reads it) and a
 // cross-layer prefetch (attr "prefetch_unit": adopted, and waited for, by the neighbouring unit).
-// Compute of both strands runs on this (the rank's compute) thread.
+// Compute of both strands is launched on the run's device's compute stream (Stream.h; the host's
+// runs it inline on this, the rank's compute thread) with that device's kernels (KernelRegistry.h);
+// an op that reads a collective's output first makes the stream wait on its completion event.
 //
 //   compute thread : [bwd ops k ........][fwd ops k (wait AG)] | [ ...block k+1
 //   comm tp thread :  [AG fwd k ...........]                    |
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,6 +25,8 @@
 #include "runtime/Env.h"
 #include "runtime/OpRegistry.h"
 #include "runtime/StepObserver.h"
+#include "runtime/KernelRegistry.h"
+#include "runtime/Stream.h"
 #include "parallel/ParamStore.h"
 #include "base/Trace.h"
 
@@ -35,6 +40,7 @@ namespace dhelix {
 enum class WirePrecision { kFp32, kBf16 };
 
 struct RunContext {
+  Device device;  // where this rank's tensors live and its op kernels run (the host: the CPU backend)
   const ModelConfig* model = nullptr;
   LayoutConfig layout;
   int tp_rank = 0;
@@ -113,6 +119,12 @@ class Executor {
   // Watches every later pair and op (not owned; it must outlive the executor or be removed).
   void add_observer(StepObserver* o) { observers_.push_back(o); }
   void remove_observer(StepObserver* o) { std::erase(observers_, o); }
+  // Compute launched after this call waits for `w` (a receive whose buffer the next op reads):
+  // on the host a join, on a GPU an event wait on the compute stream.
+  void stream_wait(const Work& w) {
+    WorkEvent done(w);
+    compute_->wait(done);
+  }
   // Runs carried ops now (the slot's last pair carried some and no pair follows).
   void run_carried(CarriedOps& c);
   // Runs the whole forward (or backward) program of one slot, collectives exposed.
@@ -156,6 +168,8 @@ class Executor {
   std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
   std::map<const LayerProgram*, std::vector<std::vector<std::string>>> bf16_saves_;  // bf16_saved_buffers, per program
   std::vector<StepObserver*> observers_;
+  const KernelRegistry& kernels_;    // ctx.device's op kernels
+  std::unique_ptr<Stream> compute_;  // ctx.device's compute stream: every compute op launches on it
 };
 
 }  // namespace dhelix

@@ -223,7 +223,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
     DHX_ASSERT(it != recvs.end(), "receive of the {} of micro-batch {} across boundary {} was not posted",
                transfer_kind_name(t.kind), t.mb, t.boundary);
     const double w0 = now_seconds();
-    it->second.work.wait();
+    exec_.stream_wait(it->second.work);
     st.p2p_wait_s += now_seconds() - w0;
     trace_p2p(it->second.work, fmt::format("recv {} mb{} b{} <-r{}", transfer_kind_name(t.kind), t.mb, t.boundary,
                                            t.peer));
@@ -305,7 +305,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
       Tensor in;
       if (c > 0 && chunks[c - 1].rank != ch.rank) {
         in = Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
-        pp->recv(in, chunks[c - 1].rank, transfer_tag({TransferKind::kActivation, m, c, 0}, S)).wait();
+        exec_.stream_wait(pp->recv(in, chunks[c - 1].rank, transfer_tag({TransferKind::kActivation, m, c, 0}, S)));
       }
       for (int u = ch.unit_begin; u < ch.unit_end; ++u) {
         link_forward(f, u, mbs[m], u == ch.unit_begin ? in : Tensor());

@@ -129,7 +129,11 @@ Storage::~Storage() {
   if (tracker_) tracker_->sub(static_cast<int64_t>(bytes_));
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, MemoryTracker* tracker) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, MemoryTracker* tracker, Device device) {
+  DHX_CHECK(device.is_host(), DeviceError,
+            "cannot allocate {}{} on {}: this build allocates host memory only (a CUDA build adds the device "
+            "allocator)",
+            dtype_name(dtype), shape_str(shape), device.str());
   for (int64_t d : shape) DHX_CHECK(d >= 0, InternalError, "negative extent in shape {}", shape_str(shape));
   Tensor t;
   t.shape_ = shape;

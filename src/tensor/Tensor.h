@@ -1,7 +1,8 @@
 // Tensor: a typed, contiguous, row-major view into shared storage. Storage may be charged to a
 // MemoryTracker, which then accounts every live byte (current and peak) — this is how the
 // activation arena reports peak activation memory with and without Strand Interleaving.
-// Not here: autograd, strides, devices other than host memory (the CUDA path owns its own).
+// Every tensor knows its Device (Device.h); this build allocates host memory only, so asking for
+// another device is a DeviceError (a CUDA build adds a device allocator). Not here: autograd, strides.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "base/Error.h"
+#include "tensor/Device.h"
 
 namespace dhelix {
 
@@ -56,6 +58,7 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
   void* data() { return data_; }
   size_t bytes() const { return bytes_; }
+  Device device() const { return Device::host(); }  // host memory (aligned_alloc or the block cache)
 
  private:
   void* data_ = nullptr;
@@ -73,10 +76,13 @@ HostCacheStats host_cache_stats();
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr);
+  // On `device` (DeviceError for one this build cannot allocate on).
+  static Tensor empty(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr,
+                      Device device = Device::host());
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr);
 
   bool defined() const { return storage_ != nullptr; }
+  Device device() const { return storage_ ? storage_->device() : Device::host(); }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : i); }
   int ndim() const { return static_cast<int>(shape_.size()); }

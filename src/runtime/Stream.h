@@ -1,0 +1,55 @@
+// Stream and Event: the executor's seam to a device's ordering primitives. The executor launches
+// every compute op on its compute stream and, before an op reads a collective's output, makes the
+// stream wait on that collective's completion event; it never synchronises a whole device.
+//   host (HostStream): work runs inline on the calling thread (the rank's compute thread), so
+//     issue order is run order; an Event is a point already reached, or a collective's
+//     completion (WorkEvent over comm's Work: its comm thread finishes it), and waiting is a join.
+//   cuda (a build with DHELIX_ENABLE_CUDA): one stream per strand and one per process group,
+//     events recorded after the work, waits enqueued (cudaStreamWaitEvent) without blocking the
+//     host. This build has none: make_stream(cuda:N) throws DeviceError.
+//
+//   compute stream : [op a][op b]....wait(ev AG)[op c reads AG]
+//   comm tp thread :    [AG ...........]--> ev AG
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "comm/Work.h"
+#include "tensor/Device.h"
+
+namespace dhelix {
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual bool ready() const = 0;  // completed (does not block)
+  virtual void host_wait() = 0;    // blocks the calling thread until completed; throws its failure
+};
+
+// A collective's completion (the Work its ProcessGroup call returned; not owned).
+class WorkEvent final : public Event {
+ public:
+  explicit WorkEvent(const Work& w) : work_(w) {}
+  bool ready() const override { return work_.is_completed(); }
+  void host_wait() override { work_.wait(); }
+
+ private:
+  const Work& work_;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual Device device() const = 0;
+  // Issues `work` (a kernel launch) after everything issued on this stream before it.
+  virtual void launch(const std::function<void()>& work) = 0;
+  // Work issued on this stream after this call starts after `e` completed.
+  virtual void wait(Event& e) = 0;
+  // An event that completes once the work issued on this stream so far has.
+  virtual std::unique_ptr<Event> record() = 0;
+};
+
+// A compute stream on `d`: the host's, or DeviceError for a device this build cannot run.
+std::unique_ptr<Stream> make_stream(Device d);
+
+}  // namespace dhelix

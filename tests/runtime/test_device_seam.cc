@@ -1,0 +1,92 @@
+// The device seam (tensor/Device.h, runtime/Stream.h, runtime/KernelRegistry.h). Oracles: the
+// contracts written in those headers -- device spellings parse to what they name and bad ones
+// throw ConfigError naming the text; the host stream runs launched work in issue order before
+// launch returns, and waiting on a collective's event returns only once the collective completed
+// (its result is there: the sum of the ranks' values); the host registry binds exactly the CPU op
+// codes; a CUDA device is refused with DeviceError (never a silent fallback to the host) in a
+// build without the CUDA backend.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/LocalBackend.h"
+#include "runtime/KernelRegistry.h"
+#include "runtime/Stream.h"
+#include "tensor/Tensor.h"
+
+namespace dhelix {
+namespace {
+
+TEST(Device, ParsesItsSpellings) {
+  EXPECT_EQ(parse_device("cpu"), Device::host());
+  EXPECT_EQ(parse_device("host"), Device::host());
+  EXPECT_EQ(parse_device("cuda"), Device::cuda(0));
+  EXPECT_EQ(parse_device("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(parse_device("cuda:3").str(), "cuda:3");
+  EXPECT_EQ(Device::host().str(), "cpu");
+  for (const std::string bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:1x", "CPU"}) {
+    try {
+      parse_device(bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Device, TensorsKnowTheirDevice) {
+  EXPECT_EQ(Tensor::empty({4, 3}).device(), Device::host());
+  EXPECT_EQ(Tensor().device(), Device::host());
+  EXPECT_THROW(Tensor::empty({4}, DType::kF32, nullptr, Device::cuda(0)), DeviceError);
+}
+
+TEST(HostStream, RunsLaunchedWorkInIssueOrder) {
+  auto s = make_stream(Device::host());
+  EXPECT_EQ(s->device(), Device::host());
+  std::vector<int> ran;
+  for (int i = 0; i < 5; ++i) {
+    s->launch([&ran, i] { ran.push_back(i); });
+    EXPECT_EQ(static_cast<int>(ran.size()), i + 1);  // finished when launch returned
+  }
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2, 3, 4}));
+  auto e = s->record();
+  EXPECT_TRUE(e->ready());
+  s->wait(*e);
+}
+
+TEST(HostStream, WaitOnACollectiveJoinsIt) {
+  run_local_ranks(2, [](CommContext& comm) {
+    auto s = make_stream(Device::host());
+    Tensor t = Tensor::empty({1024});
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = static_cast<float>(comm.rank() + 1);
+    Work w = comm.world().all_reduce(t);
+    WorkEvent done(w);
+    s->wait(done);
+    EXPECT_TRUE(done.ready());
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.f32()[i], 3.0f) << i;  // 1 + 2, exact in fp32
+  });
+}
+
+TEST(KernelRegistry, HostBindsTheCpuKernels) {
+  const KernelRegistry& r = kernel_registry(Device::host());
+  EXPECT_EQ(r.device(), Device::host());
+  EXPECT_EQ(r.codes(), op_codes());
+  EXPECT_GT(r.codes().size(), 20u);
+  for (const std::string& c : r.codes()) EXPECT_TRUE(static_cast<bool>(r.find(c))) << c;
+  EXPECT_THROW(r.find("no_such_op"), InternalError);
+}
+
+TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
+  for (auto f : {+[] { make_stream(Device::cuda(0)); }, +[] { kernel_registry(Device::cuda(1)); }}) {
+    try {
+      f();
+      ADD_FAILURE() << "a CUDA device was accepted by a build without the backend";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("DHELIX_ENABLE_CUDA"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dhelix
