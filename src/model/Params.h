@@ -1,7 +1,8 @@
 // Parameter specs: every parameter of a model with its full shape, the shard this rank holds
 // under a layout, and its sharding role. The model says *what* is sharded (column, row, vocab,
-// replicated); `parallel` decides *how* gradients and activations move. Units are the schedulable
-// pieces: "embed", "block" (one per transformer layer) and "head".
+// replicated); sharding/ decides *how* activations move and holds the shard arithmetic
+// (ShardIndex.h), parallel/ how gradients do. Units are the schedulable pieces: "embed", "block"
+// (one per transformer layer) and "head".
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,16 +28,6 @@ enum class ShardRole {
 // An axis of the 3D grid that splits a tensor dimension.
 enum class GridAxis { kNone, kX, kY };
 
-// Where this rank sits in its tensor-parallel block: Megatron's tp rank, or the 3D coordinates.
-struct ShardIndex {
-  int tp_rank = 0, tp = 1;
-  int x = 0, y = 0, z = 0, gx = 1, gy = 1, gz = 1;
-  int ep_rank = 0, ep = 1;  // expert-parallel rank: which run of experts this rank holds
-  static ShardIndex of(const LayoutConfig& lay, const RankCoord& c);
-  bool is_3d() const { return gx * gy * gz > 1; }
-  // The rank that holds vocabulary shard `vocab_rank()` of `vocab_shards()` (tp, or y under 3D).
-  int vocab_rank() const { return is_3d() ? y : tp_rank; }
-};
 const char* shard_role_name(ShardRole r);
 
 enum class ParamInit { kNormal, kOnes, kZeros };
@@ -104,17 +95,6 @@ std::vector<GradBucketPlan> plan_grad_buckets(const std::vector<UnitSpec>& units
 // buckets (one per layer), so the dp all-reduce of early buckets overlaps the backward of later
 // layers; a large one gets 16 MiB buckets (fewer, larger messages).
 int64_t auto_bucket_elems(int64_t param_elems);
-
-// Copies this rank's shard of `full` (shape spec.full) into `shard` (shape spec.shard).
-void extract_shard(const ParamSpec& spec, const Tensor& full, Tensor& shard, const ShardIndex& at);
-// Inverse: scatters a shard into its place in `full`.
-void insert_shard(const ParamSpec& spec, const Tensor& shard, Tensor& full, const ShardIndex& at);
-// Megatron's tp only (tests, single process).
-inline ShardIndex tp_shard(int tp_rank, int tp) {
-  ShardIndex s;
-  s.tp_rank = tp_rank, s.tp = tp;
-  return s;
-}
 
 // Deterministic full-tensor initialisation from (seed, name): identical across layouts, so a
 // tp=2 run starts from exactly the weights of the single-process run.

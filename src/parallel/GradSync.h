@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "comm/ProcessGroup.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "parallel/ParamStore.h"
 
 namespace dhelix {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/Params.h"
+#include "sharding/ShardIndex.h"
 #include "tensor/Tensor.h"
 
 namespace dhelix {

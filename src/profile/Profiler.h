@@ -10,7 +10,7 @@
 
 #include "layout/Layout.h"
 #include "model/ModelConfig.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/Profile.h"
 #include "plan/Windows.h"
 #include "profile/LayerPairBench.h"

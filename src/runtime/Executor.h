@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "comm/ProcessGroup.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/SIPlan.h"
 #include "runtime/Env.h"
 #include "runtime/OpRegistry.h"

@@ -9,7 +9,7 @@
 
 #include "model/ModelConfig.h"
 #include "model/Params.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/Program.h"
 #include "kernels/cpu/Kernels.h"
 #include "runtime/Env.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "model/Params.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "parallel/ParamStore.h"
 #include "runtime/Executor.h"
 #include "schedule/Pipelines.h"

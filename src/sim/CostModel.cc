@@ -124,8 +124,9 @@ double GemmTiling::efficiency(int64_t m, int64_t n, int64_t groups) const {
 double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling) {
   double rate = gemm_rate;
   if (op.attrs.count("gemm_rows")) {
-    // C is [rows, out], or [in, out] for a weight gradient (model/Programs.cc's gemm_* attrs); a
-    // grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such GEMMs at once.
+    // C is [rows, out], or [in, out] for a weight gradient (the gemm_* attrs of sharding/OpFactory.h's
+    // gemm_cost); a grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such
+    // GEMMs at once.
     const int64_t rows = op.attrs.at("gemm_rows"), in = op.attrs.at("gemm_in"), out = op.attrs.at("gemm_out");
     const double one = 2.0 * double(rows) * double(in) * double(out);
     const int64_t groups = one > 0 ? std::max<int64_t>(1, std::llround(op.cost.flops / one)) : 1;

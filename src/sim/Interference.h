@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/BlockCost.h"
 #include "plan/Program.h"
 #include "plan/Windows.h"

@@ -15,7 +15,7 @@
 
 #include "base/Error.h"
 #include "model/Params.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "sim/AxonnModel.h"
 
 namespace dhelix {
@@ -251,7 +251,7 @@ ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec&
   return d;
 }
 
-// Elements of a saved buffer, by the name the programs give it (model/Programs.cc); nullopt when
+// Elements of a saved buffer, by the name the programs give it (sharding/Lowering1D.cc, Lowering3D.cc); nullopt when
 // no rule knows the name.
 std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
   auto ends = [&](const char* s) { return b.size() > std::strlen(s) && b.ends_with(s); };
@@ -267,7 +267,7 @@ std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
   if (b == "logits" || b == "dlogits") return d.N * d.vocab;
   if (b == "xent.m" || b == "tokens" || b == "targets") return d.N;
   if (b == "xent.s") return 2 * d.N;
-  // MoE (model/Programs.cc moe_fwd): this rank's Nres tokens, P = Nres k assignments.
+  // MoE (sharding/ExpertDispatch.cc moe_fwd): this rank's Nres tokens, P = Nres k assignments.
   const double P = d.Nres * d.top_k;
   if (b == "moe.probs") return d.Nres * d.experts;
   if (b == "moe.expert" || b == "moe.gate") return P;

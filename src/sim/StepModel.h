@@ -72,7 +72,7 @@ enum class PricerKind { kPrograms, kClosedForm3D };
 const char* pricer_name(PricerKind p);  // "programs", "closed-form"
 
 // Seconds of one GEMM op measured on this machine (ops carrying attrs gemm_rows / gemm_in /
-// gemm_out, model/Programs.cc), or a negative value for "use the preset's rate".
+// gemm_out, sharding/OpFactory.h), or a negative value for "use the preset's rate".
 using GemmTimer = std::function<double(const Op& op)>;
 
 struct PredictOptions {

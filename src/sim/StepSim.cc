@@ -11,7 +11,7 @@
 
 #include "base/Error.h"
 #include "model/Params.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 
 namespace dhelix {
 

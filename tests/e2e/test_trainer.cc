@@ -8,7 +8,7 @@
 #include "TinyRun.h"
 #include "base/Error.h"
 #include "kernels/cpu/Bf16.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/Program.h"
 #include "runtime/Env.h"
 #include "sim/LayoutSearch.h"
@@ -192,7 +192,7 @@ TEST(Bf16Weights, RoundsEachWeightOnceAndChargesItsBytes) {
 }
 
 // Which activations are kept in bf16 (bf16_saved_buffers on the programs the trainer builds).
-// Oracle, by hand from Programs.cc: the linear layers' inputs whose only backward reader is their
+// Oracle, by hand from sharding/Lowering1D.cc: the linear layers' inputs whose only backward reader is their
 // weight-gradient GEMM -- the norms' outputs h1 and h2 (with tp > 1 their gathered copies h1_g,
 // h2_g, which the backward's GEMMs read), the MLP activation act and the head's hf. Not the
 // attention output att (attention's backward reads it: D_i = rowsum(dO * O)), nor any buffer a

@@ -12,7 +12,7 @@
 
 #include "model/ModelConfig.h"
 #include "model/Params.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "parallel/ParamStore.h"
 #include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"

@@ -24,7 +24,7 @@
 #include "ParallelHarness.h"
 #include "base/Files.h"
 #include "model/ModelConfig.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "train/Trainer.h"
 
 namespace dhelix::testing {

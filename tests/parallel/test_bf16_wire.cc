@@ -24,7 +24,7 @@
 
 #include "../train/TempDir.h"
 #include "ParallelHarness.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "sim/LayoutSearch.h"
 #include "sim/StepModel.h"
 #include "train/Trainer.h"

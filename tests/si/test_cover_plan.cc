@@ -15,7 +15,7 @@
 #include <string>
 
 #include "../plan/PlanTestUtil.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/PlanCheck.h"
 #include "schedule/BasicPlans.h"
 
@@ -142,7 +142,7 @@ TEST(CoverPlan, RandomStrandsAlwaysPassTheChecker) {
 namespace dhelix {
 namespace {
 
-// Layer-program order for tp = 1 (src/model/Programs.cc, block_program): the block's input
+// Layer-program order for tp = 1 (src/sharding/Lowering1D.cc, block_program): the block's input
 // gradient (the first norm's backward writes "dx") comes before the attention's weight-gradient GEMMs, so the unit
 // below — for the first layer, GradSync's embedding-row all-gather — gets it two GEMMs earlier;
 // with tp > 1 attn.out.wgrad and the first half of attn.qkv's weight gradient (attn.qkv.wgrad.0)

@@ -15,7 +15,7 @@
 #include "runtime/OpRegistry.h"
 
 #include "model/Params.h"
-#include "model/Programs.h"
+#include "sharding/ModelPrograms.h"
 #include "plan/Profile.h"
 #include "sim/CostModel.h"
 #include "sim/Interference.h"

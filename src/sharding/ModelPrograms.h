@@ -1,13 +1,14 @@
-// Writes each unit's layer program (forward and backward op lists) for a model, a layout and a
-// micro-batch shape. Collectives appear as ops marked with their group ("tp") exactly where the
-// layout needs them: with tp > 1 (sequence parallel) an all-gather before each column GEMM and
-// a reduce-scatter after each row GEMM, vocab-parallel embedding and cross-entropy.
+// A model's layer programs under a layout: build_programs lowers model/'s description of each unit
+// (embed, block, head) into forward and backward op lists, with collectives marked by their group
+// ("tp", "cp", "ep"; "x", "y", "z" on the 3D grid) exactly where the layout needs them. Pure data:
+// nothing here communicates; the executor, profiler, planner and simulator read the result.
 //
 // Buffer conventions inside a unit's environment:
 //   fwd reads "x" [Ns, C] (embed reads "tokens" [N]) and writes "y" [Ns, C] (head writes "loss").
 //   bwd reads "dy" [Ns, C] (head starts from its saved "dlogits") and writes "dx" [Ns, C].
-//   N = B*T tokens of the micro-batch, Ns = N / tp rows of the sequence shard.
+//   N = B*T tokens of the micro-batch, Ns = N / tp rows of the sequence shard ([N, C/Gx] on 3D).
 #pragma once
+#include <string>
 #include <vector>
 
 #include "layout/Layout.h"
@@ -28,6 +29,9 @@ struct ModelPrograms {
   LayerProgram head;
 };
 
+// Megatron's layouts (tp with sequence parallelism, cp, ep: sharding/Lowering1D) or AxoNN's 3D grid
+// (lay.is_3d(): sharding/Lowering3D), lifetimes annotated. Throws ConfigError for a layout the
+// model cannot run on, naming the fields.
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb);
 
 // Buffers that cross unit boundaries and are never freed by lifetime analysis.
