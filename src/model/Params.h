@@ -70,9 +70,11 @@ int64_t padded_vocab(const ModelConfig& m, int shards);
 // How many shards the vocabulary rows are split into under `lay` (tp, or tp_y).
 inline int vocab_shards(const LayoutConfig& lay) { return lay.is_3d() ? lay.tp_y : lay.tp; }
 
-// All units in forward order: embed, block 0..L-1, head. Tied embeddings: the head refers to
-// "wte" and owns no copy.
-std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay, int tp_rank);
+// The model's parameters, described once: all units in forward order (embed, block 0..L-1, head),
+// each tensor unsharded (shard == full; the vocabulary rows unpadded) with its role (column with
+// its fused parts, row, vocab, expert, replicated) and init. Tied embeddings: the head refers to
+// "wte" and owns no copy. sharding/ParamSharding.h's model_units shards it for a layout.
+std::vector<UnitSpec> model_params(const ModelConfig& m);
 
 // The data-parallel gradient buckets of a rank's parameters: how ParamStore lays out its flat
 // buffers and GradSync reduces them, and how the simulators price that reduction (one rule for

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "sharding/ParamSharding.h"
+
 namespace dhelix {
 
 std::vector<int> stage_units(const PipelineSpec& pipeline, int pp_rank) {

@@ -16,6 +16,7 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "sharding/ModelPrograms.h"
+#include "sharding/ParamSharding.h"
 #include "sim/AxonnModel.h"
 
 namespace dhelix {

@@ -12,6 +12,7 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "sharding/ModelPrograms.h"
+#include "sharding/ParamSharding.h"
 
 namespace dhelix {
 

@@ -6,6 +6,7 @@
 
 #include "base/Error.h"
 #include "runtime/Executor.h"
+#include "sharding/ParamSharding.h"
 
 namespace dhelix::test {
 

@@ -25,6 +25,7 @@
 #include "base/Files.h"
 #include "model/ModelConfig.h"
 #include "sharding/ModelPrograms.h"
+#include "sharding/ParamSharding.h"
 #include "train/Trainer.h"
 
 namespace dhelix::testing {

@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "base/Error.h"
 #include "sharding/ModelPrograms.h"
+#include "sharding/ParamSharding.h"
 #include "sharding/ShardIndex.h"
 
 namespace dhelix {
@@ -229,6 +231,41 @@ TEST_P(OneDvsThreeD, ParameterShardsAgreeElementForElement) {
       }
     }
   }
+}
+
+// model/ describes the parameters once (model_params); both layouts shard that one list, so they
+// agree on names, order and full shapes (the vocabulary padded for each), and each keeps the
+// description's role, init and decay. Oracle: the description itself.
+TEST_P(OneDvsThreeD, BothLayoutsShardTheOneDescription) {
+  const ModelConfig m = model_of(GetParam());
+  const std::vector<UnitSpec> d = model_params(m);
+  for (const LayoutConfig& lay : {one_d(), three_d()}) {
+    const std::vector<UnitSpec> u = model_units(m, lay, 0);
+    ASSERT_EQ(u.size(), d.size());
+    for (size_t i = 0; i < u.size(); ++i) {
+      ASSERT_EQ(u[i].params.size(), d[i].params.size());
+      for (size_t j = 0; j < u[i].params.size(); ++j) {
+        const ParamSpec &s = u[i].params[j], &r = d[i].params[j];
+        SCOPED_TRACE(r.name);
+        EXPECT_EQ(s.name, r.name);
+        EXPECT_EQ(s.role, lay.is_3d() ? ShardRole::kGrid : r.role);
+        if (r.role == ShardRole::kVocab) {
+          EXPECT_EQ(s.full[0], padded_vocab(m, vocab_shards(lay)));
+        } else {
+          EXPECT_EQ(s.full, r.full);
+        }
+        EXPECT_EQ(s.init, r.init);
+        EXPECT_EQ(s.weight_decay, r.weight_decay);
+      }
+    }
+  }
+}
+
+// The MoE family has no 3D sharding (config validation says so first); the sharding says so too.
+TEST(ParamSharding, MoeOnTheGridIsAConfigError) {
+  ModelConfig m = model_of(ModelFamily::kMoE);
+  EXPECT_THROW(model_units(m, three_d(), 0), ConfigError);
+  EXPECT_NO_THROW(model_units(m, one_d(), 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, OneDvsThreeD, ::testing::Values(ModelFamily::kGPT, ModelFamily::kLlama),

@@ -16,6 +16,7 @@
 
 #include "model/Params.h"
 #include "sharding/ModelPrograms.h"
+#include "sharding/ParamSharding.h"
 #include "plan/Profile.h"
 #include "sim/CostModel.h"
 #include "sim/Interference.h"
