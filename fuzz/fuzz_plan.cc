@@ -10,9 +10,9 @@
 
 #include "FuzzCommon.h"
 #include "model/ModelConfig.h"
-#include "model/Programs.h"
 #include "plan/PlanIO.h"
 #include "plan/Profile.h"
+#include "sharding/ModelPrograms.h"
 
 using namespace dhelix;
 

@@ -14,11 +14,11 @@
 
 #include "base/Files.h"
 #include "model/ModelConfig.h"
-#include "model/Programs.h"
 #include "plan/PlanIO.h"
 #include "plan/Profile.h"
 #include "schedule/BasicPlans.h"
 #include "schedule/PlanSearch.h"
+#include "sharding/ModelPrograms.h"
 #include "train/Config.h"
 #include "train/IndexedDataset.h"
 #include "train/Safetensors.h"

@@ -103,8 +103,9 @@ void op_linear_wgrad(OpCall& c) {
   ParamEntry& w = c.grad(0);
   float* db = c.op.grads.size() > 1 ? c.grad(1).grad.f32() : nullptr;
   int64_t N = rows(dy), O = cols(dy), I = cols(x);
-  // A piece of a split weight gradient (Programs.cc column_bwd) covers weight rows [lo, hi);
-  // a whole one all of them. x may have been kept in bf16 (RunContext::bf16_saved_activations).
+  // A piece of a split weight gradient (sharding/TpRegion.cc, WgradPolicy::kSplit) covers weight
+  // rows [lo, hi); a whole one all of them. x may have been kept in bf16
+  // (RunContext::bf16_saved_activations).
   if (x.dtype() == DType::kBF16)
     linear_bwd_weight_rows_bf16x(dy.f32(), x.data<uint16_t>(), w.grad.f32(), db, N, I, O, attr_or(c, "rows_lo", 0),
                                  attr_or(c, "rows_hi", O));
@@ -213,7 +214,7 @@ void op_attention_bwd(OpCall& c) {
                        1.0f / std::sqrt(static_cast<float>(d.D)), c.precision);
 }
 
-// ---- context parallelism: the ring attention's ops (Programs.cc, cp_attention_fwd/bwd) ----
+// ---- context parallelism: the ring attention's ops (sharding/CpRing.cc) ----
 RingDims ring_dims(const OpCall& c, int64_t width) {
   return RingDims{c.cp, c.cp_rank, c.mb.B, c.mb.T, attr(c, "heads"), attr(c, "kv_heads"), attr(c, "head_dim"), width};
 }

@@ -1,4 +1,5 @@
-// The ring-attention steps of context parallelism (CpRing.h).
+// The ring-attention steps of context parallelism (CpRing.h): the pack, ring moves and steps of the
+// forward and backward strands. The ring kernels' math is kernels/'s, the moves the executor's.
 #include "sharding/CpRing.h"
 
 #include "sharding/OpFactory.h"

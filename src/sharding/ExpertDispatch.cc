@@ -1,4 +1,5 @@
-// The MoE MLP's ops with expert parallelism's dispatch/combine all-to-alls (ExpertDispatch.h).
+// The MoE MLP's ops with expert parallelism's dispatch/combine all-to-alls (ExpertDispatch.h), and
+// their costs under balanced routing. The routing kernels are kernels/'s.
 #include "sharding/ExpertDispatch.h"
 
 #include "sharding/OpFactory.h"

@@ -1,4 +1,5 @@
-// The 3D grid's regions (Grid3D.h): the op lists of a grid linear and of the exact norm.
+// The 3D grid's regions (Grid3D.h): the op lists of a grid linear (gather, GEMM, all-reduce,
+// reduce-scatter) and of the norm exact over x. The layer programs are Lowering3D.cc's.
 #include "sharding/Grid3D.h"
 
 namespace dhelix::sharding {

@@ -1,4 +1,5 @@
-// The op and cost helpers of sharding/OpFactory.h.
+// The op and cost helpers of sharding/OpFactory.h: plain constructors and the cost formulas; no
+// op knows here which lowering or region it belongs to.
 #include "sharding/OpFactory.h"
 
 namespace dhelix::sharding {

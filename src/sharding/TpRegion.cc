@@ -1,4 +1,5 @@
-// Megatron's tp regions (TpRegion.h): the op lists of each forward/backward pair.
+// Megatron's tp regions (TpRegion.h): the op lists of each forward/backward pair, with their GEMM
+// extents and collective bytes. The layer programs that chain them are Lowering1D.cc's.
 #include "sharding/TpRegion.h"
 
 #include "base/Error.h"
