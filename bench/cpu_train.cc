@@ -270,13 +270,8 @@ class OursRun {
     sync_ = std::make_unique<GradSync>(params, parts_->units, parts_->progs, nullptr, nullptr, ZeroStage::kNone,
                                        &parts_->state_mem);
     opt_ = std::make_unique<Optimizer>(params, *sync_, nullptr, nullptr, AdamWConfig{}, &parts_->state_mem);
-    parts_->ctx.on_grad_op = [this](int m, int unit, const Op& op) {
-      if (m == M_ - 1) sync_->on_grad_op(unit, op);
-    };
     runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, nullptr, single_stage(a.interleave));
-    runner_->set_bwd_unit_hook([this](int m, int unit) {
-      if (m == M_ - 1) sync_->on_unit_done(unit);
-    });
+    runner_->add_observer(sync_.get());
     std::mt19937_64 rng(42);
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model.vocab_size - 1));
     for (int m = 0; m < M_; ++m) {

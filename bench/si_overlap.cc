@@ -410,13 +410,7 @@ class Rig {
     const SIPlan* plan = plan_ ? &*plan_ : nullptr;
     off_ = std::make_unique<StepRunner>(p.ctx, p.units, p.progs, plan, single_stage(CoExecute::kOff));
     on_ = std::make_unique<StepRunner>(p.ctx, p.units, p.progs, plan, single_stage(CoExecute::kOn));
-    parts_->ctx.on_grad_op = [this](int m, int unit, const Op& op) {
-      if (m == M_ - 1) active_sync_->on_grad_op(unit, op);
-    };
-    for (StepRunner* r : {off_.get(), on_.get()})
-      r->set_bwd_unit_hook([this](int m, int unit) {
-        if (m == M_ - 1) active_sync_->on_unit_done(unit);
-      });
+    for (StepRunner* r : {off_.get(), on_.get()}) r->add_observer(&active_);
     // Random tokens, the same on both tp ranks (one seed; ep, cp: each rank its own); next-token
     // targets within a sequence.
     std::mt19937_64 rng(42 + (ep || cp ? static_cast<uint64_t>(tp.rank()) : 0));
@@ -434,7 +428,7 @@ class Rig {
   // One timed step of `v` on this rank; returns seconds and the step's stats.
   std::pair<double, StepStats> step(Variant v) {
     const bool local = v == Variant::kCompute || v == Variant::kComputeSi;
-    parts_->ctx.groups[role_] = local ? static_cast<ProcessGroup*>(&standin_) : &tp_;
+    parts_->ctx.groups.set(group_role_of(role_), local ? static_cast<ProcessGroup*>(&standin_) : &tp_);
     active_sync_ = local ? sync_local_.get() : sync_real_.get();
     StepRunner& r = v == Variant::kSi || v == Variant::kComputeSi ? *on_ : *off_;
     parts_->ctx.expose_collectives = v == Variant::kExposed;
@@ -460,6 +454,14 @@ class Rig {
   std::unique_ptr<StepParts> parts_;
   std::unique_ptr<GradSync> sync_real_, sync_local_;
   GradSync* active_sync_ = nullptr;
+  // Hands the step to whichever GradSync the variant uses (the real tp group or the stand-in).
+  struct ActiveSync final : StepObserver {
+    GradSync** active;
+    explicit ActiveSync(GradSync** a) : active(a) {}
+    void on_step_begin(int m) override { (*active)->on_step_begin(m); }
+    void on_grad_op(int mb, int unit, const Op& op) override { (*active)->on_grad_op(mb, unit, op); }
+    void on_unit_backward_done(int mb, int unit) override { (*active)->on_unit_backward_done(mb, unit); }
+  } active_{&active_sync_};
   std::optional<SIPlan> plan_;
   std::unique_ptr<StepRunner> off_, on_;
   std::vector<MicroBatch> mbs_;

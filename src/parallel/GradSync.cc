@@ -149,7 +149,10 @@ void GradSync::add_gathered_rows() {
   }
 }
 
-void GradSync::on_grad_op(int unit, const Op& op) {
+void GradSync::on_step_begin(int micro_batches) { last_mb_ = micro_batches - 1; }
+
+void GradSync::on_grad_op(int mb, int unit, const Op& op) {
+  if (mb != last_mb_) return;  // earlier micro-batches only accumulate
   if (!bwd_started_) {  // the token embedding's dense part is complete (sparse path, untied)
     bwd_started_ = true;
     if (sparse_entry_ >= 0 && grad_ops_[static_cast<size_t>(sparse_entry_)] == 0)
@@ -162,8 +165,8 @@ void GradSync::on_grad_op(int unit, const Op& op) {
   }
 }
 
-void GradSync::on_unit_done(int unit) {
-  if (!tp_ || tp_->size() <= 1) return;
+void GradSync::on_unit_backward_done(int mb, int unit) {
+  if (mb != last_mb_ || !tp_ || tp_->size() <= 1) return;
   std::vector<Work> works;
   std::vector<size_t> ready;
   for (size_t i = 0; i < params_.entries().size(); ++i) {

@@ -21,6 +21,7 @@
 #include "comm/ProcessGroup.h"
 #include "sharding/ModelPrograms.h"
 #include "parallel/ParamStore.h"
+#include "parallel/StepObserver.h"
 
 namespace dhelix {
 
@@ -30,7 +31,7 @@ enum class ZeroStage { kNone = 0, kOne = 1 };
 // kOff holds every bucket until finish() (the no-overlap reference of benchmarks).
 enum class GradOverlap { kOn, kOff };
 
-class GradSync {
+class GradSync final : public StepObserver {
  public:
   // tp/dp may be null (size 1). `tp` is the group partial gradients are summed over: Megatron's tp,
   // or z under 3D tensor parallelism. `units` and `progs` tell how many backward ops accumulate into each
@@ -38,11 +39,15 @@ class GradSync {
   GradSync(ParamStore& params, const std::vector<UnitSpec>& units, const ModelPrograms& progs, ProcessGroup* tp,
            ProcessGroup* dp, ZeroStage zero, MemoryTracker* tracker);
 
-  // After a backward op of the step's last micro-batch accumulated its gradients (op.grads).
-  void on_grad_op(int unit, const Op& op);
-  // After backward of the step's last micro-batch finished `unit`: the tp all-reduce of that unit's
+  // A StepObserver of the step's executor (StepRunner::add_observer): it acts on the step's last
+  // micro-batch only (on_step_begin tells which), the earlier ones only accumulate gradients.
+  void on_step_begin(int micro_batches) override;
+  // After a backward op of the last micro-batch accumulated its gradients (op.grads): parameters
+  // whose last gradient op this was are ready; a bucket is reduced as soon as all its are.
+  void on_grad_op(int mb, int unit, const Op& op) override;
+  // After backward of the last micro-batch finished `unit`: the tp all-reduce of that unit's
   // partial gradients, which then count as ready for their dp buckets.
-  void on_unit_done(int unit);
+  void on_unit_backward_done(int mb, int unit) override;
   // Issues what is left, waits for all reductions and re-arms the counters; returns the seconds
   // this thread spent blocked.
   double finish();
@@ -126,6 +131,7 @@ class GradSync {
   std::vector<Inflight> inflight_;
   double dp_comm_s_ = 0;
   Trace* trace_ = nullptr;
+  int last_mb_ = 0;              // the step's last micro-batch (on_step_begin)
   int64_t sparse_entry_ = -1;   // the token embedding's entry when the sparse path is on
   bool bwd_started_ = false;    // the last micro-batch's first gradient op has run this step
   bool rows_taken_ = false;     // take_embedding_rows ran this step

@@ -54,8 +54,7 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.seed = seed;
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
-  for (GroupRole r : {GroupRole::kTP, GroupRole::kX, GroupRole::kY, GroupRole::kZ, GroupRole::kEP, GroupRole::kCP})
-    if (comm_ && comm_->layout().size(r) > 1) parts_->ctx.groups[group_role_name(r)] = &comm_->group(r);
+  parts_->ctx.groups = StepGroups::of(comm_);
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};

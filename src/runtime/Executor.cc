@@ -81,10 +81,10 @@ void Executor::drain_prefetches() {
 }
 
 ProcessGroup& Executor::group_of(const Op& op) const {
-  auto it = ctx_.groups.find(op.group);
-  DHX_CHECK(it != ctx_.groups.end() && it->second, InternalError,
-            "op {} needs process group '{}' which this run does not have", op.name, op.group);
-  return *it->second;
+  ProcessGroup* g = ctx_.groups.by_name(op.group);
+  DHX_CHECK(g != nullptr, InternalError, "op {} needs process group '{}' which this run does not have", op.name,
+            op.group);
+  return *g;
 }
 
 std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForward ? "compute fwd" : "compute bwd"; }
@@ -265,12 +265,16 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
                 ctx_.act_mem, ctx_.dloss, ctx_.shard, &ctx_.router, ctx_.cp_rank, ctx_.layout.cp, ctx_.bf16_weights,
                 ctx_.kernels.precision};
-    const bool diverted = !op.grads.empty() && ctx_.divert_grad_op && ctx_.divert_grad_op(s.mb, op);
+    const bool diverted = !op.grads.empty() && std::any_of(observers_.begin(), observers_.end(), [&](StepObserver* o) {
+                            return o->divert_grad_op(s.mb, s.unit, op);
+                          });
     if (!diverted) {
       const OpFn& kernel = kernels_.find(op.code);
       compute_->launch([&] { kernel(call); });
-      if (!op.grads.empty() && ctx_.on_grad_op) ctx_.on_grad_op(s.mb, s.unit, op);
-      if (ctx_.on_op_done) ctx_.on_op_done(s.mb, s.unit, op, env);
+      for (StepObserver* o : observers_) {
+        if (!op.grads.empty()) o->on_grad_op(s.mb, s.unit, op);
+        o->on_op_done(s.mb, s.unit, op, env.bufs);
+      }
     }
     if (ctx_.trace)
       ctx_.trace->add(lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), t0, now_seconds());

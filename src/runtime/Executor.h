@@ -24,9 +24,10 @@
 #include "plan/SIPlan.h"
 #include "runtime/Env.h"
 #include "runtime/OpRegistry.h"
-#include "runtime/StepObserver.h"
+#include "parallel/StepObserver.h"
 #include "runtime/KernelRegistry.h"
 #include "runtime/Stream.h"
+#include "runtime/StepGroups.h"
 #include "parallel/ParamStore.h"
 #include "base/Trace.h"
 
@@ -45,24 +46,15 @@ struct RunContext {
   LayoutConfig layout;
   int tp_rank = 0;
   ShardIndex shard;                             // tp rank, or x, y, z under 3D tensor parallelism
-  int pp_rank = 0;                              // this rank's pipeline stage (groups["pp"] when pp > 1)
+  int pp_rank = 0;                              // this rank's pipeline stage (groups' kPP when pp > 1)
   int cp_rank = 0;                              // context parallelism: which two chunks of each sequence
   MicroBatchShape mb;                           // this rank's: under cp, T is the local rows (T / cp)
   ParamStore* params = nullptr;
   MemoryTracker* act_mem = nullptr;             // activation bytes (both strands)
-  std::map<std::string, ProcessGroup*> groups;  // "tp", "pp", "x", "y", "z" -> this rank's group (absent if size 1)
+  StepGroups groups;                            // this rank's groups by role (null: size 1)
   Trace* trace = nullptr;
   float dloss = 1.0f;                           // 1 / tokens per optimizer step (all mbs, all dp)
   RouterStats router;                           // MoE: tokens per expert and the aux loss (StepRunner resets it)
-  // Called after a compute op that accumulated parameter gradients (op.grads non-empty) ran for
-  // micro-batch `mb` in unit `unit` (data-parallel buckets start as soon as they are complete).
-  std::function<void(int mb, int unit, const Op& op)> on_grad_op;
-  // Asked before a compute op that accumulates parameter gradients runs; when it returns true
-  // that gradient is reduced another way, and the op's kernel and on_grad_op are skipped
-  // (GradSync's sparse exchange of the last micro-batch's embedding rows).
-  std::function<bool(int mb, const Op& op)> divert_grad_op;
-  // Called after every compute op that ran, with its unit's buffers (its outputs are there).
-  std::function<void(int mb, int unit, const Op& op, UnitEnv& env)> on_op_done;
   // Micro-batches per optimizer step on this rank. A collective marked last_micro_batch (3D's
   // weight-gradient reduce-scatter over z) runs only for the last; earlier micro-batches add its
   // input to a block sum the last one's input then includes, and skip the op that reads its output.
@@ -116,9 +108,11 @@ class Executor {
   // or after the last block when none does. The order is plan/IssueOrder's, as the simulator's.
   void run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& blocks, int carry_out = 0,
                 CarriedOps* carry_in = nullptr);
-  // Watches every later pair and op (not owned; it must outlive the executor or be removed).
+  // Watches every later pair and op, after those added before it (not owned; it must outlive the
+  // executor or be removed). StepRunner also tells the executor's observers of steps and units.
   void add_observer(StepObserver* o) { observers_.push_back(o); }
   void remove_observer(StepObserver* o) { std::erase(observers_, o); }
+  const std::vector<StepObserver*>& observers() const { return observers_; }
   // Compute launched after this call waits for `w` (a receive whose buffer the next op reads):
   // on the host a join, on a GPU an event wait on the compute stream.
   void stream_wait(const Work& w) {

@@ -74,7 +74,7 @@ void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
   }
   // The unit above was released when our dy was linked; the first unit has no consumer.
   if (unit == 0) b.envs[0].reset();
-  if (bwd_hook_) bwd_hook_(b.mb, unit);
+  for (StepObserver* o : exec_.observers()) o->on_unit_backward_done(b.mb, unit);
 }
 
 // Co-executed slot: forward unit fc.begin+i beside backward unit bc.end-1-i for i < the shorter
@@ -153,14 +153,14 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   const int U = exec_.num_units();
   const int S = static_cast<int>(sch.chunks.size());
   DHX_CHECK(M >= 1, ConfigError, "a step needs at least one micro-batch, got {}", M);
+  for (StepObserver* o : exec_.observers()) o->on_step_begin(M);
   DHX_CHECK(sch.micro_batches == M && sch.num_units == U, InternalError,
             "schedule '{}' is for {} micro-batches over {} units; this step has {} over {}", sch.name,
             sch.micro_batches, sch.num_units, M, U);
   const int rank = ctx_.pp_rank;
   DHX_CHECK(rank >= 0 && rank < sch.pp, InternalError, "pp rank {} outside schedule '{}' of pp={}", rank, sch.name,
             sch.pp);
-  auto git = ctx_.groups.find("pp");
-  ProcessGroup* pp = git == ctx_.groups.end() ? nullptr : git->second;
+  ProcessGroup* pp = ctx_.groups.get(GroupRole::kPP);
   DHX_CHECK(sch.pp == 1 || (pp && pp->size() == sch.pp), InternalError,
             "schedule '{}' has pp={} but this run's pp group has {} ranks", sch.name, sch.pp, pp ? pp->size() : 1);
   DHX_CHECK(int64_t{M} * S * 2 < ProcessGroup::kMaxP2PTag, ConfigError,
@@ -290,8 +290,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   const int U = exec_.num_units();
   const std::vector<Chunk> chunks = pipeline_chunks(pipeline_);
   const int S = static_cast<int>(chunks.size());
-  auto git = ctx_.groups.find("pp");
-  ProcessGroup* pp = git == ctx_.groups.end() ? nullptr : git->second;
+  ProcessGroup* pp = ctx_.groups.get(GroupRole::kPP);
   std::vector<Work> sends;
   std::vector<Tensor> keep;
   for (int m = 0; m < static_cast<int>(mbs.size()); ++m) {

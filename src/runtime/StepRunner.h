@@ -62,8 +62,9 @@ class StepRunner {
   // Forward passes only (held-out loss), each micro-batch through the chunks of the schedule
   // run() makes, in order; touches no gradient. The loss is on the rank holding the head.
   StepStats forward_only(const std::vector<MicroBatch>& mbs);
-  // Called after the backward of micro-batch `mb` finished unit `unit` (DP bucket hook).
-  void set_bwd_unit_hook(std::function<void(int mb, int unit)> hook) { bwd_hook_ = std::move(hook); }
+  // What watches the step (gradient sync, tests): the executor's observers, which the runner also
+  // tells when a step begins and when a micro-batch's backward finished a unit.
+  void add_observer(StepObserver* o) { exec_.add_observer(o); }
   // Called as each slot of the schedule begins (begin = true) and ends, with the slot's index.
   void set_slot_hook(std::function<void(int slot, bool begin)> hook) { slot_hook_ = std::move(hook); }
   const SIPlan& block_plan() const { return block_plan_; }
@@ -97,7 +98,6 @@ class StepRunner {
   SIPlan block_plan_;
   std::deque<SIPlan> edge_cache_;  // [kind pair] -> plan
   std::vector<std::pair<std::string, std::string>> edge_keys_;
-  std::function<void(int, int)> bwd_hook_;
   std::function<void(int, bool)> slot_hook_;
 };
 

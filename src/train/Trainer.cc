@@ -59,52 +59,6 @@ double measure_bf16_gemm_flops() {
 
 namespace {
 
-// TEST HOOK (tests/parallel/mpi_train_failure_test.sh, tests/train/nonfinite_test.sh):
-// DHELIX_FAULT_INJECT=RANK:STEP[:MODE] makes world rank RANK fail in optimizer step STEP (1-based).
-// MODE kill (the default) and throw act mid-backward, once the step's last micro-batch has
-// finished its middle unit, so dp buckets are in flight: kill prints its rank and last collective
-// and raises SIGKILL (a crashed process); throw throws CommError, which `dhelix train` turns into
-// an abort of the world. nan-grad writes a NaN into that unit's first gradient before it is
-// reduced (one bad step); nan-weight writes a NaN into the rank's first weight as the step starts
-// (every step from then on is bad); sigterm raises SIGTERM as the step starts (a graceful stop at
-// a known step). Unset in normal runs.
-enum class FaultMode { kKill, kThrow, kNanGrad, kNanWeight, kSigterm };
-struct FaultInjection {
-  int rank = -1;
-  int64_t step = 0;
-  FaultMode mode = FaultMode::kKill;
-};
-
-std::optional<FaultInjection> fault_injection_from_env() {
-  const char* v = std::getenv("DHELIX_FAULT_INJECT");
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  FaultInjection f;
-  char mode[16] = {0};
-  int n = std::sscanf(v, "%d:%ld:%15s", &f.rank, &f.step, mode);
-  const std::string m = mode;
-  const bool mode_ok = n == 2 || m == "kill" || m == "throw" || m == "nan-grad" || m == "nan-weight" || m == "sigterm";
-  DHX_CHECK(n >= 2 && f.rank >= 0 && f.step >= 1 && mode_ok, ConfigError,
-            "DHELIX_FAULT_INJECT='{}' is not RANK:STEP[:kill|throw|nan-grad|nan-weight|sigterm] (rank >= 0, step >= 1)",
-            v);
-  f.mode = m == "throw" ? FaultMode::kThrow
-           : m == "nan-grad" ? FaultMode::kNanGrad
-           : m == "nan-weight" ? FaultMode::kNanWeight
-           : m == "sigterm" ? FaultMode::kSigterm
-                              : FaultMode::kKill;
-  return f;
-}
-
-void inject_fault(const FaultInjection& f, int unit, CommContext* comm) {
-  std::string where = fmt::format("DHELIX_FAULT_INJECT: failing in step {} (backward of unit {})", f.step, unit);
-  if (f.mode == FaultMode::kThrow) throw CommError(where);
-  std::fputs(fmt::format("rank {}: {} by SIGKILL; last collective: {}\n", f.rank, where,
-                         comm ? comm->last_collective() : "none")
-                 .c_str(),
-             stderr);
-  std::fflush(stderr);
-  raise(SIGKILL);
-}
-
 std::string human_bytes(double b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB"};
   int i = 0;
@@ -179,36 +133,14 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   if (layout_.ep > 1) {  // expert parallelism: tokens move over ep, expert gradients reduce over edp
     sync_->set_expert_group(group_of(GroupRole::kEDP));
     opt_->set_expert_group(group_of(GroupRole::kEP), group_of(GroupRole::kEDP));
-    parts_->ctx.groups["ep"] = group_of(GroupRole::kEP);
   }
 
-  if (tp) parts_->ctx.groups["tp"] = tp;
-  if (cp_) parts_->ctx.groups["cp"] = cp_;
-  if (pp_) parts_->ctx.groups["pp"] = pp_;
-  for (GroupRole r : {GroupRole::kX, GroupRole::kY, GroupRole::kZ})
-    if (ProcessGroup* g = group_of(r)) parts_->ctx.groups[group_role_name(r)] = g;
-  const int last_mb = static_cast<int>(cfg_.training.micro_batches) - 1;
+  parts_->ctx.groups = StepGroups::of(comm_);
   parts_->ctx.micro_batches = static_cast<int>(cfg_.training.micro_batches);  // 3D: z reduce-scatters by the last
-  parts_->ctx.on_grad_op = [this, last_mb](int mb, int unit, const Op& op) {
-    if (mb == last_mb) sync_->on_grad_op(unit, op);
-  };
   // (With pp > 1 the first stage's embedding gradient takes the dense path; its bucket still
   // overlaps the stage's remaining backward.)
-  if (p.sparse_embed_grad && layout_.pp == 1 && !layout_.is_3d() && sync_->enable_sparse_embedding(mb_.B * mb_.T)) {
-    // The first layer's input gradient is the embedding output's gradient: its rows leave as soon
-    // as the layer's backward writes "dx" (ahead of the layer's last weight-gradient GEMMs), and
-    // the last micro-batch's embedding backward then has nothing left to do.
-    parts_->ctx.on_op_done = [this, last_mb](int mb, int unit, const Op& op, UnitEnv& env) {
-      if (mb == last_mb && unit == 1 && std::find(op.outputs.begin(), op.outputs.end(), "dx") != op.outputs.end())
-        sync_->take_embedding_rows(last_tokens_, env.at("dx"));
-    };
-    parts_->ctx.divert_grad_op = [this, last_mb](int mb, const Op& op) {
-      if (mb != last_mb || op.code != "embed_bwd") return false;
-      DHX_CHECK(sync_->embedding_rows_taken(), InternalError,
-                "the last micro-batch's embedding rows were not handed to GradSync before its embedding backward");
-      return true;
-    };
-  }
+  if (p.sparse_embed_grad && layout_.pp == 1 && !layout_.is_3d() && sync_->enable_sparse_embedding(mb_.B * mb_.T))
+    sparse_rows_ = std::make_unique<SparseEmbeddingRows>(*sync_, last_tokens_);
   parts_->ctx.kernels = kernels;
   parts_->ctx.expose_collectives = cfg_.schedule.expose_collectives;
   const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
@@ -225,22 +157,15 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
     check_plan(*plan_, parts_->progs.block);
   }
   runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, plan_ ? &*plan_ : nullptr, pipeline_spec(cfg_));
-  const int M = static_cast<int>(cfg_.training.micro_batches);
-  const std::optional<FaultInjection> fault = fault_injection_from_env();
-  const int world_rank = comm_ ? comm_->rank() : 0, mid_unit = static_cast<int>(parts_->units.size()) / 2;
-  if (fault && fault->rank == world_rank && fault->mode == FaultMode::kNanWeight) nan_weight_step_ = fault->step;
-  if (fault && fault->rank == world_rank && fault->mode == FaultMode::kSigterm) sigterm_step_ = fault->step;
-  runner_->set_bwd_unit_hook([this, M, fault, world_rank, mid_unit](int mb, int unit) {
-    const bool here = fault && fault->rank == world_rank && fault->step == step_ + 1 && mb == M - 1 && unit == mid_unit;
-    if (here && fault->mode == FaultMode::kNanGrad)
-      for (ParamEntry& e : parts_->params->entries())
-        if (e.unit == unit) {
-          e.grad.f32()[0] = std::numeric_limits<float>::quiet_NaN();
-          break;
-        }
-    if (mb == M - 1) sync_->on_unit_done(unit);
-    if (here && (fault->mode == FaultMode::kKill || fault->mode == FaultMode::kThrow)) inject_fault(*fault, unit, comm_);
-  });
+  // What watches the step, in the order their effects need: a test fault's NaN before GradSync
+  // reduces it; GradSync's buckets; the sparse embedding rows; a test fault's kill once the
+  // buckets are in flight.
+  fault_ = FaultInjector::from_env(comm_ ? comm_->rank() : 0, static_cast<int>(parts_->units.size()),
+                                   *parts_->params, comm_, step_);
+  if (fault_) runner_->add_observer(&fault_->before_sync());
+  runner_->add_observer(sync_.get());
+  if (sparse_rows_) runner_->add_observer(sparse_rows_.get());
+  if (fault_) runner_->add_observer(&fault_->after_sync());
   lr_ = std::make_unique<LrSchedule>(cfg_.training.lr, cfg_.training.min_lr, cfg_.training.warmup_steps,
                                      cfg_.training.steps);
   if (data == Data::kNone) return;
@@ -313,8 +238,9 @@ StepStats Trainer::compute_gradients() {
 
 StepReport Trainer::train_step() {
   double t0 = now_seconds();
-  if (nan_weight_step_ == step_ + 1) parts_->params->entries().front().value.f32()[0] = std::numeric_limits<float>::quiet_NaN();
-  if (sigterm_step_ == step_ + 1) raise(SIGTERM);
+  if (fault_ && fault_->nan_weight_step() == step_ + 1)
+    parts_->params->entries().front().value.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+  if (fault_ && fault_->sigterm_step() == step_ + 1) raise(SIGTERM);
   StepStats st = compute_gradients();
   StepReport r;
   r.step = step_ + 1;

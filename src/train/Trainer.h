@@ -23,6 +23,7 @@
 #include "train/DataLoader.h"
 #include "train/IndexedDataset.h"
 #include "train/LrSchedule.h"
+#include "train/StepObservers.h"
 
 namespace dhelix {
 
@@ -121,7 +122,8 @@ class Trainer {
   std::unique_ptr<LrSchedule> lr_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, skipped_in_a_row_ = 0;  // steps skipped for non-finite values
-  int64_t nan_weight_step_ = -1, sigterm_step_ = -1;  // test hooks (DHELIX_FAULT_INJECT ...:nan-weight, :sigterm)
+  std::unique_ptr<SparseEmbeddingRows> sparse_rows_;  // GradSync's sparse embedding exchange, when on
+  std::unique_ptr<FaultInjector> fault_;              // the test hook DHELIX_FAULT_INJECT, when set for this rank
   double sgemm_flops_ = 0;
 };
 

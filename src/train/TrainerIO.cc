@@ -254,9 +254,6 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   ctx.cp_rank = 0;
   ctx.mb = one;
   ctx.trace = nullptr;
-  ctx.on_grad_op = nullptr;
-  ctx.on_op_done = nullptr;
-  ctx.divert_grad_op = nullptr;
   MemoryTracker mem("sample");
   ctx.act_mem = &mem;
   Executor exec(ctx, parts.units, progs);

@@ -112,7 +112,15 @@ StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineS
   parts_->params->zero_grads();
   StepRunner runner(parts_->ctx, parts_->units, parts_->progs, nullptr, pipeline);
   if (slot_hook) runner.set_slot_hook(std::move(slot_hook));
-  if (bwd_unit_hook) runner.set_bwd_unit_hook(std::move(bwd_unit_hook));
+  // The backward-unit hook watches the step as a StepObserver does.
+  struct UnitHook final : StepObserver {
+    std::function<void(int, int)> fn;
+    void on_unit_backward_done(int mb, int unit) override { fn(mb, unit); }
+  } hook;
+  if (bwd_unit_hook) {
+    hook.fn = std::move(bwd_unit_hook);
+    runner.add_observer(&hook);
+  }
   return runner.run(mbs);
 }
 
