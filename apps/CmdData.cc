@@ -32,6 +32,7 @@ int cmd_data(int argc, char** argv) {
     throw ConfigError(fmt::format("dhelix data: expected the action `prepare`, got '{}'\n{}",
                                   args.positional.empty() ? "" : args.positional[0], kUsage));
   RunConfig cfg = load_config(args.config_path, args.overrides);
+  apply_process_settings(cfg);
   PrepareReport r = prepare_data(cfg, [](const std::string& line) { fmt::print("data: {}\n", line); });
   fmt::print("data: ready: {} documents, {} tokens in {}.bin/.idx\n", r.documents, r.tokens, cfg.data.prefix);
   return 0;

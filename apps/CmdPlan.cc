@@ -54,8 +54,8 @@ void set_threads(const RunConfig& cfg) { cpu::set_num_threads(threads_per_rank(c
 
 // The world for timing on real process groups: MPI under mpirun or when the layout needs more
 // than one rank (make_mpi_world then names the mismatch), else none.
-std::unique_ptr<CommContext> make_world(const LayoutConfig& lay) {
-  if (launched_by_mpirun() || lay.world() > 1) return make_mpi_world(lay);
+std::unique_ptr<CommContext> make_world(const LayoutConfig& lay, const CommOptions& options) {
+  if (launched_by_mpirun() || lay.world() > 1) return make_mpi_world(lay, options);
   return nullptr;
 }
 
@@ -92,9 +92,9 @@ BatchSpec step_batch(const RunConfig& cfg) {
 
 // A cluster preset (name or .toml path: the same figures `dhelix simulate` and `tune` price with,
 // in the preset's native precision), or a JSON file of CostModelConfig fields.
-CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& lay) {
+CostModelConfig cost_model_config(const std::string& arg, const LayoutConfig& lay, const std::string& clusters_dir) {
   if (!is_cost_model_json(arg)) {
-    const ClusterPreset cluster = load_cluster(arg);
+    const ClusterPreset cluster = load_cluster(arg, clusters_dir);
     return cost_model_config(cluster, lay, cluster.native_precision());
   }
   DHX_CHECK(file_exists(arg), IoError, "dhelix plan: cost-model file '{}' does not exist", arg);
@@ -124,9 +124,10 @@ int cmd_profile(int argc, char** argv) {
   opts.max_window = static_cast<int>(fl.integer("--max-window"));
   const CliArgs& args = *parsed;
   RunConfig cfg = load_config(args.config_path, args.overrides);
+  apply_process_settings(cfg);
   const std::string path = out.value_or(default_path(cfg, "profile.json"));
   const LayoutConfig lay = layout_config(cfg);
-  std::unique_ptr<CommContext> comm = make_world(lay);
+  std::unique_ptr<CommContext> comm = make_world(lay, comm_options(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
   set_threads(cfg);
   try {
@@ -219,12 +220,13 @@ int cmd_simulate(int argc, char** argv) {
     parsed->overrides.insert(parsed->overrides.end(), lo.begin(), lo.end());
   }
   const RunConfig cfg = load_config(parsed->config_path, parsed->overrides);
+  apply_process_settings(cfg);
   const LayoutConfig lay = layout_config(cfg);
   DHX_CHECK(gpus == 0 || gpus == lay.world(), ConfigError,
             "dhelix simulate: --gpus {} but the layout has {} ranks (dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); "
             "set parallel.dp to {}", gpus, lay.world(), lay.dp, lay.pp, lay.cp, lay.tp, lay.tp_x, lay.tp_y, lay.tp_z,
             gpus * lay.dp / std::max(1, lay.world()));
-  const ClusterPreset cluster = load_cluster(*cluster_arg);
+  const ClusterPreset cluster = load_cluster(*cluster_arg, cfg.sim.clusters_dir);
   StepSimOptions so = step_sim_options(cfg);
   so.precision = fl.text_or_default("--precision") == "bf16" ? Precision::kBf16 : Precision::kFp32;
   (void)cluster.gemm_rate(so.precision);  // the preset must have that precision's rate
@@ -369,6 +371,7 @@ int cmd_plan(int argc, char** argv) {
   DHX_CHECK(profile_path.has_value() != cost_arg.has_value(), ConfigError,
             "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", flag_help(plan_flags()));
   RunConfig cfg = load_config(args.config_path, args.overrides);
+  apply_process_settings(cfg);
   const LayoutConfig lay = layout_config(cfg);
   const MicroBatchShape mb = micro_batch_of(cfg);
   // Programs only: no dataset, no parameters, no world (a cost model plans a 70B layer on a laptop).
@@ -386,7 +389,7 @@ int cmd_plan(int argc, char** argv) {
     cost_name = fmt::format("profile {} ({})", *profile_path, p->meta.machine);
     cost = std::move(p);
   } else {
-    CostModelConfig c = cost_model_config(*cost_arg, lay);
+    CostModelConfig c = cost_model_config(*cost_arg, lay, cfg.sim.clusters_dir);
     cost_name = "cost model " + c.name;
     cost = std::make_unique<CostModel>(prog, c);
   }
@@ -395,7 +398,7 @@ int cmd_plan(int argc, char** argv) {
   std::unique_ptr<LayerPairBench> bench;
   const bool validate = profile_path && !no_validate;
   if (validate) {
-    comm = make_world(lay);
+    comm = make_world(lay, comm_options(cfg));
     set_threads(cfg);
   }
   const bool rank0 = !comm || comm->rank() == 0;
@@ -433,7 +436,7 @@ int cmd_plan(int argc, char** argv) {
     StepSimOptions step_opt = step_sim_options(cfg);
     const bool step_simulated = simulated && cost_arg && !is_cost_model_json(*cost_arg);
     if (step_simulated) {
-      preset = load_cluster(*cost_arg);
+      preset = load_cluster(*cost_arg, cfg.sim.clusters_dir);
       step_schedule = make_schedule(pipeline_spec(cfg));
       step_opt.precision = preset->native_precision();
       step_opt.si = StrandInterleaving::kOn;

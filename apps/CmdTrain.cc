@@ -26,15 +26,18 @@ constexpr const char* kTrainUsage =
     "usage: dhelix train --config C.toml [--section.key value ...]\n"
     "       mpirun -np N dhelix train --config C.toml --parallel.dp D --parallel.tp T ...\n";
 
-// The MPI backend's options from the [comm] keys (the timeout falls back to DHELIX_COMM_TIMEOUT_S).
+}  // namespace
+
 CommOptions comm_options(const RunConfig& cfg) {
   CommOptions o;
   o.transport = parse_comm_transport(cfg.comm.transport);
   if (cfg.comm.timeout_s > 0) o.timeout_s = cfg.comm.timeout_s;
+  o.nice = static_cast<int>(cfg.comm.nice);
+  o.mpi_poll_us = static_cast<int>(cfg.comm.mpi_poll_us);
+  o.max_message_bytes = cfg.comm.max_message_bytes;
+  o.gloo_host = cfg.comm.gloo_host;
   return o;
 }
-
-}  // namespace
 
 int cmd_train(int argc, char** argv) {
   std::vector<std::string> words(argv + 1, argv + argc);
@@ -50,6 +53,7 @@ int cmd_train(int argc, char** argv) {
     std::string text;
     try {
       cfg = load_config(args.config_path, args.overrides);
+      apply_process_settings(cfg);
     } catch (const Error& e) {
       error = std::current_exception();
       text = e.what();
@@ -150,6 +154,7 @@ int cmd_sample(int argc, char** argv) {
   DHX_CHECK(temperature >= 0, ConfigError, "--temperature {} must be >= 0", temperature);
   DHX_CHECK(tokens > 0, ConfigError, "--tokens {} must be positive", tokens);
   RunConfig cfg = load_config(args.config_path, args.overrides);
+  apply_process_settings(cfg);
   cfg.parallel.dp = cfg.parallel.tp = cfg.parallel.pp = 1;
   cfg.parallel.tp_x = cfg.parallel.tp_y = cfg.parallel.tp_z = 1;
   cfg.parallel.zero = 0;

@@ -32,7 +32,7 @@ const FlagTable& tune_flags() {
       "                   [--micro-batch-size b] [--precision fp32|bf16] [--grad-precision fp32|bf16]\n"
       "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
       "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
-      "                   [--paper-compat] [--json FILE]\n"
+      "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
       "                    [--trace]]\n"
       "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
@@ -43,8 +43,10 @@ const FlagTable& tune_flags() {
            Need::kRequired},
           {"--gpus", FlagType::kInt, "", "ranks (devices)", "N", 1, {}, Need::kRequired},
           {"--cluster", FlagType::kText, "",
-           "cluster preset name or .toml path ($DHELIX_CLUSTERS_DIR, <exe>/../configs/clusters)", "PRESET",
-           {}, {}, Need::kRequired},
+           "cluster preset name (looked up in --clusters-dir, else <exe>/../configs/clusters,\nthen "
+           "./configs/clusters) or a .toml path",
+           "PRESET", {}, {}, Need::kRequired},
+          {"--clusters-dir", FlagType::kText, "", "directory of the cluster presets that --cluster names", "DIR"},
           {"--top", FlagType::kInt, "10", "rows of the ranked table", "K", 1},
           {"--global-batch", FlagType::kInt, "", "sequences per step (default 8 x N)", "B", 1},
           {"--seq", FlagType::kInt, "", "tokens per sequence (default the model's seq_len)", "T", 1},
@@ -190,7 +192,7 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   req.json_path = f.text("--json");
   if (f.given("--cluster")) {
     try {
-      req.cluster = load_cluster(*f.text("--cluster"));
+      req.cluster = load_cluster(*f.text("--cluster"), f.text("--clusters-dir").value_or(""));
       if (f.ok("--precision")) (void)req.cluster.gemm_rate(req.opt.precision);
     } catch (const ConfigError& e) {
       errors.push_back(e.what());

@@ -7,9 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "base/Log.h"
 #include "train/Config.h"
 
 namespace dhelix {
+
+struct CommOptions;  // comm/CommContext.h
 
 // The config words of a verb (`--config`, `--section.key value`): on --help prints `usage` and
 // every key and returns nullopt (the verb exits 0); a positional word is a ConfigError naming the
@@ -20,6 +23,15 @@ std::optional<CliArgs> parse_verb_args(const std::vector<std::string>& words, co
 // ConfigError ("configuration error:"), IoError, PlanError, out of memory -> 2; DivergedError -> 3;
 // anything else -> 1. main() calls it for every verb; cmd_train also before its ranks part.
 int report_error(const std::string& verb, const std::exception_ptr& e);
+
+// What a resolved config sets for the whole process: the log threshold (output.log_level, checked
+// by load_config). Every verb with a config calls it right after load_config.
+inline void apply_process_settings(const RunConfig& cfg) {
+  set_log_threshold(parse_log_level(cfg.output.log_level).value_or(LogLevel::kInfo));
+}
+// The comm backend's options from the [comm] keys (comm.timeout_s 0 = the default, 120 s);
+// apps/CmdTrain.cc.
+CommOptions comm_options(const RunConfig& cfg);
 
 // dhelix data prepare --config C.toml [--section.key value ...]
 int cmd_data(int argc, char** argv);

@@ -68,7 +68,9 @@ const FlagTable& simulate_flags() {
       "trace (ui.perfetto.dev). Any pipeline (schedule.pipeline, parallel.pp): the step runner's slots.\n",
       {
           {"--cluster", FlagType::kText, "",
-           "cluster preset (cpu-emulated, perlmutter-a100, h100-8gpu, ...) or a .toml path", "PRESET", {}, {},
+           "cluster preset (cpu-emulated, perlmutter-a100, h100-8gpu, ...; looked up in\nsim.clusters_dir, else "
+           "<exe>/../configs/clusters) or a .toml path",
+           "PRESET", {}, {},
            Need::kRequired},
           {"--gpus", FlagType::kInt, "",
            "the layout's rank count, checked (default: the layout's); with --layout\nand no dp in it, dp = N / (the "

@@ -1,22 +1,27 @@
-// Logging: a threshold read once from DHELIX_LOG, lines written whole to stderr.
+// Logging: a process-wide threshold (set by main from output.log_level), lines written whole to
+// stderr.
 #include "base/Log.h"
 
-#include <cstdlib>
-#include <cstring>
+#include <atomic>
 
 namespace dhelix {
 
-LogLevel log_threshold() {
-  static const LogLevel level = [] {
-    const char* v = std::getenv("DHELIX_LOG");
-    if (!v) return LogLevel::kInfo;
-    if (!std::strcmp(v, "debug")) return LogLevel::kDebug;
-    if (!std::strcmp(v, "warn")) return LogLevel::kWarn;
-    if (!std::strcmp(v, "error")) return LogLevel::kError;
-    return LogLevel::kInfo;
-  }();
-  return level;
+namespace {
+// The one process-wide setting here: it only filters stderr, and every thread reads it.
+std::atomic<int> g_threshold{static_cast<int>(LogLevel::kInfo)};
+}  // namespace
+
+std::optional<LogLevel> parse_log_level(const std::string& name) {
+  if (name == "debug") return LogLevel::kDebug;
+  if (name == "info") return LogLevel::kInfo;
+  if (name == "warn") return LogLevel::kWarn;
+  if (name == "error") return LogLevel::kError;
+  return std::nullopt;
 }
+
+LogLevel log_threshold() { return static_cast<LogLevel>(g_threshold.load(std::memory_order_relaxed)); }
+
+void set_log_threshold(LogLevel level) { g_threshold.store(static_cast<int>(level), std::memory_order_relaxed); }
 
 void log_line(LogLevel level, const std::string& text) {
   static const char* kNames[] = {"debug", "info", "warn", "error"};

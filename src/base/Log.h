@@ -1,16 +1,21 @@
 // Minimal leveled logging to stderr with a rank prefix. The rank travels in a LogContext
-// owned by the caller (no global mutable state beyond the process-wide verbosity read once).
+// owned by the caller (no global mutable state beyond the process-wide verbosity, which main sets
+// from the config's output.log_level).
 #pragma once
 #include <fmt/format.h>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 namespace dhelix {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
-// Reads DHELIX_LOG (debug|info|warn|error) once; default info.
+// "debug" | "info" | "warn" | "error" -> the level; anything else -> nullopt.
+std::optional<LogLevel> parse_log_level(const std::string& name);
+// The least severe level printed; default info until set_log_threshold (main, from output.log_level).
 LogLevel log_threshold();
+void set_log_threshold(LogLevel level);
 
 void log_line(LogLevel level, const std::string& text);
 

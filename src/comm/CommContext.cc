@@ -1,20 +1,9 @@
-// CommContext: group lookup, blame for abort messages, and the timeout setting.
+// CommContext: group lookup, blame for abort messages, and the transport names.
 #include "comm/CommContext.h"
-
-#include <cstdlib>
 
 #include "base/Error.h"
 
 namespace dhelix {
-
-double comm_timeout_from_env() {
-  const char* v = std::getenv("DHELIX_COMM_TIMEOUT_S");
-  if (!v || !*v) return 120.0;
-  char* end = nullptr;
-  double s = std::strtod(v, &end);
-  DHX_CHECK(end && *end == '\0' && s > 0, ConfigError, "DHELIX_COMM_TIMEOUT_S='{}' must be a number of seconds > 0", v);
-  return s;
-}
 
 const char* comm_transport_name(CommTransport t) { return t == CommTransport::kGloo ? "gloo" : "mpi"; }
 

@@ -3,6 +3,7 @@
 // Not here: which collectives a model needs (parallel/), MPI types.
 #pragma once
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,9 +13,6 @@
 
 namespace dhelix {
 
-// DHELIX_COMM_TIMEOUT_S (seconds, > 0), default 120; a bad value is a ConfigError.
-double comm_timeout_from_env();
-
 // How the MPI backend moves data (comm.transport): gloo (default: Gloo's TCP mesh, bootstrapped by
 // Open MPI) or mpi (Open MPI's own transport for every op).
 enum class CommTransport { kGloo, kMpi };
@@ -22,9 +20,21 @@ const char* comm_transport_name(CommTransport t);  // "gloo", "mpi"
 // "gloo" | "mpi" -> the transport; anything else -> ConfigError naming the value.
 CommTransport parse_comm_transport(const std::string& name);
 
+// The backend's knobs; the trainer fills them from the [comm] config keys (train/Config.h), whose
+// defaults these are.
 struct CommOptions {
-  double timeout_s = comm_timeout_from_env();  // bound on every Work::wait()
+  double timeout_s = 120.0;  // comm.timeout_s: bound on every Work::wait(), > 0
   CommTransport transport = CommTransport::kGloo;
+  // comm.nice: the comm threads' nice value, clamped to [-20, 19]; 0 leaves the default weight.
+  // Best effort: without the privilege the threads keep the default weight.
+  int nice = kDefaultCommNice;
+  int mpi_poll_us = 200;  // comm.mpi_poll_us: mpi transport, sleep between tests of an op in flight
+  // comm.max_message_bytes: the largest single message an op hands to Gloo (tests set a small one
+  // to exercise the splitting that messages over 2 GiB need).
+  int64_t max_message_bytes = int64_t{1} << 30;
+  // comm.gloo_host: the address Gloo listens on; empty: loopback when every rank of the group shares
+  // one network namespace of one machine, else the first non-loopback IPv4 address.
+  std::string gloo_host;
 };
 
 class CommContext {

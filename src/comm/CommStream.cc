@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -19,20 +18,18 @@ namespace {
 // The comm thread sleeps most of the time and needs the core briefly when data can move. With
 // more busy threads than cores (two ranks' compute threads on a 2-core machine), an equal-weight
 // comm thread waits behind compute for its time slice and the wire idles; a higher scheduling
-// weight (nice DHELIX_COMM_NICE, default -10) lets it run as soon as it wakes. Best effort: without
+// weight (nice comm.nice, default -10) lets it run as soon as it wakes. Best effort: without
 // the privilege it keeps the default weight.
-void raise_comm_thread_priority() {
-  const char* v = std::getenv("DHELIX_COMM_NICE");
-  int nice = v ? std::atoi(v) : -10;
+void raise_comm_thread_priority(int nice) {
   if (nice == 0) return;
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), std::clamp(nice, -20, 19));
 }
 
 }  // namespace
 
-CommStream::CommStream(std::string name, Poll poll) : name_(std::move(name)), poll_(std::move(poll)) {
-  thread_ = std::thread([this] {
-    raise_comm_thread_priority();
+CommStream::CommStream(std::string name, int nice, Poll poll) : name_(std::move(name)), poll_(std::move(poll)) {
+  thread_ = std::thread([this, nice] {
+    raise_comm_thread_priority(nice);
     loop();
   });
 }

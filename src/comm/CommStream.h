@@ -14,6 +14,9 @@
 
 namespace dhelix {
 
+// The comm threads' default nice value (comm.nice; CommStream.cc says why).
+constexpr int kDefaultCommNice = -10;
+
 class CommStream {
  public:
   using Task = std::function<bool(const std::shared_ptr<WorkState>&)>;
@@ -21,7 +24,8 @@ class CommStream {
   // still outstanding (the thread then polls again after a short, growing pause).
   using Poll = std::function<bool()>;
 
-  explicit CommStream(std::string name, Poll poll = {});
+  // nice: the thread's nice value (CommOptions::nice; 0 = unchanged).
+  CommStream(std::string name, int nice, Poll poll = {});
   ~CommStream();  // runs what is queued, then joins; posted-but-unfinished ops are left behind
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;

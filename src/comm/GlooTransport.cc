@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "base/Error.h"
+#include "comm/CommContext.h"
 #include "comm/Reduce.h"
 
 namespace dhelix {
@@ -178,28 +179,22 @@ gloo::AllreduceOptions::Func reduce_fn(DType dtype, ReduceOp op) {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// Elements per piece so that one piece of `esize`-byte elements stays within the message limit.
-int64_t piece_elems(size_t esize, int64_t per_rank_multiplier = 1) {
-  const size_t limit = std::max<size_t>(gloo_max_message_bytes() / static_cast<size_t>(per_rank_multiplier), esize);
+}  // namespace
+
+int64_t GlooTransport::piece_elems(size_t esize, int64_t per_rank_multiplier) const {
+  const size_t limit = std::max<size_t>(max_message_bytes_ / static_cast<size_t>(per_rank_multiplier), esize);
   return static_cast<int64_t>(limit / esize);
 }
 
-}  // namespace
-
-size_t gloo_max_message_bytes() {
-  static const size_t v = [] {
-    const char* s = std::getenv("DHELIX_COMM_MAX_MESSAGE_BYTES");
-    const long long x = s ? std::atoll(s) : 0;
-    return x > 0 ? static_cast<size_t>(x) : (size_t{1} << 30);
-  }();
-  return v;
-}
-
-GlooTransport::GlooTransport(int rank, int size, std::string what, const Exchange& exchange, double timeout_s)
+GlooTransport::GlooTransport(int rank, int size, std::string what, const Exchange& exchange,
+                             const CommOptions& options)
     : rank_(rank),
       size_(size),
       what_(std::move(what)),
-      timeout_(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))) {
+      timeout_(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000))),
+      max_message_bytes_(options.max_message_bytes > 0 ? static_cast<size_t>(options.max_message_bytes)
+                                                       : size_t{1} << 30) {
+  const double timeout_s = options.timeout_s;
   std::vector<HostId> ids(static_cast<size_t>(size_));
   HostId me = host_id();
   exchange(&me, ids.data(), sizeof(HostId));
@@ -209,8 +204,7 @@ GlooTransport::GlooTransport(int rank, int size, std::string what, const Exchang
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && std::strncmp(ids[r].machine, me.machine, sizeof me.machine) == 0)
       same_machine_pids_.emplace_back(r, ids[r].pid);
-  const char* forced = std::getenv("DHELIX_GLOO_HOST");
-  host_ = forced && *forced ? forced : one_host ? "127.0.0.1" : first_external_ipv4();
+  host_ = !options.gloo_host.empty() ? options.gloo_host : one_host ? "127.0.0.1" : first_external_ipv4();
   try {
     auto dev = device_for(host_);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);

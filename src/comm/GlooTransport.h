@@ -4,8 +4,8 @@
 // rendezvous: the pairs' addresses are exchanged with the group's MPI_Allgather (the `exchange`
 // callback). Collectives run Gloo's own algorithms (ring all-reduce, all-gather, all-to-all(-v),
 // broadcast, barrier); reduce-scatter, which Gloo lacks in the block form we need, is a ring on
-// Gloo's unbound buffers. Every op splits messages larger than max_message_bytes (1 GiB; lower
-// in tests) into pieces. Not here: queuing and sequence numbers (ProcessGroup, CommStream).
+// Gloo's unbound buffers. Every op splits messages larger than CommOptions::max_message_bytes
+// (comm.max_message_bytes: 1 GiB; lower in tests) into pieces. Not here: queuing and sequence numbers (ProcessGroup, CommStream).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -26,19 +26,17 @@ class UnboundBuffer;
 
 namespace dhelix {
 
-// The largest single message an op hands to Gloo: DHELIX_COMM_MAX_MESSAGE_BYTES, default 1 GiB
-// (a test sets a small one to exercise the splitting that messages over 2 GiB need).
-size_t gloo_max_message_bytes();
+struct CommOptions;
 
 class GlooTransport {
  public:
   // All-gathers `bytes` bytes from every group rank in rank order (MPI_Allgather on the group).
   using Exchange = std::function<void(const void* mine, void* all, size_t bytes)>;
   // Collective over the group. Ranks sharing one network namespace of one machine meet over
-  // loopback; otherwise each listens on its first non-loopback IPv4 address (DHELIX_GLOO_HOST
+  // loopback; otherwise each listens on its first non-loopback IPv4 address (options.gloo_host
   // overrides). Throws CommError naming the group when the mesh cannot be connected within
-  // timeout_s (e.g. a rank that never joins).
-  GlooTransport(int rank, int size, std::string what, const Exchange& exchange, double timeout_s);
+  // options.timeout_s (e.g. a rank that never joins). options.max_message_bytes bounds each piece.
+  GlooTransport(int rank, int size, std::string what, const Exchange& exchange, const CommOptions& options);
   ~GlooTransport();
   GlooTransport(const GlooTransport&) = delete;
   GlooTransport& operator=(const GlooTransport&) = delete;
@@ -74,12 +72,16 @@ class GlooTransport {
 
  private:
   void check_alive(const char* op) const;
+  // Elements per piece so that one piece of `esize`-byte elements (times per_rank_multiplier, for
+  // ops whose piece is sent to every rank) stays within max_message_bytes_.
+  int64_t piece_elems(size_t esize, int64_t per_rank_multiplier = 1) const;
   template <typename F>
   void run(const char* op, F&& body);
 
   int rank_, size_;
   std::string what_, host_;
   std::chrono::milliseconds timeout_;
+  size_t max_message_bytes_;
   std::shared_ptr<gloo::Context> ctx_;
   std::vector<char> scratch_;  // reduce-scatter's two partial buffers, kept across calls
   uint32_t tag_ = 0;  // Gloo collective tag, advanced per op (stale messages never match a new op)

@@ -61,9 +61,9 @@ struct LocalWorld {
 class LocalProcessGroup final : public ProcessGroup {
  public:
   LocalProcessGroup(std::shared_ptr<LocalWorld> world, std::string key, const std::string& role, int rank, int size,
-                    int world_rank, double timeout_s)
-      : ProcessGroup(role, rank, size, world_rank, timeout_s), w_(std::move(world)), key_(std::move(key)) {
-    start_stream();
+                    int world_rank, const CommOptions& options)
+      : ProcessGroup(role, rank, size, world_rank, options.timeout_s), w_(std::move(world)), key_(std::move(key)) {
+    start_stream(options.nice);
   }
   ~LocalProcessGroup() override { stop_stream(); }
   std::string transport() const override { return "threads"; }
@@ -238,12 +238,12 @@ std::unique_ptr<CommContext> make_local_context(const std::shared_ptr<LocalWorld
         if (all[gi][pos] != rank) continue;
         groups[static_cast<size_t>(role)] = std::make_unique<LocalProcessGroup>(
             world, fmt::format("{}#{}", group_role_name(role), gi), group_role_name(role), static_cast<int>(pos),
-            static_cast<int>(all[gi].size()), rank, options.timeout_s);
+            static_cast<int>(all[gi].size()), rank, options);
       }
     }
   }
   auto world_group =
-      std::make_unique<LocalProcessGroup>(world, "world#0", "world", rank, cfg.world(), rank, options.timeout_s);
+      std::make_unique<LocalProcessGroup>(world, "world#0", "world", rank, cfg.world(), rank, options);
   auto abort_fn = [](const std::string& message) { throw CommError(message); };
   return std::make_unique<CommContext>("local", std::move(layout), std::move(groups), std::move(world_group),
                                        abort_fn, world);

@@ -102,20 +102,13 @@ int mpi_count(int64_t n, const WorkState& st) {
 // Completes a non-blocking collective from the comm thread. Open MPI progresses it only inside
 // MPI calls, and its blocking collectives busy-poll a core that the compute thread needs (2 cores,
 // 2 ranks per machine here), so the thread tests with a short yield-then-sleep backoff instead.
-// Sleep between tests once the op has not finished quickly: DHELIX_MPI_POLL_US (default 200 us).
-// Each test drives Open MPI's progress (the TCP transport moves data only inside MPI calls);
-// 200 us moves at most ~25 KB at 1 Gbit/s, well inside a socket buffer, and keeps the thread
-// from waking thousands of times a second on cores the compute threads need.
-int poll_sleep_us() {
-  static const int us = [] {
-    const char* v = std::getenv("DHELIX_MPI_POLL_US");
-    int x = v ? std::atoi(v) : 200;
-    return std::clamp(x, 1, 100000);
-  }();
-  return us;
-}
-
-void wait_request(MPI_Request& req, const char* what) {
+// Sleep between tests once the op has not finished quickly: poll_us (comm.mpi_poll_us, default
+// 200 us, clamped to [1, 100000]). Each test drives Open MPI's progress (the TCP transport moves
+// data only inside MPI calls); 200 us moves at most ~25 KB at 1 Gbit/s, well inside a socket
+// buffer, and keeps the thread from waking thousands of times a second on cores the compute
+// threads need.
+void wait_request(MPI_Request& req, const char* what, int poll_us) {
+  const int sleep_us = std::clamp(poll_us, 1, 100000);
   int done = 0;
   for (int spins = 0;; ++spins) {
     mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
@@ -123,17 +116,20 @@ void wait_request(MPI_Request& req, const char* what) {
     if (spins < 16)
       std::this_thread::yield();
     else
-      std::this_thread::sleep_for(std::chrono::microseconds(spins < 64 ? 20 : poll_sleep_us()));
+      std::this_thread::sleep_for(std::chrono::microseconds(spins < 64 ? 20 : sleep_us));
   }
 }
 
 class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, std::shared_ptr<MpiRuntime> rt, const std::string& role, int world_rank,
-                  double timeout_s, CommTransport transport)
-      : ProcessGroup(role, comm_rank(comm), comm_size(comm), world_rank, timeout_s), comm_(comm), rt_(std::move(rt)) {
+                  const CommOptions& options)
+      : ProcessGroup(role, comm_rank(comm), comm_size(comm), world_rank, options.timeout_s),
+        comm_(comm),
+        rt_(std::move(rt)),
+        poll_us_(options.mpi_poll_us) {
     mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    if (size() > 1 && transport == CommTransport::kGloo)
+    if (size() > 1 && options.transport == CommTransport::kGloo)
       gloo_ = std::make_unique<GlooTransport>(
           rank(), size(), name(),
           [this](const void* mine, void* all, size_t bytes) {
@@ -141,8 +137,8 @@ class MpiProcessGroup final : public ProcessGroup {
                                     comm_),
                       "MPI_Allgather(gloo rendezvous)");
           },
-          timeout_s);
-    start_stream([this] { return poll(); });
+          options);
+    start_stream(options.nice, [this] { return poll(); });
   }
   std::string transport() const override { return gloo_ ? "gloo " + gloo_->address() : "mpi"; }
   ~MpiProcessGroup() override {
@@ -166,7 +162,7 @@ class MpiProcessGroup final : public ProcessGroup {
       mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()),
                                mpi_op(t.dtype(), op), comm_, &req),
                 "MPI_Iallreduce");
-      wait_request(req, "MPI_Iallreduce");
+      wait_request(req, "MPI_Iallreduce", poll_us_);
       return true;
     };
   }
@@ -180,7 +176,7 @@ class MpiProcessGroup final : public ProcessGroup {
       MPI_Request req;
       mpi_check(MPI_Iallgather(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
                 "MPI_Iallgather");
-      wait_request(req, "MPI_Iallgather");
+      wait_request(req, "MPI_Iallgather", poll_us_);
       return true;
     };
   }
@@ -194,7 +190,7 @@ class MpiProcessGroup final : public ProcessGroup {
       mpi_check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), mpi_count(out.numel(), *st), mpi_type(in.dtype()),
                                           mpi_op(in.dtype(), op), comm_, &req),
                 "MPI_Ireduce_scatter_block");
-      wait_request(req, "MPI_Ireduce_scatter_block");
+      wait_request(req, "MPI_Ireduce_scatter_block", poll_us_);
       return true;
     };
   }
@@ -208,7 +204,7 @@ class MpiProcessGroup final : public ProcessGroup {
       MPI_Request req;
       mpi_check(MPI_Ialltoall(in.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_, &req),
                 "MPI_Ialltoall");
-      wait_request(req, "MPI_Ialltoall");
+      wait_request(req, "MPI_Ialltoall", poll_us_);
       return true;
     };
   }
@@ -229,7 +225,7 @@ class MpiProcessGroup final : public ProcessGroup {
       mpi_check(MPI_Ialltoallv(in.raw(), sc.data(), sd.data(), mpi_type(in.dtype()), out.raw(), rc.data(), rd.data(),
                                mpi_type(in.dtype()), comm_, &req),
                 "MPI_Ialltoallv");
-      wait_request(req, "MPI_Ialltoallv");
+      wait_request(req, "MPI_Ialltoallv", poll_us_);
       return true;
     };
   }
@@ -241,7 +237,7 @@ class MpiProcessGroup final : public ProcessGroup {
       }
       MPI_Request req;
       mpi_check(MPI_Ibcast(t.raw(), mpi_count(t.numel(), *st), mpi_type(t.dtype()), root, comm_, &req), "MPI_Ibcast");
-      wait_request(req, "MPI_Ibcast");
+      wait_request(req, "MPI_Ibcast", poll_us_);
       return true;
     };
   }
@@ -255,7 +251,7 @@ class MpiProcessGroup final : public ProcessGroup {
       // whole core (even with mpi_yield_when_idle) while a slower rank is still computing.
       MPI_Request req;
       mpi_check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
-      wait_request(req, "MPI_Ibarrier");
+      wait_request(req, "MPI_Ibarrier", poll_us_);
       return true;
     };
   }
@@ -388,6 +384,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   MPI_Comm comm_;
   std::shared_ptr<MpiRuntime> rt_;
+  int poll_us_;  // wait_request's sleep (comm.mpi_poll_us)
   std::unique_ptr<GlooTransport> gloo_;  // every op's data path; null: Open MPI's (the mpi transport)
   std::vector<Posted> posted_;
   std::mutex waiters_mu_;
@@ -515,7 +512,6 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   DHX_CHECK(errors.empty(), ConfigError, "layout does not fit the MPI world (rank {}): {}\nhint: launch with mpirun -np {}",
             rank, fmt::join(errors, "; "), cfg.world());
   Layout layout(cfg, rank);
-  const CommTransport transport = options.transport;
 
   CommContext::RoleGroups groups;
   for (GroupRole role : all_group_roles()) {
@@ -528,12 +524,12 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
     MPI_Comm comm;
     mpi_check(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
     groups[static_cast<size_t>(role)] =
-        std::make_unique<MpiProcessGroup>(comm, rt, group_role_name(role), rank, options.timeout_s, transport);
+        std::make_unique<MpiProcessGroup>(comm, rt, group_role_name(role), rank, options);
     groups[static_cast<size_t>(role)]->set_progress_board(board, static_cast<int>(role), all[static_cast<size_t>(color)]);
   }
   MPI_Comm world_comm;
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm), "MPI_Comm_dup");
-  auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options.timeout_s, transport);
+  auto world = std::make_unique<MpiProcessGroup>(world_comm, rt, "world", rank, options);
   std::vector<int> everyone(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) everyone[static_cast<size_t>(r)] = r;
   world->set_progress_board(board, ProgressBoard::kSlots - 1, everyone);

@@ -39,8 +39,8 @@ ProcessGroup::ProcessGroup(const std::string& role, int rank, int size, int worl
 
 ProcessGroup::~ProcessGroup() = default;
 
-void ProcessGroup::start_stream(CommStream::Poll poll) {
-  stream_ = std::make_unique<CommStream>(name_, std::move(poll));
+void ProcessGroup::start_stream(int nice, CommStream::Poll poll) {
+  stream_ = std::make_unique<CommStream>(name_, nice, std::move(poll));
 }
 
 void ProcessGroup::stop_stream() { stream_.reset(); }

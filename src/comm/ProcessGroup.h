@@ -91,8 +91,9 @@ class ProcessGroup {
 
  protected:
   using Task = CommStream::Task;
-  // Called by the backend's constructor when its members are ready (the thread may call poll).
-  void start_stream(CommStream::Poll poll = {});
+  // Called by the backend's constructor when its members are ready (the thread may call poll);
+  // nice: the comm thread's nice value (CommOptions::nice).
+  void start_stream(int nice = kDefaultCommNice, CommStream::Poll poll = {});
   // Called first in the backend's destructor: drains the queue and joins the thread.
   void stop_stream();
 

@@ -202,8 +202,8 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   return c;
 }
 
-std::vector<std::string> cluster_search_dirs() {
-  if (const char* env = std::getenv("DHELIX_CLUSTERS_DIR"); env && *env) return {env};
+std::vector<std::string> cluster_search_dirs(const std::string& clusters_dir) {
+  if (!clusters_dir.empty()) return {clusters_dir};
   std::vector<std::string> dirs;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -212,9 +212,9 @@ std::vector<std::string> cluster_search_dirs() {
   return dirs;
 }
 
-std::vector<std::string> cluster_names() {
+std::vector<std::string> cluster_names(const std::string& clusters_dir) {
   std::set<std::string> names;
-  for (const std::string& d : cluster_search_dirs()) {
+  for (const std::string& d : cluster_search_dirs(clusters_dir)) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(d, ec))
       if (e.path().extension() == ".toml") names.insert(e.path().stem().string());
@@ -222,22 +222,22 @@ std::vector<std::string> cluster_names() {
   return {names.begin(), names.end()};
 }
 
-ClusterPreset load_cluster(const std::string& name_or_path) {
+ClusterPreset load_cluster(const std::string& name_or_path, const std::string& clusters_dir) {
   const bool is_path = name_or_path.find('/') != std::string::npos ||
                        (name_or_path.size() > 5 && name_or_path.ends_with(".toml"));
   if (is_path) {
     DHX_CHECK(file_exists(name_or_path), ConfigError, "cluster file '{}' does not exist", name_or_path);
     return parse_cluster(read_file(name_or_path), name_or_path);
   }
-  const std::vector<std::string> dirs = cluster_search_dirs();
+  const std::vector<std::string> dirs = cluster_search_dirs(clusters_dir);
   for (const std::string& d : dirs) {
     const std::string path = (fs::path(d) / (name_or_path + ".toml")).string();
     if (file_exists(path)) return parse_cluster(read_file(path), path);
   }
-  const std::vector<std::string> names = cluster_names();
+  const std::vector<std::string> names = cluster_names(clusters_dir);
   throw ConfigError(fmt::format(
       "unknown cluster preset '{}' (looked for {}.toml in {}); known presets: {}\nhint: give a preset name, a "
-      "path to a .toml file, or set DHELIX_CLUSTERS_DIR",
+      "path to a .toml file, or another presets directory (sim.clusters_dir; tune: --clusters-dir)",
       name_or_path, name_or_path, fmt::join(dirs, ", "), names.empty() ? "none found" : fmt::to_string(fmt::join(names, ", "))));
 }
 

@@ -61,14 +61,14 @@ struct ClusterPreset {
 ClusterPreset parse_cluster(const std::string& text, const std::string& origin);
 
 // `name_or_path`: a path (contains '/' or ends in .toml), or a preset name looked up as
-// <dir>/<name>.toml in cluster_search_dirs(). ConfigError naming the places looked in and the
-// names found there.
-ClusterPreset load_cluster(const std::string& name_or_path);
-// $DHELIX_CLUSTERS_DIR when set; else <directory of this executable>/../configs/clusters, then
-// ./configs/clusters.
-std::vector<std::string> cluster_search_dirs();
+// <dir>/<name>.toml in cluster_search_dirs(clusters_dir). ConfigError naming the places looked in
+// and the names found there.
+ClusterPreset load_cluster(const std::string& name_or_path, const std::string& clusters_dir = "");
+// `clusters_dir` (sim.clusters_dir, tune's --clusters-dir) when not empty; else <directory of this
+// executable>/../configs/clusters, then ./configs/clusters.
+std::vector<std::string> cluster_search_dirs(const std::string& clusters_dir = "");
 // Preset names (file stems) found in the search directories, sorted, without duplicates.
-std::vector<std::string> cluster_names();
+std::vector<std::string> cluster_names(const std::string& clusters_dir = "");
 
 // AxoNN's placement rule for a group of g ranks whose neighbours are ip ranks apart, ranks placed
 // on nodes in rank order, devices_per_node per node:

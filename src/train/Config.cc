@@ -19,6 +19,7 @@
 #include "base/CpuFeatures.h"
 #include "base/Error.h"
 #include "base/Files.h"
+#include "base/Log.h"
 
 namespace dhelix {
 namespace {
@@ -119,7 +120,12 @@ const std::vector<Field>& table() {
       DHX_F("comm", "transport", comm.transport, kString, 0, 0, "how ranks move data: gloo (Gloo's TCP mesh; Open MPI launches and bootstraps it) or mpi (Open MPI's own transport)"),
       DHX_F("comm", "precision", comm.precision, kString, 0, 0, "element type of the activation collectives on the wire (TP/SP gathers and reduce-scatters, the context-parallel ring, the expert all-to-alls, 3D TP's activation all-reduces): auto (training.precision), fp32, or bf16 (half the bytes; reductions in fp32 per hop); weights and loss statistics always move in fp32, gradients as comm.grad_precision says"),
       DHX_F("comm", "grad_precision", comm.grad_precision, kString, 0, 0, "element type of the data-parallel gradient buckets on the wire: fp32, or bf16 (each bucket rounded before its all-reduce or ZeRO-1 reduce-scatter, every hop adding in fp32; half the bytes); gradients, their accumulation and the optimizer stay fp32"),
-      DHX_F("comm", "timeout_s", comm.timeout_s, kFloat, 0, 1e7, "bound in seconds on every collective and point-to-point wait (a dead or missing rank ends the job); 0 = DHELIX_COMM_TIMEOUT_S, else 120"),
+      DHX_F("comm", "timeout_s", comm.timeout_s, kFloat, 0, 1e7, "bound in seconds on every collective and point-to-point wait (a dead or missing rank ends the job); 0 = 120"),
+      DHX_F("comm", "nice", comm.nice, kInt, -20, 19, "nice value of the comm threads (a higher scheduling weight lets them move data as soon as they wake on cores busy with compute); 0 = unchanged; best effort without the privilege"),
+      DHX_F("comm", "mpi_poll_us", comm.mpi_poll_us, kInt, 1, 100000, "comm.transport = mpi: microseconds a comm thread sleeps between progress tests of a collective in flight"),
+      DHX_F("comm", "max_message_bytes", comm.max_message_bytes, kInt, 1, 2147483647, "gloo: the largest single message an op hands to Gloo; larger ones are split into pieces (results unchanged)"),
+      DHX_F("comm", "gloo_host", comm.gloo_host, kString, 0, 0, "gloo: the address this rank listens on; empty = loopback when all ranks share one host, else its first non-loopback IPv4 address (may differ between ranks)"),
+      DHX_F("sim", "clusters_dir", sim.clusters_dir, kString, 0, 0, "directory where a cluster preset name (--cluster, --cost-model) is looked up as <name>.toml; empty = <exe>/../configs/clusters, then ./configs/clusters"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
       DHX_F("checkpoint", "interval", checkpoint.interval, kInt, 0, 1e12, "steps between checkpoints; 0 = only at the end"),
       DHX_F("checkpoint", "resume", checkpoint.resume, kString, 0, 0, "\"\" (fresh), \"latest\", or a step_XXXXXXXX path"),
@@ -127,6 +133,7 @@ const std::vector<Field>& table() {
       DHX_F("output", "dir", output.dir, kString, 0, 0, "run directory (resolved config, metrics)"),
       DHX_F("output", "metrics", output.metrics, kString, 0, 0, "metrics JSONL; empty = <output.dir>/metrics.jsonl"),
       DHX_F("output", "trace", output.trace, kString, 0, 0, "Chrome-trace JSON; empty = none"),
+      DHX_F("output", "log_level", output.log_level, kString, 0, 0, "least severe log lines printed on stderr: debug, info, warn or error"),
       DHX_F("output", "overwrite", output.overwrite, kBool, 0, 0, "a fresh run (no checkpoint.resume) into a directory holding an earlier run's checkpoints or metrics deletes them; without it the run refuses (exit 2)"),
   };
   return t;
@@ -386,6 +393,9 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                             c.comm.grad_precision));
   if (c.comm.transport != "gloo" && c.comm.transport != "mpi")
     e.push_back(fmt::format("comm.transport=\"{}\" is not a transport; use gloo or mpi", c.comm.transport));
+  if (!parse_log_level(c.output.log_level))
+    e.push_back(fmt::format("output.log_level=\"{}\" is not a log level; use debug, info, warn or error",
+                            c.output.log_level));
   if (t.precision != "fp32" && t.precision != "bf16")
     e.push_back(fmt::format("training.precision=\"{}\" is not a precision; use fp32 or bf16", t.precision));
   else if (t.precision == "bf16" && !cpu::bf16_support().usable())

@@ -71,9 +71,17 @@ struct ScheduleConfig {
 
 struct CommConfig {
   std::string transport = "gloo";  // "gloo" (Gloo's TCP mesh, bootstrapped by Open MPI) | "mpi"
-  double timeout_s = 0;            // bound on every collective wait; 0 = DHELIX_COMM_TIMEOUT_S or 120
+  double timeout_s = 120;          // bound on every collective wait; 0 = 120 (the default)
   std::string precision = "auto";  // activation collectives on the wire: "auto" (training.precision) | "fp32" | "bf16"
   std::string grad_precision = "fp32";  // data-parallel gradient buckets on the wire: "fp32" | "bf16"
+  int64_t nice = -10;              // comm threads' nice value; 0 = unchanged (CommOptions::nice)
+  int64_t mpi_poll_us = 200;       // mpi transport: sleep between progress tests of an op in flight
+  int64_t max_message_bytes = int64_t{1} << 30;  // Gloo: larger messages are split into pieces
+  std::string gloo_host;           // Gloo's listening address; empty = loopback or first external IPv4
+};
+
+struct SimConfig {
+  std::string clusters_dir;  // where a cluster preset name is looked up; empty = the default places
 };
 
 struct CheckpointConfig {
@@ -87,6 +95,7 @@ struct OutputConfig {
   std::string dir = "runs/demo";
   std::string metrics;  // empty = <dir>/metrics.jsonl
   std::string trace;    // Chrome-trace JSON path; empty = no trace
+  std::string log_level = "info";  // stderr threshold: "debug" | "info" | "warn" | "error"
   bool overwrite = false;  // a fresh run may replace an earlier run's checkpoints and metrics
 };
 
@@ -98,6 +107,7 @@ struct RunConfig {
   ParallelConfig parallel;
   ScheduleConfig schedule;
   CommConfig comm;
+  SimConfig sim;
   CheckpointConfig checkpoint;
   OutputConfig output;
 

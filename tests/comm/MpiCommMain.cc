@@ -1,4 +1,5 @@
-// The MPI test program (no GTest: one mpirun launch runs every check). Modes:
+// The MPI test program (no GTest: one mpirun launch runs every check). Modes (each also takes the
+// comm options timeout_s=S max_message_bytes=B transport=gloo|mpi, as the [comm] config keys):
 //   checks [dp=N tp=N pp=N cp=N ep=N] [transport=gloo|mpi]  every collective x dtype x group
 //                                      against closed forms (CollectiveChecks.h), on the given
 //                                      transport (default gloo); exit 1 if any rank saw a failure
@@ -41,7 +42,7 @@ LayoutConfig parse_layout(const std::vector<std::string>& args, int world) {
     auto eq = a.find('=');
     DHX_CHECK(eq != std::string::npos, ConfigError, "expected key=value, got '{}'", a);
     std::string k = a.substr(0, eq);
-    if (k == "transport") continue;  // parse_options
+    if (k == "transport" || k == "timeout_s" || k == "max_message_bytes") continue;  // parse_options
     int v = std::stoi(a.substr(eq + 1));
     if (k == "dp") cfg.dp = v;
     else if (k == "tp") cfg.tp = v;
@@ -56,13 +57,15 @@ LayoutConfig parse_layout(const std::vector<std::string>& args, int world) {
 
 CommOptions parse_options(const std::vector<std::string>& args) {
   CommOptions o;
-  for (const std::string& a : args)
+  for (const std::string& a : args) {
     if (a.rfind("transport=", 0) == 0) o.transport = parse_comm_transport(a.substr(10));
+    if (a.rfind("timeout_s=", 0) == 0) o.timeout_s = std::stod(a.substr(10));
+    if (a.rfind("max_message_bytes=", 0) == 0) o.max_message_bytes = std::stoll(a.substr(18));
+  }
   return o;
 }
 
-int run_checks(const std::vector<std::string>& args) {
-  const CommOptions opts = parse_options(args);
+int run_checks(const std::vector<std::string>& args, const CommOptions& opts) {
   auto ctx = make_mpi_world(parse_layout(args, mpi_world_size()), opts);
   testing::CheckLog log;
   double t0 = now_seconds();
@@ -91,8 +94,8 @@ int run_checks(const std::vector<std::string>& args) {
 }
 
 // Loops all_reduces; rank 1 dies at step 20 (SIGKILL) or throws at step 5.
-int run_failure(const std::string& mode, const std::string& dir) {
-  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+int run_failure(const std::string& mode, const std::string& dir, const CommOptions& opts) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()), opts);
   std::ofstream(fmt::format("{}/rank{}.pid", dir, ctx->rank())) << getpid() << "\n";
   Tensor t = Tensor::zeros({1024});
   for (int step = 0; step < 100000; ++step) {
@@ -105,8 +108,8 @@ int run_failure(const std::string& mode, const std::string& dir) {
   return 0;
 }
 
-int run_bench(double mib, int iters) {
-  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+int run_bench(double mib, int iters, const CommOptions& opts) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()), opts);
   int64_t n = static_cast<int64_t>(mib * (1 << 20) / 4);
   Tensor t = Tensor::zeros({n});
   std::vector<double> times;
@@ -135,8 +138,8 @@ double compute_for(double seconds) {
   return x;
 }
 
-int run_overlap(double mib, int iters) {
-  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+int run_overlap(double mib, int iters, const CommOptions& opts) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()), opts);
   Tensor t = Tensor::zeros({static_cast<int64_t>(mib * (1 << 20) / 4)});
   auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
   std::vector<double> comm, both;
@@ -165,25 +168,25 @@ int run_overlap(double mib, int iters) {
   return 0;
 }
 
-int run_late_join(double seconds) {
+int run_late_join(double seconds, const CommOptions& opts) {
   const int world = mpi_world_size();
   const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
   if (r && std::atoi(r) == 1) usleep(static_cast<useconds_t>(seconds * 1e6));
-  auto ctx = make_mpi_world(parse_layout({}, world));
+  auto ctx = make_mpi_world(parse_layout({}, world), opts);
   ctx->world().barrier();
   return 0;
 }
 
-int run_late_op(double seconds) {
-  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+int run_late_op(double seconds, const CommOptions& opts) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()), opts);
   if (ctx->rank() == 1) usleep(static_cast<useconds_t>(seconds * 1e6));
   Tensor t = Tensor::zeros({1024});
   ctx->world().all_reduce(t).wait();
   return 0;
 }
 
-int run_barrier_idle(double seconds) {
-  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()));
+int run_barrier_idle(double seconds, const CommOptions& opts) {
+  auto ctx = make_mpi_world(parse_layout({}, mpi_world_size()), opts);
   ctx->world().barrier();  // every rank is up and the group's comm thread is running
   const bool sleeper = ctx->rank() == ctx->world_size() - 1;
   const double t0 = now_seconds(), c0 = process_cpu_seconds();
@@ -211,13 +214,21 @@ int main(int argc, char** argv) {
           "barrier-idle SECONDS|late-join SECONDS|late-op SECONDS");
     std::string mode = args[0];
     args.erase(args.begin());
-    if (mode == "checks") return dhelix::run_checks(args);
-    if ((mode == "kill-one" || mode == "throw-one") && args.size() == 1) return dhelix::run_failure(mode, args[0]);
-    if (mode == "bench" && args.size() == 2) return dhelix::run_bench(std::stod(args[0]), std::stoi(args[1]));
-    if (mode == "overlap" && args.size() == 2) return dhelix::run_overlap(std::stod(args[0]), std::stoi(args[1]));
-    if (mode == "barrier-idle" && args.size() == 1) return dhelix::run_barrier_idle(std::stod(args[0]));
-    if (mode == "late-join" && args.size() == 1) return dhelix::run_late_join(std::stod(args[0]));
-    if (mode == "late-op" && args.size() == 1) return dhelix::run_late_op(std::stod(args[0]));
+    // key=value words are the layout and the comm options; the rest are the mode's arguments.
+    std::vector<std::string> kv;
+    for (const std::string& a : args)
+      if (a.find('=') != std::string::npos) kv.push_back(a);
+    std::erase_if(args, [](const std::string& a) { return a.find('=') != std::string::npos; });
+    const dhelix::CommOptions opts = dhelix::parse_options(kv);
+    if (mode == "checks" && args.empty()) return dhelix::run_checks(kv, opts);
+    if ((mode == "kill-one" || mode == "throw-one") && args.size() == 1)
+      return dhelix::run_failure(mode, args[0], opts);
+    if (mode == "bench" && args.size() == 2) return dhelix::run_bench(std::stod(args[0]), std::stoi(args[1]), opts);
+    if (mode == "overlap" && args.size() == 2)
+      return dhelix::run_overlap(std::stod(args[0]), std::stoi(args[1]), opts);
+    if (mode == "barrier-idle" && args.size() == 1) return dhelix::run_barrier_idle(std::stod(args[0]), opts);
+    if (mode == "late-join" && args.size() == 1) return dhelix::run_late_join(std::stod(args[0]), opts);
+    if (mode == "late-op" && args.size() == 1) return dhelix::run_late_op(std::stod(args[0]), opts);
     throw dhelix::ConfigError(fmt::format("bad arguments for mode '{}'", mode));
   } catch (const std::exception& e) {
     dhelix::abort_world(e.what());

@@ -16,7 +16,7 @@ run_case() {  # run_case MODE EXPECTED_TEXT
   local mode=$1 want=$2 dir rc t0 t1 elapsed
   dir=$(mktemp -d)
   t0=$(date +%s.%N)
-  DHELIX_COMM_TIMEOUT_S=20 timeout 90 "$MPIRUN" -np $NP --oversubscribe --bind-to none "$BIN" "$mode" "$dir" >"$dir/out" 2>&1
+  timeout 90 "$MPIRUN" -np $NP --oversubscribe --bind-to none "$BIN" "$mode" "$dir" timeout_s=20 >"$dir/out" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   elapsed=$(echo "$t1 - $t0" | bc)
@@ -45,7 +45,7 @@ run_case throw-one "rank 1: injected failure at step 5; last collective: all_red
 late_case() {
   local mode=$1 want=$2 out rc t0 elapsed
   t0=$(date +%s.%N)
-  out=$(DHELIX_COMM_TIMEOUT_S=3 timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" "$mode" 60 2>&1)
+  out=$(timeout 90 "$MPIRUN" -np 3 --oversubscribe --bind-to none "$BIN" "$mode" 60 timeout_s=3 2>&1)
   rc=$?
   elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
   echo "[$mode] mpirun exit $rc after ${elapsed} s"

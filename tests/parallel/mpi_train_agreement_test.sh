@@ -41,8 +41,8 @@ n=$(grep -c "dhelix train: configuration error" "$dir/c2.out")
 [ "$n" = 1 ] && echo "ok   config_error_one_rank_printed_once" || { echo "FAIL one-rank config error printed $n times"; fail=1; }
 
 # 1. Rank 1 launched with another depth: refused before step 1, one message, exit 2.
-DHELIX_COMM_TIMEOUT_S=30 timeout 120 "${mpi[@]}" -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" : \
-  -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" --model.n_layers 4 > "$dir/a.out" 2>&1
+timeout 120 "${mpi[@]}" -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" --comm.timeout_s 30 : \
+  -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" --comm.timeout_s 30 --model.n_layers 4 > "$dir/a.out" 2>&1
 check config_mismatch 2 $? "$dir/a.out" "model.n_layers: rank 1 differ" "did not resolve the same run"
 n=$(grep -c "did not resolve the same run" "$dir/a.out")
 [ "$n" = 1 ] && echo "ok   config_mismatch_reported_once" || { echo "FAIL config_mismatch printed $n times"; fail=1; }

@@ -7,7 +7,7 @@
 #   kill:  rank 1 prints "rank 1: ... last collective: ..." and raises SIGKILL; mpirun reports the
 #          signal and stops rank 0, or rank 0 sees the dp ring connection close and aborts first.
 #   throw: rank 1 throws; `dhelix train` aborts the world with "rank 1: <why>; last collective: ...".
-# Oracle: mpirun's exit status, elapsed time (bound 30 s, well under DHELIX_COMM_TIMEOUT_S=60
+# Oracle: mpirun's exit status, elapsed time (bound 30 s, well under --comm.timeout_s 60
 # so it is the failure path and not the timeout that ends the job), no rank process left alive,
 # no rank that finished (no final checkpoint), and the expected lines in the output.
 # usage: mpi_train_failure_test.sh MPIRUN DHELIX
@@ -42,8 +42,8 @@ run_case() {  # run_case FAULT EXPECTED_TEXT...   (layout: the array above)
   local fault=$1 rc t0 t1 elapsed want; shift
   rm -rf "$dir/run"
   t0=$(date +%s.%N)
-  DHELIX_FAULT_INJECT=$fault DHELIX_COMM_TIMEOUT_S=60 timeout 120 "$MPIRUN" -np $NP --oversubscribe --bind-to none \
-    "$DHELIX" train "${args[@]}" "${layout[@]}" > "$dir/out" 2>&1
+  DHELIX_FAULT_INJECT=$fault timeout 120 "$MPIRUN" -np $NP --oversubscribe --bind-to none \
+    "$DHELIX" train "${args[@]}" "${layout[@]}" --comm.timeout_s 60 > "$dir/out" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   elapsed=$(echo "$t1 - $t0" | bc)

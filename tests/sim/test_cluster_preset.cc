@@ -104,27 +104,27 @@ TEST(ClusterPreset, GroupLinkEqualsStridedRule) {
 }
 
 TEST(ClusterPreset, CommittedPresetsLoadByName) {
-  setenv("DHELIX_CLUSTERS_DIR", (std::string(DHELIX_SOURCE_DIR) + "/configs/clusters").c_str(), 1);
+  const std::string dir = std::string(DHELIX_SOURCE_DIR) + "/configs/clusters";  // sim.clusters_dir
   for (const char* n : {"cpu-emulated", "perlmutter-a100", "h100-8gpu"}) {
-    const ClusterPreset c = load_cluster(n);
+    const ClusterPreset c = load_cluster(n, dir);
     EXPECT_EQ(c.name, n);
     EXPECT_GT(c.gemm_rate(Precision::kFp32), 0);
   }
-  EXPECT_GT(load_cluster("h100-8gpu").gemm_rate(Precision::kBf16), load_cluster("h100-8gpu").gemm_rate(Precision::kFp32));
+  EXPECT_GT(load_cluster("h100-8gpu", dir).gemm_rate(Precision::kBf16),
+            load_cluster("h100-8gpu", dir).gemm_rate(Precision::kFp32));
   // The CPU preset offers no bf16 rate: a ConfigError naming the preset.
   try {
-    (void)load_cluster("cpu-emulated").gemm_rate(Precision::kBf16);
+    (void)load_cluster("cpu-emulated", dir).gemm_rate(Precision::kBf16);
     FAIL() << "bf16 on cpu-emulated accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("cpu-emulated"), std::string::npos) << e.what();
   }
   try {
-    (void)load_cluster("nosuch");
+    (void)load_cluster("nosuch", dir);
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("perlmutter-a100"), std::string::npos) << e.what();  // lists names
   }
-  unsetenv("DHELIX_CLUSTERS_DIR");
 }
 
 std::string error_of(const std::string& text) {
