@@ -1,0 +1,157 @@
+// cuBLASLt linear layers (Gemm.h). Row-major C = op(A) op(B) is cuBLAS's column-major
+// C^T = op(B)^T op(A)^T: the operands swap places and keep their transposes.
+#include "kernels/cuda/Gemm.h"
+
+#include <cublasLt.h>
+
+#include <vector>
+
+namespace dhelix::cuda {
+
+namespace {
+constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's advice for Hopper
+cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
+}  // namespace
+
+struct Blas::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+  }
+};
+
+Blas::Blas(int device) : device_(device) {
+  require_device(device);
+  cublasLtHandle_t h;
+  DHX_CUBLAS(cublasLtCreate(&h));
+  handle_ = h;
+}
+
+Blas::~Blas() {
+  for (auto& [s, w] : workspaces_) cudaFree(w);
+  plans_.clear();
+  if (handle_) cublasLtDestroy(lt(handle_));
+}
+
+size_t Blas::cached_algorithms() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return plans_.size();
+}
+
+void* Blas::workspace(cudaStream_t s) {
+  std::lock_guard<std::mutex> g(mu_);
+  void*& w = workspaces_[s];
+  if (!w) DHX_CUDA(cudaMalloc(&w, kWorkspaceBytes));
+  return w;
+}
+
+// Column-major problem: m' = N, n' = M; A' = B (op = trans_b), B' = A (op = trans_a).
+Blas::Plan& Blas::plan(const Key& k) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = plans_.find(k);
+  if (it != plans_.end()) return *it->second;
+  auto p = std::make_unique<Plan>();
+  const cudaDataType_t ct = k.c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  DHX_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opa = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  if (k.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  }
+  // Stored shapes (column-major rows x cols) of A' = B, B' = A, C.
+  const int64_t m = k.n, n = k.m;
+  DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k.tb ? k.k : m, k.tb ? m : k.k, k.ldb));
+  DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k.ta ? n : k.k, k.ta ? k.k : n, k.lda));
+  DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, ct, m, n, k.ldc));
+  cublasLtMatmulPreference_t pref;
+  DHX_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kWorkspaceBytes;
+  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  DHX_CUDA_REQUIRE(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for the GEMM M=", k.m,
+                   " N=", k.n, " K=", k.k, " (trans_a=", k.ta, ", trans_b=", k.tb, ", lda=", k.lda, ", ldb=", k.ldb,
+                   ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", bias ", k.bias, "): status ",
+                   static_cast<int>(st));
+  p->algo = res.algo;
+  return *plans_.emplace(k, std::move(p)).first->second;
+}
+
+void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                const bf16* B, int64_t ldb, float beta, void* C, int64_t ldc, bool c_f32, const bf16* bias,
+                cudaStream_t s) {
+  DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0, "gemm M=", M, " N=", N, " K=", K, ": every size must be positive");
+  DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
+  const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f};
+  Plan& p = plan(key);
+  if (bias)
+    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  void* ws = workspace(s);
+  DHX_CUBLAS(cublasLtMatmul(lt(handle_), p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, ws,
+                            kWorkspaceBytes, s));
+}
+
+void Blas::linear_fwd(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t N, int64_t I, int64_t O,
+                      cudaStream_t s) {
+  gemm(false, true, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O, false, bias, s);
+}
+
+void Blas::linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, bool accumulate,
+                           cudaStream_t s) {
+  gemm(false, false, N, I, O, 1.0f, dy, O, w, I, accumulate ? 1.0f : 0.0f, dx, I, false, nullptr, s);
+}
+
+void Blas::linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
+                             cudaStream_t s) {
+  gemm(true, false, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, true, nullptr, s);
+  if (db) bias_grad(dy, db, N, O, s);
+}
+
+// ---- bias gradient: column sums in two deterministic stages ----
+namespace {
+constexpr int kBgRows = 256;  // rows per partial sum
+constexpr int kBgCols = 128;  // columns per block (one thread each)
+
+__global__ void bias_grad_partial(const bf16* __restrict__ dy, float* __restrict__ part, int64_t N, int64_t O) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kBgCols + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (col >= O) return;
+  const int64_t r0 = chunk * kBgRows, r1 = r0 + kBgRows < N ? r0 + kBgRows : N;
+  float acc = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) acc += __bfloat162float(dy[r * O + col]);
+  part[chunk * O + col] = acc;
+}
+
+__global__ void bias_grad_final(const float* __restrict__ part, float* __restrict__ db, int64_t chunks, int64_t O) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= O) return;
+  float acc = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) acc += part[c * O + col];
+  db[col] += acc;
+}
+}  // namespace
+
+void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s) {
+  const int64_t chunks = cdiv(N, kBgRows);
+  DHX_CUDA_ASSERT(chunks <= 65535, "bias_grad: N=", N, " rows is more than 65535 chunks of ", kBgRows);
+  float* part = nullptr;
+  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), chunks * O * sizeof(float), s));
+  bias_grad_partial<<<dim3(static_cast<unsigned>(cdiv(O, kBgCols)), static_cast<unsigned>(chunks)), kBgCols, 0, s>>>(
+      dy, part, N, O);
+  DHX_CUDA_LAUNCHED(bias_grad_partial);
+  bias_grad_final<<<static_cast<unsigned>(cdiv(O, 256)), 256, 0, s>>>(part, db, chunks, O);
+  DHX_CUDA_LAUNCHED(bias_grad_final);
+  DHX_CUDA(cudaFreeAsync(part, s));
+}
+
+}  // namespace dhelix::cuda

@@ -1,0 +1,66 @@
+// Linear layers through cuBLASLt: bf16 operands, fp32 accumulation, row-major buffers as on the CPU
+// (weights [out, in], like torch.nn.Linear). One Blas per GPU holds the cuBLASLt handle, one
+// workspace per stream (two strands' GEMMs never share one) and the algorithm chosen once per
+// shape (cuBLASLt's heuristic, first answer, cached by shape, layout, types and epilogue), so a
+// step's GEMMs run the same algorithm every step: deterministic run to run.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/Cuda.h"
+
+namespace dhelix::cuda {
+
+class Blas {
+ public:
+  explicit Blas(int device);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  int device() const { return device_; }
+
+  // y[N,O] = x[N,I] @ w[O,I]^T (+ bias[O], bf16, fused in cuBLASLt's epilogue when non-null).
+  void linear_fwd(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t N, int64_t I, int64_t O,
+                  cudaStream_t s);
+  // dx[N,I] = dy[N,O] @ w[O,I] (accumulate: dx += ..., the sum rounded once to bf16).
+  void linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, bool accumulate,
+                       cudaStream_t s);
+  // dw[O,I] += dy[N,O]^T @ x[N,I] into fp32 gradients; db[O] += sum_n dy[n,:] (fp32, rows summed in
+  // order n = 0..N-1 by one thread per column: deterministic) when db is non-null.
+  void linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
+                         cudaStream_t s);
+  // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, bf16 A and B, C bf16 (c_f32 false) or
+  // fp32 (c_f32 true); lda/ldb/ldc are row strides in elements. The three calls above are this.
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+            const bf16* B, int64_t ldb, float beta, void* C, int64_t ldc, bool c_f32, const bf16* bias,
+            cudaStream_t s);
+
+  size_t cached_algorithms() const;
+
+ private:
+  struct Key {
+    int64_t m, n, k, lda, ldb, ldc;
+    bool ta, tb, c_f32, bias, beta0;
+    auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, bias, beta0); }
+    bool operator<(const Key& o) const { return tie() < o.tie(); }
+  };
+  struct Plan;
+  Plan& plan(const Key& k);
+  void* workspace(cudaStream_t s);
+
+  int device_;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  mutable std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<cudaStream_t, void*> workspaces_;
+};
+
+// acc db[O] += sum_n dy[n,:] (fp32), rows in order: deterministic.
+void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s);
+
+}  // namespace dhelix::cuda

@@ -1,0 +1,107 @@
+// cuBLASLt linear layers against the CPU's fp32 linear layers (kernels/cpu) run on the same
+// bf16-rounded inputs, so the difference is the GPU's own error: the bf16 rounding of the output
+// (at most u = 2^-9 relative per element, so at most u in the relative norm) plus fp32 summation in
+// another order (about sqrt(K) * 2^-24, under 1e-5 for these K). Outputs poisoned before each call.
+#include "CudaTest.h"
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cuda/Gemm.h"
+
+namespace dhelix::cuda::test {
+namespace {
+
+struct Dims { int64_t N, I, O; };
+const Dims kShapes[] = {{64, 96, 80}, {37, 50, 129}, {1, 8, 8}, {513, 768, 2304}};
+
+constexpr double kBf16OutBound = kBf16U + 1e-5;  // one rounding to bf16 + fp32 order
+constexpr double kF32OutBound = 1e-5;            // fp32 order only (dw accumulated in fp32)
+
+TEST(CudaGemm, LinearForwardWithAndWithoutBiasMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  Blas blas(0);
+  uint64_t seed = 1;
+  for (const Dims& d : kShapes) {
+    for (bool with_bias : {false, true}) {
+      const auto x = round_bf16(randn(d.N * d.I, seed++)), w = round_bf16(randn(d.O * d.I, seed++, 0.05f)),
+                 b = round_bf16(randn(d.O, seed++));
+      std::vector<float> ref(d.N * d.O);
+      cpu::linear_fwd<float>(x.data(), w.data(), with_bias ? b.data() : nullptr, ref.data(), d.N, d.I, d.O);
+      DevBuf<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gb(to_bf16(b)), gy(d.N * d.O);
+      gy.poison();
+      blas.linear_fwd(gx.get(), gw.get(), with_bias ? gb.get() : nullptr, gy.get(), d.N, d.I, d.O, nullptr);
+      const double e = rel_err(to_f32(gy.download()), ref);
+      EXPECT_LE(e, kBf16OutBound) << "N=" << d.N << " I=" << d.I << " O=" << d.O << " bias=" << with_bias;
+    }
+  }
+  EXPECT_GT(blas.cached_algorithms(), 0u);
+}
+
+TEST(CudaGemm, LinearBackwardDataWrittenAndAccumulatedMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  Blas blas(0);
+  uint64_t seed = 100;
+  for (const Dims& d : kShapes) {
+    const auto dy = round_bf16(randn(d.N * d.O, seed++)), w = round_bf16(randn(d.O * d.I, seed++, 0.05f));
+    std::vector<float> ref(d.N * d.I);
+    cpu::linear_bwd_data<float>(dy.data(), w.data(), ref.data(), d.N, d.I, d.O, cpu::Accumulate::kNo);
+    DevBuf<bf16> gdy(to_bf16(dy)), gw(to_bf16(w)), gdx(d.N * d.I);
+    gdx.poison();
+    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, false, nullptr);
+    EXPECT_LE(rel_err(to_f32(gdx.download()), ref), kBf16OutBound) << "written, N=" << d.N << " I=" << d.I;
+    // Accumulate onto a random bf16 dx: the oracle is old + dy @ w, rounded once.
+    const auto old = round_bf16(randn(d.N * d.I, seed++));
+    gdx.upload(to_bf16(old));
+    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, true, nullptr);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += old[i];
+    EXPECT_LE(rel_err(to_f32(gdx.download()), ref), kBf16OutBound) << "accumulated, N=" << d.N << " I=" << d.I;
+  }
+}
+
+TEST(CudaGemm, LinearBackwardWeightAccumulatesFp32GradientsAndBias) {
+  DHX_REQUIRE_GPU();
+  Blas blas(0);
+  uint64_t seed = 200;
+  for (const Dims& d : kShapes) {
+    const auto dy = round_bf16(randn(d.N * d.O, seed++)), x = round_bf16(randn(d.N * d.I, seed++));
+    auto dw = randn(d.O * d.I, seed++), db = randn(d.O, seed++);  // accumulated into
+    DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x));
+    DevBuf<float> gdw(dw), gdb(db);
+    cpu::linear_bwd_weight<float>(dy.data(), x.data(), dw.data(), db.data(), d.N, d.I, d.O);
+    blas.linear_bwd_weight(gdy.get(), gx.get(), gdw.get(), gdb.get(), d.N, d.I, d.O, nullptr);
+    EXPECT_LE(rel_err(gdw.download(), dw), kF32OutBound) << "dw, N=" << d.N << " I=" << d.I << " O=" << d.O;
+    EXPECT_LE(rel_err(gdb.download(), db), kF32OutBound) << "db, N=" << d.N << " O=" << d.O;
+  }
+}
+
+// The same call twice gives the same bits (one algorithm per shape, a fixed-order bias reduction).
+TEST(CudaGemm, RepeatedCallsAreBitwiseEqual) {
+  DHX_REQUIRE_GPU();
+  Blas blas(0);
+  const Dims d{1000, 768, 3072};
+  DevBuf<bf16> gdy(to_bf16(randn(d.N * d.O, 7))), gx(to_bf16(randn(d.N * d.I, 8)));
+  std::vector<float> first;
+  for (int rep = 0; rep < 2; ++rep) {
+    DevBuf<float> gdw(std::vector<float>(d.O * d.I, 0.5f)), gdb(std::vector<float>(d.O, 0.25f));
+    blas.linear_bwd_weight(gdy.get(), gx.get(), gdw.get(), gdb.get(), d.N, d.I, d.O, nullptr);
+    std::vector<float> got = gdw.download();
+    const std::vector<float> gb = gdb.download();
+    got.insert(got.end(), gb.begin(), gb.end());
+    if (rep == 0) first = got;
+    else EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float)));
+  }
+}
+
+TEST(CudaGemm, NoGpuIsAClearDeviceError) {
+  if (probe().devices > 0) {
+    EXPECT_THROW(require_device(probe().devices), DeviceError);  // one past the last GPU
+    return;
+  }
+  try {
+    require_device(0);
+    FAIL() << "require_device(0) returned on a machine without a GPU";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dhelix::cuda::test
