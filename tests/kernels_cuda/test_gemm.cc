@@ -45,12 +45,12 @@ TEST(CudaGemm, LinearBackwardDataWrittenAndAccumulatedMatchesCpu) {
     cpu::linear_bwd_data<float>(dy.data(), w.data(), ref.data(), d.N, d.I, d.O, cpu::Accumulate::kNo);
     DevBuf<bf16> gdy(to_bf16(dy)), gw(to_bf16(w)), gdx(d.N * d.I);
     gdx.poison();
-    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, false, nullptr);
+    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, Accumulate::kNo, nullptr);
     EXPECT_LE(rel_err(to_f32(gdx.download()), ref), kBf16OutBound) << "written, N=" << d.N << " I=" << d.I;
     // Accumulate onto a random bf16 dx: the oracle is old + dy @ w, rounded once.
     const auto old = round_bf16(randn(d.N * d.I, seed++));
     gdx.upload(to_bf16(old));
-    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, true, nullptr);
+    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, Accumulate::kYes, nullptr);
     for (size_t i = 0; i < ref.size(); ++i) ref[i] += old[i];
     EXPECT_LE(rel_err(to_f32(gdx.download()), ref), kBf16OutBound) << "accumulated, N=" << d.N << " I=" << d.I;
   }

@@ -66,6 +66,9 @@ struct DeviceInfo {
 };
 DeviceInfo device_info(int index);
 
+// Whether a kernel writes its output or adds to it (no bare bools in signatures).
+enum class Accumulate { kNo, kYes };
+
 // ceil(a / b) for launch grids.
 constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -87,9 +87,10 @@ Blas::Plan& Blas::plan(const Key& k) {
   return *plans_.emplace(k, std::move(p)).first->second;
 }
 
-void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-                const bf16* B, int64_t ldb, float beta, void* C, int64_t ldc, bool c_f32, const bf16* bias,
+void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                const bf16* B, int64_t ldb, float beta, void* C, int64_t ldc, Out out, const bf16* bias,
                 cudaStream_t s) {
+  const bool trans_a = op_a == Op::kT, trans_b = op_b == Op::kT, c_f32 = out == Out::kF32;
   DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0, "gemm M=", M, " N=", N, " K=", K, ": every size must be positive");
   DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
   const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f};
@@ -103,17 +104,18 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
 
 void Blas::linear_fwd(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t N, int64_t I, int64_t O,
                       cudaStream_t s) {
-  gemm(false, true, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O, false, bias, s);
+  gemm(Op::kN, Op::kT, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O, Out::kBf16, bias, s);
 }
 
-void Blas::linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, bool accumulate,
+void Blas::linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, Accumulate acc,
                            cudaStream_t s) {
-  gemm(false, false, N, I, O, 1.0f, dy, O, w, I, accumulate ? 1.0f : 0.0f, dx, I, false, nullptr, s);
+  gemm(Op::kN, Op::kN, N, I, O, 1.0f, dy, O, w, I, acc == Accumulate::kYes ? 1.0f : 0.0f, dx, I, Out::kBf16, nullptr,
+       s);
 }
 
 void Blas::linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                              cudaStream_t s) {
-  gemm(true, false, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, true, nullptr, s);
+  gemm(Op::kT, Op::kN, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, Out::kF32, nullptr, s);
   if (db) bias_grad(dy, db, N, O, s);
 }
 

@@ -27,18 +27,19 @@ class Blas {
   // y[N,O] = x[N,I] @ w[O,I]^T (+ bias[O], bf16, fused in cuBLASLt's epilogue when non-null).
   void linear_fwd(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t N, int64_t I, int64_t O,
                   cudaStream_t s);
-  // dx[N,I] = dy[N,O] @ w[O,I] (accumulate: dx += ..., the sum rounded once to bf16).
-  void linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, bool accumulate,
+  // dx[N,I] = dy[N,O] @ w[O,I] (Accumulate::kYes: dx += ..., the sum rounded once to bf16).
+  void linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, Accumulate acc,
                        cudaStream_t s);
   // dw[O,I] += dy[N,O]^T @ x[N,I] into fp32 gradients; db[O] += sum_n dy[n,:] (fp32, rows summed in
   // order n = 0..N-1 by one thread per column: deterministic) when db is non-null.
   void linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                          cudaStream_t s);
-  // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, bf16 A and B, C bf16 (c_f32 false) or
-  // fp32 (c_f32 true); lda/ldb/ldc are row strides in elements. The three calls above are this.
-  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
-            const bf16* B, int64_t ldb, float beta, void* C, int64_t ldc, bool c_f32, const bf16* bias,
-            cudaStream_t s);
+  // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, bf16 A and B, C of type `out`;
+  // lda/ldb/ldc are row strides in elements. The three calls above are this.
+  enum class Op { kN, kT };
+  enum class Out { kBf16, kF32 };
+  void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda, const bf16* B,
+            int64_t ldb, float beta, void* C, int64_t ldc, Out out, const bf16* bias, cudaStream_t s);
 
   size_t cached_algorithms() const;
 
