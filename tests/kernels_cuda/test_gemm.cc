@@ -47,12 +47,20 @@ TEST(CudaGemm, LinearBackwardDataWrittenAndAccumulatedMatchesCpu) {
     gdx.poison();
     blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, Accumulate::kNo, nullptr);
     EXPECT_LE(rel_err(to_f32(gdx.download()), ref), kBf16OutBound) << "written, N=" << d.N << " I=" << d.I;
-    // Accumulate onto a random bf16 dx: the oracle is old + dy @ w, rounded once.
+    // Accumulate onto a random bf16 dx: the oracle is old + dy @ w. cuBLASLt may round the product
+    // to bf16 before adding old (seen on an H200, 2026-11-26: 0.0023 > u at N=513, I=768), so the
+    // bound allows two roundings: u * (||dy @ w|| + ||old + dy @ w||) / ||old + dy @ w||.
     const auto old = round_bf16(randn(d.N * d.I, seed++));
     gdx.upload(to_bf16(old));
     blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, Accumulate::kYes, nullptr);
-    for (size_t i = 0; i < ref.size(); ++i) ref[i] += old[i];
-    EXPECT_LE(rel_err(to_f32(gdx.download()), ref), kBf16OutBound) << "accumulated, N=" << d.N << " I=" << d.I;
+    double prod = 0, sum = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      prod += static_cast<double>(ref[i]) * ref[i];
+      ref[i] += old[i];
+      sum += static_cast<double>(ref[i]) * ref[i];
+    }
+    const double two_roundings = kBf16U * (std::sqrt(prod / sum) + 1) + 1e-5;
+    EXPECT_LE(rel_err(to_f32(gdx.download()), ref), two_roundings) << "accumulated, N=" << d.N << " I=" << d.I;
   }
 }
 
