@@ -1,7 +1,12 @@
-// The host's Stream and Event (see Stream.h): inline work, joins.
+// The host's Stream and Event (see Stream.h): inline work, joins; in a CUDA build, CUDA streams
+// and events.
 #include "runtime/Stream.h"
 
 #include "base/Error.h"
+
+#if DHELIX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace dhelix {
 namespace {
@@ -21,14 +26,73 @@ class HostStream final : public Stream {
   std::unique_ptr<Event> record() override { return std::make_unique<ReachedEvent>(); }
 };
 
+#if DHELIX_HAVE_CUDA
+void check(cudaError_t e, const char* what, Device d) {
+  if (e != cudaSuccess)
+    throw DeviceError(fmt::format("{} on {} failed: {} ({})", what, d.str(), cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(Device d, cudaStream_t s) : d_(d) {
+    check(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming), "cudaEventCreate", d);
+    check(cudaEventRecord(ev_, s), "cudaEventRecord", d);
+  }
+  ~CudaEvent() override { cudaEventDestroy(ev_); }
+  bool ready() const override {
+    const cudaError_t e = cudaEventQuery(ev_);
+    if (e == cudaErrorNotReady) return false;
+    check(e, "cudaEventQuery", d_);
+    return true;
+  }
+  void host_wait() override { check(cudaEventSynchronize(ev_), "cudaEventSynchronize", d_); }
+  cudaEvent_t get() const { return ev_; }
+
+ private:
+  Device d_;
+  cudaEvent_t ev_ = nullptr;
+};
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(Device d) : d_(d) {
+    check(cudaSetDevice(d.index), "cudaSetDevice", d);
+    check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate", d);
+  }
+  ~CudaStream() override { cudaStreamDestroy(s_); }
+  Device device() const override { return d_; }
+  void launch(const std::function<void()>& work) override { work(); }
+  void wait(Event& e) override {
+    if (auto* ce = dynamic_cast<CudaEvent*>(&e)) check(cudaStreamWaitEvent(s_, ce->get(), 0), "cudaStreamWaitEvent", d_);
+    else e.host_wait();
+  }
+  std::unique_ptr<Event> record() override { return std::make_unique<CudaEvent>(d_, s_); }
+  StreamHandle handle() const override { return s_; }
+
+ private:
+  Device d_;
+  cudaStream_t s_ = nullptr;
+};
+#endif
+
 }  // namespace
 
 std::unique_ptr<Stream> make_stream(Device d) {
-  DHX_CHECK(d.is_host(), DeviceError,
-            "device {} asked for, but this build has no CUDA backend (configure with -DDHELIX_ENABLE_CUDA=ON on a "
-            "machine with the CUDA toolkit); run on cpu",
-            d.str());
-  return std::make_unique<HostStream>();
+  if (d.is_host()) return std::make_unique<HostStream>();
+#if DHELIX_HAVE_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  DHX_CHECK(e == cudaSuccess && n > 0, DeviceError,
+            "device {} asked for, but this machine has no GPU ({}); run on cpu", d.str(),
+            e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+  DHX_CHECK(d.index < n, DeviceError, "device {} asked for, but this machine has {} GPU(s)", d.str(), n);
+  return std::make_unique<CudaStream>(d);
+#else
+  throw DeviceError(fmt::format("device {} asked for, but this build has no CUDA backend (configure with "
+                                "-DDHELIX_ENABLE_CUDA=ON on a machine with the CUDA toolkit); run on cpu",
+                                d.str()));
+#endif
 }
 
 }  // namespace dhelix

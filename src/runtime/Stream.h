@@ -4,9 +4,12 @@
 //   host (HostStream): work runs inline on the calling thread (the rank's compute thread), so
 //     issue order is run order; an Event is a point already reached, or a collective's
 //     completion (WorkEvent over comm's Work: its comm thread finishes it), and waiting is a join.
-//   cuda (a build with DHELIX_ENABLE_CUDA): one stream per strand and one per process group,
-//     events recorded after the work, waits enqueued (cudaStreamWaitEvent) without blocking the
-//     host. This build has none: make_stream(cuda:N) throws DeviceError.
+//   cuda (a build with DHELIX_ENABLE_CUDA): a CUDA stream; launch() runs the host function that
+//     enqueues the kernels on it (handle() is the cudaStream_t they take), record() records a CUDA
+//     event, and waiting on a CUDA event is enqueued (cudaStreamWaitEvent) without blocking the
+//     host; waiting on a host-side completion (a WorkEvent of the CPU comm) blocks the host
+//     thread first, so everything launched after it is ordered after it. A build without CUDA, or
+//     a machine without a GPU, answers make_stream(cuda:N) with DeviceError.
 //
 //   compute stream : [op a][op b]....wait(ev AG)[op c reads AG]
 //   comm tp thread :    [AG ...........]--> ev AG
@@ -16,6 +19,7 @@
 
 #include "comm/Work.h"
 #include "tensor/Device.h"
+#include "tensor/DeviceMemory.h"
 
 namespace dhelix {
 
@@ -47,9 +51,12 @@ class Stream {
   virtual void wait(Event& e) = 0;
   // An event that completes once the work issued on this stream so far has.
   virtual std::unique_ptr<Event> record() = 0;
+  // The device stream kernels are enqueued on (a cudaStream_t); nullptr for the host.
+  virtual StreamHandle handle() const { return nullptr; }
 };
 
-// A compute stream on `d`: the host's, or DeviceError for a device this build cannot run.
+// A compute stream on `d`: the host's, a new CUDA stream on GPU d.index, or DeviceError (naming the
+// device and why: no CUDA in this build, no such GPU).
 std::unique_ptr<Stream> make_stream(Device d);
 
 }  // namespace dhelix

@@ -112,8 +112,14 @@ class HostBlockCache {
 
 HostCacheStats host_cache_stats() { return HostBlockCache::get().stats(); }
 
-Storage::Storage(size_t bytes, MemoryTracker* tracker) : bytes_(bytes), tracker_(tracker) {
+Storage::Storage(size_t bytes, MemoryTracker* tracker, Device device, StreamHandle stream)
+    : bytes_(bytes), tracker_(tracker), device_(device), stream_(stream) {
   capacity_ = bytes == 0 ? 64 : ((bytes + 63) / 64) * 64;
+  if (!device.is_host()) {
+    data_ = device_alloc(device, capacity_, stream);
+    if (tracker_) tracker_->add(static_cast<int64_t>(bytes_));
+    return;
+  }
   const bool cached = capacity_ >= HostBlockCache::kMinBytes && HostBlockCache::enabled();
   if (cached) data_ = HostBlockCache::get().take(capacity_, &capacity_);
   if (data_ == nullptr) data_ = std::aligned_alloc(64, capacity_);
@@ -122,6 +128,14 @@ Storage::Storage(size_t bytes, MemoryTracker* tracker) : bytes_(bytes), tracker_
 }
 
 Storage::~Storage() {
+  if (!device_.is_host()) {
+    try {
+      device_free(device_, data_, stream_, capacity_);
+    } catch (const Error&) {  // a destructor must not throw; the pool keeps the block
+    }
+    if (tracker_) tracker_->sub(static_cast<int64_t>(bytes_));
+    return;
+  }
   if (capacity_ >= HostBlockCache::kMinBytes && HostBlockCache::enabled())
     HostBlockCache::get().give(data_, capacity_);
   else
@@ -129,16 +143,13 @@ Storage::~Storage() {
   if (tracker_) tracker_->sub(static_cast<int64_t>(bytes_));
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, MemoryTracker* tracker, Device device) {
-  DHX_CHECK(device.is_host(), DeviceError,
-            "cannot allocate {}{} on {}: this build allocates host memory only (a CUDA build adds the device "
-            "allocator)",
-            dtype_name(dtype), shape_str(shape), device.str());
+Tensor Tensor::empty(const Shape& shape, DType dtype, MemoryTracker* tracker, Device device, StreamHandle stream) {
   for (int64_t d : shape) DHX_CHECK(d >= 0, InternalError, "negative extent in shape {}", shape_str(shape));
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), tracker);
+  t.storage_ =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), tracker, device, stream);
   return t;
 }
 
@@ -167,19 +178,31 @@ Tensor Tensor::narrow0(int64_t start, int64_t len) const {
 }
 
 Tensor Tensor::clone(MemoryTracker* tracker) const {
-  Tensor t = empty(shape_, dtype_, tracker);
-  std::memcpy(t.raw(), raw(), nbytes());
+  Tensor t = empty(shape_, dtype_, tracker, device(), storage_ ? storage_->stream() : nullptr);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device d, MemoryTracker* tracker, StreamHandle stream) const {
+  if (d == device()) return *this;
+  Tensor t = empty(shape_, dtype_, tracker, d, stream);
+  t.copy_from(*this);
   return t;
 }
 
 void Tensor::zero_() {
-  if (nbytes()) std::memset(raw(), 0, nbytes());
+  if (!nbytes()) return;
+  if (device().is_host()) std::memset(raw(), 0, nbytes());
+  else device_zero(device(), raw(), nbytes(), storage_->stream());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   DHX_CHECK(src.numel() == numel() && src.dtype() == dtype_, InternalError, "copy {} into {}",
             src.describe(), describe());
-  if (nbytes()) std::memcpy(raw(), src.raw(), nbytes());
+  if (!nbytes()) return;
+  if (device().is_host() && src.device().is_host()) std::memcpy(raw(), src.raw(), nbytes());
+  else device_copy(raw(), device(), src.raw(), src.device(), nbytes(),
+                   device().is_host() ? src.storage_->stream() : storage_->stream());
 }
 
 }  // namespace dhelix

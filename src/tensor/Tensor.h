@@ -1,8 +1,10 @@
 // Tensor: a typed, contiguous, row-major view into shared storage. Storage may be charged to a
 // MemoryTracker, which then accounts every live byte (current and peak) — this is how the
 // activation arena reports peak activation memory with and without Strand Interleaving.
-// Every tensor knows its Device (Device.h); this build allocates host memory only, so asking for
-// another device is a DeviceError (a CUDA build adds a device allocator). Not here: autograd, strides.
+// Every tensor knows its Device (Device.h): host memory, or a GPU's through the caching device
+// allocator of a CUDA build (DeviceMemory.h; a build without CUDA answers DeviceError). A device
+// tensor's bytes are read by kernels on its device only; copy_from and to() move bytes between
+// devices. Not here: autograd, strides.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "base/Error.h"
 #include "tensor/Device.h"
+#include "tensor/DeviceMemory.h"
 
 namespace dhelix {
 
@@ -50,20 +53,25 @@ class MemoryTracker {
 // 1 MiB and more are recycled (Tensor.cc, HostBlockCache): freed into a process-wide cache, reused
 // by the next allocation of about their size, so a training step does not page-fault its large
 // tensors in again every step.
+// On a GPU, the bytes come from the device allocator ordered on `stream` (the stream that first
+// uses them) and go back to it ordered on the same stream.
 class Storage {
  public:
-  Storage(size_t bytes, MemoryTracker* tracker);
+  Storage(size_t bytes, MemoryTracker* tracker, Device device = Device::host(), StreamHandle stream = nullptr);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() { return data_; }
   size_t bytes() const { return bytes_; }
-  Device device() const { return Device::host(); }  // host memory (aligned_alloc or the block cache)
+  Device device() const { return device_; }
+  StreamHandle stream() const { return stream_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0, capacity_ = 0;  // asked for; allocated (64-byte multiple, or a cached block's)
   MemoryTracker* tracker_ = nullptr;
+  Device device_;
+  StreamHandle stream_ = nullptr;
 };
 
 // The host block cache's figures, for tests and benchmarks.
@@ -76,9 +84,10 @@ HostCacheStats host_cache_stats();
 class Tensor {
  public:
   Tensor() = default;
-  // On `device` (DeviceError for one this build cannot allocate on).
+  // On `device` (DeviceError for one this build or machine cannot allocate on); a GPU tensor's
+  // bytes are ordered on `stream` (DeviceMemory.h).
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr,
-                      Device device = Device::host());
+                      Device device = Device::host(), StreamHandle stream = nullptr);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr);
 
   bool defined() const { return storage_ != nullptr; }
@@ -98,9 +107,12 @@ class Tensor {
   Tensor view(const Shape& shape) const;
   // Rows [start, start+len) along dimension 0 (contiguous), sharing storage.
   Tensor narrow0(int64_t start, int64_t len) const;
-  // Deep copy (charged to `tracker`).
+  // Deep copy on the same device (charged to `tracker`).
   Tensor clone(MemoryTracker* tracker = nullptr) const;
+  // A copy on `device` (this tensor itself when it is there already).
+  Tensor to(Device device, MemoryTracker* tracker = nullptr, StreamHandle stream = nullptr) const;
   void zero_();
+  // Bytes of src (same dtype and element count), from any device to any device.
   void copy_from(const Tensor& src);
   // Storage identity, for debugging aliasing.
   const void* storage_id() const { return storage_.get(); }

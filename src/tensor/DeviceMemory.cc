@@ -1,0 +1,152 @@
+// The caching device allocator (DeviceMemory.h): one CUDA memory pool per GPU, release threshold
+// unlimited (freed blocks stay cached), allocations and frees ordered on the caller's stream.
+#include "tensor/DeviceMemory.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "base/Error.h"
+
+#if DHELIX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dhelix {
+
+#if DHELIX_HAVE_CUDA
+
+namespace {
+
+void check(cudaError_t e, const char* what, Device d) {
+  if (e != cudaSuccess)
+    throw DeviceError(fmt::format("{} on {} failed: {} ({})", what, d.str(), cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+struct Pool {
+  cudaMemPool_t pool = nullptr;
+  std::atomic<int64_t> in_use{0}, peak{0};
+};
+
+class Pools {
+ public:
+  static Pools& get() {
+    static Pools* p = new Pools;  // never destroyed: tensors may outlive statics
+    return *p;
+  }
+  Pool& of(Device d) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (pools_.empty()) {
+      int n = 0;
+      const cudaError_t e = cudaGetDeviceCount(&n);
+      if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        throw DeviceError(fmt::format("{} was asked for, but this machine has no GPU ({}; hint: run on a machine "
+                                      "with an NVIDIA GPU, or use the cpu device)",
+                                      d.str(), e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device"));
+      }
+      pools_.resize(static_cast<size_t>(n));
+    }
+    DHX_CHECK(d.index >= 0 && d.index < static_cast<int>(pools_.size()), DeviceError,
+              "{} was asked for, but this machine has {} GPU(s)", d.str(), pools_.size());
+    std::unique_ptr<Pool>& p = pools_[static_cast<size_t>(d.index)];
+    if (!p) {
+      p = std::make_unique<Pool>();
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = d.index;
+      check(cudaMemPoolCreate(&p->pool, &props), "cudaMemPoolCreate", d);
+      uint64_t keep = UINT64_MAX;  // never give cached blocks back to the driver on a sync
+      check(cudaMemPoolSetAttribute(p->pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", d);
+    }
+    return *p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Pool>> pools_;
+};
+
+cudaStream_t st(StreamHandle s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+bool cuda_built() { return true; }
+
+void* device_alloc(Device d, size_t bytes, StreamHandle s) {
+  DHX_CHECK(!d.is_host(), InternalError, "device_alloc on the host");
+  Pool& p = Pools::get().of(d);
+  void* ptr = nullptr;
+  const cudaError_t e = cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, p.pool, st(s));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw DeviceError(fmt::format("allocating {} bytes on {} failed: {} ({} bytes in use; hint: a smaller "
+                                  "micro-batch or activation recompute)",
+                                  bytes, d.str(), cudaGetErrorString(e), p.in_use.load()));
+  }
+  const int64_t now = p.in_use.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+  int64_t peak = p.peak.load();
+  while (now > peak && !p.peak.compare_exchange_weak(peak, now)) {}
+  return ptr;
+}
+
+void device_free(Device d, void* ptr, StreamHandle s, size_t bytes) {
+  Pool& p = Pools::get().of(d);
+  check(cudaFreeAsync(ptr, st(s)), "cudaFreeAsync", d);
+  p.in_use.fetch_sub(static_cast<int64_t>(bytes));
+}
+
+void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes, StreamHandle s) {
+  if (bytes == 0) return;
+  const cudaMemcpyKind kind = dd.is_host() ? (sd.is_host() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
+                                           : (sd.is_host() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+  const Device d = dd.is_host() ? sd : dd;
+  check(cudaMemcpyAsync(dst, src, bytes, kind, st(s)), "cudaMemcpyAsync", d);
+  if (dd.is_host() || sd.is_host()) check(cudaStreamSynchronize(st(s)), "cudaStreamSynchronize", d);
+}
+
+void device_zero(Device d, void* p, size_t bytes, StreamHandle s) {
+  if (bytes) check(cudaMemsetAsync(p, 0, bytes, st(s)), "cudaMemsetAsync", d);
+}
+
+DeviceMemoryStats device_memory_stats(Device d) {
+  Pool& p = Pools::get().of(d);
+  DeviceMemoryStats out;
+  out.in_use = p.in_use.load();
+  out.peak_in_use = p.peak.load();
+  uint64_t reserved = 0;
+  check(cudaMemPoolGetAttribute(p.pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "cudaMemPoolGetAttribute", d);
+  out.reserved = static_cast<int64_t>(reserved);
+  return out;
+}
+
+void reset_device_peak(Device d) {
+  Pool& p = Pools::get().of(d);
+  p.peak.store(p.in_use.load());
+}
+
+#else  // a build without CUDA
+
+namespace {
+[[noreturn]] void no_cuda(Device d) {
+  throw DeviceError(fmt::format("{} was asked for, but this build has no CUDA backend (hint: build with "
+                                "-DDHELIX_ENABLE_CUDA=ON, which scripts/setup does where nvcc is installed, or use "
+                                "the cpu device)",
+                                d.str()));
+}
+}  // namespace
+
+bool cuda_built() { return false; }
+void* device_alloc(Device d, size_t, StreamHandle) { no_cuda(d); }
+void device_free(Device d, void*, StreamHandle, size_t) { no_cuda(d); }
+void device_copy(void*, Device dd, const void*, Device sd, size_t, StreamHandle) { no_cuda(dd.is_host() ? sd : dd); }
+void device_zero(Device d, void*, size_t, StreamHandle) { no_cuda(d); }
+DeviceMemoryStats device_memory_stats(Device d) { no_cuda(d); }
+void reset_device_peak(Device d) { no_cuda(d); }
+
+#endif
+
+}  // namespace dhelix

@@ -1,0 +1,42 @@
+// Device memory for tensors. A CUDA build (DHELIX_ENABLE_CUDA) has one caching, stream-ordered
+// allocator per GPU, over a CUDA memory pool whose release threshold keeps every freed block
+// cached: a block freed on stream S is reused by S's later allocations in stream order (no device
+// sync), and by another stream only once S's work before the free has completed (the pool's event
+// dependencies), so a tensor that one strand frees can never be overwritten under it by the other.
+// A host build has none: every call names the device and says the build has no CUDA (DeviceError).
+//
+//   strand A stream: [op writes t][op reads t] free(t, A) [alloc u, A: may reuse t's block at once]
+//   strand B stream:                 [alloc w, B: reuses t's block only after A's free is reached]
+//
+// Not here: kernels (kernels/cuda), streams' creation and ordering (runtime/Stream.h). StreamHandle
+// is a cudaStream_t (nullptr: the default stream) so that this layer's headers need no CUDA.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/Device.h"
+
+namespace dhelix {
+
+using StreamHandle = void*;
+
+bool cuda_built();  // whether this build has the CUDA backend
+
+// `bytes` on GPU d.index, ordered on stream s. DeviceError (naming the device and the bytes) when
+// the build has no CUDA, the machine no such GPU, or the GPU is out of memory.
+void* device_alloc(Device d, size_t bytes, StreamHandle s);
+// Returns p (of `bytes`, as allocated) to its GPU's cache once the work issued on s so far has completed.
+void device_free(Device d, void* p, StreamHandle s, size_t bytes);
+// Copies `bytes` between any two of host memory and GPUs. Ordered on s; returns once the copy is
+// done when either end is host memory (a host buffer may be reused at once), else asynchronous.
+void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);
+void device_zero(Device d, void* p, size_t bytes, StreamHandle s);
+
+struct DeviceMemoryStats {
+  int64_t in_use = 0, peak_in_use = 0;  // bytes handed out by device_alloc, now and at most
+  int64_t reserved = 0;                 // bytes the pool holds from the driver (in use + cached)
+};
+DeviceMemoryStats device_memory_stats(Device d);
+void reset_device_peak(Device d);
+
+}  // namespace dhelix
