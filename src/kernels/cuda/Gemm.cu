@@ -11,6 +11,13 @@ namespace dhelix::cuda {
 namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's advice for Hopper
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
+// The largest power of two up to 256 that divides p's address.
+int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && a % static_cast<uintptr_t>(al) != 0) al /= 2;
+  return al;
+}
 }  // namespace
 
 struct Blas::Plan {
@@ -74,6 +81,13 @@ Blas::Plan& Blas::plan(const Key& k) {
   DHX_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kWorkspaceBytes;
   DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // cuBLAS's A is our B and its B our A (the swap above); C and D are the same buffer.
+  const uint32_t al_a = static_cast<uint32_t>(k.align_b), al_b = static_cast<uint32_t>(k.align_a),
+                 al_c = static_cast<uint32_t>(k.align_c);
+  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st =
@@ -93,7 +107,8 @@ void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, 
   const bool trans_a = op_a == Op::kT, trans_b = op_b == Op::kT, c_f32 = out == Out::kF32;
   DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0, "gemm M=", M, " N=", N, " K=", K, ": every size must be positive");
   DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
-  const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f};
+  const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f,
+                alignment(A), alignment(B), alignment(C)};
   Plan& p = plan(key);
   if (bias)
     DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));

@@ -44,10 +44,14 @@ class Blas {
   size_t cached_algorithms() const;
 
  private:
+  // The pointers' alignments (bytes, powers of two up to 256) are part of the key: cuBLASLt's
+  // heuristic assumes 256-byte aligned operands unless told, and an algorithm chosen so refuses a
+  // less aligned pointer (an expert's rows start anywhere in a grouped buffer).
   struct Key {
     int64_t m, n, k, lda, ldb, ldc;
     bool ta, tb, c_f32, bias, beta0;
-    auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, bias, beta0); }
+    int align_a, align_b, align_c;
+    auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, bias, beta0, align_a, align_b, align_c); }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
   };
   struct Plan;
