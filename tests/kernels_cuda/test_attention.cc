@@ -1,0 +1,195 @@
+// Causal GQA flash attention on the GPU against its CPU twin, cpu::attention_fwd / attention_bwd in
+// fp32 (GemmPrecision::kFp32), run on the same bf16-rounded inputs (q, k, v, dout; the backward's o
+// too), so the differences are the GPU's own roundings. Outputs poisoned before each call; ragged T
+// (not a multiple of the 64-row tile), GQA, MQA, D = 64 and 128, and q, k, v as views into one
+// packed qkv buffer (with o wider than H D).
+//
+// Tolerances, from u = 2^-9 (bf16's unit roundoff, CudaTest.h):
+//   o:  o_t = sum_s P_ts v_s / l_t. The GPU rounds each weight P_ts to bf16 for the P V product
+//       (relative error <= u per weight, independent between keys; l_t stays fp32), and rounds o
+//       once (<= u). For random v the first error sum_s P_ts d_s v_s has the size of u |o_t| (the
+//       same random-sign sum as o_t itself), so ||err|| / ||o|| <= about 2u; fp32 scores and exp2
+//       (~1e-6) are far below. Bound 4u: twice the estimate.
+//   lse: fp32 only: the scores are exact bf16 products summed in fp32, max + log(sum) in fp32, so
+//       |lse - ref| is a few fp32 ulps of |lse| <= ~10 plus exp2f's 2 ulp: 1e-4 absolute.
+//   dq, dk, dv: dV = P^T dO with P rounded to bf16 (as o: 2u); dK = scale dS^T Q and dQ = scale dS K
+//       with dS = P (dP - D_i) rounded to bf16 (u per element, random signs: ~u in the norm) and the
+//       output rounded (u); fp32 sums over 64-key tiles and G heads in another order than the CPU's
+//       (~1e-6). Estimate 2u each; bound 8u (4x), the low end of 8u-16u since no rounding is squared.
+//       T = 1 is the exception: one key of weight 1, so dS = dP - D_i = 0 exactly and dq = dk = 0;
+//       both sides hold fp32 noise of dP - D_i (|dP| ~ sqrt(D), 2^-24 relative: ~1e-6 times scale
+//       |k|), so there dq, dk are compared absolutely, within 1e-4.
+#include <cstring>
+
+#include "CudaTest.h"
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cuda/Attention.h"
+
+namespace dhelix::cuda::test {
+namespace {
+
+constexpr double kOutBound = 4 * kBf16U;
+constexpr double kLseBound = 1e-4;
+constexpr double kGradBound = 8 * kBf16U;
+constexpr double kZeroGradBound = 1e-4;  // T = 1's dq, dk (exactly 0): absolute
+
+enum class Packing { kSeparate, kPackedQkv };
+
+struct Case {
+  int64_t B, T, H, Hkv, D;
+  Packing packing;
+};
+const Case kCases[] = {{2, 64, 4, 4, 64, Packing::kSeparate},   {1, 100, 4, 2, 64, Packing::kSeparate},
+                       {2, 77, 2, 1, 128, Packing::kSeparate},  {1, 257, 8, 2, 64, Packing::kSeparate},
+                       {2, 130, 6, 2, 64, Packing::kPackedQkv}, {3, 1, 2, 1, 64, Packing::kSeparate},
+                       {1, 200, 4, 2, 128, Packing::kPackedQkv}};
+
+std::string name(const Case& c) {
+  return cat("B=", c.B, " T=", c.T, " H=", c.H, " Hkv=", c.Hkv, " D=", c.D,
+             c.packing == Packing::kPackedQkv ? " packed qkv" : " separate q, k, v");
+}
+
+// Where q, k, v live in one buffer x (and dq, dk, dv in dx, the same layout): separate is
+// [q (B T H D) | k (B T Hkv D) | v (B T Hkv D)]; packed is rows of [q heads | k heads | v heads].
+// o and dout: [B, T, o_stride], o_stride = H D, or H D + 16 when packed (an o wider than its heads).
+struct Problem {
+  AttnShape s;
+  int64_t q_off, k_off, v_off, x_size, o_size;
+  std::vector<float> x, dout;  // bf16-rounded
+  float scale;
+  cpu::AttnDims dims() const { return {s.B, s.T, s.H, s.Hkv, s.D, s.q_stride, s.kv_stride, s.o_stride}; }
+};
+
+Problem make_problem(const Case& c, uint64_t seed) {
+  Problem p;
+  const int64_t N = c.B * c.T, qw = c.H * c.D, kvw = c.Hkv * c.D;
+  if (c.packing == Packing::kPackedQkv) {
+    const int64_t w = qw + 2 * kvw;
+    p.s = {c.B, c.T, c.H, c.Hkv, c.D, w, w, qw + 16};
+    p.q_off = 0, p.k_off = qw, p.v_off = qw + kvw, p.x_size = N * w;
+  } else {
+    p.s = {c.B, c.T, c.H, c.Hkv, c.D, qw, kvw, qw};
+    p.q_off = 0, p.k_off = N * qw, p.v_off = N * (qw + kvw), p.x_size = N * (qw + 2 * kvw);
+  }
+  p.o_size = N * p.s.o_stride;
+  p.x = round_bf16(randn(p.x_size, seed));  // std 1
+  p.dout = round_bf16(randn(p.o_size, seed + 1));
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  return p;
+}
+
+// The [B T, width] rows of a strided buffer at offset `off`, compact (the columns a view covers).
+std::vector<float> rows_of(const std::vector<float>& buf, int64_t off, int64_t stride, int64_t width, int64_t rows) {
+  std::vector<float> out(rows * width);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.data() + r * width, buf.data() + off + r * stride, width * sizeof(float));
+  return out;
+}
+
+struct Fwd {
+  std::vector<float> o, lse;  // o: [B T, o_stride] (only the heads' columns meaningful); lse [B, H, T]
+};
+Fwd cpu_fwd(const Problem& p) {
+  Fwd f{std::vector<float>(p.o_size, 0.0f), std::vector<float>(p.s.B * p.s.H * p.s.T)};
+  cpu::attention_fwd<float>(p.x.data() + p.q_off, p.x.data() + p.k_off, p.x.data() + p.v_off, f.o.data(),
+                            f.lse.data(), p.dims(), p.scale, cpu::GemmPrecision::kFp32);
+  return f;
+}
+
+Fwd gpu_fwd(const Problem& p) {
+  DevBuf<bf16> x(to_bf16(p.x)), o(p.o_size);
+  DevBuf<float> lse(p.s.B * p.s.H * p.s.T);
+  o.poison();
+  lse.poison();
+  attention_fwd(x.get() + p.q_off, x.get() + p.k_off, x.get() + p.v_off, o.get(), lse.get(), p.s, p.scale, nullptr);
+  return {to_f32(o.download()), lse.download()};
+}
+
+// dx in x's layout; the backward reads o (bf16-rounded, as stored) and lse of `f`.
+std::vector<float> cpu_bwd(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse) {
+  std::vector<float> dx(p.x_size, 0.0f);
+  cpu::attention_bwd<float>(p.x.data() + p.q_off, p.x.data() + p.k_off, p.x.data() + p.v_off, o.data(), lse.data(),
+                            p.dout.data(), dx.data() + p.q_off, dx.data() + p.k_off, dx.data() + p.v_off, p.dims(),
+                            p.scale, cpu::GemmPrecision::kFp32);
+  return dx;
+}
+
+std::vector<bf16> gpu_bwd(const Problem& p, const std::vector<float>& o, const std::vector<float>& lse) {
+  DevBuf<bf16> x(to_bf16(p.x)), go(to_bf16(o)), gdout(to_bf16(p.dout)), dx(p.x_size);
+  DevBuf<float> glse(lse);
+  dx.poison();
+  attention_bwd(x.get() + p.q_off, x.get() + p.k_off, x.get() + p.v_off, go.get(), glse.get(), gdout.get(),
+                dx.get() + p.q_off, dx.get() + p.k_off, dx.get() + p.v_off, p.s, p.scale, nullptr);
+  return dx.download();
+}
+
+// Oracle: cpu::attention_fwd<float> on the same bf16 inputs. Bounds: the file's comment.
+TEST(CudaAttention, ForwardMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (const Case& c : kCases) {
+    const Problem p = make_problem(c, seed += 2);
+    const Fwd ref = cpu_fwd(p), got = gpu_fwd(p);
+    const int64_t N = c.B * c.T, qw = c.H * c.D;
+    EXPECT_LE(rel_err(rows_of(got.o, 0, p.s.o_stride, qw, N), rows_of(ref.o, 0, p.s.o_stride, qw, N)), kOutBound)
+        << "o, " << name(c);
+    EXPECT_LE(max_abs_diff(got.lse, ref.lse), kLseBound) << "lse, " << name(c);
+  }
+}
+
+// Oracle: cpu::attention_bwd<float> on the same bf16 inputs, both reading the CPU forward's lse and
+// its o rounded to bf16 (so the backward is tested apart from the GPU forward). Bounds: the file's
+// comment.
+TEST(CudaAttention, BackwardMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const Case& c : kCases) {
+    const Problem p = make_problem(c, seed += 2);
+    const Fwd f = cpu_fwd(p);
+    const std::vector<float> o = round_bf16(f.o);
+    const std::vector<float> ref = cpu_bwd(p, o, f.lse), got = to_f32(gpu_bwd(p, o, f.lse));
+    const int64_t N = c.B * c.T, qw = c.H * c.D, kvw = c.Hkv * c.D;
+    const struct { const char* what; int64_t off, stride, width; } views[] = {
+        {"dq", p.q_off, p.s.q_stride, qw}, {"dk", p.k_off, p.s.kv_stride, kvw}, {"dv", p.v_off, p.s.kv_stride, kvw}};
+    for (const auto& w : views) {
+      const auto g = rows_of(got, w.off, w.stride, w.width, N), r = rows_of(ref, w.off, w.stride, w.width, N);
+      if (c.T == 1 && w.what[1] != 'v') EXPECT_LE(max_abs_diff(g, r), kZeroGradBound) << w.what << ", " << name(c);
+      else EXPECT_LE(rel_err(g, r), kGradBound) << w.what << ", " << name(c);
+    }
+  }
+}
+
+// The same call twice gives the same bits: no atomics, fixed summation orders (Attention.cu).
+// Oracle: the first call. GPT-2's head size at a GQA shape with several tiles per sequence.
+TEST(CudaAttention, RepeatedCallsAreBitwiseEqual) {
+  DHX_REQUIRE_GPU();
+  const Problem p = make_problem({2, 515, 8, 2, 64, Packing::kPackedQkv}, 7);
+  const Fwd f = cpu_fwd(p);
+  const std::vector<float> o = round_bf16(f.o);
+  const Fwd f1 = gpu_fwd(p), f2 = gpu_fwd(p);
+  EXPECT_EQ(0, std::memcmp(f1.o.data(), f2.o.data(), f1.o.size() * sizeof(float))) << "o";
+  EXPECT_EQ(0, std::memcmp(f1.lse.data(), f2.lse.data(), f1.lse.size() * sizeof(float))) << "lse";
+  const std::vector<bf16> g1 = gpu_bwd(p, o, f.lse), g2 = gpu_bwd(p, o, f.lse);
+  EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16))) << "dq, dk, dv";
+}
+
+// Head sizes other than 64 and 128 have no kernel: a DeviceError naming D, before any launch.
+TEST(CudaAttention, UnsupportedHeadSizeIsADeviceError) {
+  DHX_REQUIRE_GPU();
+  const AttnShape s{1, 8, 2, 2, 96, 2 * 96, 2 * 96, 2 * 96};
+  DevBuf<bf16> q(8 * 2 * 96), k(8 * 2 * 96), v(8 * 2 * 96), o(8 * 2 * 96), dq(8 * 2 * 96), dk(8 * 2 * 96),
+      dv(8 * 2 * 96);
+  DevBuf<float> lse(2 * 8);
+  try {
+    attention_fwd(q.get(), k.get(), v.get(), o.get(), lse.get(), s, 0.1f, nullptr);
+    FAIL() << "attention_fwd accepted D=96";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("D=96"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(attention_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), o.get(), dq.get(), dk.get(), dv.get(), s,
+                             0.1f, nullptr),
+               DeviceError);
+}
+
+}  // namespace
+}  // namespace dhelix::cuda::test
