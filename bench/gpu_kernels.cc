@@ -1,0 +1,216 @@
+// GPU kernel times of one training step, op by op (issue 35): every kernel a GPT-2 124M or a
+// Llama-1B step runs, on the step's own shapes, timed alone with CUDA events (median of reps, after
+// warm-up; inputs random, never zeros). The sum over the step's ops is the step time an executor
+// with no launch gaps and no overlap would reach with these kernels: `kernel_sum_tokens_per_s` is
+// that bound, not a training run's figure. Per op class (GEMM, attention, the rest) it says where
+// the time goes, beside cuBLAS's rate on the same GEMMs (bench/gpu_torch.py) and PyTorch's step.
+//   dhelix_bench_gpu_kernels [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
+// Prints a table and, last, one JSON object.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/Error.h"
+#include "kernels/cuda/Attention.h"
+#include "kernels/cuda/Cuda.h"
+#include "kernels/cuda/Gemm.h"
+
+namespace dhelix::cuda {
+namespace {
+
+struct Model {
+  std::string name;
+  bool llama;
+  int64_t L, C, H, Hkv, F, V;
+};
+const Model kModels[] = {{"gpt2-124m", false, 12, 768, 12, 12, 3072, 50257},
+                         {"llama-1b", true, 16, 2048, 32, 8, 8192, 32000}};
+
+// A device buffer of n bf16 (or fp32) filled with small random values.
+class Buf {
+ public:
+  Buf(size_t bytes, uint64_t seed) : bytes_(bytes) {
+    DHX_CUDA(cudaMalloc(&p_, bytes));
+    std::vector<uint16_t> h(bytes / 2);
+    std::mt19937 g(static_cast<uint32_t>(seed));
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    for (auto& x : h) x = f32_to_bf16_bits(d(g));
+    DHX_CUDA(cudaMemcpy(p_, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  }
+  ~Buf() { cudaFree(p_); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  template <typename T> T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  static uint16_t f32_to_bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+  }
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct OpTime {
+  std::string name, cls;
+  double s = 0;      // median seconds per call
+  double count = 0;  // calls per step
+  double flops = 0;  // per call
+};
+
+class Bench {
+ public:
+  explicit Bench(cudaStream_t s) : s_(s) {
+    DHX_CUDA(cudaEventCreate(&a_));
+    DHX_CUDA(cudaEventCreate(&b_));
+  }
+  ~Bench() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  void time(const std::string& name, const std::string& cls, double count, double flops,
+            const std::function<void()>& fn, int reps = 10) {
+    for (int i = 0; i < 2; ++i) fn();
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      DHX_CUDA(cudaEventRecord(a_, s_));
+      fn();
+      DHX_CUDA(cudaEventRecord(b_, s_));
+      DHX_CUDA(cudaEventSynchronize(b_));
+      float ms = 0;
+      DHX_CUDA(cudaEventElapsedTime(&ms, a_, b_));
+      t.push_back(ms / 1e3);
+    }
+    std::sort(t.begin(), t.end());
+    ops_.push_back({name, cls, t[t.size() / 2], count, flops});
+  }
+  const std::vector<OpTime>& ops() const { return ops_; }
+
+ private:
+  cudaStream_t s_;
+  cudaEvent_t a_, b_;
+  std::vector<OpTime> ops_;
+};
+
+// One linear layer of the step: forward, data gradient, weight gradient (+ bias) at N rows.
+void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_t I, int64_t O, bool bias,
+                double per_step, cudaStream_t s) {
+  Buf x(N * I * 2, 1), w(O * I * 2, 2), y(N * O * 2, 3), bb(O * 2, 4), dw(O * I * 4, 5), db(O * 4, 6);
+  const double f = 2.0 * N * I * O;
+  b.time(name + " fwd", "gemm", per_step, f,
+         [&] { blas.linear_fwd(x.as<bf16>(), w.as<bf16>(), bias ? bb.as<bf16>() : nullptr, y.as<bf16>(), N, I, O, s); });
+  b.time(name + " dgrad", "gemm", per_step, f,
+         [&] { blas.linear_bwd_data(y.as<bf16>(), w.as<bf16>(), x.as<bf16>(), N, I, O, Accumulate::kNo, s); });
+  b.time(name + " wgrad", "gemm", per_step, f, [&] {
+    blas.linear_bwd_weight(y.as<bf16>(), x.as<bf16>(), dw.as<float>(), bias ? db.as<float>() : nullptr, N, I, O, s);
+  });
+}
+
+void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
+  const int64_t D = m.C / m.H, W = (m.H + 2 * m.Hkv) * D, N = B * T;
+  Buf qkv(N * W * 2, 7), o(N * m.C * 2, 8), lse(B * m.H * T * 4, 9), dout(N * m.C * 2, 10), dqkv(N * W * 2, 11);
+  const AttnShape sh{B, T, m.H, m.Hkv, D, W, W, m.C};
+  const bf16* q = qkv.as<bf16>();
+  const bf16* k = q + m.H * D;
+  const bf16* v = k + m.Hkv * D;
+  bf16* dq = dqkv.as<bf16>();
+  bf16* dk = dq + m.H * D;
+  bf16* dv = dk + m.Hkv * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Causal: half of the T x T scores; forward QK^T and PV (2 GEMMs), backward 5 (as FlashAttention-2 counts).
+  const double fwd = 2.0 * 2.0 * B * m.H * T * T * D / 2;
+  attention_fwd(q, k, v, o.as<bf16>(), lse.as<float>(), sh, scale, s);  // a real lse for the backward
+  b.time("attention fwd", "attention", static_cast<double>(m.L), fwd,
+         [&] { attention_fwd(q, k, v, o.as<bf16>(), lse.as<float>(), sh, scale, s); });
+  b.time("attention bwd", "attention", static_cast<double>(m.L), 2.5 * fwd, [&] {
+    attention_bwd(q, k, v, o.as<bf16>(), lse.as<float>(), dout.as<bf16>(), dq, dk, dv, sh, scale, s);
+  });
+}
+
+std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStream_t s) {
+  const int64_t N = B * T, D = m.C / m.H;
+  Bench b(s);
+  const double L = static_cast<double>(m.L);
+  const bool bias = !m.llama;
+  linear_ops(b, blas, "qkv", N, m.C, (m.H + 2 * m.Hkv) * D, bias, L, s);
+  linear_ops(b, blas, "attn out", N, m.C, m.C, bias, L, s);
+  linear_ops(b, blas, m.llama ? "gate+up" : "fc", N, m.C, m.llama ? 2 * m.F : m.F, bias, L, s);
+  linear_ops(b, blas, m.llama ? "down" : "proj", N, m.F, m.C, bias, L, s);
+  const int64_t Vp = (m.V + 63) / 64 * 64;  // the head's rows padded: an odd row stride halves cuBLAS's rate
+  linear_ops(b, blas, "lm head", N, m.C, Vp, false, 1.0, s);
+  attention_ops(b, m, B, T, s);
+
+  std::map<std::string, double> cls;
+  double total = 0, gemm_flops = 0;
+  std::string rows;
+  for (const OpTime& o : b.ops()) {
+    cls[o.cls] += o.s * o.count;
+    total += o.s * o.count;
+    if (o.cls == "gemm") gemm_flops += o.flops * o.count;
+    std::printf("  %-18s x%-4.0f %9.3f ms  %7.1f TFLOP/s\n", o.name.c_str(), o.count, o.s * 1e3, o.flops / o.s / 1e12);
+    rows += fmt::format("{}{{\"op\":\"{}\",\"class\":\"{}\",\"s\":{:.6g},\"count\":{},\"tflops\":{:.4g}}}",
+                        rows.empty() ? "" : ",", o.name, o.cls, o.s, o.count, o.flops / o.s / 1e12);
+  }
+  std::printf("%-10s B=%ld T=%ld: kernel sum %.2f ms (gemm %.2f, attention %.2f, rest %.2f) -> %.0f tok/s bound; "
+              "GEMMs at %.0f TFLOP/s\n",
+              m.name.c_str(), static_cast<long>(B), static_cast<long>(T), total * 1e3, cls["gemm"] * 1e3,
+              cls["attention"] * 1e3, cls["rest"] * 1e3, static_cast<double>(N) / total, gemm_flops / cls["gemm"] / 1e12);
+  return fmt::format("{{\"model\":\"{}\",\"batch\":{},\"seq\":{},\"kernel_sum_s\":{:.6g},\"gemm_s\":{:.6g},"
+                     "\"attention_s\":{:.6g},\"rest_s\":{:.6g},\"kernel_sum_tokens_per_s\":{:.6g},"
+                     "\"gemm_flops_per_s\":{:.6g},\"ops\":[{}]}}",
+                     m.name, B, T, total, cls["gemm"], cls["attention"], cls["rest"], static_cast<double>(N) / total,
+                     gemm_flops / cls["gemm"], rows);
+}
+
+int run(int argc, char** argv) {
+  std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
+  int64_t T = 1024;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--models") models = v;
+    else if (k == "--batch") batch = v;
+    else if (k == "--seq") T = std::stoll(v);
+    else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq)", k));
+  }
+  require_device(0);
+  const DeviceInfo info = device_info(0);
+  cudaStream_t s;
+  DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Blas blas(0);
+  std::string out;
+  for (const Model& m : kModels) {
+    if (models.find(m.name) == std::string::npos) continue;
+    const size_t at = batch.find(m.name + "=");
+    const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + m.name.size() + 1));
+    out += (out.empty() ? "" : ",") + run_model(m, B, T, blas, s);
+  }
+  DHX_CUDA(cudaStreamDestroy(s));
+  std::printf("{\"device\":\"%s\",\"models\":[%s]}\n", info.name.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace dhelix::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return dhelix::cuda::run(argc, argv);
+  } catch (const dhelix::ConfigError& e) {
+    std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
+    return 1;
+  }
+}
