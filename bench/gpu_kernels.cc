@@ -206,7 +206,10 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return dhelix::cuda::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {
+  } catch (const dhelix::ConfigError& e) {  // bad flags
+    std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
+    return 2;
+  } catch (const dhelix::DeviceError& e) {  // no GPU here: said, exit 2 as for any unusable input
     std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
