@@ -68,12 +68,9 @@ struct ScheduleRequest {
 std::optional<ScheduleRequest> parse_request(int argc, char** argv) {
   const FlagTable& t = schedule_flags();
   std::vector<std::string> errors;
-  const ParsedFlags parsed = parse_flags(t, argc, argv, errors);
-  if (parsed.help) {
-    fmt::print("{}", flag_help(t));
-    return std::nullopt;
-  }
-  const FlagValues& f = parsed.values;
+  const std::optional<FlagValues> parsed = parse_flags_or_help(t, argc, argv, errors);
+  if (!parsed) return std::nullopt;
+  const FlagValues& f = *parsed;
   ScheduleRequest req;
   const int pp = static_cast<int>(f.integer("--pp")), mbs = static_cast<int>(f.integer("--micro-batches"));
   const int v = static_cast<int>(f.integer("--virtual-stages"));

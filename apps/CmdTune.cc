@@ -160,12 +160,9 @@ void apply_confirm_flags(const FlagValues& f, TuneRequest& req, std::vector<std:
 std::optional<TuneRequest> parse_request(int argc, char** argv) {
   const FlagTable& t = tune_flags();
   std::vector<std::string> errors;
-  const ParsedFlags parsed = parse_flags(t, argc, argv, errors);
-  if (parsed.help) {
-    fmt::print("{}", flag_help(t));
-    return std::nullopt;
-  }
-  const FlagValues& f = parsed.values;
+  const std::optional<FlagValues> parsed = parse_flags_or_help(t, argc, argv, errors);
+  if (!parsed) return std::nullopt;
+  const FlagValues& f = *parsed;
   TuneRequest req;
   req.paper = f.on("--paper-compat"), req.measure_gemm = f.on("--measure-gemm");
   req.trace = f.on("--trace"), req.explain = f.on("--explain");

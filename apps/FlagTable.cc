@@ -86,6 +86,15 @@ std::string check_value(const FlagSpec& f, const std::string& w) {
 
 }  // namespace
 
+std::optional<FlagValues> parse_flags_or_help(const FlagTable& t, int argc, char** argv, std::vector<std::string>& errors) {
+  ParsedFlags parsed = parse_flags(t, argc, argv, errors);
+  if (parsed.help) {
+    fmt::print("{}", flag_help(t));
+    return std::nullopt;
+  }
+  return std::move(parsed.values);
+}
+
 ParsedFlags parse_flags(const FlagTable& t, int argc, char** argv, std::vector<std::string>& errors) {
   ParsedFlags out;
   std::map<std::string, std::string> given;

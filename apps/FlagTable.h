@@ -87,6 +87,9 @@ struct ParsedFlags {
 // value, bad number or choice, and missing required flag is appended to `errors` (nothing thrown),
 // so one run names every bad word. Required flags are not asked for when --help is given.
 ParsedFlags parse_flags(const FlagTable& t, int argc, char** argv, std::vector<std::string>& errors);
+// parse_flags for a verb without a config: its values, or nullopt after printing --help (the flags'
+// help). Errors are appended to `errors` as above.
+std::optional<FlagValues> parse_flags_or_help(const FlagTable& t, int argc, char** argv, std::vector<std::string>& errors);
 // ConfigError: "N error(s):" and one line per error, `extra` (more lines, may be empty) and the hint
 // "run `dhelix VERB --help` for the flags". Does nothing when `errors` is empty.
 void throw_flag_errors(const FlagTable& t, const std::vector<std::string>& errors, const std::string& extra = "");
