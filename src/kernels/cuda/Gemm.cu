@@ -135,18 +135,38 @@ void Blas::linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db
 }
 
 // ---- bias gradient: column sums in two deterministic stages ----
+// Stage 1: block (column tile of 2 * kBgCols columns, chunk of kBgRows rows); each thread sums two
+// adjacent columns (one 4-byte load per row, a warp reading 256 contiguous bytes) over the chunk's
+// rows in order. Stage 2: one thread per column adds the chunks' partial sums in chunk order. The
+// order never depends on scheduling: bitwise repeatable. Bytes: N*O*2 read once, (N/32)*O*4 twice.
+// (An earlier version, 256-row chunks and 2-byte loads, took 50 us for 16384 x 768 on an H200.)
 namespace {
-constexpr int kBgRows = 256;  // rows per partial sum
-constexpr int kBgCols = 128;  // columns per block (one thread each)
+constexpr int kBgRows = 32;   // rows per partial sum: many blocks in flight
+constexpr int kBgCols = 128;  // threads per block, two columns each
 
 __global__ void bias_grad_partial(const bf16* __restrict__ dy, float* __restrict__ part, int64_t N, int64_t O) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kBgCols + threadIdx.x;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kBgCols + threadIdx.x) * 2;
   const int64_t chunk = blockIdx.y;
-  if (col >= O) return;
+  if (c0 >= O) return;
   const int64_t r0 = chunk * kBgRows, r1 = r0 + kBgRows < N ? r0 + kBgRows : N;
-  float acc = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) acc += __bfloat162float(dy[r * O + col]);
-  part[chunk * O + col] = acc;
+  float a0 = 0.0f, a1 = 0.0f;
+  if (c0 + 1 < O && O % 2 == 0) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(dy + r0 * O + c0);
+    const int64_t step = O / 2;
+#pragma unroll 8
+    for (int64_t r = r0; r < r1; ++r, p += step) {
+      const float2 v = __bfloat1622float2(*p);
+      a0 += v.x;
+      a1 += v.y;
+    }
+  } else {
+    for (int64_t r = r0; r < r1; ++r) {
+      a0 += __bfloat162float(dy[r * O + c0]);
+      if (c0 + 1 < O) a1 += __bfloat162float(dy[r * O + c0 + 1]);
+    }
+  }
+  part[chunk * O + c0] = a0;
+  if (c0 + 1 < O) part[chunk * O + c0 + 1] = a1;
 }
 
 __global__ void bias_grad_final(const float* __restrict__ part, float* __restrict__ db, int64_t chunks, int64_t O) {
@@ -163,7 +183,7 @@ void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s) 
   DHX_CUDA_ASSERT(chunks <= 65535, "bias_grad: N=", N, " rows is more than 65535 chunks of ", kBgRows);
   float* part = nullptr;
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), chunks * O * sizeof(float), s));
-  bias_grad_partial<<<dim3(static_cast<unsigned>(cdiv(O, kBgCols)), static_cast<unsigned>(chunks)), kBgCols, 0, s>>>(
+  bias_grad_partial<<<dim3(static_cast<unsigned>(cdiv(O, 2 * kBgCols)), static_cast<unsigned>(chunks)), kBgCols, 0, s>>>(
       dy, part, N, O);
   DHX_CUDA_LAUNCHED(bias_grad_partial);
   bias_grad_final<<<static_cast<unsigned>(cdiv(O, 256)), 256, 0, s>>>(part, db, chunks, O);
