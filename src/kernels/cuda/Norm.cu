@@ -1,0 +1,230 @@
+// LayerNorm and RMSNorm over the last dimension C of bf16 [N, C] rows (Ops.h), forward and backward.
+// One warp per row (8 rows a block of 256 threads), lanes striding over 8-bf16 (16-byte) units when
+// C % 8 == 0 and the pointers are 16-byte aligned, else single elements; row sums by a fixed warp
+// butterfly; two-pass variance as on the CPU (the row's re-reads hit L1). RMSNorm is the same code
+// with the mean fixed at 0. The fp32 parameter gradients take two deterministic stages, as
+// bias_grad (Gemm.cu): chunks of kColRows rows summed per column into partials, then the partials
+// summed per column in chunk order and added to dg/db. Bytes moved: forward 4NC (+ 8N stats);
+// backward 6NC for dx and 4NC again for the partials (+ 8 C N / kColRows). Not yet timed on the H100.
+#include "kernels/cuda/Ops.h"
+
+namespace dhelix::cuda {
+
+namespace {
+
+using ops_detail::BfVec;
+using ops_detail::aligned16;
+using ops_detail::warp_sum;
+
+constexpr int kNormWarps = 8;    // rows per block of the row kernels, one warp each
+constexpr int kColThreads = 128;  // columns per block of the partial kernel, one thread each
+constexpr int kColRows = 128;     // rows per partial sum
+
+// Row n = blockIdx.x * kNormWarps + warp. kLayer: mean = sum x / C, var = sum (x - mean)^2 / C;
+// else (RMSNorm) mean := 0, so var is mean(x^2). y = (x - mean) rstd g (+ b).
+template <int W, bool kLayer>
+__global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
+                                bf16* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
+                                int64_t C, float eps) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;  // the whole warp: no block-wide barrier follows
+  const BfVec<W>* xr = reinterpret_cast<const BfVec<W>*>(x + n * C);
+  BfVec<W>* yr = reinterpret_cast<BfVec<W>*>(y + n * C);
+  const int64_t units = C / W;
+  float mu = 0.0f;
+  if constexpr (kLayer) {
+    float sum = 0.0f;
+    for (int64_t u = lane; u < units; u += 32) {
+      const BfVec<W> v = xr[u];
+#pragma unroll
+      for (int j = 0; j < W; ++j) sum += __bfloat162float(v.v[j]);
+    }
+    mu = warp_sum(sum) / static_cast<float>(C);
+  }
+  float sq = 0.0f;
+  for (int64_t u = lane; u < units; u += 32) {
+    const BfVec<W> v = xr[u];
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float d = __bfloat162float(v.v[j]) - mu;
+      sq += d * d;
+    }
+  }
+  const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+  for (int64_t u = lane; u < units; u += 32) {
+    const BfVec<W> v = xr[u];
+    BfVec<W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t c = u * W + j;
+      const float yv = (__bfloat162float(v.v[j]) - mu) * rs * g[c];
+      o.v[j] = __float2bfloat16(b != nullptr ? yv + b[c] : yv);
+    }
+    yr[u] = o;
+  }
+  if (lane == 0) {
+    if constexpr (kLayer) mean[n] = mu;
+    rstd[n] = rs;
+  }
+}
+
+// dx of row n (warp per row), the CPU twin's algebra. LayerNorm, xh = (x - mean) rstd, dxh = dy g:
+// dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)). RMSNorm: dx = rstd dy g - x rstd^3 mean(dy g x).
+template <int W, bool kLayer>
+__global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   bf16* __restrict__ dx, int64_t N, int64_t C) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const BfVec<W>* xr = reinterpret_cast<const BfVec<W>*>(x + n * C);
+  const BfVec<W>* dyr = reinterpret_cast<const BfVec<W>*>(dy + n * C);
+  BfVec<W>* dxr = reinterpret_cast<BfVec<W>*>(dx + n * C);
+  const int64_t units = C / W;
+  const float mu = kLayer ? mean[n] : 0.0f, rs = rstd[n];
+  float a = 0.0f, bb = 0.0f;  // LayerNorm: sum dxh, sum dxh xh; RMSNorm: a = sum dy g x
+  for (int64_t u = lane; u < units; u += 32) {
+    const BfVec<W> xv = xr[u], dv = dyr[u];
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t c = u * W + j;
+      const float dxh = __bfloat162float(dv.v[j]) * g[c], xc = __bfloat162float(xv.v[j]);
+      if constexpr (kLayer) {
+        a += dxh;
+        bb += dxh * (xc - mu) * rs;
+      } else {
+        a += dxh * xc;
+      }
+    }
+  }
+  a = warp_sum(a) / static_cast<float>(C);
+  if constexpr (kLayer) bb = warp_sum(bb) / static_cast<float>(C);
+  const float k = rs * rs * rs * a;  // RMSNorm's x coefficient (a already divided by C)
+  for (int64_t u = lane; u < units; u += 32) {
+    const BfVec<W> xv = xr[u], dv = dyr[u];
+    BfVec<W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t c = u * W + j;
+      const float dyc = __bfloat162float(dv.v[j]), xc = __bfloat162float(xv.v[j]);
+      if constexpr (kLayer) {
+        const float xh = (xc - mu) * rs;
+        o.v[j] = __float2bfloat16(rs * (dyc * g[c] - a - xh * bb));
+      } else {
+        o.v[j] = __float2bfloat16(rs * dyc * g[c] - xc * k);
+      }
+    }
+    dxr[u] = o;
+  }
+}
+
+// Block (column tile, chunk): thread col sums rows [chunk kColRows, +kColRows) in order:
+// part[chunk][0][col] = sum dy xh (LayerNorm: xh = (x - mean) rstd; RMSNorm: dy x rstd, the CPU's
+// product order), and for LayerNorm part[chunk][1][col] = sum dy. `parts` arrays per chunk.
+template <bool kLayer>
+__global__ void norm_bwd_partial_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                        const float* __restrict__ mean, const float* __restrict__ rstd,
+                                        float* __restrict__ part, int64_t N, int64_t C) {
+  constexpr int kParts = kLayer ? 2 : 1;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (col >= C) return;
+  const int64_t r0 = chunk * kColRows, r1 = r0 + kColRows < N ? r0 + kColRows : N;
+  float sg = 0.0f, sb = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float d = __bfloat162float(dy[r * C + col]), xc = __bfloat162float(x[r * C + col]);
+    if constexpr (kLayer) {
+      sg += d * ((xc - mean[r]) * rstd[r]);
+      sb += d;
+    } else {
+      sg += d * xc * rstd[r];
+    }
+  }
+  part[(chunk * kParts) * C + col] = sg;
+  if constexpr (kLayer) part[(chunk * kParts + 1) * C + col] = sb;
+}
+
+// out[col] += sum over chunks c = 0, 1, ... of part[c * stride + col].
+__global__ void column_final_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t chunks,
+                                    int64_t stride, int64_t C) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= C) return;
+  float acc = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) acc += part[c * stride + col];
+  out[col] += acc;
+}
+
+void check_norm(const char* what, int64_t N, int64_t C) {
+  DHX_CUDA_ASSERT(N >= 0 && C >= 1, what, ": N=", N, " C=", C, " (need N >= 0, C >= 1)");
+  DHX_CUDA_ASSERT(cdiv(N, kNormWarps) < (int64_t{1} << 31), what, ": N=", N, " rows exceed the grid");
+}
+
+template <bool kLayer>
+void norm_fwd(const char* what, const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd,
+              int64_t N, int64_t C, float eps, cudaStream_t s) {
+  check_norm(what, N, C);
+  if (N == 0) return;
+  const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
+  if (C % 8 == 0 && aligned16(x) && aligned16(y)) {
+    norm_fwd_kernel<8, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
+  } else {
+    norm_fwd_kernel<1, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
+  }
+  DHX_CUDA_LAUNCHED(norm_fwd_kernel);
+}
+
+template <bool kLayer>
+void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
+              bf16* dx, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
+  check_norm(what, N, C);
+  if (N == 0) return;
+  const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
+  if (C % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx)) {
+    norm_bwd_dx_kernel<8, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
+  } else {
+    norm_bwd_dx_kernel<1, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
+  }
+  DHX_CUDA_LAUNCHED(norm_bwd_dx_kernel);
+
+  const int64_t chunks = cdiv(N, kColRows), parts = kLayer ? 2 : 1;
+  DHX_CUDA_ASSERT(chunks <= 65535, what, ": N=", N, " rows is more than 65535 chunks of ", kColRows);
+  float* part = nullptr;  // [chunks, parts, C]
+  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), chunks * parts * C * sizeof(float), s));
+  norm_bwd_partial_kernel<kLayer>
+      <<<dim3(static_cast<unsigned>(cdiv(C, kColThreads)), static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
+          dy, x, mean, rstd, part, N, C);
+  DHX_CUDA_LAUNCHED(norm_bwd_partial_kernel);
+  const auto cgrid = static_cast<unsigned>(cdiv(C, 256));
+  column_final_kernel<<<cgrid, 256, 0, s>>>(part, dg, chunks, parts * C, C);
+  DHX_CUDA_LAUNCHED(column_final_kernel);
+  if (kLayer && db != nullptr) {
+    column_final_kernel<<<cgrid, 256, 0, s>>>(part + C, db, chunks, parts * C, C);
+    DHX_CUDA_LAUNCHED(column_final_kernel);
+  }
+  DHX_CUDA(cudaFreeAsync(part, s));
+}
+
+}  // namespace
+
+void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,
+                   int64_t C, float eps, cudaStream_t s) {
+  norm_fwd<true>("layernorm_fwd", x, g, b, y, mean, rstd, N, C, eps, s);
+}
+
+void layernorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd, bf16* dx,
+                   float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
+  norm_bwd<true>("layernorm_bwd", dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+}
+
+void rmsnorm_fwd(const bf16* x, const float* g, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
+                 cudaStream_t s) {
+  norm_fwd<false>("rmsnorm_fwd", x, g, nullptr, y, nullptr, rstd, N, C, eps, s);
+}
+
+void rmsnorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* rstd, bf16* dx, float* dg, int64_t N,
+                 int64_t C, cudaStream_t s) {
+  norm_bwd<false>("rmsnorm_bwd", dy, x, g, nullptr, rstd, dx, dg, nullptr, N, C, s);
+}
+
+}  // namespace dhelix::cuda

@@ -1,0 +1,159 @@
+// The GPU step's non-GEMM, non-attention kernels of GPT-2 and Llama, the twins of kernels/cpu's
+// (same formulas, same summation orders where they decide bits): embedding, LayerNorm, RMSNorm,
+// GELU, SwiGLU, RoPE, residual adds and casts, fused softmax cross-entropy, AdamW and the sum of
+// squares behind the global gradient norm. Not here: GEMMs (Gemm.h), attention, MoE (Moe.h).
+//
+// Precision (llm.c's mixed precision): activations and their gradients bf16; norm weights and
+// biases fp32 (master parameters); statistics (mean, rstd, losses) fp32; parameter gradients fp32
+// and ACCUMULATED (+=); math in fp32, every bf16 output rounded once. Every kernel is deterministic
+// (fixed summation orders, no floating-point atomics) and runs on the stream it is given, never
+// synchronising. A bad size or argument is a caller's bug: InternalError naming the op and values.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/Cuda.h"
+
+namespace dhelix::cuda {
+
+// ---- embedding ----
+// y[B*T, C] = wte[tokens[bt]] (+ wpe[pos_offset + bt % T] when wpe is non-null; the sum in fp32,
+// rounded once; without wpe a bitwise copy). tokens[B*T], wte[V, C], wpe[>= pos_offset + T, C].
+// A token outside [0, V) cannot throw on the device: its row of y is NaN (loud, no stray read).
+void embedding_fwd(const int32_t* tokens, const bf16* wte, const bf16* wpe, bf16* y, int64_t B, int64_t T, int64_t C,
+                   int64_t V, int64_t pos_offset, cudaStream_t s);
+// acc dwte[V, C] += the rows of dy[B*T, C] by token; acc dwpe[pos_offset + t] += sum_b dy[b*T + t]
+// (when non-null). Every fp32 sum runs in the CPU twin's order, bt ascending, starting from the old
+// value (a stable sort of the positions by token, then one block per distinct token): bitwise the
+// CPU's sums. A token outside [0, V) adds nothing to dwte (its dy row still goes to dwpe).
+// Scratch from the stream's memory pool.
+void embedding_bwd(const int32_t* tokens, const bf16* dy, float* dwte, float* dwpe, int64_t B, int64_t T, int64_t C,
+                   int64_t V, int64_t pos_offset, cudaStream_t s);
+
+// ---- normalisation (one warp per row; parameter gradients in two fixed-order stages) ----
+// y[N,C] = (x - mean) rstd g + b (b may be null); mean[N], rstd[N] = 1/sqrt(var + eps) saved.
+void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,
+                   int64_t C, float eps, cudaStream_t s);
+// dx[N,C] written; acc dg[C] += sum_n dy xh, acc db[C] += sum_n dy (db may be null).
+void layernorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd, bf16* dx,
+                   float* dg, float* db, int64_t N, int64_t C, cudaStream_t s);
+// y[N,C] = x rstd g, rstd[N] = 1/sqrt(mean(x^2) + eps) saved.
+void rmsnorm_fwd(const bf16* x, const float* g, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
+                 cudaStream_t s);
+// dx[N,C] written; acc dg[C] += sum_n dy x rstd.
+void rmsnorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* rstd, bf16* dx, float* dg, int64_t N,
+                 int64_t C, cudaStream_t s);
+
+// ---- activations (pointwise, bf16 in and out) ----
+// GELU, tanh form (GPT-2): y = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
+void gelu_fwd(const bf16* x, bf16* y, int64_t n, cudaStream_t s);
+void gelu_bwd(const bf16* dy, const bf16* x, bf16* dx, int64_t n, cudaStream_t s);  // dx written
+// SwiGLU: gu[N, 2F] holds gate in columns [0, F) and up in [F, 2F); y[N, F] = silu(gate) up.
+void swiglu_fwd(const bf16* gu, bf16* y, int64_t N, int64_t F, cudaStream_t s);
+void swiglu_bwd(const bf16* dy, const bf16* gu, bf16* dgu, int64_t N, int64_t F, cudaStream_t s);  // dgu written
+// Rotary embeddings, Hugging Face rotate_half pairs (i, i + D/2) rotated by (pos_offset + t) *
+// theta^(-2i/D), in place on x viewed as [B, T, row_stride] with head h at column h*D (cos and sin
+// in double, rounded to fp32, as cpu::rope_fwd). rope_bwd is the inverse rotation.
+void rope_fwd(bf16* x, int64_t B, int64_t T, int64_t H, int64_t D, int64_t row_stride, int64_t pos_offset,
+              double theta, cudaStream_t s);
+void rope_bwd(bf16* dx, int64_t B, int64_t T, int64_t H, int64_t D, int64_t row_stride, int64_t pos_offset,
+              double theta, cudaStream_t s);
+
+// ---- elementwise ----
+void add(const bf16* a, const bf16* b, bf16* y, int64_t n, cudaStream_t s);  // y = a + b (may alias a or b)
+void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);         // y += x
+void cast_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);   // round to nearest even
+void cast_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);   // exact
+// out[0] (=|+=) sum_i x[i]^2 in double: a fixed grid of partial sums, then one block's fixed tree,
+// so the same bits for the same n on every run and GPU. Accumulate::kYes adds to out[0]: the global
+// gradient norm of several buffers is a sequence of calls on one stream (a fixed order). out is a
+// device pointer; scratch from the stream's memory pool.
+void sum_squares(const float* x, int64_t n, double* out, Accumulate acc, cudaStream_t s);
+
+// ---- fused softmax cross-entropy (one block per row; probabilities never stored) ----
+// losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]]; when dlogits is non-null also
+// dlogits[N,V] = (softmax - onehot) * dloss (dloss the same for every row, e.g. 1/N), written;
+// dlogits may alias logits. Targets < 0 are ignored (loss 0, gradient row 0). A target >= V cannot
+// throw on the device: its loss and gradient row are NaN (loud, no stray read).
+void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss,
+                           int64_t N, int64_t V, cudaStream_t s);
+
+// ---- optimizer ----
+// cpu::AdamWParams' fields (kernels/cuda does not see kernels/cpu's headers).
+struct AdamWParams {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+};
+// One launch over n fp32 parameters, cpu::adamw_step's formula with g := g * grad_scale first
+// (clipping): p *= 1 - lr wd; m += (1 - b1)(g - m); v = b2 v + (1 - b2) g^2;
+// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps); scalars formed in double, rounded to
+// fp32 once. p_bf16[n] (the step's bf16 copy of the weights), when non-null, = bf16(new p).
+void adamw_step(float* p, const float* g, float* m, float* v, bf16* p_bf16, int64_t n, const AdamWParams& a,
+                float grad_scale, cudaStream_t s);
+
+}  // namespace dhelix::cuda
+
+// ---- helpers shared by the .cu files of these kernels (device code: nvcc only) ----
+#ifdef __CUDACC__
+namespace dhelix::cuda::ops_detail {
+
+// W consecutive bf16 in one load or store: 16 bytes for W = 8 (callers use W = 8 only when every
+// pointer is 16-byte aligned and every row length a multiple of 8), 2 bytes for W = 1.
+template <int W> struct alignas(2 * W) BfVec {
+  bf16 v[W];
+};
+inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks for a grid-stride loop over `units`: enough to fill the GPU, never more than the units.
+inline unsigned stride_grid(int64_t units, int threads) {
+  const int64_t b = cdiv(units, threads);
+  return static_cast<unsigned>(b < 1 ? 1 : b > (int64_t{1} << 20) ? (int64_t{1} << 20) : b);
+}
+
+// Sum over a warp's 32 lanes, a fixed butterfly: every lane gets the same bits.
+template <typename F> __device__ __forceinline__ F warp_sum(F v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over a block (blockDim.x a multiple of 32): warp sums, then every warp folds the warps' sums
+// with the same butterfly, so every thread returns the same bits. Safe to call again in a kernel.
+template <typename F> __device__ F block_sum(F v) {
+  __shared__ F warps[32];
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // an earlier call's readers are done with warps[]
+  if (lane == 0) warps[w] = v;
+  __syncthreads();
+  return warp_sum(lane < nw ? warps[lane] : F(0));
+}
+
+// y[i] = f(a[i], b[i]) for i < n, bf16 in and out, f in fp32 (one rounding). W elements a thread
+// per step; no __restrict__: y may alias a or b (each element is read before it is written, by the
+// same thread).
+template <int W, class Fn>
+__global__ void map2_kernel(const bf16* a, const bf16* b, bf16* y, int64_t units, Fn f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
+    const BfVec<W> va = reinterpret_cast<const BfVec<W>*>(a)[u], vb = reinterpret_cast<const BfVec<W>*>(b)[u];
+    BfVec<W> vy;
+#pragma unroll
+    for (int j = 0; j < W; ++j) vy.v[j] = __float2bfloat16(f(__bfloat162float(va.v[j]), __bfloat162float(vb.v[j])));
+    reinterpret_cast<BfVec<W>*>(y)[u] = vy;
+  }
+}
+template <class Fn> void map2(const char* what, const bf16* a, const bf16* b, bf16* y, int64_t n, Fn f, cudaStream_t s) {
+  DHX_CUDA_ASSERT(n >= 0, what, ": n=", n, " is negative");
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  if (n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(y)) {
+    map2_kernel<8><<<stride_grid(n / 8, kThreads), kThreads, 0, s>>>(a, b, y, n / 8, f);
+  } else {
+    map2_kernel<1><<<stride_grid(n, kThreads), kThreads, 0, s>>>(a, b, y, n, f);
+  }
+  DHX_CUDA_LAUNCHED(map2_kernel);
+}
+
+}  // namespace dhelix::cuda::ops_detail
+#endif

@@ -1,0 +1,112 @@
+// Token (+ position) embedding on the GPU (kernels/cuda/Ops.h) against cpu::embedding_fwd/bwd<float>
+// on the same bf16-rounded tables and gradients. Outputs poisoned; accumulated gradients start from
+// random values. Token sets with many repeats (V = 5, 7) exercise the backward's runs.
+//
+// Bounds, all exact: the forward's output is a bitwise copy of a wte row, or the CPU's fp32 sum
+// wte + wpe rounded to nearest even once (to_bf16's rule). The backward adds the same fp32 values
+// (bf16 dy widened exactly) in the CPU's order, bt ascending from the old value, so dwte and dwpe
+// must equal the CPU's bit for bit (and hence be the same run to run).
+#include <cstring>
+
+#include "CudaTest.h"
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cuda/Ops.h"
+
+namespace dhelix::cuda::test {
+namespace {
+
+struct Shape { int64_t B, T, C, V, pos; };
+const Shape kShapes[] = {{1, 1, 8, 5, 0}, {2, 7, 13, 11, 3}, {4, 64, 768, 1000, 0}, {3, 33, 64, 7, 5},
+                         {2, 300, 40, 50257, 1}};
+
+template <typename T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+TEST(CudaOpsEmbedding, ForwardEqualsCpuRoundedOnce) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (const Shape& d : kShapes) {
+    const int64_t BT = d.B * d.T, maxT = d.pos + d.T + 2;
+    const auto tokens = randint(BT, seed++, static_cast<int32_t>(d.V));
+    const auto wte = round_bf16(randn(d.V * d.C, seed++)), wpe = round_bf16(randn(maxT * d.C, seed++, 0.1f));
+    DevBuf<int32_t> gtok(tokens);
+    DevBuf<bf16> gwte(to_bf16(wte)), gwpe(to_bf16(wpe)), gy(BT * d.C);
+    for (bool with_wpe : {true, false}) {
+      std::vector<float> y(BT * d.C);
+      cpu::embedding_fwd<float>(tokens.data(), wte.data(), with_wpe ? wpe.data() : nullptr, y.data(), d.B, d.T, d.C,
+                                d.pos);
+      gy.poison();
+      embedding_fwd(gtok.get(), gwte.get(), with_wpe ? gwpe.get() : nullptr, gy.get(), d.B, d.T, d.C, d.V, d.pos,
+                    nullptr);
+      EXPECT_TRUE(same_bits(gy.download(), to_bf16(y)))
+          << "B=" << d.B << " T=" << d.T << " C=" << d.C << " V=" << d.V << " wpe=" << with_wpe;
+    }
+  }
+}
+
+TEST(CudaOpsEmbedding, BackwardEqualsCpuBitwiseAndIsDeterministic) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const Shape& d : kShapes) {
+    const int64_t BT = d.B * d.T, maxT = d.pos + d.T + 2;
+    const auto tokens = randint(BT, seed++, static_cast<int32_t>(d.V));
+    const auto dy = round_bf16(randn(BT * d.C, seed++));
+    const auto dwte0 = randn(d.V * d.C, seed++), dwpe0 = randn(maxT * d.C, seed++);  // accumulated into
+    std::vector<float> dwte = dwte0, dwpe = dwpe0;
+    cpu::embedding_bwd<float>(tokens.data(), dy.data(), dwte.data(), dwpe.data(), d.B, d.T, d.C, d.pos);
+    DevBuf<int32_t> gtok(tokens);
+    DevBuf<bf16> gdy(to_bf16(dy));
+    DevBuf<float> gdwte(dwte0.size()), gdwpe(dwpe0.size());
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the same bits, the CPU's
+      gdwte.upload(dwte0), gdwpe.upload(dwpe0);
+      embedding_bwd(gtok.get(), gdy.get(), gdwte.get(), gdwpe.get(), d.B, d.T, d.C, d.V, d.pos, nullptr);
+      EXPECT_TRUE(same_bits(gdwte.download(), dwte)) << "dwte rep " << rep << " B=" << d.B << " T=" << d.T
+                                                      << " C=" << d.C << " V=" << d.V;
+      EXPECT_TRUE(same_bits(gdwpe.download(), dwpe)) << "dwpe rep " << rep << " B=" << d.B << " T=" << d.T
+                                                      << " C=" << d.C;
+    }
+  }
+}
+
+// A token outside [0, V) cannot throw on the device: its forward row is NaN and its backward row
+// adds nothing (the other tokens' sums are the CPU's on the valid positions, bitwise).
+TEST(CudaOpsEmbedding, OutOfRangeTokensGiveNanRowsAndNoGradient) {
+  DHX_REQUIRE_GPU();
+  const int64_t B = 2, T = 6, C = 16, V = 9;
+  auto tokens = randint(B * T, 7, static_cast<int32_t>(V));
+  tokens[2] = -1, tokens[7] = static_cast<int32_t>(V);
+  const auto wte = round_bf16(randn(V * C, 8));
+  auto dy = round_bf16(randn(B * T * C, 9));
+  DevBuf<int32_t> gtok(tokens);
+  DevBuf<bf16> gwte(to_bf16(wte)), gy(B * T * C), gdy(to_bf16(dy));
+  gy.poison();
+  embedding_fwd(gtok.get(), gwte.get(), nullptr, gy.get(), B, T, C, V, 0, nullptr);
+  const auto y = to_f32(gy.download());
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t c = 0; c < C; ++c) {
+      const bool bad = bt == 2 || bt == 7;
+      if (bad) {
+        EXPECT_TRUE(std::isnan(y[bt * C + c])) << "bt=" << bt << " c=" << c;
+      } else {
+        EXPECT_EQ(y[bt * C + c], wte[tokens[bt] * C + c]) << "bt=" << bt << " c=" << c;
+      }
+    }
+  // The oracle: the bad positions' dy rows zeroed and their tokens set to 0 (adding +0 keeps bits).
+  const auto dwte0 = randn(V * C, 10);
+  std::vector<float> dwte = dwte0;
+  auto ok_tokens = tokens;
+  for (int64_t bt : {2, 7}) {
+    ok_tokens[bt] = 0;
+    for (int64_t c = 0; c < C; ++c) dy[bt * C + c] = 0.0f;
+  }
+  cpu::embedding_bwd<float>(ok_tokens.data(), dy.data(), dwte.data(), nullptr, B, T, C, 0);
+  DevBuf<float> gdwte(dwte0);
+  embedding_bwd(gtok.get(), gdy.get(), gdwte.get(), nullptr, B, T, C, V, 0, nullptr);
+  EXPECT_TRUE(same_bits(gdwte.download(), dwte));
+  EXPECT_THROW(embedding_fwd(gtok.get(), gwte.get(), nullptr, gy.get(), B, T, C, 0, 0, nullptr), InternalError);
+  EXPECT_THROW(embedding_bwd(gtok.get(), gdy.get(), gdwte.get(), nullptr, B, -T, C, V, 0, nullptr), InternalError);
+}
+
+}  // namespace
+}  // namespace dhelix::cuda::test

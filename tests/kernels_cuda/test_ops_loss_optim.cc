@@ -1,0 +1,142 @@
+// The fused cross-entropy, AdamW and the sum of squares on the GPU (kernels/cuda/Ops.h) against
+// cpu::cross_entropy_fwd_bwd, cpu::adamw_step and cpu::sum_squares (<float>) on the same inputs
+// (bf16-rounded logits; fp32 optimizer state). Outputs poisoned before each call.
+//
+// Bounds. Cross-entropy: S = sum_v e^(x_v - max) over V <= 50257 terms in another order than the
+// CPU's sequential sum (~sqrt(V) 2^-24 ~ 1.3e-5 relative at most for terms of one size), plus the
+// CPU's polynomial exp (2e-7): losses within 2e-5 relative; dlogits are rounded once to bf16, so
+// u = 2^-9 plus that. AdamW: the same fp32 formula, some operations fused (FMA) on the GPU: a few
+// 2^-24 relative per element, 1e-6 in the norm. sum_squares: both sum the exact products x^2 in
+// double, in two orders: each within (n - 1) 2^-53 relative (all terms positive), 2.4e-10 at
+// n = 2^21 + 7, so at most 5e-10 apart.
+#include <cstring>
+
+#include "CudaTest.h"
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cuda/Ops.h"
+
+namespace dhelix::cuda::test {
+namespace {
+
+constexpr double kLossBound = 2e-5;
+constexpr double kDlogitsBound = kBf16U + 2e-5;
+
+template <typename T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+TEST(CudaOpsLoss, CrossEntropyMatchesCpuWrittenAliasedAndLossOnly) {
+  DHX_REQUIRE_GPU();
+  struct Shape { int64_t N, V; };
+  uint64_t seed = 1;
+  for (const Shape d : {Shape{1, 1}, Shape{5, 7}, Shape{64, 32}, Shape{17, 1000}, Shape{3, 50257}, Shape{4, 4096}}) {
+    const auto logits = round_bf16(randn(d.N * d.V, seed++, 2.0f));
+    auto targets = randint(d.N, seed++, static_cast<int32_t>(d.V));
+    if (d.N > 1) targets[1] = -1;  // ignored: loss 0, gradient row 0
+    const float dloss = 1.0f / static_cast<float>(d.N);
+    const std::vector<float> dloss_rows(d.N, dloss);  // the CPU takes one per row
+    std::vector<float> losses(d.N), dlogits(d.N * d.V);
+    cpu::cross_entropy_fwd_bwd<float>(logits.data(), targets.data(), losses.data(), dlogits.data(), dloss_rows.data(),
+                                      d.N, d.V);
+    DevBuf<bf16> glogits(to_bf16(logits)), gd(d.N * d.V);
+    DevBuf<int32_t> gtargets(targets);
+    DevBuf<float> glosses(d.N);
+    const std::string at = "N=" + std::to_string(d.N) + " V=" + std::to_string(d.V);
+    // 1. dlogits in its own buffer.
+    gd.poison(), glosses.poison();
+    cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), gd.get(), dloss, d.N, d.V, nullptr);
+    const auto first_losses = glosses.download();
+    EXPECT_LE(rel_err(first_losses, losses), kLossBound) << "losses, " << at;
+    EXPECT_LE(rel_err(to_f32(gd.download()), dlogits), kDlogitsBound) << "dlogits, " << at;
+    // 2. Losses only (dlogits null): the same losses, bitwise.
+    glosses.poison();
+    cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), nullptr, dloss, d.N, d.V, nullptr);
+    EXPECT_TRUE(same_bits(glosses.download(), first_losses)) << "loss only, " << at;
+    // 3. dlogits aliasing logits: the same bits as the separate buffer.
+    const auto separate = gd.download();
+    glosses.poison();
+    cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), glogits.get(), dloss, d.N, d.V, nullptr);
+    EXPECT_TRUE(same_bits(glogits.download(), separate)) << "aliased dlogits, " << at;
+    EXPECT_TRUE(same_bits(glosses.download(), first_losses)) << "aliased losses, " << at;
+  }
+}
+
+// A target >= V cannot throw on the device: NaN loss and NaN gradient row (loud), other rows fine.
+TEST(CudaOpsLoss, CrossEntropyTargetOutOfRangeIsNan) {
+  DHX_REQUIRE_GPU();
+  const int64_t N = 3, V = 10;
+  DevBuf<bf16> glogits(to_bf16(randn(N * V, 5))), gd(N * V);
+  DevBuf<int32_t> gtargets(std::vector<int32_t>{2, static_cast<int32_t>(V), 0});
+  DevBuf<float> glosses(N);
+  cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), gd.get(), 1.0f, N, V, nullptr);
+  const auto losses = glosses.download();
+  const auto d = to_f32(gd.download());
+  EXPECT_TRUE(std::isfinite(losses[0]) && std::isnan(losses[1]) && std::isfinite(losses[2]));
+  for (int64_t v = 0; v < V; ++v) EXPECT_TRUE(std::isnan(d[V + v]) && std::isfinite(d[v]) && std::isfinite(d[2 * V + v]));
+  EXPECT_THROW(cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), nullptr, 1.0f, N, 0, nullptr),
+               InternalError);
+}
+
+TEST(CudaOpsOptim, AdamWMatchesCpuWithGradScaleAndBf16Copy) {
+  DHX_REQUIRE_GPU();
+  const AdamWParams a{1e-2, 0.9, 0.95, 1e-8, 0.1, 7};
+  const cpu::AdamWParams ca{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step};
+  const float grad_scale = 0.37f;  // clipping: g is multiplied by this first
+  uint64_t seed = 100;
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+    const auto p0 = randn(n, seed++), g = randn(n, seed++), m0 = randn(n, seed++, 0.1f);
+    auto v0 = randn(n, seed++, 0.01f);
+    for (float& x : v0) x = std::abs(x);  // a second moment is never negative
+    std::vector<float> p = p0, m = m0, v = v0, gs(n);
+    for (int64_t i = 0; i < n; ++i) gs[i] = g[i] * grad_scale;  // the kernel's first fp32 product
+    cpu::adamw_step<float>(p.data(), gs.data(), m.data(), v.data(), n, ca);
+    for (bool with_copy : {true, false}) {
+      DevBuf<float> gp(p0), gg(g), gm(m0), gv(v0);
+      DevBuf<bf16> gcopy(n);
+      gcopy.poison();
+      adamw_step(gp.get(), gg.get(), gm.get(), gv.get(), with_copy ? gcopy.get() : nullptr, n, a, grad_scale, nullptr);
+      const auto got_p = gp.download();
+      EXPECT_LE(rel_err(got_p, p), 1e-6) << "p, n=" << n;
+      EXPECT_LE(rel_err(gm.download(), m), 1e-6) << "m, n=" << n;
+      EXPECT_LE(rel_err(gv.download(), v), 1e-6) << "v, n=" << n;
+      if (with_copy) {
+        EXPECT_TRUE(same_bits(gcopy.download(), to_bf16(got_p))) << "bf16 copy of p, n=" << n;
+      }
+    }
+  }
+  DevBuf<float> x(4);
+  EXPECT_THROW(adamw_step(x.get(), x.get(), x.get(), x.get(), nullptr, 4, AdamWParams{1e-3, 0.9, 0.95, 1e-8, 0, 0},
+                          1.0f, nullptr),
+               InternalError);  // step is 1-based
+}
+
+TEST(CudaOpsOptim, SumSquaresMatchesCpuIsDeterministicAndAccumulates) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, (int64_t{1} << 21) + 7}) {
+    const auto x = randn(n, seed++);
+    const double ref = cpu::sum_squares<float>(x.data(), n);
+    DevBuf<float> gx(x);
+    DevBuf<double> out(1);
+    std::vector<double> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      out.poison();
+      sum_squares(gx.get(), n, out.get(), Accumulate::kNo, nullptr);
+      const auto got = out.download();
+      EXPECT_LE(std::abs(got[0] - ref), 5e-10 * ref) << "n=" << n << " got " << got[0] << " want " << ref;
+      if (rep == 0) {
+        first = got;
+      } else {
+        EXPECT_TRUE(same_bits(got, first)) << "sum_squares twice differs, n=" << n;
+      }
+    }
+    out.upload({5.0});
+    sum_squares(gx.get(), n, out.get(), Accumulate::kYes, nullptr);
+    EXPECT_EQ(out.download()[0], 5.0 + first[0]) << "accumulated, n=" << n;
+  }
+  DevBuf<double> out(1);
+  EXPECT_THROW(sum_squares(nullptr, -1, out.get(), Accumulate::kNo, nullptr), InternalError);
+}
+
+}  // namespace
+}  // namespace dhelix::cuda::test

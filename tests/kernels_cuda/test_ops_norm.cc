@@ -1,0 +1,160 @@
+// LayerNorm and RMSNorm on the GPU (kernels/cuda/Ops.h) against their CPU twins (cpu::layernorm_*,
+// cpu::rmsnorm_* <float>) run on the same bf16-rounded inputs and the same fp32 weights, so the
+// difference is the GPU's own error. Outputs poisoned before each call; accumulated gradients start
+// from random values. Shapes: 16-byte vector path (C % 8 == 0) and the scalar one (ragged C), N = 1.
+//
+// Bounds: a bf16 output (y, dx) is rounded once, within u = 2^-9 relative, plus fp32 noise from the
+// row sums in another order (C <= 4096 terms: ~sqrt(C) 2^-24 < 1e-5); fp32 statistics (mean, rstd)
+// carry only that noise. The parameter gradients sum N <= 1024 rows in another order than the CPU's
+// (chunks of 128 rows vs threads' row ranges): ~sqrt(N) 2^-24 relative, under 1e-5.
+#include <cstring>
+
+#include "CudaTest.h"
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cuda/Ops.h"
+
+namespace dhelix::cuda::test {
+namespace {
+
+struct Shape { int64_t N, C; };
+const Shape kShapes[] = {{1, 768}, {37, 100}, {64, 8}, {300, 1000}, {5, 33}, {1024, 4096}};
+
+constexpr float kEps = 1e-5f;
+constexpr double kBf16OutBound = kBf16U + 1e-5;  // one rounding + fp32 order
+constexpr double kF32Bound = 1e-5;               // fp32 order only
+
+// Rows with different nonzero means (a residual stream's are), so the mean is no cancellation test.
+std::vector<float> rows_with_means(int64_t N, int64_t C, uint64_t seed) {
+  std::vector<float> x = randn(N * C, seed);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) x[n * C + c] += 0.25f * static_cast<float>(n % 7 - 3) + 0.1f;
+  return round_bf16(x);
+}
+std::vector<float> around_one(int64_t C, uint64_t seed) {
+  std::vector<float> g = randn(C, seed, 0.1f);
+  for (float& v : g) v += 1.0f;
+  return g;
+}
+template <typename T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+TEST(CudaOpsNorm, LayerNormForwardMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (const Shape& d : kShapes) {
+    for (bool with_bias : {true, false}) {
+      const auto x = rows_with_means(d.N, d.C, seed++), g = around_one(d.C, seed++), b = randn(d.C, seed++, 0.1f);
+      std::vector<float> y(d.N * d.C), mean(d.N), rstd(d.N);
+      cpu::layernorm_fwd<float>(x.data(), g.data(), with_bias ? b.data() : nullptr, y.data(), mean.data(),
+                                rstd.data(), d.N, d.C, kEps);
+      DevBuf<bf16> gx(to_bf16(x)), gy(d.N * d.C);
+      DevBuf<float> gg(g), gb(b), gmean(d.N), grstd(d.N);
+      gy.poison(), gmean.poison(), grstd.poison();
+      layernorm_fwd(gx.get(), gg.get(), with_bias ? gb.get() : nullptr, gy.get(), gmean.get(), grstd.get(), d.N, d.C,
+                    kEps, nullptr);
+      const std::string at = "N=" + std::to_string(d.N) + " C=" + std::to_string(d.C) + " bias=" +
+                             std::to_string(with_bias);
+      EXPECT_LE(rel_err(to_f32(gy.download()), y), kBf16OutBound) << "y, " << at;
+      EXPECT_LE(rel_err(gmean.download(), mean), kF32Bound) << "mean, " << at;
+      EXPECT_LE(rel_err(grstd.download(), rstd), kF32Bound) << "rstd, " << at;
+    }
+  }
+}
+
+TEST(CudaOpsNorm, LayerNormBackwardMatchesCpuAndIsDeterministic) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const Shape& d : kShapes) {
+    const auto x = rows_with_means(d.N, d.C, seed++), g = around_one(d.C, seed++), b = randn(d.C, seed++, 0.1f);
+    const auto dy = round_bf16(randn(d.N * d.C, seed++));
+    std::vector<float> y(d.N * d.C), mean(d.N), rstd(d.N);
+    cpu::layernorm_fwd<float>(x.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data(), d.N, d.C, kEps);
+    const auto dg0 = randn(d.C, seed++), db0 = randn(d.C, seed++);  // accumulated into
+    std::vector<float> dx(d.N * d.C), dg = dg0, db = db0;
+    cpu::layernorm_bwd<float>(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(), dg.data(), db.data(),
+                              d.N, d.C);
+    DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x)), gdx(d.N * d.C);
+    DevBuf<float> gg(g), gmean(mean), grstd(rstd), gdg(dg0.size()), gdb(db0.size());
+    std::vector<float> first_dx, first_dg, first_db;
+    for (int rep = 0; rep < 2; ++rep) {  // the same call twice: the same bits (fixed-order reductions)
+      gdx.poison();
+      gdg.upload(dg0), gdb.upload(db0);
+      layernorm_bwd(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), gdx.get(), gdg.get(), gdb.get(), d.N,
+                    d.C, nullptr);
+      const auto got_dx = to_f32(gdx.download()), got_dg = gdg.download(), got_db = gdb.download();
+      const std::string at = "N=" + std::to_string(d.N) + " C=" + std::to_string(d.C);
+      if (rep == 0) {
+        EXPECT_LE(rel_err(got_dx, dx), kBf16OutBound) << "dx, " << at;
+        EXPECT_LE(rel_err(got_dg, dg), kF32Bound) << "dg, " << at;
+        EXPECT_LE(rel_err(got_db, db), kF32Bound) << "db, " << at;
+        first_dx = got_dx, first_dg = got_dg, first_db = got_db;
+      } else {
+        EXPECT_TRUE(same_bits(got_dx, first_dx) && same_bits(got_dg, first_dg) && same_bits(got_db, first_db))
+            << "layernorm_bwd run twice differs, " << at;
+      }
+    }
+  }
+}
+
+TEST(CudaOpsNorm, RmsNormForwardMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (const Shape& d : kShapes) {
+    const auto x = rows_with_means(d.N, d.C, seed++), g = around_one(d.C, seed++);
+    std::vector<float> y(d.N * d.C), rstd(d.N);
+    cpu::rmsnorm_fwd<float>(x.data(), g.data(), y.data(), rstd.data(), d.N, d.C, kEps);
+    DevBuf<bf16> gx(to_bf16(x)), gy(d.N * d.C);
+    DevBuf<float> gg(g), grstd(d.N);
+    gy.poison(), grstd.poison();
+    rmsnorm_fwd(gx.get(), gg.get(), gy.get(), grstd.get(), d.N, d.C, kEps, nullptr);
+    EXPECT_LE(rel_err(to_f32(gy.download()), y), kBf16OutBound) << "y, N=" << d.N << " C=" << d.C;
+    EXPECT_LE(rel_err(grstd.download(), rstd), kF32Bound) << "rstd, N=" << d.N << " C=" << d.C;
+  }
+}
+
+TEST(CudaOpsNorm, RmsNormBackwardMatchesCpuAndIsDeterministic) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (const Shape& d : kShapes) {
+    const auto x = rows_with_means(d.N, d.C, seed++), g = around_one(d.C, seed++);
+    const auto dy = round_bf16(randn(d.N * d.C, seed++));
+    std::vector<float> y(d.N * d.C), rstd(d.N);
+    cpu::rmsnorm_fwd<float>(x.data(), g.data(), y.data(), rstd.data(), d.N, d.C, kEps);
+    const auto dg0 = randn(d.C, seed++);
+    std::vector<float> dx(d.N * d.C), dg = dg0;
+    cpu::rmsnorm_bwd<float>(dy.data(), x.data(), g.data(), rstd.data(), dx.data(), dg.data(), d.N, d.C);
+    DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x)), gdx(d.N * d.C);
+    DevBuf<float> gg(g), grstd(rstd), gdg(dg0.size());
+    std::vector<float> first_dx, first_dg;
+    for (int rep = 0; rep < 2; ++rep) {
+      gdx.poison();
+      gdg.upload(dg0);
+      rmsnorm_bwd(gdy.get(), gx.get(), gg.get(), grstd.get(), gdx.get(), gdg.get(), d.N, d.C, nullptr);
+      const auto got_dx = to_f32(gdx.download()), got_dg = gdg.download();
+      if (rep == 0) {
+        EXPECT_LE(rel_err(got_dx, dx), kBf16OutBound) << "dx, N=" << d.N << " C=" << d.C;
+        EXPECT_LE(rel_err(got_dg, dg), kF32Bound) << "dg, N=" << d.N << " C=" << d.C;
+        first_dx = got_dx, first_dg = got_dg;
+      } else {
+        EXPECT_TRUE(same_bits(got_dx, first_dx) && same_bits(got_dg, first_dg))
+            << "rmsnorm_bwd run twice differs, N=" << d.N << " C=" << d.C;
+      }
+    }
+  }
+}
+
+TEST(CudaOpsNorm, BadSizesAreInternalErrors) {
+  DHX_REQUIRE_GPU();
+  DevBuf<bf16> x(64), y(64);
+  DevBuf<float> g(64), stat(8);
+  EXPECT_THROW(layernorm_fwd(x.get(), g.get(), nullptr, y.get(), stat.get(), stat.get(), 8, 0, kEps, nullptr),
+               InternalError);
+  EXPECT_THROW(rmsnorm_fwd(x.get(), g.get(), y.get(), stat.get(), -1, 8, kEps, nullptr), InternalError);
+  EXPECT_THROW(layernorm_bwd(x.get(), x.get(), g.get(), stat.get(), stat.get(), y.get(), g.get(), g.get(), 8, -8,
+                             nullptr),
+               InternalError);
+}
+
+}  // namespace
+}  // namespace dhelix::cuda::test

@@ -1,0 +1,136 @@
+// Pointwise kernels on the GPU (kernels/cuda/Ops.h): GELU, SwiGLU, RoPE, residual adds and casts,
+// against their CPU twins (cpu::gelu_*, swiglu_*, rope_*, add, add_inplace <float>) on the same
+// bf16-rounded inputs; outputs poisoned before each call. Sizes cover the 16-byte path (multiples
+// of 8, aligned), ragged ones and misaligned pointers (the 2-byte path).
+//
+// Bounds: every output is rounded once to bf16 (u = 2^-9 relative) from an fp32 value that differs
+// from the CPU's by fp32 noise only (CUDA's tanhf/expf vs the CPU's polynomial exp, ~2e-7
+// relative; RoPE's cos and sin are the same double values rounded to fp32): u + 1e-5. An add is
+// the CPU's fp32 add then a round to nearest even (to_bf16's rule), and a cast that rounding alone,
+// so those must match bit for bit.
+#include <cstring>
+
+#include "CudaTest.h"
+#include "kernels/cpu/Kernels.h"
+#include "kernels/cuda/Ops.h"
+
+namespace dhelix::cuda::test {
+namespace {
+
+constexpr double kBf16OutBound = kBf16U + 1e-5;  // one rounding + fp32 noise
+const int64_t kSizes[] = {1, 13, 4096, 100003};
+
+bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+}
+
+TEST(CudaOpsPointwise, GeluForwardAndBackwardMatchCpu) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (int64_t n : kSizes) {
+    const auto x = round_bf16(randn(n, seed++, 2.0f)), dy = round_bf16(randn(n, seed++));
+    std::vector<float> y(n), dx(n);
+    cpu::gelu_fwd<float>(x.data(), y.data(), n);
+    cpu::gelu_bwd<float>(dy.data(), x.data(), dx.data(), n);
+    DevBuf<bf16> gx(to_bf16(x)), gdy(to_bf16(dy)), gy(n), gdx(n);
+    gy.poison(), gdx.poison();
+    gelu_fwd(gx.get(), gy.get(), n, nullptr);
+    gelu_bwd(gdy.get(), gx.get(), gdx.get(), n, nullptr);
+    EXPECT_LE(rel_err(to_f32(gy.download()), y), kBf16OutBound) << "gelu_fwd n=" << n;
+    EXPECT_LE(rel_err(to_f32(gdx.download()), dx), kBf16OutBound) << "gelu_bwd n=" << n;
+  }
+}
+
+TEST(CudaOpsPointwise, SwigluForwardAndBackwardMatchCpu) {
+  DHX_REQUIRE_GPU();
+  struct Shape { int64_t N, F; };
+  uint64_t seed = 100;
+  for (const Shape d : {Shape{1, 8}, Shape{7, 13}, Shape{64, 256}, Shape{33, 1000}, Shape{3, 1}}) {
+    const auto gu = round_bf16(randn(d.N * 2 * d.F, seed++, 2.0f)), dy = round_bf16(randn(d.N * d.F, seed++));
+    std::vector<float> y(d.N * d.F), dgu(d.N * 2 * d.F);
+    cpu::swiglu_fwd<float>(gu.data(), y.data(), d.N, d.F);
+    cpu::swiglu_bwd<float>(dy.data(), gu.data(), dgu.data(), d.N, d.F);
+    DevBuf<bf16> ggu(to_bf16(gu)), gdy(to_bf16(dy)), gy(d.N * d.F), gdgu(d.N * 2 * d.F);
+    gy.poison(), gdgu.poison();
+    swiglu_fwd(ggu.get(), gy.get(), d.N, d.F, nullptr);
+    swiglu_bwd(gdy.get(), ggu.get(), gdgu.get(), d.N, d.F, nullptr);
+    EXPECT_LE(rel_err(to_f32(gy.download()), y), kBf16OutBound) << "swiglu_fwd N=" << d.N << " F=" << d.F;
+    EXPECT_LE(rel_err(to_f32(gdgu.download()), dgu), kBf16OutBound) << "swiglu_bwd N=" << d.N << " F=" << d.F;
+  }
+}
+
+// In place on [B, T, row_stride] rows; columns outside the H heads must keep their bits.
+TEST(CudaOpsPointwise, RopeForwardAndBackwardMatchCpuAndLeaveOtherColumns) {
+  DHX_REQUIRE_GPU();
+  struct Shape { int64_t B, T, H, D, stride, pos; double theta; };
+  const Shape shapes[] = {{1, 1, 1, 2, 2, 0, 10000.0},
+                          {2, 5, 3, 8, 29, 7, 10000.0},
+                          {1, 17, 2, 6, 12, 0, 500000.0},
+                          {2, 64, 4, 64, 3 * 256, 100, 500000.0}};  // q of a packed qkv row
+  uint64_t seed = 200;
+  for (const Shape& d : shapes) {
+    for (int dir = 0; dir < 2; ++dir) {
+      const auto x = round_bf16(randn(d.B * d.T * d.stride, seed++));
+      std::vector<float> ref = x;
+      if (dir == 0) cpu::rope_fwd<float>(ref.data(), d.B, d.T, d.H, d.D, d.stride, d.pos, d.theta);
+      else cpu::rope_bwd<float>(ref.data(), d.B, d.T, d.H, d.D, d.stride, d.pos, d.theta);
+      DevBuf<bf16> gx(to_bf16(x));
+      if (dir == 0) rope_fwd(gx.get(), d.B, d.T, d.H, d.D, d.stride, d.pos, d.theta, nullptr);
+      else rope_bwd(gx.get(), d.B, d.T, d.H, d.D, d.stride, d.pos, d.theta, nullptr);
+      const auto got = to_f32(gx.download());
+      const char* what = dir == 0 ? "rope_fwd" : "rope_bwd";
+      EXPECT_LE(rel_err(got, ref), kBf16OutBound) << what << " B=" << d.B << " T=" << d.T << " H=" << d.H
+                                                   << " D=" << d.D << " stride=" << d.stride;
+      int64_t moved = 0;
+      for (int64_t r = 0; r < d.B * d.T; ++r)
+        for (int64_t c = d.H * d.D; c < d.stride; ++c) moved += got[r * d.stride + c] != x[r * d.stride + c];
+      EXPECT_EQ(moved, 0) << what << ": columns past H*D=" << d.H * d.D << " changed";
+    }
+  }
+  DevBuf<bf16> x(16);
+  EXPECT_THROW(rope_fwd(x.get(), 1, 2, 1, 3, 8, 0, 10000.0, nullptr), InternalError);   // odd D
+  EXPECT_THROW(rope_fwd(x.get(), 1, 2, 2, 4, 6, 0, 10000.0, nullptr), InternalError);   // H*D > stride
+}
+
+TEST(CudaOpsPointwise, AddsEqualTheCpuSumRoundedOnce) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (int64_t n : kSizes) {
+    for (int64_t offset : {0, 1}) {  // offset 1: pointers 2 bytes past a 16-byte boundary
+      const auto a = round_bf16(randn(n + 1, seed++)), b = round_bf16(randn(n + 1, seed++));
+      std::vector<float> sum(n + 1);
+      cpu::add<float>(a.data(), b.data(), sum.data(), n + 1);
+      std::vector<float> sum_n(sum.begin() + offset, sum.begin() + offset + n);
+      DevBuf<bf16> ga(to_bf16(a)), gb(to_bf16(b)), gy(n + 1);
+      gy.poison();
+      add(ga.get() + offset, gb.get() + offset, gy.get() + offset, n, nullptr);
+      auto got = gy.download();
+      EXPECT_TRUE(same_bits(std::vector<bf16>(got.begin() + offset, got.begin() + offset + n), to_bf16(sum_n)))
+          << "add n=" << n << " offset=" << offset;
+      add_inplace(ga.get() + offset, gb.get() + offset, n, nullptr);  // a += b
+      got = ga.download();
+      EXPECT_TRUE(same_bits(std::vector<bf16>(got.begin() + offset, got.begin() + offset + n), to_bf16(sum_n)))
+          << "add_inplace n=" << n << " offset=" << offset;
+    }
+  }
+  EXPECT_THROW(add(nullptr, nullptr, nullptr, -1, nullptr), InternalError);
+}
+
+TEST(CudaOpsPointwise, CastsRoundToNearestEvenAndBack) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 400;
+  for (int64_t n : kSizes) {
+    const auto x = randn(n, seed++, 3.0f);
+    DevBuf<float> gx(x), gback(n);
+    DevBuf<bf16> gy(n);
+    gy.poison(), gback.poison();
+    cast_f32_to_bf16(gx.get(), gy.get(), n, nullptr);
+    cast_bf16_to_f32(gy.get(), gback.get(), n, nullptr);
+    EXPECT_TRUE(same_bits(gy.download(), to_bf16(x))) << "cast_f32_to_bf16 n=" << n;
+    const auto back = gback.download(), want = round_bf16(x);
+    EXPECT_EQ(0, std::memcmp(back.data(), want.data(), n * sizeof(float))) << "cast_bf16_to_f32 n=" << n;
+  }
+}
+
+}  // namespace
+}  // namespace dhelix::cuda::test
