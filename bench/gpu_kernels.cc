@@ -23,6 +23,7 @@
 #include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Cuda.h"
 #include "kernels/cuda/Gemm.h"
+#include "kernels/cuda/Ops.h"
 
 namespace dhelix::cuda {
 namespace {
@@ -31,6 +32,11 @@ struct Model {
   std::string name;
   bool llama;
   int64_t L, C, H, Hkv, F, V;
+  int64_t params() const {  // as bench/gpu_torch.py's models (GPT-2: tied head, 1024 positions)
+    const int64_t D = C / H;
+    if (llama) return L * (C * (H + 2 * Hkv) * D + C * C + C * 2 * F + F * C + 2 * C) + 2 * V * C + C;
+    return L * (C * 3 * C + 3 * C + C * C + C + C * F + F + F * C + C + 4 * C) + V * C + 1024 * C + 2 * C;
+  }
 };
 const Model kModels[] = {{"gpt2-124m", false, 12, 768, 12, 12, 3072, 50257},
                          {"llama-1b", true, 16, 2048, 32, 8, 8192, 32000}};
@@ -38,13 +44,22 @@ const Model kModels[] = {{"gpt2-124m", false, 12, 768, 12, 12, 3072, 50257},
 // A device buffer of n bf16 (or fp32) filled with small random values.
 class Buf {
  public:
+  // Random bf16 values (fp32 words made of two of them are finite, about N(0, 0.5^2) too): up to
+  // 16 MB drawn on the host, then repeated by device copies (doubling) to fill the buffer.
   Buf(size_t bytes, uint64_t seed) : bytes_(bytes) {
-    DHX_CUDA(cudaMalloc(&p_, bytes));
-    std::vector<uint16_t> h(bytes / 2);
+    DHX_CUDA(cudaMalloc(&p_, std::max<size_t>(bytes, 2)));
+    const size_t first = std::min<size_t>(bytes, size_t{16} << 20) / 2 * 2;
+    std::vector<uint16_t> h(first / 2);
     std::mt19937 g(static_cast<uint32_t>(seed));
     std::normal_distribution<float> d(0.0f, 0.5f);
     for (auto& x : h) x = f32_to_bf16_bits(d(g));
-    DHX_CUDA(cudaMemcpy(p_, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    char* dst = static_cast<char*>(p_);
+    DHX_CUDA(cudaMemcpy(dst, h.data(), first, cudaMemcpyHostToDevice));
+    for (size_t done = first; done < bytes && done > 0;) {
+      const size_t n = std::min(done, bytes - done);
+      DHX_CUDA(cudaMemcpy(dst + done, dst, n, cudaMemcpyDeviceToDevice));
+      done += n;
+    }
   }
   ~Buf() { cudaFree(p_); }
   Buf(const Buf&) = delete;
@@ -138,6 +153,80 @@ void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t 
   });
 }
 
+// The step's other kernels (norms, activations, residual adds, RoPE, embedding, the fused
+// cross-entropy, AdamW and the gradient norm), on the step's shapes.
+void rest_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
+  const int64_t N = B * T, C = m.C, D = C / m.H, W = (m.H + 2 * m.Hkv) * D, L = m.L;
+  const int64_t F = m.F, Vp = (m.V + 63) / 64 * 64;
+  const double Ld = static_cast<double>(L);
+  Buf x(N * C * 2, 21), y(N * C * 2, 22), dy(N * C * 2, 23), g(C * 4, 24), bb(C * 4, 25), stat(N * 4, 26),
+      stat2(N * 4, 27), dg(C * 4, 28), db(C * 4, 29);
+  // Norm statistics from a real forward, so the backward reads finite values.
+  if (m.llama) {
+    rmsnorm_fwd(x.as<bf16>(), g.as<float>(), y.as<bf16>(), stat.as<float>(), N, C, 1e-5f, s);
+    b.time("rmsnorm fwd", "rest", 2 * Ld + 1, 0,
+           [&] { rmsnorm_fwd(x.as<bf16>(), g.as<float>(), y.as<bf16>(), stat.as<float>(), N, C, 1e-5f, s); });
+    b.time("rmsnorm bwd", "rest", 2 * Ld + 1, 0, [&] {
+      rmsnorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), y.as<bf16>(), dg.as<float>(), N, C, s);
+    });
+  } else {
+    layernorm_fwd(x.as<bf16>(), g.as<float>(), bb.as<float>(), y.as<bf16>(), stat.as<float>(), stat2.as<float>(), N, C,
+                  1e-5f, s);
+    b.time("layernorm fwd", "rest", 2 * Ld + 1, 0, [&] {
+      layernorm_fwd(x.as<bf16>(), g.as<float>(), bb.as<float>(), y.as<bf16>(), stat.as<float>(), stat2.as<float>(), N,
+                    C, 1e-5f, s);
+    });
+    b.time("layernorm bwd", "rest", 2 * Ld + 1, 0, [&] {
+      layernorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), stat2.as<float>(), y.as<bf16>(),
+                    dg.as<float>(), db.as<float>(), N, C, s);
+    });
+  }
+  // Residual adds: two per layer forward, two per layer backward (the residual stream's gradient).
+  b.time("residual add", "rest", 4 * Ld, 0, [&] { add(x.as<bf16>(), dy.as<bf16>(), y.as<bf16>(), N * C, s); });
+  if (m.llama) {
+    Buf gu(N * 2 * F * 2, 30), h(N * F * 2, 31), dgu(N * 2 * F * 2, 32), qkv(N * W * 2, 33);
+    b.time("swiglu fwd", "rest", Ld, 0, [&] { swiglu_fwd(gu.as<bf16>(), h.as<bf16>(), N, F, s); });
+    b.time("swiglu bwd", "rest", Ld, 0, [&] { swiglu_bwd(h.as<bf16>(), gu.as<bf16>(), dgu.as<bf16>(), N, F, s); });
+    // RoPE on the q and k heads of the packed qkv rows (H + Hkv heads of D at row stride W).
+    b.time("rope fwd", "rest", Ld, 0, [&] { rope_fwd(qkv.as<bf16>(), B, T, m.H + m.Hkv, D, W, 0, 500000.0, s); });
+    b.time("rope bwd", "rest", Ld, 0, [&] { rope_bwd(qkv.as<bf16>(), B, T, m.H + m.Hkv, D, W, 0, 500000.0, s); });
+  } else {
+    Buf hx(N * F * 2, 34), hy(N * F * 2, 35);
+    b.time("gelu fwd", "rest", Ld, 0, [&] { gelu_fwd(hx.as<bf16>(), hy.as<bf16>(), N * F, s); });
+    b.time("gelu bwd", "rest", Ld, 0, [&] { gelu_bwd(hy.as<bf16>(), hx.as<bf16>(), hy.as<bf16>(), N * F, s); });
+  }
+  {
+    Buf tok(N * 4, 0), wte(m.V * C * 2, 36), wpe(T * C * 2, 37), dwte(m.V * C * 4, 38), dwpe(T * C * 4, 39);
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    std::mt19937 r(5);
+    for (auto& v : t) v = static_cast<int32_t>(r() % static_cast<uint32_t>(m.V));
+    DHX_CUDA(cudaMemcpy(tok.as<int32_t>(), t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+    const bf16* pe = m.llama ? nullptr : wpe.as<bf16>();
+    float* dpe = m.llama ? nullptr : dwpe.as<float>();
+    b.time("embedding fwd", "rest", 1, 0,
+           [&] { embedding_fwd(tok.as<int32_t>(), wte.as<bf16>(), pe, y.as<bf16>(), B, T, C, m.V, 0, s); });
+    b.time("embedding bwd", "rest", 1, 0,
+           [&] { embedding_bwd(tok.as<int32_t>(), dy.as<bf16>(), dwte.as<float>(), dpe, B, T, C, m.V, 0, s); });
+    Buf logits(N * m.V * 2, 40), losses(N * 4, 41);
+    b.time("cross-entropy", "rest", 1, 0, [&] {
+      cross_entropy_fwd_bwd(logits.as<bf16>(), tok.as<int32_t>(), losses.as<float>(), logits.as<bf16>(),
+                            1.0f / static_cast<float>(N), N, m.V, s);
+    });
+    (void)Vp;
+  }
+  {
+    // AdamW over every parameter (one launch) and the gradient norm before it.
+    const int64_t P = m.params();
+    Buf p(P * 4, 42), gr(P * 4, 43), mm(P * 8, 44), pb(P * 2, 45), nrm(8, 46);
+    DHX_CUDA(cudaMemset(mm.as<float>(), 0, P * 8));
+    AdamWParams a{3e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+    b.time("grad norm", "rest", 1, 0, [&] { sum_squares(gr.as<float>(), P, nrm.as<double>(), Accumulate::kNo, s); });
+    b.time("adamw", "rest", 1, 0, [&] {
+      adamw_step(p.as<float>(), gr.as<float>(), mm.as<float>(), mm.as<float>() + P, pb.as<bf16>(), P, a, 1.0f, s);
+    });
+  }
+}
+
 std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStream_t s) {
   const int64_t N = B * T, D = m.C / m.H;
   Bench b(s);
@@ -150,6 +239,7 @@ std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStre
   const int64_t Vp = (m.V + 63) / 64 * 64;  // the head's rows padded: an odd row stride halves cuBLAS's rate
   linear_ops(b, blas, "lm head", N, m.C, Vp, false, 1.0, s);
   attention_ops(b, m, B, T, s);
+  rest_ops(b, m, B, T, s);
 
   std::map<std::string, double> cls;
   double total = 0, gemm_flops = 0;
