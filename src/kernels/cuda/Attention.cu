@@ -1,24 +1,34 @@
 // Causal GQA attention on bf16 tensor cores (Attention.h), FlashAttention-2's algorithm with
-// mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Not here: wgmma / TMA pipelines (a later speed-up).
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate), operands by ldmatrix from shared tiles that cp.async
+// fills one tile ahead. Not here: wgmma / TMA pipelines (a later speed-up).
 //
-// Tiling: 64 query rows x 64 keys per block step, 4 warps of 16 query (or key) rows each; a tile of
-// 64 rows x D is staged in shared memory (rows padded by 8 bf16: conflict-free fragment loads), ragged
-// rows past T zero-filled and masked. Key tiles past a query tile's last query are skipped (causal).
-//   forward  grid (T/64, H, B): Q tile, K/V tiles streamed, online softmax (running max and sum in
-//            fp32, log2 units), O = sum P V with P rounded to bf16, lse = max + log(sum) saved.
+// Tiling (shared rows padded by 8 bf16: ldmatrix and cp.async conflict-free; ragged rows past T
+// zero-filled, then masked or never stored; tiles past the causal diagonal skipped per warp, the
+// mask applied only on tiles that cross it):
+//   forward  grid (T/128, H, B): 128 query rows per block (D=64: 4 warps x 32 rows, so each K/V
+//            fragment feeds two mma; D=128: 8 warps x 16), Q fragments held in registers; 64-key
+//            K, V tiles double-buffered; online softmax in fp32 on log2(e)-prescaled scores (exp2),
+//            O = sum P V with P rounded to bf16, lse = max + log(sum) saved.
 //   backward D_i = rowsum(dO * O) (fp32, one warp per row); then
-//            grid (T/64, Hkv, B): per key tile, over the group's H/Hkv query heads and the query tiles
-//            at or after it, in that fixed order: dV += P^T dO, dK += dS^T Q (fp32 registers);
-//            grid (T/64, H, B): per query tile, over key tiles: dQ += dS K.
+//            grid (T/128, Hkv, B), 8 warps x 16 keys: per 128-key tile, over the group's H/Hkv
+//            query heads and the 64-row query tiles at or after it, in that fixed order (Q, dO,
+//            lse, D_i double-buffered): dV += P^T dO, dK += dS^T Q (fp32 registers);
+//            grid (T/128, H, B), 8 warps x 16 queries, Q and dO fragments in registers, 64-key K, V
+//            tiles double-buffered: dQ += dS K.
 //            P = exp(scale S - lse) recomputed, dS = P (dP - D_i), P and dS rounded to bf16 for the
 //            products. No atomics: every output element is summed by one thread in one order.
 // FLOPs (causal, the masked half skipped up to the diagonal tiles): forward 2 products of
 // B H T^2 D each = 2 B H T^2 D; backward 7 (S, dP twice, dV, dK, dQ) = 7 B H T^2 D. GPT-2 (B=16,
 // T=1024, H=12, D=64): 25.8 GFLOP forward, 90 GFLOP backward.
-// Bytes (one tensor [B, T, H, D] bf16 = 25.2 MB there): forward Q, O once, K, V once per query tile
-// at or after theirs ((T/64 + 1) / 2 = 8.5 times on average): 2 + 2 * 8.5 = 19 tensors, most K/V
-// re-reads from L2 (fewer with GQA: a kv head's tiles serve H/Hkv query heads);
-// backward ~43 tensors (dK/dV pass 21, dQ pass 20, D_i 2). Figure on the H100: not measured yet.
+// Bytes (one tensor [B, T, H, D] bf16 = 25.2 MB there): forward Q, O once, K, V once per 128-row
+// query tile at or after theirs ((T/128 + 1) / 2 = 4.5 times on average): 2 + 2 * 4.5 = 11 tensors,
+// most K/V re-reads from L2 (fewer with GQA: a kv head's tiles serve H/Hkv query heads); backward
+// ~28 tensors (dK/dV pass: K, V, dK, dV once, Q, dO ~4.75 times each; dQ pass: Q, dO, dQ once, K, V
+// 4.5 times each; D_i 2).
+// Measured (H200, 2026-11-26, bench/gpu_kernels.cc) on the previous version (64 x 64 tiles, 4 warps,
+// 32-bit fragment loads, no cp.async): GPT-2 B=16 forward 0.219 ms = 118 TFLOP/s, backward 0.723 ms
+// = 89 TFLOP/s (the bench's count: causal halved, backward 2.5x forward); Llama-1B B=4 forward 111,
+// backward 66 TFLOP/s. This version: not measured yet.
 #include "kernels/cuda/Attention.h"
 
 #include <climits>
@@ -28,15 +38,22 @@ namespace dhelix::cuda {
 
 namespace {
 
-constexpr int kTile = 64;                // query rows and keys per tile
-constexpr int kWarps = 4;                // each owns 16 rows of the tile
-constexpr int kThreads = kWarps * 32;
-constexpr int kPad = 8;                  // bf16 per shared row past D: rows 16 B apart in banks
+constexpr int kBig = 128;   // query rows of a forward / dQ block; keys of a dK/dV block
+constexpr int kSmall = 64;  // keys of a streamed K/V tile; query rows of a streamed Q/dO tile (dK/dV)
+constexpr int kBwdThreads = 256;  // dK/dV and dQ: 8 warps of 16 rows each
+constexpr int kPad = 8;     // bf16 per shared row past D: rows 16 B apart in banks (ldmatrix, cp.async conflict-free)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <int D> constexpr int kLd = D + kPad;                               // shared row stride
-template <int D> constexpr size_t kTileBytes = sizeof(bf16) * kTile * kLd<D>;  // one [64, D] tile
+template <int D> constexpr int kLd = D + kPad;  // shared row stride (elements)
+template <int D> constexpr size_t kRowBytes = sizeof(bf16) * kLd<D>;
+
+// Forward: 16-row m-tiles per warp. D = 64: 4 warps x 32 rows (each K/V fragment feeds 2 mma);
+// D = 128: 8 warps x 16 rows (registers: acc alone is 64 fp32 per m-tile there).
+template <int D> struct FwdCfg {
+  static constexpr int kMT = D == 64 ? 2 : 1;
+  static constexpr int kThreads = 32 * kBig / (16 * kMT);
+};
 
 // ---- warp-level pieces of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16") ----
 // lane = 4 g + c (g = groupID 0..7, c = threadID_in_group 0..3). For a 16 x 16 A tile (row-major),
@@ -44,7 +61,17 @@ template <int D> constexpr size_t kTileBytes = sizeof(bf16) * kTile * kLd<D>;  /
 // for a 16 x 8 B tile, b0 = (k rows 2c, 2c+1; col g), b1 = (k rows 2c+8, 2c+9; col g); the fp32
 // 16 x 8 C tile: c0, c1 = (row g, cols 2c, 2c+1), c2, c3 = (row g+8, cols 2c, 2c+1). In each pair the
 // lower column (or k) is the lower 16 bits.
+// ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8 x 8 matrix i, register i receives it in the
+// same (row g, cols 2c, 2c+1) layout; .trans delivers (rows 2c, 2c+1; col g). So for a row-major
+// shared tile X: A of rows r..r+15, cols k..k+15 = matrices (r, k), (r+8, k), (r, k+8), (r+8, k+8):
+// lane row r + (lane & 15), col k + 8 (lane >> 4) [kLaneA]; B = X^T (rows of X are n), n-tiles n, n+8
+// = matrices (n, k), (n, k+8), (n+8, k), (n+8, k+8): lane row n + (lane & 7) + 8 (lane >> 4), col
+// k + 8 ((lane >> 3) & 1) [kLaneBt]; B = X (rows of X are k), .trans, n-tiles n, n+8 = matrices
+// (k, n), (k+8, n), (k, n+8), (k+8, n+8): kLaneA's addresses.
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -52,183 +79,272 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-
-__device__ __forceinline__ uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ uint32_t pack(bf16 lo, bf16 hi) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
 }
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+// 16 bytes global -> shared, asynchronous; zero-filled where !valid (nothing read then).
+__device__ __forceinline__ void cp_async16(bf16* dst, const bf16* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits for every cp.async group this thread committed (a __syncthreads then publishes them).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  return pack(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the lower 16 bits
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// A fragment: rows r0..r0+15, cols k0..k0+15 of the row-major tile X (row stride ld).
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* X, int ld, int r0, int k0, int lane) {
-  const int r = r0 + (lane >> 2), k = k0 + (lane & 3) * 2;
-  a[0] = ld32(X + r * ld + k);
-  a[1] = ld32(X + (r + 8) * ld + k);
-  a[2] = ld32(X + r * ld + k + 8);
-  a[3] = ld32(X + (r + 8) * ld + k + 8);
-}
-// B fragment of B = X^T (B[k][n] = X[n][k], X row-major): n0..n0+7 x k0..k0+15; pairs adjacent in X.
-__device__ __forceinline__ void load_b(uint32_t (&b)[2], const bf16* X, int ld, int n0, int k0, int lane) {
-  const int n = n0 + (lane >> 2), k = k0 + (lane & 3) * 2;
-  b[0] = ld32(X + n * ld + k);
-  b[1] = ld32(X + n * ld + k + 8);
-}
-// B fragment of B = X (B[k][n] = X[k][n], X row-major): a pair spans two rows of X.
-__device__ __forceinline__ void load_b_trans(uint32_t (&b)[2], const bf16* X, int ld, int k0, int n0, int lane) {
-  const int n = n0 + (lane >> 2), k = k0 + (lane & 3) * 2;
-  b[0] = pack(X[k * ld + n], X[(k + 1) * ld + n]);
-  b[1] = pack(X[(k + 8) * ld + n], X[(k + 9) * ld + n]);
+// Per-lane element offsets into a shared tile for the two ldmatrix address patterns (above).
+template <int D> __device__ __forceinline__ int lane_a(int lane) { return (lane & 15) * kLd<D> + (lane >> 4) * 8; }
+template <int D> __device__ __forceinline__ int lane_bt(int lane) {
+  return ((lane & 7) + ((lane >> 4) << 3)) * kLd<D> + ((lane >> 3) & 1) * 8;
 }
 
-// s[16, 64] = A[a0 .. a0+15, 0..D) X[0..64, 0..D)^T, fp32: a warp's rows of a score tile, as C
-// fragments s[j] (cols 8j..8j+7). A and X are shared [64, D] tiles.
+// A fragments of rows a0..a0+15, all D columns, of the shared tile X: a[kk] is k-chunk kk.
 template <int D>
-__device__ __forceinline__ void scores(float (&s)[8][4], const bf16* A, int a0, const bf16* X, int lane) {
+__device__ __forceinline__ void load_a(uint32_t (&a)[D / 16][4], const bf16* X, int a0, int lane) {
+  const bf16* p = X + a0 * kLd<D> + lane_a<D>(lane);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(a[kk], p + kk * 16);
+}
+
+// s[mt][j] = A_mt X^T: MT m-tiles of 16 rows (A in registers, a[mt][kk]) against the 64 rows of the
+// shared [64, D] tile X, fp32 C fragments s[mt][j] (cols 8j..8j+7 = X's rows).
+template <int D, int MT>
+__device__ __forceinline__ void scores(float (&s)[MT][8][4], const uint32_t (&a)[MT][D / 16][4], const bf16* X,
+                                       int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+  const bf16* p = X + lane_bt<D>(lane);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+      uint32_t b[4];
+      ldsm_x4(b, p + jp * 16 * kLd<D> + kk * 16);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma(s[mt][2 * jp], a[mt][kk], b0);
+        mma(s[mt][2 * jp + 1], a[mt][kk], b1);
+      }
+    }
+}
+
+// The same with A = rows a0..a0+15 of the shared tile A (one m-tile, fragments loaded per k-chunk).
+template <int D>
+__device__ __forceinline__ void scores_smem_a(float (&s)[1][8][4], const bf16* A, int a0, const bf16* X, int lane) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.0f;
+  const bf16* pa = A + a0 * kLd<D> + lane_a<D>(lane);
+  const bf16* p = X + lane_bt<D>(lane);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[4];
-    load_a(a, A, kLd<D>, a0, kk * 16, lane);
+    ldsm_x4(a, pa + kk * 16);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint32_t b[2];
-      load_b(b, X, kLd<D>, j * 8, kk * 16, lane);
-      mma(s[j], a, b);
+    for (int jp = 0; jp < 4; ++jp) {
+      uint32_t b[4];
+      ldsm_x4(b, p + jp * 16 * kLd<D> + kk * 16);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma(s[0][2 * jp], a, b0);
+      mma(s[0][2 * jp + 1], a, b1);
     }
   }
 }
 
-// acc[16, D] += bf16(p[16, 64]) X[0..64, 0..D): p in C fragments (cols = X's rows) becomes the A
-// operand in registers (C pair (row, 2c..) of tiles 2kk and 2kk+1 is A's pair (row, 2c..) and
-// (row, 2c+8..) of k-chunk kk).
-template <int D>
-__device__ __forceinline__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* X, int lane) {
+// acc[mt][16, D] += bf16(p[mt][16, 64]) X[0..64, 0..D): p in C fragments (cols = X's rows) becomes
+// the A operand in registers (C pair (row, 2c..) of tiles 2kk and 2kk+1 is A's pair (row, 2c..) and
+// (row, 2c+8..) of k-chunk kk); X's fragments by ldmatrix.trans.
+template <int D, int MT>
+__device__ __forceinline__ void accumulate(float (&acc)[MT][D / 8][4], const float (&p)[MT][8][4], const bf16* X,
+                                           int lane) {
+  const bf16* base = X + lane_a<D>(lane);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint32_t a[4] = {pack(p[2 * kk][0], p[2 * kk][1]), pack(p[2 * kk][2], p[2 * kk][3]),
-                           pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t a[MT][4];
 #pragma unroll
-    for (int jd = 0; jd < D / 8; ++jd) {
-      uint32_t b[2];
-      load_b_trans(b, X, kLd<D>, kk * 16, jd * 8, lane);
-      mma(acc[jd], a, b);
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = pack(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = pack(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = pack(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = pack(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldsm_x4_trans(b, base + kk * 16 * kLd<D> + dp * 16);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma(acc[mt][2 * dp], a[mt], b0);
+        mma(acc[mt][2 * dp + 1], a[mt], b1);
+      }
     }
   }
 }
 
-// Rows [0, rows) of a [64, D] tile from global (row stride `stride` elements, g at row 0, column 0 of
-// the head) into shared X; rows past `rows` zero-filled. 16-byte pieces.
-template <int D>
+// Rows [0, rows) of an [R, D] tile from global (row stride `stride` elements, g at row 0, column 0 of
+// the head) into shared X by cp.async, 16-byte pieces; rows past `rows` zero-filled. Not committed.
+template <int D, int R, int kThreads>
 __device__ __forceinline__ void load_tile(bf16* X, const bf16* __restrict__ g, int64_t stride, int rows) {
   constexpr int kPieces = D / 8;
-  for (int i = threadIdx.x; i < kTile * kPieces; i += kThreads) {
-    const int r = i / kPieces, c = (i % kPieces) * 8;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows) v = *reinterpret_cast<const uint4*>(g + r * stride + c);
-    *reinterpret_cast<uint4*>(X + r * kLd<D> + c) = v;
+  static_assert(R * kPieces % kThreads == 0);
+#pragma unroll
+  for (int it = 0; it < R * kPieces / kThreads; ++it) {
+    const int i = it * kThreads + static_cast<int>(threadIdx.x), r = i / kPieces, c = (i % kPieces) * 8;
+    const bool valid = r < rows;
+    cp_async16(X + r * kLd<D> + c, g + (valid ? r : 0) * stride + c, valid);
   }
 }
 
-// acc rows (g, g+8 of the warp's 16) scaled, rounded to bf16 and stored at row t0 + r of `out`
-// (row stride `stride`, column 0 of the head) for rows before `rows`.
-template <int D>
-__device__ __forceinline__ void store_rows(bf16* out, int64_t stride, const float (&acc)[D / 8][4], int r0, int rows,
-                                           float mul, int lane) {
+template <int MT, int N> __device__ __forceinline__ void zero(float (&x)[MT][N][4]) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = r0 + (lane >> 2) + 8 * i;
-    if (r >= rows) continue;
-    bf16* row = out + r * stride + (lane & 3) * 2;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int jd = 0; jd < D / 8; ++jd)
-      *reinterpret_cast<__nv_bfloat162*>(row + jd * 8) =
-          __floats2bfloat162_rn(acc[jd][2 * i] * mul, acc[jd][2 * i + 1] * mul);
-  }
+    for (int j = 0; j < N; ++j) x[mt][j][0] = x[mt][j][1] = x[mt][j][2] = x[mt][j][3] = 0.0f;
 }
 
-// ---- forward: grid (ceil(T/64), H, B), the query tiles with the most key tiles first ----
-template <int D>
-__global__ void __launch_bounds__(kThreads)
-    fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ o,
-               float* __restrict__ lse, AttnShape s, float scale_log2) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [64, D] each
-  bf16* Ks = Qs + kTile * kLd<D>;
-  bf16* Vs = Ks + kTile * kLd<D>;
-  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, T = static_cast<int>(s.T);
-  const int qi = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-  const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / (s.H / s.Hkv);
-  const int t0 = qi * kTile, rows = min(kTile, T - t0);
-  load_tile<D>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
-
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g+8: running max (log2 units), sum
-  float acc[D / 8][4];
+// acc rows (g, g+8 of each 16-row m-tile from r0) scaled, rounded to bf16 and stored at row r of
+// `out` (row stride `stride`, column 0 of the head) for rows before `rows`.
+template <int D, int MT>
+__device__ __forceinline__ void store_rows(bf16* out, int64_t stride, const float (&acc)[MT][D / 8][4], int r0,
+                                           int rows, float mul, int lane) {
 #pragma unroll
-  for (int jd = 0; jd < D / 8; ++jd) acc[jd][0] = acc[jd][1] = acc[jd][2] = acc[jd][3] = 0.0f;
-  const int kend = (t0 + rows - 1) / kTile + 1;  // key tiles up to the one holding the last query
-  for (int kj = 0; kj < kend; ++kj) {
-    const int s0 = kj * kTile;
-    __syncthreads();  // every warp is done with the previous K, V
-    load_tile<D>(Ks, k + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, min(kTile, T - s0));
-    load_tile<D>(Vs, v + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, min(kTile, T - s0));
-    __syncthreads();
-    float sc[8][4];
-    scores<D>(sc, Qs, r0, Ks, lane);
-    // Element (j, e): query t0 + r0 + g + 8 (e / 2), key s0 + 8 j + 2 c + e % 2; keys after the query masked.
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int t = t0 + r0 + (lane >> 2) + 8 * i;
-      float mx = -INFINITY;
+      const int r = r0 + 16 * mt + (lane >> 2) + 8 * i;
+      if (r >= rows) continue;
+      bf16* row = out + r * stride + (lane & 3) * 2;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = s0 + j * 8 + (lane & 3) * 2 + e;
-          float& x = sc[j][2 * i + e];
-          x = key <= t && key < T ? x * scale_log2 : -INFINITY;
-          mx = fmaxf(mx, x);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 lanes
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[i], mx);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: all zeros, no NaN
-      const float corr = exp2f(m[i] - base);                 // 0 on the row's first keys
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[j][2 * i + e];
-          x = exp2f(x - base);
-          sum += x;
-        }
-      m[i] = m_new;
-      l[i] = l[i] * corr + sum;  // this lane's part of the row sum
-#pragma unroll
-      for (int jd = 0; jd < D / 8; ++jd) acc[jd][2 * i] *= corr, acc[jd][2 * i + 1] *= corr;
+      for (int jd = 0; jd < D / 8; ++jd)
+        *reinterpret_cast<__nv_bfloat162*>(row + jd * 8) =
+            __floats2bfloat162_rn(acc[mt][jd][2 * i] * mul, acc[mt][jd][2 * i + 1] * mul);
     }
-    accumulate<D>(acc, sc, Vs, lane);
+}
+
+// Causal mask of a score tile in C fragments: element (mt, j, e) is row q0 + 16 mt + g + 8 (e / 2),
+// column k0 + 8 j + 2 c + e % 2; set to -inf where column > row (keys after the query).
+template <int MT>
+__device__ __forceinline__ void mask_after(float (&s)[MT][8][4], int q0, int k0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k0 + 8 * j + 2 * (lane & 3) + (e & 1) > q0 + 16 * mt + (lane >> 2) + 8 * (e >> 1)) s[mt][j][e] = -INFINITY;
+}
+
+// ---- forward: grid (ceil(T/128), H, B), the query tiles with the most key tiles first ----
+// Q [128, D] -> registers; K, V [64, D] tiles double-buffered in shared memory (cp.async tile j+1
+// in flight while tile j is computed); one barrier per key tile.
+template <int D>
+__global__ void __launch_bounds__(FwdCfg<D>::kThreads)
+    fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ o,
+               float* __restrict__ lse, AttnShape s, float scale_log2) {
+  constexpr int MT = FwdCfg<D>::kMT, kThreads = FwdCfg<D>::kThreads, kKV = kSmall * kLd<D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [128, D]
+  bf16* Ks = Qs + kBig * kLd<D>;             // [2][64, D]
+  bf16* Vs = Ks + 2 * kKV;                   // [2][64, D]
+  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16 * MT, T = static_cast<int>(s.T);
+  const int qi = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / (s.H / s.Hkv);
+  const int t0 = qi * kBig, rows = min(kBig, T - t0);
+  const int kend = (t0 + rows - 1) / kSmall + 1;  // key tiles up to the one holding the last query
+  const bf16* kg = k + b * s.T * s.kv_stride + hk * D;
+  const bf16* vg = v + b * s.T * s.kv_stride + hk * D;
+  load_tile<D, kBig, kThreads>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
+  load_tile<D, kSmall, kThreads>(Ks, kg, s.kv_stride, min(kSmall, T));
+  load_tile<D, kSmall, kThreads>(Vs, vg, s.kv_stride, min(kSmall, T));
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+  uint32_t qf[MT][D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) load_a<D>(qf[mt], Qs, r0 + 16 * mt, lane);
+
+  float m[MT][2], l[MT][2];  // rows g, g+8 of each m-tile: running max (scaled, log2 units), this lane's sum
+  float acc[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+  zero(acc);
+  const int wq0 = t0 + r0, wq1 = wq0 + 16 * MT - 1;  // the warp's first and last query
+  for (int kj = 0; kj < kend; ++kj) {
+    const int s0 = kj * kSmall, buf = kj & 1;
+    cp_async_wait_all();
+    __syncthreads();  // tile kj landed for every thread's pieces; every warp is done with tile kj - 1
+    if (kj + 1 < kend) {  // into the buffer tile kj - 1 used
+      const int s1 = s0 + kSmall;
+      load_tile<D, kSmall, kThreads>(Ks + (buf ^ 1) * kKV, kg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
+      load_tile<D, kSmall, kThreads>(Vs + (buf ^ 1) * kKV, vg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
+      cp_async_commit();
+    }
+    if (s0 > wq1) continue;  // every key after every query of this warp (the diagonal's far side)
+    float sc[MT][8][4];
+    scores<D, MT>(sc, qf, Ks + buf * kKV, lane);
+    // Keys past T sit only in a tile that also crosses the diagonal, where the mask drops them for
+    // every query < T; rows past T are never stored.
+    if (s0 + kSmall - 1 > wq0) mask_after(sc, wq0, s0, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * i], sc[mt][j][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's 4 lanes
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][i], mx * scale_log2);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: all zeros, no NaN
+        const float corr = exp2f(m[mt][i] - base);             // 0 on the row's first keys
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[mt][j][2 * i + e];
+            x = exp2f(fmaf(x, scale_log2, -base));
+            sum += x;
+          }
+        m[mt][i] = m_new;
+        l[mt][i] = l[mt][i] * corr + sum;
+#pragma unroll
+        for (int jd = 0; jd < D / 8; ++jd) acc[mt][jd][2 * i] *= corr, acc[mt][jd][2 * i + 1] *= corr;
+      }
+    accumulate<D, MT>(acc, sc, Vs + buf * kKV, lane);
   }
 
-  float inv[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    inv[i] = 1.0f / l[i];
-    const int r = r0 + (lane >> 2) + 8 * i;
-    if ((lane & 3) == 0 && r < rows) lse[(b * s.H + h) * s.T + t0 + r] = m[i] * kLn2 + logf(l[i]);
-  }
-  // rows g and g+8 have their own 1/l: scale acc per row, then store with multiplier 1.
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int jd = 0; jd < D / 8; ++jd) {
-    acc[jd][0] *= inv[0], acc[jd][1] *= inv[0];
-    acc[jd][2] *= inv[1], acc[jd][3] *= inv[1];
-  }
-  store_rows<D>(o + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, acc, r0, rows, 1.0f, lane);
+    for (int i = 0; i < 2; ++i) {
+      float li = l[mt][i];
+      li += __shfl_xor_sync(0xffffffffu, li, 1);
+      li += __shfl_xor_sync(0xffffffffu, li, 2);
+      const float inv = 1.0f / li;
+      const int r = r0 + 16 * mt + (lane >> 2) + 8 * i;
+      if ((lane & 3) == 0 && r < rows) lse[(b * s.H + h) * s.T + t0 + r] = m[mt][i] * kLn2 + logf(li);
+#pragma unroll
+      for (int jd = 0; jd < D / 8; ++jd) acc[mt][jd][2 * i] *= inv, acc[mt][jd][2 * i + 1] *= inv;
+    }
+  store_rows<D, MT>(o + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, acc, r0, rows, 1.0f, lane);
 }
 
 // ---- backward ----
@@ -253,117 +369,165 @@ __global__ void dot_kernel(const bf16* __restrict__ o, const bf16* __restrict__ 
   if (lane == 0) Di[n] = sum;
 }
 
-// dK, dV of one key tile: grid (ceil(T/64), Hkv, B). Each warp owns 16 keys; per (query head of the
-// group, query tile at or after the key tile), in that order: S^T = K Q^T, dP^T = V dO^T (keys x
-// queries), P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D_i); dV += P^T dO, dK += dS^T Q.
+// dK, dV of one 128-key tile: grid (ceil(T/128), Hkv, B), the tiles with the most work first. Each
+// warp owns 16 keys (K, V fragments from shared memory); the block walks (query head of the group,
+// 64-row query tile at or after the key tile), in that order, the Q, dO, lse, D_i tiles
+// double-buffered: S^T = K Q^T, dP^T = V dO^T (keys x queries), P^T = exp(scale S^T - lse),
+// dS^T = P^T (dP^T - D_i); dV += P^T dO, dK += dS^T Q (fp32 registers).
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBwdThreads)
     dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                 const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
                 bf16* __restrict__ dk, bf16* __restrict__ dv, AttnShape s, float scale_log2, float scale) {
+  constexpr int kQ = kSmall * kLd<D>;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem);  // [64, D] each
-  bf16* Vs = Ks + kTile * kLd<D>;
-  bf16* Qs = Vs + kTile * kLd<D>;
-  bf16* dOs = Qs + kTile * kLd<D>;
-  float* lse_s = reinterpret_cast<float*>(dOs + kTile * kLd<D>);  // [64], log2 units
-  float* di_s = lse_s + kTile;                                    // [64]
+  bf16* Ks = reinterpret_cast<bf16*>(smem);  // [128, D]
+  bf16* Vs = Ks + kBig * kLd<D>;             // [128, D]
+  bf16* Qs = Vs + kBig * kLd<D>;             // [2][64, D]
+  bf16* dOs = Qs + 2 * kQ;                   // [2][64, D]
+  float* lse_s = reinterpret_cast<float*>(dOs + 2 * kQ);  // [2][64], natural log
+  float* di_s = lse_s + 2 * kSmall;                       // [2][64]
   const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, T = static_cast<int>(s.T);
-  const int kj = blockIdx.x;
   const int64_t hk = blockIdx.y, b = blockIdx.z, G = s.H / s.Hkv;
-  const int s0 = kj * kTile, keys = min(kTile, T - s0), nq = (T + kTile - 1) / kTile;
-  load_tile<D>(Ks, k + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, keys);
-  load_tile<D>(Vs, v + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, keys);
+  const int s0 = static_cast<int>(blockIdx.x) * kBig, keys = min(kBig, T - s0);
+  const int qbeg = s0 / kSmall, nqt = (T + kSmall - 1) / kSmall - qbeg;  // query tiles at or after the keys
+  const int n_it = static_cast<int>(G) * nqt;
+  // Issues the loads of step `it` (head hk G + it / nqt, query tile qbeg + it % nqt) into buffer buf.
+  auto issue = [&](int it, int buf) {
+    const int64_t h = hk * G + it / nqt;
+    const int t0 = (qbeg + it % nqt) * kSmall, rows = min(kSmall, T - t0);
+    load_tile<D, kSmall, kBwdThreads>(Qs + buf * kQ, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
+    load_tile<D, kSmall, kBwdThreads>(dOs + buf * kQ, dout + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, rows);
+    if (threadIdx.x < 2 * kSmall) {  // rows past T: lse = D_i = 0 (masked below)
+      const int r = threadIdx.x & (kSmall - 1);
+      const bool valid = r < rows;
+      const int64_t at = (b * s.H + h) * s.T + t0 + (valid ? r : 0);
+      if (threadIdx.x < kSmall) cp_async4(lse_s + buf * kSmall + r, lse + at, valid);
+      else cp_async4(di_s + buf * kSmall + r, Di + at, valid);
+    }
+  };
+  load_tile<D, kBig, kBwdThreads>(Ks, k + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, keys);
+  load_tile<D, kBig, kBwdThreads>(Vs, v + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, keys);
+  issue(0, 0);
+  cp_async_commit();
 
-  float dka[D / 8][4], dva[D / 8][4];
-#pragma unroll
-  for (int jd = 0; jd < D / 8; ++jd)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dka[jd][e] = dva[jd][e] = 0.0f;
-  for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-    for (int qi = kj; qi < nq; ++qi) {  // query tile qi holds queries >= s0 from qi = kj on
-      const int t0 = qi * kTile, rows = min(kTile, T - t0);
-      __syncthreads();  // every warp is done with the previous Q, dO, lse, D_i (and K, V are loaded)
-      load_tile<D>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
-      load_tile<D>(dOs, dout + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, rows);
-      for (int r = threadIdx.x; r < kTile; r += kThreads) {
-        lse_s[r] = r < rows ? lse[(b * s.H + h) * s.T + t0 + r] * kLog2e : 0.0f;
-        di_s[r] = r < rows ? Di[(b * s.H + h) * s.T + t0 + r] : 0.0f;
-      }
-      __syncthreads();
-      float p[8][4], ds[8][4];
-      scores<D>(p, Ks, r0, Qs, lane);
-      scores<D>(ds, Vs, r0, dOs, lane);
-      // Element (j, e): key s0 + r0 + g + 8 (e / 2), query t0 + 8 j + 2 c + e % 2; queries before the key masked.
+  float dka[1][D / 8][4], dva[1][D / 8][4];
+  zero(dka);
+  zero(dva);
+  const int wk0 = s0 + r0;  // the warp's first key
+  for (int it = 0; it < n_it; ++it) {
+    const int buf = it & 1, t0 = (qbeg + it % nqt) * kSmall;
+    cp_async_wait_all();
+    __syncthreads();  // step it landed; every warp is done with step it - 1's buffer
+    if (it + 1 < n_it) {
+      issue(it + 1, buf ^ 1);
+      cp_async_commit();
+    }
+    if (t0 + kSmall - 1 < wk0) continue;  // every query before every key of this warp
+    const bf16* Qb = Qs + buf * kQ;
+    const bf16* dOb = dOs + buf * kQ;
+    float p[1][8][4], ds[1][8][4];
+    scores_smem_a<D>(p, Ks, r0, Qb, lane);
+    scores_smem_a<D>(ds, Vs, r0, dOb, lane);
+    // Element (j, e): key wk0 + g + 8 (e / 2), query t0 + 8 j + 2 c + e % 2. Masked (P = 0): queries
+    // before the key, and query rows past T (zero Q, dO, lse, D_i there: finite, so dS = 0 too).
+    if (t0 < wk0 + 15 || t0 + kSmall > T) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = s0 + r0 + (lane >> 2) + 8 * (e >> 1), col = j * 8 + (lane & 3) * 2 + (e & 1);
-          const int t = t0 + col;
-          const float pe = key <= t && t < T ? exp2f(p[j][e] * scale_log2 - lse_s[col]) : 0.0f;
-          p[j][e] = pe;
-          ds[j][e] = pe * (ds[j][e] - di_s[col]);
+          const int key = wk0 + (lane >> 2) + 8 * (e >> 1), t = t0 + 8 * j + 2 * (lane & 3) + (e & 1);
+          if (t < key || t >= T) p[0][j][e] = -INFINITY;
         }
-      accumulate<D>(dva, p, dOs, lane);
-      accumulate<D>(dka, ds, Qs, lane);
     }
+    const float* lb = lse_s + buf * kSmall + 2 * (lane & 3);
+    const float* db = di_s + buf * kSmall + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 ls = *reinterpret_cast<const float2*>(lb + 8 * j);
+      const float2 dd = *reinterpret_cast<const float2*>(db + 8 * j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -(e & 1 ? ls.y : ls.x) * kLog2e));
+        p[0][j][e] = pe;
+        ds[0][j][e] = pe * (ds[0][j][e] - (e & 1 ? dd.y : dd.x));
+      }
+    }
+    accumulate<D, 1>(dva, p, dOb, lane);
+    accumulate<D, 1>(dka, ds, Qb, lane);
   }
-  store_rows<D>(dk + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, dka, r0, keys, scale, lane);
-  store_rows<D>(dv + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, dva, r0, keys, 1.0f, lane);
+  store_rows<D, 1>(dk + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, dka, r0, keys, scale, lane);
+  store_rows<D, 1>(dv + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, dva, r0, keys, 1.0f, lane);
 }
 
-// dQ of one query tile: grid (ceil(T/64), H, B), the tiles with the most key tiles first. Per key
-// tile up to the diagonal: S = Q K^T, dP = dO V^T, dS = P (dP - D_i); dQ += dS K.
+// dQ of one 128-row query tile: grid (ceil(T/128), H, B), the tiles with the most key tiles first.
+// Each warp owns 16 query rows (Q, dO fragments in registers); K, V [64, D] tiles double-buffered.
+// Per key tile up to the diagonal: S = Q K^T, dP = dO V^T, dS = P (dP - D_i); dQ += dS K.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBwdThreads)
     dq_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
               const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
               bf16* __restrict__ dq, AttnShape s, float scale_log2, float scale) {
+  constexpr int kKV = kSmall * kLd<D>;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [64, D] each
-  bf16* dOs = Qs + kTile * kLd<D>;
-  bf16* Ks = dOs + kTile * kLd<D>;
-  bf16* Vs = Ks + kTile * kLd<D>;
+  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [128, D]
+  bf16* dOs = Qs + kBig * kLd<D>;            // [128, D]
+  bf16* Ks = dOs + kBig * kLd<D>;            // [2][64, D]
+  bf16* Vs = Ks + 2 * kKV;                   // [2][64, D]
   const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, T = static_cast<int>(s.T);
   const int qi = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / (s.H / s.Hkv);
-  const int t0 = qi * kTile, rows = min(kTile, T - t0);
-  load_tile<D>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
-  load_tile<D>(dOs, dout + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, rows);
-  float lse2[2], di[2];  // rows g, g+8
+  const int t0 = qi * kBig, rows = min(kBig, T - t0);
+  const int kend = (t0 + rows - 1) / kSmall + 1;
+  const bf16* kg = k + b * s.T * s.kv_stride + hk * D;
+  const bf16* vg = v + b * s.T * s.kv_stride + hk * D;
+  load_tile<D, kBig, kBwdThreads>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
+  load_tile<D, kBig, kBwdThreads>(dOs, dout + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, rows);
+  load_tile<D, kSmall, kBwdThreads>(Ks, kg, s.kv_stride, min(kSmall, T));
+  load_tile<D, kSmall, kBwdThreads>(Vs, vg, s.kv_stride, min(kSmall, T));
+  cp_async_commit();
+  float lse2[2], di[2];  // rows g, g+8; rows past T: 0 (their dS is 0: dO = 0 there)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = r0 + (lane >> 2) + 8 * i;
     lse2[i] = r < rows ? lse[(b * s.H + h) * s.T + t0 + r] * kLog2e : 0.0f;
     di[i] = r < rows ? Di[(b * s.H + h) * s.T + t0 + r] : 0.0f;
   }
+  cp_async_wait_all();
+  __syncthreads();
+  uint32_t qf[1][D / 16][4], df[1][D / 16][4];
+  load_a<D>(qf[0], Qs, r0, lane);
+  load_a<D>(df[0], dOs, r0, lane);
 
-  float dqa[D / 8][4];
-#pragma unroll
-  for (int jd = 0; jd < D / 8; ++jd) dqa[jd][0] = dqa[jd][1] = dqa[jd][2] = dqa[jd][3] = 0.0f;
-  const int kend = (t0 + rows - 1) / kTile + 1;
+  float dqa[1][D / 8][4];
+  zero(dqa);
+  const int wq0 = t0 + r0, wq1 = wq0 + 15;
   for (int kj = 0; kj < kend; ++kj) {
-    const int s0 = kj * kTile;
-    __syncthreads();  // every warp is done with the previous K, V
-    load_tile<D>(Ks, k + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, min(kTile, T - s0));
-    load_tile<D>(Vs, v + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, min(kTile, T - s0));
-    __syncthreads();
-    float p[8][4], ds[8][4];
-    scores<D>(p, Qs, r0, Ks, lane);
-    scores<D>(ds, dOs, r0, Vs, lane);
-    // Element (j, e): query t0 + r0 + g + 8 (e / 2), key s0 + 8 j + 2 c + e % 2.
+    const int s0 = kj * kSmall, buf = kj & 1;
+    cp_async_wait_all();
+    __syncthreads();  // tile kj landed; every warp is done with tile kj - 1
+    if (kj + 1 < kend) {
+      const int s1 = s0 + kSmall;
+      load_tile<D, kSmall, kBwdThreads>(Ks + (buf ^ 1) * kKV, kg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
+      load_tile<D, kSmall, kBwdThreads>(Vs + (buf ^ 1) * kKV, vg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
+      cp_async_commit();
+    }
+    if (s0 > wq1) continue;
+    const bf16* Kb = Ks + buf * kKV;
+    float p[1][8][4], ds[1][8][4];
+    scores<D, 1>(p, qf, Kb, lane);
+    scores<D, 1>(ds, df, Vs + buf * kKV, lane);
+    if (s0 + kSmall - 1 > wq0) mask_after(p, wq0, s0, lane);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int t = t0 + r0 + (lane >> 2) + 8 * (e >> 1), key = s0 + j * 8 + (lane & 3) * 2 + (e & 1);
-        const float pe = key <= t && t < T ? exp2f(p[j][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
-        ds[j][e] = pe * (ds[j][e] - di[e >> 1]);
+        const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -lse2[e >> 1]));
+        ds[0][j][e] = pe * (ds[0][j][e] - di[e >> 1]);
       }
-    accumulate<D>(dqa, ds, Ks, lane);
+    accumulate<D, 1>(dqa, ds, Kb, lane);
   }
-  store_rows<D>(dq + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, dqa, r0, rows, scale, lane);
+  store_rows<D, 1>(dq + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, dqa, r0, rows, scale, lane);
 }
 
 // ---- host side ----
@@ -376,7 +540,7 @@ void check_shape(const AttnShape& s, const char* op) {
                   " Hkv=", s.Hkv, " D=", s.D);
   DHX_CUDA_ASSERT(s.q_stride % 8 == 0 && s.kv_stride % 8 == 0 && s.o_stride % 8 == 0, op, ": strides q=",
                   s.q_stride, " kv=", s.kv_stride, " o=", s.o_stride, " are not multiples of 8 elements (16 B)");
-  DHX_CUDA_ASSERT(s.T <= INT_MAX - kTile && s.H <= 65535 && s.Hkv <= 65535 && s.B <= 65535, op, ": B=", s.B, " T=",
+  DHX_CUDA_ASSERT(s.T <= INT_MAX - kBig && s.H <= 65535 && s.Hkv <= 65535 && s.B <= 65535, op, ": B=", s.B, " T=",
                   s.T, " H=", s.H, " past the grid's limits (B, H <= 65535)");
 }
 
@@ -386,10 +550,10 @@ void check_aligned(const void* p, const char* name, const char* op) {
 
 template <int D> void fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const AttnShape& s,
                           float scale, cudaStream_t st) {
-  const size_t smem = 3 * kTileBytes<D>;
+  const size_t smem = (kBig + 4 * kSmall) * kRowBytes<D>;  // Q, 2 x (K, V)
   DHX_CUDA(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(cdiv(s.T, kTile)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B));
-  fwd_kernel<D><<<grid, kThreads, smem, st>>>(q, k, v, o, lse, s, scale * kLog2e);
+  const dim3 grid(static_cast<unsigned>(cdiv(s.T, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B));
+  fwd_kernel<D><<<grid, FwdCfg<D>::kThreads, smem, st>>>(q, k, v, o, lse, s, scale * kLog2e);
   DHX_CUDA_LAUNCHED(fwd_kernel);
 }
 
@@ -403,24 +567,23 @@ template <int D> void bwd(const bf16* q, const bf16* k, const bf16* v, const bf1
   dot_kernel<D><<<static_cast<unsigned>(cdiv(rows, kDotWarps)), kDotWarps * 32, 0, st>>>(o, dout, Di, s);
   DHX_CUDA_LAUNCHED(dot_kernel);
 
-  const size_t smem_kv = 4 * kTileBytes<D> + 2 * kTile * sizeof(float);
+  const unsigned tiles = static_cast<unsigned>(cdiv(s.T, kBig));
+  const size_t smem_kv = (2 * kBig + 4 * kSmall) * kRowBytes<D> + 4 * kSmall * sizeof(float);  // K, V, 2 x (Q, dO, lse, D_i)
   DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem_kv)));
-  const unsigned tiles = static_cast<unsigned>(cdiv(s.T, kTile));
-  dkdv_kernel<D><<<dim3(tiles, static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)), kThreads, smem_kv, st>>>(
+  dkdv_kernel<D><<<dim3(tiles, static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)), kBwdThreads, smem_kv, st>>>(
       q, k, v, dout, lse, Di, dk, dv, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dkdv_kernel);
 
-  const size_t smem_q = 4 * kTileBytes<D>;
+  const size_t smem_q = (2 * kBig + 4 * kSmall) * kRowBytes<D>;  // Q, dO, 2 x (K, V)
   DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_q)));
-  dq_kernel<D><<<dim3(tiles, static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)), kThreads, smem_q, st>>>(
+  dq_kernel<D><<<dim3(tiles, static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)), kBwdThreads, smem_q, st>>>(
       q, k, v, dout, lse, Di, dq, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dq_kernel);
   DHX_CUDA(cudaFreeAsync(Di, st));
 }
 
 }  // namespace
-
 void attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const AttnShape& s, float scale,
                    cudaStream_t st) {
   check_shape(s, "attention_fwd");
