@@ -111,6 +111,30 @@ ParamEntry& ParamStore::resolve(const UnitSpec& u, const std::string& local) {
 
 void ParamStore::zero_grads() { flat_grads_.zero_(); }
 
+void ParamStore::move_to(Device d, MemoryTracker* tracker, StreamHandle stream) {
+  if (d == device()) return;
+  flat_values_ = flat_values_.to(d, tracker, stream);
+  flat_grads_ = flat_grads_.to(d, tracker, stream);
+  flat_bf16_ = d.is_host() ? Tensor() : Tensor::empty(flat_values_.shape(), DType::kBF16, tracker, d, stream);
+  for (ParamEntry& e : entries_) {
+    const int64_t n = shape_numel(e.spec.shard);
+    e.value = flat_values_.narrow0(e.offset, n).view(e.spec.shard);
+    e.grad = flat_grads_.narrow0(e.offset, n).view(e.spec.shard);
+    e.value_bf16 = d.is_host() ? Tensor() : flat_bf16_.narrow0(e.offset, n).view(e.spec.shard);
+  }
+  refresh_bf16(stream);
+}
+
+void ParamStore::refresh_bf16(StreamHandle stream) {
+  if (!flat_bf16_.defined()) return;
+  const Tensor v = flat_values_.to(Device::host(), nullptr, stream);
+  Tensor h = Tensor::empty(v.shape(), DType::kBF16);
+  const float* src = v.f32();
+  uint16_t* dst = h.data<uint16_t>();
+  for (int64_t i = 0; i < v.numel(); ++i) dst[i] = f32_to_bf16(src[i]);
+  flat_bf16_.copy_from(h);
+}
+
 bool ParamStore::owns_unit(int unit) const { return std::binary_search(owned_.begin(), owned_.end(), unit); }
 
 int64_t ParamStore::num_elements() const {

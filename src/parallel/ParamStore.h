@@ -21,6 +21,7 @@ struct ParamEntry {
   int64_t global_index = 0;  // position among the whole model's entries (a one-stage store's order)
   Tensor value;       // view into the flat values, shape spec.shard
   Tensor grad;        // view into the flat grads, accumulated by both strands
+  Tensor value_bf16;  // a GPU store's bf16 copy of value (the GEMMs' weights), or undefined
 };
 
 struct GradBucket {
@@ -65,12 +66,23 @@ class ParamStore {
   const ParamEntry* tied_copy() const { return tied_copy_ < 0 ? nullptr : &entries_[tied_copy_]; }
   void zero_grads();
   int64_t num_elements() const;  // parameter elements (no padding)
+  // Moves the flat values and gradients to `d` (their bytes copied, ordered on `stream`; charged to
+  // `tracker`) and points every entry's value and grad at the moved buffers. On a GPU the store also
+  // keeps a flat bf16 copy of the values (each entry's value_bf16), the weights its bf16 GEMMs read:
+  // made here, rewritten by the GPU optimizer with each update (or refresh_bf16). A GPU run keeps
+  // its model states on its GPU; checkpoints read them back through Tensor::to.
+  void move_to(Device d, MemoryTracker* tracker, StreamHandle stream = nullptr);
+  // Rewrites the bf16 copy from the fp32 values (after the values changed other than through the
+  // GPU optimizer: set_values, a checkpoint load). Rounds on the host; a no-op on a host store.
+  void refresh_bf16(StreamHandle stream = nullptr);
+  Device device() const { return flat_values_.device(); }
 
  private:
   std::vector<ParamEntry> entries_;
   std::map<std::string, size_t> index_;
   std::vector<GradBucket> buckets_;
   Tensor flat_values_, flat_grads_;
+  Tensor flat_bf16_;  // a GPU store's bf16 copy of flat_values_ (undefined on the host)
   int dp_;
   std::vector<int> owned_;  // sorted unit indices
   int64_t tied_copy_ = -1;

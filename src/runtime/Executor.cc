@@ -265,6 +265,9 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
                 ctx_.act_mem, ctx_.dloss, ctx_.shard, &ctx_.router, ctx_.cp_rank, ctx_.layout.cp, ctx_.bf16_weights,
                 ctx_.kernels.precision};
+    call.device = ctx_.device;
+    call.stream = compute_->handle();
+    call.blas = ctx_.blas;
     const bool diverted = !op.grads.empty() && std::any_of(observers_.begin(), observers_.end(), [&](StepObserver* o) {
                             return o->divert_grad_op(s.mb, s.unit, op);
                           });

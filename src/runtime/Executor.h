@@ -72,6 +72,7 @@ struct RunContext {
   Bf16Weights* bf16_weights = nullptr;
   MemoryTracker* state_mem = nullptr;  // model and optimizer states (the bf16 weight copies count there)
   cpu::KernelConfig kernels;  // the GEMM precision handed to the op kernels; threads: StepRunner sets them
+  cuda::Blas* blas = nullptr;  // a GPU run's cuBLASLt GEMMs (one per GPU; not owned), else null
 };
 
 // One micro-batch positioned at one unit on one strand.
@@ -115,6 +116,8 @@ class Executor {
   const std::vector<StepObserver*>& observers() const { return observers_; }
   // Compute launched after this call waits for `w` (a receive whose buffer the next op reads):
   // on the host a join, on a GPU an event wait on the compute stream.
+  // The compute stream's device handle (a cudaStream_t on a GPU; nullptr on the host).
+  StreamHandle compute_stream() const { return compute_->handle(); }
   void stream_wait(const Work& w) {
     WorkEvent done(w);
     compute_->wait(done);

@@ -32,7 +32,7 @@ Tensor& UnitEnv::at(const std::string& name) {
 
 Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
   Tensor& t = env.bufs[op.outputs.at(i)];
-  t = Tensor::empty(shape, dt, act_mem);
+  t = Tensor::empty(shape, dt, act_mem, device, stream);
   return t;
 }
 

@@ -16,6 +16,9 @@
 #include "parallel/ParamStore.h"
 
 namespace dhelix {
+namespace cuda {
+class Blas;  // kernels/cuda/Gemm.h (a CUDA build's GEMMs)
+}
 
 // What the MoE router saw over a step: per layer and expert the tokens routed there, and the
 // load-balancing loss weighted by each micro-batch's tokens (sum over layers and micro-batches of
@@ -48,6 +51,9 @@ struct OpCall {
   int cp = 1;
   Bf16Weights* bf16_weights = nullptr;  // this step's bf16 weight copies (GEMM precision bf16), or null
   cpu::GemmPrecision precision = cpu::GemmPrecision::kFp32;  // the run's (RunContext::kernels)
+  Device device = Device::host();  // where the op's tensors live and its kernels run (RunContext::device)
+  StreamHandle stream = nullptr;   // the compute stream a GPU op's kernels are enqueued on
+  cuda::Blas* blas = nullptr;      // a GPU run's GEMMs (RunContext::blas), else null
 
   // The vocabulary shard this rank holds (tp rank, or y under 3D); the first sequence row of its
   // activations (Megatron's sequence shard; 0 under 3D, which splits no sequence); the divisor of
@@ -60,6 +66,7 @@ struct OpCall {
   int64_t seq_pos(int64_t t) const;
 
   Tensor& in(size_t i) const { return env.at(op.inputs.at(i)); }
+  // A new output tensor on the op's device (ordered on its stream), charged to the activations.
   Tensor& out_new(size_t i, const Shape& shape, DType dt = DType::kF32) const;
   ParamEntry& param(size_t i) const { return params.resolve(unit, op.params.at(i)); }
   ParamEntry& grad(size_t i) const { return params.resolve(unit, op.grads.at(i)); }

@@ -38,8 +38,9 @@ void StepRunner::link_forward(Inflight& f, int unit, const MicroBatch& data, Ten
   auto& env = f.envs[unit];
   DHX_ASSERT(!env, "micro-batch {} runs its forward through unit {} twice", f.mb, unit);
   env = std::make_unique<UnitEnv>();
-  if (unit == 0) env->bufs["tokens"] = data.tokens;
-  if (unit == exec_.num_units() - 1) env->bufs["targets"] = data.targets;
+  // On a GPU the micro-batch's tokens and targets are copied to it (a few KB per micro-batch).
+  if (unit == 0) env->bufs["tokens"] = data.tokens.to(ctx_.device, nullptr, exec_.compute_stream());
+  if (unit == exec_.num_units() - 1) env->bufs["targets"] = data.targets.to(ctx_.device, nullptr, exec_.compute_stream());
   if (unit == 0) return;
   if (received.defined()) {  // from the previous stage
     env->bufs["x"] = received;
@@ -67,7 +68,7 @@ void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
   UnitEnv& env = *b.envs[unit];
   DHX_ASSERT(env.pending.empty(), "unit {} finished backward with collectives in flight", unit);
   if (unit == exec_.num_units() - 1) {
-    Tensor& loss = env.at("loss");
+    const Tensor loss = env.at("loss").to(Device::host());  // a GPU's losses: copied back (synchronises)
     const float* l = loss.f32();
     for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += l[i];
     st.tokens += loss.numel();
@@ -318,7 +319,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
         sends.push_back(pp->send(y, chunks[c + 1].rank, transfer_tag({TransferKind::kActivation, m, c + 1, 0}, S)));
       }
       if (ch.unit_end == U) {
-        Tensor& loss = f.envs[U - 1]->at("loss");
+        const Tensor loss = f.envs[U - 1]->at("loss").to(Device::host());
         for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += loss.f32()[i];
         st.tokens += loss.numel();
       }

@@ -2,8 +2,10 @@
 // buffers, fresh random inputs (never zeros), poisoned outputs (every element must be written), and
 // the relative error ||a - ref|| / ||ref|| in double against a CPU oracle.
 //
-// Tolerances: a bf16 value carries a relative rounding error of at most u = 2^-9 (8 bits of
-// mantissa, round to nearest even). An output rounded once to bf16 is within u of its exact value;
+// Tolerances: a bf16 value carries a relative rounding error of at most u = 2^-8 (8 significant
+// bits, 7 stored and the implicit one; round to nearest even: half of the spacing 2^-7 at 1). An
+// earlier version used 2^-9, a bound random rounding meets in the norm over many elements but a
+// handful of elements need not (swiglu_fwd's 8-element row measured 0.0020 on an H200). An output rounded once to bf16 is within u of its exact value;
 // a sum of K products of bf16-rounded inputs accumulated in fp32 has an error of about
 // 2u * sqrt(K)-ish in the relative norm for random inputs (each product's inputs carry u each, the
 // errors are independent, and the fp32 accumulation adds K * 2^-24 at most). Each test writes its
@@ -23,7 +25,7 @@
 
 namespace dhelix::cuda::test {
 
-constexpr double kBf16U = 1.0 / 512;  // unit roundoff of bf16
+constexpr double kBf16U = 1.0 / 256;  // unit roundoff of bf16: 2^-8
 
 #define DHX_REQUIRE_GPU()                                                               \
   do {                                                                                  \

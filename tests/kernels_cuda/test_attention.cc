@@ -4,7 +4,7 @@
 // (not a multiple of the 64- and 128-row tiles), GQA, MQA, D = 64 and 128, and q, k, v as views into one
 // packed qkv buffer (with o wider than H D).
 //
-// Tolerances, from u = 2^-9 (bf16's unit roundoff, CudaTest.h):
+// Tolerances, from u = 2^-8 (bf16's unit roundoff, CudaTest.h):
 //   o:  o_t = sum_s P_ts v_s / l_t. The GPU rounds each weight P_ts to bf16 for the P V product
 //       (relative error <= u per weight, independent between keys; l_t stays fp32), and rounds o
 //       once (<= u). For random v the first error sum_s P_ts d_s v_s has the size of u |o_t| (the

@@ -5,7 +5,7 @@
 // Bounds. Cross-entropy: S = sum_v e^(x_v - max) over V <= 50257 terms in another order than the
 // CPU's sequential sum (~sqrt(V) 2^-24 ~ 1.3e-5 relative at most for terms of one size), plus the
 // CPU's polynomial exp (2e-7): losses within 2e-5 relative; dlogits are rounded once to bf16, so
-// u = 2^-9 plus that. AdamW: the same fp32 formula, some operations fused (FMA) on the GPU: a few
+// u = 2^-8 plus that. AdamW: the same fp32 formula, some operations fused (FMA) on the GPU: a few
 // 2^-24 relative per element, 1e-6 in the norm. sum_squares: both sum the exact products x^2 in
 // double, in two orders: each within (n - 1) 2^-53 relative (all terms positive), 2.4e-10 at
 // n = 2^21 + 7, so at most 5e-10 apart.

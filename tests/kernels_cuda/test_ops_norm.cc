@@ -3,7 +3,7 @@
 // difference is the GPU's own error. Outputs poisoned before each call; accumulated gradients start
 // from random values. Shapes: 16-byte vector path (C % 8 == 0) and the scalar one (ragged C), N = 1.
 //
-// Bounds: a bf16 output (y, dx) is rounded once, within u = 2^-9 relative, plus fp32 noise from the
+// Bounds: a bf16 output (y, dx) is rounded once, within u = 2^-8 relative, plus fp32 noise from the
 // row sums in another order (C <= 4096 terms: ~sqrt(C) 2^-24 < 1e-5); fp32 statistics (mean, rstd)
 // carry only that noise. The parameter gradients sum N <= 1024 rows in another order than the CPU's
 // (chunks of 128 rows vs threads' row ranges): ~sqrt(N) 2^-24 relative, under 1e-5.

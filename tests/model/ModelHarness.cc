@@ -6,6 +6,9 @@
 
 #include "base/Error.h"
 #include "runtime/Executor.h"
+#if DHELIX_HAVE_CUDA
+#include "kernels/cuda/Gemm.h"
+#endif
 #include "sharding/ParamSharding.h"
 
 namespace dhelix::test {
@@ -82,14 +85,26 @@ std::vector<MicroBatch> random_micro_batches(const ModelConfig& m, const MicroBa
   return out;
 }
 
-ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches)
+ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device)
     : model_(m), mb_(mb), micro_batches_(micro_batches) {
   StepPartsSpec ps;
   ps.model = model_;
   ps.mb = mb_;
   ps.tokens_per_step = static_cast<double>(micro_batches_ * mb_.tokens());
   parts_ = std::make_unique<StepParts>(ps);
+  if (device.is_host()) return;
+#if DHELIX_HAVE_CUDA
+  auto blas = std::make_shared<cuda::Blas>(device.index);
+  parts_->ctx.blas = blas.get();
+  blas_ = blas;
+  parts_->ctx.device = device;
+  parts_->params->move_to(device, &parts_->state_mem);
+#else
+  throw DeviceError(fmt::format("ModelHarness on {}: this build has no CUDA backend", device.str()));
+#endif
 }
+
+ModelHarness::~ModelHarness() = default;
 
 std::vector<ParamSpec> ModelHarness::specs() const {
   std::vector<ParamSpec> out;
@@ -101,8 +116,11 @@ void ModelHarness::set_values(const std::map<std::string, Tensor>& full) {
   for (ParamEntry& e : parts_->params->entries()) {
     auto it = full.find(e.spec.name);
     DHX_CHECK(it != full.end(), InternalError, "set_values: no tensor for parameter '{}'", e.spec.name);
-    extract_shard(e.spec, it->second, e.value, tp_shard(0, 1));
+    Tensor host = Tensor::empty(e.value.shape());  // a GPU store's values are filled through the host
+    extract_shard(e.spec, it->second, host, tp_shard(0, 1));
+    e.value.copy_from(host);
   }
+  parts_->params->refresh_bf16();
 }
 
 StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineSpec& pipeline,
@@ -126,7 +144,7 @@ StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineS
 
 std::map<std::string, Tensor> ModelHarness::full_grads() const {
   std::map<std::string, Tensor> out;
-  for (const ParamEntry& e : parts_->params->entries()) out[e.spec.name] = e.grad.clone();
+  for (const ParamEntry& e : parts_->params->entries()) out[e.spec.name] = e.grad.to(Device::host()).clone();
   return out;
 }
 
@@ -135,14 +153,14 @@ Tensor ModelHarness::forward_head_buffer(const ModelPrograms& progs, const Micro
   const int U = exec.num_units();
   std::vector<std::unique_ptr<UnitEnv>> envs;
   for (int u = 0; u < U; ++u) envs.push_back(std::make_unique<UnitEnv>());
-  envs.front()->bufs["tokens"] = mb.tokens;
-  envs.back()->bufs["targets"] = mb.targets;
+  envs.front()->bufs["tokens"] = mb.tokens.to(parts_->ctx.device, nullptr, exec.compute_stream());
+  envs.back()->bufs["targets"] = mb.targets.to(parts_->ctx.device, nullptr, exec.compute_stream());
   for (int u = 0; u < U; ++u) {
     if (u > 0) envs[u]->bufs["x"] = envs[u - 1]->at("y");
     StrandSlot s{0, u, envs[u].get()};
     exec.run_alone(s, StrandKind::kForward);
   }
-  return envs.back()->at(buf).clone();
+  return envs.back()->at(buf).to(Device::host()).clone();
 }
 
 Tensor ModelHarness::forward_token_loss(const MicroBatch& mb) { return forward_head_buffer(parts_->progs, mb, "loss"); }

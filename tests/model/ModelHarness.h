@@ -39,7 +39,9 @@ std::vector<MicroBatch> random_micro_batches(const ModelConfig& m, const MicroBa
 class ModelHarness {
  public:
   // Parameters start from the project's deterministic init (seed 1234). dloss = 1 / (M * B * T).
-  ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches);
+  // On a GPU (`device` cuda:N, a CUDA build) the parameters move there and the steps run there.
+  ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device = Device::host());
+  ~ModelHarness();
   ModelHarness(const ModelHarness&) = delete;
   ModelHarness& operator=(const ModelHarness&) = delete;
 
@@ -67,6 +69,7 @@ class ModelHarness {
   MicroBatchShape mb_;
   int micro_batches_;
   std::unique_ptr<StepParts> parts_;
+  std::shared_ptr<void> blas_;  // a GPU harness's cuda::Blas (type-erased: host builds have none)
 };
 
 }  // namespace dhelix::test

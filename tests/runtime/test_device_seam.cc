@@ -100,7 +100,10 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     refused([] { kernel_registry(Device::cuda(1)); }, "DHELIX_ENABLE_CUDA");
     return;
   }
-  refused([] { kernel_registry(Device::cuda(1)); }, "no op registry for device cuda:1 yet");
+  // A CUDA build binds the GPT-2 / Llama ops to the CUDA kernels and refuses the rest by name.
+  const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
+  EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
+  refused([&] { gpu.find("moe_route"); }, "op 'moe_route' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");
 }
 

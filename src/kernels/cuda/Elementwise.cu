@@ -5,6 +5,8 @@
 // sum_squares 4n (+ 8 KiB of partials). All bandwidth-bound. Not yet timed on the H100.
 #include "kernels/cuda/Ops.h"
 
+#include <algorithm>
+
 namespace dhelix::cuda {
 
 namespace {
@@ -49,6 +51,24 @@ __global__ void sum_squares_final(const double* __restrict__ part, double* __res
 static_assert(kSsBlocks <= 1024 && kSsBlocks % 32 == 0, "sum_squares_final is one block, a thread a partial");
 
 }  // namespace
+
+namespace {
+__global__ void add_bias_kernel(const bf16* a, const bf16* b, const float* __restrict__ bias, bf16* y, int64_t N,
+                                int64_t C) {
+  const int64_t n = static_cast<int64_t>(N) * C, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]) + bias[i % C]);
+}
+}  // namespace
+
+void add_bias(const bf16* a, const bf16* b, const float* bias, bf16* y, int64_t N, int64_t C, cudaStream_t s) {
+  DHX_CUDA_ASSERT(N >= 0 && C > 0, "add_bias: N=", N, " C=", C);
+  if (N == 0) return;
+  const int64_t n = N * C;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(cdiv(n, 256), 4096));
+  add_bias_kernel<<<blocks, 256, 0, s>>>(a, b, bias, y, N, C);
+  DHX_CUDA_LAUNCHED(add_bias_kernel);
+}
 
 void add(const bf16* a, const bf16* b, bf16* y, int64_t n, cudaStream_t s) { ops_detail::map2("add", a, b, y, n, AddOp{}, s); }
 

@@ -63,6 +63,9 @@ void rope_bwd(bf16* dx, int64_t B, int64_t T, int64_t H, int64_t D, int64_t row_
 // ---- elementwise ----
 void add(const bf16* a, const bf16* b, bf16* y, int64_t n, cudaStream_t s);  // y = a + b (may alias a or b)
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);         // y += x
+// y[N,C] = a + b + bias[C] (bias fp32, broadcast over rows; the sum in fp32, rounded once). y may
+// alias a or b. The row-parallel linear's bias, added with the residual (cpu::add_bias).
+void add_bias(const bf16* a, const bf16* b, const float* bias, bf16* y, int64_t N, int64_t C, cudaStream_t s);
 void cast_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);   // round to nearest even
 void cast_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);   // exact
 // out[0] (=|+=) sum_i x[i]^2 in double: a fixed grid of partial sums, then one block's fixed tree,

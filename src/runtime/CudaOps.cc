@@ -1,0 +1,310 @@
+// Op bindings on a GPU: the layer programs' op codes -> kernels/cuda, the CUDA twin of
+// OpRegistry.cc's CPU bindings for one GPU per rank without tensor, context or 3D parallelism (the
+// first step of issue 35's executor on CUDA; the sharded ops and MoE come next). Activations and
+// their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
+// gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
+// ParamStore), norms and biases their fp32 values. Every kernel is enqueued on the op's stream
+// (OpCall::stream); nothing here synchronises.
+#include "runtime/CudaOps.h"
+
+#if DHELIX_HAVE_CUDA
+
+#include <cmath>
+#include <map>
+
+#include "base/Error.h"
+#include "kernels/cuda/Attention.h"
+#include "kernels/cuda/Gemm.h"
+#include "kernels/cuda/Ops.h"
+
+namespace dhelix {
+namespace {
+
+using cuda::bf16;
+
+bf16* b16(const Tensor& t) {
+  DHX_CHECK(t.dtype() == DType::kBF16 && !t.device().is_host(), InternalError, "{} on {} is not a bf16 GPU tensor",
+            t.describe(), t.device().str());
+  return static_cast<bf16*>(t.raw());
+}
+float* f32(const Tensor& t) {
+  DHX_CHECK(t.dtype() == DType::kF32 && !t.device().is_host(), InternalError, "{} on {} is not an fp32 GPU tensor",
+            t.describe(), t.device().str());
+  return static_cast<float*>(t.raw());
+}
+const int32_t* i32(const Tensor& t) {
+  DHX_CHECK(t.dtype() == DType::kI32 && !t.device().is_host(), InternalError, "{} on {} is not an int32 GPU tensor",
+            t.describe(), t.device().str());
+  return static_cast<const int32_t*>(t.raw());
+}
+cudaStream_t st(const OpCall& c) { return static_cast<cudaStream_t>(c.stream); }
+int64_t rows(const Tensor& t) { return t.dim(0); }
+int64_t cols(const Tensor& t) { return t.numel() / std::max<int64_t>(t.dim(0), 1); }
+int64_t attr(const OpCall& c, const char* k) {
+  auto it = c.op.attrs.find(k);
+  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
+  return it->second;
+}
+int64_t attr_or(const OpCall& c, const char* k, int64_t fallback) {
+  auto it = c.op.attrs.find(k);
+  return it == c.op.attrs.end() ? fallback : it->second;
+}
+// One GPU per rank, no sharding of the layer: what these bindings implement so far.
+void require_unsharded(const OpCall& c) {
+  DHX_CHECK(c.tp == 1 && c.cp == 1 && !c.shard.is_3d(), DeviceError,
+            "op {} on {}: the CUDA backend runs tp = cp = 1 without the 3D grid so far (tp={}, cp={}, 3D={}); "
+            "run this layout on cpu",
+            c.op.name, c.device.str(), c.tp, c.cp, c.shard.is_3d());
+  DHX_CHECK(c.blas != nullptr, InternalError, "op {} on {}: the run context has no cuBLASLt handle", c.op.name,
+            c.device.str());
+}
+const Tensor& weight_bf16(const ParamEntry& e) {
+  DHX_CHECK(e.value_bf16.defined(), InternalError, "parameter {} has no bf16 copy (ParamStore::move_to a GPU first)",
+            e.spec.name);
+  return e.value_bf16;
+}
+// Rows of the LM head that are real vocabulary (tp = 1: all but the padding rows).
+int64_t linear_out(const OpCall& c, const Tensor& w) {
+  return c.op.attrs.count("vocab_rows") ? std::min<int64_t>(c.model.vocab_size, w.dim(0)) : w.dim(0);
+}
+
+void op_linear(OpCall& c) {
+  require_unsharded(c);
+  Tensor& x = c.in(0);
+  const ParamEntry& w = c.param(0);
+  const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
+  DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  const bf16* bias = c.op.params.size() > 1 ? b16(weight_bf16(c.param(1))) : nullptr;
+  Tensor& y = c.out_new(0, {N, O}, DType::kBF16);
+  c.blas->linear_fwd(b16(x), b16(weight_bf16(w)), bias, b16(y), N, I, O, st(c));
+}
+
+void op_linear_dgrad(OpCall& c) {
+  require_unsharded(c);
+  Tensor& dy = c.in(0);
+  const ParamEntry& w = c.param(0);
+  const int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
+  Tensor& dx = c.out_new(0, {N, I}, DType::kBF16);
+  c.blas->linear_bwd_data(b16(dy), b16(weight_bf16(w)), b16(dx), N, I, O, cuda::Accumulate::kNo, st(c));
+}
+
+// A whole weight gradient, or rows [lo, hi) of it (a split wgrad); its bias gradient only whole.
+void op_linear_wgrad(OpCall& c) {
+  require_unsharded(c);
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  ParamEntry& w = c.grad(0);
+  const int64_t N = rows(dy), O = cols(dy), I = cols(x), lo = attr_or(c, "rows_lo", 0), hi = attr_or(c, "rows_hi", O);
+  float* db = c.op.grads.size() > 1 ? f32(c.grad(1).grad) : nullptr;
+  if (lo == 0 && hi == O) {
+    c.blas->linear_bwd_weight(b16(dy), b16(x), f32(w.grad), db, N, I, O, st(c));
+    return;
+  }
+  DHX_CHECK(db == nullptr, DeviceError, "{}: a split weight gradient with its bias on the GPU", c.op.name);
+  c.blas->gemm(cuda::Blas::Op::kT, cuda::Blas::Op::kN, hi - lo, I, N, 1.0f, b16(dy) + lo, O, b16(x), I, 1.0f,
+               f32(w.grad) + lo * I, I, cuda::Blas::Out::kF32, nullptr, st(c));
+}
+
+void op_bias_grad(OpCall& c) {
+  Tensor& dy = c.in(0);
+  cuda::bias_grad(b16(dy), f32(c.grad(0).grad), rows(dy), cols(dy), st(c));
+}
+
+void op_layernorm(OpCall& c) {
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  Tensor& mean = c.out_new(1, {N});
+  Tensor& rstd = c.out_new(2, {N});
+  cuda::layernorm_fwd(b16(x), f32(c.param(0).value), f32(c.param(1).value), b16(y), f32(mean), f32(rstd), N, C,
+                      static_cast<float>(c.model.norm_eps), st(c));
+}
+
+void op_layernorm_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
+  cuda::layernorm_bwd(b16(dy), b16(x), f32(c.param(0).value), f32(c.in(2)), f32(c.in(3)), b16(dx),
+                      f32(c.grad(0).grad), f32(c.grad(1).grad), N, C, st(c));
+  if (c.op.attrs.at("residual")) cuda::add_inplace(b16(dx), b16(c.in(4)), N * C, st(c));
+}
+
+void op_rmsnorm(OpCall& c) {
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  Tensor& rstd = c.out_new(1, {N});
+  cuda::rmsnorm_fwd(b16(x), f32(c.param(0).value), b16(y), f32(rstd), N, C, static_cast<float>(c.model.norm_eps),
+                    st(c));
+}
+
+void op_rmsnorm_bwd(OpCall& c) {
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
+  cuda::rmsnorm_bwd(b16(dy), b16(x), f32(c.param(0).value), f32(c.in(2)), b16(dx), f32(c.grad(0).grad), N, C, st(c));
+  if (c.op.attrs.at("residual")) cuda::add_inplace(b16(dx), b16(c.in(3)), N * C, st(c));
+}
+
+// RoPE over the q and k heads of the packed [N, (H + 2 Hkv) D] rows: copy, then rotate in place.
+void rope_common(OpCall& c, bool backward) {
+  require_unsharded(c);
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), W = cols(x), D = c.model.head_dim();
+  Tensor& y = c.out_new(0, {N, W}, DType::kBF16);
+  y.copy_from(x);
+  const int64_t heads = c.model.n_heads + c.model.n_kv_heads;
+  if (backward)
+    cuda::rope_bwd(b16(y), c.mb.B, c.mb.T, heads, D, W, 0, c.model.rope_theta, st(c));
+  else
+    cuda::rope_fwd(b16(y), c.mb.B, c.mb.T, heads, D, W, 0, c.model.rope_theta, st(c));
+}
+void op_rope(OpCall& c) { rope_common(c, false); }
+void op_rope_bwd(OpCall& c) { rope_common(c, true); }
+
+cuda::AttnShape attn_shape(const OpCall& c, int64_t width) {
+  const int64_t H = attr(c, "heads"), Hkv = attr(c, "kv_heads"), D = attr(c, "head_dim");
+  return cuda::AttnShape{c.mb.B, c.mb.T, H, Hkv, D, width, width, H * D};
+}
+
+void op_attention(OpCall& c) {
+  require_unsharded(c);
+  Tensor& qkv = c.in(0);
+  const int64_t N = rows(qkv), W = cols(qkv);
+  const cuda::AttnShape s = attn_shape(c, W);
+  const bf16* q = b16(qkv);
+  Tensor& o = c.out_new(0, {N, s.H * s.D}, DType::kBF16);
+  Tensor& lse = c.out_new(1, {s.B, s.H, s.T});
+  cuda::attention_fwd(q, q + s.H * s.D, q + (s.H + s.Hkv) * s.D, b16(o), f32(lse), s,
+                      1.0f / std::sqrt(static_cast<float>(s.D)), st(c));
+}
+
+void op_attention_bwd(OpCall& c) {
+  require_unsharded(c);
+  Tensor& qkv = c.in(0);
+  const int64_t N = rows(qkv), W = cols(qkv);
+  const cuda::AttnShape s = attn_shape(c, W);
+  const bf16* q = b16(qkv);
+  Tensor& dqkv = c.out_new(0, {N, W}, DType::kBF16);
+  bf16* dq = b16(dqkv);
+  cuda::attention_bwd(q, q + s.H * s.D, q + (s.H + s.Hkv) * s.D, b16(c.in(1)), f32(c.in(2)), b16(c.in(3)), dq,
+                      dq + s.H * s.D, dq + (s.H + s.Hkv) * s.D, s, 1.0f / std::sqrt(static_cast<float>(s.D)), st(c));
+}
+
+void op_gelu(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& y = c.out_new(0, x.shape(), DType::kBF16);
+  cuda::gelu_fwd(b16(x), b16(y), x.numel(), st(c));
+}
+void op_gelu_bwd(OpCall& c) {
+  Tensor& x = c.in(1);
+  Tensor& dx = c.out_new(0, x.shape(), DType::kBF16);
+  cuda::gelu_bwd(b16(c.in(0)), b16(x), b16(dx), x.numel(), st(c));
+}
+void op_swiglu(OpCall& c) {
+  Tensor& gu = c.in(0);
+  const int64_t N = rows(gu), F = cols(gu) / 2;
+  Tensor& y = c.out_new(0, {N, F}, DType::kBF16);
+  cuda::swiglu_fwd(b16(gu), b16(y), N, F, st(c));
+}
+void op_swiglu_bwd(OpCall& c) {
+  Tensor& gu = c.in(1);
+  const int64_t N = rows(gu), F = cols(gu) / 2;
+  Tensor& dgu = c.out_new(0, {N, 2 * F}, DType::kBF16);
+  cuda::swiglu_bwd(b16(c.in(0)), b16(gu), b16(dgu), N, F, st(c));
+}
+
+void op_residual_add(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& r = c.in(1);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  if (c.op.params.empty())
+    cuda::add(b16(x), b16(r), b16(y), N * C, st(c));
+  else
+    cuda::add_bias(b16(x), b16(r), f32(c.param(0).value), b16(y), N, C, st(c));
+}
+
+void op_embed(OpCall& c) {
+  require_unsharded(c);
+  Tensor& tok = c.in(0);
+  const ParamEntry& w = c.param(0);
+  const int64_t N = tok.numel(), C = w.value.dim(1), V = w.value.dim(0);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  cuda::embedding_fwd(i32(tok), b16(weight_bf16(w)), nullptr, b16(y), 1, N, C, V, 0, st(c));
+}
+
+void op_embed_bwd(OpCall& c) {
+  require_unsharded(c);
+  Tensor& tok = c.in(0);
+  ParamEntry& w = c.grad(0);
+  const int64_t N = tok.numel(), C = w.grad.dim(1), V = w.grad.dim(0);
+  cuda::embedding_bwd(i32(tok), b16(c.in(1)), f32(w.grad), nullptr, 1, N, C, V, 0, st(c));
+}
+
+// Learned positions (tp = cp = 1): row b*T + t gets position t, so each sequence adds the first T
+// rows of the table.
+void op_pos_embed(OpCall& c) {
+  require_unsharded(c);
+  Tensor& e = c.in(0);
+  const int64_t N = rows(e), C = cols(e), T = c.mb.T;
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  const bf16* P = b16(weight_bf16(c.param(0)));
+  for (int64_t b = 0; b < N / T; ++b) cuda::add(b16(e) + b * T * C, P, b16(y) + b * T * C, T * C, st(c));
+}
+
+// dP[t] += sum_b dy[b*T + t]: dy viewed as [B, T*C], summed over its B rows in order.
+void op_pos_embed_bwd(OpCall& c) {
+  require_unsharded(c);
+  Tensor& dy = c.in(0);
+  const int64_t N = rows(dy), C = cols(dy), T = c.mb.T;
+  cuda::bias_grad(b16(dy), f32(c.grad(0).grad), N / T, T * C, st(c));
+}
+
+// Fused softmax cross-entropy over the whole vocabulary: per-token loss, dlogits in place.
+void op_cross_entropy(OpCall& c) {
+  require_unsharded(c);
+  Tensor logits = c.in(0);
+  Tensor& tg = c.in(1);
+  const int64_t N = rows(logits), V = cols(logits);
+  Tensor& loss = c.out_new(0, {N});
+  cuda::cross_entropy_fwd_bwd(b16(logits), i32(tg), f32(loss), b16(logits), c.dloss, N, V, st(c));
+  c.env.bufs[c.op.outputs.at(1)] = logits;  // dlogits aliases the logits storage
+}
+
+const std::map<std::string, OpFn>& table() {
+  static const std::map<std::string, OpFn> t = {
+      {"linear", op_linear},       {"linear_dgrad", op_linear_dgrad}, {"linear_wgrad", op_linear_wgrad},
+      {"bias_grad", op_bias_grad}, {"layernorm", op_layernorm},       {"layernorm_bwd", op_layernorm_bwd},
+      {"rmsnorm", op_rmsnorm},     {"rmsnorm_bwd", op_rmsnorm_bwd},   {"rope", op_rope},
+      {"rope_bwd", op_rope_bwd},   {"attention", op_attention},       {"attention_bwd", op_attention_bwd},
+      {"gelu", op_gelu},           {"gelu_bwd", op_gelu_bwd},         {"swiglu", op_swiglu},
+      {"swiglu_bwd", op_swiglu_bwd}, {"residual_add", op_residual_add}, {"embed", op_embed},
+      {"embed_bwd", op_embed_bwd}, {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
+      {"cross_entropy", op_cross_entropy},
+  };
+  return t;
+}
+
+}  // namespace
+
+const OpFn& cuda_op(const std::string& code) {
+  auto it = table().find(code);
+  DHX_CHECK(it != table().end(), DeviceError,
+            "op '{}' has no CUDA kernel binding yet (the GPU runs GPT-2 and Llama layers at tp = cp = 1 so far: "
+            "MoE and the sharded layers' ops come next); run this model or layout on cpu",
+            code);
+  return it->second;
+}
+
+std::vector<std::string> cuda_op_codes() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : table()) out.push_back(k);
+  return out;
+}
+
+}  // namespace dhelix
+
+#endif  // DHELIX_HAVE_CUDA
