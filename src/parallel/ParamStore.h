@@ -56,6 +56,7 @@ class ParamStore {
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
+  Tensor& flat_bf16() { return flat_bf16_; }  // a GPU store's bf16 copy of flat_values (else undefined)
   int dp() const { return dp_; }
   bool owns_unit(int unit) const;
   // Entries of the whole model (every stage's, the tied copy not counted): global_index bound.

@@ -57,7 +57,10 @@ class CudaStream final : public Stream {
  public:
   explicit CudaStream(Device d) : d_(d) {
     check(cudaSetDevice(d.index), "cudaSetDevice", d);
-    check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate", d);
+    // A blocking stream: work on the default stream (the parameter store's zeroing and copies, a
+    // step's results read back) is ordered against it, so nothing outside the executor races a
+    // step's kernels; two blocking streams (two strands) still run concurrently.
+    check(cudaStreamCreateWithFlags(&s_, cudaStreamDefault), "cudaStreamCreate", d);
   }
   ~CudaStream() override { cudaStreamDestroy(s_); }
   Device device() const override { return d_; }

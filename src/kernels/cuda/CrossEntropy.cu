@@ -26,12 +26,15 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
 // No __restrict__ on logits and dlogits: they may alias. Each element of the row is read and then
 // written by the same thread; x[tgt] is read by thread 0 before the barrier that precedes any write.
 __global__ void cross_entropy_kernel(const bf16* logits, const int32_t* __restrict__ targets,
-                                     float* __restrict__ losses, bf16* dlogits, float dloss, int64_t V) {
+                                     float* __restrict__ losses, bf16* dlogits, float dloss, int64_t V,
+                                     int64_t ld) {
   __shared__ MaxSum warps[kCeThreads / 32];
   const int t = threadIdx.x;
   const int64_t n = blockIdx.x;
-  const bf16* x = logits + n * V;
-  bf16* d = dlogits != nullptr ? dlogits + n * V : nullptr;
+  const bf16* x = logits + n * ld;
+  bf16* d = dlogits != nullptr ? dlogits + n * ld : nullptr;
+  if (d != nullptr)  // padding columns [V, ld) (a padded LM head's): gradient 0
+    for (int64_t v = V + t; v < ld; v += kCeThreads) d[v] = __float2bfloat16(0.0f);
   const int64_t tgt = targets[n];
   if (tgt < 0 || tgt >= V) {  // ignored (loss 0, gradient 0), or out of range (NaN: loud)
     const float fill = tgt < 0 ? 0.0f : __int_as_float(0x7fc00000);
@@ -71,10 +74,16 @@ __global__ void cross_entropy_kernel(const bf16* logits, const int32_t* __restri
 
 void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss,
                            int64_t N, int64_t V, cudaStream_t s) {
-  DHX_CUDA_ASSERT(N >= 0 && N < (int64_t{1} << 31) && V >= 1, "cross_entropy_fwd_bwd: N=", N, " V=", V,
-                  " (need 0 <= N < 2^31, V >= 1)");
+  cross_entropy_fwd_bwd_strided(logits, targets, losses, dlogits, dloss, N, V, V, s);
+}
+
+void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
+                                   float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s) {
+  DHX_CUDA_ASSERT(N >= 0 && N < (int64_t{1} << 31) && V >= 1 && ld >= V, "cross_entropy_fwd_bwd: N=", N, " V=", V,
+                  " ld=", ld, " (need 0 <= N < 2^31, 1 <= V <= ld)");
   if (N == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(N), kCeThreads, 0, s>>>(logits, targets, losses, dlogits, dloss, V);
+  cross_entropy_kernel<<<static_cast<unsigned>(N), kCeThreads, 0, s>>>(logits, targets, losses, dlogits, dloss, V,
+                                                                       ld);
   DHX_CUDA_LAUNCHED(cross_entropy_kernel);
 }
 

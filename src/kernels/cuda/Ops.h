@@ -81,6 +81,10 @@ void sum_squares(const float* x, int64_t n, double* out, Accumulate acc, cudaStr
 // throw on the device: its loss and gradient row are NaN (loud, no stray read).
 void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss,
                            int64_t N, int64_t V, cudaStream_t s);
+// The same over rows of stride ld >= V (a padded LM head's logits [N, ld]; columns [V, ld) are not
+// vocabulary: left out of the softmax, their dlogits written 0).
+void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
+                                   float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s);
 
 // ---- optimizer ----
 // cpu::AdamWParams' fields (kernels/cuda does not see kernels/cpu's headers).

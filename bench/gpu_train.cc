@@ -1,0 +1,159 @@
+// GPU training throughput through the engine (issue 35): the executor runs the model's layer
+// programs on the GPU (runtime/CudaOps.cc: bf16 activations, cuBLASLt GEMMs, flash attention),
+// then one fused AdamW launch over the flat fp32 parameters (writing their bf16 copy) after the
+// gradient norm's reduction. Random tokens; one micro-batch per step; each step timed on the host
+// between device synchronisations (so every launch and host gap counts), median over the timed
+// steps after warm-up. What it is not yet: the trainer (`training.device = cuda` comes next), so
+// weight decay applies to every parameter and the norm is computed but not used to clip.
+//   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
+//                          [--steps 10] [--warmup 3]
+// Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/Error.h"
+#include "kernels/cuda/Cuda.h"
+#include "kernels/cuda/Gemm.h"
+#include "kernels/cuda/Ops.h"
+#include "runtime/StepParts.h"
+#include "runtime/StepRunner.h"
+#include "schedule/Pipelines.h"
+#include "tensor/DeviceMemory.h"
+
+namespace dhelix {
+namespace {
+
+constexpr double kPeak = 989e12;  // H100/H200 SXM dense bf16
+
+ModelConfig model_named(const std::string& name, int64_t T) {
+  if (name == "gpt2-124m") {
+    ModelConfig m = model_preset("gpt2-124m");
+    m.seq_len = std::max<int64_t>(m.seq_len, T);
+    return m;
+  }
+  DHX_CHECK(name == "llama-1b", ConfigError, "unknown model '{}' (expected gpt2-124m or llama-1b)", name);
+  ModelConfig m;  // bench/gpu_torch.py's llama-1b
+  m.name = "llama-1b";
+  m.family = ModelFamily::kLlama;
+  m.vocab_size = 32000;
+  m.seq_len = T;
+  m.d_model = 2048;
+  m.n_layers = 16;
+  m.n_heads = 32;
+  m.n_kv_heads = 8;
+  m.ffn_hidden = 8192;
+  m.rope_theta = 500000.0;
+  m.tie_embeddings = false;
+  return m;
+}
+
+std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, int warmup) {
+  const Device gpu = Device::cuda(0);
+  StepPartsSpec ps;
+  ps.model = model_named(name, T);
+  ps.mb = MicroBatchShape{B, T};
+  ps.tokens_per_step = static_cast<double>(B * T);
+  StepParts parts(ps);
+  cuda::Blas blas(0);
+  parts.ctx.device = gpu;
+  parts.ctx.blas = &blas;
+  ParamStore& params = *parts.params;
+  params.move_to(gpu, &parts.state_mem);
+  const int64_t P = params.flat_values().numel();
+  Tensor moments = Tensor::empty({2 * P}, DType::kF32, &parts.state_mem, gpu);  // AdamW's m and v
+  moments.zero_();
+  Tensor norm = Tensor::empty({1}, DType::kF64, nullptr, gpu);
+  std::vector<MicroBatch> data;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 4; ++i) {
+    MicroBatch mbt{Tensor::empty({B * T}, DType::kI32), Tensor::empty({B * T}, DType::kI32)};
+    for (int64_t j = 0; j < B * T; ++j) {
+      mbt.tokens.data<int32_t>()[j] = static_cast<int32_t>(rng() % static_cast<uint32_t>(ps.model.vocab_size));
+      mbt.targets.data<int32_t>()[j] = static_cast<int32_t>(rng() % static_cast<uint32_t>(ps.model.vocab_size));
+    }
+    data.push_back(mbt);
+  }
+  StepRunner runner(parts.ctx, parts.units, parts.progs, nullptr, single_stage(CoExecute::kOff));
+  const auto stream = static_cast<cudaStream_t>(runner.executor().compute_stream());
+  std::vector<double> times;
+  double loss = 0;
+  reset_device_peak(gpu);
+  for (int s = 0; s < warmup + steps; ++s) {
+    DHX_CUDA(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    params.zero_grads();
+    const StepStats st = runner.run({data[static_cast<size_t>(s) % data.size()]});
+    cuda::sum_squares(params.flat_grads().f32(), P, norm.data<double>(), cuda::Accumulate::kNo, stream);
+    cuda::AdamWParams a{3e-4, 0.9, 0.95, 1e-8, 0.1, s + 1};
+    cuda::adamw_step(params.flat_values().f32(), params.flat_grads().f32(), moments.f32(), moments.f32() + P,
+                     static_cast<cuda::bf16*>(params.flat_bf16().raw()), P, a, 1.0f, stream);
+    DHX_CUDA(cudaDeviceSynchronize());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) times.push_back(dt);
+    loss = st.loss_sum / static_cast<double>(st.tokens);
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double med = sorted[sorted.size() / 2];
+  const double tok = static_cast<double>(B * T) / med, fpt = ps.model.flops_per_token(T);
+  const DeviceMemoryStats mem = device_memory_stats(gpu);
+  std::printf("%-10s B=%ld T=%ld: step %.2f ms (min %.2f, max %.2f) -> %.0f tok/s, MFU %.3f, loss %.3f, peak %.1f GiB\n",
+              name.c_str(), static_cast<long>(B), static_cast<long>(T), med * 1e3, sorted.front() * 1e3,
+              sorted.back() * 1e3, tok, tok * fpt / kPeak, loss, static_cast<double>(mem.peak_in_use) / (1 << 30));
+  return fmt::format("{{\"model\":\"{}\",\"batch\":{},\"seq\":{},\"step_s\":{:.6g},\"spread\":[{:.6g},{:.6g}],"
+                     "\"tokens_per_s\":{:.6g},\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},"
+                     "\"peak_bytes\":{}}}",
+                     name, B, T, med, sorted.front(), sorted.back(), tok, fpt, tok * fpt / kPeak, loss,
+                     mem.peak_in_use);
+}
+
+int run(int argc, char** argv) {
+  std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
+  int64_t T = 1024;
+  int steps = 10, warmup = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--models") models = v;
+    else if (k == "--batch") batch = v;
+    else if (k == "--seq") T = std::stoll(v);
+    else if (k == "--steps") steps = std::stoi(v);
+    else if (k == "--warmup") warmup = std::stoi(v);
+    else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --steps, --warmup)", k));
+  }
+  cuda::require_device(0);
+  const cuda::DeviceInfo info = cuda::device_info(0);
+  std::string out;
+  for (const std::string name : {"gpt2-124m", "llama-1b"}) {
+    if (models.find(name) == std::string::npos) continue;
+    const size_t at = batch.find(name + "=");
+    const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + name.size() + 1));
+    out += (out.empty() ? "" : ",") + run_model(name, B, T, steps, warmup);
+  }
+  std::printf("{\"device\":\"%s\",\"models\":[%s]}\n", info.name.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace dhelix
+
+int main(int argc, char** argv) {
+  try {
+    return dhelix::run(argc, argv);
+  } catch (const dhelix::ConfigError& e) {
+    std::fprintf(stderr, "dhelix_bench_gpu_train: %s\n", e.what());
+    return 2;
+  } catch (const dhelix::DeviceError& e) {
+    std::fprintf(stderr, "dhelix_bench_gpu_train: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dhelix_bench_gpu_train: %s\n", e.what());
+    return 1;
+  }
+}
