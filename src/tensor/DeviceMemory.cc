@@ -76,6 +76,19 @@ cudaStream_t st(StreamHandle s) { return static_cast<cudaStream_t>(s); }
 
 bool cuda_built() { return true; }
 
+std::string device_unavailable(Device d) {
+  if (d.is_host()) return "";
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("this machine has no GPU: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  if (n == 0) return "this machine has no GPU: the CUDA driver reports no device";
+  if (d.index >= n) return fmt::format("this machine has {} GPU(s), cuda:0..cuda:{}", n, n - 1);
+  return "";
+}
+
 void* device_alloc(Device d, size_t bytes, StreamHandle s) {
   DHX_CHECK(!d.is_host(), InternalError, "device_alloc on the host");
   Pool& p = Pools::get().of(d);
@@ -140,6 +153,10 @@ namespace {
 }  // namespace
 
 bool cuda_built() { return false; }
+std::string device_unavailable(Device d) {
+  return d.is_host() ? "" : "this build has no CUDA backend (rebuild with -DDHELIX_ENABLE_CUDA=ON, which scripts/setup does "
+                            "where nvcc is installed)";
+}
 void* device_alloc(Device d, size_t, StreamHandle) { no_cuda(d); }
 void device_free(Device d, void*, StreamHandle, size_t) { no_cuda(d); }
 void device_copy(void*, Device dd, const void*, Device sd, size_t, StreamHandle) { no_cuda(dd.is_host() ? sd : dd); }

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "tensor/Device.h"
 
@@ -21,6 +22,9 @@ namespace dhelix {
 using StreamHandle = void*;
 
 bool cuda_built();  // whether this build has the CUDA backend
+// Why `d` cannot hold tensors here ("" when it can, and for the host): no CUDA in this build, no GPU
+// on this machine (with the driver's reason), or no GPU of that index. Never throws.
+std::string device_unavailable(Device d);
 
 // `bytes` on GPU d.index, ordered on stream s. DeviceError (naming the device and the bytes) when
 // the build has no CUDA, the machine no such GPU, or the GPU is out of memory.

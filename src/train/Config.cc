@@ -3,6 +3,9 @@
 // Not here: the model presets themselves (model/ModelConfig.cc via ModelHooks).
 #include "train/Config.h"
 
+#include "tensor/Device.h"
+#include "tensor/DeviceMemory.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -92,6 +95,7 @@ const std::vector<Field>& table() {
       DHX_F("training", "nonfinite", training.nonfinite, kString, 0, 0, "a step with a non-finite loss or gradient norm: skip (no update; counted in the log and metrics) or stop (exit 3, naming the step and tensor); never reaches the weights or a checkpoint"),
       DHX_F("training", "precision", training.precision, kString, 0, 0, "fp32, or bf16: the linear layers' GEMMs (forward, input and weight gradient) and attention's tile products with bf16 operands and fp32 accumulation on AMX or AVX512-BF16 (oneDNN); weights, gradients, optimizer state, softmax, norms and the loss stay fp32"),
       DHX_F("training", "bf16_activations", training.bf16_activations, kOnOff, 0, 0, "with precision = bf16: keep each activation that the backward reads only as a weight-gradient GEMM's input in bf16 from its last forward use (half its bytes; results bitwise the same, since that GEMM rounds it anyway)"),
+      DHX_F("training", "device", training.device, kString, 0, 0, "cpu, or cuda / cuda:N (a GPU: the CUDA backend, docs/gpu.md); a device this build or machine cannot use is an error naming why, never a silent CPU run"),
       DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
       DHX_F("data", "tokenizer", data.tokenizer, kString, 0, 0, "SentencePiece model file"),
@@ -310,6 +314,28 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
   return e;
 }
 
+// training.device: cpu, or a GPU this build and machine can use -- and, until the trainer's
+// optimizer, data and checkpoints run there too (issue 35's next step), not a GPU either: the GPU
+// step runs through the executor in bench/gpu_train. Each refusal names why.
+void check_device(const std::string& text, std::vector<std::string>& e) {
+  Device d;
+  try {
+    d = parse_device(text);
+  } catch (const ConfigError& x) {
+    e.push_back(fmt::format("training.{}", x.what()));
+    return;
+  }
+  if (d.is_host()) return;
+  const std::string why = device_unavailable(d);
+  if (!why.empty())
+    e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
+  else
+    e.push_back(fmt::format("training.device=\"{}\": the trainer does not run on a GPU yet (GPU steps run through the "
+                            "executor in bench/gpu_train; the trainer's optimizer, data and checkpoints on the GPU come "
+                            "next, docs/gpu.md); use cpu",
+                            text));
+}
+
 void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std::string>& e) {
   const ModelConfig& m = c.model;
   for (auto& msg : hooks.validate ? hooks.validate(m) : basic_model_checks(m)) e.push_back(msg);
@@ -403,6 +429,7 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                 "(cpuid: amx_bf16 and avx512_bf16 absent); use fp32");
   if (t.nonfinite != "skip" && t.nonfinite != "stop")
     e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
+  check_device(t.device, e);
   if (c.data.prefix.empty()) e.push_back("data.prefix is empty");
   if (c.output.dir.empty()) e.push_back("output.dir is empty");
 }

@@ -5,6 +5,7 @@
 
 #include "base/Error.h"
 #include "train/Config.h"
+#include "tensor/DeviceMemory.h"
 
 namespace dhelix {
 namespace {
@@ -114,6 +115,21 @@ TEST(Config, PipelineRulesAreAllReported) {
 // The knobs that were environment variables (issue 34): config keys with the old defaults and
 // ranges; a bad value names the key, the value and the allowed range or words. Oracle: the
 // defaults the environment readers had (nice -10, poll 200 us, 1 GiB, 120 s, info).
+// training.device: cpu by default; a misspelt device names the text; a GPU is refused naming why --
+// this build has no CUDA (oracle: cuda_built()), this machine has no GPU (device_unavailable), or the
+// trainer does not run there yet -- never a silent CPU run.
+TEST(Config, DeviceIsCpuOrAGpuRefusedWithTheReason) {
+  EXPECT_EQ(load("").training.device, "cpu");
+  EXPECT_EQ(load("", {{"training.device", "cpu"}}).training.device, "cpu");
+  std::string msg = error_of("", {{"training.device", "gpu"}});
+  EXPECT_NE(msg.find("device 'gpu' is not one of cpu, cuda, cuda:N"), std::string::npos) << msg;
+  msg = error_of("", {{"training.device", "cuda"}});
+  const std::string why = !cuda_built()                            ? "this build has no CUDA backend"
+                          : !device_unavailable(Device::cuda(0)).empty() ? "this machine has no GPU"
+                                                                         : "the trainer does not run on a GPU yet";
+  EXPECT_NE(msg.find("training.device=\"cuda\": " + why), std::string::npos) << msg;
+}
+
 TEST(Config, FormerEnvironmentKnobsAreKeys) {
   const RunConfig d = load("");
   EXPECT_EQ(d.comm.nice, -10);
@@ -193,7 +209,7 @@ TEST(Config, RoundTripThroughToToml) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 80u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 81u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {
