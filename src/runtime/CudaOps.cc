@@ -37,18 +37,11 @@ const int32_t* i32(const Tensor& t) {
             t.describe(), t.device().str());
   return static_cast<const int32_t*>(t.raw());
 }
+using op::attr;
+using op::attr_or;
+using op::cols;
+using op::rows;
 cudaStream_t st(const OpCall& c) { return static_cast<cudaStream_t>(c.stream); }
-int64_t rows(const Tensor& t) { return t.dim(0); }
-int64_t cols(const Tensor& t) { return t.numel() / std::max<int64_t>(t.dim(0), 1); }
-int64_t attr(const OpCall& c, const char* k) {
-  auto it = c.op.attrs.find(k);
-  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
-  return it->second;
-}
-int64_t attr_or(const OpCall& c, const char* k, int64_t fallback) {
-  auto it = c.op.attrs.find(k);
-  return it == c.op.attrs.end() ? fallback : it->second;
-}
 // One GPU per rank, no sharding of the layer: what these bindings implement so far.
 void require_unsharded(const OpCall& c) {
   DHX_CHECK(c.tp == 1 && c.cp == 1 && !c.shard.is_3d(), DeviceError,

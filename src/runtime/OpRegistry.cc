@@ -38,18 +38,34 @@ Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
 
 int64_t OpCall::seq_pos(int64_t t) const { return cp == 1 ? t : cpu::cp_position(cp, cp_rank, mb.T, t); }
 
-namespace {
-
-using namespace cpu;
+namespace op {
 
 int64_t rows(const Tensor& t) { return t.dim(0); }
-// Elements per row, from the shape (so a tensor of zero rows still has its width: an expert-parallel
-// rank that receives no tokens).
 int64_t cols(const Tensor& t) {
   int64_t n = 1;
   for (int i = 1; i < t.ndim(); ++i) n *= t.dim(i);
   return n;
 }
+int64_t attr(const OpCall& c, const char* k) {
+  auto it = c.op.attrs.find(k);
+  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
+  return it->second;
+}
+int64_t attr_or(const OpCall& c, const char* k, int64_t fallback) {
+  auto it = c.op.attrs.find(k);
+  return it == c.op.attrs.end() ? fallback : it->second;
+}
+
+}  // namespace op
+
+namespace {
+
+using namespace cpu;
+
+using op::attr;
+using op::attr_or;
+using op::cols;
+using op::rows;
 
 // Rows of the LM-head weight shard that are real vocabulary (the padding rows produce nothing).
 int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {
@@ -84,17 +100,6 @@ void op_linear_dgrad(OpCall& c) {
     linear_bwd_data_bf16w(dy.f32(), c.bf16_weights->get(w.value), dx.f32(), N, I, O, Accumulate::kNo);
   else
     linear_bwd_data<float>(dy.f32(), w.value.f32(), dx.f32(), N, I, O, Accumulate::kNo, c.precision);
-}
-
-int64_t attr(const OpCall& c, const char* k) {
-  auto it = c.op.attrs.find(k);
-  DHX_ASSERT(it != c.op.attrs.end(), "{} lacks attribute {}", c.op.name, k);
-  return it->second;
-}
-
-int64_t attr_or(const OpCall& c, const char* k, int64_t fallback) {
-  auto it = c.op.attrs.find(k);
-  return it == c.op.attrs.end() ? fallback : it->second;
 }
 
 void op_linear_wgrad(OpCall& c) {

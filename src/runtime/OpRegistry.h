@@ -74,6 +74,16 @@ struct OpCall {
 
 using OpFn = std::function<void(OpCall&)>;
 
+// What every op binding reads off its call (the CPU bindings here, the GPU ones of CudaOps.cc).
+namespace op {
+int64_t rows(const Tensor& t);  // dimension 0
+// Elements per row, from the shape (so a tensor of zero rows still has its width: an
+// expert-parallel rank that receives no tokens).
+int64_t cols(const Tensor& t);
+int64_t attr(const OpCall& c, const char* key);  // InternalError naming the op when absent
+int64_t attr_or(const OpCall& c, const char* key, int64_t fallback);
+}  // namespace op
+
 // Throws InternalError naming the code when no binding exists.
 const OpFn& lookup_op(const std::string& code);
 // Every op code with a kernel binding, sorted (what the executor can run; the simulator's coverage
