@@ -1,7 +1,7 @@
 // Causal GQA flash attention on the GPU against its CPU twin, cpu::attention_fwd / attention_bwd in
 // fp32 (GemmPrecision::kFp32), run on the same bf16-rounded inputs (q, k, v, dout; the backward's o
 // too), so the differences are the GPU's own roundings. Outputs poisoned before each call; ragged T
-// (not a multiple of the 64- and 128-row tiles), GQA, MQA, D = 64 and 128, and q, k, v as views into one
+// (not a multiple of the 64- and 128-row tiles), GQA, MQA, D = 32, 64 and 128, and q, k, v as views into one
 // packed qkv buffer (with o wider than H D).
 //
 // Tolerances, from u = 2^-8 (bf16's unit roundoff, CudaTest.h):
@@ -44,7 +44,9 @@ const Case kCases[] = {{2, 64, 4, 4, 64, Packing::kSeparate},   {1, 100, 4, 2, 6
                        {2, 130, 6, 2, 64, Packing::kPackedQkv}, {3, 1, 2, 1, 64, Packing::kSeparate},
                        {1, 200, 4, 2, 128, Packing::kPackedQkv},
                        // Several 128-row tiles whole (MQA: one kv tile serves 4 heads) and ragged at D = 128.
-                       {1, 384, 4, 1, 64, Packing::kSeparate},  {1, 300, 4, 2, 128, Packing::kPackedQkv}};
+                       {1, 384, 4, 1, 64, Packing::kSeparate},  {1, 300, 4, 2, 128, Packing::kPackedQkv},
+                       // D = 32 (the demo config's head size), ragged, GQA, packed.
+                       {2, 150, 8, 4, 32, Packing::kPackedQkv}, {1, 64, 2, 1, 32, Packing::kSeparate}};
 
 std::string name(const Case& c) {
   return cat("B=", c.B, " T=", c.T, " H=", c.H, " Hkv=", c.Hkv, " D=", c.D,
@@ -175,7 +177,7 @@ TEST(CudaAttention, RepeatedCallsAreBitwiseEqual) {
   EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16))) << "dq, dk, dv";
 }
 
-// Head sizes other than 64 and 128 have no kernel: a DeviceError naming D, before any launch.
+// Head sizes other than 32, 64 and 128 have no kernel: a DeviceError naming D, before any launch.
 TEST(CudaAttention, UnsupportedHeadSizeIsADeviceError) {
   DHX_REQUIRE_GPU();
   const AttnShape s{1, 8, 2, 2, 96, 2 * 96, 2 * 96, 2 * 96};

@@ -48,10 +48,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int D> constexpr int kLd = D + kPad;  // shared row stride (elements)
 template <int D> constexpr size_t kRowBytes = sizeof(bf16) * kLd<D>;
 
-// Forward: 16-row m-tiles per warp. D = 64: 4 warps x 32 rows (each K/V fragment feeds 2 mma);
+// Forward: 16-row m-tiles per warp. D = 32, 64: 4 warps x 32 rows (each K/V fragment feeds 2 mma);
 // D = 128: 8 warps x 16 rows (registers: acc alone is 64 fp32 per m-tile there).
 template <int D> struct FwdCfg {
-  static constexpr int kMT = D == 64 ? 2 : 1;
+  static constexpr int kMT = D <= 64 ? 2 : 1;
   static constexpr int kThreads = 32 * kBig / (16 * kMT);
 };
 
@@ -532,7 +532,8 @@ __global__ void __launch_bounds__(kBwdThreads)
 
 // ---- host side ----
 void check_shape(const AttnShape& s, const char* op) {
-  DHX_CUDA_REQUIRE(s.D == 64 || s.D == 128, op, ": head size D=", s.D, " is not supported (D = 64 or 128)");
+  DHX_CUDA_REQUIRE(s.D == 32 || s.D == 64 || s.D == 128, op, ": head size D=", s.D,
+                   " is not supported (D = 32, 64 or 128)");
   DHX_CUDA_ASSERT(s.B >= 0 && s.T >= 0 && s.H > 0 && s.Hkv > 0 && s.H % s.Hkv == 0, op, ": bad dims B=", s.B,
                   " T=", s.T, " H=", s.H, " Hkv=", s.Hkv, " (need H % Hkv == 0)");
   DHX_CUDA_ASSERT(s.q_stride >= s.H * s.D && s.o_stride >= s.H * s.D && s.kv_stride >= s.Hkv * s.D, op,
@@ -590,7 +591,8 @@ void attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* 
   for (const auto& [p, name] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}})
     check_aligned(p, name, "attention_fwd");
   if (s.B == 0 || s.T == 0) return;
-  if (s.D == 64) fwd<64>(q, k, v, o, lse, s, scale, st);
+  if (s.D == 32) fwd<32>(q, k, v, o, lse, s, scale, st);
+  else if (s.D == 64) fwd<64>(q, k, v, o, lse, s, scale, st);
   else fwd<128>(q, k, v, o, lse, s, scale, st);
 }
 
@@ -601,7 +603,8 @@ void attention_bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, c
                                 {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
     check_aligned(p, name, "attention_bwd");
   if (s.B == 0 || s.T == 0) return;
-  if (s.D == 64) bwd<64>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  if (s.D == 32) bwd<32>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else if (s.D == 64) bwd<64>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
   else bwd<128>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
 }
 

@@ -1,6 +1,6 @@
 // Causal self-attention with grouped-query heads on the GPU, the twin of kernels/cpu's
 // attention_fwd / attention_bwd (same layouts, same lse), FlashAttention-2 style on bf16 tensor
-// cores (Attention.cu says the tiling and the costs). Head size D = 64 or 128. Deterministic: no
+// cores (Attention.cu says the tiling and the costs). Head size D = 32, 64 or 128. Deterministic: no
 // floating-point atomics, every sum in a fixed order. Not here: attention blocks without the causal
 // mask and the ring steps of context parallelism (kernels/cpu's attention_block_*, later).
 #pragma once
