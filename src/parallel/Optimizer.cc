@@ -6,6 +6,11 @@
 
 #include "base/Error.h"
 #include "kernels/cpu/Kernels.h"
+#if DHELIX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/Ops.h"
+#endif
 
 namespace dhelix {
 
@@ -23,6 +28,16 @@ void Optimizer::allocate_state() {
     for (auto& b : params_.buckets()) n += (b.end - b.begin) / sync_.shard_size(b);
   else
     n = params_.flat_values().numel();
+  if (on_gpu()) {
+    // One GPU holds the whole model: no optimizer state is sharded (Config refuses groups on a GPU).
+    DHX_CHECK(sync_.zero() != ZeroStage::kOne && !dp_ && !tp_ && !pp_ && !ep_, InternalError,
+              "the GPU optimizer runs one GPU without ZeRO or process groups");
+    m_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
+    v_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
+    m_.zero_();
+    v_.zero_();
+    return;
+  }
   m_ = Tensor::zeros({n}, DType::kF32, tracker_);
   v_ = Tensor::zeros({n}, DType::kF32, tracker_);
 }
@@ -71,6 +86,7 @@ double Optimizer::step(double lr, int64_t step) {
 }
 
 double Optimizer::grad_norm() {
+  if (on_gpu()) return grad_norm_gpu();
   const bool zero = sync_.zero() == ZeroStage::kOne;
   const int tp = tp_ ? tp_->size() : 1;
   // Global norm^2: an element held identically by `replicas` ranks of the tensor-parallel block
@@ -120,8 +136,13 @@ int64_t Optimizer::nonfinite_entry() const {
 
 void Optimizer::update(double lr, int64_t step, double norm) {
   const bool zero = sync_.zero() == ZeroStage::kOne;
-  float* flat_p = params_.flat_values().f32();
   const double clip = (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) ? cfg_.grad_clip / (norm + 1e-6) : 1.0;
+  if (on_gpu()) {
+    update_gpu(lr, step, clip);
+    steps_ = step;
+    return;
+  }
+  float* flat_p = params_.flat_values().f32();
 
   cpu::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0, step};
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t o) {
@@ -147,9 +168,64 @@ void Optimizer::update(double lr, int64_t step, double norm) {
   steps_ = step;
 }
 
+// The GPU path: the same parts and the same update formula (kernels/cuda's twins of sum_squares
+// and adamw_step, each tested against the CPU's), on the store's GPU.
+#if DHELIX_HAVE_CUDA
+double Optimizer::grad_norm_gpu() {
+  const Device d = params_.device();
+  const auto st = static_cast<cudaStream_t>(stream_);
+  Tensor parts = Tensor::empty({params_.num_global_entries()}, DType::kF64, nullptr, d, stream_);
+  parts.zero_();
+  double* slot = parts.data<double>();
+  for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
+    DHX_CHECK(e.spec.replicas == 1, InternalError, "'{}' is replicated {} times on one GPU", e.spec.name,
+              e.spec.replicas);
+    cuda::sum_squares(grad_ptr(bi, s), t - s, slot + e.global_index, cuda::Accumulate::kYes, st);
+  });
+  norm_parts_ = parts.to(Device::host(), nullptr, stream_);  // waits for the sums
+  const double* pt = norm_parts_.data<double>();
+  double ss = 0;
+  for (int64_t i = 0; i < norm_parts_.numel(); ++i) ss += pt[i];  // slot order, as on the host
+  return std::sqrt(ss);
+}
+
+void Optimizer::update_gpu(double lr, int64_t step, double clip) {
+  const auto st = static_cast<cudaStream_t>(stream_);
+  float* p = params_.flat_values().f32();
+  auto* p16 = static_cast<cuda::bf16*>(params_.flat_bf16().raw());
+  // Runs of flat-adjacent entries with the same weight decay share one launch (the kernel is
+  // elementwise: how the range is cut changes no bit).
+  int64_t lo = -1, hi = -1;
+  bool decay = false;
+  auto flush = [&] {
+    if (lo < 0 || hi <= lo) return;
+    const cuda::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0, step};
+    cuda::adamw_step(p + lo, params_.flat_grads().f32() + lo, m_.f32() + lo, v_.f32() + lo, p16 + lo, hi - lo, a,
+                     static_cast<float>(clip), st);
+  };
+  for_each_owned([&](ParamEntry& e, size_t, int64_t s, int64_t t, int64_t o) {
+    DHX_CHECK(o == s, InternalError, "GPU optimizer state is not laid out as the flat values");
+    if (s == hi && e.spec.weight_decay == decay) {
+      hi = t;
+      return;
+    }
+    flush();
+    lo = s, hi = t, decay = e.spec.weight_decay;
+  });
+  flush();
+}
+#else
+double Optimizer::grad_norm_gpu() { throw DeviceError("the GPU optimizer needs a CUDA build (DHELIX_ENABLE_CUDA)"); }
+void Optimizer::update_gpu(double, int64_t, double) {
+  throw DeviceError("the GPU optimizer needs a CUDA build (DHELIX_ENABLE_CUDA)");
+}
+#endif
+
 std::vector<std::pair<std::string, Tensor>> Optimizer::shard_state() {
   const bool zero = sync_.zero() == ZeroStage::kOne;
-  Tensor m_full = m_, v_full = v_;
+  // A GPU's state is read back first: checkpoints hold host tensors.
+  Tensor m_full = on_gpu() ? m_.to(Device::host(), nullptr, stream_) : m_;
+  Tensor v_full = on_gpu() ? v_.to(Device::host(), nullptr, stream_) : v_;
   if (zero) {
     // Reassemble flat full-size m/v: all-gather each bucket's chunks over dp.
     m_full = Tensor::zeros({params_.flat_values().numel()});

@@ -2,6 +2,10 @@
 // state and the update split over dp, parameters all-gathered after). The global norm counts
 // every tp-sharded element once and every tp-replicated element once (not tp times).
 // Checkpoints see full, layout-free tensors: gather_state()/scatter_state().
+// On a GPU store (ParamStore::move_to a GPU; one GPU, no groups): m and v on the GPU, the norm's
+// parts from kernels/cuda's sum_squares per entry (read back for the sum and the non-finite check),
+// the update one adamw_step launch per run of entries alike in weight decay, which also rewrites
+// the store's bf16 weights; all on set_stream's stream.
 #pragma once
 #include <string>
 #include <vector>
@@ -9,6 +13,7 @@
 #include "comm/ProcessGroup.h"
 #include "parallel/GradSync.h"
 #include "parallel/ParamStore.h"
+#include "tensor/DeviceMemory.h"
 
 namespace dhelix {
 
@@ -42,6 +47,9 @@ class Optimizer {
   // With ZeRO-1 their optimizer state is sharded over `edp` (GradSync::shard_group).
   // Call after GradSync::set_expert_group and before the first update.
   void set_expert_group(ProcessGroup* ep, ProcessGroup* edp = nullptr);
+  // A GPU store: the stream its kernels run on (the executor's compute stream, so the update
+  // follows the step's backward in stream order). Ignored on the host.
+  void set_stream(StreamHandle s) { stream_ = s; }
 
   // Full (unsharded) tensors of this rank's tp slice: "<param>.exp_avg" / ".exp_avg_sq", gathered
   // over dp when ZeRO-1 holds only chunks. Collective over dp.
@@ -65,6 +73,10 @@ class Optimizer {
   float* grad_ptr(size_t bucket, int64_t flat_index);
   Tensor m_, v_;  // flat; full size without ZeRO, the owned chunks (concatenated) with ZeRO-1
   Tensor norm_parts_;  // [global entry] squared-norm parts of the last grad_norm()
+  StreamHandle stream_ = nullptr;
+  bool on_gpu() const { return !params_.device().is_host(); }
+  double grad_norm_gpu();
+  void update_gpu(double lr, int64_t step, double clip);
   int64_t steps_ = 0;
 };
 

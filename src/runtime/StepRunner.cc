@@ -173,7 +173,8 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   // bf16: the step's weight copies (Bf16Weights), made on first use and dropped when the step ends
   // however it ends (the weights change only between steps).
   std::optional<Bf16Weights> weights16;
-  if (ctx_.kernels.precision == cpu::GemmPrecision::kBf16) weights16.emplace(ctx_.state_mem);
+  // (The CPU's: a GPU store keeps its own bf16 copy, ParamStore::flat_bf16, which its GEMMs read.)
+  if (ctx_.kernels.precision == cpu::GemmPrecision::kBf16 && ctx_.device.is_host()) weights16.emplace(ctx_.state_mem);
   struct Unset {
     Bf16Weights*& slot;
     ~Unset() { slot = nullptr; }

@@ -317,7 +317,12 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
 // training.device: cpu, or a GPU this build and machine can use -- and, until the trainer's
 // optimizer, data and checkpoints run there too (issue 35's next step), not a GPU either: the GPU
 // step runs through the executor in bench/gpu_train. Each refusal names why.
-void check_device(const std::string& text, std::vector<std::string>& e) {
+// training.device: cpu, or a GPU this build and machine can use (the reason otherwise), and on a
+// GPU only what the GPU path runs so far: one process, a dense model (GPT-2 / Llama families),
+// bf16 mixed precision, attention head sizes the GPU kernels have, no trace file yet. Every
+// refusal names the key, its value and what to change; all are listed together.
+void check_device(const RunConfig& c, std::vector<std::string>& e) {
+  const std::string& text = c.training.device;
   Device d;
   try {
     d = parse_device(text);
@@ -327,13 +332,33 @@ void check_device(const std::string& text, std::vector<std::string>& e) {
   }
   if (d.is_host()) return;
   const std::string why = device_unavailable(d);
-  if (!why.empty())
-    e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
-  else
-    e.push_back(fmt::format("training.device=\"{}\": the trainer does not run on a GPU yet (GPU steps run through the "
-                            "executor in bench/gpu_train; the trainer's optimizer, data and checkpoints on the GPU come "
-                            "next, docs/gpu.md); use cpu",
-                            text));
+  if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
+  const ParallelConfig& p = c.parallel;
+  const std::string on = fmt::format("training.device=\"{}\"", text);
+  if (p.dp * p.tp * p.pp * p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
+    e.push_back(fmt::format("{} runs one GPU in one process so far (parallel.dp={} tp={} pp={} cp={} ep={} tp_x={} "
+                            "tp_y={} tp_z={}); GPU collectives (NCCL) for more come next: set them to 1, or use cpu",
+                            on, p.dp, p.tp, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z));
+  if (p.zero) e.push_back(fmt::format("{}: parallel.zero shards over dp, which one GPU does not have; set it off", on));
+  if (c.model.is_moe())
+    e.push_back(fmt::format("{}: MoE models (model.n_experts={}) do not run on the GPU yet (their kernels exist, "
+                            "the trainer's binding comes next); use a dense model or cpu",
+                            on, c.model.n_experts));
+  if (c.training.precision != "bf16")
+    e.push_back(fmt::format("{} trains in bf16 mixed precision (bf16 GEMMs and attention, fp32 weights, optimizer "
+                            "and loss); training.precision=\"{}\": set it to bf16",
+                            on, c.training.precision));
+  if (c.model.n_heads > 0 && c.model.d_model % c.model.n_heads == 0) {
+    const int64_t D = c.model.head_dim();
+    if (D != 32 && D != 64 && D != 128)
+      e.push_back(fmt::format("{}: the GPU attention runs head sizes 32, 64 and 128; model.d_model / model.n_heads "
+                              "= {} / {} = {}",
+                              on, c.model.d_model, c.model.n_heads, D));
+  }
+  if (!c.output.trace.empty())
+    e.push_back(fmt::format("{}: output.trace=\"{}\" is not written for a GPU run yet (its lanes come from CUDA "
+                            "events next); leave it empty",
+                            on, c.output.trace));
 }
 
 void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std::string>& e) {
@@ -424,12 +449,12 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
                             c.output.log_level));
   if (t.precision != "fp32" && t.precision != "bf16")
     e.push_back(fmt::format("training.precision=\"{}\" is not a precision; use fp32 or bf16", t.precision));
-  else if (t.precision == "bf16" && !cpu::bf16_support().usable())
+  else if (t.precision == "bf16" && t.device == "cpu" && !cpu::bf16_support().usable())
     e.push_back("training.precision=\"bf16\" needs a CPU with AMX-BF16 or AVX512-BF16; this one has neither "
                 "(cpuid: amx_bf16 and avx512_bf16 absent); use fp32");
   if (t.nonfinite != "skip" && t.nonfinite != "stop")
     e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
-  check_device(t.device, e);
+  check_device(c, e);
   if (c.data.prefix.empty()) e.push_back("data.prefix is empty");
   if (c.output.dir.empty()) e.push_back("output.dir is empty");
 }

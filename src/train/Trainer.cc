@@ -19,7 +19,13 @@
 #include "base/Signals.h"
 #include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
+#if DHELIX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/Gemm.h"
+#endif
 #include "plan/PlanCheck.h"
+#include "tensor/DeviceMemory.h"
 #include "plan/PlanIO.h"
 #include "train/CheckpointStore.h"
 #include "train/Metrics.h"
@@ -56,6 +62,32 @@ double measure_bf16_gemm_flops() {
   }
   return best;
 }
+
+#if DHELIX_HAVE_CUDA
+double measure_gpu_gemm_flops(cuda::Blas& blas, Device d) {
+  // cuBLASLt's bf16 rate on this GPU: 4096^3 (C = A B^T, bf16 out), ten products per timed run
+  // (a sync's few microseconds off the 0.2 ms each takes), the best of five after a warm-up run.
+  // Operands are not zeros (a GPU multiplies zeros at a lower power draw: a flattering rate).
+  const int64_t n = 4096;
+  Tensor h = Tensor::empty({n * n}, DType::kBF16);
+  for (int64_t i = 0; i < n * n; ++i) h.data<uint16_t>()[i] = f32_to_bf16(0.25f + 0.01f * static_cast<float>(i % 97));
+  Tensor a = h.to(d), b = h.to(d), c = Tensor::empty({n * n}, DType::kBF16, nullptr, d);
+  auto* pa = static_cast<const cuda::bf16*>(a.raw());
+  auto* pb = static_cast<const cuda::bf16*>(b.raw());
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    DHX_CUDA(cudaDeviceSynchronize());
+    const double t0 = now_seconds();
+    for (int i = 0; i < 10; ++i)
+      blas.gemm(cuda::Blas::Op::kN, cuda::Blas::Op::kT, n, n, n, 1.0f, pa, n, pb, n, 0.0f, c.raw(), n,
+                cuda::Blas::Out::kBf16, nullptr, nullptr);
+    DHX_CUDA(cudaDeviceSynchronize());
+    const double dt = now_seconds() - t0;
+    if (rep > 0) best = std::max(best, 10 * 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+#endif
 
 namespace {
 
@@ -106,6 +138,20 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   ps.seed = static_cast<uint64_t>(cfg_.training.seed);
   ps.tokens_per_step = static_cast<double>(cfg_.tokens_per_step());
   parts_ = std::make_unique<StepParts>(ps);
+  // A GPU run (training.device = cuda[:N]; Config refuses what the GPU path does not run yet): the
+  // model states move to the GPU before the optimizer allocates its moments beside them, and the
+  // op programs bind to the CUDA kernels (RunContext::device) with this GPU's cuBLASLt handle.
+  device_ = parse_device(cfg_.training.device);
+  if (!device_.is_host()) {
+#if DHELIX_HAVE_CUDA
+    blas_ = std::make_shared<cuda::Blas>(device_.index);
+    parts_->ctx.device = device_;
+    parts_->ctx.blas = blas_.get();
+    parts_->params->move_to(device_, &parts_->state_mem);
+#else
+    throw ConfigError(fmt::format("training.device=\"{}\": {}; use cpu", cfg_.training.device, device_unavailable(device_)));
+#endif
+  }
   auto group_of = [&](GroupRole role) {
     return (comm_ && comm_->layout().size(role) > 1) ? &comm_->group(role) : nullptr;
   };
@@ -146,7 +192,9 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
   parts_->ctx.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
   sync_->set_wire(cfg_.comm.grad_precision == "bf16" ? DType::kBF16 : DType::kF32);
-  parts_->ctx.bf16_saved_activations = cfg_.training.precision == "bf16" && cfg_.training.bf16_activations;
+  // (A GPU step's ops write their activations in bf16 already: nothing to round after the fact.)
+  parts_->ctx.bf16_saved_activations =
+      cfg_.training.precision == "bf16" && cfg_.training.bf16_activations && device_.is_host();
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
     parts_->ctx.trace = trace_.get();
@@ -157,6 +205,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
     check_plan(*plan_, parts_->progs.block);
   }
   runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, plan_ ? &*plan_ : nullptr, pipeline_spec(cfg_));
+  opt_->set_stream(runner_->executor().compute_stream());  // a GPU's update follows the step's kernels
   // What watches the step, in the order their effects need: a test fault's NaN before GradSync
   // reduces it; GradSync's buckets; the sparse embedding rows; a test fault's kill once the
   // buckets are in flight.
@@ -238,8 +287,13 @@ StepStats Trainer::compute_gradients() {
 
 StepReport Trainer::train_step() {
   double t0 = now_seconds();
-  if (fault_ && fault_->nan_weight_step() == step_ + 1)
-    parts_->params->entries().front().value.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+  if (fault_ && fault_->nan_weight_step() == step_ + 1) {
+    ParamEntry& e = parts_->params->entries().front();
+    Tensor nan = Tensor::empty({1});
+    nan.f32()[0] = std::numeric_limits<float>::quiet_NaN();
+    parts_->params->flat_values().narrow0(e.offset, 1).copy_from(nan);  // wherever the weights live
+    parts_->params->refresh_bf16(runner_->executor().compute_stream());
+  }
   if (fault_ && fault_->sigterm_step() == step_ + 1) raise(SIGTERM);
   StepStats st = compute_gradients();
   StepReport r;
@@ -359,15 +413,20 @@ int Trainer::run() {
   }
   const double flops_tok = cfg_.model.flops_per_token(cfg_.model.seq_len);
   // The reference rate: sgemm, or in bf16 the bf16 GEMM (gemm_bf16, rounding included) the run uses.
-  const bool bf16 = cfg_.training.precision == "bf16";
-  const char* ref_name = bf16 ? "bf16 gemm" : "sgemm";
-  auto measure_ref = [bf16] { return bf16 ? measure_bf16_gemm_flops() : measure_sgemm_flops(); };
+  const bool bf16 = cfg_.training.precision == "bf16", gpu = !device_.is_host();
+  const char* ref_name = gpu ? "cuBLAS bf16" : bf16 ? "bf16 gemm" : "sgemm";
+  auto measure_ref = [&] {
+#if DHELIX_HAVE_CUDA
+    if (gpu) return measure_gpu_gemm_flops(*blas_, device_);
+#endif
+    return bf16 ? measure_bf16_gemm_flops() : measure_sgemm_flops();
+  };
   sgemm_flops_ = measure_ref();
   log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} {} | "
                   "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
                   cfg_.model.name, family_name(cfg_.model.family), cfg_.model.num_params() / 1e6, cfg_.model.n_layers,
                   cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.n_kv_heads,
-                  comm_ ? comm_->layout().describe() : "single process",
+                  comm_ ? comm_->layout().describe() : gpu ? "single process on " + cfg_.training.device : "single process",
                   fmt::format("schedule {},", cfg_.schedule.pipeline), cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
                   cfg_.model.seq_len, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
   log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", ref_name,

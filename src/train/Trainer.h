@@ -26,6 +26,9 @@
 #include "train/StepObservers.h"
 
 namespace dhelix {
+namespace cuda {
+class Blas;
+}
 
 struct StepReport {
   int64_t step = 0;      // 1-based optimizer step just completed
@@ -110,6 +113,10 @@ class Trainer {
   ProcessGroup* cp_ = nullptr;  // context parallelism's ring (cp > 1)
   RankCoord coord_;             // this rank's grid coordinates
   MicroBatchShape mb_;
+  Device device_;  // training.device: where the model states live and the step runs
+  // A GPU run's cuBLASLt handle, destroyed after everything that launches on it (declared before);
+  // a shared_ptr because the type is complete only in a CUDA build.
+  std::shared_ptr<cuda::Blas> blas_;
   std::unique_ptr<StepParts> parts_;  // units, programs, this stage's parameters, the run context
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<Optimizer> opt_;

@@ -45,6 +45,21 @@ Tensor gather_over_block(const ParamSpec& spec, const Tensor& shard, ProcessGrou
   return full;
 }
 
+// `t`, or its copy in host memory when it lives on a GPU (checkpoints hold host tensors).
+Tensor on_host(const Tensor& t) { return t.device().is_host() ? t : t.to(Device::host()); }
+
+// Writes this rank's shard of `full` into `e`'s value, wherever the value lives (a GPU store's
+// through a host shard).
+void put_shard(ParamEntry& e, const Tensor& full, const ShardIndex& at) {
+  if (e.value.device().is_host()) {
+    extract_shard(e.spec, full, e.value, at);
+    return;
+  }
+  Tensor host = Tensor::empty(e.spec.shard);
+  extract_shard(e.spec, full, host, at);
+  e.value.copy_from(host);
+}
+
 // The first of `tensors` (f32) holding a NaN or an infinity, or "".
 std::string first_nonfinite(const std::map<std::string, Tensor>& tensors) {
   for (const auto& [name, t] : tensors) {
@@ -104,7 +119,7 @@ std::map<std::string, Tensor> Trainer::gather_full(const std::function<Tensor(co
   std::map<std::string, Tensor> out;
   const ParamEntry* copy = parts_->params->tied_copy();
   for (auto& e : parts_->params->entries())
-    if (&e != copy) out[e.spec.name + suffix] = gather_over_block(e.spec, get(e), block, members, ep);
+    if (&e != copy) out[e.spec.name + suffix] = gather_over_block(e.spec, on_host(get(e)), block, members, ep);
   if (!pp_) return out;
   for (const OwnedSpec& o : model_param_owners(parts_->units, pipeline_chunks(pipeline_spec(cfg_)))) {
     const std::string name = o.spec.name + suffix;
@@ -185,7 +200,8 @@ std::map<std::string, Tensor> Trainer::load_full_params(const Checkpoint& ck) {
 void Trainer::load_model(const std::string& step_dir) {
   Checkpoint ck = CheckpointStore::load(step_dir, /*with_optimizer=*/false);
   std::map<std::string, Tensor> full = load_full_params(ck);
-  for (auto& e : parts_->params->entries()) extract_shard(e.spec, full.at(e.spec.name), e.value, parts_->ctx.shard);
+  for (auto& e : parts_->params->entries()) put_shard(e, full.at(e.spec.name), parts_->ctx.shard);
+  parts_->params->refresh_bf16(runner_->executor().compute_stream());  // a GPU store's GEMM weights
 }
 
 void Trainer::load_checkpoint(const std::string& step_dir) {
@@ -194,7 +210,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   std::map<std::string, Tensor> full = load_full_params(ck);
   std::vector<std::pair<std::string, Tensor>> optim;
   for (auto& e : parts_->params->entries()) {
-    extract_shard(e.spec, full.at(e.spec.name), e.value, parts_->ctx.shard);
+    put_shard(e, full.at(e.spec.name), parts_->ctx.shard);
     for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
       std::string name = e.spec.name + suffix;
       const Tensor* t = ck.optimizer.find(name);
@@ -211,6 +227,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   const int64_t updates = ck.state.extra.is_object() ? ck.state.extra.value("optimizer_updates", ck.state.step) : ck.state.step;
   skipped_total_ = ck.state.extra.is_object() ? ck.state.extra.value("skipped_steps", int64_t{0}) : 0;
   opt_->load_shard_state(optim, updates);
+  parts_->params->refresh_bf16(runner_->executor().compute_stream());  // a GPU store's GEMM weights
   step_ = ck.state.step;
   DHX_CHECK(!ck.state.data_loader.is_null(), IoError, "checkpoint {} has no data-loader state", step_dir);
   train_loader_->set_state(ck.state.data_loader);
@@ -224,7 +241,9 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   // The whole model on one rank: this rank's parts when nothing is split; otherwise the full
   // tensors gathered over tp and pp (collective) into single-process parts on world rank 0.
   std::unique_ptr<StepParts> whole;
-  if (layout_.tp_block() > 1 || layout_.pp > 1) {
+  // A GPU run samples on the CPU from its weights read back (one sequence, token by token: the
+  // host's kernels serve it).
+  if (layout_.tp_block() > 1 || layout_.pp > 1 || !parts_->params->device().is_host()) {
     std::map<std::string, Tensor> full = gather_full_params();
     if (world_rank != 0) return "";
     StepPartsSpec ps;
