@@ -61,18 +61,69 @@ TEST(CudaOpsLoss, CrossEntropyMatchesCpuWrittenAliasedAndLossOnly) {
   }
 }
 
+// The strided form (a padded LM head's logits [N, ld], ld >= V): both kernels -- rows in registers
+// (ld a multiple of 8 from 2048 to 57344 columns: GPT-2's 50304, the widest 57344, a target in the
+// last vector) and the general one (ld = 104). Oracle: the CPU twin on the V vocabulary columns
+// (same bounds as above); the padding columns' gradient exactly 0, whatever they held (poison).
+TEST(CudaOpsLoss, CrossEntropyStridedMatchesCpuOnTheVocabularyPaddingZero) {
+  DHX_REQUIRE_GPU();
+  struct Shape { int64_t N, V, ld; };
+  uint64_t seed = 40;
+  for (const Shape d : {Shape{3, 50257, 50304}, Shape{5, 8000, 8064}, Shape{2, 57344, 57344}, Shape{4, 2048, 2048},
+                        Shape{4, 100, 104}}) {
+    const auto logits = round_bf16(randn(d.N * d.V, seed++, 2.0f));
+    auto targets = randint(d.N, seed++, static_cast<int32_t>(d.V));
+    targets[0] = static_cast<int32_t>(d.V - 1);
+    if (d.N > 2) targets[2] = -1;
+    const float dloss = 1.0f / static_cast<float>(d.N);
+    const std::vector<float> dloss_rows(d.N, dloss);
+    std::vector<float> losses(d.N), dlogits(d.N * d.V);
+    cpu::cross_entropy_fwd_bwd<float>(logits.data(), targets.data(), losses.data(), dlogits.data(), dloss_rows.data(),
+                                      d.N, d.V);
+    std::vector<float> padded(d.N * d.ld, 3.0f);  // padding columns: large logits that must not count
+    for (int64_t n = 0; n < d.N; ++n)
+      std::memcpy(&padded[n * d.ld], &logits[n * d.V], d.V * sizeof(float));
+    DevBuf<bf16> glogits(to_bf16(padded)), gd(d.N * d.ld);
+    DevBuf<int32_t> gtargets(targets);
+    DevBuf<float> glosses(d.N);
+    gd.poison(), glosses.poison();
+    cross_entropy_fwd_bwd_strided(glogits.get(), gtargets.get(), glosses.get(), gd.get(), dloss, d.N, d.V, d.ld,
+                                  nullptr);
+    const std::string at = "N=" + std::to_string(d.N) + " V=" + std::to_string(d.V) + " ld=" + std::to_string(d.ld);
+    EXPECT_LE(rel_err(glosses.download(), losses), kLossBound) << "losses, " << at;
+    const auto got = to_f32(gd.download());
+    std::vector<float> vocab(d.N * d.V);
+    bool pad_zero = true;
+    for (int64_t n = 0; n < d.N; ++n) {
+      std::memcpy(&vocab[n * d.V], &got[n * d.ld], d.V * sizeof(float));
+      for (int64_t v = d.V; v < d.ld; ++v) pad_zero = pad_zero && got[n * d.ld + v] == 0.0f;
+    }
+    EXPECT_LE(rel_err(vocab, dlogits), kDlogitsBound) << "dlogits, " << at;
+    EXPECT_TRUE(pad_zero) << "padding columns' gradient, " << at;
+  }
+}
+
 // A target >= V cannot throw on the device: NaN loss and NaN gradient row (loud), other rows fine.
+// Both kernels: V = 10 (general), V = 4096 (rows in registers).
 TEST(CudaOpsLoss, CrossEntropyTargetOutOfRangeIsNan) {
   DHX_REQUIRE_GPU();
-  const int64_t N = 3, V = 10;
-  DevBuf<bf16> glogits(to_bf16(randn(N * V, 5))), gd(N * V);
+  const int64_t N = 3;
+  for (const int64_t V : {int64_t{10}, int64_t{4096}}) {
+    DevBuf<bf16> glogits(to_bf16(randn(N * V, 5))), gd(N * V);
+    DevBuf<int32_t> gtargets(std::vector<int32_t>{2, static_cast<int32_t>(V), 0});
+    DevBuf<float> glosses(N);
+    cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), gd.get(), 1.0f, N, V, nullptr);
+    const auto losses = glosses.download();
+    const auto d = to_f32(gd.download());
+    EXPECT_TRUE(std::isfinite(losses[0]) && std::isnan(losses[1]) && std::isfinite(losses[2])) << "V=" << V;
+    bool ok = true;
+    for (int64_t v = 0; v < V; ++v) ok = ok && std::isnan(d[V + v]) && std::isfinite(d[v]) && std::isfinite(d[2 * V + v]);
+    EXPECT_TRUE(ok) << "V=" << V;
+  }
+  const int64_t V = 10;
+  DevBuf<bf16> glogits(to_bf16(randn(N * V, 5)));
   DevBuf<int32_t> gtargets(std::vector<int32_t>{2, static_cast<int32_t>(V), 0});
   DevBuf<float> glosses(N);
-  cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), gd.get(), 1.0f, N, V, nullptr);
-  const auto losses = glosses.download();
-  const auto d = to_f32(gd.download());
-  EXPECT_TRUE(std::isfinite(losses[0]) && std::isnan(losses[1]) && std::isfinite(losses[2]));
-  for (int64_t v = 0; v < V; ++v) EXPECT_TRUE(std::isnan(d[V + v]) && std::isfinite(d[v]) && std::isfinite(d[2 * V + v]));
   EXPECT_THROW(cross_entropy_fwd_bwd(glogits.get(), gtargets.get(), glosses.get(), nullptr, 1.0f, N, 0, nullptr),
                InternalError);
 }

@@ -1,10 +1,19 @@
-// Fused softmax cross-entropy over the vocabulary on the GPU (Ops.h), llm.c's fused classifier:
-// one block of 512 threads per row. Pass 1: each thread keeps an online (max, sum of exp) over
-// columns v = t, t + 512, ...; the pairs merge by a fixed warp butterfly, then every thread folds the
-// 16 warps' pairs in warp order (the same bits in every thread). Pass 2 (when dlogits is wanted)
-// re-reads the row (from L2) and writes (softmax - onehot) * dloss, never storing probabilities.
-// 2-byte accesses: GPT-2's V = 50257 leaves rows unaligned. Bytes moved: 2NV forward only, 6NV
-// with the gradient (+ 8N). ~3 exp per logit. Not yet timed on the H100.
+// Fused softmax cross-entropy over the vocabulary on the GPU (Ops.h), two kernels, one block per
+// row, probabilities never stored.
+//
+// Rows in registers (rows_kernel), where each row starts 16-byte aligned and 2048 <= ld <= 57344
+// (a padded LM head's logits: GPT-2's 50304 columns): 1024 threads load the row once with 16-byte
+// loads (8 bf16 each, at most 7 per thread) and keep it in registers; the row max, then the sum of
+// e^(x - max), are reduced by each warp to its lane 0 and then by every thread over the 32 warps'
+// values in warp order (the same bits in every thread and on every run); the gradient
+// (softmax - onehot) * dloss is written from the registers with 16-byte stores. Bytes moved: 2NV
+// forward only, 4NV with the gradient -- one read and one write, the least a fused kernel can.
+// Measured on the H100 at GPT-2's shapes: bench/gpu_kernels.
+//
+// Otherwise (unaligned rows: GPT-2's V = 50257 unpadded; small or very wide rows) the general
+// kernel, llm.c's fused classifier: 512 threads, an online (max, sum) per thread over columns
+// v = t, t + 512, ... merged by a fixed butterfly and then in warp order by every thread; pass 2
+// re-reads the row (from L2) to write the gradient. 2-byte accesses; 6NV bytes with the gradient.
 #include "kernels/cuda/Ops.h"
 
 namespace dhelix::cuda {
@@ -70,6 +79,102 @@ __global__ void cross_entropy_kernel(const bf16* logits, const int32_t* __restri
   }
 }
 
+constexpr int kRowThreads = 1024;
+constexpr int kRowMaxVecs = 7;  // 16-byte vectors per thread: rows up to 7 * 8 * 1024 = 57344 columns
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Every thread gets the same fold of the block's values: each warp's lane 0 holds its warp's
+// value (a fixed shuffle-down tree), the 32 of them are folded in warp order by every thread.
+template <typename F> __device__ __forceinline__ float block_fold(float v, float* red, F f) {
+  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_down_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float all = red[0];
+#pragma unroll
+  for (int w = 1; w < kRowThreads / 32; ++w) all = f(all, red[w]);
+  return all;
+}
+
+// No __restrict__ on logits and dlogits (they may alias): every load of the row and thread 0's
+// read of x[tgt] come before the first barrier, every store after the last.
+template <int VECS>
+__global__ void __launch_bounds__(kRowThreads, 1)
+    rows_kernel(const bf16* logits, const int32_t* __restrict__ targets, float* __restrict__ losses, bf16* dlogits,
+                float dloss, int64_t V, int64_t ld) {
+  __shared__ float red_max[kRowThreads / 32], red_sum[kRowThreads / 32];
+  const int t = threadIdx.x;
+  const int64_t n = blockIdx.x;
+  const bf16* x = logits + n * ld;
+  bf16* d = dlogits != nullptr ? dlogits + n * ld : nullptr;
+  const int64_t tgt = targets[n];
+  if (tgt < 0 || tgt >= V) {  // ignored (loss 0, gradient 0), or out of range (NaN: loud)
+    const float fill = tgt < 0 ? 0.0f : __int_as_float(0x7fc00000);
+    if (t == 0) losses[n] = fill;
+    if (d != nullptr)
+      for (int64_t v = t; v < ld; v += kRowThreads) d[v] = __float2bfloat16(v < V ? fill : 0.0f);
+    return;
+  }
+  const float x_tgt = t == 0 ? __bfloat162float(x[tgt]) : 0.0f;
+  const int Vi = static_cast<int>(V), ldi = static_cast<int>(ld), ti = static_cast<int>(tgt);  // < 2^16: 32-bit indices
+  uint4 r[VECS];
+#pragma unroll
+  for (int i = 0; i < VECS; ++i) {
+    const int c = (i * kRowThreads + t) * 8;
+    r[i] = c < ldi ? *reinterpret_cast<const uint4*>(x + c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  // Column c + j of vector i holds word j / 2's low (j even) or high half.
+  auto each = [&](auto fn) {
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      const int c = (i * kRowThreads + t) * 8;
+      const uint32_t w[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (c + j < Vi) fn(j % 2 ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]));
+    }
+  };
+  float m = -INFINITY;
+  each([&](float v) { m = fmaxf(m, v); });
+  const float M = block_fold(m, red_max, [](float a, float b) { return fmaxf(a, b); });
+  const float mb = M == -INFINITY ? 0.0f : M * kLog2e;  // e^(x - M) = 2^(x log2e - M log2e)
+  float s = 0.0f;
+  each([&](float v) { s += exp2f(fmaf(v, kLog2e, -mb)); });
+  const float S = block_fold(s, red_sum, [](float a, float b) { return a + b; });
+  if (t == 0) losses[n] = M + logf(S) - x_tgt;
+  if (d == nullptr) return;
+  const float k = dloss / S;
+#pragma unroll
+  for (int i = 0; i < VECS; ++i) {
+    const int c = (i * kRowThreads + t) * 8;
+    if (c >= ldi) continue;
+    const uint32_t w[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      float g[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int v = c + j + h;
+        const float xv = h ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]);
+        g[h] = v >= Vi ? 0.0f : exp2f(fmaf(xv, kLog2e, -mb)) * k - (v == ti ? dloss : 0.0f);
+      }
+      const __nv_bfloat162 b2 = __floats2bfloat162_rn(g[0], g[1]);
+      o[j / 2] = *reinterpret_cast<const uint32_t*>(&b2);
+    }
+    *reinterpret_cast<uint4*>(d + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+template <int VECS>
+void launch_rows(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss, int64_t N,
+                 int64_t V, int64_t ld, cudaStream_t s) {
+  rows_kernel<VECS><<<static_cast<unsigned>(N), kRowThreads, 0, s>>>(logits, targets, losses, dlogits, dloss, V, ld);
+  DHX_CUDA_LAUNCHED(rows_kernel);
+}
+
 }  // namespace
 
 void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss,
@@ -82,6 +187,20 @@ void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, f
   DHX_CUDA_ASSERT(N >= 0 && N < (int64_t{1} << 31) && V >= 1 && ld >= V, "cross_entropy_fwd_bwd: N=", N, " V=", V,
                   " ld=", ld, " (need 0 <= N < 2^31, 1 <= V <= ld)");
   if (N == 0) return;
+  const bool aligned = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(dlogits) % 16 == 0;
+  const int64_t vecs = (ld / 8 + kRowThreads - 1) / kRowThreads;
+  if (aligned && ld >= 2048 && vecs <= kRowMaxVecs) {
+    switch (vecs) {
+      case 1: return launch_rows<1>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+      case 2: return launch_rows<2>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+      case 3: return launch_rows<3>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+      case 4: return launch_rows<4>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+      case 5: return launch_rows<5>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+      case 6: return launch_rows<6>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+      default: return launch_rows<7>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
+    }
+  }
   cross_entropy_kernel<<<static_cast<unsigned>(N), kCeThreads, 0, s>>>(logits, targets, losses, dlogits, dloss, V,
                                                                        ld);
   DHX_CUDA_LAUNCHED(cross_entropy_kernel);
