@@ -130,6 +130,20 @@ void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_
   b.time(name + " wgrad", "gemm", per_step, f, [&] {
     blas.linear_bwd_weight(y.as<bf16>(), x.as<bf16>(), dw.as<float>(), bias ? db.as<float>() : nullptr, N, I, O, s);
   });
+  // The weight gradient's GEMM in two other forms (class "study", outside the sums): what cuBLASLt
+  // picks for an fp32 output written (beta 0, to be added to the gradient after) and for a bf16
+  // output (PyTorch autocast's form, its gradient rounded to bf16 before the fp32 sum). The
+  // step's form above accumulates into fp32 (beta 1); at GPT-2's few output tiles it runs at
+  // 150-440 TFLOP/s where PyTorch's cuBLAS runs the same shapes at 520-720 (2026-11-27).
+  Buf w16(O * I * 2, 12);
+  b.time(name + " wgrad f32 beta0", "study", per_step, f, [&] {
+    blas.gemm(Blas::Op::kT, Blas::Op::kN, O, I, N, 1.0f, y.as<bf16>(), O, x.as<bf16>(), I, 0.0f, dw.as<float>(), I,
+              Blas::Out::kF32, nullptr, s);
+  });
+  b.time(name + " wgrad bf16 beta0", "study", per_step, f, [&] {
+    blas.gemm(Blas::Op::kT, Blas::Op::kN, O, I, N, 1.0f, y.as<bf16>(), O, x.as<bf16>(), I, 0.0f, w16.as<bf16>(), I,
+              Blas::Out::kBf16, nullptr, s);
+  });
 }
 
 void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
@@ -245,9 +259,11 @@ std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStre
   double total = 0, gemm_flops = 0;
   std::string rows;
   for (const OpTime& o : b.ops()) {
-    cls[o.cls] += o.s * o.count;
-    total += o.s * o.count;
-    if (o.cls == "gemm") gemm_flops += o.flops * o.count;
+    if (o.cls != "study") {
+      cls[o.cls] += o.s * o.count;
+      total += o.s * o.count;
+      if (o.cls == "gemm") gemm_flops += o.flops * o.count;
+    }
     std::printf("  %-18s x%-4.0f %9.3f ms  %7.1f TFLOP/s\n", o.name.c_str(), o.count, o.s * 1e3, o.flops / o.s / 1e12);
     rows += fmt::format("{}{{\"op\":\"{}\",\"class\":\"{}\",\"s\":{:.6g},\"count\":{},\"tflops\":{:.4g}}}",
                         rows.empty() ? "" : ",", o.name, o.cls, o.s, o.count, o.flops / o.s / 1e12);
