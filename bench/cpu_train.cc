@@ -45,6 +45,7 @@
 #include "parallel/GradSync.h"
 #include "parallel/Optimizer.h"
 #include "parallel/ParamStore.h"
+#include "runtime/StepBuilder.h"
 #include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
 #include "train/Trainer.h"
@@ -258,20 +259,20 @@ class OursRun {
  public:
   OursRun(const Args& a, const ModelConfig& model, cpu::GemmPrecision precision)
       : a_(a), precision_(precision), M_(static_cast<int>(a.micro_batches)) {
-    StepPartsSpec ps;
-    ps.model = model;
-    ps.mb = MicroBatchShape{a.B, a.T};
-    ps.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
-    parts_ = std::make_unique<StepParts>(ps);
+    StepSpec spec;
+    spec.parts.model = model;
+    spec.parts.mb = MicroBatchShape{a.B, a.T};
+    spec.parts.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
+    spec.parts.pipeline = single_stage(a.interleave);
     // As the trainer runs bf16 (training.bf16_activations on): saved GEMM inputs kept in bf16.
-    parts_->ctx.bf16_saved_activations = precision == cpu::GemmPrecision::kBf16;
-    parts_->ctx.kernels = cpu::kernel_config(static_cast<int>(a.threads), precision);
-    ParamStore& params = *parts_->params;
-    sync_ = std::make_unique<GradSync>(params, parts_->units, parts_->progs, nullptr, nullptr, ZeroStage::kNone,
-                                       &parts_->state_mem);
-    opt_ = std::make_unique<Optimizer>(params, *sync_, nullptr, nullptr, AdamWConfig{}, &parts_->state_mem);
-    runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, nullptr, single_stage(a.interleave));
-    runner_->add_observer(sync_.get());
+    spec.bf16_saved_activations = precision == cpu::GemmPrecision::kBf16;
+    spec.kernels = cpu::kernel_config(static_cast<int>(a.threads), precision);
+    step_ = std::make_unique<Step>(spec);
+    parts_ = step_->parts.get();
+    sync_ = step_->sync.get();
+    opt_ = step_->opt.get();
+    runner_ = step_->runner.get();
+    runner_->add_observer(sync_);
     std::mt19937_64 rng(42);
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model.vocab_size - 1));
     for (int m = 0; m < M_; ++m) {
@@ -326,10 +327,11 @@ class OursRun {
   const Args& a_;
   cpu::GemmPrecision precision_;
   int M_;
-  std::unique_ptr<StepParts> parts_;
-  std::unique_ptr<GradSync> sync_;
-  std::unique_ptr<Optimizer> opt_;
-  std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<Step> step_;  // wired as the trainer wires it (runtime/StepBuilder.h)
+  StepParts* parts_ = nullptr;
+  GradSync* sync_ = nullptr;
+  Optimizer* opt_ = nullptr;
+  StepRunner* runner_ = nullptr;
   std::vector<MicroBatch> mbs_;
   std::unique_ptr<Trace> trace_;
   OursResult r_;

@@ -1,10 +1,13 @@
-// GPU training throughput through the engine (issue 35): the executor runs the model's layer
-// programs on the GPU (runtime/CudaOps.cc: bf16 activations, cuBLASLt GEMMs, flash attention),
-// then one fused AdamW launch over the flat fp32 parameters (writing their bf16 copy) after the
-// gradient norm's reduction. Random tokens; one micro-batch per step; each step timed on the host
-// between device synchronisations (so every launch and host gap counts), median over the timed
-// steps after warm-up. What it is not yet: the trainer (`training.device = cuda` comes next), so
-// weight decay applies to every parameter and the norm is computed but not used to clip.
+// GPU training throughput through the engine (issue 35): the step the trainer runs with
+// training.device = cuda, wired by the same StepBuilder (runtime/StepBuilder.h) -- the executor
+// runs the model's layer programs on the GPU (runtime/CudaOps.cc: bf16 activations, cuBLASLt GEMMs,
+// flash attention), then the trainer's GPU optimizer (the gradient norm per parameter tensor, read
+// back; clipping; AdamW with the weight-decay mask, writing the bf16 weights). Random tokens; one
+// micro-batch per step; each step timed on the host between device synchronisations (so every
+// launch and host gap counts), median over the timed steps after warm-up. Not timed: the data
+// loader and the loss's all-reduce (host work of microseconds on one GPU).
+// (Until 2026-11-27 this bench ran one AdamW launch over all parameters without the mask or
+// clipping; its figures of 2026-11-26 and -27 are of that form.)
 //   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 //                          [--steps 10] [--warmup 3]
 // Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
@@ -20,10 +23,7 @@
 
 #include "base/Error.h"
 #include "kernels/cuda/Cuda.h"
-#include "kernels/cuda/Gemm.h"
-#include "kernels/cuda/Ops.h"
-#include "runtime/StepParts.h"
-#include "runtime/StepRunner.h"
+#include "runtime/StepBuilder.h"
 #include "schedule/Pipelines.h"
 #include "tensor/DeviceMemory.h"
 
@@ -56,20 +56,17 @@ ModelConfig model_named(const std::string& name, int64_t T) {
 
 std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, int warmup) {
   const Device gpu = Device::cuda(0);
-  StepPartsSpec ps;
+  StepSpec spec;
+  StepPartsSpec& ps = spec.parts;
   ps.model = model_named(name, T);
   ps.mb = MicroBatchShape{B, T};
   ps.tokens_per_step = static_cast<double>(B * T);
-  StepParts parts(ps);
-  cuda::Blas blas(0);
-  parts.ctx.device = gpu;
-  parts.ctx.blas = &blas;
-  ParamStore& params = *parts.params;
-  params.move_to(gpu, &parts.state_mem);
-  const int64_t P = params.flat_values().numel();
-  Tensor moments = Tensor::empty({2 * P}, DType::kF32, &parts.state_mem, gpu);  // AdamW's m and v
-  moments.zero_();
-  Tensor norm = Tensor::empty({1}, DType::kF64, nullptr, gpu);
+  ps.pipeline = single_stage(CoExecute::kOff);
+  spec.device = gpu;
+  spec.adamw = AdamWConfig{0.9, 0.95, 1e-8, 0.1, 1.0};
+  Step step(spec);
+  step.runner->add_observer(step.sync.get());
+  ParamStore& params = step.params();
   std::vector<MicroBatch> data;
   std::mt19937 rng(7);
   for (int i = 0; i < 4; ++i) {
@@ -80,8 +77,6 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     }
     data.push_back(mbt);
   }
-  StepRunner runner(parts.ctx, parts.units, parts.progs, nullptr, single_stage(CoExecute::kOff));
-  const auto stream = static_cast<cudaStream_t>(runner.executor().compute_stream());
   std::vector<double> times;
   double loss = 0;
   reset_device_peak(gpu);
@@ -89,11 +84,10 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     DHX_CUDA(cudaDeviceSynchronize());
     const auto t0 = std::chrono::steady_clock::now();
     params.zero_grads();
-    const StepStats st = runner.run({data[static_cast<size_t>(s) % data.size()]});
-    cuda::sum_squares(params.flat_grads().f32(), P, norm.data<double>(), cuda::Accumulate::kNo, stream);
-    cuda::AdamWParams a{3e-4, 0.9, 0.95, 1e-8, 0.1, s + 1};
-    cuda::adamw_step(params.flat_values().f32(), params.flat_grads().f32(), moments.f32(), moments.f32() + P,
-                     static_cast<cuda::bf16*>(params.flat_bf16().raw()), P, a, 1.0f, stream);
+    const StepStats st = step.runner->run({data[static_cast<size_t>(s) % data.size()]});
+    step.sync->finish();
+    const double norm = step.opt->grad_norm();
+    step.opt->update(3e-4, s + 1, norm);
     DHX_CUDA(cudaDeviceSynchronize());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) times.push_back(dt);

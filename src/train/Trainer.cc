@@ -24,9 +24,7 @@
 
 #include "kernels/cuda/Gemm.h"
 #endif
-#include "plan/PlanCheck.h"
 #include "tensor/DeviceMemory.h"
-#include "plan/PlanIO.h"
 #include "train/CheckpointStore.h"
 #include "train/Metrics.h"
 #include "train/Preflight.h"
@@ -125,9 +123,8 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   cpu::set_num_threads(kernels.threads);
   // Under context parallelism this rank's micro-batch holds seq_len / cp rows of each sequence.
   mb_ = MicroBatchShape{cfg_.training.micro_batch_size, cfg_.model.seq_len / layout_.cp};
-  // A pipeline stage builds and stores only the units of its chunks.
-  const std::vector<Chunk> chunks = pipeline_chunks(pipeline_spec(cfg_));
-  StepPartsSpec ps;
+  StepSpec spec;
+  StepPartsSpec& ps = spec.parts;
   ps.model = cfg_.model;
   ps.layout = layout_;
   ps.tp_rank = tp_rank_;
@@ -137,82 +134,45 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   ps.pipeline = pipeline_spec(cfg_);
   ps.seed = static_cast<uint64_t>(cfg_.training.seed);
   ps.tokens_per_step = static_cast<double>(cfg_.tokens_per_step());
-  parts_ = std::make_unique<StepParts>(ps);
-  // A GPU run (training.device = cuda[:N]; Config refuses what the GPU path does not run yet): the
-  // model states move to the GPU before the optimizer allocates its moments beside them, and the
-  // op programs bind to the CUDA kernels (RunContext::device) with this GPU's cuBLASLt handle.
+  spec.groups = StepGroups::of(comm_);
+  // training.device = cuda[:N]: Config refuses what the GPU path does not run yet.
   device_ = parse_device(cfg_.training.device);
-  if (!device_.is_host()) {
-#if DHELIX_HAVE_CUDA
-    blas_ = std::make_shared<cuda::Blas>(device_.index);
-    parts_->ctx.device = device_;
-    parts_->ctx.blas = blas_.get();
-    parts_->params->move_to(device_, &parts_->state_mem);
-#else
-    throw ConfigError(fmt::format("training.device=\"{}\": {}; use cpu", cfg_.training.device, device_unavailable(device_)));
-#endif
-  }
-  auto group_of = [&](GroupRole role) {
-    return (comm_ && comm_->layout().size(role) > 1) ? &comm_->group(role) : nullptr;
-  };
-  ProcessGroup* tp = group_of(GroupRole::kTP);
-  // Weight gradients are reduced over every replica of the weights: dp, times cp under context
-  // parallelism (each cp rank's gradient covers its chunks of the sequences).
-  ProcessGroup* dp = group_of(layout_.cp > 1 ? GroupRole::kDPCP : GroupRole::kDP);
-  cp_ = group_of(GroupRole::kCP);
-  pp_ = group_of(GroupRole::kPP);
-  z_ = group_of(GroupRole::kZ);
-  // Partial gradients (ParamSpec::partial_grad) are summed over tp (sequence parallelism) or z (3D:
-  // the batch is split over z); the gradient norm over the whole tensor-parallel block.
-  ProcessGroup* block = group_of(GroupRole::kTPBlock);
-  sync_ = std::make_unique<GradSync>(*parts_->params, parts_->units, parts_->progs, layout_.is_3d() ? z_ : tp, dp,
-                                     p.zero ? ZeroStage::kOne : ZeroStage::kNone, &parts_->state_mem);
-  // A tied embedding whose head sits on another stage (1F1B, interleaved): the two copies' gradients
-  // are summed between the first and the last stage (Megatron's embedding group).
-  const int embed_rank = chunks.front().rank, head_rank = chunks.back().rank;
-  if (pp_ && cfg_.model.tie_embeddings && embed_rank != head_rank && (pp_rank_ == embed_rank || pp_rank_ == head_rank))
-    sync_->set_tied_peer(pp_, pp_rank_ == embed_rank ? head_rank : embed_rank);
-  AdamWConfig ac{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps, cfg_.training.weight_decay,
-                 cfg_.training.grad_clip};
-  opt_ = std::make_unique<Optimizer>(*parts_->params, *sync_, block, dp, ac, &parts_->state_mem);
-  opt_->set_pipeline_group(pp_);
-  if (layout_.ep > 1) {  // expert parallelism: tokens move over ep, expert gradients reduce over edp
-    sync_->set_expert_group(group_of(GroupRole::kEDP));
-    opt_->set_expert_group(group_of(GroupRole::kEP), group_of(GroupRole::kEDP));
-  }
-
-  parts_->ctx.groups = StepGroups::of(comm_);
-  parts_->ctx.micro_batches = static_cast<int>(cfg_.training.micro_batches);  // 3D: z reduce-scatters by the last
+  spec.device = device_;
+  spec.kernels = kernels;
+  spec.zero = p.zero ? ZeroStage::kOne : ZeroStage::kNone;
+  spec.adamw = AdamWConfig{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps,
+                           cfg_.training.weight_decay, cfg_.training.grad_clip};
+  spec.grad_wire = cfg_.comm.grad_precision == "bf16" ? DType::kBF16 : DType::kF32;
+  const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
+  spec.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
+  spec.bf16_saved_activations = cfg_.training.precision == "bf16" && cfg_.training.bf16_activations;
+  spec.expose_collectives = cfg_.schedule.expose_collectives;
+  spec.micro_batches = static_cast<int>(cfg_.training.micro_batches);
+  spec.plan_path = cfg_.schedule.plan;
+  built_ = std::make_unique<Step>(spec);
+  parts_ = built_->parts.get();
+  sync_ = built_->sync.get();
+  opt_ = built_->opt.get();
+  runner_ = built_->runner.get();
+  cp_ = spec.groups.get(GroupRole::kCP);
+  pp_ = spec.groups.get(GroupRole::kPP);
+  z_ = spec.groups.get(GroupRole::kZ);
   // (With pp > 1 the first stage's embedding gradient takes the dense path; its bucket still
   // overlaps the stage's remaining backward.)
   if (p.sparse_embed_grad && layout_.pp == 1 && !layout_.is_3d() && sync_->enable_sparse_embedding(mb_.B * mb_.T))
     sparse_rows_ = std::make_unique<SparseEmbeddingRows>(*sync_, last_tokens_);
-  parts_->ctx.kernels = kernels;
-  parts_->ctx.expose_collectives = cfg_.schedule.expose_collectives;
-  const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
-  parts_->ctx.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
-  sync_->set_wire(cfg_.comm.grad_precision == "bf16" ? DType::kBF16 : DType::kF32);
-  // (A GPU step's ops write their activations in bf16 already: nothing to round after the fact.)
-  parts_->ctx.bf16_saved_activations =
-      cfg_.training.precision == "bf16" && cfg_.training.bf16_activations && device_.is_host();
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);
     parts_->ctx.trace = trace_.get();
     sync_->set_trace(trace_.get());
   }
-  if (!cfg_.schedule.plan.empty()) {
-    plan_ = load_plan(cfg_.schedule.plan, parts_->progs.block);
-    check_plan(*plan_, parts_->progs.block);
-  }
-  runner_ = std::make_unique<StepRunner>(parts_->ctx, parts_->units, parts_->progs, plan_ ? &*plan_ : nullptr, pipeline_spec(cfg_));
-  opt_->set_stream(runner_->executor().compute_stream());  // a GPU's update follows the step's kernels
   // What watches the step, in the order their effects need: a test fault's NaN before GradSync
   // reduces it; GradSync's buckets; the sparse embedding rows; a test fault's kill once the
   // buckets are in flight.
   fault_ = FaultInjector::from_env(comm_ ? comm_->rank() : 0, static_cast<int>(parts_->units.size()),
                                    *parts_->params, comm_, step_);
   if (fault_) runner_->add_observer(&fault_->before_sync());
-  runner_->add_observer(sync_.get());
+  runner_->add_observer(sync_);
   if (sparse_rows_) runner_->add_observer(sparse_rows_.get());
   if (fault_) runner_->add_observer(&fault_->after_sync());
   lr_ = std::make_unique<LrSchedule>(cfg_.training.lr, cfg_.training.min_lr, cfg_.training.warmup_steps,
@@ -417,7 +377,7 @@ int Trainer::run() {
   const char* ref_name = gpu ? "cuBLAS bf16" : bf16 ? "bf16 gemm" : "sgemm";
   auto measure_ref = [&] {
 #if DHELIX_HAVE_CUDA
-    if (gpu) return measure_gpu_gemm_flops(*blas_, device_);
+    if (gpu) return measure_gpu_gemm_flops(*built_->blas, device_);
 #endif
     return bf16 ? measure_bf16_gemm_flops() : measure_sgemm_flops();
   };

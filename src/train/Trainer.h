@@ -16,6 +16,7 @@
 #include "parallel/GradSync.h"
 #include "parallel/Optimizer.h"
 #include "parallel/ParamStore.h"
+#include "runtime/StepBuilder.h"
 #include "runtime/StepParts.h"
 #include "runtime/StepRunner.h"
 #include "train/CheckpointStore.h"
@@ -26,9 +27,6 @@
 #include "train/StepObservers.h"
 
 namespace dhelix {
-namespace cuda {
-class Blas;
-}
 
 struct StepReport {
   int64_t step = 0;      // 1-based optimizer step just completed
@@ -114,14 +112,11 @@ class Trainer {
   RankCoord coord_;             // this rank's grid coordinates
   MicroBatchShape mb_;
   Device device_;  // training.device: where the model states live and the step runs
-  // A GPU run's cuBLASLt handle, destroyed after everything that launches on it (declared before);
-  // a shared_ptr because the type is complete only in a CUDA build.
-  std::shared_ptr<cuda::Blas> blas_;
-  std::unique_ptr<StepParts> parts_;  // units, programs, this stage's parameters, the run context
-  std::unique_ptr<GradSync> sync_;
-  std::unique_ptr<Optimizer> opt_;
-  std::optional<SIPlan> plan_;
-  std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<Step> built_;  // the step, wired once (runtime/StepBuilder.h); the four below point into it
+  StepParts* parts_ = nullptr;   // units, programs, this stage's parameters, the run context
+  GradSync* sync_ = nullptr;
+  Optimizer* opt_ = nullptr;
+  StepRunner* runner_ = nullptr;
   std::unique_ptr<Trace> trace_;
   Tensor last_tokens_;  // the step's last micro-batch's tokens (GradSync's sparse embedding rows)
   std::unique_ptr<IndexedDataset> dataset_;

@@ -1,0 +1,71 @@
+// StepBuilder: the wiring the trainer and the benchmarks share (StepBuilder.h).
+#include "runtime/StepBuilder.h"
+
+#include "base/Error.h"
+#include "plan/PlanCheck.h"
+#include "plan/PlanIO.h"
+#include "tensor/DeviceMemory.h"
+#if DHELIX_HAVE_CUDA
+#include "kernels/cuda/Gemm.h"
+#endif
+
+namespace dhelix {
+
+Step::Step(const StepSpec& spec) {
+  parts = std::make_unique<StepParts>(spec.parts);
+  const LayoutConfig& layout = parts->layout;
+  RunContext& c = parts->ctx;
+  // A GPU step: the model states move there before the optimizer allocates its moments beside
+  // them, and the op programs bind to the GPU's kernels with its cuBLASLt handle.
+  if (!spec.device.is_host()) {
+#if DHELIX_HAVE_CUDA
+    blas = std::make_shared<cuda::Blas>(spec.device.index);
+    c.device = spec.device;
+    c.blas = blas.get();
+    parts->params->move_to(spec.device, &parts->state_mem);
+#else
+    throw DeviceError(fmt::format("a step on {}: {}", spec.device.str(), device_unavailable(spec.device)));
+#endif
+  }
+  const StepGroups& g = spec.groups;
+  // Weight gradients are reduced over every replica of the weights: dp, times cp under context
+  // parallelism (each cp rank's gradient covers its chunks of the sequences). Partial gradients
+  // (ParamSpec::partial_grad) are summed over tp (sequence parallelism) or z (3D: the batch is
+  // split over z); the gradient norm over the whole tensor-parallel block.
+  ProcessGroup* dp = g.get(layout.cp > 1 ? GroupRole::kDPCP : GroupRole::kDP);
+  ProcessGroup* pp = g.get(GroupRole::kPP);
+  sync = std::make_unique<GradSync>(*parts->params, parts->units, parts->progs,
+                                    layout.is_3d() ? g.get(GroupRole::kZ) : g.get(GroupRole::kTP), dp, spec.zero,
+                                    &parts->state_mem);
+  // A tied embedding whose head sits on another stage (1F1B, interleaved): the two copies' gradients
+  // are summed between the first and the last stage (Megatron's embedding group).
+  const std::vector<Chunk> chunks = pipeline_chunks(spec.parts.pipeline);
+  const int embed_rank = chunks.front().rank, head_rank = chunks.back().rank, me = spec.parts.pp_rank;
+  if (pp && parts->model.tie_embeddings && embed_rank != head_rank && (me == embed_rank || me == head_rank))
+    sync->set_tied_peer(pp, me == embed_rank ? head_rank : embed_rank);
+  opt = std::make_unique<Optimizer>(*parts->params, *sync, g.get(GroupRole::kTPBlock), dp, spec.adamw,
+                                    &parts->state_mem);
+  opt->set_pipeline_group(pp);
+  if (layout.ep > 1) {  // expert parallelism: tokens move over ep, expert gradients reduce over edp
+    sync->set_expert_group(g.get(GroupRole::kEDP));
+    opt->set_expert_group(g.get(GroupRole::kEP), g.get(GroupRole::kEDP));
+  }
+  sync->set_wire(spec.grad_wire);
+  c.groups = g;
+  c.micro_batches = spec.micro_batches;  // 3D: z reduce-scatters by the last
+  c.kernels = spec.kernels;
+  c.expose_collectives = spec.expose_collectives;
+  c.activation_wire = spec.activation_wire;
+  // (A GPU step's ops write their activations in bf16 already: nothing to round after the fact.)
+  c.bf16_saved_activations = spec.bf16_saved_activations && spec.device.is_host();
+  if (!spec.plan_path.empty()) {
+    plan = load_plan(spec.plan_path, parts->progs.block);
+    check_plan(*plan, parts->progs.block);
+  }
+  runner = std::make_unique<StepRunner>(c, parts->units, parts->progs, plan ? &*plan : nullptr, spec.parts.pipeline);
+  opt->set_stream(runner->executor().compute_stream());  // a GPU's update follows the step's kernels
+}
+
+Step::~Step() = default;
+
+}  // namespace dhelix

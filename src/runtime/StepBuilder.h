@@ -1,0 +1,66 @@
+// StepBuilder: one rank's training step wired once, in one place, for the trainer and the
+// benchmarks -- the parts (units, layer programs, this rank's parameters, the run context; on a GPU
+// moved there with its cuBLASLt handle), the gradient sync over the rank's typed process groups,
+// AdamW, and the StepRunner (sequential or Strand Interleaving, any pipeline). What watches the
+// step is added by the caller, in the order it needs (StepRunner::add_observer): GradSync's
+// buckets, metrics, a test's fault injection.
+//
+//   StepSpec spec;  spec.parts = ...;  spec.groups = StepGroups::of(comm);  spec.zero = ...
+//   Step step(spec);
+//   step.runner->add_observer(step.sync.get());
+//   step.params().zero_grads();  step.runner->run(mbs);  step.sync->finish();
+//   step.opt->step(lr, n);
+//
+// Not here: data, the learning-rate schedule, checkpoints and logging (train/Trainer).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "parallel/GradSync.h"
+#include "parallel/Optimizer.h"
+#include "plan/SIPlan.h"
+#include "runtime/StepGroups.h"
+#include "runtime/StepParts.h"
+#include "runtime/StepRunner.h"
+
+namespace dhelix {
+namespace cuda {
+class Blas;
+}
+
+struct StepSpec {
+  StepPartsSpec parts;                 // model, layout, this rank's coordinates, micro-batch, pipeline, seed
+  StepGroups groups;                   // this rank's process groups by role (none: a single process)
+  Device device = Device::host();      // a GPU: the parameters move there, ops bind to its kernels
+  cpu::KernelConfig kernels;           // threads and GEMM precision of the CPU kernels
+  ZeroStage zero = ZeroStage::kNone;   // ZeRO-1 shards AdamW's state and update over dp
+  AdamWConfig adamw;
+  DType grad_wire = DType::kF32;                       // the dp gradient buckets on the wire
+  WirePrecision activation_wire = WirePrecision::kFp32;  // the activation collectives on the wire
+  bool bf16_saved_activations = false;  // with bf16 GEMMs on the CPU: GEMM-only inputs kept in bf16
+  bool expose_collectives = false;      // wait for every collective at once (benchmarks)
+  int micro_batches = 1;                // per optimizer step on this rank
+  std::string plan_path;                // a saved SI plan (dhelix plan), else the default pairing
+};
+
+class Step {
+ public:
+  explicit Step(const StepSpec& spec);
+  ~Step();
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+
+  ParamStore& params() { return *parts->params; }
+  RunContext& ctx() { return parts->ctx; }
+
+  // Declared in destruction order's reverse: the cuBLASLt handle outlives everything launching on it.
+  std::shared_ptr<cuda::Blas> blas;  // a GPU step's (shared_ptr: complete only in a CUDA build)
+  std::unique_ptr<StepParts> parts;
+  std::optional<SIPlan> plan;
+  std::unique_ptr<GradSync> sync;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<StepRunner> runner;
+};
+
+}  // namespace dhelix
