@@ -1,6 +1,6 @@
 // Op bindings on a GPU: the layer programs' op codes -> kernels/cuda, the CUDA twin of
 // OpRegistry.cc's CPU bindings for one GPU per rank without tensor, context or 3D parallelism (the
-// first step of issue 35's executor on CUDA; the sharded ops and MoE come next). Activations and
+// first step of issue 35's executor on CUDA; the sharded ops come next; MoE at ep = 1). Activations and
 // their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
 // gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
 // ParamStore), norms and biases their fp32 values. Every kernel is enqueued on the op's stream
@@ -9,12 +9,15 @@
 
 #if DHELIX_HAVE_CUDA
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "base/Error.h"
 #include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Gemm.h"
+#include "kernels/cuda/Moe.h"
 #include "kernels/cuda/Ops.h"
 
 namespace dhelix {
@@ -32,10 +35,10 @@ float* f32(const Tensor& t) {
             t.describe(), t.device().str());
   return static_cast<float*>(t.raw());
 }
-const int32_t* i32(const Tensor& t) {
+int32_t* i32(const Tensor& t) {
   DHX_CHECK(t.dtype() == DType::kI32 && !t.device().is_host(), InternalError, "{} on {} is not an int32 GPU tensor",
             t.describe(), t.device().str());
-  return static_cast<const int32_t*>(t.raw());
+  return static_cast<int32_t*>(t.raw());
 }
 using op::attr;
 using op::attr_or;
@@ -62,6 +65,19 @@ const Tensor& weight_bf16(const ParamEntry& e) {
 // out of the softmax and writes their gradient 0.
 int64_t linear_out(const OpCall& c, const Tensor& w) { return w.dim(0); }
 
+// The MoE router's linear (parameter "router"): its logits are written in fp32, so the routing
+// decisions (softmax, top-k) see the GEMM's fp32 sums as on the CPU, not a bf16 rounding of them.
+bool fp32_logits(const OpCall& c) { return !c.op.params.empty() && c.op.params[0] == "router"; }
+
+// An fp32 gradient (the router's dlogits) rounded to bf16 for the GEMMs, in a temporary; a bf16 one
+// as it is.
+Tensor bf16_operand(const OpCall& c, const Tensor& t) {
+  if (t.dtype() == DType::kBF16) return t;
+  Tensor r = Tensor::empty(t.shape(), DType::kBF16, c.act_mem, c.device, c.stream);
+  cuda::cast_f32_to_bf16(f32(t), b16(r), t.numel(), st(c));
+  return r;
+}
+
 void op_linear(OpCall& c) {
   require_unsharded(c);
   Tensor& x = c.in(0);
@@ -69,13 +85,20 @@ void op_linear(OpCall& c) {
   const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
   DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
   const bf16* bias = c.op.params.size() > 1 ? b16(weight_bf16(c.param(1))) : nullptr;
+  if (fp32_logits(c)) {
+    DHX_CHECK(bias == nullptr, InternalError, "{}: the router has no bias", c.op.name);
+    Tensor& y = c.out_new(0, {N, O});
+    c.blas->gemm(cuda::Blas::Op::kN, cuda::Blas::Op::kT, N, O, I, 1.0f, b16(x), I, b16(weight_bf16(w)), I, 0.0f,
+                 f32(y), O, cuda::Blas::Out::kF32, nullptr, st(c));
+    return;
+  }
   Tensor& y = c.out_new(0, {N, O}, DType::kBF16);
   c.blas->linear_fwd(b16(x), b16(weight_bf16(w)), bias, b16(y), N, I, O, st(c));
 }
 
 void op_linear_dgrad(OpCall& c) {
   require_unsharded(c);
-  Tensor& dy = c.in(0);
+  const Tensor dy = bf16_operand(c, c.in(0));
   const ParamEntry& w = c.param(0);
   const int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
   Tensor& dx = c.out_new(0, {N, I}, DType::kBF16);
@@ -85,7 +108,7 @@ void op_linear_dgrad(OpCall& c) {
 // A whole weight gradient, or rows [lo, hi) of it (a split wgrad); its bias gradient only whole.
 void op_linear_wgrad(OpCall& c) {
   require_unsharded(c);
-  Tensor& dy = c.in(0);
+  const Tensor dy = bf16_operand(c, c.in(0));
   Tensor& x = c.in(1);
   ParamEntry& w = c.grad(0);
   const int64_t N = rows(dy), O = cols(dy), I = cols(x), lo = attr_or(c, "rows_lo", 0), hi = attr_or(c, "rows_hi", O);
@@ -268,6 +291,143 @@ void op_cross_entropy(OpCall& c) {
   c.env.bufs[c.op.outputs.at(1)] = logits;  // dlogits aliases the logits storage
 }
 
+// ---- Mixture of Experts, one GPU (ep = 1) ----
+// Routing in fp32 (logits from the router's fp32 GEMM, probabilities, gates and their gradients);
+// expert rows bf16. The host reads the routing statistics ([2E] floats: the aux loss and the
+// router's counts, as on the CPU: OpRegistry.h's moe_record_aux, moe_aux_dprob) and each expert's
+// row count (cuBLASLt's grouped GEMMs need them): small copies that wait on the op's stream.
+void require_one_expert_rank(const OpCall& c) {
+  require_unsharded(c);
+  DHX_CHECK(c.shard.ep == 1, DeviceError,
+            "op {} on {}: the CUDA backend runs MoE without expert parallelism so far (ep={}); run this layout on cpu",
+            c.op.name, c.device.str(), c.shard.ep);
+}
+cuda::NormTopk norm_topk(const OpCall& c) { return c.model.norm_topk ? cuda::NormTopk::kYes : cuda::NormTopk::kNo; }
+std::vector<float> host_floats(const OpCall& c, const Tensor& t) {
+  const Tensor h = t.to(Device::host(), nullptr, c.stream);  // waits for the copy
+  return std::vector<float>(h.f32(), h.f32() + h.numel());
+}
+std::vector<int32_t> host_counts(const OpCall& c, const Tensor& counts) {
+  std::vector<int32_t> h(static_cast<size_t>(counts.numel()));
+  cuda::fetch_expert_counts(i32(counts), h.data(), counts.numel(), st(c));
+  return h;
+}
+int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
+  DHX_ASSERT(counts.numel() > 0 && w.dim(0) % counts.numel() == 0, "{}: weight {} vs {} experts", c.op.name,
+             w.describe(), counts.numel());
+  return w.dim(0) / counts.numel();
+}
+
+void op_moe_route(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& lg = c.in(0);
+  const int64_t N = rows(lg), E = cols(lg), k = c.model.top_k;
+  DHX_CHECK(E <= cuda::kMoeMaxExperts, DeviceError, "{}: {} experts; the GPU's grouping handles up to {}", c.op.name,
+            E, cuda::kMoeMaxExperts);
+  Tensor& probs = c.out_new(0, {N, E});
+  Tensor& expert = c.out_new(1, {N, k}, DType::kI32);
+  Tensor& gate = c.out_new(2, {N, k});
+  Tensor& counts = c.out_new(3, {E}, DType::kI32);
+  Tensor& order = c.out_new(4, {N * k}, DType::kI32);
+  Tensor& slot = c.out_new(5, {N * k}, DType::kI32);
+  Tensor& stats = c.out_new(6, {2 * E});
+  cuda::moe_route_fwd(f32(lg), f32(probs), i32(expert), f32(gate), N, E, k, norm_topk(c), st(c));
+  cuda::moe_group(i32(expert), N, k, E, i32(counts), i32(order), i32(slot), st(c));
+  cuda::moe_route_stats(f32(probs), i32(counts), N, E, f32(stats), st(c));
+}
+
+void op_moe_aux(OpCall& c) {
+  const std::vector<float> s = host_floats(c, c.in(0));
+  op::moe_record_aux(c, s.data(), static_cast<int64_t>(s.size()) / 2);
+}
+
+void op_moe_route_bwd(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& probs = c.in(1);
+  const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
+  const std::vector<float> s = host_floats(c, c.in(4));
+  const std::vector<float> dp = op::moe_aux_dprob(c, s.data(), E);
+  Tensor aux;
+  if (!dp.empty()) {
+    Tensor h = Tensor::empty({E});
+    std::copy(dp.begin(), dp.end(), h.f32());
+    aux = h.to(c.device, nullptr, c.stream);
+  }
+  Tensor& dl = c.out_new(0, {N, E});
+  cuda::moe_route_bwd(f32(probs), i32(c.in(2)), f32(c.in(3)), f32(c.in(0)), aux.defined() ? f32(aux) : nullptr,
+                      f32(dl), N, E, k, norm_topk(c), st(c));
+}
+
+void op_moe_dispatch(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& x = c.in(0);
+  Tensor& order = c.in(1);
+  const int64_t N = rows(x), C = cols(x), P = order.numel();
+  Tensor& xs = c.out_new(0, {P, C}, DType::kBF16);
+  cuda::moe_dispatch(b16(x), i32(order), b16(xs), P, P / N, C, st(c));
+}
+
+// dx = the router branch's gradient + each token's k dispatched rows' gradients (j ascending).
+void op_moe_dispatch_bwd(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& dxs = c.in(0);
+  Tensor& slot = c.in(1);
+  Tensor& d_router = c.in(2);
+  const int64_t N = rows(d_router), C = cols(d_router);
+  Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
+  dx.copy_from(d_router);
+  cuda::moe_dispatch_bwd(b16(dxs), i32(slot), b16(dx), N, slot.numel() / N, C, cuda::Accumulate::kYes, st(c));
+}
+
+void op_moe_combine(OpCall& c) {
+  Tensor& eo = c.in(0);
+  Tensor& gate = c.in(2);
+  const int64_t N = rows(gate), k = cols(gate), C = cols(eo);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  cuda::moe_combine(b16(eo), i32(c.in(1)), f32(gate), b16(y), N, k, C, st(c));
+}
+
+void op_moe_combine_bwd(OpCall& c) {
+  Tensor& eo = c.in(1);
+  Tensor& gate = c.in(3);
+  const int64_t N = rows(gate), k = cols(gate), C = cols(eo);
+  Tensor& deo = c.out_new(0, {rows(eo), C}, DType::kBF16);
+  Tensor& dgate = c.out_new(1, {N, k});
+  cuda::moe_combine_bwd(b16(c.in(0)), b16(eo), i32(c.in(2)), f32(gate), b16(deo), f32(dgate), N, k, C, st(c));
+}
+
+void op_expert_linear(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& x = c.in(0);
+  Tensor& counts = c.in(1);
+  const ParamEntry& w = c.param(0);
+  const int64_t E = counts.numel(), O = expert_rows(c, w.value, counts), I = w.value.dim(1);
+  DHX_ASSERT(cols(x) == I, "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  Tensor& y = c.out_new(0, {rows(x), O}, DType::kBF16);
+  const std::vector<int32_t> n = host_counts(c, counts);
+  cuda::expert_linear_fwd(*c.blas, b16(x), b16(weight_bf16(w)), n.data(), b16(y), E, I, O, st(c));
+}
+
+void op_expert_linear_dgrad(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& dy = c.in(0);
+  Tensor& counts = c.in(1);
+  const ParamEntry& w = c.param(0);
+  const int64_t E = counts.numel(), O = expert_rows(c, w.value, counts), I = w.value.dim(1);
+  Tensor& dx = c.out_new(0, {rows(dy), I}, DType::kBF16);
+  const std::vector<int32_t> n = host_counts(c, counts);
+  cuda::expert_linear_bwd_data(*c.blas, b16(dy), b16(weight_bf16(w)), n.data(), b16(dx), E, I, O, st(c));
+}
+
+void op_expert_linear_wgrad(OpCall& c) {
+  require_one_expert_rank(c);
+  Tensor& counts = c.in(2);
+  ParamEntry& w = c.grad(0);
+  const int64_t E = counts.numel(), O = expert_rows(c, w.grad, counts), I = w.grad.dim(1);
+  const std::vector<int32_t> n = host_counts(c, counts);
+  cuda::expert_linear_bwd_weight(*c.blas, b16(c.in(0)), b16(c.in(1)), n.data(), f32(w.grad), E, I, O, st(c));
+}
+
 const std::map<std::string, OpFn>& table() {
   static const std::map<std::string, OpFn> t = {
       {"linear", op_linear},       {"linear_dgrad", op_linear_dgrad}, {"linear_wgrad", op_linear_wgrad},
@@ -278,6 +438,11 @@ const std::map<std::string, OpFn>& table() {
       {"swiglu_bwd", op_swiglu_bwd}, {"residual_add", op_residual_add}, {"embed", op_embed},
       {"embed_bwd", op_embed_bwd}, {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
       {"cross_entropy", op_cross_entropy},
+      {"moe_route", op_moe_route}, {"moe_aux", op_moe_aux},             {"moe_route_bwd", op_moe_route_bwd},
+      {"moe_dispatch", op_moe_dispatch}, {"moe_dispatch_bwd", op_moe_dispatch_bwd},
+      {"moe_combine", op_moe_combine}, {"moe_combine_bwd", op_moe_combine_bwd},
+      {"expert_linear", op_expert_linear}, {"expert_linear_dgrad", op_expert_linear_dgrad},
+      {"expert_linear_wgrad", op_expert_linear_wgrad},
   };
   return t;
 }
@@ -287,8 +452,8 @@ const std::map<std::string, OpFn>& table() {
 const OpFn& cuda_op(const std::string& code) {
   auto it = table().find(code);
   DHX_CHECK(it != table().end(), DeviceError,
-            "op '{}' has no CUDA kernel binding yet (the GPU runs GPT-2 and Llama layers at tp = cp = 1 so far: "
-            "MoE and the sharded layers' ops come next); run this model or layout on cpu",
+            "op '{}' has no CUDA kernel binding yet (the GPU runs GPT-2, Llama and MoE layers at tp = cp = ep = 1 "
+            "so far: the sharded layers' ops come next); run this layout on cpu",
             code);
   return it->second;
 }

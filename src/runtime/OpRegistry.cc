@@ -56,6 +56,35 @@ int64_t attr_or(const OpCall& c, const char* k, int64_t fallback) {
   return it == c.op.attrs.end() ? fallback : it->second;
 }
 
+namespace {
+// The micro-batch's tokens Ng (each routed to top_k experts): the counts' sum / top_k.
+double routed_tokens(const OpCall& c, const float* stats, int64_t E) {
+  double n = 0;
+  for (int64_t e = 0; e < E; ++e) n += double(stats[e]);
+  return n / double(c.model.top_k);
+}
+}  // namespace
+
+void moe_record_aux(OpCall& c, const float* stats, int64_t E) {
+  const double Ng = routed_tokens(c, stats, E);
+  if (!c.router || c.unit.layer < 0 || Ng <= 0) return;
+  RouterStats& st = *c.router;
+  if (st.n_experts != E) st.n_experts = E, st.tokens.assign(c.model.n_layers * E, 0);
+  DHX_ASSERT(int64_t(st.tokens.size()) >= (c.unit.layer + 1) * E, "router stats for layer {}", c.unit.layer);
+  for (int64_t e = 0; e < E; ++e) st.tokens[c.unit.layer * E + e] += static_cast<int64_t>(stats[e]);
+  st.aux_weighted += Ng * cpu::moe_aux_loss<float>(stats, E, c.model.top_k, c.model.aux_loss_coef);
+}
+
+// (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng), per expert e.
+std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E) {
+  if (c.model.aux_loss_coef <= 0) return {};
+  const double Ng = routed_tokens(c, stats, E);
+  std::vector<float> dp(E);
+  for (int64_t e = 0; e < E; ++e)
+    dp[e] = static_cast<float>(double(c.dloss) * c.model.aux_loss_coef * double(E) * double(stats[e]) /
+                               (Ng * double(c.model.top_k)));
+  return dp;
+}
 }  // namespace op
 
 namespace {
@@ -472,48 +501,18 @@ void op_moe_route(OpCall& c) {
   moe_route_stats<float>(probs.f32(), counts.data<int32_t>(), N, E, stats.f32());
 }
 
-// The micro-batch's routing statistics (summed over tp): Ng tokens and the counts c_e.
-struct RouteTotals {
-  int64_t E = 0;
-  double Ng = 0;
-  const float* counts = nullptr;
-};
-RouteTotals route_totals(const OpCall& c, const Tensor& stats) {
-  RouteTotals t;
-  t.E = stats.numel() / 2;
-  t.counts = stats.f32();
-  for (int64_t e = 0; e < t.E; ++e) t.Ng += double(t.counts[e]);
-  t.Ng /= double(c.model.top_k);
-  return t;
-}
+void op_moe_aux(OpCall& c) { op::moe_record_aux(c, c.in(0).f32(), c.in(0).numel() / 2); }
 
-// Records the layer's tokens per expert and its load-balancing loss (moe_aux_loss), weighted by the
-// micro-batch's Ng tokens.
-void op_moe_aux(OpCall& c) {
-  const RouteTotals t = route_totals(c, c.in(0));
-  if (!c.router || c.unit.layer < 0 || t.Ng <= 0) return;
-  RouterStats& st = *c.router;
-  if (st.n_experts != t.E) st.n_experts = t.E, st.tokens.assign(c.model.n_layers * t.E, 0);
-  DHX_ASSERT(int64_t(st.tokens.size()) >= (c.unit.layer + 1) * t.E, "router stats for layer {}", c.unit.layer);
-  for (int64_t e = 0; e < t.E; ++e) st.tokens[c.unit.layer * t.E + e] += static_cast<int64_t>(t.counts[e]);
-  st.aux_weighted += t.Ng * moe_aux_loss<float>(c.in(0).f32(), t.E, c.model.top_k, c.model.aux_loss_coef);
-}
-
-// d objective / d probs[n,e] from the aux term: (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng).
 void op_moe_route_bwd(OpCall& c) {
   Tensor& dgate = c.in(0);
   Tensor& probs = c.in(1);
   Tensor& expert = c.in(2);
   Tensor& gate = c.in(3);
-  const RouteTotals t = route_totals(c, c.in(4));
   const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
-  std::vector<float> aux_dp(E);
-  for (int64_t e = 0; e < E; ++e)
-    aux_dp[e] = static_cast<float>(double(c.dloss) * c.model.aux_loss_coef * double(E) * double(t.counts[e]) /
-                                   (t.Ng * double(k)));
+  const std::vector<float> aux_dp = op::moe_aux_dprob(c, c.in(4).f32(), E);
   Tensor& dl = c.out_new(0, {N, E});
   moe_route_bwd<float>(probs.f32(), expert.data<int32_t>(), gate.f32(), dgate.f32(),
-                       c.model.aux_loss_coef > 0 ? aux_dp.data() : nullptr, dl.f32(), N, E, k, c.model.norm_topk);
+                       aux_dp.empty() ? nullptr : aux_dp.data(), dl.f32(), N, E, k, c.model.norm_topk);
 }
 
 void op_moe_dispatch(OpCall& c) {

@@ -82,6 +82,13 @@ int64_t rows(const Tensor& t);  // dimension 0
 int64_t cols(const Tensor& t);
 int64_t attr(const OpCall& c, const char* key);  // InternalError naming the op when absent
 int64_t attr_or(const OpCall& c, const char* key, int64_t fallback);
+// MoE's host-side work on a micro-batch's routing statistics (stats: [2E] host floats, counts per
+// expert then each expert's probability sum, summed over tp): moe_record_aux adds the layer's tokens
+// per expert and its load-balancing loss (weighted by the micro-batch's tokens) to the call's
+// RouterStats; moe_aux_dprob is d objective / d probs[n, e] of that loss (the same for every token;
+// empty when the loss is off).
+void moe_record_aux(OpCall& c, const float* stats, int64_t E);
+std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E);
 }  // namespace op
 
 // Throws InternalError naming the code when no binding exists.

@@ -341,8 +341,8 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
                             on, p.dp, p.tp, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z));
   if (p.zero) e.push_back(fmt::format("{}: parallel.zero shards over dp, which one GPU does not have; set it off", on));
   if (c.model.is_moe())
-    e.push_back(fmt::format("{}: MoE models (model.n_experts={}) do not run on the GPU yet (their kernels exist, "
-                            "the trainer's binding comes next); use a dense model or cpu",
+    e.push_back(fmt::format("{}: MoE models (model.n_experts={}) do not run on the GPU yet (their kernels and op "
+                            "bindings exist and await their check on a GPU); use a dense model or cpu",
                             on, c.model.n_experts));
   if (c.training.precision != "bf16")
     e.push_back(fmt::format("{} trains in bf16 mixed precision (bf16 GEMMs and attention, fp32 weights, optimizer "
