@@ -3,9 +3,12 @@
 #pragma once
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "train/Config.h"
 #include "train/IndexedDataset.h"
@@ -73,6 +76,24 @@ keep = 0
 dir = ")" + dir + R"(/run"
 )";
   return load_config_text(toml, "tiny", {});
+}
+
+// Two loss curves of equal length (a multiple of 20) compared by 20-step windows (one step's loss
+// swings with its micro-batches' contents): the largest gap between the windows' means, the last
+// window's means, and each curve's drop from its first loss to its last window's mean.
+struct CurveGap {
+  double worst = 0, tail_ref = 0, tail = 0, drop_ref = 0, drop = 0;
+};
+inline CurveGap curve_gap(const std::vector<double>& ref, const std::vector<double>& h) {
+  CurveGap g;
+  for (size_t w = 0; w + 20 <= ref.size() && w + 20 <= h.size(); w += 20) {
+    double mr = 0, mh = 0;
+    for (size_t i = w; i < w + 20; ++i) mr += ref[i] / 20, mh += h[i] / 20;
+    g.worst = std::max(g.worst, std::abs(mr - mh));
+    g.tail_ref = mr, g.tail = mh;
+  }
+  g.drop_ref = ref.front() - g.tail_ref, g.drop = h.front() - g.tail;
+  return g;
 }
 
 }  // namespace dhelix::testing

@@ -121,18 +121,11 @@ TEST_P(Families, Bf16LossTracksFp32) {
   (void)train_losses(cfg, 1);  // the process's GEMM precision back to fp32 for the tests after
   EXPECT_NE(f, h) << "bf16 changed nothing: its GEMMs did not run";
   EXPECT_NEAR(h.front(), f.front(), 0.01);
-  // The curves by windows of 20 steps (one step's loss swings with its micro-batches' contents).
-  double worst = 0, tail_f = 0, tail_h = 0;
-  for (size_t w = 0; w < f.size(); w += 20) {
-    double mf = 0, mh = 0;
-    for (size_t i = w; i < w + 20; ++i) mf += f[i] / 20, mh += h[i] / 20;
-    worst = std::max(worst, std::abs(mf - mh));
-    tail_f = mf, tail_h = mh;
-  }
-  const double drop_f = f.front() - tail_f, drop_h = h.front() - tail_h;
+  const testing::CurveGap g = testing::curve_gap(f, h);  // by 20-step windows
+  const double drop_f = g.drop_ref, drop_h = g.drop;
   std::printf("[ info ] %s: fp32 %.4f -> %.4f, bf16 %.4f -> %.4f (last-20 means); worst 20-step window gap %.4f nats\n",
-              GetParam(), f.front(), tail_f, h.front(), tail_h, worst);
-  EXPECT_LE(worst, std::string(GetParam()) == "moe" ? 0.25 : 0.2);
+              GetParam(), f.front(), g.tail_ref, h.front(), g.tail, g.worst);
+  EXPECT_LE(g.worst, std::string(GetParam()) == "moe" ? 0.25 : 0.2);
   EXPECT_NEAR(drop_h, drop_f, 0.05 * drop_f);
   EXPECT_GT(drop_f, 1.0);
 }

@@ -65,6 +65,19 @@ void one_step_matches_cpu(ModelFamily family) {
     EXPECT_EQ(0, std::memcmp(g.raw(), again.at(name).raw(), g.nbytes())) << name << " differs between two GPU steps";
 }
 
+// Strand Interleaving on one GPU against the sequential step: the same loss and gradients, bit for bit.
+void si_matches_sequential(ModelFamily family, uint64_t seed) {
+  const ModelConfig m = gpu_config(family);
+  const MicroBatchShape mb{2, 64};
+  ModelHarness a(m, mb, 2, Device::cuda(0)), b(m, mb, 2, Device::cuda(0));
+  const auto mbs = dhelix::test::random_micro_batches(m, mb, 2, seed);
+  const StepStats sa = a.step(mbs, single_stage(CoExecute::kOff));
+  const StepStats sb = b.step(mbs, single_stage(CoExecute::kOn));
+  EXPECT_EQ(sa.loss_sum, sb.loss_sum);
+  const auto ga = a.full_grads(), gb = b.full_grads();
+  for (const auto& [name, g] : ga) EXPECT_EQ(0, std::memcmp(g.raw(), gb.at(name).raw(), g.nbytes())) << name;
+}
+
 TEST(CudaModel, GptStepLossAndGradientsMatchTheCpu) {
   DHX_REQUIRE_GPU();
   one_step_matches_cpu(ModelFamily::kGPT);
@@ -79,15 +92,7 @@ TEST(CudaModel, LlamaStepLossAndGradientsMatchTheCpu) {
 // gradients bit for bit (both strands' kernels on one stream in the executor's issue order).
 TEST(CudaModel, StrandInterleavingIsBitwiseTheSequentialStep) {
   DHX_REQUIRE_GPU();
-  const ModelConfig m = gpu_config(ModelFamily::kLlama);
-  const MicroBatchShape mb{2, 64};
-  ModelHarness a(m, mb, 2, Device::cuda(0)), b(m, mb, 2, Device::cuda(0));
-  const auto mbs = dhelix::test::random_micro_batches(m, mb, 2, 13);
-  const StepStats sa = a.step(mbs, single_stage(CoExecute::kOff));
-  const StepStats sb = b.step(mbs, single_stage(CoExecute::kOn));
-  EXPECT_EQ(sa.loss_sum, sb.loss_sum);
-  const auto ga = a.full_grads(), gb = b.full_grads();
-  for (const auto& [name, g] : ga) EXPECT_EQ(0, std::memcmp(g.raw(), gb.at(name).raw(), g.nbytes())) << name;
+  si_matches_sequential(ModelFamily::kLlama, 13);
 }
 
 // The MoE family (ep = 1): routing in fp32 from the router's fp32 GEMM, expert rows in bf16. The
@@ -105,15 +110,7 @@ TEST(CudaModel, MoeStepLossAndGradientsMatchTheCpu) {
 // counts wait on the one stream; nothing else changes with the order).
 TEST(CudaModel, MoeStrandInterleavingIsBitwiseTheSequentialStep) {
   DHX_REQUIRE_GPU();
-  const ModelConfig m = gpu_config(ModelFamily::kMoE);
-  const MicroBatchShape mb{2, 64};
-  ModelHarness a(m, mb, 2, Device::cuda(0)), b(m, mb, 2, Device::cuda(0));
-  const auto mbs = dhelix::test::random_micro_batches(m, mb, 2, 17);
-  const StepStats sa = a.step(mbs, single_stage(CoExecute::kOff));
-  const StepStats sb = b.step(mbs, single_stage(CoExecute::kOn));
-  EXPECT_EQ(sa.loss_sum, sb.loss_sum);
-  const auto ga = a.full_grads(), gb = b.full_grads();
-  for (const auto& [name, g] : ga) EXPECT_EQ(0, std::memcmp(g.raw(), gb.at(name).raw(), g.nbytes())) << name;
+  si_matches_sequential(ModelFamily::kMoE, 17);
 }
 
 }  // namespace

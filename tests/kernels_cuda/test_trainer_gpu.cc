@@ -195,20 +195,13 @@ TEST(TrainerGpuDemo, TracksTheCpuLossCurve) {
   Trainer t(cfg, nullptr, Quiet::kYes);
   const std::vector<double> h = losses_of(t, 200);
   EXPECT_NEAR(h.front(), f.front(), 0.02);
-  double worst = 0, tail_f = 0, tail_h = 0;
-  for (size_t w = 0; w < f.size(); w += 20) {
-    double mf = 0, mh = 0;
-    for (size_t i = w; i < w + 20; ++i) mf += f[i] / 20, mh += h[i] / 20;
-    worst = std::max(worst, std::abs(mf - mh));
-    tail_f = mf, tail_h = mh;
-  }
-  const double drop_f = f.front() - tail_f, drop_h = h.front() - tail_h;
+  const testing::CurveGap g = testing::curve_gap(f, h);  // by 20-step windows (TinyRun.h)
   std::printf("[ info ] demo: CPU fp32 %.4f -> %.4f, GPU bf16 %.4f -> %.4f (last-20 means); worst 20-step window gap "
               "%.4f nats\n",
-              f.front(), tail_f, h.front(), tail_h, worst);
-  EXPECT_LE(worst, 0.2);
-  EXPECT_NEAR(drop_h, drop_f, 0.05 * drop_f);
-  EXPECT_GT(drop_f, 1.0);
+              f.front(), g.tail_ref, h.front(), g.tail, g.worst);
+  EXPECT_LE(g.worst, 0.2);
+  EXPECT_NEAR(g.drop, g.drop_ref, 0.05 * g.drop_ref);
+  EXPECT_GT(g.drop_ref, 1.0);
 }
 
 }  // namespace
