@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "base/Error.h"
@@ -36,6 +38,20 @@ size_t index_dtype_size(IndexDType d) {
     case IndexDType::kI64: case IndexDType::kF64: return 8;
   }
   return 0;
+}
+
+const char* index_dtype_name(IndexDType d) {
+  switch (d) {
+    case IndexDType::kU8: return "u8";
+    case IndexDType::kI8: return "i8";
+    case IndexDType::kI16: return "i16";
+    case IndexDType::kU16: return "u16";
+    case IndexDType::kI32: return "i32";
+    case IndexDType::kI64: return "i64";
+    case IndexDType::kF32: return "f32";
+    case IndexDType::kF64: return "f64";
+  }
+  return "?";
 }
 
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
@@ -143,6 +159,29 @@ void IndexedDataset::read_tokens(int64_t start, int64_t count, int32_t* out) con
   }
 }
 
+std::optional<IndexedDataset::TokenAt> IndexedDataset::first_id_outside(int64_t lo, int64_t hi) const {
+  const size_t item = index_dtype_size(dtype_);
+  const char* p = bin_;
+  for (int64_t i = 0; i < num_tokens_; ++i, p += item) {
+    int64_t v = 0;
+    switch (dtype_) {
+      case IndexDType::kU8: v = load_le<uint8_t>(p); break;
+      case IndexDType::kI8: v = load_le<int8_t>(p); break;
+      case IndexDType::kI16: v = load_le<int16_t>(p); break;
+      case IndexDType::kU16: v = load_le<uint16_t>(p); break;
+      case IndexDType::kI32: v = load_le<int32_t>(p); break;
+      case IndexDType::kI64: v = load_le<int64_t>(p); break;
+      default: throw InternalError("non-integer token dtype");
+    }
+    if (v >= lo && v < hi) continue;
+    // The sequence holding position i: the last whose first token is at or before it.
+    const int64_t byte = i * static_cast<int64_t>(item);
+    const auto it = std::upper_bound(pointers_.begin(), pointers_.end(), byte);
+    return TokenAt{i, static_cast<int64_t>(it - pointers_.begin()) - 1, v};
+  }
+  return std::nullopt;
+}
+
 std::vector<int32_t> IndexedDataset::sequence(int64_t i) const {
   std::vector<int32_t> out(static_cast<size_t>(sizes_.at(i)));
   read_tokens(sequence_start(i), sizes_[i], out.data());
@@ -153,8 +192,8 @@ std::vector<int32_t> IndexedDataset::sequence(int64_t i) const {
 
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, IndexDType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
-  DHX_CHECK(dtype == IndexDType::kU16 || dtype == IndexDType::kI32, InternalError,
-            "the writer stores tokens as u16 or i32, not code {}", static_cast<int>(dtype));
+  DHX_CHECK(is_integer_dtype(static_cast<uint8_t>(dtype)), InternalError,
+            "the writer stores integer tokens (u8, i8, i16, u16, i32, i64), not code {}", static_cast<int>(dtype));
   bin_tmp_ = prefix_ + ".bin.tmp." + std::to_string(::getpid());
   fd_ = ::open(bin_tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   DHX_CHECK(fd_ >= 0, IoError, "cannot create '{}': {}", bin_tmp_, std::strerror(errno));
@@ -169,14 +208,22 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
   DHX_CHECK(!finished_, InternalError, "add_document after finish()");
   const size_t item = index_dtype_size(dtype_);
   buf_.resize(tokens.size() * item);
+  // Little-endian stores (the format's byte order; load_le's inverse on this host).
+  auto put = [&](size_t i, auto v, int64_t t, int64_t lo, int64_t hi) {
+    DHX_CHECK(t >= lo && t <= hi, InternalError, "token {} does not fit dataset '{}' (ids {} .. {})", t, prefix_, lo,
+              hi);
+    std::memcpy(buf_.data() + item * i, &v, sizeof v);
+  };
   for (size_t i = 0; i < tokens.size(); ++i) {
-    int32_t t = tokens[i];
-    if (dtype_ == IndexDType::kU16) {
-      DHX_CHECK(t >= 0 && t <= 65535, InternalError, "token {} does not fit the u16 dataset '{}'", t, prefix_);
-      uint16_t u = static_cast<uint16_t>(t);
-      std::memcpy(buf_.data() + 2 * i, &u, 2);
-    } else {
-      std::memcpy(buf_.data() + 4 * i, &t, 4);
+    const int32_t t = tokens[i];
+    switch (dtype_) {
+      case IndexDType::kU8: put(i, static_cast<uint8_t>(t), t, 0, 255); break;
+      case IndexDType::kI8: put(i, static_cast<int8_t>(t), t, -128, 127); break;
+      case IndexDType::kI16: put(i, static_cast<int16_t>(t), t, -32768, 32767); break;
+      case IndexDType::kU16: put(i, static_cast<uint16_t>(t), t, 0, 65535); break;
+      case IndexDType::kI32: put(i, t, t, INT32_MIN, INT32_MAX); break;
+      case IndexDType::kI64: put(i, static_cast<int64_t>(t), t, INT32_MIN, INT32_MAX); break;
+      default: throw InternalError("non-integer token dtype");
     }
   }
   size_t off = 0;

@@ -9,6 +9,7 @@
 // Not here: batching (DataLoader), tokenization (Tokenizer).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ namespace dhelix {
 
 enum class IndexDType : uint8_t { kU8 = 1, kI8 = 2, kI16 = 3, kI32 = 4, kI64 = 5, kF64 = 6, kF32 = 7, kU16 = 8 };
 size_t index_dtype_size(IndexDType d);
+const char* index_dtype_name(IndexDType d);  // "u8", "i8", "i16", "u16", "i32", "i64", "f32", "f64"
 
 constexpr size_t kIndexHeaderBytes = 9 + 8 + 1 + 8 + 8;  // = 34
 
@@ -44,8 +46,16 @@ class IndexedDataset {
   int64_t sequence_start(int64_t i) const;
   // Token-stream range [begin, end) of documents [first_doc, last_doc).
   std::pair<int64_t, int64_t> document_token_range(int64_t first_doc, int64_t last_doc) const;
-  // Copies tokens [start, start+count) of the concatenated stream into `out` as int32.
+  // Copies tokens [start, start+count) of the concatenated stream into `out` as int32 (ids past
+  // int32 wrap: check_ids first, as the trainer's preflight does).
   void read_tokens(int64_t start, int64_t count, int32_t* out) const;
+  // The first token, at its stored width (an i64 id of 2^32 + 5 is 2^32 + 5, not 5), outside
+  // [lo, hi): its position in the token stream, the sequence holding it and its value; nullopt when
+  // every id is inside.
+  struct TokenAt {
+    int64_t position = 0, sequence = 0, value = 0;
+  };
+  std::optional<TokenAt> first_id_outside(int64_t lo, int64_t hi) const;
   std::vector<int32_t> sequence(int64_t i) const;
 
  private:
@@ -64,6 +74,8 @@ class IndexedDataset {
 // sees a half-written pair. Throws IoError.
 class IndexedDatasetWriter {
  public:
+  // Any integer dtype (u8, i8, i16, u16, i32, i64); a token the dtype cannot hold is an
+  // InternalError naming it.
   IndexedDatasetWriter(std::string prefix, IndexDType dtype);
   ~IndexedDatasetWriter();  // without finish(): removes the temporaries
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;

@@ -116,19 +116,6 @@ void check_writable_paths(const RunConfig& cfg) {
   if (!cfg.output.trace.empty()) probe_dir(parent_or_dot(cfg.output.trace), "output.trace");
 }
 
-int32_t max_token_id(const IndexedDataset& data) {
-  int32_t mx = -1;
-  std::vector<int32_t> buf;
-  const int64_t n = data.num_tokens(), chunk = int64_t{1} << 20;
-  for (int64_t at = 0; at < n; at += chunk) {
-    const int64_t c = std::min(chunk, n - at);
-    buf.resize(static_cast<size_t>(c));
-    data.read_tokens(at, c, buf.data());
-    mx = std::max(mx, *std::max_element(buf.begin(), buf.end()));
-  }
-  return mx;
-}
-
 void check_tokens(const RunConfig& cfg, const IndexedDataset& data) {
   const int64_t V = cfg.model.vocab_size;
   if (cfg.training.sample_tokens > 0) {
@@ -143,11 +130,19 @@ void check_tokens(const RunConfig& cfg, const IndexedDataset& data) {
                                 e.what()));
     }
   }
-  const int32_t mx = max_token_id(data);
-  DHX_CHECK(mx < V, ConfigError,
-            "dataset '{}' holds token id {} but model.vocab_size={}: every id must be below the vocabulary size; "
-            "set model.vocab_size >= {} or rebuild the data with the model's tokenizer",
-            data.prefix(), mx, V, static_cast<int64_t>(mx) + 1);
+  // Every id at its stored width (an i64 id past int32 must not wrap into the vocabulary, a negative
+  // one must not pass as "below the vocabulary size"), both ends.
+  if (const auto bad = data.first_id_outside(0, V)) {
+    const std::string fix = bad->value < 0
+                                ? "token ids are never negative: rebuild the data with the model's tokenizer"
+                                : fmt::format("set model.vocab_size >= {} or rebuild the data with the model's "
+                                              "tokenizer",
+                                              bad->value + 1);
+    throw ConfigError(fmt::format("dataset '{}' holds token id {} at token {} (sequence {}, stored as {}), outside "
+                                  "[0, model.vocab_size={}); {}",
+                                  data.prefix(), bad->value, bad->position, bad->sequence,
+                                  index_dtype_name(data.dtype()), V, fix));
+  }
 }
 
 void check_memory(const MemoryEstimate& e, int ranks_on_host) {

@@ -31,10 +31,10 @@ int64_t truncate_metrics_after(const std::string& path, int64_t step);
 // path and the reason otherwise; a probe file is created and removed in each directory).
 void check_writable_paths(const RunConfig& cfg);
 
-// The tokenizer (needed when training.sample_tokens > 0) loads and fits in model.vocab_size; the
-// largest token id in the dataset is below model.vocab_size.
+// The tokenizer (needed when training.sample_tokens > 0) loads and fits in model.vocab_size; every
+// token id of the dataset, read at its stored width, is in [0, model.vocab_size) (ConfigError
+// naming the first one outside, its position and sequence, otherwise).
 void check_tokens(const RunConfig& cfg, const IndexedDataset& data);
-int32_t max_token_id(const IndexedDataset& data);
 
 // Bytes one rank needs, estimated (by the step model `dhelix tune` uses: apps/TrainMemory.h).
 struct MemoryEstimate {
