@@ -160,13 +160,14 @@ int cmd_sample(int argc, char** argv) {
   cfg.parallel.zero = 0;
   cfg.schedule.pipeline = "1f1b";  // the whole model on one rank, whatever layout trained it
   cfg.schedule.virtual_stages = 1;
-  std::string dir = cfg.checkpoint.dir.empty() ? cfg.output.dir + "/checkpoints" : cfg.checkpoint.dir;
-  CheckpointStore store(dir, 0);
-  auto path = store.resolve(checkpoint.empty() ? "latest" : checkpoint);
-  DHX_CHECK(path.has_value(), IoError, "no checkpoint '{}' in '{}'; train first or pass --checkpoint",
-            checkpoint.empty() ? "latest" : checkpoint, dir);
   Trainer trainer(cfg, nullptr, Quiet::kYes, Trainer::Data::kNone);
-  trainer.load_model(*path);
+  std::string skipped;
+  try {
+    trainer.load_resume(checkpoint.empty() ? "latest" : checkpoint, /*whole_state=*/false, &skipped);
+  } catch (const IoError& e) {
+    throw IoError(fmt::format("{}\nhint: train first, or pass --checkpoint DIR", e.what()));
+  }
+  if (!skipped.empty()) fmt::print(stderr, "warning: {}; sampling from the newest checkpoint that loads\n", skipped);
   fmt::print("{}\n", trainer.sample(prompt, tokens, temperature, top_k, seed));
   return 0;
 }

@@ -109,6 +109,31 @@ std::optional<std::string> CheckpointStore::resolve(const std::string& resume) c
   return resume;
 }
 
+CheckpointStore::ResumePlan CheckpointStore::resume_plan(const std::string& resume) const {
+  ResumePlan plan;
+  if (resume.empty()) return plan;
+  if (resume != "latest") {
+    plan.candidates.push_back(*resolve(resume));
+    return plan;
+  }
+  const std::optional<std::string> named = latest();
+  if (named) plan.candidates.push_back(*named);
+  const std::vector<int64_t> all = steps();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string path = dir_ + "/" + step_name(*it);
+    if (!named || path != *named) plan.candidates.push_back(path);
+  }
+  if (!named && !plan.candidates.empty()) {
+    const std::string f = dir_ + "/latest";
+    std::string name = file_exists(f) ? read_file(f) : "";
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    plan.note = file_exists(f) ? fmt::format("'{}/latest' names '{}', which is {}", dir_, name,
+                                             file_exists(dir_ + "/" + name) ? "incomplete (no state.json)" : "missing")
+                               : fmt::format("'{}' has no 'latest' pointer", dir_);
+  }
+  return plan;
+}
+
 std::vector<int64_t> CheckpointStore::steps() const {
   std::vector<int64_t> out;
   std::error_code ec;

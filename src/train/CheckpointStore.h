@@ -52,6 +52,15 @@ class CheckpointStore {
   std::optional<std::string> resolve(const std::string& resume) const;
   // Steps of the complete checkpoints present, ascending.
   std::vector<int64_t> steps() const;
+  // The checkpoints to try for checkpoint.resume, in order: for "latest", the one `latest` names
+  // when it is there, then every other complete one, newest first (the caller falls back along the
+  // list when one fails to load); otherwise the path given (ConfigError when it is no checkpoint).
+  // `note` says why the first is not the one `latest` names ("" when it is).
+  struct ResumePlan {
+    std::vector<std::string> candidates;
+    std::string note;
+  };
+  ResumePlan resume_plan(const std::string& resume) const;
 
   // Loads and validates a step directory: files present, format/version, step matches the name.
   // IoError on anything missing or corrupt.

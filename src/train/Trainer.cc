@@ -353,12 +353,10 @@ int Trainer::run() {
   check_tokens(cfg_, *dataset_);
   std::string ckdir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
   if (!cfg_.checkpoint.resume.empty()) {
-    CheckpointStore store(ckdir, cfg_.checkpoint.keep);
-    auto path = store.resolve(cfg_.checkpoint.resume);
-    DHX_CHECK(path.has_value(), IoError, "checkpoint.resume='{}': no checkpoint found in '{}'", cfg_.checkpoint.resume,
-              ckdir);
-    load_checkpoint(*path);
-    log(fmt::format("resumed from {} at step {}", *path, step_));
+    std::string skipped;
+    const std::string path = load_resume(cfg_.checkpoint.resume, /*whole_state=*/true, &skipped);
+    if (!skipped.empty()) log(fmt::format("warning: {}; resuming from the newest checkpoint that loads", skipped));
+    log(fmt::format("resumed from {} at step {}", path, step_));
   }
   std::unique_ptr<MetricsWriter> metrics;
   if (is_logger()) {

@@ -70,6 +70,11 @@ class Trainer {
   // Saves a checkpoint of the current state; returns its directory (every rank calls it).
   std::string save_checkpoint();
   void load_checkpoint(const std::string& step_dir);
+  // checkpoint.resume's checkpoint loaded (the whole state, or the weights only): for "latest" the
+  // one `latest` names or, when it is missing or fails to load, the newest that loads, saying which
+  // and why (IoError listing each one's failure when none does); otherwise the path given. Returns
+  // the directory loaded and, in `note`, what was skipped ("" when nothing was).
+  std::string load_resume(const std::string& resume, bool whole_state, std::string* note = nullptr);
   // The weights only, from the checkpoint's model file (the same checks: exact tensor set,
   // checksums, finite values).
   void load_model(const std::string& step_dir);

@@ -204,6 +204,37 @@ void Trainer::load_model(const std::string& step_dir) {
   parts_->params->refresh_bf16(runner_->executor().compute_stream());  // a GPU store's GEMM weights
 }
 
+std::string Trainer::load_resume(const std::string& resume, bool whole_state, std::string* note) {
+  const std::string dir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
+  const CheckpointStore::ResumePlan plan = CheckpointStore(dir, cfg_.checkpoint.keep).resume_plan(resume);
+  DHX_CHECK(!plan.candidates.empty(), IoError, "checkpoint.resume='{}': no checkpoint found in '{}'{}", resume, dir,
+            plan.note.empty() ? "" : " (" + plan.note + ")");
+  std::vector<std::string> skipped;
+  if (!plan.note.empty()) skipped.push_back(plan.note);
+  std::string failures;
+  for (const std::string& path : plan.candidates) {
+    try {
+      if (whole_state)
+        load_checkpoint(path);
+      else
+        load_model(path);
+      if (note) {
+        std::string n;
+        for (const std::string& s : skipped) n += (n.empty() ? "" : "; ") + s;
+        *note = n;
+      }
+      return path;
+    } catch (const IoError& e) {
+      if (resume != "latest") throw;
+      skipped.push_back(fmt::format("'{}' does not load ({})", path, e.what()));
+      failures += fmt::format("\n  {}: {}", path, e.what());
+    }
+  }
+  throw IoError(fmt::format("checkpoint.resume=latest: no checkpoint in '{}' loads:{}\nhint: start over with "
+                            "--output.overwrite true (deletes them), or pick another --output.dir",
+                            dir, failures));
+}
+
 void Trainer::load_checkpoint(const std::string& step_dir) {
   DHX_CHECK(train_loader_ != nullptr, InternalError, "load_checkpoint on a trainer without data; use load_model");
   Checkpoint ck = CheckpointStore::load(step_dir);
