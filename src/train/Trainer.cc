@@ -193,8 +193,8 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
 
 Trainer::~Trainer() = default;
 
-int Trainer::agreed_stop_signal() {
-  int sig = stop_signal();
+int Trainer::agreed_stop_signal(bool records_failed) {
+  int sig = records_failed ? kRecordsFailed : stop_signal();
   if (comm_ && comm_->world_size() > 1) {
     // A signal may reach some ranks only: every rank stops if any got one (the largest number wins).
     Tensor t = Tensor::empty({1}, DType::kI64);
@@ -369,6 +369,17 @@ int Trainer::run() {
     }
     metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
   }
+  // A metrics write that fails is kept here and acted on at the step's end, where every rank agrees
+  // (agreed_stop_signal): save, then stop (exit 2). Later writes are not tried.
+  std::string records_error;
+  auto record = [&](const auto& write) {
+    if (!metrics || !records_error.empty()) return;
+    try {
+      write();
+    } catch (const IoError& e) {
+      records_error = e.what();
+    }
+  };
   const double flops_tok = cfg_.model.flops_per_token(cfg_.model.seq_len);
   // The reference rate: sgemm, or in bf16 the bf16 GEMM (gemm_bf16, rounding included) the run uses.
   const bool bf16 = cfg_.training.precision == "bf16", gpu = !device_.is_host();
@@ -394,7 +405,7 @@ int Trainer::run() {
   if (tc.eval_interval > 0 && step_ == 0) {
     first_val = evaluate(tc.eval_batches);
     log(fmt::format("step {} | val loss {:.4f}", step_, *first_val));
-    if (metrics) metrics->write_json({{"step", step_}, {"val_loss", *first_val}});
+    record([&] { metrics->write_json({{"step", step_}, {"val_loss", *first_val}}); });
   }
   ProgressBar bar(tc.steps, "train");
   while (step_ < tc.steps) {
@@ -441,15 +452,31 @@ int Trainer::run() {
         m.extras["aux_loss"] = r.aux_loss;
         m.extras["expert_tokens"] = layers;
       }
-      metrics->write(m);
+      record([&] { metrics->write(m); });
     }
     bar.update(r.step, fmt::format("loss {:.3f}", r.loss));
     if (tc.eval_interval > 0 && (r.step % tc.eval_interval == 0 || r.step == tc.steps)) {
       double v = evaluate(tc.eval_batches);
       log(fmt::format("step {} | val loss {:.4f}", r.step, v));
-      if (metrics) metrics->write_json({{"step", r.step}, {"val_loss", v}});
+      record([&] { metrics->write_json({{"step", r.step}, {"val_loss", v}}); });
     }
-    if (const int sig = agreed_stop_signal(); sig != 0) {
+    const int sig = agreed_stop_signal(!records_error.empty());
+    if (sig == kRecordsFailed) {
+      // The run's records could not be written (a full disk under the metrics, say): the step is
+      // saved first, wherever the checkpoints still have room, then the run stops naming both.
+      bar.finish();
+      const std::string why = records_error.empty() ? "rank 0 could not write the run's metrics" : records_error;
+      std::string path;
+      try {
+        path = save_checkpoint();
+      } catch (const std::exception& e) {
+        throw IoError(fmt::format("{}\nand no checkpoint could be saved either: {}", why, e.what()));
+      }
+      throw IoError(fmt::format("{}\nsaved {} (step {}) before stopping; free space for the metrics and resume "
+                                "with --checkpoint.resume latest",
+                                why, path, step_));
+    }
+    if (sig != 0) {
       bar.finish();
       const std::string path = save_checkpoint();
       log(fmt::format("stopped by {} after step {}: saved {}; resume with --checkpoint.resume latest (exit {})",

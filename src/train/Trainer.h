@@ -103,7 +103,10 @@ class Trainer {
   std::map<std::string, Tensor> gather_full(const std::function<Tensor(const ParamEntry&)>& get,
                                             const std::string& suffix);
   bool is_logger() const;
-  int agreed_stop_signal();  // collective over the world
+  // The stop signal any rank got (base/Signals.h), or kRecordsFailed when a rank's run records
+  // could not be written; the largest over the world (collective).
+  static constexpr int kRecordsFailed = 1000;
+  int agreed_stop_signal(bool records_failed = false);
   void log(const std::string& line) const;
 
   RunConfig cfg_;

@@ -91,5 +91,39 @@ TEST(ResumeFallback, NoCheckpointLoadingSaysSoNamingEach) {
   EXPECT_THROW(t.load_resume(s.step4, true), IoError);
 }
 
+// A metrics file that cannot be written (/dev/full: every write fails with ENOSPC) while the
+// checkpoints have room (issue 36 item 3): the run saves the step first, then stops with an IoError
+// (exit 2) naming the metrics path and the checkpoint. Oracle: the saved checkpoint resumes
+// bitwise -- the next losses are the uninterrupted run's.
+TEST(RecordsFailure, AMetricsWriteFailureSavesTheStepFirst) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 24);
+  RunConfig cfg = testing::tiny_config(dir.path(), "llama");
+  std::vector<double> straight;
+  {
+    Trainer t(cfg, nullptr, Quiet::kYes);
+    for (int i = 0; i < 3; ++i) straight.push_back(t.train_step().loss);
+  }
+  RunConfig full = cfg;
+  full.output.metrics = "/dev/full";
+  {
+    Trainer t(full, nullptr, Quiet::kNo);  // the logging rank writes the metrics
+    try {
+      t.run();
+      FAIL() << "the run went on without its metrics";
+    } catch (const IoError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("writing metrics to '/dev/full' failed"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("(step 1) before stopping"), std::string::npos) << msg;
+    }
+  }
+  Trainer r(cfg, nullptr, Quiet::kYes);
+  r.load_resume("latest", true);
+  EXPECT_EQ(r.step(), 1);
+  EXPECT_EQ(r.train_step().loss, straight[1]);
+  EXPECT_EQ(r.train_step().loss, straight[2]);
+}
+
 }  // namespace
 }  // namespace dhelix
