@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "Commands.h"
+#include "FlagTable.h"
 #include "base/Error.h"
 #include "base/Checksum.h"
 #include "base/Files.h"
@@ -133,17 +134,27 @@ int cmd_sample(int argc, char** argv) {
       return words[++i];
     };
     const std::string& w = words[i];
-    try {
-      if (w == "--checkpoint") checkpoint = val("--checkpoint");
-      else if (w == "--prompt") prompt = val("--prompt");
-      else if (w == "--temperature") temperature = std::stod(val("--temperature"));
-      else if (w == "--top-k") top_k = std::stoll(val("--top-k"));
-      else if (w == "--tokens") tokens = std::stoll(val("--tokens"));
-      else if (w == "--seed") seed = std::stoull(val("--seed"));
-      else rest.push_back(w);
-    } catch (const std::invalid_argument&) {
-      throw ConfigError(fmt::format("{} expects a number, got '{}'", w, words[i]));
-    }
+    // Whole words only ("10x", "1e400", "inf" are refused), each with its flag named.
+    auto whole = [&](const char* flag) {
+      const std::string v = val(flag);
+      const std::optional<int64_t> x = parse_int(v);
+      DHX_CHECK(x.has_value(), ConfigError, "{} expects a whole number, got '{}'", flag, v);
+      return *x;
+    };
+    if (w == "--checkpoint") checkpoint = val("--checkpoint");
+    else if (w == "--prompt") prompt = val("--prompt");
+    else if (w == "--temperature") {
+      const std::string v = val("--temperature");
+      const std::optional<double> x = parse_number(v);
+      DHX_CHECK(x.has_value(), ConfigError, "--temperature expects a finite number, got '{}'", v);
+      temperature = *x;
+    } else if (w == "--top-k") top_k = whole("--top-k");
+    else if (w == "--tokens") tokens = whole("--tokens");
+    else if (w == "--seed") {
+      const int64_t x = whole("--seed");
+      DHX_CHECK(x >= 0, ConfigError, "--seed {} must be >= 0", x);
+      seed = static_cast<uint64_t>(x);
+    } else rest.push_back(w);
   }
   CliArgs args = parse_cli_args(rest);
   if (args.help) {

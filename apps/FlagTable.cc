@@ -34,23 +34,6 @@ std::vector<std::string> choices_of(const FlagSpec& f) {
   return out;
 }
 
-std::optional<int64_t> parse_int(const std::string& w) {
-  int64_t x = 0;
-  const auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), x);
-  if (w.empty() || ec != std::errc() || end != w.data() + w.size()) return std::nullopt;
-  return x;
-}
-
-std::optional<double> parse_number(const std::string& w) {
-  try {
-    size_t used = 0;
-    const double x = std::stod(w, &used);
-    if (used == w.size() && std::isfinite(x)) return x;
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
 // The error for value `w` of flag `f`, or "" when it is good.
 std::string check_value(const FlagSpec& f, const std::string& w) {
   switch (f.type) {
@@ -85,6 +68,23 @@ std::string check_value(const FlagSpec& f, const std::string& w) {
 }
 
 }  // namespace
+
+std::optional<int64_t> parse_int(const std::string& w) {
+  int64_t x = 0;
+  const auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), x);
+  if (w.empty() || ec != std::errc() || end != w.data() + w.size()) return std::nullopt;
+  return x;
+}
+
+std::optional<double> parse_number(const std::string& w) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(w, &used);
+    if (used == w.size() && std::isfinite(x)) return x;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
 
 std::optional<FlagValues> parse_flags_or_help(const FlagTable& t, int argc, char** argv, std::vector<std::string>& errors) {
   ParsedFlags parsed = parse_flags(t, argc, argv, errors);

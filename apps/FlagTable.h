@@ -100,4 +100,9 @@ std::optional<CliArgs> parse_flags_and_config(const FlagTable& t, int argc, char
 // The usage, then one line per flag: "  --name VALUE   help (default: D)", continuation lines indented.
 std::string flag_help(const FlagTable& t);
 
+// A whole word as a number, strictly: no trailing characters, no overflow (parse_int); finite
+// (parse_number: no inf or nan). nullopt otherwise.
+std::optional<int64_t> parse_int(const std::string& w);
+std::optional<double> parse_number(const std::string& w);
+
 }  // namespace dhelix

@@ -236,6 +236,7 @@ void assign(const Field& f, const Incoming& in, RunConfig& cfg, std::vector<std:
         v = std::strtod(text->c_str(), &end);
         if (text->empty() || end != text->c_str() + text->size()) return bad("not a number");
       } else return bad("wrong type: expected a number");
+      if (!std::isfinite(v)) return bad("not a finite number");
       if (check_range(v)) *static_cast<double*>(p) = v;
       return;
     }
@@ -371,6 +372,19 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     if (n > 0 && value % n != 0)
       e.push_back(fmt::format("{}={} is not divisible by {}={}", what, value, by, n));
   };
+  // Products of sizes, computed wide: a world or batch past its type is refused before anything
+  // multiplies it in int (which would wrap into "launch with mpirun -np 0").
+  const double ranks = double(p.dp) * double(p.pp) * double(p.cp) * double(p.tp) * double(p.tp_x) * double(p.tp_y) *
+                       double(p.tp_z);
+  if (ranks > 1e6)
+    e.push_back(fmt::format("parallel.dp x pp x cp x tp x tp_x x tp_y x tp_z = {:.4g} ranks; at most 1000000", ranks));
+  const double tokens = double(t.micro_batch_size) * double(t.micro_batches) * double(p.dp) * double(p.tp_z) *
+                        double(m.seq_len);
+  if (tokens > 1e15)
+    e.push_back(fmt::format("training.micro_batch_size x micro_batches x parallel.dp x tp_z x model.seq_len = {:.4g} "
+                            "tokens per step; at most 1e15",
+                            tokens));
+  if (ranks > 1e6 || tokens > 1e15) return;  // the checks below multiply these sizes in int
   divides("model.n_heads", m.n_heads, "parallel.tp", p.tp);
   divides("model.n_kv_heads", m.n_kv_heads, "parallel.tp", p.tp);
   divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp", p.tp);

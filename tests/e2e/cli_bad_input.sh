@@ -87,5 +87,22 @@ ck=$(ls -d "$tmp"/r6/checkpoints/step_* | tail -1)
 expect mismatched_checkpoint "shape" -- train --config configs/demo.toml --model.d_model 128 --training.steps 4 \
   --training.micro_batch_size 2 --output.dir "$tmp/r6" --checkpoint.resume "$ck"
 
+# 7. Numbers are whole words (issue 36 item 7): trailing characters, overflow, inf and nan are refused
+#    naming the flag; sizes whose product would overflow are refused by their product, not wrapped.
+expect sample_tokens_trailing "--tokens expects a whole number" "10x" -- sample --config configs/demo.toml --tokens 10x
+expect sample_topk_overflow "--top-k expects a whole number" -- sample --config configs/demo.toml \
+  --top-k 99999999999999999999
+expect sample_temperature_inf "--temperature expects a finite number" -- sample --config configs/demo.toml \
+  --temperature inf
+expect lr_inf "training.lr" "not a finite number" -- train --config configs/demo.toml --training.lr inf --output.dir "$tmp/n1"
+expect lr_nan "training.lr" "not a finite number" -- train --config configs/demo.toml --training.lr nan --output.dir "$tmp/n2"
+expect steps_trailing "training.steps" "not an integer" -- train --config configs/demo.toml --training.steps 10x \
+  --output.dir "$tmp/n3"
+expect world_product "ranks; at most 1000000" -- train --config configs/demo.toml --parallel.dp 1000000 \
+  --parallel.pp 1000000 --output.dir "$tmp/n4"
+if "$bin" train --config configs/demo.toml --parallel.dp 1000000 --parallel.pp 1000000 --output.dir "$tmp/n4" 2>&1 |
+  grep -q "mpirun -np 0"; then fails=$((fails+1)); echo "FAIL world_product: a wrapped product in the message"
+else passes=$((passes+1)); echo "ok   world_product_not_wrapped"; fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
