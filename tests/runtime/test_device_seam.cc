@@ -100,10 +100,13 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     refused([] { kernel_registry(Device::cuda(1)); }, "DHELIX_ENABLE_CUDA");
     return;
   }
-  // A CUDA build binds the GPT-2 / Llama ops to the CUDA kernels and refuses the rest by name.
+  // A CUDA build binds the GPT-2 / Llama / MoE ops to the CUDA kernels and refuses the rest (the
+  // sharded layers' and expert parallelism's) by name.
   const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
   EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
-  refused([&] { gpu.find("moe_route"); }, "op 'moe_route' has no CUDA kernel binding yet");
+  EXPECT_TRUE(static_cast<bool>(gpu.find("moe_route")));
+  refused([&] { gpu.find("moe_ep_sort"); }, "op 'moe_ep_sort' has no CUDA kernel binding yet");
+  refused([&] { gpu.find("xent_max"); }, "op 'xent_max' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");
 }
 
