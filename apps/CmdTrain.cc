@@ -55,6 +55,15 @@ int cmd_train(int argc, char** argv) {
     try {
       cfg = load_config(args.config_path, args.overrides);
       apply_process_settings(cfg);
+      // A layout that does not fit the ranks mpirun started is met by every rank alike: found here,
+      // it is printed once (below), not once per rank.
+      if (launched_by_mpirun() && mpi_world_size() != layout_config(cfg).world()) {
+        const auto& p = cfg.parallel;
+        throw ConfigError(fmt::format("layout does not fit the MPI world: world size {} != the layout's {} ranks "
+                                      "(dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={})\nhint: launch with mpirun -np {}",
+                                      mpi_world_size(), layout_config(cfg).world(), p.dp, p.pp, p.cp, p.tp, p.tp_x,
+                                      p.tp_y, p.tp_z, layout_config(cfg).world()));
+      }
     } catch (const Error& e) {
       error = std::current_exception();
       text = e.what();

@@ -26,7 +26,14 @@ int report_error(const std::string& verb, const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const ConfigError& x) {
-    fmt::print(stderr, "dhelix {}: configuration error:\n{}\n", verb, x.what());
+    // A list of errors carries its own head ("3 configuration errors:"): not a second one.
+    const std::string what = x.what();
+    const size_t digits = what.find_first_not_of("0123456789");
+    const bool headed = digits > 0 && digits != std::string::npos && what.compare(digits, 20, " configuration error") == 0;
+    if (headed)
+      fmt::print(stderr, "dhelix {}: {}\n", verb, what);
+    else
+      fmt::print(stderr, "dhelix {}: configuration error:\n{}\n", verb, what);
     return 2;
   } catch (const IoError& x) {
     fmt::print(stderr, "dhelix {}: {}\n", verb, x.what());

@@ -104,5 +104,11 @@ if "$bin" train --config configs/demo.toml --parallel.dp 1000000 --parallel.pp 1
   grep -q "mpirun -np 0"; then fails=$((fails+1)); echo "FAIL world_product: a wrapped product in the message"
 else passes=$((passes+1)); echo "ok   world_product_not_wrapped"; fi
 
+# 8. One head for a list of errors (issue 36 item 8: "configuration error:" over "3 configuration errors:").
+out=$("$bin" train --config configs/demo.toml --model.n_heads 7 --training.bogus 1 2>&1)
+if grep -q "^dhelix train: 3 configuration errors:" <<<"$out" && ! grep -q "configuration error:$" <<<"$out"; then
+  passes=$((passes+1)); echo "ok   one_error_head"
+else fails=$((fails+1)); echo "FAIL one_error_head"; echo "$out" | head -5; fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -32,13 +32,20 @@ check() {  # check NAME WANT_RC RC OUTFILE PATTERN...
 #    is printed once, exit 2; one that only rank 1 meets is printed by rank 1 alone.
 timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --output.dir "$dir/c" --model.n_heads 3 > "$dir/c.out" 2>&1
 check config_error_shared 2 $? "$dir/c.out" "configuration error" "model.n_heads=3"
-n=$(grep -c "dhelix train: configuration error" "$dir/c.out")
+n=$(grep -cE "dhelix train: ([0-9]+ )?configuration error" "$dir/c.out")
 [ "$n" = 1 ] && echo "ok   config_error_printed_once" || { echo "FAIL config error printed $n times"; fail=1; }
 timeout 120 "${mpi[@]}" -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/c" : \
   -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/c" --training.bogus 1 > "$dir/c2.out" 2>&1
 check config_error_one_rank 2 $? "$dir/c2.out" "training.bogus"
-n=$(grep -c "dhelix train: configuration error" "$dir/c2.out")
+n=$(grep -cE "dhelix train: ([0-9]+ )?configuration error" "$dir/c2.out")
 [ "$n" = 1 ] && echo "ok   config_error_one_rank_printed_once" || { echo "FAIL one-rank config error printed $n times"; fail=1; }
+
+# 0b. A layout that does not fit the ranks mpirun started (3 ranks, the 2-rank dp layout): every
+#     rank meets it, one message names the sizes, exit 2 (issue 36 item 8: it was printed by each rank).
+timeout 120 "${mpi[@]}" -np 3 "$DHELIX" train "${args[@]}" --output.dir "$dir/w" > "$dir/w.out" 2>&1
+check world_mismatch 2 $? "$dir/w.out" "world size 3 != the layout's 2 ranks" "mpirun -np 2"
+n=$(grep -c "layout does not fit the MPI world" "$dir/w.out")
+[ "$n" = 1 ] && echo "ok   world_mismatch_printed_once" || { echo "FAIL world mismatch printed $n times"; fail=1; }
 
 # 1. Rank 1 launched with another depth: refused before step 1, one message, exit 2.
 timeout 120 "${mpi[@]}" -np 1 "$DHELIX" train "${args[@]}" --output.dir "$dir/a" --comm.timeout_s 30 : \
