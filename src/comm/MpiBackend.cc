@@ -499,10 +499,10 @@ std::unique_ptr<CommContext> make_mpi_world(const LayoutConfig& cfg, const CommO
   try {
     await_world(rank, size, options.timeout_s);
   } catch (const CommError& e) {
-    // Rank 0's own words name no rank yet ("ranks 1, 2 ... did not join"); a message that starts
-    // with its rank already is passed as it is (no "rank 0: rank 0:").
+    // Rank 0's words about others ("rank 1 of the world did not join") get its own name in front;
+    // one that already starts with it ("rank 0: the world did not assemble") is passed as it is.
     const std::string what = e.what();
-    mpi_abort_with(rank == 0 && what.rfind("rank ", 0) != 0 ? fmt::format("rank 0: {}", what) : what);
+    mpi_abort_with(rank == 0 && what.rfind("rank 0:", 0) != 0 ? fmt::format("rank 0: {}", what) : what);
   }
   auto rt = std::make_shared<MpiRuntime>(g_dhelix_initialised_mpi.load());
   // The job's arrival board: rank 0's random token names the shared-memory files of this job.
