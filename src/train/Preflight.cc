@@ -137,7 +137,7 @@ void check_tokens(const RunConfig& cfg, const IndexedDataset& data) {
                                 ? "token ids are never negative: rebuild the data with the model's tokenizer"
                                 : fmt::format("set model.vocab_size >= {} or rebuild the data with the model's "
                                               "tokenizer",
-                                              bad->value + 1);
+                                              static_cast<uint64_t>(bad->value) + 1);  // no overflow at INT64_MAX
     throw ConfigError(fmt::format("dataset '{}' holds token id {} at token {} (sequence {}, stored as {}), outside "
                                   "[0, model.vocab_size={}); {}",
                                   data.prefix(), bad->value, bad->position, bad->sequence,
