@@ -351,7 +351,6 @@ int Trainer::run() {
   namespace fs = std::filesystem;
   const auto& tc = cfg_.training;
   check_tokens(cfg_, *dataset_);
-  std::string ckdir = cfg_.checkpoint.dir.empty() ? cfg_.output.dir + "/checkpoints" : cfg_.checkpoint.dir;
   if (!cfg_.checkpoint.resume.empty()) {
     std::string skipped;
     const std::string path = load_resume(cfg_.checkpoint.resume, /*whole_state=*/true, &skipped);
