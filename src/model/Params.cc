@@ -1,12 +1,12 @@
-// Parameter specs for the GPT, Llama and MoE families and their deterministic init; the shard
-// arithmetic is in sharding/ShardIndex.cc.
+// Parameter specs: the units' parameters as model/UnitDesc.cc's steps declare them, their
+// deterministic init, and the gradient buckets; the shard arithmetic is in sharding/ShardIndex.cc.
 #include "model/Params.h"
 
 #include <algorithm>
-#include <cmath>
 #include <random>
 
 #include "base/Error.h"
+#include "model/UnitDesc.h"
 
 namespace dhelix {
 
@@ -28,82 +28,17 @@ int64_t padded_vocab(const ModelConfig& m, int tp) {
 }
 
 std::vector<UnitSpec> model_params(const ModelConfig& m) {
-  const int64_t C = m.d_model, D = m.head_dim(), F = m.ffn_hidden;
-  const double std_ = m.init_std;
-  // GPT-2 scales the residual projections' init by 1/sqrt(2L).
-  const double std_res = m.family == ModelFamily::kGPT ? std_ / std::sqrt(2.0 * m.n_layers) : std_;
-  auto param = [](std::string local, Shape full, ShardRole role, ParamInit init, double sd,
-                  std::vector<int64_t> parts = {}) {
-    ParamSpec p;
-    p.local = std::move(local);
-    p.full = p.shard = std::move(full);
-    p.role = role;
-    p.init = init;
-    p.init_std = sd;
-    p.parts = std::move(parts);
-    p.weight_decay = p.full.size() > 1;  // matrices decay; vectors (norms, biases) do not
-    return p;
-  };
-  auto sum = [](const std::vector<int64_t>& parts) {
-    int64_t n = 0;
-    for (int64_t q : parts) n += q;
-    return n;
-  };
-  const ShardRole kRep = ShardRole::kReplicated, kCol = ShardRole::kColumn, kRow = ShardRole::kRow;
-  const ParamInit kN = ParamInit::kNormal, k1 = ParamInit::kOnes, k0 = ParamInit::kZeros;
-  auto column = [&](std::string local, std::vector<int64_t> parts, int64_t in, double sd) {
-    return param(std::move(local), {sum(parts), in}, kCol, kN, sd, parts);
-  };
-  auto column_bias = [&](std::string local, std::vector<int64_t> parts) {
-    return param(std::move(local), {sum(parts)}, kCol, k0, 0, parts);
+  auto params_of = [](const UnitDesc& d, UnitSpec u) {
+    for (const UnitStep& s : d.steps)
+      for (const ParamSpec& p : s.params) u.params.push_back(p);
+    return u;
   };
   std::vector<UnitSpec> units;
-  UnitSpec embed{"embed", -1, "", {}};
-  embed.params.push_back(param("wte", {m.vocab_size, C}, ShardRole::kVocab, kN, std_));
-  if (m.family == ModelFamily::kGPT) embed.params.push_back(param("wpe", {m.seq_len, C}, kRep, kN, 0.01));
-  units.push_back(embed);
-  for (int l = 0; l < m.n_layers; ++l) {
-    UnitSpec b{"block", l, fmt::format("layers.{}.", l), {}};
-    auto& q = b.params;
-    if (m.family == ModelFamily::kGPT) {
-      q.push_back(param("ln1.weight", {C}, kRep, k1, 0));
-      q.push_back(param("ln1.bias", {C}, kRep, k0, 0));
-      q.push_back(column("wqkv", {C, C, C}, C, std_));
-      q.push_back(column_bias("bqkv", {C, C, C}));
-      q.push_back(param("wo", {C, C}, kRow, kN, std_res));
-      q.push_back(param("bo", {C}, kRep, k0, 0));
-      q.push_back(param("ln2.weight", {C}, kRep, k1, 0));
-      q.push_back(param("ln2.bias", {C}, kRep, k0, 0));
-      q.push_back(column("wfc", {F}, C, std_));
-      q.push_back(column_bias("bfc", {F}));
-      q.push_back(param("wproj", {C, F}, kRow, kN, std_res));
-      q.push_back(param("bproj", {C}, kRep, k0, 0));
-    } else {
-      q.push_back(param("attn_norm.weight", {C}, kRep, k1, 0));
-      q.push_back(column("wqkv", {m.n_heads * D, m.n_kv_heads * D, m.n_kv_heads * D}, C, std_));
-      q.push_back(param("wo", {C, m.n_heads * D}, kRow, kN, std_res));
-      q.push_back(param("mlp_norm.weight", {C}, kRep, k1, 0));
-      if (m.is_moe()) {
-        // E experts' [rows, cols] weights stacked as [E * rows, cols].
-        q.push_back(param("router", {m.n_experts, C}, kRep, kN, std_));
-        q.push_back(param("experts.wgu", {m.n_experts * 2 * F, C}, ShardRole::kExpert, kN, std_));
-        q.push_back(param("experts.wdown", {m.n_experts * C, F}, ShardRole::kExpert, kN, std_res));
-      } else {
-        q.push_back(column("wgu", {F, F}, C, std_));
-        q.push_back(param("wdown", {C, F}, kRow, kN, std_res));
-      }
-    }
-    units.push_back(b);
-  }
-  UnitSpec head{"head", -1, "", {}};
-  head.params.push_back(param("final_norm.weight", {C}, kRep, k1, 0));
-  if (m.family == ModelFamily::kGPT) head.params.push_back(param("final_norm.bias", {C}, kRep, k0, 0));
-  if (!m.tie_embeddings) {
-    ParamSpec lm = embed.params.front();
-    lm.local = "lm_head";
-    head.params.push_back(lm);
-  }
-  units.push_back(head);
+  units.push_back(params_of(describe_embed(m), UnitSpec{"embed", -1, "", {}}));
+  const UnitDesc block = describe_block(m);
+  for (int l = 0; l < m.n_layers; ++l)
+    units.push_back(params_of(block, UnitSpec{"block", l, fmt::format("layers.{}.", l), {}}));
+  units.push_back(params_of(describe_head(m), UnitSpec{"head", -1, "", {}}));
   for (auto& u : units)
     for (auto& p : u.params) p.name = u.prefix + p.local;
   return units;

@@ -70,7 +70,7 @@ int64_t padded_vocab(const ModelConfig& m, int shards);
 // How many shards the vocabulary rows are split into under `lay` (tp, or tp_y).
 inline int vocab_shards(const LayoutConfig& lay) { return lay.is_3d() ? lay.tp_y : lay.tp; }
 
-// The model's parameters, described once: all units in forward order (embed, block 0..L-1, head),
+// The model's parameters, described once (the steps of UnitDesc.h, in order): all units in forward order (embed, block 0..L-1, head),
 // each tensor unsharded (shard == full; the vocabulary rows unpadded) with its role (column with
 // its fused parts, row, vocab, expert, replicated) and init. Tied embeddings: the head refers to
 // "wte" and owns no copy. sharding/ParamSharding.h's model_units shards it for a layout.

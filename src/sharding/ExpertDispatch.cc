@@ -19,12 +19,12 @@ Op ep_coll(const TpRegion& b, std::string name, std::vector<std::string> in, con
 
 }  // namespace
 
-void moe_fwd(const TpRegion& b, std::vector<Op>& f) {
+void moe_fwd(const TpRegion& b, std::vector<Op>& f, const std::string& in, const std::string& out) {
   const ModelConfig& m = b.m;
   const int64_t G = b.lay.ep;
   const double N = double(b.Ns), E = double(m.n_experts), P = N * double(m.top_k), C = double(b.C),
                F = double(m.ffn_hidden), El = E / double(G);
-  Op router = compute_op("moe.router", "linear", {"h2"}, {"moe.logits"}, {"router"});
+  Op router = compute_op("moe.router", "linear", {in}, {"moe.logits"}, {"router"});
   gemm_cost(router, N, C, E);
   f.push_back(router);
   Op route = compute_op("moe.route", "moe_route", {"moe.logits"},
@@ -36,7 +36,7 @@ void moe_fwd(const TpRegion& b, std::vector<Op>& f) {
   // tp; the sum runs under the expert GEMMs and is read by moe.aux (forward) and moe.route.bwd.
   if (b.tp > 1) f.push_back(b.coll("tp.ar.moe.stats", CollOp::kAllReduce, "moe.stats", "moe.stats", 2 * E));
   if (G > 1) f.push_back(ep_coll(b, "ep.a2a.counts", {"moe.counts"}, "moe.rcounts", 4 * E));
-  Op disp = compute_op("moe.dispatch", "moe_dispatch", {"h2", "moe.order"}, {"moe.xs"});
+  Op disp = compute_op("moe.dispatch", "moe_dispatch", {in, "moe.order"}, {"moe.xs"});
   elem_cost(disp, P * C, 0, 2);
   f.push_back(disp);
   std::string xs = "moe.xs", counts = "moe.counts", eo = "moe.eo";
@@ -67,17 +67,18 @@ void moe_fwd(const TpRegion& b, std::vector<Op>& f) {
   Op aux = compute_op("moe.aux", "moe_aux", {"moe.stats"}, {});
   elem_cost(aux, 2 * E, 2, 1);
   f.push_back(aux);
-  Op comb = compute_op("moe.combine", "moe_combine", {"moe.eo", "moe.slot", "moe.gate"}, {"mo"});
+  Op comb = compute_op("moe.combine", "moe_combine", {"moe.eo", "moe.slot", "moe.gate"}, {out});
   elem_cost(comb, P * C, 2, 2);
   f.push_back(comb);
 }
 
-void moe_bwd(const TpRegion& b, std::vector<Op>& g) {
+void moe_bwd(const TpRegion& b, std::vector<Op>& g, const std::string& in, const std::string& d_out,
+             const std::string& d_in) {
   const ModelConfig& m = b.m;
   const int64_t G = b.lay.ep;
   const double N = double(b.Ns), E = double(m.n_experts), P = N * double(m.top_k), C = double(b.C),
                F = double(m.ffn_hidden), El = E / double(G);
-  Op comb = compute_op("moe.combine.bwd", "moe_combine_bwd", {"dy", "moe.eo", "moe.slot", "moe.gate"},
+  Op comb = compute_op("moe.combine.bwd", "moe_combine_bwd", {d_out, "moe.eo", "moe.slot", "moe.gate"},
                       {"moe.deo", "moe.dgate"});
   elem_cost(comb, P * C, 4, 3);
   g.push_back(comb);
@@ -128,10 +129,10 @@ void moe_bwd(const TpRegion& b, std::vector<Op>& g) {
   Op rd = compute_op("moe.router.dgrad", "linear_dgrad", {"moe.dlogits"}, {"moe.dh2"}, {"router"});
   gemm_cost(rd, N, E, C);
   g.push_back(rd);
-  Op rw = compute_op("moe.router.wgrad", "linear_wgrad", {"moe.dlogits", "h2"}, {}, {}, {"router"});
+  Op rw = compute_op("moe.router.wgrad", "linear_wgrad", {"moe.dlogits", in}, {}, {}, {"router"});
   gemm_cost(rw, N, E, C);
   g.push_back(rw);
-  Op db = compute_op("moe.dispatch.bwd", "moe_dispatch_bwd", {"moe.dxs", "moe.slot", "moe.dh2"}, {"dh2"});
+  Op db = compute_op("moe.dispatch.bwd", "moe_dispatch_bwd", {"moe.dxs", "moe.slot", "moe.dh2"}, {d_in});
   elem_cost(db, P * C, 1, 2);
   g.push_back(db);
 }

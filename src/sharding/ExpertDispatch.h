@@ -11,8 +11,8 @@
 namespace dhelix::sharding {
 
 // --- the Mixture-of-Experts MLP (dropless top-k routing over stacked SwiGLU experts) -------------
-// It reads the norm's output "h2" [Ns, C] (this rank's tokens: the sequence shard under tp) and
-// writes "mo". Under tp each rank routes its sequence shard and the router's statistics are summed
+// It reads `in` [Ns, C] (the norm's output: this rank's tokens, the sequence shard under tp) and
+// writes `out`; backward reads d_out and writes d_in. Under tp each rank routes its sequence shard and the router's statistics are summed
 // over tp. Under expert parallelism (ep = G > 1) this rank holds E / G whole experts: the token
 // counts per expert are exchanged first (an even all-to-all), then the rows themselves (an uneven
 // all-to-all over ep) go to the ranks holding their experts and come back after the expert GEMMs;
@@ -20,8 +20,9 @@ namespace dhelix::sharding {
 //   fwd: router -> route (softmax, top-k, gates, grouping by expert, statistics) -> dispatch (rows by
 //        expert) [-> counts a2a -> rows a2a -> regroup by local expert] -> grouped up-GEMM -> SwiGLU ->
 //        grouped down-GEMM [-> regroup by rank -> rows a2a back] -> aux -> combine (gate-weighted sum)
-//   bwd: the reverse; the router's input gradient and the dispatch's sum into "dh2".
-void moe_fwd(const TpRegion& b, std::vector<Op>& f);
-void moe_bwd(const TpRegion& b, std::vector<Op>& g);
+//   bwd: the reverse; the router's input gradient and the dispatch's sum into d_in.
+void moe_fwd(const TpRegion& b, std::vector<Op>& f, const std::string& in, const std::string& out);
+void moe_bwd(const TpRegion& b, std::vector<Op>& g, const std::string& in, const std::string& d_out,
+             const std::string& d_in);
 
 }  // namespace dhelix::sharding

@@ -99,14 +99,14 @@ void grid_linear_bwd(const Grid3D& b, std::vector<Op>& ops, const GridLinear& l,
 }
 
 // Exact norm over the features split on x: statistics -> all-reduce over x -> application.
-void grid_norm_fwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
-               const std::string& out, const std::string& prefix) {
-  const bool gpt = b.m.family == ModelFamily::kGPT;
+void grid_norm_fwd(const Grid3D& b, std::vector<Op>& ops, const UnitStep& s) {
+  const bool gpt = s.fn == "layernorm";
+  const std::string &tag = s.tag, &in = s.in.at(0), &out = s.out;
   const int64_t Cl = b.C / b.gx;
   if (b.gx == 1) {  // whole rows: the single-process kernels
     Op op = gpt ? compute_op(tag, "layernorm", {in}, {out, tag + ".mean", tag + ".rstd"},
-                            {prefix + ".weight", prefix + ".bias"})
-                : compute_op(tag, "rmsnorm", {in}, {out, tag + ".rstd"}, {prefix + ".weight"});
+                            {s.weight, s.bias})
+                : compute_op(tag, "rmsnorm", {in}, {out, tag + ".rstd"}, {s.weight});
     elem_cost(op, double(b.N * Cl), 5, 2);
     ops.push_back(op);
     return;
@@ -116,27 +116,28 @@ void grid_norm_fwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag
   ops.push_back(st);
   ops.push_back(collective_op("x.ar." + tag, CollOp::kAllReduce, "x", {tag + ".st"}, tag + ".st", 8.0 * double(b.N * (gpt ? 2 : 1))));
   Op ap = gpt ? compute_op(tag, "ln_apply", {in, tag + ".st"}, {out, tag + ".mean", tag + ".rstd"},
-                          {prefix + ".weight", prefix + ".bias"})
-              : compute_op(tag, "rms_apply", {in, tag + ".st"}, {out, tag + ".rstd"}, {prefix + ".weight"});
+                          {s.weight, s.bias})
+              : compute_op(tag, "rms_apply", {in, tag + ".st"}, {out, tag + ".rstd"}, {s.weight});
   ap.attrs["features"] = b.C;
   elem_cost(ap, double(b.N * Cl), 4, 2);
   ops.push_back(ap);
 }
 
-void grid_norm_bwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
-               const std::string& d_out, const std::string& d_res, const std::string& d_in, const std::string& prefix) {
-  const bool gpt = b.m.family == ModelFamily::kGPT;
+void grid_norm_bwd(const Grid3D& b, std::vector<Op>& ops, const UnitStep& s, const std::string& d_out,
+                   const std::string& d_res, const std::string& d_in) {
+  const bool gpt = s.fn == "layernorm";
+  const std::string &tag = s.tag, &in = s.in.at(0);
   const int64_t Cl = b.C / b.gx;
   std::vector<std::string> saved = {in};
   if (gpt) saved.push_back(tag + ".mean");
   saved.push_back(tag + ".rstd");
-  std::vector<std::string> grads = {prefix + ".weight"};
-  if (gpt) grads.push_back(prefix + ".bias");
+  std::vector<std::string> grads = {s.weight};
+  if (gpt) grads.push_back(s.bias);
   if (b.gx == 1) {
     std::vector<std::string> inputs = {d_out};
     inputs.insert(inputs.end(), saved.begin(), saved.end());
     if (!d_res.empty()) inputs.push_back(d_res);
-    Op op = compute_op(tag + ".bwd", gpt ? "layernorm_bwd" : "rmsnorm_bwd", inputs, {d_in}, {prefix + ".weight"}, grads);
+    Op op = compute_op(tag + ".bwd", gpt ? "layernorm_bwd" : "rmsnorm_bwd", inputs, {d_in}, {s.weight}, grads);
     op.attrs["residual"] = d_res.empty() ? 0 : 1;
     elem_cost(op, double(b.N * Cl), 10, 4);
     ops.push_back(op);
@@ -145,7 +146,7 @@ void grid_norm_bwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag
   std::vector<std::string> sin = {d_out};
   sin.insert(sin.end(), saved.begin(), saved.end());
   Op st = compute_op(tag + ".bwd.stats", gpt ? "ln_bwd_stats" : "rms_bwd_stats", sin, {tag + ".bst"},
-                    {prefix + ".weight"});
+                    {s.weight});
   elem_cost(st, double(b.N * Cl), 4, 2);
   ops.push_back(st);
   ops.push_back(collective_op("x.ar." + tag + ".bwd", CollOp::kAllReduce, "x", {tag + ".bst"}, tag + ".bst",
@@ -153,7 +154,7 @@ void grid_norm_bwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag
   std::vector<std::string> ain = sin;
   ain.push_back(tag + ".bst");
   if (!d_res.empty()) ain.push_back(d_res);
-  Op ap = compute_op(tag + ".bwd", gpt ? "ln_bwd_apply" : "rms_bwd_apply", ain, {d_in}, {prefix + ".weight"}, grads);
+  Op ap = compute_op(tag + ".bwd", gpt ? "ln_bwd_apply" : "rms_bwd_apply", ain, {d_in}, {s.weight}, grads);
   ap.attrs["features"] = b.C;
   ap.attrs["residual"] = d_res.empty() ? 0 : 1;
   elem_cost(ap, double(b.N * Cl), 8, 4);

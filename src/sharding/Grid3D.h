@@ -9,6 +9,7 @@
 
 #include "layout/Layout.h"
 #include "model/ModelConfig.h"
+#include "model/UnitDesc.h"
 #include "plan/Program.h"
 #include "sharding/OpFactory.h"
 
@@ -59,11 +60,9 @@ void grid_linear_fwd(const Grid3D& b, std::vector<Op>& ops, const GridLinear& l,
 void grid_linear_bwd(const Grid3D& b, std::vector<Op>& ops, const GridLinear& l, const std::string& in,
                      const std::string& d_out, const std::string& d_in, const std::string& wbuf, std::vector<Op>& accum);
 // The norm exact over the features split on x (statistics all-reduced over x when Gx > 1).
-void grid_norm_fwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
-                   const std::string& out, const std::string& prefix);
-// dx = d_res + norm_bwd(d_out); d_res may be empty (no residual path).
-void grid_norm_bwd(const Grid3D& b, std::vector<Op>& ops, const std::string& tag, const std::string& in,
-                   const std::string& d_out, const std::string& d_res, const std::string& d_in,
-                   const std::string& prefix);
+void grid_norm_fwd(const Grid3D& b, std::vector<Op>& ops, const UnitStep& s);
+// d_in = d_res + norm_bwd(d_out); d_res may be empty (no residual path).
+void grid_norm_bwd(const Grid3D& b, std::vector<Op>& ops, const UnitStep& s, const std::string& d_out,
+                   const std::string& d_res, const std::string& d_in);
 
 }  // namespace dhelix::sharding

@@ -1,195 +1,139 @@
-// Layer programs of the GPT, Llama and MoE families under Megatron's layouts (Lowering1D.h): one
-// function per unit kind writes the forward and backward op lists with shapes, FLOPs and bytes;
-// the regions decide which collectives appear. The op codes are bound to kernels by the runtime's
-// OpRegistry. The 3D grid's lowering is Lowering3D.cc.
+// Megatron's layouts (Lowering1D.h) as a UnitLowering: the norms on the sequence shard, the
+// column, row and vocabulary regions (TpRegion.h) around the linears, CP's ring (CpRing.h) around
+// attention, EP's dispatch/combine (ExpertDispatch.h) around the experts. The walk over model/'s
+// steps is lower_unit's (UnitLowering.cc); the 3D grid's lowering is Lowering3D.cc.
 #include "sharding/Lowering1D.h"
 
 #include "base/Error.h"
 #include "model/Params.h"
+#include "model/UnitDesc.h"
 #include "sharding/CpRing.h"
 #include "sharding/ExpertDispatch.h"
 #include "sharding/OpFactory.h"
 #include "sharding/TpRegion.h"
+#include "sharding/UnitLowering.h"
 
 namespace dhelix::sharding {
 
 namespace {
 
-Op norm_fwd(const TpRegion& b, const std::string& tag, const std::string& in, const std::string& out,
-            const std::string& prefix) {
-  bool gpt = b.m.family == ModelFamily::kGPT;
-  Op op = gpt ? compute_op(tag, "layernorm", {in}, {out, tag + ".mean", tag + ".rstd"},
-                          {prefix + ".weight", prefix + ".bias"})
-              : compute_op(tag, "rmsnorm", {in}, {out, tag + ".rstd"}, {prefix + ".weight"});
-  elem_cost(op, double(b.Ns * b.C), 5, 2);
-  return op;
-}
+class Megatron1D final : public UnitLowering {
+ public:
+  explicit Megatron1D(const TpRegion& b) : b_(b) {}
 
-// dx = d_res + norm_bwd(d_out); d_res may be empty (no residual path).
-Op norm_bwd(const TpRegion& b, const std::string& tag, const std::string& in, const std::string& d_out,
-            const std::string& d_res, const std::string& d_in, const std::string& prefix) {
-  bool gpt = b.m.family == ModelFamily::kGPT;
-  std::vector<std::string> inputs = {d_out, in};
-  if (gpt) inputs.push_back(tag + ".mean");
-  inputs.push_back(tag + ".rstd");
-  if (!d_res.empty()) inputs.push_back(d_res);
-  std::vector<std::string> grads = {prefix + ".weight"};
-  if (gpt) grads.push_back(prefix + ".bias");
-  Op op = compute_op(tag + ".bwd", gpt ? "layernorm_bwd" : "rmsnorm_bwd", inputs, {d_in}, {prefix + ".weight"}, grads);
-  op.attrs["residual"] = d_res.empty() ? 0 : 1;
-  elem_cost(op, double(b.Ns * b.C), 10, 4);
-  return op;
-}
+  const ModelConfig& model() const override { return b_.m; }
+  int64_t split() const override { return b_.tp; }
+  int64_t batch() const override { return b_.B; }
+  int64_t seq() const override { return b_.T; }
+  double tokens() const override { return double(b_.N); }
+  double stream_elems() const override { return double(b_.Ns * b_.C); }
 
-// The transformer layer: norm -> column QKV -> [rope] -> attention (or CP's ring) -> row out ->
-// residual; norm -> column fc -> activation -> row proj (or the MoE MLP) -> residual.
-LayerProgram block_program(const TpRegion& b) {
-  const ModelConfig& m = b.m;
-  const bool gpt = m.family == ModelFamily::kGPT;
-  const int64_t D = m.head_dim(), Hl = m.n_heads / b.tp, Hkvl = m.n_kv_heads / b.tp, Fl = m.ffn_hidden / b.tp;
-  const int64_t qkv_l = (Hl + 2 * Hkvl) * D;
-  const std::string n1 = gpt ? "ln1" : "attn_norm", n2 = gpt ? "ln2" : "mlp_norm";
-  const TpLinear qkv{"attn.qkv", "wqkv", gpt ? "bqkv" : "", qkv_l}, out{"attn.out", "wo", "", Hl * D};
-  const TpLinear fc{"mlp.fc", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", gpt ? Fl : 2 * Fl};
-  const TpLinear proj{"mlp.proj", gpt ? "wproj" : "wdown", "", Fl};
-  LayerProgram p;
-  p.name = "block";
-  auto& f = p.fwd;
+  void token_embed_fwd(const UnitStep& s, std::vector<Op>& f) override { vocab_embed_fwd(b_, f, s.out); }
+  void token_embed_bwd(const UnitStep& s, const std::string& d_out, std::vector<Op>& g) override {
+    vocab_embed_bwd(b_, g, d_out);
+  }
 
-  // ---- attention ----
-  f.push_back(norm_fwd(b, n1, "x", "h1", n1));
-  column_fwd(b, f, qkv, "h1", "qkv");
-  std::string qkv_in = "qkv";
-  if (!gpt) {
-    Op rope = compute_op("attn.rope", "rope", {"qkv"}, {"qkv_r"});
-    elem_cost(rope, double(b.N * (Hl + Hkvl) * D), 3, 2);
-    f.push_back(rope);
-    qkv_in = "qkv_r";
+  void norm_fwd(const UnitStep& s, std::vector<Op>& f) override {
+    const bool ln = s.fn == "layernorm";
+    Op op = ln ? compute_op(s.tag, "layernorm", {s.in[0]}, {s.out, s.tag + ".mean", s.tag + ".rstd"}, {s.weight, s.bias})
+               : compute_op(s.tag, "rmsnorm", {s.in[0]}, {s.out, s.tag + ".rstd"}, {s.weight});
+    elem_cost(op, stream_elems(), 5, 2);
+    f.push_back(op);
   }
-  Op attn = compute_op("attn.core", "attention", {qkv_in}, {"att", "att.lse"});
-  attn.attrs = {{"heads", Hl}, {"kv_heads", Hkvl}, {"head_dim", D}};
-  // QK^T and AV, causal: 2 * 2 * B * T^2 * H * D / 2
-  attn.cost.flops = 2.0 * b.B * double(b.T) * double(b.T) * double(Hl) * double(D);
-  attn.cost.bytes = kF * double(b.N) * double(qkv_l + Hl * D);
-  if (b.lay.cp > 1)
-    cp_attention_fwd(b, f, qkv_in, attn);
-  else
-    f.push_back(attn);
-  row_fwd(b, f, out, "att", "ao");
-  Op res1 = compute_op("attn.residual", "residual_add", {"x", "ao"}, {"x2"}, gpt ? std::vector<std::string>{"bo"}
-                                                                             : std::vector<std::string>{});
-  elem_cost(res1, double(b.Ns * b.C), 1, 3);
-  f.push_back(res1);
+  void norm_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_res, const std::string& d_in,
+                std::vector<Op>& g) override {
+    const bool ln = s.fn == "layernorm";
+    std::vector<std::string> inputs = {d_out, s.in[0]};
+    if (ln) inputs.push_back(s.tag + ".mean");
+    inputs.push_back(s.tag + ".rstd");
+    if (!d_res.empty()) inputs.push_back(d_res);
+    std::vector<std::string> grads = {s.weight};
+    if (ln) grads.push_back(s.bias);
+    Op op = compute_op(s.tag + ".bwd", ln ? "layernorm_bwd" : "rmsnorm_bwd", inputs, {d_in}, {s.weight}, grads);
+    op.attrs["residual"] = d_res.empty() ? 0 : 1;
+    elem_cost(op, stream_elems(), 10, 4);
+    g.push_back(op);
+  }
 
-  // ---- MLP ----
-  f.push_back(norm_fwd(b, n2, "x2", "h2", n2));
-  if (m.is_moe()) {
-    moe_fwd(b, f);
-  } else {
-    column_fwd(b, f, fc, "h2", "fc");
-    Op act = gpt ? compute_op("mlp.act", "gelu", {"fc"}, {"act"}) : compute_op("mlp.act", "swiglu", {"fc"}, {"act"});
-    elem_cost(act, double(b.N * Fl), gpt ? 10 : 6, gpt ? 2 : 3);
-    f.push_back(act);
-    row_fwd(b, f, proj, "act", "mo");
+  void linear_fwd(const UnitStep& s, LinearSite, std::vector<Op>& f) override {
+    if (s.role == ShardRole::kRow)
+      row_fwd(b_, f, region(s), s.in[0], s.out);
+    else
+      column_fwd(b_, f, region(s), s.in[0], s.out);
   }
-  Op res2 = compute_op("mlp.residual", "residual_add", {"x2", "mo"}, {"y"},
-                      gpt ? std::vector<std::string>{"bproj"} : std::vector<std::string>{});
-  elem_cost(res2, double(b.Ns * b.C), 1, 3);
-  f.push_back(res2);
+  // Where each weight-gradient GEMM goes (WgradPolicy; results do not depend on it). A row linear's
+  // is held for the column linear below it in the backward, which issues it after its input
+  // gradient's reduce-scatter, under that collective; with tp = 1 there is no collective and it
+  // runs inline, unless that column is the unit's first linear. The first linear's own (and
+  // what it holds) trails the unit, after the input gradient of its norm, so the unit below gets
+  // dx two GEMMs earlier; with tp > 1 half of it stays under the reduce-scatter that norm waits for.
+  // (In a GPT-2 124M SI trace at 1 Gbit/s, attn.out's wgrad alone under that reduce-scatter left
+  // 2.4-3.5 ms per layer of gaps; the trailing half is what a Strand-Interleaving plan may carry
+  // into the next layer pair, under its first collective: SIPlan::carry.)
+  void linear_bwd(const UnitStep& s, LinearSite at, const std::string& d_out, const std::string& d_in,
+                  std::vector<Op>& g) override {
+    if (s.role == ShardRole::kVocab) {
+      column_bwd(b_, g, region(s), s.in[0], d_out, d_in, WgradPolicy::kInline);
+    } else if (s.role == ShardRole::kRow) {
+      const bool below_is_first = at.index == 1;
+      held_ = row_bwd(b_, g, region(s), s.in[0], d_out, d_in, below_is_first ? WgradPolicy::kHold : WgradPolicy::kHoldIfTp);
+    } else {
+      const WgradPolicy own =
+          at.index == 0 ? (b_.tp > 1 ? WgradPolicy::kSplit : WgradPolicy::kDefer) : WgradPolicy::kInline;
+      column_bwd(b_, g, region(s), s.in[0], d_out, d_in, own, std::move(held_), &deferred_);
+      held_.clear();
+    }
+  }
 
-  // ---- backward: dy flows into the MLP branch and, through the residual, to the norm ----
-  auto& g = p.bwd;
-  if (gpt) {
-    Op bg = compute_op("mlp.residual.bwd", "bias_grad", {"dy"}, {}, {}, {"bproj"});
-    elem_cost(bg, double(b.Ns * b.C), 1, 1);
-    g.push_back(bg);
+  void attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f) override {
+    if (b_.lay.cp > 1 && s.cp_ring)
+      cp_attention_fwd(b_, f, s.in[0], attn);
+    else
+      f.push_back(std::move(attn));
   }
-  std::vector<Op> held;
-  if (m.is_moe()) {
-    moe_bwd(b, g);
-  } else {
-    held = row_bwd(b, g, proj, "act", "dy", "dact", WgradPolicy::kHoldIfTp);
-    Op act_b = gpt ? compute_op("mlp.act.bwd", "gelu_bwd", {"dact", "fc"}, {"dfc"})
-                   : compute_op("mlp.act.bwd", "swiglu_bwd", {"dact", "fc"}, {"dfc"});
-    elem_cost(act_b, double(b.N * Fl), gpt ? 20 : 10, 3);
-    g.push_back(act_b);
-    column_bwd(b, g, fc, "h2", "dfc", "dh2", WgradPolicy::kInline, std::move(held));
+  void attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g) override {
+    if (b_.lay.cp > 1 && s.cp_ring)
+      cp_attention_bwd(b_, g, s.in[0], attn_b.outputs.at(0), attn_b);
+    else
+      g.push_back(std::move(attn_b));
   }
-  g.push_back(norm_bwd(b, n2, "x2", "dh2", "dy", "dx2", n2));
-  if (gpt) {
-    Op bg = compute_op("attn.residual.bwd", "bias_grad", {"dx2"}, {}, {}, {"bo"});
-    elem_cost(bg, double(b.Ns * b.C), 1, 1);
-    g.push_back(bg);
-  }
-  // tp = 1: the attention's weight-gradient GEMMs, which nothing in the layer reads, run after the
-  // layer's input gradient (ln1.bwd), so the unit below gets dx two GEMMs earlier. Below the first
-  // layer is the embedding: GradSync's all-gather of its rows (sparse exchange) then runs under
-  // them instead of after the last backward op. With tp > 1 the held attn.out.wgrad stays ahead of
-  // ln1.bwd, under the reduce-scatter that ln1.bwd waits for. attn.qkv's weight gradient is cut
-  // in two halves: attn.qkv.wgrad.0 joins attn.out.wgrad under that reduce-scatter (attn.out.wgrad
-  // alone, an eighth of the FLOPs of the two MLP wgrads under the MLP's reduce-scatter, left gaps
-  // of 2.4-3.5 ms per layer before ln1.bwd in a GPT-2 124M SI trace at 1 Gbit/s), and
-  // attn.qkv.wgrad.1 comes last: a trailing op that only accumulates gradients, which a
-  // Strand-Interleaving plan may carry into the next layer pair, under its first collective
-  // (SIPlan::carry).
-  std::vector<Op> deferred;
-  held = row_bwd(b, g, out, "att", "dx2", "datt", WgradPolicy::kHold);
-  Op attn_b = compute_op("attn.core.bwd", "attention_bwd", {qkv_in, "att", "att.lse", "datt"},
-                        {gpt ? "dqkv" : "dqkv_r"});
-  attn_b.attrs = attn.attrs;
-  attn_b.cost.flops = 2.5 * attn.cost.flops;  // dS, dP recompute + dQ, dK, dV
-  attn_b.cost.bytes = 2 * attn.cost.bytes;
-  if (b.lay.cp > 1)
-    cp_attention_bwd(b, g, qkv_in, gpt ? "dqkv" : "dqkv_r", attn_b);
-  else
-    g.push_back(attn_b);
-  if (!gpt) {
-    Op rb = compute_op("attn.rope.bwd", "rope_bwd", {"dqkv_r"}, {"dqkv"});
-    elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
-    g.push_back(rb);
-  }
-  column_bwd(b, g, qkv, "h1", "dqkv", "dh1", b.tp > 1 ? WgradPolicy::kSplit : WgradPolicy::kDefer, std::move(held),
-             &deferred);
-  g.push_back(norm_bwd(b, n1, "x", "dh1", "dx2", "dx", n1));
-  for (Op& w : deferred) g.push_back(std::move(w));
-  return p;
-}
 
-// The token embedding (its rows over tp: the vocab region) and, for GPT, the learned positions
-// added on the sequence shard.
-LayerProgram embed_program(const TpRegion& b) {
-  const bool gpt = b.m.family == ModelFamily::kGPT;
-  LayerProgram p;
-  p.name = "embed";
-  vocab_embed_fwd(b, p.fwd, gpt ? "e" : "y");
-  if (gpt) {
-    Op pe = compute_op("embed.pos", "pos_embed", {"e"}, {"y"}, {"wpe"});
-    elem_cost(pe, double(b.Ns * b.C), 1, 3);
-    p.fwd.push_back(pe);
-    Op pb = compute_op("embed.pos.bwd", "pos_embed_bwd", {"dy"}, {}, {}, {"wpe"});
-    elem_cost(pb, double(b.Ns * b.C), 1, 2);
-    p.bwd.push_back(pb);
+  void moe_fwd(const UnitStep& s, std::vector<Op>& f) override { sharding::moe_fwd(b_, f, s.in[0], s.out); }
+  void moe_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_in, std::vector<Op>& g) override {
+    sharding::moe_bwd(b_, g, s.in[0], d_out, d_in);
   }
-  vocab_embed_bwd(b, p.bwd, "dy");
-  return p;
-}
 
-// Final norm, the LM head as a column region over the vocabulary shards, cross-entropy (the vocab
-// region).
-LayerProgram head_program(const TpRegion& b) {
-  const int64_t Vl = padded_vocab(b.m, int(b.tp)) / b.tp;  // Megatron: the vocabulary over tp
-  const TpLinear lm{"lm_head", b.m.tie_embeddings ? "wte" : "lm_head", "", Vl};
-  LayerProgram p;
-  p.name = "head";
-  auto& f = p.fwd;
-  f.push_back(norm_fwd(b, "final_norm", "x", "hf", "final_norm"));
-  column_fwd(b, f, lm, "hf", "logits");
-  vocab_xent_fwd(b, f, Vl);
-  auto& g = p.bwd;
-  column_bwd(b, g, lm, "hf", "dlogits", "dhf", WgradPolicy::kInline);
-  g.push_back(norm_bwd(b, "final_norm", "x", "dhf", "", "dx", "final_norm"));
-  return p;
-}
+  void xent_fwd(const UnitStep& s, std::vector<Op>& f) override {
+    DHX_ASSERT(s.in == std::vector<std::string>({"logits", "targets"}) && s.out == "loss",
+               "{}: vocab_xent_fwd reads logits and targets and writes loss", s.tag);
+    vocab_xent_fwd(b_, f, vocab_local());
+  }
+
+  void end_bwd(std::vector<Op>& g) override {
+    for (Op& w : held_) g.push_back(std::move(w));  // a row linear with no column below it
+    for (Op& w : deferred_) g.push_back(std::move(w));
+    held_.clear();
+    deferred_.clear();
+  }
+
+ private:
+  int64_t vocab_local() const { return padded_vocab(b_.m, int(b_.tp)) / b_.tp; }  // the vocabulary over tp
+  // The linear's local extent: a column's output features (each fused part split over tp), a row's
+  // input features, the vocabulary head's padded rows.
+  TpLinear region(const UnitStep& s) const {
+    TpLinear l{s.tag, s.weight, s.bias, 0};
+    if (s.role == ShardRole::kVocab)
+      l.local = vocab_local();
+    else if (s.role == ShardRole::kRow)
+      l.local = s.in_features / b_.tp;
+    else
+      for (int64_t q : s.parts) l.local += q / b_.tp;
+    return l;
+  }
+
+  const TpRegion& b_;
+  std::vector<Op> held_, deferred_;
+};
 
 }  // namespace
 
@@ -202,7 +146,13 @@ ModelPrograms lower_1d(const ModelConfig& m, const LayoutConfig& lay, const Micr
   DHX_CHECK(b.N % lay.tp == 0, ConfigError, "micro-batch tokens {} (B={} x T={}) are not divisible by parallel.tp={}",
             b.N, mb.B, mb.T, lay.tp);
   b.Ns = b.N / lay.tp;
-  return ModelPrograms{embed_program(b), block_program(b), head_program(b)};
+  ModelPrograms out;
+  for (auto [prog, desc] : {std::pair{&out.embed, describe_embed(m)}, std::pair{&out.block, describe_block(m)},
+                            std::pair{&out.head, describe_head(m)}}) {
+    Megatron1D lw(b);
+    *prog = lower_unit(desc, lw);
+  }
+  return out;
 }
 
 }  // namespace dhelix::sharding

@@ -1,199 +1,206 @@
-// Layer programs of AxoNN's 3D tensor parallelism (Lowering3D.h), written with the grid's regions
-// (Grid3D.h); the Megatron layouts' are in Lowering1D.cc.
+// AxoNN's 3D grid (Lowering3D.h) as a UnitLowering: every column or row linear a grid region
+// (Grid3D.h) with its weight block gathered over z, the norms exact over x, the vocabulary over y.
+// The walk over model/'s steps is lower_unit's (UnitLowering.cc); Megatron's layouts are
+// Lowering1D.cc.
 #include "sharding/Lowering3D.h"
 
+#include "base/Error.h"
 #include "model/Params.h"
+#include "model/UnitDesc.h"
 #include "sharding/Grid3D.h"
 #include "sharding/OpFactory.h"
+#include "sharding/UnitLowering.h"
 
 namespace dhelix::sharding {
 
 namespace {
 
-LayerProgram block_program(const Grid3D& b) {
-  const ModelConfig& m = b.m;
-  const bool gpt = m.family == ModelFamily::kGPT;
-  const bool oag = b.lay.overlap3d.ag;
-  const int64_t D = m.head_dim(), Hl = m.n_heads / b.gy, Hkvl = m.n_kv_heads / b.gy, Fl = m.ffn_hidden / b.gy;
-  const int64_t Cx = b.C / b.gx;
-  const std::string n1 = gpt ? "ln1" : "attn_norm", n2 = gpt ? "ln2" : "mlp_norm";
-  const GridLinear qkv{"attn.qkv", "wqkv", gpt ? "bqkv" : "", GridType::kA, (Hl + 2 * Hkvl) * D, Cx};
-  const GridLinear out{"attn.out", "wo", "", GridType::kB, Cx, Hl * D};
-  const GridLinear fc{"mlp.fc", gpt ? "wfc" : "wgu", gpt ? "bfc" : "", GridType::kA, gpt ? Fl : 2 * Fl, Cx};
-  const GridLinear proj{"mlp.proj", gpt ? "wproj" : "wdown", "", GridType::kB, Cx, Fl};
-  LayerProgram p;
-  p.name = "block";
-  auto& f = p.fwd;
+class Axonn3D final : public UnitLowering {
+ public:
+  explicit Axonn3D(const Grid3D& b) : b_(b), oag_(b.lay.overlap3d.ag) {}
+
+  const ModelConfig& model() const override { return b_.m; }
+  int64_t split() const override { return b_.gy; }
+  int64_t batch() const override { return b_.B; }
+  int64_t seq() const override { return b_.T; }
+  double tokens() const override { return double(b_.N); }
+  double stream_elems() const override { return double(b_.N * cx()); }
+
+  // The unit's linears as grid regions (type A: column, B: row); the first block's all-gather opens
+  // the unit, under the norm before its GEMM.
+  void begin(const UnitDesc& d, std::vector<Op>& f) override {
+    for (const UnitStep& s : d.steps)
+      if (s.kind == UnitStepKind::kLinear && s.role != ShardRole::kVocab) lin_.push_back(region(s));
+    fwd_blocks_.assign(lin_.size(), "");
+    bwd_blocks_.assign(lin_.size(), "");
+    if (lin_.empty()) return;
+    fwd_blocks_[0] = gather_block(b_, f, lin_[0], "", oag_ ? CollWait::kBackground : CollWait::kBlocking);
+    if (oag_ && lin_.size() > 1) fwd_blocks_[1] = gather_block(b_, f, lin_[1], "", CollWait::kBackground);
+  }
+
+  // Token embedding: the table's rows (vocabulary) over y and columns over x; a token outside this
+  // rank's rows gives zeros, the all-reduce over y sums the one real row in: [N, C/Gx].
+  void token_embed_fwd(const UnitStep& s, std::vector<Op>& f) override {
+    const std::string part = b_.gy > 1 ? "e_p" : s.out;
+    Op tok = compute_op(s.tag, "embed", {s.in[0]}, {part}, {s.weight});
+    elem_cost(tok, stream_elems(), 0, 2);
+    f.push_back(tok);
+    if (b_.gy > 1)
+      f.push_back(activation(collective_op("y.ar.embed", CollOp::kAllReduce, "y", {part}, s.out, kF * stream_elems())));
+  }
+  void token_embed_bwd(const UnitStep& s, const std::string& d_out, std::vector<Op>& g) override {
+    Op eb = compute_op(s.tag + ".bwd", "embed_bwd", {s.in[0], d_out}, {}, {}, {s.weight});
+    elem_cost(eb, stream_elems(), 1, 2);
+    g.push_back(eb);
+  }
+
+  void norm_fwd(const UnitStep& s, std::vector<Op>& f) override { grid_norm_fwd(b_, f, s); }
+  void norm_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_res, const std::string& d_in,
+                std::vector<Op>& g) override {
+    grid_norm_bwd(b_, g, s, d_out, d_res, d_in);
+  }
+
   // OAG: each block is gathered one GEMM ahead of its use, so its all-gather runs under the GEMM
-  // before; the layer's first is prefetched by the layer before (prefetch_op) and adopted here
-  // (gathered here only in the first layer). Without OAG: right before its GEMM, waited for there.
-  std::string g_qkv = gather_block(b, f, qkv, "", oag ? CollWait::kBackground : CollWait::kBlocking), g_out, g_fc, g_proj;
-  if (oag) g_out = gather_block(b, f, out, "", CollWait::kBackground);
-  grid_norm_fwd(b, f, n1, "x", "h1", n1);
-  grid_linear_fwd(b, f, qkv, "h1", g_qkv, "qkv");
-  std::string qkv_in = "qkv";
-  if (!gpt) {
-    Op rope = compute_op("attn.rope", "rope", {"qkv"}, {"qkv_r"});
-    elem_cost(rope, double(b.N * (Hl + Hkvl) * D), 3, 2);
-    f.push_back(rope);
-    qkv_in = "qkv_r";
+  // before; the unit's first is prefetched by the neighbouring layer (prefetch_block) and adopted
+  // here (gathered here only in the first layer). Without OAG: right before its GEMM, waited for
+  // there. Backward walks the linears in reverse with the same rule.
+  void linear_fwd(const UnitStep& s, LinearSite at, std::vector<Op>& f) override {
+    if (s.role == ShardRole::kVocab) return vocab_head_fwd(s, f);
+    gather_ahead(at.index, at.index > 0, +1, "", fwd_blocks_, f);
+    grid_linear_fwd(b_, f, lin_[size_t(at.index)], s.in[0], fwd_blocks_[size_t(at.index)], s.out);
   }
-  Op attn = compute_op("attn.core", "attention", {qkv_in}, {"att", "att.lse"});
-  attn.attrs = {{"heads", Hl}, {"kv_heads", Hkvl}, {"head_dim", D}};
-  attn.cost.flops = 2.0 * b.B * double(b.T) * double(b.T) * double(Hl) * double(D);
-  attn.cost.bytes = kF * double(b.N) * double(qkv.rows + Hl * D);
-  f.push_back(attn);
-  if (!oag) g_out = gather_block(b, f, out, "", CollWait::kBlocking);
-  else g_fc = gather_block(b, f, fc, "", CollWait::kBackground);
-  grid_linear_fwd(b, f, out, "att", g_out, "ao");
-  Op res1 = compute_op("attn.residual", "residual_add", {"x", "ao"}, {"x2"},
-                      gpt ? std::vector<std::string>{"bo"} : std::vector<std::string>{});
-  elem_cost(res1, double(b.N * Cx), 1, 3);
-  f.push_back(res1);
-  grid_norm_fwd(b, f, n2, "x2", "h2", n2);
-  if (!oag) g_fc = gather_block(b, f, fc, "", CollWait::kBlocking);
-  else g_proj = gather_block(b, f, proj, "", CollWait::kBackground);
-  grid_linear_fwd(b, f, fc, "h2", g_fc, "fc");
-  Op act = gpt ? compute_op("mlp.act", "gelu", {"fc"}, {"act"}) : compute_op("mlp.act", "swiglu", {"fc"}, {"act"});
-  elem_cost(act, double(b.N * Fl), gpt ? 10 : 6, gpt ? 2 : 3);
-  f.push_back(act);
-  if (!oag) g_proj = gather_block(b, f, proj, "", CollWait::kBlocking);
-  prefetch_block(b, f, qkv, "", +1);  // the next layer's first block, under this layer's last GEMM
-  grid_linear_fwd(b, f, proj, "act", g_proj, "mo");
-  Op res2 = compute_op("mlp.residual", "residual_add", {"x2", "mo"}, {"y"},
-                      gpt ? std::vector<std::string>{"bproj"} : std::vector<std::string>{});
-  elem_cost(res2, double(b.N * Cx), 1, 3);
-  f.push_back(res2);
+  void linear_bwd(const UnitStep& s, LinearSite at, const std::string& d_out, const std::string& d_in,
+                  std::vector<Op>& g) override {
+    if (s.role == ShardRole::kVocab) return vocab_head_bwd(s, d_out, d_in, g);
+    const int n = at.count, j = n - 1 - at.index;  // position in the backward order
+    if (j == 0) {
+      bwd_blocks_[size_t(n - 1)] = gather_block(b_, g, lin_[size_t(n - 1)], ".bwd", oag_ ? CollWait::kBackground : CollWait::kBlocking);
+      if (oag_ && n > 1) bwd_blocks_[size_t(n - 2)] = gather_block(b_, g, lin_[size_t(n - 2)], ".bwd", CollWait::kBackground);
+    }
+    gather_ahead(j, j > 0, -1, ".bwd", bwd_blocks_, g);
+    grid_linear_bwd(b_, g, lin_[size_t(at.index)], s.in[0], d_out, d_in, bwd_blocks_[size_t(at.index)], accum_);
+  }
 
-  auto& g = p.bwd;
-  std::vector<Op> accum;  // the reduce-scattered weight gradients' accumulation (ORS: at the end)
-  if (gpt) {
-    Op bg = compute_op("mlp.residual.bwd", "bias_grad", {"dy"}, {}, {}, {"bproj"});
-    elem_cost(bg, double(b.N * Cx), 1, 1);
-    g.push_back(bg);
-  }
-  std::string b_proj = gather_block(b, g, proj, ".bwd", oag ? CollWait::kBackground : CollWait::kBlocking), b_fc, b_out, b_qkv;
-  if (oag) b_fc = gather_block(b, g, fc, ".bwd", CollWait::kBackground);
-  grid_linear_bwd(b, g, proj, "act", "dy", "dact", b_proj, accum);
-  Op act_b = gpt ? compute_op("mlp.act.bwd", "gelu_bwd", {"dact", "fc"}, {"dfc"})
-                 : compute_op("mlp.act.bwd", "swiglu_bwd", {"dact", "fc"}, {"dfc"});
-  elem_cost(act_b, double(b.N * Fl), gpt ? 20 : 10, 3);
-  g.push_back(act_b);
-  if (!oag) b_fc = gather_block(b, g, fc, ".bwd", CollWait::kBlocking);
-  else b_out = gather_block(b, g, out, ".bwd", CollWait::kBackground);
-  grid_linear_bwd(b, g, fc, "h2", "dfc", "dh2", b_fc, accum);
-  grid_norm_bwd(b, g, n2, "x2", "dh2", "dy", "dx2", n2);
-  if (gpt) {
-    Op bg = compute_op("attn.residual.bwd", "bias_grad", {"dx2"}, {}, {}, {"bo"});
-    elem_cost(bg, double(b.N * Cx), 1, 1);
-    g.push_back(bg);
-  }
-  if (!oag) b_out = gather_block(b, g, out, ".bwd", CollWait::kBlocking);
-  else b_qkv = gather_block(b, g, qkv, ".bwd", CollWait::kBackground);
-  grid_linear_bwd(b, g, out, "att", "dx2", "datt", b_out, accum);
-  Op attn_b = compute_op("attn.core.bwd", "attention_bwd", {qkv_in, "att", "att.lse", "datt"},
-                        {gpt ? "dqkv" : "dqkv_r"});
-  attn_b.attrs = attn.attrs;
-  attn_b.cost.flops = 2.5 * attn.cost.flops;
-  attn_b.cost.bytes = 2 * attn.cost.bytes;
-  g.push_back(attn_b);
-  if (!gpt) {
-    Op rb = compute_op("attn.rope.bwd", "rope_bwd", {"dqkv_r"}, {"dqkv"});
-    elem_cost(rb, double(b.N * (Hl + Hkvl) * D), 3, 2);
-    g.push_back(rb);
-  }
-  if (!oag) b_qkv = gather_block(b, g, qkv, ".bwd", CollWait::kBlocking);
-  prefetch_block(b, g, proj, ".bwd", -1);  // the layer below's first backward block
-  grid_linear_bwd(b, g, qkv, "h1", "dqkv", "dh1", b_qkv, accum);
-  grid_norm_bwd(b, g, n1, "x", "dh1", "dx2", "dx", n1);
-  for (Op& a : accum) g.push_back(std::move(a));
-  return p;
-}
+  void moe_fwd(const UnitStep& s, std::vector<Op>&) override { refuse_moe(s); }
+  void moe_bwd(const UnitStep& s, const std::string&, const std::string&, std::vector<Op>&) override { refuse_moe(s); }
 
-// Token embedding: the table's rows (vocabulary) over y and columns over x; a token outside this
-// rank's rows gives zeros, the all-reduce over y sums the one real row in: [N, C/Gx].
-LayerProgram embed_program(const Grid3D& b) {
-  const bool gpt = b.m.family == ModelFamily::kGPT;
-  const int64_t Cx = b.C / b.gx;
-  LayerProgram p;
-  p.name = "embed";
-  const std::string e = gpt ? "e" : "y";
-  const std::string part = b.gy > 1 ? "e_p" : e;
-  Op tok = compute_op("embed.tok", "embed", {"tokens"}, {part}, {"wte"});
-  elem_cost(tok, double(b.N * Cx), 0, 2);
-  p.fwd.push_back(tok);
-  if (b.gy > 1) p.fwd.push_back(activation(collective_op("y.ar.embed", CollOp::kAllReduce, "y", {part}, e, kF * double(b.N * Cx))));
-  if (gpt) {
-    Op pe = compute_op("embed.pos", "pos_embed", {"e"}, {"y"}, {"wpe"});
-    elem_cost(pe, double(b.N * Cx), 1, 3);
-    p.fwd.push_back(pe);
-    Op pb = compute_op("embed.pos.bwd", "pos_embed_bwd", {"dy"}, {}, {}, {"wpe"});
-    elem_cost(pb, double(b.N * Cx), 1, 2);
-    p.bwd.push_back(pb);
-  }
-  Op eb = compute_op("embed.tok.bwd", "embed_bwd", {"tokens", "dy"}, {}, {}, {"wte"});
-  elem_cost(eb, double(b.N * Cx), 1, 2);
-  p.bwd.push_back(eb);
-  return p;
-}
-
-// LM head: final norm (exact over x), logits = type-A GEMM with the vocabulary over y (all-reduced
-// over x), cross-entropy vocab-parallel over y; the input gradient all-reduced over y.
-LayerProgram head_program(const Grid3D& b) {
-  const int64_t Vl = padded_vocab(b.m, b.gy) / b.gy, Cx = b.C / b.gx;
-  const std::string w = b.m.tie_embeddings ? "wte" : "lm_head";
-  LayerProgram p;
-  p.name = "head";
-  auto& f = p.fwd;
-  grid_norm_fwd(b, f, "final_norm", "x", "hf", "final_norm");
-  const std::string logits_p = b.gx > 1 ? "logits_p" : "logits";
-  Op lg = compute_op("lm_head", "linear", {"hf"}, {logits_p}, {w});
-  lg.attrs["vocab_rows"] = 1;
-  gemm_cost(lg, double(b.N), double(Cx), double(Vl));
-  f.push_back(lg);
-  if (b.gx > 1)
-    f.push_back(activation(collective_op("x.ar.lm_head", CollOp::kAllReduce, "x", {logits_p}, "logits", kF * double(b.N * Vl))));
-  if (b.gy > 1) {
+  // Cross-entropy vocab-parallel over y (max, then sum-exp and the target logit, all-reduced over y).
+  void xent_fwd(const UnitStep& s, std::vector<Op>& f) override {
+    DHX_ASSERT(s.in == std::vector<std::string>({"logits", "targets"}) && s.out == "loss",
+               "{}: the 3D cross-entropy reads logits and targets and writes loss", s.tag);
+    const double N = double(b_.N), Vl = double(vocab_local());
+    if (b_.gy == 1) {
+      Op x = compute_op("xent", "cross_entropy", {"logits", "targets"}, {"loss", "dlogits"});
+      elem_cost(x, N * Vl, 6, 3);
+      f.push_back(x);
+      return;
+    }
     Op mx = compute_op("xent.max", "xent_max", {"logits"}, {"xent.m"});
-    elem_cost(mx, double(b.N * Vl), 1, 1);
+    elem_cost(mx, N * Vl, 1, 1);
     f.push_back(mx);
-    Op ar1 = collective_op("y.ar.xent.max", CollOp::kAllReduce, "y", {"xent.m"}, "xent.m", kF * double(b.N));
+    Op ar1 = collective_op("y.ar.xent.max", CollOp::kAllReduce, "y", {"xent.m"}, "xent.m", kF * N);
     ar1.attrs["reduce_max"] = 1;
     f.push_back(ar1);
     Op st = compute_op("xent.stats", "xent_stats", {"logits", "targets", "xent.m"}, {"xent.s"});
-    elem_cost(st, double(b.N * Vl), 3, 1);
+    elem_cost(st, N * Vl, 3, 1);
     f.push_back(st);
-    f.push_back(collective_op("y.ar.xent.sum", CollOp::kAllReduce, "y", {"xent.s"}, "xent.s", kF * double(2 * b.N)));
+    f.push_back(collective_op("y.ar.xent.sum", CollOp::kAllReduce, "y", {"xent.s"}, "xent.s", kF * 2 * N));
     Op fin = compute_op("xent.loss", "xent_finish", {"logits", "targets", "xent.m", "xent.s"}, {"loss", "dlogits"});
-    elem_cost(fin, double(b.N * Vl), 4, 2);
+    elem_cost(fin, N * Vl, 4, 2);
     f.push_back(fin);
-  } else {
-    Op x = compute_op("xent", "cross_entropy", {"logits", "targets"}, {"loss", "dlogits"});
-    elem_cost(x, double(b.N * Vl), 6, 3);
-    f.push_back(x);
   }
-  auto& g = p.bwd;
-  const std::string dhf_p = b.gy > 1 ? "dhf_p" : "dhf";
-  Op dg = compute_op("lm_head.dgrad", "linear_dgrad", {"dlogits"}, {dhf_p}, {w});
-  dg.attrs["vocab_rows"] = 1;
-  gemm_cost(dg, double(b.N), double(Vl), double(Cx));
-  g.push_back(dg);
-  if (b.gy > 1)
-    g.push_back(activation(collective_op("y.ar.lm_head.bwd", CollOp::kAllReduce, "y", {dhf_p}, "dhf", kF * double(b.N * Cx),
-                                  b.lay.overlap3d.ar ? CollWait::kBlockEnd : CollWait::kBlocking)));
-  Op wg = compute_op("lm_head.wgrad", "linear_wgrad", {"dlogits", "hf"}, {}, {}, {w});
-  wg.attrs["vocab_rows"] = 1;
-  gemm_cost(wg, double(b.N), double(Vl), double(Cx));
-  g.push_back(wg);
-  grid_norm_bwd(b, g, "final_norm", "x", "dhf", "", "dx", "final_norm");
-  return p;
-}
+
+  void end_bwd(std::vector<Op>& g) override {
+    for (Op& a : accum_) g.push_back(std::move(a));  // the reduce-scattered weight gradients (ORS: here)
+    accum_.clear();
+  }
+
+ private:
+  int64_t cx() const { return b_.C / b_.gx; }
+  int64_t vocab_local() const { return padded_vocab(b_.m, b_.gy) / b_.gy; }
+
+  // The block of a column linear is type A ([out/Gy, in/Gx], each fused part over y), a row's type B
+  // ([out/Gx, in/Gy]).
+  GridLinear region(const UnitStep& s) const {
+    GridLinear l{s.tag, s.weight, s.bias, GridType::kA, 0, 0};
+    if (s.role == ShardRole::kRow) {
+      l.type = GridType::kB;
+      l.rows = s.out_features / b_.gx;
+      l.cols = s.in_features / b_.gy;
+    } else {
+      for (int64_t q : s.parts) l.rows += q / b_.gy;
+      l.cols = s.in_features / b_.gx;
+    }
+    return l;
+  }
+
+  // At the k-th linear of a direction (dir +1 forward, -1 backward; k > 0, or k = 0 after begin):
+  // without OAG its own block, blocking; with OAG the next one's, in the background, and at the
+  // last linear the neighbouring layer's first (prefetch_block).
+  void gather_ahead(int k, bool here, int dir, const std::string& suffix, std::vector<std::string>& blocks,
+                    std::vector<Op>& ops) {
+    const int n = int(lin_.size());
+    auto linear = [&](int j) { return size_t(dir > 0 ? j : n - 1 - j); };  // j-th in this direction
+    if (here) {
+      if (!oag_)
+        blocks[linear(k)] = gather_block(b_, ops, lin_[linear(k)], suffix, CollWait::kBlocking);
+      else if (k + 1 < n)
+        blocks[linear(k + 1)] = gather_block(b_, ops, lin_[linear(k + 1)], suffix, CollWait::kBackground);
+    }
+    if (k == n - 1) prefetch_block(b_, ops, lin_[linear(0)], suffix, dir);
+  }
+
+  // LM head: logits = a type-A GEMM with the vocabulary over y (all-reduced over x).
+  void vocab_head_fwd(const UnitStep& s, std::vector<Op>& f) {
+    const std::string logits_p = b_.gx > 1 ? s.out + "_p" : s.out;
+    Op lg = compute_op(s.tag, "linear", {s.in[0]}, {logits_p}, {s.weight});
+    lg.attrs["vocab_rows"] = 1;
+    gemm_cost(lg, double(b_.N), double(cx()), double(vocab_local()));
+    f.push_back(lg);
+    if (b_.gx > 1)
+      f.push_back(activation(collective_op("x.ar." + s.tag, CollOp::kAllReduce, "x", {logits_p}, s.out,
+                                           kF * double(b_.N * vocab_local()))));
+  }
+  // Its input gradient all-reduced over y (under the weight-gradient GEMM with overlap3d.ar).
+  void vocab_head_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_in, std::vector<Op>& g) {
+    const std::string d_in_p = b_.gy > 1 ? d_in + "_p" : d_in;
+    Op dg = compute_op(s.tag + ".dgrad", "linear_dgrad", {d_out}, {d_in_p}, {s.weight});
+    dg.attrs["vocab_rows"] = 1;
+    gemm_cost(dg, double(b_.N), double(vocab_local()), double(cx()));
+    g.push_back(dg);
+    if (b_.gy > 1)
+      g.push_back(activation(collective_op("y.ar." + s.tag + ".bwd", CollOp::kAllReduce, "y", {d_in_p}, d_in,
+                                           kF * double(b_.N * cx()),
+                                           b_.lay.overlap3d.ar ? CollWait::kBlockEnd : CollWait::kBlocking)));
+    Op wg = compute_op(s.tag + ".wgrad", "linear_wgrad", {d_out, s.in[0]}, {}, {}, {s.weight});
+    wg.attrs["vocab_rows"] = 1;
+    gemm_cost(wg, double(b_.N), double(vocab_local()), double(cx()));
+    g.push_back(wg);
+  }
+
+  [[noreturn]] void refuse_moe(const UnitStep& s) const {
+    throw ConfigError(fmt::format("{}: model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this "
+                                  "build; use tp, dp and ep", s.tag, b_.gx, b_.gy, b_.gz));
+  }
+
+  const Grid3D& b_;
+  const bool oag_;
+  std::vector<GridLinear> lin_;                        // the unit's column and row linears, forward order
+  std::vector<std::string> fwd_blocks_, bwd_blocks_;   // their gathered blocks ("" reads the shard)
+  std::vector<Op> accum_;
+};
 
 }  // namespace
 
 ModelPrograms lower_3d(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
   Grid3D b{m, lay, mb.B, mb.T, mb.tokens(), m.d_model, lay.tp_x, lay.tp_y, lay.tp_z};
-  return ModelPrograms{embed_program(b), block_program(b), head_program(b)};
+  ModelPrograms out;
+  for (auto [prog, desc] : {std::pair{&out.embed, describe_embed(m)}, std::pair{&out.block, describe_block(m)},
+                            std::pair{&out.head, describe_head(m)}}) {
+    Axonn3D lw(b);
+    *prog = lower_unit(desc, lw);
+  }
+  return out;
 }
 
 }  // namespace dhelix::sharding

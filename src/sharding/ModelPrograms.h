@@ -1,5 +1,6 @@
-// A model's layer programs under a layout: build_programs lowers model/'s description of each unit
-// (embed, block, head) into forward and backward op lists, with collectives marked by their group
+// A model's layer programs under a layout: build_programs lowers model/'s one description of each
+// unit (model/UnitDesc.h: embed, block, head), walked by sharding/UnitLowering for every layout,
+// into forward and backward op lists, with collectives marked by their group
 // ("tp", "cp", "ep"; "x", "y", "z" on the 3D grid) exactly where the layout needs them. Pure data:
 // nothing here communicates; the executor, profiler, planner and simulator read the result.
 //
