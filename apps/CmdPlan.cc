@@ -19,6 +19,7 @@
 #include "base/Clock.h"
 #include "base/Error.h"
 #include "base/Files.h"
+#include "base/Signals.h"
 #include "comm/MpiBackend.h"
 #include "kernels/cpu/Kernels.h"
 #include "plan/PlanCheck.h"
@@ -151,6 +152,7 @@ int cmd_profile(int argc, char** argv) {
     };
     Profile p = profile_layer_pair(bench, cfg.model, lay, comm.get(), opts);
     if (bar) bar->finish();
+    stop_point("profiling (all entries timed; no profile written)");
     if (rank0) {
       make_parent_dir(path);
       p.save(path);
@@ -158,6 +160,9 @@ int cmd_profile(int argc, char** argv) {
                  p.num_solo_bwd(), p.num_pairs(), now_seconds() - t0, path);
     }
   } catch (const ConfigError&) {
+    throw;
+  } catch (const StopRequested& s) {
+    if (!rank0) return 128 + s.sig();  // every rank stopped after the same entry: rank 0 reports
     throw;
   } catch (const std::exception& e) {
     if (comm && comm->world_size() > 1) comm->abort(e.what());
@@ -497,6 +502,9 @@ int cmd_plan(int argc, char** argv) {
       }
     }
   } catch (const ConfigError&) {
+    throw;
+  } catch (const StopRequested& s) {
+    if (!rank0) return 128 + s.sig();  // every rank stopped at the same run: rank 0 reports
     throw;
   } catch (const std::exception& e) {
     if (comm && comm->world_size() > 1) comm->abort(e.what());

@@ -96,7 +96,6 @@ int cmd_train(int argc, char** argv) {
   if (launched_by_mpirun() || layout_config(cfg).world() > 1)
     comm = make_mpi_world(layout_config(cfg), comm_options(cfg));
   const bool rank0 = !comm || comm->rank() == 0;
-  install_stop_handlers();
   int stopped_by = 0;
   try {
     // Every rank checks the same inputs, so every rank fails alike; rank 0 alone reports (below).
@@ -188,7 +187,12 @@ int cmd_sample(int argc, char** argv) {
     throw IoError(fmt::format("{}\nhint: train first, or pass --checkpoint DIR", e.what()));
   }
   if (!skipped.empty()) fmt::print(stderr, "warning: {}; sampling from the newest checkpoint that loads\n", skipped);
+  stop_point("sample (loading the checkpoint)");
   fmt::print("{}\n", trainer.sample(prompt, tokens, temperature, top_k, seed));
+  if (const int sig = stop_signal(); sig != 0) {
+    fmt::print(stderr, "dhelix sample: stopped by {}: the text above is cut short (exit {})\n", signal_name(sig), 128 + sig);
+    return 128 + sig;
+  }
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "base/Error.h"
+#include "base/Signals.h"
 
 namespace dhelix {
 
@@ -25,6 +26,9 @@ std::optional<CliArgs> parse_verb_args(const std::vector<std::string>& words, co
 int report_error(const std::string& verb, const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
+  } catch (const StopRequested& x) {
+    fmt::print(stderr, "dhelix {}: {}; nothing half-written is left (exit {})\n", verb, x.what(), 128 + x.sig());
+    return 128 + x.sig();
   } catch (const ConfigError& x) {
     // A list of errors carries its own head ("3 configuration errors:"): not a second one.
     const std::string what = x.what();

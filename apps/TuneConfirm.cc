@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +20,7 @@
 
 #include "base/Error.h"
 #include "base/Files.h"
+#include "base/Signals.h"
 #include "base/Clock.h"
 #include "base/Stats.h"
 #include "kernels/cpu/Kernels.h"
@@ -85,8 +89,18 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   const int err = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   DHX_CHECK(err == 0, IoError, "tune --confirm: cannot start '{}': {}", argv[0], std::strerror(err));
+  // A first stop signal to tune is passed on to the run (which saves and stops at its step's end);
+  // tune waits for it, then stops (the caller's stop point). A second one ends tune at once.
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  bool passed_on = false;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+    if (!passed_on && stop_signal() != 0) {
+      ::kill(pid, stop_signal());
+      passed_on = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -141,6 +155,8 @@ std::vector<Confirmed> confirm_layouts(const ModelConfig& m, const BatchSpec& ba
       argv.insert(argv.end(), train.begin(), train.end());
       const std::string log = o.workdir + "/" + slug + ".log";
       const int rc = run_logged(argv, log);
+      stop_point(fmt::format("tune --confirm (round {} of {}, layout {}: its run was passed the signal; log {})", r + 1,
+                             o.rounds, label, log));
       const std::vector<double> t = rc == 0 ? step_times(dir + "/metrics.jsonl") : std::vector<double>{};
       if (rc != 0 || t.empty()) {
         c.ok = false;

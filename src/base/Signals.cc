@@ -38,6 +38,13 @@ void install_stop_handlers() {
 
 int stop_signal() { return static_cast<int>(g_stop); }
 
+StopRequested::StopRequested(int sig, const std::string& where)
+    : std::runtime_error(std::string("stopped by ") + signal_name(sig) + " during " + where), sig_(sig), where_(where) {}
+
+void stop_point(const std::string& where) {
+  if (const int sig = stop_signal(); sig != 0) throw StopRequested(sig, where);
+}
+
 const char* signal_name(int sig) {
   switch (sig) {
     case SIGTERM: return "SIGTERM";

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "base/Signals.h"
 #include "plan/PlanCheck.h"
 #include "runtime/StepRunner.h"
 #include "schedule/BasicPlans.h"
@@ -55,6 +58,10 @@ PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, 
   std::vector<std::vector<double>> samples(n);
   for (int r = 0; r < timing.warmup + timing.repeats; ++r)
     for (size_t i = 0; i < n; ++i) {
+      // A first stop signal on any rank ends the validation on every rank at the same run.
+      if (const int sig = static_cast<int>(bench->agree_max({double(stop_signal())}).front()); sig != 0)
+        throw StopRequested(sig, fmt::format("plan validation (round {} of {}, candidate {} of {}; no plan written)",
+                                             r + 1, timing.warmup + timing.repeats, i + 1, n));
       double t = bench->run_once(c.candidates[i].plan.blocks);
       if (r >= timing.warmup) samples[i].push_back(t);
     }

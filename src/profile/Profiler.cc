@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/Error.h"
+#include "base/Signals.h"
 
 namespace dhelix {
 
@@ -50,6 +51,10 @@ Profile profile_layer_pair(LayerPairBench& bench, const ModelConfig& model, cons
   std::vector<double> local;
   local.reserve(total);
   auto time_block = [&](const Block& b) {
+    // A first stop signal on any rank ends the profile on every rank after the same entry (one small
+    // all-reduce per entry); nothing is written.
+    if (const int sig = static_cast<int>(bench.agree_max({double(stop_signal())}).front()); sig != 0)
+      throw StopRequested(sig, fmt::format("profiling (after {} of {} entries; no profile written)", local.size(), total));
     local.push_back(bench.local_median({b}, opts.timing));
     if (opts.progress) opts.progress(static_cast<int64_t>(local.size()), total);
   };

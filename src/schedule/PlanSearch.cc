@@ -17,6 +17,7 @@
 #include <queue>
 
 #include "base/Error.h"
+#include "base/Signals.h"
 #include "schedule/BasicPlans.h"
 
 namespace dhelix {
@@ -87,6 +88,7 @@ SearchResult search_plans(const LayerProgram& prog, const BlockCost& cost,
   for (int j = 1; j <= Q; ++j)
     for (int c : bw.begins_ending_at[j]) tb[j].push_back(cost.solo_bwd(c, j)), ++res.blocks_priced;
   for (int i = 0; i <= P; ++i) {
+    if (stop_signal() != 0) stop_point(fmt::format("plan search ({} of {} forward ops; no plan written)", i, P));
     for (int j = 0; j <= Q; ++j) {
       if (i == 0 && j == 0) continue;
       cand.clear();

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "base/Error.h"
+#include "base/Signals.h"
 
 namespace dhelix {
 
@@ -69,6 +70,9 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
     }
   }
   for (const LayoutConfig& lay : layouts) {
+    if (stop_signal() != 0)
+      stop_point(fmt::format("tune (ranking layouts: {} of {} priced; nothing written)", r.ranked.size() + r.excluded.size(),
+                             layouts.size()));
     const std::vector<std::string> errs = layout_errors(m, lay, batch);
     if (!errs.empty()) {
       r.excluded.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});

@@ -13,6 +13,7 @@
 #include "base/Error.h"
 #include "base/Files.h"
 #include "base/Log.h"
+#include "base/Signals.h"
 #include "train/IndexedDataset.h"
 #include "train/Tokenizer.h"
 
@@ -90,6 +91,7 @@ PrepareReport prepare_data(const RunConfig& cfg, const std::function<void(const 
     say(fmt::format("corpus {}: missing; dumping the King James Bible with `bible -f 'Gen1:1-Rev22:21'`", d.corpus));
     std::string text = kjv_text_from_bible_program();
     make_parent_dirs(d.corpus);
+    stop_point(fmt::format("data prepare (dumping the corpus; {} not written)", d.corpus));
     write_file_atomic(d.corpus, text);
     say(fmt::format("corpus {}: wrote {}", d.corpus, mb(static_cast<int64_t>(text.size()))));
     report.made_corpus = true;
@@ -105,6 +107,7 @@ PrepareReport prepare_data(const RunConfig& cfg, const std::function<void(const 
     DHX_CHECK(vocab <= 65535 * 16, ConfigError, "model.vocab_size={} is too large to train here", vocab);
     say(fmt::format("tokenizer {}: training a {}-piece BPE on {}", tok_path, vocab, d.corpus));
     make_parent_dirs(tok_path);
+    stop_point(fmt::format("data prepare (before training the tokenizer {})", tok_path));
     train_bpe_tokenizer(d.corpus, tok_path.substr(0, tok_path.size() - suffix.size()), vocab);
     report.trained_tokenizer = true;
   } else {
@@ -133,6 +136,10 @@ PrepareReport prepare_data(const RunConfig& cfg, const std::function<void(const 
   std::istringstream in(read_file(d.corpus));
   std::string line;
   while (std::getline(in, line)) {
+    // The writer's temporary .bin is removed as the stop unwinds; the dataset is not written.
+    if (stop_signal() != 0)
+      stop_point(fmt::format("data prepare (tokenizing, {} documents done; {}.bin/.idx not written)", report.documents,
+                             d.prefix));
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not documents
     std::vector<int32_t> ids = tok.encode(line);
     if (tok.eos_id() >= 0) ids.push_back(tok.eos_id());

@@ -31,12 +31,21 @@ std::unique_ptr<FaultInjector> FaultInjector::from_env(int world_rank, int n_uni
   if (v == nullptr || *v == '\0') return nullptr;
   int rank = -1;
   long fault_step = 0;
-  char mode[16] = {0};
+  char mode[16] = {0}, point[16] = {0};
   int n = std::sscanf(v, "%d:%ld:%15s", &rank, &fault_step, mode);
-  const std::string m = mode;
+  std::string m = mode, named;
+  if (n < 2 && std::sscanf(v, "%d:%15[a-z0-9]:%15s", &rank, point, mode) == 3) {
+    named = point;
+    m = mode;
+    fault_step = 1;
+    n = 3;
+  }
   const bool mode_ok = n == 2 || m == "kill" || m == "throw" || m == "nan-grad" || m == "nan-weight" || m == "sigterm";
-  DHX_CHECK(n >= 2 && rank >= 0 && fault_step >= 1 && mode_ok, ConfigError,
-            "DHELIX_FAULT_INJECT='{}' is not RANK:STEP[:kill|throw|nan-grad|nan-weight|sigterm] (rank >= 0, step >= 1)",
+  const bool point_ok = named.empty() || (m == "sigterm" && (named == "setup" || named == "eval0" || named == "eval" ||
+                                                             named == "save" || named == "sample"));
+  DHX_CHECK(n >= 2 && rank >= 0 && fault_step >= 1 && mode_ok && point_ok, ConfigError,
+            "DHELIX_FAULT_INJECT='{}' is not RANK:STEP[:kill|throw|nan-grad|nan-weight|sigterm] or "
+            "RANK:setup|eval0|eval|save|sample:sigterm (rank >= 0, step >= 1)",
             v);
   if (rank != world_rank) return nullptr;
   const FaultMode f = m == "throw"        ? FaultMode::kThrow
@@ -44,7 +53,9 @@ std::unique_ptr<FaultInjector> FaultInjector::from_env(int world_rank, int n_uni
                       : m == "nan-weight" ? FaultMode::kNanWeight
                       : m == "sigterm"    ? FaultMode::kSigterm
                                           : FaultMode::kKill;
-  return std::unique_ptr<FaultInjector>(new FaultInjector(f, rank, fault_step, n_units / 2, params, comm, step));
+  auto fi = std::unique_ptr<FaultInjector>(new FaultInjector(f, rank, fault_step, n_units / 2, params, comm, step));
+  fi->point_ = named;
+  return fi;
 }
 
 FaultInjector::FaultInjector(FaultMode mode, int rank, int64_t fault_step, int unit, ParamStore& params,

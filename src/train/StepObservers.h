@@ -39,7 +39,10 @@ class SparseEmbeddingRows final : public StepObserver {
 // an abort of the world. nan-grad writes a NaN into that unit's first gradient before it is
 // reduced (one bad step); nan-weight writes a NaN into the rank's first weight as the step starts
 // (every step from then on is bad); sigterm raises SIGTERM as the step starts (a graceful stop at
-// a known step). Unset in normal runs: from_env returns nothing.
+// a known step). RANK:POINT:sigterm raises it at a named point of the run instead (POINT: setup,
+// as the run starts; eval0, as the evaluation before step 1 starts; eval, as an evaluation after a
+// step starts; save, as a checkpoint save starts; sample, as the final sample starts): the tests of a first signal outside the training loop. Unset in normal
+// runs: from_env returns nothing.
 enum class FaultMode { kKill, kThrow, kNanGrad, kNanWeight, kSigterm };
 
 class FaultInjector {
@@ -57,7 +60,9 @@ class FaultInjector {
   StepObserver& after_sync() { return after_; }
   // The step (1-based) at whose start nan-weight / sigterm act, or -1.
   int64_t nan_weight_step() const { return mode_ == FaultMode::kNanWeight ? fault_step_ : -1; }
-  int64_t sigterm_step() const { return mode_ == FaultMode::kSigterm ? fault_step_ : -1; }
+  int64_t sigterm_step() const { return mode_ == FaultMode::kSigterm && point_.empty() ? fault_step_ : -1; }
+  // Whether sigterm is to be raised at the named point (setup, eval, save, sample).
+  bool sigterm_at(const char* point) const { return mode_ == FaultMode::kSigterm && point_ == point; }
 
  private:
   FaultInjector(FaultMode mode, int rank, int64_t fault_step, int unit, ParamStore& params, CommContext* comm,
@@ -72,6 +77,7 @@ class FaultInjector {
   [[noreturn]] void fail() const;
 
   FaultMode mode_;
+  std::string point_;  // a named point instead of a step (sigterm only)
   int rank_;
   int64_t fault_step_;
   int unit_;  // the middle unit of the model

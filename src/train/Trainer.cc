@@ -311,10 +311,12 @@ StepReport Trainer::train_step() {
   return r;
 }
 
-double Trainer::evaluate(int64_t batches) {
+std::optional<double> Trainer::evaluate(int64_t batches) {
+  if (fault_ && fault_->sigterm_at(step_ == 0 ? "eval0" : "eval")) raise(SIGTERM);
   val_loader_->reset();  // the same held-out batches every time, so evaluations compare
   double loss = 0, tokens = 0;
   for (int64_t i = 0; i < batches; ++i) {
+    if (agreed_stop_signal(false) != 0) return std::nullopt;  // every rank leaves at the same batch
     Batch b = val_loader_->next();
     StepStats st = runner_->forward_only({{local_rows(b.tokens), local_rows(b.targets)}});
     loss += st.loss_sum;
@@ -400,11 +402,20 @@ int Trainer::run() {
   log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", ref_name,
                   sgemm_flops_ / 1e9, flops_tok));
   const int world = comm_ ? comm_->world_size() : 1;
-  std::optional<double> first_val;
+  // A first stop signal before the first step (while the data, the model or the reference rate were
+  // set up, or during the first evaluation): no step has run since the last checkpoint, nothing to save.
+  auto stopped_before_training = [&](int sig) {
+    log(fmt::format("stopped by {} before step {}: no step ran, nothing new to save (exit {})", signal_name(sig),
+                    step_ + 1, 128 + sig));
+    return sig;
+  };
+  if (fault_ && fault_->sigterm_at("setup")) raise(SIGTERM);
+  if (const int sig = agreed_stop_signal(false); sig != 0) return stopped_before_training(sig);
   if (tc.eval_interval > 0 && step_ == 0) {
-    first_val = evaluate(tc.eval_batches);
-    log(fmt::format("step {} | val loss {:.4f}", step_, *first_val));
-    record([&] { metrics->write_json({{"step", step_}, {"val_loss", *first_val}}); });
+    const std::optional<double> v = evaluate(tc.eval_batches);
+    if (!v) return stopped_before_training(agreed_stop_signal(false));
+    log(fmt::format("step {} | val loss {:.4f}", step_, *v));
+    record([&] { metrics->write_json({{"step", step_}, {"val_loss", *v}}); });
   }
   ProgressBar bar(tc.steps, "train");
   while (step_ < tc.steps) {
@@ -455,9 +466,11 @@ int Trainer::run() {
     }
     bar.update(r.step, fmt::format("loss {:.3f}", r.loss));
     if (tc.eval_interval > 0 && (r.step % tc.eval_interval == 0 || r.step == tc.steps)) {
-      double v = evaluate(tc.eval_batches);
-      log(fmt::format("step {} | val loss {:.4f}", r.step, v));
-      record([&] { metrics->write_json({{"step", r.step}, {"val_loss", v}}); });
+      // Cut short by a stop signal: no val loss this time; the stop below saves the step.
+      if (const std::optional<double> v = evaluate(tc.eval_batches)) {
+        log(fmt::format("step {} | val loss {:.4f}", r.step, *v));
+        record([&] { metrics->write_json({{"step", r.step}, {"val_loss", *v}}); });
+      }
     }
     const int sig = agreed_stop_signal(!records_error.empty());
     if (sig == kRecordsFailed) {
@@ -493,10 +506,21 @@ int Trainer::run() {
     trace_->write(path);
     log("trace written to " + path + (world > 1 ? " (one file per rank)" : ""));
   }
+  // A stop signal during the final save (or the trace) is honoured once they are written.
+  if (const int sig = agreed_stop_signal(false); sig != 0) {
+    log(fmt::format("stopped by {} after the last step, its checkpoint saved (exit {})", signal_name(sig), 128 + sig));
+    return sig;
+  }
   if (tc.sample_tokens > 0) {
-    // Every rank calls: with the model split over tp or pp, sampling gathers it first.
+    // Every rank calls: with the model split over tp or pp, sampling gathers it first. Rank 0 alone
+    // generates; a stop signal there ends the text early.
     const std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
     if (!s.empty()) log("sample: " + s);
+    if (const int sig = stop_signal(); sig != 0) {
+      log(fmt::format("stopped by {} while sampling (the text above is cut short; the checkpoint is saved) (exit {})",
+                      signal_name(sig), 128 + sig));
+      return sig;
+    }
   }
   return 0;
 }

@@ -66,7 +66,8 @@ class Trainer {
   // The first half of a step: zero gradients, forward+backward of this rank's micro-batches, and
   // the gradient reductions (tp partial grads, dp buckets). train_step() = this + the update.
   StepStats compute_gradients();
-  double evaluate(int64_t batches);  // mean held-out loss (same on every rank)
+  // Mean held-out loss (same on every rank); nullopt when a stop signal cut it short (agreed by all).
+  std::optional<double> evaluate(int64_t batches);
   // Saves a checkpoint of the current state; returns its directory (every rank calls it).
   std::string save_checkpoint();
   void load_checkpoint(const std::string& step_dir);

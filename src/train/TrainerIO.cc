@@ -1,11 +1,14 @@
 // Trainer I/O: layout-free checkpoints (gather shards over tp/dp and pipeline stages, HF names,
 // atomic save by world rank 0; every rank re-shards on load, taking its own stage's parameters) and
 // text sampling from the current weights.
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "base/Error.h"
+#include "base/Signals.h"
 #include "kernels/cpu/Kernels.h"
 #include "model/HfNames.h"
 #include "train/CheckpointStore.h"
@@ -140,6 +143,7 @@ std::map<std::string, Tensor> Trainer::gather_full_grads() {
 }
 
 std::string Trainer::save_checkpoint() {
+  if (fault_ && fault_->sigterm_at("save")) raise(SIGTERM);  // honoured once the save is written
   std::map<std::string, Tensor> full = gather_full_params();
   // Every rank holds every full tensor here, so every rank refuses alike.
   const std::string bad = first_nonfinite(full);
@@ -266,6 +270,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
 
 std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double temperature, int64_t top_k,
                             uint64_t seed) {
+  if (fault_ && fault_->sigterm_at("sample")) raise(SIGTERM);
   const int world_rank = comm_ ? comm_->rank() : 0;
   const int64_t T = cfg_.model.seq_len, C = cfg_.model.d_model, V = cfg_.model.vocab_size;
   MicroBatchShape one{1, T};
@@ -312,6 +317,7 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   const ParamEntry& w = parts.params->get(cfg_.model.tie_embeddings ? "wte" : "lm_head");
   const ParamEntry& g = parts.params->get("final_norm.weight");
   for (int64_t step = 0; step < n_tokens; ++step) {
+    if (stop_signal() != 0) break;  // a first stop signal: the text so far (the caller says it was cut)
     std::vector<int32_t> window(ids.end() - std::min<int64_t>(T, static_cast<int64_t>(ids.size())), ids.end());
     const int64_t cur = static_cast<int64_t>(window.size());
     Tensor tokens = Tensor::zeros({T}, DType::kI32);
