@@ -44,7 +44,7 @@ const FlagTable& schedule_flags() {
            "on|off"},
           {"--layers", FlagType::kInt, "", "transformer layers (default 2 x chunks: P for 1f1b, P x V interleaved, 2P w)",
            "L", std::nullopt, kIntMax},
-          {"--bwd-over-fwd", FlagType::kNumber, "2", "backward cost over forward cost (> 0)", "R"},
+          {"--bwd-over-fwd", FlagType::kNumber, "2", "backward cost over forward cost (> 0)", "R", 0, 1000},
           {"--svg", FlagType::kText, "", "also draw the schedule's timeline as SVG", "FILE"},
       }};
   return t;

@@ -41,16 +41,16 @@ const FlagTable& tune_flags() {
       {
           {"--model", FlagType::kText, "", "model preset (gpt2-124m, llama-8b, gpt-18b, ...)", "PRESET", {}, {},
            Need::kRequired},
-          {"--gpus", FlagType::kInt, "", "ranks (devices)", "N", 1, {}, Need::kRequired},
+          {"--gpus", FlagType::kInt, "", "ranks (devices)", "N", 1, double(1 << 20), Need::kRequired},
           {"--cluster", FlagType::kText, "",
            "cluster preset name (looked up in --clusters-dir, else <exe>/../configs/clusters,\nthen "
            "./configs/clusters) or a .toml path",
            "PRESET", {}, {}, Need::kRequired},
           {"--clusters-dir", FlagType::kText, "", "directory of the cluster presets that --cluster names", "DIR"},
-          {"--top", FlagType::kInt, "10", "rows of the ranked table", "K", 1},
-          {"--global-batch", FlagType::kInt, "", "sequences per step (default 8 x N)", "B", 1},
-          {"--seq", FlagType::kInt, "", "tokens per sequence (default the model's seq_len)", "T", 1},
-          {"--micro-batch-size", FlagType::kInt, "1", "sequences per micro-batch per data replica", "b", 1},
+          {"--top", FlagType::kInt, "10", "rows of the ranked table", "K", 1, double(1 << 20)},
+          {"--global-batch", FlagType::kInt, "", "sequences per step (default 8 x N)", "B", 1, double(1 << 30)},
+          {"--seq", FlagType::kInt, "", "tokens per sequence (default the model's seq_len)", "T", 1, double(1 << 24)},
+          {"--micro-batch-size", FlagType::kInt, "1", "sequences per micro-batch per data replica", "b", 1, double(1 << 20)},
           {"--precision", FlagType::kChoice, "fp32", "fp32 (the engine today) or bf16 (element size 2)", "fp32|bf16"},
           {"--grad-precision", FlagType::kChoice, "fp32",
            "data-parallel gradient buckets on the wire: fp32 or bf16\n(comm.grad_precision: 2 bytes an element)",
@@ -61,10 +61,10 @@ const FlagTable& tune_flags() {
            "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
            "all-gathered instead of the whole table\nall-reduced (--confirm runs set it alike)",
            "on|off"},
-          {"--d-model", FlagType::kInt, "", "override the preset's d_model (GPT: ffn = 4 x d-model)", "C", 1},
-          {"--layers", FlagType::kInt, "", "override the preset's layer count", "L", 1},
-          {"--heads", FlagType::kInt, "", "override the preset's head count", "H", 1},
-          {"--vocab", FlagType::kInt, "", "override the preset's vocabulary", "V", 1},
+          {"--d-model", FlagType::kInt, "", "override the preset's d_model (GPT: ffn = 4 x d-model)", "C", 1, double(1 << 20)},
+          {"--layers", FlagType::kInt, "", "override the preset's layer count", "L", 1, double(1 << 16)},
+          {"--heads", FlagType::kInt, "", "override the preset's head count", "H", 1, double(1 << 16)},
+          {"--vocab", FlagType::kInt, "", "override the preset's vocabulary", "V", 1, double(1 << 24)},
           {"--only", FlagType::kText, "",
            "rank only these layouts: labels as printed, separated by commas\n(\"tp=2 pp=1 dp=2,x=2 y=1 z=2 dp=1\")",
            "LAYOUTS"},
@@ -76,9 +76,9 @@ const FlagTable& tune_flags() {
            "run the top K layouts for STEPS steps each with `dhelix train` (the first step\nis a warm-up) and print "
            "the measured median step beside the prediction, with\nKendall's tau, the top-1 regret and the median "
            "error; needs --config (data and\ntraining settings; the model, batch and layout keys are set from tune's)",
-           "STEPS", 2},
+           "STEPS", 2, 1e6},
           {"--config", FlagType::kText, "", "with --confirm: the runs' config (data and training settings)", "C.toml"},
-          {"--rounds", FlagType::kInt, "1", "runs per layout, alternating the layouts between rounds", "R", 1},
+          {"--rounds", FlagType::kInt, "1", "runs per layout, alternating the layouts between rounds", "R", 1, double(1000)},
           {"--launch", FlagType::kText, "",
            "launcher prefix, {np} = the layout's ranks (default\n\"mpirun --oversubscribe --bind-to none -np {np}\"; "
            "the emulated cluster:\n\"scripts/cluster --hosts 2 --np-per-host 2 --map-by slot --\")",

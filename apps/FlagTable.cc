@@ -39,10 +39,13 @@ std::string check_value(const FlagSpec& f, const std::string& w) {
   switch (f.type) {
     case FlagType::kInt: {
       const std::optional<int64_t> x = parse_int(w);
-      const bool in_range = x && (!f.min || double(*x) >= *f.min) && (double(*x) <= f.max.value_or(double(int64_t{1} << 40)));
+      // Without a stated bound a whole number stays below 2^40, so sizes computed from it cannot overflow.
+      const double hi = f.max.value_or(double(int64_t{1} << 40));
+      const bool in_range = x && (!f.min || double(*x) >= *f.min) && double(*x) <= hi;
       if (in_range) return "";
-      if (f.min) return fmt::format("{} expects a whole number >= {:g}, got '{}'", f.name, *f.min, w);
-      return fmt::format("{} expects an integer, got '{}'", f.name, w);
+      if (!x) return fmt::format("{} expects a whole number, got '{}'", f.name, w);
+      if (f.min) return fmt::format("{} expects a whole number in [{:.0f}, {:.0f}], got '{}'", f.name, *f.min, hi, w);
+      return fmt::format("{} expects a whole number <= {:.0f}, got '{}'", f.name, hi, w);
     }
     case FlagType::kNumber: {
       const std::optional<double> x = parse_number(w);

@@ -13,7 +13,7 @@ const FlagTable& profile_flags() {
       "transformer-layer pair on the real executor and process groups; writes the profile JSON.\n",
       {
           {"--out", FlagType::kText, "<output.dir>/profile.json", "the profile JSON", "FILE"},
-          {"--repeats", FlagType::kInt, "5", "timed runs of each window", "R", 1},
+          {"--repeats", FlagType::kInt, "5", "timed runs of each window", "R", 1, 1e6},
           {"--warmup", FlagType::kInt, "1", "untimed runs before them", "W", 0},
           {"--max-window", FlagType::kInt, "0", "longest window in ops (0: no bound)", "N", 0},
       },
@@ -84,9 +84,9 @@ const FlagTable& simulate_flags() {
           {"--precision", FlagType::kChoice, "fp32", "the preset's GEMM rate and element size", "fp32|bf16"},
           {"--compute-slowdown", FlagType::kNumber, "1",
            "a compute op beside a collective runs K times slower\n(`dhelix plan --profile` fits it on this machine)",
-           "K", 1},
+           "K", 1, 100},
           {"--comm-slowdown", FlagType::kNumber, "1",
-           "a collective in flight while its rank computes runs K times slower\n(fitted alike)", "K", 1},
+           "a collective in flight while its rank computes runs K times slower\n(fitted alike)", "K", 1, 100},
           {"--profile", FlagType::kText, "",
            "fit both slowdowns from a `dhelix profile` of this config's layer pair\n(its pairs timed alone and "
            "together; excludes the two flags above)",

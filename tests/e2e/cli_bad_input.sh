@@ -103,6 +103,13 @@ expect world_product "ranks; at most 1000000" -- train --config configs/demo.tom
 if "$bin" train --config configs/demo.toml --parallel.dp 1000000 --parallel.pp 1000000 --output.dir "$tmp/n4" 2>&1 |
   grep -q "mpirun -np 0"; then fails=$((fails+1)); echo "FAIL world_product: a wrapped product in the message"
 else passes=$((passes+1)); echo "ok   world_product_not_wrapped"; fi
+# The verbs' own flags are range checked (before: `schedule --bwd-over-fwd 1e308` printed "makespan
+# inf" and "-nan%" with exit 0; `tune --gpus` took any size).
+expect schedule_ratio_range "--bwd-over-fwd 1e308 must be <= 1000" -- schedule --bwd-over-fwd 1e308
+expect simulate_slowdown_range "--comm-slowdown 1e300 must be <= 100" -- simulate --config configs/demo.toml \
+  --cluster cpu-emulated --comm-slowdown 1e300
+expect tune_gpus_range "--gpus expects a whole number in \[1, 1048576\]" -- tune --model demo --cluster cpu-emulated \
+  --gpus 4000000
 
 # 8. One head for a list of errors (issue 36 item 8: "configuration error:" over "3 configuration errors:").
 out=$("$bin" train --config configs/demo.toml --model.n_heads 7 --training.bogus 1 2>&1)
