@@ -111,6 +111,16 @@ expect simulate_slowdown_range "--comm-slowdown 1e300 must be <= 100" -- simulat
 expect tune_gpus_range "--gpus expects a whole number in \[1, 1048576\]" -- tune --model demo --cluster cpu-emulated \
   --gpus 4000000
 
+# bf16 where oneDNN cannot run it (issue 36 item 6; before: exit 1, "could not create a primitive
+# descriptor iterator"): oneDNN held to AVX2 refuses the bf16 matmul, and the probe turns that into
+# exit 2 naming it (on a CPU without AMX-BF16 / AVX512-BF16 the cpuid check says so first, exit 2).
+out=$(ONEDNN_MAX_CPU_ISA=AVX2 "$bin" train --config configs/demo.toml --training.precision bf16 --training.steps 1 \
+      --output.dir "$tmp/bf" 2>&1); rc=$?
+if [ $rc -eq 2 ] && grep -q "training.precision" <<<"$out" \
+   && grep -Eq "oneDNN's bf16 matmul, which cannot run here: oneDNN: |needs a CPU with AMX-BF16 or AVX512-BF16" <<<"$out"; then
+  passes=$((passes+1)); echo "ok   bf16_onednn_refused"
+else fails=$((fails+1)); echo "FAIL bf16_onednn_refused (exit $rc)"; echo "$out" | grep -v " = " | tail -5; fi
+
 # 8. One head for a list of errors (issue 36 item 8: "configuration error:" over "3 configuration errors:").
 out=$("$bin" train --config configs/demo.toml --model.n_heads 7 --training.bogus 1 2>&1)
 if grep -q "^dhelix train: 3 configuration errors:" <<<"$out" && ! grep -q "configuration error:$" <<<"$out"; then

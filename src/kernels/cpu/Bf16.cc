@@ -20,6 +20,9 @@ void require_bf16() {
   DHX_CHECK(bf16_support().usable(), ConfigError,
             "bf16 needs a CPU with AMX-BF16 or AVX512-BF16; this one has neither (cpuid: amx_bf16 and avx512_bf16 "
             "absent)\nhint: set training.precision = \"fp32\"");
+  const std::string why = bf16_matmul_unavailable();
+  DHX_CHECK(why.empty(), ConfigError, "bf16 needs oneDNN's bf16 matmul, which cannot run here: {}\nhint: set "
+            "training.precision = \"fp32\"", why);
 }
 
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
@@ -80,6 +83,30 @@ const Prim& primitive(const Key& k) {
                                         engine());
   return cache.emplace(k, Prim{dnnl::matmul(pd), a, b, c, bias}).first->second;
 }
+
+}  // namespace
+
+// The CPU may report AMX or AVX512-BF16 while oneDNN is kept from using them (ONEDNN_MAX_CPU_ISA, a
+// hypervisor hiding state, an older oneDNN): the primitives are the judge. Every variant the GEMMs
+// create (both orientations of each operand, beta 0 and 1, with and without the bias epilogue),
+// on a tiny shape, once per process.
+std::string bf16_matmul_unavailable() {
+  static const std::string why = []() -> std::string {
+    if (!bf16_support().usable()) return "the CPU has neither AMX-BF16 nor AVX512-BF16 (cpuid)";
+    try {
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (float beta : {0.0f, 1.0f})
+            for (bool bias : {false, true}) primitive({8, 8, 8, 8, 8, 8, ta, tb, 1.0f, beta, bias});
+      return "";
+    } catch (const dnnl::error& e) {
+      return std::string("oneDNN: ") + e.what();
+    }
+  }();
+  return why;
+}
+
+namespace {
 
 // GEMMs with an extent above kChunkAbove run as blocks of kChunk along their largest extent (C's
 // rows, C's columns, or the reduction). oneDNN's matmul on plain-layout operands streams the whole

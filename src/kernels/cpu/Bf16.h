@@ -13,9 +13,14 @@
 
 namespace dhelix::cpu {
 
-// ConfigError naming the missing CPU feature when the CPU has neither AMX-BF16 nor AVX512-BF16
-// (kernel_config asks it for GemmPrecision::kBf16; never a silent fallback).
+// ConfigError naming the missing CPU feature when the CPU has neither AMX-BF16 nor AVX512-BF16, or
+// oneDNN's reason when it cannot create the bf16 matmul (kernel_config asks it for
+// GemmPrecision::kBf16; never a silent fallback).
 void require_bf16();
+// Why the bf16 GEMMs cannot run here ("" when they can): no AMX-BF16 / AVX512-BF16 by cpuid, or
+// oneDNN refusing to create the matmul primitives (say ONEDNN_MAX_CPU_ISA=AVX2 holds it below the
+// CPU's ISA). Probed once per process on a tiny shape.
+std::string bf16_matmul_unavailable();
 
 // fp32 -> bf16, round to nearest even (NaN stays NaN, made quiet); bf16 -> fp32 exactly. Inline
 // and branch-free, so that loops over them vectorise: add 0x7fff plus the kept part's lowest bit.
