@@ -70,6 +70,21 @@ check sigterm_resume 0 $? "$dir/t2.out" "resumed from"
 if [ "$(grep -o '"loss":[^,]*' "$dir/full/metrics.jsonl")" = "$(grep -o '"loss":[^,]*' "$dir/t/metrics.jsonl")" ]; then
   echo "ok   sigterm_resume_bitwise"; else echo "FAIL sigterm_resume_bitwise"; fail=1; fi
 
+# 2b. SIGTERM to the launcher, as a batch scheduler sends it (issue 36 item 5): plain mpirun passes it
+#     to the ranks, which save and exit 143, but mpirun itself returns 1; scripts/launch passes it on
+#     the same way and exits 143, with the checkpoint saved. The run is long; the signal goes once
+#     step 2 is in the metrics.
+launch=$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch
+long=("${args[@]}" --training.steps 100000)
+MPIRUN=$MPIRUN "$launch" --oversubscribe --bind-to none -np 2 "$DHELIX" train "${long[@]}" --output.dir "$dir/L" \
+  > "$dir/L.out" 2>&1 &
+lpid=$!
+for _ in $(seq 1 1200); do grep -q '"step":2,' "$dir/L/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $lpid; wait $lpid
+check launch_sigterm 143 $? "$dir/L.out" "stopped by SIGTERM after step"
+[ -n "$(cat "$dir/L/checkpoints/latest" 2>/dev/null)" ] && echo "ok   launch_sigterm_checkpoint" \
+  || { echo "FAIL launch_sigterm_checkpoint: no latest"; fail=1; }
+
 # 3. A NaN gradient on rank 1 (before the dp reduction) under nonfinite=stop: exit 3 everywhere.
 DHELIX_FAULT_INJECT=1:2:nan-grad timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --output.dir "$dir/n" \
   --training.nonfinite stop > "$dir/n.out" 2>&1
