@@ -249,6 +249,7 @@ int cmd_simulate(int argc, char** argv) {
     const Profile p = Profile::load(*profile_path);
     const ModelPrograms progs = build_programs(cfg.model, lay, micro_batch_of(cfg));
     check_profile_fits(p, cfg.model, lay, micro_batch_of(cfg), progs.block);
+    fmt::print("simulate: fitting the co-execution interference on {} ...\n", *profile_path), std::fflush(stdout);
     fit = fit_interference_alternating(progs.block, p);
     so.compute_slowdown = fit->compute_slowdown, so.comm_slowdown = fit->comm_slowdown;
     if (profile_times) so.op_timer = profile_op_timer(progs, p);
@@ -420,7 +421,10 @@ int cmd_plan(int argc, char** argv) {
     std::string no_sim;
     try {
       solo = solo_op_timer(prog, *cost);
-      if (profile_path) fit = fit_interference_alternating(prog, *cost);
+      if (profile_path) {
+        if (rank0) fmt::print("plan: fitting the co-execution interference on the profile's pairs ...\n"), std::fflush(stdout);
+        fit = fit_interference_alternating(prog, *cost);
+      }
     } catch (const ConfigError& e) {
       no_sim = e.what();
       solo = {};
@@ -456,7 +460,18 @@ int cmd_plan(int argc, char** argv) {
       };
     }
     const double t0 = now_seconds();
-    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate);
+    // Timing the candidates takes minutes on a large model: rank 0 shows the runs as they finish.
+    // Without a terminal, a line every tenth of the runs.
+    std::optional<ProgressBar> bar;
+    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate,
+                                 [&](int64_t done, int64_t total) {
+                                   if (!rank0) return;
+                                   if (!bar) bar.emplace(total, "plan: timing");
+                                   bar->update(done);
+                                   if (!bar->enabled() && (done % std::max<int64_t>(1, total / 10) == 0 || done == total))
+                                     fmt::print("  {}/{} candidate runs timed\n", done, total), std::fflush(stdout);
+                                 });
+    if (bar) bar->finish();
     if (rank0) {
       fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
                  cost_name);

@@ -188,7 +188,12 @@ int cmd_sample(int argc, char** argv) {
   }
   if (!skipped.empty()) fmt::print(stderr, "warning: {}; sampling from the newest checkpoint that loads\n", skipped);
   stop_point("sample (loading the checkpoint)");
-  fmt::print("{}\n", trainer.sample(prompt, tokens, temperature, top_k, seed));
+  // The text streams as it is generated (a long sample is never a silent wait).
+  trainer.sample(prompt, tokens, temperature, top_k, seed, [](const std::string& piece) {
+    fmt::print("{}", piece);
+    std::fflush(stdout);
+  });
+  fmt::print("\n");
   if (const int sig = stop_signal(); sig != 0) {
     fmt::print(stderr, "dhelix sample: stopped by {}: the text above is cut short (exit {})\n", signal_name(sig), 128 + sig);
     return 128 + sig;

@@ -21,7 +21,7 @@ SIPlan block_default_plan(const LayerProgram& prog) {
 
 PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, const SearchOptions& opts,
                                LayerPairBench* bench, const BenchTiming& timing, double min_gain,
-                               const PlanSimulator& simulate) {
+                               const PlanSimulator& simulate, const std::function<void(int64_t, int64_t)>& progress) {
   SearchOptions wide = opts;
   if (simulate) wide.top_k = 3 * opts.top_k;
   SearchResult r = search_plans(prog, cost, wide);
@@ -64,6 +64,7 @@ PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, 
                                              r + 1, timing.warmup + timing.repeats, i + 1, n));
       double t = bench->run_once(c.candidates[i].plan.blocks);
       if (r >= timing.warmup) samples[i].push_back(t);
+      if (progress) progress(int64_t(r) * int64_t(n) + int64_t(i) + 1, int64_t(timing.warmup + timing.repeats) * int64_t(n));
     }
   std::vector<double> med(n);
   for (size_t i = 0; i < n; ++i) {

@@ -46,9 +46,11 @@ inline constexpr double kDefaultMinGain = 0.03;
 // ("search", "search+validated", "default").
 // With `simulate`, the search returns three times top_k plans and keeps the top_k the simulator
 // prices fastest (the whole pair simulated, instead of its blocks' times summed), in that order;
-// every candidate's simulated_s is set.
+// every candidate's simulated_s is set. `progress`, when given, is called after each timed run
+// (runs done, runs in all).
 PlanChoice search_and_validate(const LayerProgram& prog, const BlockCost& cost, const SearchOptions& opts,
                                LayerPairBench* bench, const BenchTiming& timing,
-                               double min_gain = kDefaultMinGain, const PlanSimulator& simulate = {});
+                               double min_gain = kDefaultMinGain, const PlanSimulator& simulate = {},
+                               const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace dhelix

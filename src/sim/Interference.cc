@@ -10,6 +10,7 @@
 #include <set>
 
 #include "base/Error.h"
+#include "base/Signals.h"
 
 namespace dhelix {
 
@@ -89,6 +90,7 @@ InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& meas
   auto sweep = [&](double PairSimOptions::*k, double hi) {
     double at = opt.*k;
     for (int i = 0; 1.0 + 0.01 * i <= hi + 1e-9; ++i) {
+      if (stop_signal() != 0) stop_point("fitting the co-execution interference (nothing written)");
       opt.*k = 1.0 + 0.01 * i;
       const Errors e = errors_of(prog, measured, op_seconds, calibration, opt, nullptr);
       if (e.mean < best - 1e-12) best = e.mean, at = opt.*k;
@@ -102,6 +104,7 @@ InterferenceFit fit_interference(const LayerProgram& prog, const BlockCost& meas
   sweep(&PairSimOptions::compute_slowdown, max_slowdown);
   for (int i = 0; max_comm_slowdown > 1.0 && 1.0 + 0.1 * i <= max_slowdown + 1e-9; ++i)
     for (int j = 1; 1.0 + 0.1 * j <= max_comm_slowdown + 1e-9; ++j) {
+      if (stop_signal() != 0) stop_point("fitting the co-execution interference (nothing written)");
       const PairSimOptions o{1.0 + 0.1 * i, 1.0 + 0.1 * j};
       const Errors e = errors_of(prog, measured, op_seconds, calibration, o, nullptr);
       if (e.mean < best - 1e-12) best = e.mean, opt = o;

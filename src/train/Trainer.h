@@ -81,7 +81,10 @@ class Trainer {
   void load_model(const std::string& step_dir);
   // Top-k sampling from the current weights; returns the text on world rank 0 and "" elsewhere.
   // Collective over tp and pp when the model is split (it is gathered to rank 0 first).
-  std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed);
+  // `stream`, when given, is called on world rank 0 with each new piece of the text as it is generated
+  // (the prompt first); the pieces add up to the returned text.
+  std::string sample(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed,
+                     const std::function<void(const std::string&)>& stream = {});
 
   int64_t step() const { return step_; }
   const RunConfig& config() const { return cfg_; }

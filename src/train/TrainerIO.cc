@@ -269,7 +269,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
 }
 
 std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double temperature, int64_t top_k,
-                            uint64_t seed) {
+                            uint64_t seed, const std::function<void(const std::string&)>& stream) {
   if (fault_ && fault_->sigterm_at("sample")) raise(SIGTERM);
   const int world_rank = comm_ ? comm_->rank() : 0;
   const int64_t T = cfg_.model.seq_len, C = cfg_.model.d_model, V = cfg_.model.vocab_size;
@@ -297,6 +297,12 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   std::vector<int32_t> ids = tok.encode(prompt);
   const size_t prompt_len = ids.size();
   if (ids.empty()) ids.push_back(std::max<int32_t>(0, tok.bos_id()));
+  // Prompt and continuation decoded together so word boundaries between them survive.
+  auto text_of = [&](const std::vector<int32_t>& v) {
+    return prompt_len > 0 ? tok.decode(v) : prompt + tok.decode(std::span<const int32_t>(v).subspan(1));
+  };
+  size_t streamed = 0;
+  std::string text_of_streamed;
   // A one-sequence forward over a fixed window; causal attention makes the padding invisible to
   // the positions we read.
   // Whole sequences here: no context parallelism (the weights are replicated over cp).
@@ -358,9 +364,20 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
       }
     }
     ids.push_back(next);
+    if (stream) {
+      // The text decoded so far, minus what was streamed: a piece's leading space depends on the
+      // pieces around it, so the whole is decoded each time (a few thousand tokens at most).
+      const std::string now = text_of(ids);
+      if (now.size() > streamed && now.compare(0, streamed, text_of_streamed) == 0) {
+        stream(now.substr(streamed));
+        streamed = now.size();
+        text_of_streamed = now;
+      }
+    }
   }
-  // Decode prompt and continuation together so word boundaries between them survive.
-  return prompt_len > 0 ? tok.decode(ids) : prompt + tok.decode(std::span<const int32_t>(ids).subspan(1));
+  const std::string text = text_of(ids);
+  if (stream && text.size() > streamed && text.compare(0, streamed, text_of_streamed) == 0) stream(text.substr(streamed));
+  return text;
 }
 
 }  // namespace dhelix
