@@ -33,7 +33,8 @@ int report_error(const std::string& verb, const std::exception_ptr& e) {
     // A list of errors carries its own head ("3 configuration errors:"): not a second one.
     const std::string what = x.what();
     const size_t digits = what.find_first_not_of("0123456789");
-    const bool headed = digits > 0 && digits != std::string::npos && what.compare(digits, 20, " configuration error") == 0;
+    const bool headed = digits > 0 && digits != std::string::npos &&
+                        (what.compare(digits, 20, " configuration error") == 0 || what.compare(digits, 6, " error") == 0);
     if (headed)
       fmt::print(stderr, "dhelix {}: {}\n", verb, what);
     else

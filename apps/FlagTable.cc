@@ -43,9 +43,9 @@ std::string check_value(const FlagSpec& f, const std::string& w) {
       const double hi = f.max.value_or(double(int64_t{1} << 40));
       const bool in_range = x && (!f.min || double(*x) >= *f.min) && double(*x) <= hi;
       if (in_range) return "";
-      if (!x) return fmt::format("{} expects a whole number, got '{}'", f.name, w);
-      if (f.min) return fmt::format("{} expects a whole number in [{:.0f}, {:.0f}], got '{}'", f.name, *f.min, hi, w);
-      return fmt::format("{} expects a whole number <= {:.0f}, got '{}'", f.name, hi, w);
+      if (x && double(*x) > hi) return fmt::format("{} {} must be <= {:.0f}", f.name, w, hi);
+      if (f.min) return fmt::format("{} expects a whole number >= {:g}, got '{}'", f.name, *f.min, w);
+      return fmt::format("{} expects an integer, got '{}'", f.name, w);
     }
     case FlagType::kNumber: {
       const std::optional<double> x = parse_number(w);

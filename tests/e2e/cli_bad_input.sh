@@ -108,7 +108,7 @@ else passes=$((passes+1)); echo "ok   world_product_not_wrapped"; fi
 expect schedule_ratio_range "--bwd-over-fwd 1e308 must be <= 1000" -- schedule --bwd-over-fwd 1e308
 expect simulate_slowdown_range "--comm-slowdown 1e300 must be <= 100" -- simulate --config configs/demo.toml \
   --cluster cpu-emulated --comm-slowdown 1e300
-expect tune_gpus_range "--gpus expects a whole number in \[1, 1048576\]" -- tune --model demo --cluster cpu-emulated \
+expect tune_gpus_range "--gpus 4000000 must be <= 1048576" -- tune --model demo --cluster cpu-emulated \
   --gpus 4000000
 
 # bf16 where oneDNN cannot run it (issue 36 item 6; before: exit 1, "could not create a primitive
