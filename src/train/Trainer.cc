@@ -349,8 +349,176 @@ std::string describe_routing(const StepReport& r, int64_t n_experts) {
 }
 }  // namespace
 
+namespace {
+
+// The run's records (rank 0's metrics file; none elsewhere). A write that fails is kept and acted on
+// at the step's end, where every rank agrees (agreed_stop_signal): save, then stop (exit 2). Later
+// writes are not tried.
+class RunRecords {
+ public:
+  explicit RunRecords(std::unique_ptr<MetricsWriter> w) : w_(std::move(w)) {}
+  template <class Write>
+  void write(const Write& f) {
+    if (!w_ || !error_.empty()) return;
+    try {
+      f(*w_);
+    } catch (const IoError& e) {
+      error_ = e.what();
+    }
+  }
+  bool failed() const { return !error_.empty(); }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::unique_ptr<MetricsWriter> w_;
+  std::string error_;
+};
+
+}  // namespace
+
+// Rank 0: the run directory's config.toml and its metrics file (on resume, rows after the resumed
+// step dropped, then appended to); nothing on the other ranks.
+std::unique_ptr<MetricsWriter> Trainer::open_metrics() {
+  if (!is_logger()) return nullptr;
+  std::filesystem::create_directories(cfg_.output.dir);
+  write_file_atomic(cfg_.output.dir + "/config.toml", to_toml(cfg_));
+  const std::string mpath = cfg_.output.metrics.empty() ? cfg_.output.dir + "/metrics.jsonl" : cfg_.output.metrics;
+  if (step_ > 0) {
+    const int64_t dropped = truncate_metrics_after(mpath, step_);
+    if (dropped > 0) log(fmt::format("metrics: dropped {} line(s) after step {} from {} (they are re-run)", dropped, step_, mpath));
+  }
+  return std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
+}
+
+// The reference rate MFU is quoted against: sgemm, or in bf16 the bf16 GEMM (gemm_bf16, rounding
+// included) the run uses, or cuBLAS's bf16 GEMM on a GPU.
+const char* Trainer::reference_name() const {
+  return !device_.is_host() ? "cuBLAS bf16" : cfg_.training.precision == "bf16" ? "bf16 gemm" : "sgemm";
+}
+
+double Trainer::measure_reference() {
+#if DHELIX_HAVE_CUDA
+  if (!device_.is_host()) return measure_gpu_gemm_flops(*built_->blas, device_);
+#endif
+  return cfg_.training.precision == "bf16" ? measure_bf16_gemm_flops() : measure_sgemm_flops();
+}
+
+void Trainer::log_run_header() const {
+  const auto& m = cfg_.model;
+  const bool gpu = !device_.is_host();
+  log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} {} | "
+                  "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
+                  m.name, family_name(m.family), m.num_params() / 1e6, m.n_layers, m.d_model, m.n_heads, m.n_kv_heads,
+                  comm_ ? comm_->layout().describe() : gpu ? "single process on " + cfg_.training.device : "single process",
+                  fmt::format("schedule {},", cfg_.schedule.pipeline),
+                  cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
+                  m.seq_len, cfg_.training.micro_batches, layout_.dp, cfg_.tokens_per_step()));
+  log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", reference_name(),
+                  sgemm_flops_ / 1e9, m.flops_per_token(m.seq_len)));
+}
+
+// The step's model FLOP rate as a fraction of the reference rate (the world's).
+double Trainer::fraction_of_reference(const StepReport& r) {
+  const int world = comm_ ? comm_->world_size() : 1;
+  double frac = r.model_flops_per_s / (sgemm_flops_ * world);
+  if (frac > 1) {
+    // Above the machine's rate: the start-up reference was measured while the machine was busy.
+    sgemm_flops_ = std::max(sgemm_flops_, measure_reference());
+    frac = r.model_flops_per_s / (sgemm_flops_ * world);
+    if (frac > 1) log(fmt::format("warning: step {} ran at {:.2f} of the {} rate measured twice; the reference is "
+                                  "not this machine's peak (other load?)", r.step, frac, reference_name()));
+  }
+  return frac;
+}
+
+void Trainer::log_step(const StepReport& r, double frac) const {
+  const auto& tc = cfg_.training;
+  if (r.skipped) {
+    log(fmt::format("step {:>5}/{} | loss {:.4f} | grad {:.3f} | SKIPPED: non-finite, no update ({} in a row, {} in the run; "
+                    "training.nonfinite_max_skips={})",
+                    r.step, tc.steps, r.loss, r.grad_norm, skipped_in_a_row_, skipped_total_, tc.nonfinite_max_skips));
+    return;
+  }
+  if (!is_logger() || (r.step % std::max<int64_t>(1, tc.log_interval) != 0 && r.step != tc.steps)) return;
+  log(fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s "
+                  "({:.2f} of {}) | peak act {} | {:.3f} s",
+                  r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac,
+                  reference_name(), human_bytes(double(r.peak_activation_bytes)), r.seconds));
+  if (cfg_.model.is_moe()) log(fmt::format("step {:>5}/{} | moe | {}", r.step, tc.steps, describe_routing(r, cfg_.model.n_experts)));
+}
+
+StepMetrics Trainer::step_metrics(const StepReport& r, double frac) const {
+  StepMetrics m;
+  m.step = r.step;
+  m.loss = r.loss;
+  m.lr = r.lr;
+  m.grad_norm = r.grad_norm;
+  m.tokens_per_s = r.tokens_per_s;
+  m.model_flops_per_s = r.model_flops_per_s;
+  m.sgemm_fraction = frac;
+  m.peak_bytes = r.peak_bytes;
+  m.extras["peak_activation_bytes"] = r.peak_activation_bytes;
+  m.extras["step_s"] = r.seconds;
+  m.extras["skipped_steps"] = skipped_total_;
+  if (r.skipped) m.extras["skipped"] = true;
+  if (cfg_.model.is_moe()) {
+    // Per layer, the tokens each expert received this step (global batch, all ranks).
+    const int64_t E = cfg_.model.n_experts;
+    nlohmann::json layers = nlohmann::json::array();
+    for (int64_t l = 0; l < cfg_.model.n_layers; ++l)
+      layers.push_back(std::vector<int64_t>(r.expert_tokens.begin() + l * E, r.expert_tokens.begin() + (l + 1) * E));
+    m.extras["aux_loss"] = r.aux_loss;
+    m.extras["expert_tokens"] = layers;
+  }
+  return m;
+}
+
+// The run's records could not be written (a full disk under the metrics, say): the step is saved
+// first, wherever the checkpoints still have room, then the run stops naming both.
+void Trainer::stop_for_records(const std::string& records_error) {
+  const std::string why = records_error.empty() ? "rank 0 could not write the run's metrics" : records_error;
+  std::string path;
+  try {
+    path = save_checkpoint();
+  } catch (const std::exception& e) {
+    throw IoError(fmt::format("{}\nand no checkpoint could be saved either: {}", why, e.what()));
+  }
+  throw IoError(fmt::format("{}\nsaved {} (step {}) before stopping; free space for the metrics and resume "
+                            "with --checkpoint.resume latest",
+                            why, path, step_));
+}
+
+// After the last step: the final checkpoint, the trace, and the sample. A stop signal during the
+// save (or the trace) is honoured once they are written; one during the sample ends the text early.
+int Trainer::finish_run() {
+  const auto& tc = cfg_.training;
+  const int world = comm_ ? comm_->world_size() : 1;
+  log("saved " + save_checkpoint());
+  if (trace_) {
+    std::string path = cfg_.output.trace;
+    if (world > 1) path += fmt::format(".rank{}", comm_->rank());
+    trace_->write(path);
+    log("trace written to " + path + (world > 1 ? " (one file per rank)" : ""));
+  }
+  if (const int sig = agreed_stop_signal(false); sig != 0) {
+    log(fmt::format("stopped by {} after the last step, its checkpoint saved (exit {})", signal_name(sig), 128 + sig));
+    return sig;
+  }
+  if (tc.sample_tokens > 0) {
+    // Every rank calls: with the model split over tp or pp, sampling gathers it first. Rank 0 alone
+    // generates.
+    const std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
+    if (!s.empty()) log("sample: " + s);
+    if (const int sig = stop_signal(); sig != 0) {
+      log(fmt::format("stopped by {} while sampling (the text above is cut short; the checkpoint is saved) (exit {})",
+                      signal_name(sig), 128 + sig));
+      return sig;
+    }
+  }
+  return 0;
+}
+
 int Trainer::run() {
-  namespace fs = std::filesystem;
   const auto& tc = cfg_.training;
   check_tokens(cfg_, *dataset_);
   if (!cfg_.checkpoint.resume.empty()) {
@@ -359,49 +527,10 @@ int Trainer::run() {
     if (!skipped.empty()) log(fmt::format("warning: {}; resuming from the newest checkpoint that loads", skipped));
     log(fmt::format("resumed from {} at step {}", path, step_));
   }
-  std::unique_ptr<MetricsWriter> metrics;
-  if (is_logger()) {
-    fs::create_directories(cfg_.output.dir);
-    write_file_atomic(cfg_.output.dir + "/config.toml", to_toml(cfg_));
-    std::string mpath = cfg_.output.metrics.empty() ? cfg_.output.dir + "/metrics.jsonl" : cfg_.output.metrics;
-    if (step_ > 0) {
-      const int64_t dropped = truncate_metrics_after(mpath, step_);
-      if (dropped > 0) log(fmt::format("metrics: dropped {} line(s) after step {} from {} (they are re-run)", dropped, step_, mpath));
-    }
-    metrics = std::make_unique<MetricsWriter>(mpath, step_ > 0 ? MetricsMode::kAppend : MetricsMode::kTruncate);
-  }
-  // A metrics write that fails is kept here and acted on at the step's end, where every rank agrees
-  // (agreed_stop_signal): save, then stop (exit 2). Later writes are not tried.
-  std::string records_error;
-  auto record = [&](const auto& write) {
-    if (!metrics || !records_error.empty()) return;
-    try {
-      write();
-    } catch (const IoError& e) {
-      records_error = e.what();
-    }
-  };
-  const double flops_tok = cfg_.model.flops_per_token(cfg_.model.seq_len);
-  // The reference rate: sgemm, or in bf16 the bf16 GEMM (gemm_bf16, rounding included) the run uses.
-  const bool bf16 = cfg_.training.precision == "bf16", gpu = !device_.is_host();
-  const char* ref_name = gpu ? "cuBLAS bf16" : bf16 ? "bf16 gemm" : "sgemm";
-  auto measure_ref = [&] {
-#if DHELIX_HAVE_CUDA
-    if (gpu) return measure_gpu_gemm_flops(*built_->blas, device_);
-#endif
-    return bf16 ? measure_bf16_gemm_flops() : measure_sgemm_flops();
-  };
-  sgemm_flops_ = measure_ref();
-  log(fmt::format("model {} ({}): {:.2f}M parameters, {} layers, d={}, heads={}/{} | layout {} | {} {} | "
-                  "B={} T={} x {} micro-batches x dp {} = {} tokens/step",
-                  cfg_.model.name, family_name(cfg_.model.family), cfg_.model.num_params() / 1e6, cfg_.model.n_layers,
-                  cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.n_kv_heads,
-                  comm_ ? comm_->layout().describe() : gpu ? "single process on " + cfg_.training.device : "single process",
-                  fmt::format("schedule {},", cfg_.schedule.pipeline), cfg_.schedule.strand_interleaving ? "strand interleaving on" : "strand interleaving off", mb_.B,
-                  cfg_.model.seq_len, tc.micro_batches, layout_.dp, cfg_.tokens_per_step()));
-  log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", ref_name,
-                  sgemm_flops_ / 1e9, flops_tok));
-  const int world = comm_ ? comm_->world_size() : 1;
+  RunRecords records(open_metrics());
+  sgemm_flops_ = measure_reference();
+  log_run_header();
+
   // A first stop signal before the first step (while the data, the model or the reference rate were
   // set up, or during the first evaluation): no step has run since the last checkpoint, nothing to save.
   auto stopped_before_training = [&](int sig) {
@@ -415,81 +544,28 @@ int Trainer::run() {
     const std::optional<double> v = evaluate(tc.eval_batches);
     if (!v) return stopped_before_training(agreed_stop_signal(false));
     log(fmt::format("step {} | val loss {:.4f}", step_, *v));
-    record([&] { metrics->write_json({{"step", step_}, {"val_loss", *v}}); });
+    records.write([&](MetricsWriter& w) { w.write_json({{"step", step_}, {"val_loss", *v}}); });
   }
+
   ProgressBar bar(tc.steps, "train");
   while (step_ < tc.steps) {
-    StepReport r = train_step();
-    double frac = r.model_flops_per_s / (sgemm_flops_ * world);
-    if (frac > 1) {
-      // Above the machine's rate: the start-up reference was measured while the machine was busy.
-      sgemm_flops_ = std::max(sgemm_flops_, measure_ref());
-      frac = r.model_flops_per_s / (sgemm_flops_ * world);
-      if (frac > 1) log(fmt::format("warning: step {} ran at {:.2f} of the {} rate measured twice; the reference is "
-                                    "not this machine's peak (other load?)", r.step, frac, ref_name));
-    }
-    if (r.skipped)
-      log(fmt::format("step {:>5}/{} | loss {:.4f} | grad {:.3f} | SKIPPED: non-finite, no update ({} in a row, {} in the run; "
-                      "training.nonfinite_max_skips={})",
-                      r.step, tc.steps, r.loss, r.grad_norm, skipped_in_a_row_, skipped_total_, tc.nonfinite_max_skips));
-    else if (is_logger() && (r.step % std::max<int64_t>(1, tc.log_interval) == 0 || r.step == tc.steps)) {
-      log(fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s "
-                      "({:.2f} of {}) | peak act {} | {:.3f} s",
-                      r.step, tc.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.model_flops_per_s / 1e9, frac, ref_name,
-                      human_bytes(double(r.peak_activation_bytes)), r.seconds));
-      if (cfg_.model.is_moe()) log(fmt::format("step {:>5}/{} | moe | {}", r.step, tc.steps, describe_routing(r, cfg_.model.n_experts)));
-    }
-    if (metrics) {
-      StepMetrics m;
-      m.step = r.step;
-      m.loss = r.loss;
-      m.lr = r.lr;
-      m.grad_norm = r.grad_norm;
-      m.tokens_per_s = r.tokens_per_s;
-      m.model_flops_per_s = r.model_flops_per_s;
-      m.sgemm_fraction = frac;
-      m.peak_bytes = r.peak_bytes;
-      m.extras["peak_activation_bytes"] = r.peak_activation_bytes;
-      m.extras["step_s"] = r.seconds;
-      m.extras["skipped_steps"] = skipped_total_;
-      if (r.skipped) m.extras["skipped"] = true;
-      if (cfg_.model.is_moe()) {
-        // Per layer, the tokens each expert received this step (global batch, all ranks).
-        const int64_t E = cfg_.model.n_experts;
-        nlohmann::json layers = nlohmann::json::array();
-        for (int64_t l = 0; l < cfg_.model.n_layers; ++l)
-          layers.push_back(std::vector<int64_t>(r.expert_tokens.begin() + l * E, r.expert_tokens.begin() + (l + 1) * E));
-        m.extras["aux_loss"] = r.aux_loss;
-        m.extras["expert_tokens"] = layers;
-      }
-      record([&] { metrics->write(m); });
-    }
+    const StepReport r = train_step();
+    const double frac = fraction_of_reference(r);
+    log_step(r, frac);
+    records.write([&](MetricsWriter& w) { w.write(step_metrics(r, frac)); });
     bar.update(r.step, fmt::format("loss {:.3f}", r.loss));
     if (tc.eval_interval > 0 && (r.step % tc.eval_interval == 0 || r.step == tc.steps)) {
       // Cut short by a stop signal: no val loss this time; the stop below saves the step.
       if (const std::optional<double> v = evaluate(tc.eval_batches)) {
         log(fmt::format("step {} | val loss {:.4f}", r.step, *v));
-        record([&] { metrics->write_json({{"step", r.step}, {"val_loss", *v}}); });
+        records.write([&](MetricsWriter& w) { w.write_json({{"step", r.step}, {"val_loss", *v}}); });
       }
     }
-    const int sig = agreed_stop_signal(!records_error.empty());
-    if (sig == kRecordsFailed) {
-      // The run's records could not be written (a full disk under the metrics, say): the step is
-      // saved first, wherever the checkpoints still have room, then the run stops naming both.
-      bar.finish();
-      const std::string why = records_error.empty() ? "rank 0 could not write the run's metrics" : records_error;
-      std::string path;
-      try {
-        path = save_checkpoint();
-      } catch (const std::exception& e) {
-        throw IoError(fmt::format("{}\nand no checkpoint could be saved either: {}", why, e.what()));
-      }
-      throw IoError(fmt::format("{}\nsaved {} (step {}) before stopping; free space for the metrics and resume "
-                                "with --checkpoint.resume latest",
-                                why, path, step_));
-    }
+    // Every rank agrees whether to stop here: a signal on any rank, or rank 0's records failing.
+    const int sig = agreed_stop_signal(records.failed());
+    if (sig != 0) bar.finish();
+    if (sig == kRecordsFailed) stop_for_records(records.error());
     if (sig != 0) {
-      bar.finish();
       const std::string path = save_checkpoint();
       log(fmt::format("stopped by {} after step {}: saved {}; resume with --checkpoint.resume latest (exit {})",
                       signal_name(sig), step_, path, 128 + sig));
@@ -499,30 +575,7 @@ int Trainer::run() {
       log("saved " + save_checkpoint());
   }
   bar.finish();
-  log("saved " + save_checkpoint());
-  if (trace_) {
-    std::string path = cfg_.output.trace;
-    if (world > 1) path += fmt::format(".rank{}", comm_->rank());
-    trace_->write(path);
-    log("trace written to " + path + (world > 1 ? " (one file per rank)" : ""));
-  }
-  // A stop signal during the final save (or the trace) is honoured once they are written.
-  if (const int sig = agreed_stop_signal(false); sig != 0) {
-    log(fmt::format("stopped by {} after the last step, its checkpoint saved (exit {})", signal_name(sig), 128 + sig));
-    return sig;
-  }
-  if (tc.sample_tokens > 0) {
-    // Every rank calls: with the model split over tp or pp, sampling gathers it first. Rank 0 alone
-    // generates; a stop signal there ends the text early.
-    const std::string s = sample("In the beginning", tc.sample_tokens, 0.8, 40, static_cast<uint64_t>(tc.seed));
-    if (!s.empty()) log("sample: " + s);
-    if (const int sig = stop_signal(); sig != 0) {
-      log(fmt::format("stopped by {} while sampling (the text above is cut short; the checkpoint is saved) (exit {})",
-                      signal_name(sig), 128 + sig));
-      return sig;
-    }
-  }
-  return 0;
+  return finish_run();
 }
 
 }  // namespace dhelix

@@ -24,6 +24,7 @@
 #include "train/DataLoader.h"
 #include "train/IndexedDataset.h"
 #include "train/LrSchedule.h"
+#include "train/Metrics.h"
 #include "train/StepObservers.h"
 
 namespace dhelix {
@@ -101,6 +102,17 @@ class Trainer {
   MemoryTracker& activation_memory() { return parts_->act_mem; }
 
  private:
+  // The phases of run(), in its order.
+  std::unique_ptr<MetricsWriter> open_metrics();
+  const char* reference_name() const;
+  double measure_reference();
+  void log_run_header() const;
+  double fraction_of_reference(const StepReport& r);
+  void log_step(const StepReport& r, double frac) const;
+  StepMetrics step_metrics(const StepReport& r, double frac) const;
+  [[noreturn]] void stop_for_records(const std::string& records_error);
+  int finish_run();
+
   std::vector<MicroBatch> next_micro_batches(DataLoader& loader);
   Tensor local_rows(const Tensor& seqs) const;
   std::map<std::string, Tensor> load_full_params(const Checkpoint& ck);
