@@ -88,5 +88,18 @@ if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM during profiling" "$tmp/profil
   ok profile_sigterm
 else bad "profile_sigterm (exit $rc)" "$(tail -3 "$tmp/profile.log")"; fi
 
+# dhelix tune --confirm, SIGTERM while its training run is in flight: the signal is passed to the run,
+# which saves and stops (exit 143, a checkpoint); tune then stops naming the round and the layout.
+"$bin" tune --model demo --gpus 1 --cluster cpu-emulated --top 1 --confirm 100000 --config configs/demo.toml \
+  --launch env --workdir "$tmp/tune" >"$tmp/tune.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 1200); do grep -qs '"step":2,' "$tmp"/tune/*/metrics.jsonl && break; sleep 0.1; done
+kill -TERM $pid; wait $pid; rc=$?
+run=$(ls -d "$tmp"/tune/*/ 2>/dev/null | head -1)
+if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM during tune --confirm (round 1 of 1" "$tmp/tune.log" \
+   && [ -n "$run" ] && [ -n "$(latest "$run")" ] && grep -q "stopped by SIGTERM after step" "$tmp"/tune/*.log; then
+  ok tune_confirm_sigterm
+else bad "tune_confirm_sigterm (exit $rc, run '$run')" "$(tail -3 "$tmp/tune.log"; tail -3 "$tmp"/tune/*.log)"; fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
