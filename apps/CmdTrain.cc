@@ -128,50 +128,41 @@ int cmd_train(int argc, char** argv) {
   return stopped_by == 0 ? 0 : 128 + stopped_by;
 }
 
+namespace {
+
+// Sampling options are not run-config keys: the verb's own flags; the config words pass on.
+const FlagTable& sample_flags() {
+  static const FlagTable t{
+      "sample",
+      "usage: dhelix sample --config C.toml [--checkpoint DIR|latest] [--prompt TEXT] [--tokens N]\n"
+      "                     [--temperature X] [--top-k K] [--seed S] [--section.key value ...]\n"
+      "Generates text from a checkpoint of the run the config names (any layout it was trained in), on\n"
+      "one process; the text streams as it is generated.\n",
+      {
+          {"--checkpoint", FlagType::kText, "latest", "a step directory, or latest (checkpoint.dir's newest that loads)",
+           "DIR"},
+          {"--prompt", FlagType::kAnyText, "In the beginning", "the text to continue (empty: from the start token)",
+           "TEXT"},
+          {"--tokens", FlagType::kInt, "64", "tokens to generate", "N", 1, double(1 << 20)},
+          {"--temperature", FlagType::kNumber, "0.8", "softmax temperature (0: the most likely token)", "X", 0, 100},
+          {"--top-k", FlagType::kInt, "40", "sample among the K most likely tokens (0: all)", "K", 0, double(1 << 30)},
+          {"--seed", FlagType::kInt, "1", "the sampler's seed", "S", 0},
+      },
+      ConfigWords::kPassedOn};
+  return t;
+}
+
+}  // namespace
+
 int cmd_sample(int argc, char** argv) {
-  std::vector<std::string> words(argv + 1, argv + argc);
-  // Sampling options are not run-config keys; peel them off before the config parser sees them.
-  std::string checkpoint, prompt = "In the beginning";
-  double temperature = 0.8;
-  int64_t top_k = 40, tokens = 64;
-  uint64_t seed = 1;
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < words.size(); ++i) {
-    auto val = [&](const char* flag) -> std::string {
-      DHX_CHECK(i + 1 < words.size(), ConfigError, "{} needs a value", flag);
-      return words[++i];
-    };
-    const std::string& w = words[i];
-    // Whole words only ("10x", "1e400", "inf" are refused), each with its flag named.
-    auto whole = [&](const char* flag) {
-      const std::string v = val(flag);
-      const std::optional<int64_t> x = parse_int(v);
-      DHX_CHECK(x.has_value(), ConfigError, "{} expects a whole number, got '{}'", flag, v);
-      return *x;
-    };
-    if (w == "--checkpoint") checkpoint = val("--checkpoint");
-    else if (w == "--prompt") prompt = val("--prompt");
-    else if (w == "--temperature") {
-      const std::string v = val("--temperature");
-      const std::optional<double> x = parse_number(v);
-      DHX_CHECK(x.has_value(), ConfigError, "--temperature expects a finite number, got '{}'", v);
-      temperature = *x;
-    } else if (w == "--top-k") top_k = whole("--top-k");
-    else if (w == "--tokens") tokens = whole("--tokens");
-    else if (w == "--seed") {
-      const int64_t x = whole("--seed");
-      DHX_CHECK(x >= 0, ConfigError, "--seed {} must be >= 0", x);
-      seed = static_cast<uint64_t>(x);
-    } else rest.push_back(w);
-  }
-  CliArgs args = parse_cli_args(rest);
-  if (args.help) {
-    fmt::print("usage: dhelix sample --config C.toml [--checkpoint DIR|latest] [--prompt TEXT] [--tokens N]\n"
-               "       [--temperature X] [--top-k K] [--seed S] [--section.key value ...]\n");
-    return 0;
-  }
-  DHX_CHECK(temperature >= 0, ConfigError, "--temperature {} must be >= 0", temperature);
-  DHX_CHECK(tokens > 0, ConfigError, "--tokens {} must be positive", tokens);
+  FlagValues fl;
+  const std::optional<CliArgs> parsed = parse_flags_and_config(sample_flags(), argc, argv, fl);
+  if (!parsed) return 0;
+  const CliArgs& args = *parsed;
+  const std::string checkpoint = fl.text_or_default("--checkpoint"), prompt = fl.text_or_default("--prompt");
+  const int64_t tokens = fl.integer("--tokens"), top_k = fl.integer("--top-k");
+  const double temperature = fl.number("--temperature");
+  const uint64_t seed = static_cast<uint64_t>(fl.integer("--seed"));
   RunConfig cfg = load_config(args.config_path, args.overrides);
   apply_process_settings(cfg);
   cfg.parallel.dp = cfg.parallel.tp = cfg.parallel.pp = 1;

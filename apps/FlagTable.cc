@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <string_view>
 
 #include "Commands.h"
@@ -49,7 +50,13 @@ std::string check_value(const FlagSpec& f, const std::string& w) {
     }
     case FlagType::kNumber: {
       const std::optional<double> x = parse_number(w);
-      if (!x) return fmt::format("{} expects a number, got '{}'", f.name, w);
+      if (!x) {
+        // A whole word that reads as inf or nan is a number, but not a finite one.
+        char* end = nullptr;
+        const double v = std::strtod(w.c_str(), &end);
+        const bool non_finite = !w.empty() && end == w.c_str() + w.size() && !std::isfinite(v);
+        return fmt::format("{} expects a {}number, got '{}'", f.name, non_finite ? "finite " : "", w);
+      }
       if (f.min && *x < *f.min) return fmt::format("{} {} must be >= {:g}", f.name, w, *f.min);
       if (f.max && *x > *f.max) return fmt::format("{} {} must be <= {:g}", f.name, w, *f.max);
       return "";
@@ -64,6 +71,8 @@ std::string check_value(const FlagSpec& f, const std::string& w) {
     }
     case FlagType::kText:
       return w.empty() ? fmt::format("{} needs a value", f.name) : "";
+    case FlagType::kAnyText:
+      return "";
     case FlagType::kSwitch:
       return "";
   }

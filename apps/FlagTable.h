@@ -20,6 +20,7 @@ enum class FlagType {
   kInt,     // a whole number (FlagSpec::min: the least accepted)
   kNumber,  // a real number (FlagSpec::min likewise)
   kText,    // any word (a path, a preset, a list)
+  kAnyText, // any word, the empty one too (a prompt)
   kOnOff,   // on | off
   kChoice,  // one of FlagSpec::value's '|'-separated words
   kSwitch,  // no value: given or not
