@@ -301,8 +301,13 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
   auto text_of = [&](const std::vector<int32_t>& v) {
     return prompt_len > 0 ? tok.decode(v) : prompt + tok.decode(std::span<const int32_t>(v).subspan(1));
   };
-  size_t streamed = 0;
-  std::string text_of_streamed;
+  // Streams what `text` adds to what was streamed (nothing when an earlier piece decoded otherwise).
+  std::string streamed;
+  auto emit = [&](const std::string& text) {
+    if (!stream || text.size() <= streamed.size() || !text.starts_with(streamed)) return;
+    stream(text.substr(streamed.size()));
+    streamed = text;
+  };
   // A one-sequence forward over a fixed window; causal attention makes the padding invisible to
   // the positions we read.
   // Whole sequences here: no context parallelism (the weights are replicated over cp).
@@ -364,19 +369,12 @@ std::string Trainer::sample(const std::string& prompt, int64_t n_tokens, double 
       }
     }
     ids.push_back(next);
-    if (stream) {
-      // The text decoded so far, minus what was streamed: a piece's leading space depends on the
-      // pieces around it, so the whole is decoded each time (a few thousand tokens at most).
-      const std::string now = text_of(ids);
-      if (now.size() > streamed && now.compare(0, streamed, text_of_streamed) == 0) {
-        stream(now.substr(streamed));
-        streamed = now.size();
-        text_of_streamed = now;
-      }
-    }
+    // A piece's leading space depends on the pieces around it, so the whole is decoded each time
+    // (a few thousand tokens at most).
+    if (stream) emit(text_of(ids));
   }
   const std::string text = text_of(ids);
-  if (stream && text.size() > streamed && text.compare(0, streamed, text_of_streamed) == 0) stream(text.substr(streamed));
+  emit(text);
   return text;
 }
 
