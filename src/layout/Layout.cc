@@ -107,6 +107,24 @@ const std::array<GroupRole, kNumGroupRoles>& all_group_roles() {
   return roles;
 }
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+bool parse_recompute(const std::string& text, Recompute& out) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+    if (text == recompute_name(r)) {
+      out = r;
+      return true;
+    }
+  return false;
+}
+
 const char* group_role_name(GroupRole r) {
   switch (r) {
     case GroupRole::kTP: return "tp";

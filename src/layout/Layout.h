@@ -38,9 +38,21 @@ struct TP3DOverlaps {
   bool accumulate_z = true;
 };
 
+// Activation recomputation of the transformer layers (training.recompute; Megatron-Core's
+// recompute_granularity): kSelective re-runs the attention core (the attention op, or CP's ring) in
+// the layer's backward instead of keeping its output and statistics; kFull keeps only the layer's
+// input and re-runs every forward op the backward needs (its collectives too) at the start of the
+// layer's backward. The recompute ops are ops of the block's backward program (named
+// "<op>.recompute"), so everything that reads the programs sees them.
+enum class Recompute { kNone, kSelective, kFull };
+const char* recompute_name(Recompute r);  // "none", "selective", "full"
+// "none", "selective", "full" -> the value; false for any other text.
+bool parse_recompute(const std::string& text, Recompute& out);
+
 struct LayoutConfig {
   int dp = 1, pp = 1, cp = 1, ep = 1, tp = 1;
   bool sequence_parallel = true;  // with tp > 1: SP regions (AG before column GEMMs, RS after row GEMMs)
+  Recompute recompute = Recompute::kNone;
   // AxoNN's 3D tensor parallelism: weights split Gx x Gy, each block flattened and split over Gz;
   // the batch split over Gz x dp. Exclusive with tp > 1.
   int tp_x = 1, tp_y = 1, tp_z = 1;

@@ -36,19 +36,78 @@ std::vector<int> segment_ids(const std::vector<Op>& ops) {
 
 void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep) {
   std::set<std::string> kept(keep.begin(), keep.end());
-  // Walk forward then backward; remember the last op touching each buffer.
+  // Walk forward then backward; a buffer's life ends at the last op touching it before an op that
+  // writes it without reading it, or at the last op touching it at all.
   std::vector<Op*> order;
   for (auto& op : prog.fwd) order.push_back(&op);
   for (auto& op : prog.bwd) order.push_back(&op);
   std::map<std::string, size_t> last;
   for (size_t i = 0; i < order.size(); ++i) {
-    order[i]->frees.clear();
-    for (auto& b : order[i]->inputs) last[b] = i;
-    for (auto& b : order[i]->outputs) last[b] = i;
+    Op& op = *order[i];
+    op.frees.clear();
+    for (auto& b : op.outputs) {
+      const bool reads = std::find(op.inputs.begin(), op.inputs.end(), b) != op.inputs.end();
+      auto it = last.find(b);
+      if (!reads && it != last.end()) {  // written again: the earlier value died at its last use
+        if (!kept.count(b)) order[it->second]->frees.push_back(b);
+        last.erase(it);
+      }
+    }
+    for (auto& b : op.inputs) last[b] = i;
+    for (auto& b : op.outputs) last[b] = i;
   }
   for (auto& [buf, i] : last)
     if (!kept.count(buf)) order[i]->frees.push_back(buf);
-  for (auto* op : order) std::sort(op->frees.begin(), op->frees.end());
+  for (auto* op : order) {
+    std::sort(op->frees.begin(), op->frees.end());
+    op->frees.erase(std::unique(op->frees.begin(), op->frees.end()), op->frees.end());
+  }
+}
+
+int add_recompute(LayerProgram& prog, const std::vector<bool>& recomputable) {
+  const size_t n = prog.fwd.size();
+  std::set<std::string> remade;  // buffers a recomputable op writes
+  for (size_t i = 0; i < n; ++i)
+    if (recomputable.at(i)) remade.insert(prog.fwd[i].outputs.begin(), prog.fwd[i].outputs.end());
+  std::set<std::string> needed;  // of those, the ones the backward (or a copied op) reads
+  for (const std::string& b : saved_for_backward(prog))
+    if (remade.count(b)) needed.insert(b);
+  std::vector<bool> take(n, false);
+  for (size_t i = n; i-- > 0;) {
+    const Op& op = prog.fwd[i];
+    if (!recomputable[i] || op.attrs.count("prefetch_unit")) continue;
+    if (std::none_of(op.outputs.begin(), op.outputs.end(), [&](const std::string& b) { return needed.count(b) > 0; }))
+      continue;
+    take[i] = true;
+    for (const std::string& b : op.inputs)
+      if (remade.count(b)) needed.insert(b);
+  }
+  std::vector<Op> front;
+  for (size_t i = 0; i < n; ++i) {
+    if (!take[i]) continue;
+    Op c = prog.fwd[i];
+    c.name += ".recompute";
+    c.attrs["recompute"] = 1;
+    c.frees.clear();
+    front.push_back(std::move(c));
+  }
+  const int copied = static_cast<int>(front.size());
+  prog.bwd.insert(prog.bwd.begin(), std::make_move_iterator(front.begin()), std::make_move_iterator(front.end()));
+  return copied;
+}
+
+std::vector<std::string> saved_for_backward(const LayerProgram& prog) {
+  std::set<std::string> fwd_bufs, written, saved;
+  for (const Op& op : prog.fwd) {
+    fwd_bufs.insert(op.inputs.begin(), op.inputs.end());
+    fwd_bufs.insert(op.outputs.begin(), op.outputs.end());
+  }
+  for (const Op& op : prog.bwd) {
+    for (const std::string& b : op.inputs)
+      if (fwd_bufs.count(b) && !written.count(b)) saved.insert(b);
+    written.insert(op.outputs.begin(), op.outputs.end());
+  }
+  return {saved.begin(), saved.end()};
 }
 
 std::vector<std::vector<std::string>> bf16_saved_buffers(const LayerProgram& prog) {

@@ -60,9 +60,24 @@ struct LayerProgram {
 // between collectives form the others. Windows used by the planner never cross a segment.
 std::vector<int> segment_ids(const std::vector<Op>& ops);
 
-// Sets each op's `frees` to the buffers whose last use (forward then backward order) it is.
-// Buffers in `keep` (layer outputs, parameters) are never freed.
+// Sets each op's `frees` to the buffers whose last use (forward then backward order) it is: the
+// last op touching the buffer, or the last before an op that writes it without reading it (a
+// recompute op: the value dies there and is made again). Buffers in `keep` (layer outputs,
+// parameters) are never freed.
 void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep);
+
+// Activation recomputation (layout/Layout.h Recompute): the forward ops i with recomputable[i]
+// that write a buffer the backward reads -- directly, or through another such op -- are copied, in
+// forward order, to the front of the backward, named "<name>.recompute" with attr "recompute" = 1
+// (a cross-layer prefetch is never copied: its output is no recompute input). What they read and
+// no recomputed op writes (the layer's input, a norm's output under selective) stays saved from the
+// forward; what they write is made again, so annotate_lifetimes ends the forward's copy at its last
+// forward use. Returns the number of ops copied.
+int add_recompute(LayerProgram& prog, const std::vector<bool>& recomputable);
+
+// The buffers the backward reads before any backward op writes them and the forward touched: what
+// the forward must keep for the backward (the saved activations).
+std::vector<std::string> saved_for_backward(const LayerProgram& prog);
 
 // Activations the backward reads only as the input x of weight-gradient GEMMs (op code
 // "linear_wgrad", inputs[1]), which in bf16 round x before multiplying: such a buffer may be kept

@@ -67,7 +67,8 @@ double routed_tokens(const OpCall& c, const float* stats, int64_t E) {
 
 void moe_record_aux(OpCall& c, const float* stats, int64_t E) {
   const double Ng = routed_tokens(c, stats, E);
-  if (!c.router || c.unit.layer < 0 || Ng <= 0) return;
+  // Under cp the statistics are the whole micro-batch's on every cp rank (ExpertDispatch.cc): one records them.
+  if (!c.router || c.unit.layer < 0 || Ng <= 0 || c.cp_rank != 0) return;
   RouterStats& st = *c.router;
   if (st.n_experts != E) st.n_experts = E, st.tokens.assign(c.model.n_layers * E, 0);
   DHX_ASSERT(int64_t(st.tokens.size()) >= (c.unit.layer + 1) * E, "router stats for layer {}", c.unit.layer);

@@ -35,6 +35,11 @@ void moe_fwd(const TpRegion& b, std::vector<Op>& f, const std::string& in, const
   // shard, so the per-expert counts and probability sums ("moe.stats", 2E floats) are summed over
   // tp; the sum runs under the expert GEMMs and is read by moe.aux (forward) and moe.route.bwd.
   if (b.tp > 1) f.push_back(b.coll("tp.ar.moe.stats", CollOp::kAllReduce, "moe.stats", "moe.stats", 2 * E));
+  // Under context parallelism each cp rank routes its chunks of the same sequences: summed over cp
+  // too, so the loss and its gradient are the whole micro-batch's (moe.aux records them on cp rank 0
+  // only: the step's statistics are then summed over cp).
+  if (b.lay.cp > 1)
+    f.push_back(collective_op("cp.ar.moe.stats", CollOp::kAllReduce, "cp", {"moe.stats"}, "moe.stats", 2 * E * kF));
   if (G > 1) f.push_back(ep_coll(b, "ep.a2a.counts", {"moe.counts"}, "moe.rcounts", 4 * E));
   Op disp = compute_op("moe.dispatch", "moe_dispatch", {in, "moe.order"}, {"moe.xs"});
   elem_cost(disp, P * C, 0, 2);

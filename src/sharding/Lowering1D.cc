@@ -138,10 +138,10 @@ class Megatron1D final : public UnitLowering {
 }  // namespace
 
 ModelPrograms lower_1d(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
-  DHX_CHECK(lay.cp == 1 || (!m.is_moe() && mb.T % 2 == 0), ConfigError,
-            "context parallelism (parallel.cp={}) needs a dense model (family={}) and an even number of local rows per "
-            "sequence (T/cp = {}): model.seq_len divisible by 2*cp",
-            lay.cp, family_name(m.family), mb.T);
+  DHX_CHECK(lay.cp == 1 || mb.T % 2 == 0, ConfigError,
+            "context parallelism (parallel.cp={}) needs an even number of local rows per sequence (T/cp = {}): "
+            "model.seq_len divisible by 2*cp",
+            lay.cp, mb.T);
   TpRegion b{m, lay, mb.B, mb.T, mb.tokens(), 0, m.d_model, lay.tp};
   DHX_CHECK(b.N % lay.tp == 0, ConfigError, "micro-batch tokens {} (B={} x T={}) are not divisible by parallel.tp={}",
             b.N, mb.B, mb.T, lay.tp);
@@ -150,7 +150,7 @@ ModelPrograms lower_1d(const ModelConfig& m, const LayoutConfig& lay, const Micr
   for (auto [prog, desc] : {std::pair{&out.embed, describe_embed(m)}, std::pair{&out.block, describe_block(m)},
                             std::pair{&out.head, describe_head(m)}}) {
     Megatron1D lw(b);
-    *prog = lower_unit(desc, lw);
+    *prog = lower_unit(desc, lw, lay.recompute);
   }
   return out;
 }

@@ -198,7 +198,7 @@ ModelPrograms lower_3d(const ModelConfig& m, const LayoutConfig& lay, const Micr
   for (auto [prog, desc] : {std::pair{&out.embed, describe_embed(m)}, std::pair{&out.block, describe_block(m)},
                             std::pair{&out.head, describe_head(m)}}) {
     Axonn3D lw(b);
-    *prog = lower_unit(desc, lw);
+    *prog = lower_unit(desc, lw, lay.recompute);
   }
   return out;
 }

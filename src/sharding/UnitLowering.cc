@@ -45,11 +45,19 @@ std::vector<LinearSite> linear_sites(const UnitDesc& d) {
   return at;
 }
 
-void lower_fwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite>& at, std::vector<Op>& f) {
+// `core` gets, per forward op, whether the attention step wrote it (the op, or CP's ring).
+void lower_fwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite>& at, std::vector<Op>& f,
+               std::vector<bool>& core) {
   const Extents e = extents(lw);
   lw.begin(d, f);
   for (size_t i = 0; i < d.steps.size(); ++i) {
     const UnitStep& s = d.steps[i];
+    core.resize(f.size(), false);
+    if (s.kind == UnitStepKind::kAttention) {
+      lw.attention_fwd(s, attention_op(s, lw, e), f);
+      core.resize(f.size(), true);
+      continue;
+    }
     switch (s.kind) {
       case UnitStepKind::kTokenEmbed: lw.token_embed_fwd(s, f); break;
       case UnitStepKind::kPosEmbed: {
@@ -66,7 +74,7 @@ void lower_fwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite
         f.push_back(rope);
         break;
       }
-      case UnitStepKind::kAttention: lw.attention_fwd(s, attention_op(s, lw, e), f); break;
+      case UnitStepKind::kAttention: break;  // above
       case UnitStepKind::kActivation: {
         Op act = compute_op(s.tag, s.fn, {s.in[0]}, {s.out});
         elem_cost(act, lw.tokens() * double(e.Fl), is_gelu(s) ? 10 : 6, is_gelu(s) ? 2 : 3);
@@ -84,6 +92,7 @@ void lower_fwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite
       case UnitStepKind::kCrossEntropy: lw.xent_fwd(s, f); break;
     }
   }
+  core.resize(f.size(), false);
 }
 
 void lower_bwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite>& at, std::vector<Op>& g) {
@@ -157,12 +166,17 @@ void lower_bwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite
 
 }  // namespace
 
-LayerProgram lower_unit(const UnitDesc& d, UnitLowering& lw) {
+LayerProgram lower_unit(const UnitDesc& d, UnitLowering& lw, Recompute recompute) {
   LayerProgram p;
   p.name = d.kind;
   const std::vector<LinearSite> at = linear_sites(d);
-  lower_fwd(d, lw, at, p.fwd);
+  std::vector<bool> core;
+  lower_fwd(d, lw, at, p.fwd, core);
   lower_bwd(d, lw, at, p.bwd);
+  if (d.kind == "block" && recompute != Recompute::kNone) {
+    if (recompute == Recompute::kFull) core.assign(p.fwd.size(), true);
+    add_recompute(p, core);
+  }
   return p;
 }
 

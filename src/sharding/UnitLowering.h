@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "layout/Layout.h"
 #include "model/UnitDesc.h"
 #include "plan/Program.h"
 
@@ -57,7 +58,9 @@ class UnitLowering {
   virtual void end_bwd(std::vector<Op>& g) {}
 };
 
-// The unit's program under the layout `lw` (lifetimes not yet annotated).
-LayerProgram lower_unit(const UnitDesc& d, UnitLowering& lw);
+// The unit's program under the layout `lw` (lifetimes not yet annotated). A transformer layer
+// ("block") under `recompute` gets its recompute ops (plan/Program.h add_recompute): selective, the
+// ops the attention step wrote; full, every forward op the backward needs.
+LayerProgram lower_unit(const UnitDesc& d, UnitLowering& lw, Recompute recompute);
 
 }  // namespace dhelix::sharding

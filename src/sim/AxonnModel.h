@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 
+#include "layout/Layout.h"
 #include "sim/ClusterPreset.h"
 
 namespace dhelix {
@@ -23,7 +24,8 @@ struct AxonnGrid {
 };
 
 enum class AxonnMode { kPaperCompat, kCorrected };
-enum class Recompute { kNone, kFull };  // kFull: the forward runs twice (its all-reduce too)
+// Recompute (layout/Layout.h): kFull runs the forward twice (its all-reduces too); kSelective
+// re-runs only the attention core, no all-reduce, and is priced here as kNone.
 
 struct AxonnShape {
   int64_t hidden = 0;        // H

@@ -178,7 +178,9 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
   if (lay.cp > 1 && batch.seq % (2 * lay.cp) != 0)
     e.push_back(fmt::format("sequence {} is not divisible by 2 x cp = {} (context parallelism's chunks)", batch.seq,
                             2 * lay.cp));
-  if (lay.cp > 1 && m.is_moe()) e.push_back(fmt::format("cp={} with the moe family is not in this build", lay.cp));
+  if (lay.cp > 1 && m.is_moe() && lay.ep > 1)
+    e.push_back(fmt::format("cp={} with ep={}: the experts' gradients are not reduced over cp in this build; ep=1 "
+                            "with cp", lay.cp, lay.ep));
   if (lay.cp > 1 && lay.is_3d()) e.push_back(fmt::format("cp={} does not run on the 3D grid", lay.cp));
   if (lay.ep > 1 && !m.is_moe())
     e.push_back(fmt::format("ep={}: expert parallelism needs the moe family (model {} is {})", lay.ep, m.name,
@@ -283,25 +285,35 @@ std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
   return std::nullopt;
 }
 
-// Bytes of the buffers the backward strand reads that the forward made or received (saved for
-// backward), for one micro-batch; unknown names are counted as residual-stream rows and noted.
+// Elements of `b` by saved_elems, noting (and counting as residual-stream rows) a name no rule knows.
+double buffer_elems(const LayerProgram& p, const std::string& b, const ActDims& d, std::vector<std::string>& notes) {
+  std::optional<double> n = saved_elems(b, d);
+  if (!n) notes.push_back(fmt::format("{}: saved buffer '{}' has no size rule; counted as [{:g}, {:g}]", p.name, b,
+                                      d.Nres, d.Cres));
+  return n.value_or(d.Nres * d.Cres);
+}
+
+// Bytes of the buffers the backward strand reads that the forward made or received and the backward
+// does not make again (saved for backward: plan/Program.h saved_for_backward), for one micro-batch;
+// unknown names are counted as residual-stream rows and noted.
 double saved_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes) {
-  std::set<std::string> fwd_bufs;
-  for (const Op& op : p.fwd) {
-    fwd_bufs.insert(op.inputs.begin(), op.inputs.end());
-    fwd_bufs.insert(op.outputs.begin(), op.outputs.end());
-  }
-  std::set<std::string> saved;
-  for (const Op& op : p.bwd)
-    for (const std::string& b : op.inputs)
-      if (fwd_bufs.count(b)) saved.insert(b);
   double bytes = 0;
-  for (const std::string& b : saved) {
-    std::optional<double> n = saved_elems(b, d);
-    if (!n) notes.push_back(fmt::format("{}: saved buffer '{}' has no size rule; counted as [{:g}, {:g}]", p.name, b,
-                                        d.Nres, d.Cres));
-    bytes += n.value_or(d.Nres * d.Cres) * elem;
+  for (const std::string& b : saved_for_backward(p)) bytes += buffer_elems(p, b, d, notes) * elem;
+  return bytes;
+}
+
+// Under activation recomputation, what a layer's recompute ops make again for its backward (their
+// outputs some other backward op reads), all held at once at the backward's start: one layer's worth
+// on top of the saved buffers while that layer's backward runs. 0 without recompute ops.
+double recompute_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes) {
+  std::set<std::string> made, read;
+  for (const Op& op : p.bwd) {
+    if (op.flag("recompute")) made.insert(op.outputs.begin(), op.outputs.end());
+    else read.insert(op.inputs.begin(), op.inputs.end());
   }
+  double bytes = 0;
+  for (const std::string& b : made)
+    if (read.count(b)) bytes += buffer_elems(p, b, d, notes) * elem;
   return bytes;
 }
 
@@ -503,6 +515,7 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
   const double act_block = saved_bytes(progs.block, dims, elem, unknown);
   const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
   const double act_head = saved_bytes(progs.head, dims, elem, unknown);
+  const double act_remade = recompute_bytes(progs.block, dims, elem, unknown);
   if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
   double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
   for (const Op& op : progs.block.fwd)
@@ -534,7 +547,7 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
     const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
     mem.activations = in_flight * (layers * act_block + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
-                      (si == StrandInterleaving::kOn ? act_block : 0);
+                      (si == StrandInterleaving::kOn ? act_block : 0) + (layers > 0 ? act_remade : 0);
     if (mem.total() > worst.total()) worst = mem;  // the largest any stage needs is the limit
   }
   return worst;
@@ -904,7 +917,8 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
   ActDims d = act_dims(m, lay, batch);
   std::vector<std::string> notes;
   r.memory.activations = double(L) * saved_bytes(progs.block, d, elem, notes) + saved_bytes(progs.head, d, elem, notes) +
-                         (opt.si == StrandInterleaving::kOn ? saved_bytes(progs.block, d, elem, notes) : 0);
+                         (opt.si == StrandInterleaving::kOn ? saved_bytes(progs.block, d, elem, notes) : 0) +
+                         recompute_bytes(progs.block, d, elem, notes);
   r.notes = notes;
   r.notes.push_back("3D grid priced by the corrected AxoNN closed form (the layer programs do not write 3D ops yet); "
                     "GEMMs as GPT's four (K = 3, 1, 4, 4), no recompute; Strand Interleaving not modelled");

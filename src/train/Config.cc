@@ -95,6 +95,7 @@ const std::vector<Field>& table() {
       DHX_F("training", "nonfinite", training.nonfinite, kString, 0, 0, "a step with a non-finite loss or gradient norm: skip (no update; counted in the log and metrics) or stop (exit 3, naming the step and tensor); never reaches the weights or a checkpoint"),
       DHX_F("training", "precision", training.precision, kString, 0, 0, "fp32, or bf16: the linear layers' GEMMs (forward, input and weight gradient) and attention's tile products with bf16 operands and fp32 accumulation on AMX or AVX512-BF16 (oneDNN); weights, gradients, optimizer state, softmax, norms and the loss stay fp32"),
       DHX_F("training", "bf16_activations", training.bf16_activations, kOnOff, 0, 0, "with precision = bf16: keep each activation that the backward reads only as a weight-gradient GEMM's input in bf16 from its last forward use (half its bytes; results bitwise the same, since that GEMM rounds it anyway)"),
+      DHX_F("training", "recompute", training.recompute, kString, 0, 0, "activation recomputation of the transformer layers (Megatron's granularity): none; selective, the attention core re-run in the layer's backward instead of keeping its output and softmax statistics; full, only each layer's input kept and its forward re-run (collectives too) at the start of its backward. Results bitwise the same; less activation memory, more compute"),
       DHX_F("training", "device", training.device, kString, 0, 0, "cpu, or cuda / cuda:N (a GPU: the CUDA backend, docs/gpu.md); a device this build or machine cannot use is an error naming why, never a silent CPU run"),
       DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
@@ -397,9 +398,11 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     else if (p.tp > 1 && (m.seq_len / p.cp) % p.tp != 0)
       e.push_back(fmt::format("model.seq_len / parallel.cp = {} local rows are not divisible by parallel.tp={} "
                               "(sequence parallelism shards each rank's rows)", m.seq_len / p.cp, p.tp));
-    if (m.is_moe())
-      e.push_back(fmt::format("parallel.cp={} with model.family=moe is not supported in this build (the router's "
-                              "statistics are per rank); use cp=1, or ep and dp for the experts", p.cp));
+    if (m.is_moe() && p.ep > 1)
+      e.push_back(fmt::format("parallel.cp={} with parallel.ep={}: the experts' gradients would have to be summed over "
+                              "the cp ranks too, and this build reduces them over the expert-data-parallel group only; "
+                              "use ep=1 with cp (the experts then reduce over dp x cp like every weight), or cp=1",
+                              p.cp, p.ep));
   }
   divides("parallel.dp", p.dp, "parallel.ep", p.ep);
   // tp > 1 always runs Megatron's sequence parallelism: norms, residuals and dropout see T / tp rows.
@@ -449,8 +452,10 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
       static_cast<double>(int64_t{1} << 40))
     e.push_back(fmt::format("global batch micro_batch_size {} x micro_batches {} x dp {} overflows", t.micro_batch_size,
                             t.micro_batches, p.dp));
-  if (p.zero == 1 && p.dp == 1)
-    e.push_back("parallel.zero=1 shards optimizer state over dp, but parallel.dp=1; set zero=0 or dp>1");
+  // ZeRO-1 shards over the replicas of the weights: dp, times cp under context parallelism.
+  if (p.zero == 1 && p.dp * p.cp == 1)
+    e.push_back("parallel.zero=1 shards optimizer state over dp (x cp), but parallel.dp=1 and cp=1; set zero=0, or "
+                "dp>1 or cp>1");
   if (c.comm.precision != "auto" && c.comm.precision != "fp32" && c.comm.precision != "bf16")
     e.push_back(fmt::format("comm.precision=\"{}\" is not a wire precision; use auto, fp32 or bf16", c.comm.precision));
   if (c.comm.grad_precision != "fp32" && c.comm.grad_precision != "bf16")
@@ -466,6 +471,9 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   else if (t.precision == "bf16" && t.device == "cpu" && !cpu::bf16_support().usable())
     e.push_back("training.precision=\"bf16\" needs a CPU with AMX-BF16 or AVX512-BF16; this one has neither "
                 "(cpuid: amx_bf16 and avx512_bf16 absent); use fp32");
+  if (Recompute r; !parse_recompute(t.recompute, r))
+    e.push_back(fmt::format("training.recompute=\"{}\" is not a recompute granularity; use none, selective or full",
+                            t.recompute));
   if (t.nonfinite != "skip" && t.nonfinite != "stop")
     e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
   check_device(c, e);
@@ -654,6 +662,7 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.cp = static_cast<int>(cfg.parallel.cp);
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.sequence_parallel = cfg.parallel.tp > 1;
+  parse_recompute(cfg.training.recompute, l.recompute);  // validated: none when unknown
   l.tp_x = static_cast<int>(cfg.parallel.tp_x);
   l.tp_y = static_cast<int>(cfg.parallel.tp_y);
   l.tp_z = static_cast<int>(cfg.parallel.tp_z);

@@ -37,6 +37,7 @@ struct TrainingConfig {
   int64_t nonfinite_max_skips = 3;  // consecutive skipped steps after which the run stops (exit 3)
   std::string precision = "fp32";    // "bf16": the linear layers' GEMMs in bf16 (kernels/cpu/Bf16.h)
   bool bf16_activations = true;      // bf16: keep activations only weight-gradient GEMMs read in bf16
+  std::string recompute = "none";    // activation recomputation of the layers: none, selective, full
   std::string device = "cpu";        // where the step runs: cpu, or cuda / cuda:N (docs/gpu.md)
 };
 

@@ -54,13 +54,18 @@ expect ep_dense "parallel.ep=2 splits experts" "family=llama" -- train --config 
   --parallel.dp 2 --output.dir "$tmp/m4"
 expect moe_family "gpt" "moe" "mixture" -- train --config configs/moe-demo.toml --model.family mixture --output.dir "$tmp/m5"
 
-# 2d. Context parallelism: a sequence that does not cut into 2*cp chunks (128 into 6); cp with MoE;
+# 2d. Context parallelism: a sequence that does not cut into 2*cp chunks (128 into 6); cp with MoE's
+#     expert parallelism (cp with MoE at ep = 1 runs: tests/parallel/test_context_parallel.cc);
 #     a cp layout that needs more processes than were launched.
 expect cp_seq "model.seq_len=128 is not divisible by 2\*parallel.cp=6" "seq_len=132" -- train --config configs/demo.toml \
   --parallel.cp 3 --output.dir "$tmp/c1"
-expect cp_moe "parallel.cp=2 with model.family=moe" -- train --config configs/moe-demo.toml --parallel.cp 2 \
-  --output.dir "$tmp/c2"
+expect cp_moe_ep "parallel.cp=2 with parallel.ep=2" "use ep=1 with cp" -- train --config configs/moe-demo.toml \
+  --parallel.cp 2 --parallel.ep 2 --parallel.dp 2 --output.dir "$tmp/c2"
 expect cp_world "world size 1" "cp=2" "mpirun -np 2" -- train --config configs/demo.toml --parallel.cp 2 --output.dir "$tmp/c3"
+
+# 2e. Activation recomputation: an unknown granularity is named with the three that exist.
+expect recompute_name 'training.recompute="partial"' "none, selective or full" -- train --config configs/demo.toml \
+  --training.recompute partial --output.dir "$tmp/rc1"
 
 # 3. Missing dataset.
 expect missing_data "$tmp/none" -- train --config configs/demo.toml --data.prefix "$tmp/none" --output.dir "$tmp/r3"

@@ -85,10 +85,12 @@ std::vector<MicroBatch> random_micro_batches(const ModelConfig& m, const MicroBa
   return out;
 }
 
-ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device)
+ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device,
+                           Recompute recompute)
     : model_(m), mb_(mb), micro_batches_(micro_batches) {
   StepPartsSpec ps;
   ps.model = model_;
+  ps.layout.recompute = recompute;
   ps.mb = mb_;
   ps.tokens_per_step = static_cast<double>(micro_batches_ * mb_.tokens());
   parts_ = std::make_unique<StepParts>(ps);

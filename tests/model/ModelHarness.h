@@ -40,13 +40,18 @@ class ModelHarness {
  public:
   // Parameters start from the project's deterministic init (seed 1234). dloss = 1 / (M * B * T).
   // On a GPU (`device` cuda:N, a CUDA build) the parameters move there and the steps run there.
-  ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device = Device::host());
+  // `recompute`: the transformer layers' activation recomputation (layout/Layout.h).
+  ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device = Device::host(),
+               Recompute recompute = Recompute::kNone);
   ~ModelHarness();
   ModelHarness(const ModelHarness&) = delete;
   ModelHarness& operator=(const ModelHarness&) = delete;
 
   const ModelConfig& model() const { return model_; }
   std::vector<ParamSpec> specs() const;
+  const ModelPrograms& programs() const { return parts_->progs; }
+  // Activation bytes allocated now (between steps, or inside a step's slot hook).
+  int64_t activation_bytes() const { return parts_->act_mem.current(); }
   // Overwrites every parameter from full internal tensors.
   void set_values(const std::map<std::string, Tensor>& full);
   // Zeroes the gradients, then runs one step over `mbs` (size must be the constructor's count)

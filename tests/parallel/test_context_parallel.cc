@@ -4,7 +4,12 @@
 // the same sequences; each keeps its two chunks), so losses and gradients must match up to fp32
 // regrouping: the ring merges each query row's attention over cp key blocks (one more rounding of
 // the softmax normalisation per merge) and the weight gradients are summed over cp as over dp.
-// Tolerances: ParallelHarness.h's (measured deviations printed by each case).
+// Tolerances: ParallelHarness.h's (measured deviations printed by each case). MoE: each cp rank
+// routes its chunks; the router's statistics are summed over cp (and tp), so the load-balancing
+// loss's gradient -- in the router's -- is the whole micro-batch's, as in the single process. (MoE
+// with dp > 1 is not in this list: its load-balancing loss is over each dp rank's micro-batch, a
+// different loss than the one process's over the global one; MoeDataParallel in
+// test_parallel_equals_serial.cc compares it against per-rank micro-batches.)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -64,7 +69,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallelEqualsSerial,
                                            CpCase{ModelFamily::kLlama, 2, 1, 3}, CpCase{ModelFamily::kLlama, 2, 1, 4},
                                            CpCase{ModelFamily::kLlama, 1, 2, 2}, CpCase{ModelFamily::kLlama, 1, 2, 3},
                                            CpCase{ModelFamily::kLlama, 1, 2, 4}, CpCase{ModelFamily::kGPT, 1, 1, 3},
-                                           CpCase{ModelFamily::kGPT, 2, 2, 2}),
+                                           CpCase{ModelFamily::kGPT, 2, 2, 2}, CpCase{ModelFamily::kMoE, 1, 1, 2},
+                                           CpCase{ModelFamily::kMoE, 1, 1, 3}, CpCase{ModelFamily::kMoE, 1, 2, 2}),
                          cp_case_name);
 
 // Strand Interleaving with cp = 2: the ring steps' key/value exchanges are ops of the layer program,
@@ -81,7 +87,7 @@ TEST(ContextParallel, StrandInterleavingOnOffBitwise) {
 
 // cp with the other axes that keep their own groups: a pp = 2 W pipeline with co-execution (the
 // activations between stages are each rank's local rows), and ZeRO-1 over the dp x cp replicas
-// (the optimizer state cut over 4 ranks of dp 2 x cp 2). Oracle: the single process on the same
+// (the optimizer state cut over 4 ranks of dp 2 x cp 2, and over the 2 cp ranks at dp = 1). Oracle: the single process on the same
 // batches, within ParallelHarness.h's tolerances; ZeRO-1 holds reduced gradients only in chunks, so
 // its step-1 gradients are not compared (its losses are, over 10 steps).
 TEST(ContextParallel, WithPipelineAndZeroOne) {
@@ -115,6 +121,16 @@ TEST(ContextParallel, WithPipelineAndZeroOne) {
   const double zero_dev = max_rel_deviation(zero.losses, serial.losses);
   fmt::print("[measured] llama cp2 dp2 zero1: loss max rel dev {:.2e}\n", zero_dev);
   EXPECT_LE(zero_dev, kLossRelTol);
+
+  // dp = 1: the replicas of the weights are the cp ranks alone, and ZeRO-1 shards over them.
+  RunConfig z1 = cp_config(ModelFamily::kLlama, 1, 1, 2, prefix, dir / "zero_dp1");
+  z1.model.n_layers = 4;
+  z1.training.micro_batches = 4;
+  z1.parallel.zero = 1;
+  const RunResult zero1 = run_local(z1);
+  const double zero1_dev = max_rel_deviation(zero1.losses, serial.losses);
+  fmt::print("[measured] llama cp2 dp1 zero1: loss max rel dev {:.2e}\n", zero1_dev);
+  EXPECT_LE(zero1_dev, kLossRelTol);
 }
 
 // The ring's traffic per step. Oracle: the closed form. Per layer and micro-batch the keys/values

@@ -5,9 +5,14 @@
 //  - dataflow: every buffer an op reads was written before it (the forward from the unit's inputs,
 //    the backward from the forward's buffers and the gradient arriving from the unit above), so the
 //    walk's gradient names ("d<buffer>", passed through residuals and the positional add) connect;
-//  - model_params is the concatenation of the steps' parameters, per layer.
+//  - model_params is the concatenation of the steps' parameters, per layer;
+//  - activation recomputation (layout.recompute): the freed-buffer walk (no op reads a buffer its
+//    lifetime already ended), and what the forward keeps: the layer's input alone under full
+//    recompute (Megatron's full granularity), everything but the attention core's outputs under
+//    selective.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -118,6 +123,64 @@ TEST(UnitDesc, EveryBufferIsWrittenBeforeItIsRead) {
         }
       }
     }
+}
+
+// Walks forward then backward with the annotated frees, under every recompute granularity: every
+// buffer an op reads is live (written, and not freed since), nothing is freed that is not live, and
+// the buffers left at the end are the unit's boundary buffers only (nothing leaks).
+TEST(UnitDesc, LifetimesKeepEveryBufferUntilItsReadsUnderEveryRecompute) {
+  for (const Case& c : cases())
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      LayoutConfig lay = c.lay;
+      lay.recompute = rc;
+      const ModelConfig m = model(c.family, false);
+      const ModelPrograms progs = build_programs(m, lay, MicroBatchShape{2, 16});
+      for (const LayerProgram* prog : {&progs.embed, &progs.block, &progs.head}) {
+        const std::string ctx = what(c, false, prog->name) + " recompute=" + recompute_name(rc);
+        std::set<std::string> live = {"x", "tokens", "targets", "dy"};
+        for (const std::vector<Op>* ops : {&prog->fwd, &prog->bwd})
+          for (const Op& op : *ops) {
+            for (const std::string& in : op.inputs)
+              EXPECT_TRUE(live.count(in)) << ctx << ": " << op.name << " reads '" << in << "', not live";
+            live.insert(op.outputs.begin(), op.outputs.end());
+            for (const std::string& f : op.frees)
+              EXPECT_TRUE(live.erase(f)) << ctx << ": " << op.name << " frees '" << f << "', not live";
+          }
+        for (const std::string& b : live) {
+          const auto& keep = boundary_buffers();
+          EXPECT_TRUE(std::find(keep.begin(), keep.end(), b) != keep.end()) << ctx << ": '" << b << "' is never freed";
+        }
+      }
+    }
+}
+
+// What the block's forward keeps for its backward (saved_for_backward): full, the layer input "x"
+// only; selective, what none keeps less the attention core's outputs ("att", "att.lse"; under CP
+// the ring's own partial results never were kept), and the forward keeps its ops unchanged.
+TEST(UnitDesc, RecomputeKeepsTheLayerInputOrAllButTheAttentionCore) {
+  for (const Case& c : cases()) {
+    const ModelConfig m = model(c.family, false);
+    const ModelPrograms none = build_programs(m, c.lay, MicroBatchShape{2, 16});
+    const std::vector<std::string> kept = saved_for_backward(none.block);
+    for (Recompute rc : {Recompute::kSelective, Recompute::kFull}) {
+      LayoutConfig lay = c.lay;
+      lay.recompute = rc;
+      const ModelPrograms p = build_programs(m, lay, MicroBatchShape{2, 16});
+      const std::string ctx = what(c, false, "block") + " recompute=" + recompute_name(rc);
+      ASSERT_EQ(p.block.fwd.size(), none.block.fwd.size()) << ctx;
+      std::vector<std::string> want;
+      if (rc == Recompute::kFull) {
+        want = {"x"};
+      } else {
+        for (const std::string& b : kept)
+          if (b != "att" && b != "att.lse") want.push_back(b);
+        EXPECT_LT(want.size(), kept.size()) << ctx << ": the attention core's outputs were not kept without recompute";
+      }
+      EXPECT_EQ(saved_for_backward(p.block), want) << ctx;
+      for (const LayerProgram* u : {&p.embed, &p.head})
+        for (const Op& op : u->bwd) EXPECT_FALSE(op.flag("recompute")) << ctx << ": " << u->name << " recomputes";
+    }
+  }
 }
 
 TEST(UnitDesc, ModelParamsAreTheStepsParametersLayerByLayer) {
