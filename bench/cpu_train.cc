@@ -59,6 +59,7 @@ struct Args {
   CoExecute interleave = CoExecute::kOff;
   bool torch = true, profile = false;
   std::string precision = "fp32";  // bf16: dhelix bf16 and fp32, torch fp32 and bf16 autocast, alternating
+  std::string recompute = "none";  // training.recompute: the layers' activation recomputation
   std::string torch_script = "bench/cpu_train_torch.py";
   std::string python = "/usr/bin/python3";
 };
@@ -67,7 +68,7 @@ void usage() {
   std::puts(
       "usage: dhelix_bench_cpu_train [--batch B=4] [--seq T=256] [--steps N=3] [--warmup N=1]\n"
       "         [--micro-batches M=1] [--interleave on|off] [--threads N=2] [--profile]\n"
-      "         [--precision fp32|bf16]\n"
+      "         [--precision fp32|bf16] [--recompute none|selective|full]\n"
       "         [--no-torch] [--torch-script PATH] [--python PATH]");
 }
 
@@ -85,6 +86,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--interleave") a.interleave = fl.value() == "on" ? CoExecute::kOn : CoExecute::kOff;
     else if (k == "--profile") a.profile = true;
     else if (k == "--precision") a.precision = fl.value();
+    else if (k == "--recompute") a.recompute = fl.value();
     else if (k == "--no-torch") a.torch = false;
     else if (k == "--torch-script") a.torch_script = fl.value();
     else if (k == "--python") a.python = fl.value();
@@ -94,6 +96,9 @@ Args parse(int argc, char** argv) {
   DHX_CHECK(a.B >= 1 && a.T >= 1 && a.steps >= 1 && a.micro_batches >= 1 && a.threads >= 1, ConfigError,
             "--batch={} --seq={} --steps={} --micro-batches={} --threads={} must all be >= 1", a.B, a.T, a.steps,
             a.micro_batches, a.threads);
+  Recompute rc;
+  DHX_CHECK(parse_recompute(a.recompute, rc), ConfigError, "--recompute '{}' must be none, selective or full",
+            a.recompute);
   DHX_CHECK(a.precision == "fp32" || a.precision == "bf16", ConfigError, "--precision '{}' must be fp32 or bf16",
             a.precision);
   return a;
@@ -264,6 +269,7 @@ class OursRun {
     spec.parts.mb = MicroBatchShape{a.B, a.T};
     spec.parts.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
     spec.parts.pipeline = single_stage(a.interleave);
+    parse_recompute(a.recompute, spec.parts.layout.recompute);  // checked by parse
     // As the trainer runs bf16 (training.bf16_activations on): saved GEMM inputs kept in bf16.
     spec.bf16_saved_activations = precision == cpu::GemmPrecision::kBf16;
     spec.kernels = cpu::kernel_config(static_cast<int>(a.threads), precision);
@@ -464,7 +470,9 @@ int run(int argc, char** argv) {
     fmt::print("{:<30} {:>18.3f}\n", "bf16 model FLOP/s / matmul", *tps16 * flops_tok / bf16_mm);
     if (torch16_tps) fmt::print("{:<30} {:>18.2f}\n", "ours bf16 / torch autocast", *tps16 / *torch16_tps);
   }
-  nlohmann::json j = {{"tokens_per_s", tps},
+  nlohmann::json j = {{"recompute", a.recompute},
+                      {"peak_activation_mib", ours.peak_act / 1048576.0},
+                      {"tokens_per_s", tps},
                       {"model_flops_per_s", mflops},
                       {"sgemm_flops_per_s", sgemm},
                       {"sgemm_fraction", frac},

@@ -1,6 +1,8 @@
 // CPU feature detection by cpuid (CpuFeatures.h).
 #include "base/CpuFeatures.h"
 
+#include <atomic>
+
 #include <cpuid.h>
 
 namespace dhelix::cpu {
@@ -12,7 +14,20 @@ std::string Bf16Support::describe() const {
   return s.empty() ? "none" : s;
 }
 
+namespace {
+std::atomic<bool> g_overridden{false};
+Bf16Support g_override;
+}  // namespace
+
+void set_bf16_support_for_tests(const Bf16Support& s) {
+  g_override = s;
+  g_overridden = true;
+}
+
+void reset_bf16_support_for_tests() { g_overridden = false; }
+
 Bf16Support bf16_support() {
+  if (g_overridden) return g_override;
   static const Bf16Support s = [] {
     Bf16Support r;
     unsigned a = 0, b = 0, c = 0, d = 0;

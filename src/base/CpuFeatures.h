@@ -12,7 +12,11 @@ struct Bf16Support {
   bool usable() const { return avx512_bf16 || amx_bf16; }
   std::string describe() const;  // "amx_bf16 avx512_bf16", or "none"
 };
-// What this CPU offers (read once).
+// What this CPU offers (read once), or what set_bf16_support_for_tests put in its place.
 Bf16Support bf16_support();
+// TEST HOOK: makes bf16_support() return `s` (a CPU without bf16, on a machine that has it) until
+// reset_bf16_support_for_tests(); the refusals that read it can then be tested anywhere.
+void set_bf16_support_for_tests(const Bf16Support& s);
+void reset_bf16_support_for_tests();
 
 }  // namespace dhelix::cpu

@@ -135,9 +135,11 @@ StepStats StepRunner::run(const std::vector<MicroBatch>& mbs) {
   return run_schedule(make_schedule(spec), mbs);
 }
 
+// The residual stream between units: [N / tp, C] under Megatron's layouts (the sequence shard),
+// [N, C / Gx] on the 3D grid (the features over x; this rank's micro-batch is already its z share).
 Shape StepRunner::boundary_shape() const {
-  const int64_t tp = std::max(1, ctx_.layout.tp);
-  return {ctx_.mb.tokens() / tp, ctx_.model->d_model};
+  const int64_t tp = std::max(1, ctx_.layout.tp), gx = std::max(1, ctx_.layout.tp_x);
+  return {ctx_.mb.tokens() / tp, ctx_.model->d_model / gx};
 }
 
 namespace {

@@ -7,8 +7,10 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "model/UnitDesc.h"
+#include "sharding/CpRing.h"
 #include "sharding/Grid3D.h"
 #include "sharding/OpFactory.h"
+#include "sharding/TpRegion.h"
 #include "sharding/UnitLowering.h"
 
 namespace dhelix::sharding {
@@ -17,7 +19,7 @@ namespace {
 
 class Axonn3D final : public UnitLowering {
  public:
-  explicit Axonn3D(const Grid3D& b) : b_(b), oag_(b.lay.overlap3d.ag) {}
+  explicit Axonn3D(const Grid3D& b) : b_(b), oag_(b.lay.overlap3d.ag), ring_{b.m, b.lay, b.B, b.T, b.N, b.N, b.C, 1} {}
 
   const ModelConfig& model() const override { return b_.m; }
   int64_t split() const override { return b_.gy; }
@@ -79,6 +81,22 @@ class Axonn3D final : public UnitLowering {
     }
     gather_ahead(j, j > 0, -1, ".bwd", bwd_blocks_, g);
     grid_linear_bwd(b_, g, lin_[size_t(at.index)], s.in[0], d_out, d_in, bwd_blocks_[size_t(at.index)], accum_);
+  }
+
+  // Context parallelism on the grid: this rank's heads (over y) of its B sequences' two chunks run
+  // CP's ring over "cp" exactly as under Megatron's layouts (CpRing.h): the grid splits heads and
+  // features, cp the sequence, so the ring sees whole rows of this rank's heads.
+  void attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f) override {
+    if (b_.lay.cp > 1 && s.cp_ring)
+      cp_attention_fwd(ring_, f, s.in[0], attn);
+    else
+      f.push_back(std::move(attn));
+  }
+  void attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g) override {
+    if (b_.lay.cp > 1 && s.cp_ring)
+      cp_attention_bwd(ring_, g, s.in[0], attn_b.outputs.at(0), attn_b);
+    else
+      g.push_back(std::move(attn_b));
   }
 
   void moe_fwd(const UnitStep& s, std::vector<Op>&) override { refuse_moe(s); }
@@ -188,6 +206,7 @@ class Axonn3D final : public UnitLowering {
   std::vector<GridLinear> lin_;                        // the unit's column and row linears, forward order
   std::vector<std::string> fwd_blocks_, bwd_blocks_;   // their gathered blocks ("" reads the shard)
   std::vector<Op> accum_;
+  const TpRegion ring_;  // the ring's extents (CpRing.h reads Megatron's context; tp = 1 here)
 };
 
 }  // namespace

@@ -9,9 +9,6 @@
 namespace dhelix {
 
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
-  DHX_CHECK(!(lay.cp > 1 && lay.is_3d()), ConfigError,
-            "context parallelism (parallel.cp={}) does not run on the 3D grid (tp_x={} tp_y={} tp_z={}); use tp with cp",
-            lay.cp, lay.tp_x, lay.tp_y, lay.tp_z);
   DHX_CHECK(!(m.is_moe() && lay.is_3d()), ConfigError,
             "model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; use tp, dp and ep",
             lay.tp_x, lay.tp_y, lay.tp_z);

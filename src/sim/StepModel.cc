@@ -181,7 +181,6 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
   if (lay.cp > 1 && m.is_moe() && lay.ep > 1)
     e.push_back(fmt::format("cp={} with ep={}: the experts' gradients are not reduced over cp in this build; ep=1 "
                             "with cp", lay.cp, lay.ep));
-  if (lay.cp > 1 && lay.is_3d()) e.push_back(fmt::format("cp={} does not run on the 3D grid", lay.cp));
   if (lay.ep > 1 && !m.is_moe())
     e.push_back(fmt::format("ep={}: expert parallelism needs the moe family (model {} is {})", lay.ep, m.name,
                             family_name(m.family)));

@@ -398,6 +398,7 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     else if (p.tp > 1 && (m.seq_len / p.cp) % p.tp != 0)
       e.push_back(fmt::format("model.seq_len / parallel.cp = {} local rows are not divisible by parallel.tp={} "
                               "(sequence parallelism shards each rank's rows)", m.seq_len / p.cp, p.tp));
+    // refused: cp ep -- the experts' gradients would need summing over cp too, and this build reduces them over the expert-data-parallel group only (MoE with cp runs at ep = 1)
     if (m.is_moe() && p.ep > 1)
       e.push_back(fmt::format("parallel.cp={} with parallel.ep={}: the experts' gradients would have to be summed over "
                               "the cp ranks too, and this build reduces them over the expert-data-parallel group only; "
@@ -410,6 +411,7 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   // 3D tensor parallelism (AxoNN): residual features split over x, heads and MLP features over y,
   // every weight block flattened and split over z.
   const bool grid3d = p.tp_x * p.tp_y * p.tp_z > 1;
+  // refused: tp 3d -- Megatron's tp is the 3D grid with Gx = Gz = 1: set one or the other
   if (grid3d && p.tp > 1)
     e.push_back(fmt::format("parallel.tp={} cannot be mixed with the 3D grid parallel.tp_x={} tp_y={} tp_z={}: Megatron's "
                             "tp is the 3D grid with Gx = Gz = 1 (set tp=1, tp_y={}), or set tp_x = tp_y = tp_z = 1",
@@ -426,14 +428,11 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     divides("model.n_heads", m.n_heads, "parallel.tp_y (attention heads are split over y)", p.tp_y);
     divides("model.n_kv_heads", m.n_kv_heads, "parallel.tp_y (attention heads are split over y)", p.tp_y);
     divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp_y (MLP features are split over y)", p.tp_y);
-    if (p.pp > 1 || p.cp > 1 || p.ep > 1)
-      e.push_back(fmt::format("the 3D grid (tp_x={} tp_y={} tp_z={}) runs with dp only in this build; set parallel.pp, "
-                              "cp and ep to 1 (got pp={} cp={} ep={})",
-                              p.tp_x, p.tp_y, p.tp_z, p.pp, p.cp, p.ep));
   }
   if (m.is_moe()) {
     divides("model.n_experts", m.n_experts, "parallel.ep (each expert-parallel rank holds n_experts / ep whole experts)",
             p.ep);
+    // refused: 3d ep -- the MoE family (and so expert parallelism) does not run on the 3D grid in this build
     if (grid3d)
       e.push_back(fmt::format("model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; "
                               "use tp, dp and pp", p.tp_x, p.tp_y, p.tp_z));

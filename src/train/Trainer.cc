@@ -415,6 +415,26 @@ void Trainer::log_run_header() const {
                   m.seq_len, cfg_.training.micro_batches, layout_.dp, cfg_.tokens_per_step()));
   log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", reference_name(),
                   sgemm_flops_ / 1e9, m.flops_per_token(m.seq_len)));
+  if (layout_.recompute != Recompute::kNone)
+    log(fmt::format("activation recomputation: {} (the recompute ops run at the start of each layer's backward)",
+                    recompute_name(layout_.recompute)));
+  // parallel.sparse_embed_grad is on by default: where it could pay (dp > 1) but this layout keeps the
+  // dense exchange, say why once.
+  if (cfg_.parallel.sparse_embed_grad && layout_.dp > 1 && !sparse_rows_) {
+    std::string why;
+    if (layout_.pp > 1)
+      why = fmt::format("pp={}: not implemented for pipelines in this build (a tied table's two stage copies are "
+                        "summed dense between the first and last stage)", layout_.pp);
+    else if (layout_.is_3d())
+      why = "the 3D grid splits the table over x and y and its batch over z; the rows exchange is not implemented there";
+    else if (layout_.tp > 1)
+      why = fmt::format("tp={}: each tp rank holds a vocabulary shard of the table", layout_.tp);
+    else if (layout_.cp > 1)
+      why = fmt::format("cp={}: the table's gradient is reduced over dp x cp", layout_.cp);
+    else
+      why = "the step's tokens x dp reach 2 x vocabulary rows: the dense all-reduce moves fewer bytes";
+    log(fmt::format("parallel.sparse_embed_grad: the token embedding's gradient is all-reduced dense ({})", why));
+  }
 }
 
 // The step's model FLOP rate as a fraction of the reference rate (the world's).

@@ -28,13 +28,15 @@ expect several_errors "n_heads" "bogus_key" "micro_batch_size" -- \
 expect tp_heads "tp" -- train --config configs/demo.toml --parallel.tp 3 --output.dir "$tmp/r2"
 
 # 2b. 3D tensor parallelism: mixed with Megatron's tp; heads not divisible by tp_y; a bad axis
-#     order; with pp; a grid that needs more processes than were launched.
+#     order; with the MoE family; a grid that needs more processes than were launched (with pp, cp
+#     and ZeRO-1 the grid runs: tests/parallel/test_3d_composed.cc).
 expect grid3d_mixed "cannot be mixed" "tp_y=2" -- train --config configs/demo.toml --parallel.tp 2 --parallel.tp_x 2 \
   --output.dir "$tmp/g1"
 expect grid3d_heads "model.n_heads" "parallel.tp_y" -- train --config configs/demo.toml --parallel.tp_y 3 --output.dir "$tmp/g2"
 expect grid3d_order "tp_order" "xzz" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.tp_order xzz \
   --output.dir "$tmp/g3"
-expect grid3d_pp "runs with dp only" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.pp 2 --output.dir "$tmp/g4"
+expect grid3d_moe "model.family=moe does not run on the 3D grid" -- train --config configs/moe-demo.toml \
+  --parallel.tp_x 2 --output.dir "$tmp/g4"
 expect grid3d_world "world size 1" "tp_z=2" "mpirun -np 8" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.tp_y 2 \
   --parallel.tp_z 2 --output.dir "$tmp/g5"
 

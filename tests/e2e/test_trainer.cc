@@ -59,6 +59,7 @@ TEST_P(Families, ResumeContinuesBitwise) {
 
 // Oracle: the sequential schedule. Strand Interleaving only reorders whole ops between two
 // micro-batches; every reduction keeps its order, so losses must be bitwise equal.
+// combination: si
 TEST_P(Families, InterleavingOnOffBitwiseOverTraining) {
   TempDir dir;
   write_synthetic_dataset(dir.path() + "/data", 200, 300, 9);
@@ -95,6 +96,7 @@ TEST_P(Families, LossFallsOnLearnableData) {
 // CPU with AVX512-BF16 only); the drop's 5% is the bias check. MoE's band is 0.25: its top-k
 // routing is discrete, so a rounding that moves a token to another expert changes its whole path
 // (measured 0.08-0.17 over those seeds).
+// combination: si bf16
 TEST_P(Families, Bf16InterleavingOnOffBitwise) {
   if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
   TempDir dir;
@@ -108,6 +110,7 @@ TEST_P(Families, Bf16InterleavingOnOffBitwise) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
 }
 
+// combination: si bf16
 TEST_P(Families, Bf16LossTracksFp32) {
   if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
   TempDir dir;
@@ -134,6 +137,7 @@ TEST_P(Families, Bf16LossTracksFp32) {
 // them kept in fp32 -- every loss bitwise equal, since each such activation is read in the backward
 // only by a weight-gradient GEMM that rounds it to the same bf16 before multiplying -- and the
 // activation memory tracker: the peak strictly lower (the tiny model's figures printed).
+// combination: si bf16
 TEST_P(Families, Bf16SavedActivationsSameResultsLessMemory) {
   if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has neither AMX-BF16 nor AVX512-BF16";
   TempDir dir;

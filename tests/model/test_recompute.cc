@@ -52,6 +52,8 @@ void expect_bitwise(const StepRun& got, const StepRun& want, const std::string& 
   }
 }
 
+// combination: recompute
+// combination: recompute si
 TEST(Recompute, LossesRoutingAndGradientsBitwiseEqualNoneUnderEverySchedule) {
   for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama, ModelFamily::kMoE}) {
     const ModelConfig m = reference_config(f);
@@ -68,6 +70,7 @@ TEST(Recompute, LossesRoutingAndGradientsBitwiseEqualNoneUnderEverySchedule) {
 
 // The recompute ops are the backward program's first ops, copies of forward ops (same code, inputs,
 // outputs, parameters), and the rest of the backward is the program without recomputation.
+// combination: recompute
 TEST(Recompute, BackwardIsRecomputeOpsThenTheUnchangedBackward) {
   for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama, ModelFamily::kMoE}) {
     const ModelConfig m = reference_config(f);
@@ -144,6 +147,7 @@ Memory measure(const ModelConfig& m, Recompute rc, const PipelineSpec& pipe) {
 // kept(rc)) x 4 bytes exactly (the embedding's and head's buffers are the same in both). The peak
 // (during a backward, when one layer's recomputed activations and its gradients are live) is lower
 // too, selective below none and full below selective.
+// combination: recompute
 TEST(Recompute, KeptActivationsFollowTheClosedFormAndThePeakDrops) {
   for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama}) {
     const ModelConfig m = reference_config(f);
@@ -166,6 +170,7 @@ TEST(Recompute, KeptActivationsFollowTheClosedFormAndThePeakDrops) {
 
 // With Strand Interleaving the peak drops too (the backward strand's layer recomputes while the
 // forward strand keeps less per layer).
+// combination: recompute si
 TEST(Recompute, PeakDropsUnderStrandInterleaving) {
   for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama, ModelFamily::kMoE}) {
     const ModelConfig m = reference_config(f);

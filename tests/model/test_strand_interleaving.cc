@@ -45,16 +45,19 @@ void expect_bitwise_equal_steps(ModelFamily family, int micro_batches, const Pip
   }
 }
 
+// combination: si
 TEST(StrandInterleaving, GptLossesAndGradientsBitwiseEqualSequential) {
   for (int M : {2, 3}) expect_bitwise_equal_steps(ModelFamily::kGPT, M);
 }
 
+// combination: si
 TEST(StrandInterleaving, LlamaLossesAndGradientsBitwiseEqualSequential) {
   for (int M : {2, 3}) expect_bitwise_equal_steps(ModelFamily::kLlama, M);
 }
 
 // MoE: routing, the grouped expert GEMMs and the aux loss's gradient are per micro-batch, so the
 // schedule cannot change them either (the routing statistics are compared too).
+// combination: si
 TEST(StrandInterleaving, MoeLossesAndGradientsBitwiseEqualSequential) {
   for (int M : {2, 3}) expect_bitwise_equal_steps(ModelFamily::kMoE, M);
 }
@@ -62,6 +65,7 @@ TEST(StrandInterleaving, MoeLossesAndGradientsBitwiseEqualSequential) {
 // The folded W and interleaved 1F1B at pp = 1 run the model as two chunks on one rank (the W's
 // down chunk embedding + layer 1, its up chunk layer 2 + head; interleaved: chunk i = layer i+1
 // with the embedding and head at the ends), with and without co-execution.
+// combination: si
 TEST(StrandInterleaving, TwoChunkSchedulesBitwiseEqualSequential) {
   for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama, ModelFamily::kMoE})
     for (PipelineKind k : {PipelineKind::kW, PipelineKind::kInterleaved})
@@ -91,12 +95,14 @@ double peak_ratio(const ModelConfig& m, const MicroBatchShape& mb, int micro_bat
 
 // Bound: 1.05, the paper's "no extra activation memory" claim with 5% slack for the few
 // buffers of the forward strand's first op that exist before the backward strand frees its own.
+// combination: si
 TEST(StrandInterleaving, PeakActivationsDemoPresetWithin5Percent) {
   EXPECT_LE(peak_ratio(model_preset("demo"), {8, 128}, 2), 1.05);
 }
 
 // GPT-2 124M at B=1, T=256: ~1 GB of states and ~30 s of single-thread compute, so the sanitizer
 // build (which re-runs the unit tests for memory errors, already covered by the demo case) skips it.
+// combination: si
 TEST(StrandInterleaving, PeakActivationsGpt2SmallBatchWithin5Percent) {
 #ifdef __SANITIZE_ADDRESS__
   GTEST_SKIP() << "sized for the release build; the sanitizer build checks the demo shape";
@@ -148,6 +154,7 @@ void expect_slots_bracket_backward(const PipelineSpec& pipe, int micro_batches) 
   }
 }
 
+// combination: si
 TEST(StrandInterleaving, SlotHookBracketsEachSlotsBackward) {
   expect_slots_bracket_backward(kSi, 3);
   expect_slots_bracket_backward(kSequential, 3);

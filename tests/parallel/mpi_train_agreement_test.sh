@@ -59,6 +59,7 @@ grep -q "step     1/" "$dir/a.out" && { echo "FAIL config_mismatch: a step ran";
 #    (exit 143); the resumed run's losses equal an uninterrupted run's, bitwise.
 timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --output.dir "$dir/full" > "$dir/full.out" 2>&1
 check uninterrupted 0 $? "$dir/full.out"
+# combination: dp si (sigterm_one_rank)
 DHELIX_FAULT_INJECT=1:3:sigterm timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --output.dir "$dir/t" \
   > "$dir/t.out" 2>&1
 check sigterm_one_rank 143 $? "$dir/t.out" "stopped by SIGTERM after step 3"
@@ -76,6 +77,7 @@ if [ "$(grep -o '"loss":[^,]*' "$dir/full/metrics.jsonl")" = "$(grep -o '"loss":
 #     step 2 is in the metrics.
 launch=$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch
 long=("${args[@]}" --training.steps 100000)
+# combination: dp si (launch_sigterm)
 MPIRUN=$MPIRUN "$launch" --oversubscribe --bind-to none -np 2 "$DHELIX" train "${long[@]}" --output.dir "$dir/L" \
   > "$dir/L.out" 2>&1 &
 lpid=$!
@@ -86,6 +88,7 @@ check launch_sigterm 143 $? "$dir/L.out" "stopped by SIGTERM after step"
   || { echo "FAIL launch_sigterm_checkpoint: no latest"; fail=1; }
 
 # 3. A NaN gradient on rank 1 (before the dp reduction) under nonfinite=stop: exit 3 everywhere.
+# combination: dp si (nan_stop_all_ranks)
 DHELIX_FAULT_INJECT=1:2:nan-grad timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --output.dir "$dir/n" \
   --training.nonfinite stop > "$dir/n.out" 2>&1
 check nan_stop_all_ranks 3 $? "$dir/n.out" "training diverged: step 2"
@@ -96,6 +99,9 @@ n=$(grep -c "training diverged" "$dir/n.out")
 #    the 3D grid's x axis:
 #    gathered to rank 0, it equals `dhelix sample` on the run's checkpoint in one process.
 for lay in "--parallel.pp 2 --schedule.pipeline w --model.n_layers 4" "--parallel.tp 2" "--parallel.tp_x 2"; do
+  # combination: w si (sample_split_model pp2 w)
+  # combination: tp si (sample_split_model tp2)
+  # combination: 3d si (sample_split_model tp_x2)
   # shellcheck disable=SC2086
   timeout 120 "${mpi[@]}" -np 2 "$DHELIX" train "${args[@]}" --parallel.dp 1 $lay --training.steps 2 \
     --training.sample_tokens 10 --output.dir "$dir/s" --output.overwrite true > "$dir/s.out" 2>&1
@@ -123,6 +129,7 @@ check grid3d_profile 0 $? "$dir/p3.out" "entries timed"
 timeout 300 "${mpi[@]}" -np 4 "$DHELIX" plan "${args[@]}" "${g3[@]}" --profile "$dir/p3/prof.json" --out "$dir/p3/plan.json" \
   --repeats 1 --warmup 0 >> "$dir/p3.out" 2>&1
 check grid3d_plan 0 $? "$dir/p3.out" "wrote $dir/p3/plan.json"
+# combination: 3d si (grid3d_searched_plan_bitwise)
 for with in default searched; do
   extra=(); [ $with = searched ] && extra=(--schedule.plan "$dir/p3/plan.json")
   timeout 300 "${mpi[@]}" -np 4 "$DHELIX" train "${args[@]}" "${g3[@]}" "${extra[@]}" --output.dir "$dir/p3/$with" \

@@ -66,16 +66,20 @@ run_case() {  # run_case FAULT EXPECTED_TEXT...   (layout: the array above)
 
 # The killed rank is reported by mpirun or, first, by rank 0 when its Gloo connection to rank 1
 # closes (its abort message then names the op, and rank 1 when the address is rank 1's listener).
+# combination: dp si (dp2 kill 1:3)
 run_case 1:3 "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 2) by SIGKILL; last collective: " \
   "exited on signal 9||by peer"
+# combination: dp si (dp2 throw 1:3:throw)
 run_case 1:3:throw "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 2); last collective: "
 
 # Pipeline: pp 2 with the folded W over 4 layers (stage 1 holds units 2 and 3, layers 2 and 3); the
 # fault fires in stage 1's backward of unit 3 in the step's last micro-batch, while stage 0 waits
 # for that micro-batch's gradient: rank 0's message names its pending receive on the pp group.
 layout=(--parallel.pp 2 --schedule.pipeline w --model.n_layers 4 --training.micro_batches 4)
+# combination: w si (pp2 w kill 1:3)
 run_case 1:3 "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 3) by SIGKILL; last collective: " \
   "exited on signal 9||by peer"
+# combination: w si (pp2 w throw 1:3:throw)
 run_case 1:3:throw "rank 1: DHELIX_FAULT_INJECT: failing in step 3 (backward of unit 3); last collective: " "on pp[1/2]"
 [ $fail -eq 0 ] && echo "mpi_train_failure_test: passed" || echo "mpi_train_failure_test: FAILED"
 exit $fail

@@ -27,6 +27,8 @@ std::string grid_name(const ::testing::TestParamInfo<Grid>& info) {
 
 class Grid3DEqualsSerial : public ::testing::TestWithParam<Grid> {};
 
+// combination: 3d si
+// combination: dp 3d si
 TEST_P(Grid3DEqualsSerial, LossesAndFirstGradients) {
   const Grid g = GetParam();
   TempDir dir;

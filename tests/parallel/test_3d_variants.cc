@@ -51,6 +51,7 @@ void expect_bitwise(const RunResult& a, const RunResult& b, const std::string& w
   EXPECT_EQ(differing(a.first_grads, b.first_grads, &which), 0) << what << ": gradient " << which;
 }
 
+// combination: 3d si
 TEST(Grid3D, StrandInterleavingOnOffBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -65,6 +66,7 @@ TEST(Grid3D, StrandInterleavingOnOffBitwise) {
   }
 }
 
+// combination: 3d si
 TEST(Grid3D, EachOverlapOnOffBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -86,6 +88,7 @@ TEST(Grid3D, EachOverlapOnOffBitwise) {
 // default) against a reduce-scatter per micro-batch (AxoNN's order). Oracle: the per-micro-batch
 // run; the sums differ only in order (over micro-batches, then z; or z, then micro-batches), so
 // ParallelHarness.h's TP/DP bounds hold. SI on vs off stays bitwise under it (the test above).
+// combination: 3d si
 TEST(Grid3D, AccumulatedZGradientsEqualPerMicroBatch) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -153,6 +156,7 @@ std::pair<int, int> overlapped(const std::vector<Iv>& t, const std::string& coll
   return {hits, n};
 }
 
+// combination: 3d
 TEST(Grid3D, TraceShowsEachOverlappedPair) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -202,6 +206,7 @@ TEST(Grid3D, TraceShowsEachOverlappedPair) {
   }
 }
 
+// combination: dp 3d si
 TEST(Grid3D, MegatronAndZero3SpecialCases) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -259,6 +264,9 @@ TEST(Grid3D, SpecialCasesHaveTheirCollectives) {
   EXPECT_EQ(colls(y4.block.fwd), (std::set<std::string>{"y:all_reduce"}));
 }
 
+// combination: 3d si
+// combination: dp 3d si
+// combination: dp tp si
 TEST(Grid3D, CheckpointReshardsAcrossLayouts) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());

@@ -34,6 +34,9 @@ namespace {
 
 constexpr double kWireLossRelTol = 1e-3;
 
+// combination: tp si
+// combination: cp si
+// combination: 3d si
 TEST(Bf16Wire, LayoutsTrackTheSerialRun) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -68,6 +71,7 @@ TEST(Bf16Wire, LayoutsTrackTheSerialRun) {
   }
 }
 
+// combination: tp si
 TEST(Bf16Wire, StrandInterleavingOnOffBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -83,6 +87,8 @@ TEST(Bf16Wire, StrandInterleavingOnOffBitwise) {
 // The half by hand: per group, the fp32 ring bytes of the program's activation collectives (every
 // unit's forward and backward, every micro-batch), halved; the other collectives (loss statistics,
 // norm statistics, partial gradients, data-parallel buckets) unchanged.
+// combination: dp tp si
+// combination: 3d si
 TEST(Bf16Wire, ActivationCollectivesMoveHalfTheirBytes) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -118,6 +124,9 @@ TEST(Bf16Wire, ActivationCollectivesMoveHalfTheirBytes) {
 
 // comm.grad_precision = bf16: dp 2 (plain and ZeRO-1) and tp 2 x dp 2 train like the serial run
 // (kWireLossRelTol, derivation above) and differ from the fp32-gradient run.
+// combination: dp si
+// combination: dp si zero1
+// combination: dp tp si
 TEST(Bf16Wire, DataParallelGradientsTrackTheSerialRun) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -145,6 +154,7 @@ TEST(Bf16Wire, DataParallelGradientsTrackTheSerialRun) {
   }
 }
 
+// combination: dp tp si zero1
 TEST(Bf16Wire, DataParallelGradientsStrandInterleavingOnOffBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -157,6 +167,8 @@ TEST(Bf16Wire, DataParallelGradientsStrandInterleavingOnOffBitwise) {
 
 // Exactly half the dp group's bytes (the buckets are all it carries with the sparse embedding
 // exchange off), every other group's unchanged: counted by the comm layer, fp32 vs bf16 gradients.
+// combination: dp tp si
+// combination: dp tp si zero1
 TEST(Bf16Wire, DataParallelGradientsMoveHalfTheirBytes) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());

@@ -21,6 +21,11 @@
 namespace dhelix::testing {
 namespace {
 
+// combination: 3d si
+// combination: dp 3d si
+// combination: dp tp si
+// combination: dp si
+// combination: tp cp si
 TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());

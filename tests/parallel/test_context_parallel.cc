@@ -44,6 +44,10 @@ RunConfig cp_config(ModelFamily family, int dp, int tp, int cp, const std::strin
 
 class ContextParallelEqualsSerial : public ::testing::TestWithParam<CpCase> {};
 
+// combination: cp si
+// combination: cp dp si
+// combination: cp tp si
+// combination: cp dp tp si
 TEST_P(ContextParallelEqualsSerial, LossesAndFirstGradients) {
   const CpCase c = GetParam();
   TempDir dir;
@@ -77,6 +81,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallelEqualsSerial,
 // so SI only reorders whole ops of two micro-batches (the forward strand's ring beside the backward
 // strand's, both on the one cp group). Oracle: the same run with SI off; losses bitwise equal
 // (M = 3, so fwd(mb i) runs beside bwd(mb i-1)).
+// combination: cp si
 TEST(ContextParallel, StrandInterleavingOnOffBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -90,6 +95,9 @@ TEST(ContextParallel, StrandInterleavingOnOffBitwise) {
 // (the optimizer state cut over 4 ranks of dp 2 x cp 2, and over the 2 cp ranks at dp = 1). Oracle: the single process on the same
 // batches, within ParallelHarness.h's tolerances; ZeRO-1 holds reduced gradients only in chunks, so
 // its step-1 gradients are not compared (its losses are, over 10 steps).
+// combination: cp w si
+// combination: cp dp zero1 si
+// combination: cp zero1 si
 TEST(ContextParallel, WithPipelineAndZeroOne) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());

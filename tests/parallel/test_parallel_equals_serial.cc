@@ -28,6 +28,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 class ParallelEqualsSerial : public ::testing::TestWithParam<Case> {};
 
+// combination: dp si
+// combination: tp si
+// combination: dp tp si
 TEST_P(ParallelEqualsSerial, LossesAndFirstGradients) {
   const Case c = GetParam();
   TempDir dir;
@@ -70,6 +73,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelEqualsSerial,
 // and with expert parallelism (ep = 2 of dp = 2 or 4, ep = 4 of dp = 4, alone and with tp = 2: each
 // rank holds E / ep of the 4 experts, tokens go to them and back by all-to-all, expert gradients
 // are reduced over the edp ranks), also with ZeRO-1 (the experts' optimizer state sharded over edp).
+// combination: dp si
+// combination: dp si zero1
+// combination: dp tp si
+// combination: dp ep si
+// combination: dp tp ep si
+// combination: dp ep si zero1
 TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -108,6 +117,7 @@ TEST(MoeDataParallel, EqualsSerialOverPerRankMicroBatches) {
 // only reorders whole ops between two micro-batches. Oracle: the same ep = 2 run with SI off;
 // losses bitwise equal over 20 steps (M = 3, so fwd(mb i) runs beside bwd(mb i-1) with both strands'
 // token exchanges on the one ep group).
+// combination: dp ep si
 TEST(MoeExpertParallel, StrandInterleavingOnOffBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -121,6 +131,8 @@ TEST(MoeExpertParallel, StrandInterleavingOnOffBitwise) {
 // Oracle: the ep = 2 run itself continued (same layout: bitwise) and the plain dp = 2 run resumed
 // from it (ep = 1, every rank all experts: the same model, within kLossRelTol since the expert
 // gradients' sums regroup).
+// combination: dp ep si
+// combination: dp si
 TEST(MoeExpertParallel, CheckpointResumesOnOtherLayouts) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -149,6 +161,7 @@ TEST(MoeExpertParallel, CheckpointResumesOnOtherLayouts) {
 // gets no rows at all; with top_k = 2 every token goes to experts 0 and 1. Oracle: the single process
 // on each rank's micro-batches (as EqualsSerialOverPerRankMicroBatches), its routers zeroed alike:
 // step-1 gradients (the tied routing) and 5 steps of losses within ParallelHarness.h's tolerances.
+// combination: dp ep si
 TEST(MoeExpertParallel, RoutingEdgeCasesEqualSerial) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -191,6 +204,8 @@ TEST(MoeExpertParallel, RoutingEdgeCasesEqualSerial) {
 // run of the same layout, within kLossRelTol (the gradient sums of 4 dp ranks regroup between
 // reduce-scatter and all-reduce); its checkpoint (optimizer state gathered over dp and edp, experts
 // over ep) resumed on the same layout (bitwise) and without ZeRO (within kLossRelTol).
+// combination: dp ep si zero1
+// combination: dp ep si
 TEST(MoeExpertParallel, ZeroOneShardsExpertsOverEdp) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -226,6 +241,8 @@ TEST(MoeExpertParallel, ZeroOneShardsExpertsOverEdp) {
 // the same (a one-ulp flip would need the double sums to straddle an fp32 rounding boundary;
 // measured: 20 of 20 steps bitwise in all four cases). With dp > 2 the order of three or more
 // addends could differ and this would become a tolerance.
+// combination: dp si zero1
+// combination: dp tp si zero1
 TEST(ZeroOne, EqualsPlainDataParallel) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -246,6 +263,8 @@ TEST(ZeroOne, EqualsPlainDataParallel) {
 // Resharding through a layout-free checkpoint. Oracle: the tp = 2 run itself, continued past the
 // checkpoint; a resumed run (tp = 2 again: bitwise, the DESIGN's resume oracle; tp = 1 dp = 2 and
 // one process: within kLossRelTol, the reduction order changes) must take the same next steps.
+// combination: tp si
+// combination: dp si
 TEST(Resharding, Tp2CheckpointResumesOnOtherLayouts) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -280,6 +299,8 @@ TEST(Resharding, Tp2CheckpointResumesOnOtherLayouts) {
 // step-1 gradients and the losses agree within the parallel-vs-serial tolerances (ParallelHarness.h:
 // regrouped fp32 sums). The test also checks the path is on where it should be (dp = 2, tp = 1,
 // 64 tokens x 2 ranks < 2 x 256 vocab rows) and off with tp = 2 and with the key off.
+// combination: dp si
+// combination: dp si zero1
 TEST(SparseEmbeddingGrad, EqualsDenseAllReduce) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());

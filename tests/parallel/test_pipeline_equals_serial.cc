@@ -63,6 +63,12 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 
 class PipelineEqualsSerial : public ::testing::TestWithParam<PipeCase> {};
 
+// combination: 1f1b
+// combination: 1f1b si
+// combination: interleaved
+// combination: interleaved si
+// combination: w
+// combination: w si
 TEST_P(PipelineEqualsSerial, LossesAndFirstGradients) {
   const PipeCase c = GetParam();
   TempDir dir;
@@ -112,6 +118,8 @@ INSTANTIATE_TEST_SUITE_P(Pipelines, PipelineEqualsSerial, ::testing::ValuesIn(al
 // pp = 2 x tp = 2 x dp = 2 (8 ranks), the W with co-execution, against the single process within
 // the dp/tp tolerances of ParallelHarness.h (tp and dp regroup fp32 sums); GPT with plain dp, Llama
 // with ZeRO-1 (each stage's buckets reduce-scattered over its dp group).
+// combination: dp tp w si
+// combination: dp tp w si zero1
 TEST(PipelineTpDp, WithinTolerances) {
   for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama}) {
     TempDir dir;
@@ -149,6 +157,9 @@ namespace {
 // step-6 checkpoint; a run resumed from that checkpoint at pp = 2 (W), pp = 1 and pp = 4 (1F1B) must
 // take bitwise the same next steps (untied Llama: no layout here changes a reduction order, as the
 // tests above show), at tp = 2 within kLossRelTol (tp regroups fp32 sums).
+// combination: w si
+// combination: 1f1b si
+// combination: tp si
 TEST(PipelineResharding, WCheckpointResumesOnOtherPipelinesAndTp) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -204,6 +215,7 @@ std::vector<int64_t> stage_peaks(const RunConfig& cfg) {
 // stage 0's first chunk keeps a micro-batch from its forward's first pass to its backward's last,
 // ~2p slots: measured 1.27x (pp = 2) and 1.16x (pp = 4) 1F1B's largest stage, near Megatron's
 // interleaved schedule with the same two chunks per stage. Those are printed, not bounded.
+// combination: w si
 TEST(PipelineMemory, WWithStrandInterleavingPeakPerStageWithinOneF1BLargestStage) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -238,6 +250,8 @@ namespace {
 // with dp = 2, plain and ZeRO-1. Oracles: the two copies stay bitwise equal after 8 updates (both
 // stages sum E + H, then reduce and update it identically), and the losses follow the single
 // process within kLossRelTol (the tied table's sum is regrouped, above).
+// combination: dp 1f1b si
+// combination: dp 1f1b si zero1
 TEST(PipelineTiedEmbedding, CopiesStayEqualWithPlainDpAndZero1) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());

@@ -80,6 +80,16 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// combination: tp si recompute
+// combination: tp recompute
+// combination: cp si recompute
+// combination: cp recompute
+// combination: dp ep si recompute
+// combination: 3d si recompute
+// combination: 3d recompute
+// combination: 1f1b si recompute
+// combination: interleaved si recompute
+// combination: w tp si recompute
 TEST(RecomputeParallel, LossesAndFirstGradientsBitwiseEqualNoRecompute) {
   for (const RcCase& c : cases()) {
     TempDir dir;

@@ -81,6 +81,7 @@ std::vector<double> train_losses(const RunConfig& cfg, const LayoutConfig& lay, 
 // training with it must be bitwise equal to the sequential run's. The profile itself is checked
 // for completeness (every window and legal pair priced, identical on both ranks), and every plan
 // the flow emits must pass check_plan.
+// combination: tp si
 TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialTp2) {
   TempDir dir;
   write_synthetic_dataset(dir.path() + "/data", 200, 300, 13);
@@ -136,6 +137,7 @@ TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialTp2) {
 // The same flow on a context-parallel layer (cp = 2: the ring attention's steps and their
 // send_recv collectives, whose compute ops update buffers in place, which the bench's windows must
 // restore). Oracle: the sequential schedule, bitwise, as above; every candidate passes check_plan.
+// combination: cp si
 TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialCp2) {
   TempDir dir;
   write_synthetic_dataset(dir.path() + "/data", 200, 300, 13);

@@ -142,6 +142,8 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class IssueOrderAgreement : public ::testing::TestWithParam<Case> {};
 
+// combination: tp si
+// combination: 3d si
 TEST_P(IssueOrderAgreement, ExecutorIssuesAsTheSimulatorWalks) {
   const Case& c = GetParam();
   TempDir dir;

@@ -29,6 +29,9 @@ int64_t differing_bits(const Tensor& a, const Tensor& b) {
   return n;
 }
 
+// combination: tp si
+// combination: dp si
+// combination: dp tp si
 TEST_P(SiOnOff, LossesAndGradientsBitwiseEqual) {
   auto [family, lay] = GetParam();
   testing::TempDir dir;

@@ -12,12 +12,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "SiRun.h"
+#include "schedule/Pipelines.h"
 #include "base/Files.h"
 #include "train/Trainer.h"
 
@@ -43,6 +45,7 @@ int mb_of(const std::string& name) {
 struct Lanes {
   std::vector<Interval> comm, compute;
   std::vector<Interval> dp, optimizer;  // dp bucket reductions; AdamW updates (no micro-batch)
+  std::vector<Interval> pp;             // pipeline sends and receives ("send act mb0 b1 ->r1")
   std::vector<Interval> slots;          // the schedule lane: one box per slot ("F2 c0 || B1 c0")
   std::vector<std::string> names;
 };
@@ -68,6 +71,10 @@ Lanes read_trace(const std::string& path) {
     if (e.contains("args") && e["args"].contains("wait_us")) iv.waited = iv.begin + e["args"]["wait_us"].get<double>();
     if (iv.lane.rfind("schedule stage ", 0) == 0) {
       out.slots.push_back(iv);
+      continue;
+    }
+    if (iv.lane.rfind("comm pp[", 0) == 0) {
+      out.pp.push_back(iv);
       continue;
     }
     if (iv.lane.rfind("comm dp[", 0) == 0 || iv.lane == "compute optimizer") {
@@ -96,6 +103,7 @@ RunConfig traced_llama_config(const testing::TempDir& dir, int dp, int tp) {
   return cfg;
 }
 
+// combination: tp si
 TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
   testing::TempDir dir;
   const RunConfig cfg = traced_llama_config(dir, /*dp=*/1, /*tp=*/2);
@@ -144,6 +152,7 @@ TEST(SiTrace, CollectiveOfOneStrandOverlapsComputeOfTheOther) {
 // (deterministic, unlike comm timings): in every paired slot the carried op runs after u1's first
 // backward op and before its second, the GEMM that waits for that all-gather; in the backward-only
 // last slot (no pairs, nothing carried) it ends before any backward op of u1 starts.
+// combination: tp si
 TEST(SiTrace, CarriedWeightGradientRunsUnderTheNextPairsFirstCollective) {
   testing::TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
@@ -188,6 +197,7 @@ TEST(SiTrace, CarriedWeightGradientRunsUnderTheNextPairsFirstCollective) {
 // set by the compute thread in program order; when the comm thread then gets a core is the OS
 // scheduler's choice, so actual overlap is only printed (on a loaded 2-core machine about 1 run
 // in 20 started every reduction after backward).
+// combination: dp si
 TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
   testing::TempDir dir;
   const RunConfig cfg = traced_llama_config(dir, /*dp=*/2, /*tp=*/1);
@@ -239,6 +249,8 @@ TEST(SiTrace, DpBucketReductionsAndUpdatesAreTracedAndOverlapBackward) {
 // schedule.expose_collectives: every collective is waited for where it is issued. Oracles: the
 // arithmetic is unchanged (same ops, same order, only waits move), so losses are bitwise those of
 // the normal run; and in its trace no collective interval intersects any compute interval.
+// combination: tp
+// combination: tp si
 TEST(SiTrace, ExposedCollectivesOverlapNothingAndChangeNoLoss) {
   testing::TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
@@ -268,6 +280,49 @@ TEST(SiTrace, ExposedCollectivesOverlapNothingAndChangeNoLoss) {
         EXPECT_FALSE(std::max(c.begin, x.begin) < std::min(c.end, x.end))
             << "SI " << interleave << ": '" << c.name << "' overlaps '" << x.name << "'";
   }
+}
+
+}  // namespace
+}  // namespace dhelix
+
+namespace dhelix {
+namespace {
+
+// A pp = 2 run's trace (the folded W with Strand Interleaving): rank 0's "comm pp[0/2]" lane holds
+// every point-to-point transfer of every step, each once. Oracle: the step schedule's transfer list
+// for rank 0 (StepSchedule: each slot's sends and receives), named as StepRunner names them
+// ("send act mb0 b1 ->r1", "recv grad mb0 b1 <-r1"); the compute lanes hold both strands.
+// combination: w si
+TEST(SiTrace, PipelineTransfersAreTracedOnTheirOwnLane) {
+  testing::TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 17);
+  RunConfig cfg = testing::si_config(dir.path(), "llama", 1, 1, /*interleave=*/true);
+  cfg.model.n_layers = 4;
+  cfg.parallel.pp = 2;
+  cfg.schedule.pipeline = "w";
+  cfg.training.micro_batches = 4;
+  cfg.training.steps = 2;
+  cfg.output.trace = dir.path() + "/trace.json";
+  run_local_ranks(layout_config(cfg), [&](CommContext& comm) { Trainer(cfg, &comm, Quiet::kYes).run(); });
+  const Lanes t = read_trace(cfg.output.trace + ".rank0");
+  const auto& names = t.names;
+  EXPECT_NE(std::find(names.begin(), names.end(), "comm pp[0/2]"), names.end()) << "no lane for rank 0's pp group";
+  std::multiset<std::string> want, got;
+  PipelineSpec spec = pipeline_spec(cfg);
+  spec.n_layers = static_cast<int>(cfg.model.n_layers);
+  spec.micro_batches = static_cast<int>(cfg.training.micro_batches);
+  const StepSchedule sch = make_schedule(spec);
+  for (int step = 0; step < cfg.training.steps; ++step)
+    for (const Slot& s : sch.ranks.at(0)) {
+      for (const Transfer& x : s.sends)
+        want.insert(fmt::format("send {} mb{} b{} ->r{}", transfer_kind_name(x.kind), x.mb, x.boundary, x.peer));
+      for (const Transfer& x : s.recvs)
+        want.insert(fmt::format("recv {} mb{} b{} <-r{}", transfer_kind_name(x.kind), x.mb, x.boundary, x.peer));
+    }
+  for (const Interval& iv : t.pp) got.insert(iv.name);
+  ASSERT_FALSE(want.empty()) << "the schedule has no transfers for rank 0";
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(std::any_of(t.compute.begin(), t.compute.end(), [](const Interval& x) { return x.lane == "compute bwd"; }));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // TOML < flags. Fake model hooks stand in for the model layer (see tests/train/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include "base/CpuFeatures.h"
 #include "base/Error.h"
 #include "train/Config.h"
 #include "tensor/DeviceMemory.h"
@@ -233,6 +234,24 @@ TEST(Config, RoundTripThroughToToml) {
   EXPECT_EQ(b.model.rope_theta, 500000.0);
   EXPECT_EQ(b.parallel.zero, 1);
   EXPECT_EQ(b.output.metrics, a.output.metrics);
+}
+
+// training.precision = bf16 on a CPU without AMX-BF16 or AVX512-BF16 is refused before anything
+// runs, naming what cpuid lacks (oracle: the documented message); with the features it loads.
+// The CPU is injected (CpuFeatures.h's test hook), so the refusal is checked on any machine.
+TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
+  const ConfigOverrides bf16 = {{"training.precision", "bf16"}};
+  cpu::set_bf16_support_for_tests(cpu::Bf16Support{});
+  const std::string msg = error_of("", bf16);
+  cpu::set_bf16_support_for_tests(cpu::Bf16Support{false, true});
+  const std::string amx = error_of("", bf16);
+  cpu::set_bf16_support_for_tests(cpu::Bf16Support{true, false});
+  const std::string avx = error_of("", bf16);
+  cpu::reset_bf16_support_for_tests();
+  EXPECT_NE(msg.find("training.precision=\"bf16\" needs a CPU with AMX-BF16 or AVX512-BF16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("use fp32"), std::string::npos) << msg;
+  EXPECT_EQ(amx, "");
+  EXPECT_EQ(avx, "");
 }
 
 TEST(Config, HelpListsEveryKey) {
