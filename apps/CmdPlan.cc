@@ -233,7 +233,8 @@ int cmd_simulate(int argc, char** argv) {
             gpus * lay.dp / std::max(1, lay.world()));
   const ClusterPreset cluster = load_cluster(*cluster_arg, cfg.sim.clusters_dir);
   StepSimOptions so = step_sim_options(cfg);
-  so.precision = fl.text_or_default("--precision") == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  const std::string prec = fl.text_or_default("--precision");
+  so.precision = prec == "native" ? cluster.native_precision() : prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
   (void)cluster.gemm_rate(so.precision);  // the preset must have that precision's rate
   for (const auto& [flag, k] : {std::pair{"--compute-slowdown", &so.compute_slowdown},
                                 std::pair{"--comm-slowdown", &so.comm_slowdown}}) {
@@ -276,11 +277,23 @@ int cmd_simulate(int argc, char** argv) {
   const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
   const double sim_s = now_seconds() - sim_t0;
   const double peak = cluster.peak_flops(so.precision);
-  fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | cluster {}\n",
+  FlopConvention conv = FlopConvention::kDhelix;
+  parse_flop_convention(fl.text_or_default("--flops"), conv);  // a choice of the flag table
+  const double flops_per_rank = cfg.model.flops_per_token(batch.seq, conv) * r.tokens_per_s / double(lay.world());
+  const double gib = double(1 << 30);
+  const bool oom = cluster.memory_bytes > 0 && r.memory.total() > cluster.memory_bytes;
+  DHX_CHECK(!oom || fl.on("--allow-oom"), ConfigError,
+            "dhelix simulate: the layout does not fit the device memory of cluster {}: {:.2f} GiB per rank (parameters "
+            "{:.2f}, gradients {:.2f}, optimizer {:.2f}, gathered blocks {:.2f}, activations {:.2f}) of {:.2f} GiB\n"
+            "hint: training.recompute selective|full, more pp or tp, parallel.zero 1, a smaller micro-batch; "
+            "--allow-oom prints the step anyway",
+            cluster.name, r.memory.total() / gib, r.memory.params / gib, r.memory.grads / gib, r.memory.optimizer / gib,
+            r.memory.gathered / gib, r.memory.activations / gib, cluster.memory_bytes / gib);
+  fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | {}{} | cluster {}\n",
              describe_model(cfg.model), describe_layout(lay), batch.micro_batch, batch.seq, r.micro_batches,
              cfg.schedule.strand_interleaving ? "on" : "off",
              cfg.schedule.plan.empty() ? "" : " (plan " + cfg.schedule.plan + ")", so.zero == Zero::kZero1 ? "ZeRO-1" : "no ZeRO",
-             cluster.name);
+             precision_name(so.precision), prec == "native" ? " (the preset's)" : "", cluster.name);
   if (fit)
     fmt::print("interference from {}: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute, "
                "fitted on {} measured pairs; held-back {} pairs within median {:.1f}% / max {:.1f}% (without it: "
@@ -301,11 +314,11 @@ int cmd_simulate(int argc, char** argv) {
   for (const auto& [g, t] : r.channel_busy_s)
     fmt::print("  {:<44} {:>12}\n", fmt::format("  {} channel busy in the passes (s)", g), fmt::format("{:.4f}", t));
   fmt::print("  {:<44} {:>12}\n", "tokens/s", fmt::format("{:.0f}", r.tokens_per_s));
-  fmt::print("  {:<44} {:>12}\n", "model FLOP/s per rank (6N + 6LTd per token)",
-             fmt::format("{:.3g}", r.model_flops_per_s_per_rank));
-  fmt::print("  {:<44} {:>12}\n", fmt::format("  MFU: share of the peak {:.3g} FLOP/s", peak), fmt::format("{:.3f}", r.model_flops_per_s_per_rank / peak));
-  const double gib = double(1 << 30);
-  fmt::print("  {:<44} {:>12}\n", "memory per rank (GiB)", fmt::format("{:.3f}", r.memory.total() / gib));
+  fmt::print("  {:<44} {:>12}\n", fmt::format("model FLOP/s per rank ({})", flop_convention_formula(conv)),
+             fmt::format("{:.3g}", flops_per_rank));
+  fmt::print("  {:<44} {:>12}\n", fmt::format("  MFU: share of the peak {:.3g} FLOP/s", peak), fmt::format("{:.3f}", flops_per_rank / peak));
+  fmt::print("  {:<44} {:>12}\n", "memory per rank (GiB)", fmt::format("{:.3f}{}", r.memory.total() / gib,
+                                                                     oom ? " (does not fit)" : ""));
   fmt::print("  {:<44} {:>12}\n", "  parameters / gradients / optimizer",
              fmt::format("{:.3f} / {:.3f} / {:.3f}", r.memory.params / gib, r.memory.grads / gib, r.memory.optimizer / gib));
   fmt::print("  {:<44} {:>12}\n", "  gathered blocks / activations (peak)",
@@ -334,9 +347,14 @@ int cmd_simulate(int argc, char** argv) {
                         {"compute_s", r.compute_s},
                         {"exposed_s", r.exposed_s},
                         {"tokens_per_s", r.tokens_per_s},
-                        {"model_flops_per_s_per_rank", r.model_flops_per_s_per_rank},
-                        {"mfu", r.model_flops_per_s_per_rank / peak},
+                        {"model_flops_per_s_per_rank", flops_per_rank},
+                        {"flops_convention", flop_convention_name(conv)},
+                        {"mfu", flops_per_rank / peak},
                         {"memory_bytes", r.memory.total()},
+                        {"memory_limit_bytes", cluster.memory_bytes},
+                        {"fits", !oom},
+                        {"precision", precision_name(so.precision)},
+                        {"recompute", recompute_name(lay.recompute)},
                         {"memory", {{"params", r.memory.params},
                                     {"grads", r.memory.grads},
                                     {"optimizer", r.memory.optimizer},

@@ -51,7 +51,9 @@ const FlagTable& tune_flags() {
           {"--global-batch", FlagType::kInt, "", "sequences per step (default 8 x N)", "B", 1, double(1 << 30)},
           {"--seq", FlagType::kInt, "", "tokens per sequence (default the model's seq_len)", "T", 1, double(1 << 24)},
           {"--micro-batch-size", FlagType::kInt, "1", "sequences per micro-batch per data replica", "b", 1, double(1 << 20)},
-          {"--precision", FlagType::kChoice, "fp32", "fp32 (the engine today) or bf16 (element size 2)", "fp32|bf16"},
+          {"--precision", FlagType::kChoice, "native",
+           "native: the preset's (bf16 where it has a bf16 rate, as every GPU preset),\nor fp32 or bf16 (element size 2)",
+           "native|fp32|bf16"},
           {"--grad-precision", FlagType::kChoice, "fp32",
            "data-parallel gradient buckets on the wire: fp32 or bf16\n(comm.grad_precision: 2 bytes an element)",
            "fp32|bf16"},
@@ -190,6 +192,7 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   if (f.given("--cluster")) {
     try {
       req.cluster = load_cluster(*f.text("--cluster"), f.text("--clusters-dir").value_or(""));
+      if (prec == "native" && !req.paper) req.opt.precision = req.cluster.native_precision();
       if (f.ok("--precision")) (void)req.cluster.gemm_rate(req.opt.precision);
     } catch (const ConfigError& e) {
       errors.push_back(e.what());

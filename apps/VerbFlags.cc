@@ -59,7 +59,7 @@ const FlagTable& plan_flags() {
 const FlagTable& simulate_flags() {
   static const FlagTable t{
       "simulate",
-      "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--layout L] [--precision fp32|bf16]\n"
+      "usage: dhelix simulate --config C.toml --cluster PRESET [--gpus N] [--layout L] [--precision native|fp32|bf16]\n"
       "         [--compute-slowdown K] [--comm-slowdown K] [--trace FILE] [--json FILE] [--section.key value ...]\n"
       "Simulates one training step of the config's model, layout, batch and schedule (Strand\n"
       "Interleaving, its plan file, ZeRO-1) on a cluster preset, op by op with the executor's rules:\n"
@@ -81,7 +81,10 @@ const FlagTable& simulate_flags() {
            "grid; ep is carved out of dp); unnamed axes are 1. Replaces\nthe config's "
            "parallel.{tp,pp,dp,cp,ep,tp_x,tp_y,tp_z}",
            "L"},
-          {"--precision", FlagType::kChoice, "fp32", "the preset's GEMM rate and element size", "fp32|bf16"},
+          {"--precision", FlagType::kChoice, "native",
+           "the preset's GEMM rate and element size; native (the default): the preset's\nown (bf16 where it has a bf16 rate, "
+           "as every GPU preset), as `plan --cost-model`",
+           "native|fp32|bf16"},
           {"--compute-slowdown", FlagType::kNumber, "1",
            "a compute op beside a collective runs K times slower\n(`dhelix plan --profile` fits it on this machine)",
            "K", 1, 100},
@@ -99,6 +102,14 @@ const FlagTable& simulate_flags() {
            "preset's device.core_share says)"},
           {"--trace", FlagType::kText, "", "write the simulated step as a Chrome trace", "FILE"},
           {"--json", FlagType::kText, "", "also write the figures as JSON", "FILE"},
+          {"--flops", FlagType::kChoice, "dhelix",
+           "how model FLOPs (and MFU) are counted: dhelix 6N + 6LTd per token (causal\nattention once), megatron 6N + "
+           "12LTd (Narayanan et al. 2021), axonn 8N_l + 6Vd +\n16LTd (Megatron's with the layers' forward twice: full "
+           "recompute)",
+           "dhelix|megatron|axonn"},
+          {"--allow-oom", FlagType::kSwitch, "",
+           "print the step of a layout that needs more memory per rank than the\npreset's device has (otherwise "
+           "exit 2 with the figures, as `tune` excludes it)"},
       },
       ConfigWords::kPassedOn};
   return t;

@@ -40,6 +40,46 @@ int64_t ModelConfig::num_params() const {
   return total;
 }
 
+const char* flop_convention_name(FlopConvention c) {
+  switch (c) {
+    case FlopConvention::kDhelix: return "dhelix";
+    case FlopConvention::kMegatron: return "megatron";
+    case FlopConvention::kAxonn: return "axonn";
+  }
+  return "?";
+}
+
+bool parse_flop_convention(const std::string& text, FlopConvention& out) {
+  for (FlopConvention c : {FlopConvention::kDhelix, FlopConvention::kMegatron, FlopConvention::kAxonn})
+    if (text == flop_convention_name(c)) {
+      out = c;
+      return true;
+    }
+  return false;
+}
+
+const char* flop_convention_formula(FlopConvention c) {
+  switch (c) {
+    case FlopConvention::kDhelix: return "6N + 6LTd per token";
+    case FlopConvention::kMegatron: return "6N + 12LTd per token, Megatron";
+    case FlopConvention::kAxonn: return "8N_l + 6Vd + 16LTd per token, AxoNN";
+  }
+  return "?";
+}
+
+double ModelConfig::flops_per_token(int64_t seq, FlopConvention convention) const {
+  const double dhelix = flops_per_token(seq);
+  const double attn = 6.0 * static_cast<double>(n_layers) * static_cast<double>(seq) * static_cast<double>(d_model);
+  const double head = 6.0 * static_cast<double>(vocab_size) * static_cast<double>(d_model);
+  const double layers = dhelix - attn - head;  // 6 M_l
+  switch (convention) {
+    case FlopConvention::kDhelix: return dhelix;
+    case FlopConvention::kMegatron: return layers + head + 2 * attn;
+    case FlopConvention::kAxonn: return layers * 8.0 / 6.0 + head + attn * 16.0 / 6.0;
+  }
+  return dhelix;
+}
+
 double ModelConfig::flops_per_token(int64_t seq) const {
   // 6 * (matmul parameters incl. the LM head) + attention: per layer, forward QK^T and AV cost
   // 2 * 2 * seq * d_model per token; causal masking halves it; backward is 2x forward -> x3.

@@ -11,6 +11,14 @@
 namespace dhelix {
 
 enum class ModelFamily { kGPT, kLlama, kMoE };
+
+// How training FLOPs are counted for MFU (ModelConfig::flops_per_token): dhelix's own, Megatron-LM's
+// or AxoNN's.
+enum class FlopConvention { kDhelix, kMegatron, kAxonn };
+const char* flop_convention_name(FlopConvention c);  // "dhelix", "megatron", "axonn"
+bool parse_flop_convention(const std::string& text, FlopConvention& out);
+// The formula a convention counts, for printing beside its figures ("6N + 6LTd per token").
+const char* flop_convention_formula(FlopConvention c);
 const char* family_name(ModelFamily f);
 
 struct ModelConfig {
@@ -49,6 +57,15 @@ struct ModelConfig {
   // Training FLOPs per token: 6 * N_matmul + 6 * n_layers * seq_len * d_model (causal attention
   // scores and values, fwd+bwd, halved for causality): the formula printed beside every MFU.
   double flops_per_token(int64_t seq) const;
+  // The same under a published counting convention (FlopConvention): per token, with M the matmul
+  // parameters (layers' M_l plus the LM head's V C), L layers, T = seq, C = d_model:
+  //   dhelix:   6 M + 6 L T C                    (causal attention counted once: the default)
+  //   megatron: 6 M + 12 L T C                   (Narayanan et al. 2021: 72 B s l h^2 (1 + s/6h +
+  //                                               V/12lh) per step for GPT; attention not halved)
+  //   axonn:    8 M_l + 6 V C + 16 L T C         (the same with full recompute, the forward of the
+  //                                               layers counted twice: 96 B s l h^2 (1 + s/6h +
+  //                                               V/16lh); AxoNN's counting, Singh et al. 2024)
+  double flops_per_token(int64_t seq, FlopConvention convention) const;
   // Every violated rule, one message each ("n_heads=30 is not divisible by ... ").
   std::vector<std::string> validate() const;
 };

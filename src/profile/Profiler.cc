@@ -93,6 +93,7 @@ std::string describe_layout(const LayoutConfig& l) {
   if (l.pp > 1) s += fmt::format(",pp={}", l.pp);
   if (l.cp > 1) s += fmt::format(",cp={}", l.cp);
   if (l.ep > 1) s += fmt::format(",ep={}", l.ep);
+  if (l.recompute != Recompute::kNone) s += fmt::format(",recompute={}", recompute_name(l.recompute));
   return s;
 }
 

@@ -103,4 +103,35 @@ expect_bad layout_gpus "does not divide --gpus 6" -- --config configs/demo.toml 
 expect_bad layout_twice "--parallel.tp and --layout both set the layout" -- --config configs/demo.toml \
   --cluster cpu-emulated --layout "tp=2" --parallel.tp 2
 
+# 4. Defaults a user can trust (issue 38): a GPU preset simulates in its native bf16 unless asked
+# (the header says so), as `plan --cost-model` prices; --flops picks the counting convention
+# (Megatron's counts attention twice what dhelix's does, so its MFU is higher on the same step).
+"$bin" simulate --config configs/demo.toml --cluster h100-8gpu --json "$tmp/n.json" > "$tmp/n.out" 2>&1
+"$bin" simulate --config configs/demo.toml --cluster h100-8gpu --precision fp32 --json "$tmp/f.json" >/dev/null 2>&1
+"$bin" simulate --config configs/demo.toml --cluster h100-8gpu --flops megatron --json "$tmp/m.json" >/dev/null 2>&1
+if grep -q "| bf16 (the preset's) |" "$tmp/n.out" && /usr/bin/python3 -c "
+import json,sys
+n,f,m=(json.load(open(p)) for p in sys.argv[1:])
+assert n['precision'] == 'bf16' and f['precision'] == 'fp32' and f['step_s'] > n['step_s'], (n['step_s'], f['step_s'])
+assert n['flops_convention'] == 'dhelix' and m['flops_convention'] == 'megatron' and m['mfu'] > n['mfu']
+assert m['step_s'] == n['step_s']" "$tmp/n.json" "$tmp/f.json" "$tmp/m.json"; then
+  ok native_precision_and_flops
+else fail native_precision_and_flops; cat "$tmp/n.out" | head -3; fi
+
+# 5. A layout that needs more memory per rank than the device has (GPT-2 124M, 256 sequences of 1024
+# per micro-batch on one H100: ~83 GiB of activations): exit 2 with the figures (as tune excludes
+# it), unless --allow-oom, which prints the step and marks it; full recompute makes it fit.
+big=(--config configs/gpt2-124m.toml --training.micro_batch_size 256 --cluster h100-8gpu)
+expect_bad oom "does not fit the device memory of cluster h100-8gpu" "GiB per rank" "--allow-oom" -- "${big[@]}"
+out=$("$bin" simulate "${big[@]}" --allow-oom --json "$tmp/o.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "(does not fit)" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert not j['fits'] and j['memory_bytes'] > j['memory_limit_bytes']" "$tmp/o.json"; then
+  ok allow_oom
+else fail allow_oom; echo "$out" | tail -5; fi
+out=$("$bin" simulate "${big[@]}" --training.recompute full --json "$tmp/r.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "recompute=full" <<<"$out" \
+   && /usr/bin/python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); assert b['fits'] and b['recompute'] == 'full' and b['step_s'] > a['step_s'] and b['memory_bytes'] < a['memory_bytes']" "$tmp/o.json" "$tmp/r.json"; then
+  ok recompute_fits
+else fail recompute_fits; echo "$out" | tail -5; fi
+
 summary

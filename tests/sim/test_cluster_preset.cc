@@ -3,6 +3,8 @@
 // preset), and the loader's error contract (file, field, hint).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "base/Error.h"
@@ -125,6 +127,44 @@ TEST(ClusterPreset, CommittedPresetsLoadByName) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("perlmutter-a100"), std::string::npos) << e.what();  // lists names
   }
+}
+
+// Every committed preset parses, and every number in it says where it comes from: each line that
+// sets a value carries a trailing comment (a datasheet, a measurement here, a paper, or "assumed"
+// with its reasoning), so no figure is unexplained (oracle: the presets' own text).
+TEST(ClusterPreset, EveryPresetParsesAndEveryFigureCitesItsSource) {
+  const std::filesystem::path dir = std::filesystem::path(DHELIX_SOURCE_DIR) / "configs" / "clusters";
+  int presets = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    ++presets;
+    const std::string name = entry.path().stem().string();
+    const ClusterPreset c = load_cluster(name, dir.string());
+    EXPECT_EQ(c.name, name);
+    EXPECT_GT(c.memory_bytes, 0) << name;
+    EXPECT_GT(c.gemm_rate(c.native_precision()), 0) << name;
+    std::ifstream in(entry.path());
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      const size_t eq = line.find('=');
+      const size_t hash = line.find('#');
+      if (eq == std::string::npos || (hash != std::string::npos && hash < eq)) continue;  // no value, or a comment
+      const std::string key = line.substr(0, line.find_first_of(" =")), value = line.substr(eq + 1);
+      if (key == "name" || value.find_first_of("0123456789") == std::string::npos) continue;  // not a figure
+      if (value.find('{') != std::string::npos && value.find('#') == std::string::npos) {
+        ADD_FAILURE() << name << ".toml:" << n << ": table row without its source: " << line;
+        continue;
+      }
+      EXPECT_NE(hash, std::string::npos) << name << ".toml:" << n << ": a figure without its source: " << line;
+    }
+  }
+  EXPECT_GE(presets, 6) << "cpu-emulated, perlmutter-a100, h100-8gpu, a40-pcie, a100-80gb-8gpu, a800-8gpu";
+  // The A800 is the A100 with NVLink capped at 400 GB/s (two thirds of the A100's 600 GB/s).
+  const ClusterPreset a100 = load_cluster("a100-80gb-8gpu", dir.string()), a800 = load_cluster("a800-8gpu", dir.string());
+  EXPECT_EQ(a100.peak_flops(Precision::kBf16), a800.peak_flops(Precision::kBf16));
+  EXPECT_NEAR(a800.intra_node.bandwidth / a100.intra_node.bandwidth, 2.0 / 3.0, 1e-12);
 }
 
 std::string error_of(const std::string& text) {

@@ -303,3 +303,54 @@ TEST(LayoutSearch, CountsMatchBruteForce) {
 
 }  // namespace
 }  // namespace dhelix
+
+namespace dhelix {
+namespace {
+
+// The FLOP conventions against the published formulas, on GPT-2 124M's shape (a GPT block's
+// matmuls are 12 h^2: qkv 3h^2, out h^2, MLP 8h^2). Oracles, per iteration of B sequences of s:
+//   Megatron-LM (Narayanan et al. 2021, eq. 3 without recompute): 72 B s l h^2 (1 + s/6h + V/12lh)
+//   AxoNN (with full recompute, Megatron's eq. 3):               96 B s l h^2 (1 + s/6h + V/16lh)
+//   dhelix: 6 N + 6 l s h per token (causal attention counted once).
+// Divided by B s; compared to 1e-12 relative (the same sums in another order).
+TEST(FlopConventions, EqualThePublishedFormulas) {
+  const ModelConfig m = model_preset("gpt2-124m");
+  const double l = double(m.n_layers), h = double(m.d_model), V = double(m.vocab_size), s = 1024;
+  ASSERT_EQ(m.ffn_hidden, 4 * m.d_model);
+  const double megatron = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+  const double axonn = 96 * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  const double dhelix = 6 * (12 * l * h * h + V * h) + 6 * l * s * h;
+  EXPECT_NEAR(m.flops_per_token(1024, FlopConvention::kMegatron), megatron, 1e-12 * megatron);
+  EXPECT_NEAR(m.flops_per_token(1024, FlopConvention::kAxonn), axonn, 1e-12 * axonn);
+  EXPECT_NEAR(m.flops_per_token(1024, FlopConvention::kDhelix), dhelix, 1e-12 * dhelix);
+  EXPECT_EQ(m.flops_per_token(1024, FlopConvention::kDhelix), m.flops_per_token(1024));
+  FlopConvention c;
+  EXPECT_TRUE(parse_flop_convention("axonn", c));
+  EXPECT_EQ(c, FlopConvention::kAxonn);
+  EXPECT_FALSE(parse_flop_convention("palm", c));
+}
+
+// Recomputation in the step model's memory rule (StepModel.h memory_per_rank): at pp = 1 a stage
+// holds one micro-batch's saved buffers per layer; under full recompute each layer keeps its input
+// x alone, and one layer's recomputed buffers (what none keeps, less x) are live while its backward
+// runs. So none - full = (L - 1) (S - x), with S a GPT layer's saved elements per token written out
+// by hand (test_recompute.cc's list: x, ln1 out + mean + rstd, qkv, attention out + lse, x2, ln2 out +
+// mean + rstd, fc, gelu out = 8C + 2F + H + 4) times N tokens at the simulated element size.
+TEST(StepModelRecompute, FullRecomputeMemoryFollowsTheClosedForm) {
+  const ModelConfig m = model_preset("gpt2-124m");
+  const BatchSpec batch{8, 1024, 1};
+  LayoutConfig none;
+  LayoutConfig full = none;
+  full.recompute = Recompute::kFull;
+  const MemoryUse a = memory_per_rank(m, none, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
+  const MemoryUse b = memory_per_rank(m, full, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.optimizer, b.optimizer);
+  const double N = 1024, C = double(m.d_model), F = double(m.ffn_hidden), H = double(m.n_heads);
+  const double L = double(m.n_layers), elem = 2;
+  const double S = N * (8 * C + 2 * F + H + 4) * elem, x = N * C * elem;
+  EXPECT_NEAR(a.activations - b.activations, (L - 1) * (S - x), 1e-9 * a.activations);
+}
+
+}  // namespace
+}  // namespace dhelix
