@@ -7,7 +7,6 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "model/UnitDesc.h"
-#include "sharding/CpRing.h"
 #include "sharding/ExpertDispatch.h"
 #include "sharding/OpFactory.h"
 #include "sharding/TpRegion.h"
@@ -85,18 +84,7 @@ class Megatron1D final : public UnitLowering {
     }
   }
 
-  void attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f) override {
-    if (b_.lay.cp > 1 && s.cp_ring)
-      cp_attention_fwd(b_, f, s.in[0], attn);
-    else
-      f.push_back(std::move(attn));
-  }
-  void attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g) override {
-    if (b_.lay.cp > 1 && s.cp_ring)
-      cp_attention_bwd(b_, g, s.in[0], attn_b.outputs.at(0), attn_b);
-    else
-      g.push_back(std::move(attn_b));
-  }
+  const TpRegion* cp_ring() const override { return b_.lay.cp > 1 ? &b_ : nullptr; }
 
   void moe_fwd(const UnitStep& s, std::vector<Op>& f) override { sharding::moe_fwd(b_, f, s.in[0], s.out); }
   void moe_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_in, std::vector<Op>& g) override {

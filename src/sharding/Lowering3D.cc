@@ -7,7 +7,6 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "model/UnitDesc.h"
-#include "sharding/CpRing.h"
 #include "sharding/Grid3D.h"
 #include "sharding/OpFactory.h"
 #include "sharding/TpRegion.h"
@@ -86,18 +85,7 @@ class Axonn3D final : public UnitLowering {
   // Context parallelism on the grid: this rank's heads (over y) of its B sequences' two chunks run
   // CP's ring over "cp" exactly as under Megatron's layouts (CpRing.h): the grid splits heads and
   // features, cp the sequence, so the ring sees whole rows of this rank's heads.
-  void attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f) override {
-    if (b_.lay.cp > 1 && s.cp_ring)
-      cp_attention_fwd(ring_, f, s.in[0], attn);
-    else
-      f.push_back(std::move(attn));
-  }
-  void attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g) override {
-    if (b_.lay.cp > 1 && s.cp_ring)
-      cp_attention_bwd(ring_, g, s.in[0], attn_b.outputs.at(0), attn_b);
-    else
-      g.push_back(std::move(attn_b));
-  }
+  const TpRegion* cp_ring() const override { return b_.lay.cp > 1 ? &ring_ : nullptr; }
 
   void moe_fwd(const UnitStep& s, std::vector<Op>&) override { refuse_moe(s); }
   void moe_bwd(const UnitStep& s, const std::string&, const std::string&, std::vector<Op>&) override { refuse_moe(s); }

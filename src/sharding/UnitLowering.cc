@@ -5,6 +5,7 @@
 #include <map>
 
 #include "base/Error.h"
+#include "sharding/CpRing.h"
 #include "sharding/OpFactory.h"
 
 namespace dhelix::sharding {
@@ -165,6 +166,20 @@ void lower_bwd(const UnitDesc& d, UnitLowering& lw, const std::vector<LinearSite
 }
 
 }  // namespace
+
+void UnitLowering::attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f) {
+  if (const TpRegion* r = cp_ring(); r && s.cp_ring)
+    cp_attention_fwd(*r, f, s.in[0], attn);
+  else
+    f.push_back(std::move(attn));
+}
+
+void UnitLowering::attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g) {
+  if (const TpRegion* r = cp_ring(); r && s.cp_ring)
+    cp_attention_bwd(*r, g, s.in[0], attn_b.outputs.at(0), attn_b);
+  else
+    g.push_back(std::move(attn_b));
+}
 
 LayerProgram lower_unit(const UnitDesc& d, UnitLowering& lw, Recompute recompute) {
   LayerProgram p;

@@ -12,6 +12,7 @@
 #include "layout/Layout.h"
 #include "model/UnitDesc.h"
 #include "plan/Program.h"
+#include "sharding/TpRegion.h"
 
 namespace dhelix::sharding {
 
@@ -40,8 +41,11 @@ class UnitLowering {
   virtual void token_embed_fwd(const UnitStep& s, std::vector<Op>& f) = 0;
   virtual void norm_fwd(const UnitStep& s, std::vector<Op>& f) = 0;
   virtual void linear_fwd(const UnitStep& s, LinearSite at, std::vector<Op>& f) = 0;
-  // `attn`: the attention op over this rank's heads; a layout may run it as CP's ring.
-  virtual void attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f) { f.push_back(std::move(attn)); }
+  // The extents CP's ring runs with (CpRing.h), or null when the layout has no context parallelism.
+  virtual const TpRegion* cp_ring() const { return nullptr; }
+  // `attn`: the attention op over this rank's heads; under context parallelism (cp_ring()) it runs
+  // as CP's ring of steps.
+  virtual void attention_fwd(const UnitStep& s, Op attn, std::vector<Op>& f);
   virtual void moe_fwd(const UnitStep& s, std::vector<Op>& f) = 0;
   virtual void xent_fwd(const UnitStep& s, std::vector<Op>& f) = 0;
 
@@ -51,7 +55,7 @@ class UnitLowering {
                         const std::string& d_in, std::vector<Op>& g) = 0;
   virtual void linear_bwd(const UnitStep& s, LinearSite at, const std::string& d_out, const std::string& d_in,
                           std::vector<Op>& g) = 0;
-  virtual void attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g) { g.push_back(std::move(attn_b)); }
+  virtual void attention_bwd(const UnitStep& s, Op attn_b, std::vector<Op>& g);
   virtual void moe_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_in, std::vector<Op>& g) = 0;
   // After the unit's last backward step: ops a layout held back to trail the unit (weight
   // gradients that nothing in the unit reads).
