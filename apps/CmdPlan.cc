@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -273,6 +274,21 @@ int cmd_simulate(int argc, char** argv) {
   };
   const StepSchedule schedule = make_schedule(pipeline_spec(cfg));  // the step runner's slots
   so.schedule = &schedule;
+  int slow_rank = -1;
+  if (const std::optional<std::string> s = fl.text("--straggler")) {
+    const size_t colon = s->find(':');
+    const std::optional<int64_t> rank = colon == std::string::npos ? std::nullopt : parse_int(s->substr(0, colon));
+    const std::optional<double> factor = colon == std::string::npos ? std::nullopt : parse_number(s->substr(colon + 1));
+    DHX_CHECK(rank && factor && std::isfinite(*factor), ConfigError,
+              "dhelix simulate: --straggler '{}' is not RANK:FACTOR\nhint: --straggler 5:1.1 (rank 5 computes 10% slower)",
+              *s);
+    DHX_CHECK(*rank >= 0 && *rank < lay.world() && *factor >= 1 && *factor <= 100, ConfigError,
+              "dhelix simulate: --straggler {}: the rank must be in 0..{} (the layout's {} ranks) and the factor in 1..100",
+              *s, lay.world() - 1, lay.world());
+    slow_rank = static_cast<int>(*rank);
+    so.slow_stage = Layout(lay, slow_rank).coord().pp;
+    so.slow_factor = *factor;
+  }
   const double sim_t0 = now_seconds();
   const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
   const double sim_s = now_seconds() - sim_t0;
@@ -302,6 +318,9 @@ int cmd_simulate(int argc, char** argv) {
                100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
                100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
   if (measure_gemm) fmt::print("GEMMs timed for their shapes on this machine (core share {})\n", cluster.core_share);
+  if (slow_rank >= 0)
+    fmt::print("straggler: rank {} computes {:g}x slower; its pipeline stage {} waits for it at every collective\n",
+               slow_rank, so.slow_factor, so.slow_stage);
   if (profile_times) fmt::print("the layer's compute ops at their profiled single-op times ({})\n", *profile_path);
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
@@ -349,6 +368,8 @@ int cmd_simulate(int argc, char** argv) {
                         {"tokens_per_s", r.tokens_per_s},
                         {"model_flops_per_s_per_rank", flops_per_rank},
                         {"flops_convention", flop_convention_name(conv)},
+                        {"straggler_rank", slow_rank},
+                        {"straggler_factor", so.slow_factor},
                         {"mfu", flops_per_rank / peak},
                         {"memory_bytes", r.memory.total()},
                         {"memory_limit_bytes", cluster.memory_bytes},

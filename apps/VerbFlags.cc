@@ -107,6 +107,10 @@ const FlagTable& simulate_flags() {
            "12LTd (Narayanan et al. 2021), axonn 8N_l + 6Vd +\n16LTd (Megatron's with the layers' forward twice: full "
            "recompute)",
            "dhelix|megatron|axonn"},
+          {"--straggler", FlagType::kText, "",
+           "RANK:FACTOR: that rank computes FACTOR (1..100) times slower (\"what if one GPU\nis 10% slow\": 5:1.1); "
+           "its stage's collectives wait for it",
+           "R:F"},
           {"--allow-oom", FlagType::kSwitch, "",
            "print the step of a layout that needs more memory per rank than the\npreset's device has (otherwise "
            "exit 2 with the figures, as `tune` excludes it)"},

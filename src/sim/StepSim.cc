@@ -74,7 +74,12 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     const std::vector<Op>* b = bu >= 0 ? &bwd_prog(bu, bm).bwd : nullptr;
     DHX_CHECK(!(f && b) || opt.plan_for, InternalError, "simulate_step: a co-executed slot needs a pair planner");
     const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block(f, b);
-    const PairSimResult p = simulate_pair(f, b, plan, time, popt);
+    const bool slow = rk == opt.slow_stage;
+    const OpTimer stage_time = [&](const Op& o) {
+      const double t = time(o);
+      return slow && !o.is_collective() ? t * opt.slow_factor : t;
+    };
+    const PairSimResult p = simulate_pair(f, b, plan, stage_time, popt);
     RankStats& st = ranks[static_cast<size_t>(rk)];
     for (const SimOp& o : p.ops) {
       const bool fw = o.strand == StrandKind::kForward;
@@ -125,7 +130,9 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       return d;
     };
     const GroupLink& pp_link = groups.at("pp");
-    const double p2p_bytes = double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) * elem;
+    // The residual stream between stages: [N / tp, C] (Megatron's sequence shard) or [N, C / Gx] (3D).
+    const double p2p_bytes =
+        double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) / lay.tp_x * elem;
     Op p2p;  // one activation or gradient message, for a stand-in timer
     p2p.name = p2p.code = "pp.p2p", p2p.kind = OpKind::kCollective, p2p.coll = CollOp::kSendRecv, p2p.group = "pp";
     p2p.cost.comm_bytes = p2p_bytes;
@@ -226,6 +233,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       optimizer_s = opt.op_timer(step_op);
     }
     if (optimizer_s < 0) optimizer_s = optimizer_time(elems, lay.dp, opt.zero, opt.precision, cluster);
+    if (rk == opt.slow_stage) optimizer_s *= opt.slow_factor;
     const double opt_begin = ready.end_s + sg.tail_s;
     st.events.push_back({lay.pp > 1 ? fmt::format("stage {} compute", rk) : "compute", "optimizer step", opt_begin,
                          opt_begin + optimizer_s});

@@ -47,6 +47,16 @@ struct StepSimOptions {
   // bwd_end-1-i, the longer pass's remaining units alone after; a rank's gradient tail follows its
   // last slot, and the step ends with the latest rank.
   const StepSchedule* schedule = nullptr;
+  // A straggler (simulate --straggler RANK:FACTOR): every compute op of pipeline stage `slow_stage`
+  // (the slow rank's) and its optimizer step take `slow_factor` times as long; collectives do not
+  // (the GPU computes slower, its links do not). Every rank of a stage is in the stage's tp / cp /
+  // ep (or x / y / z) groups, whose collectives complete when their last member arrives, so one slow
+  // rank paces its whole stage; the other dp replicas wait for it at the gradient tail (each
+  // bucket's reduction completes when the slow replica's arrives) and their stages downstream for
+  // its messages: the step is the slow replica's, which the representative stage simulated slow
+  // gives. -1: none.
+  int slow_stage = -1;
+  double slow_factor = 1.0;
 };
 
 struct StepSimEvent {

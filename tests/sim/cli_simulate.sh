@@ -134,4 +134,27 @@ if [ $rc -eq 0 ] && grep -q "recompute=full" <<<"$out" \
   ok recompute_fits
 else fail recompute_fits; echo "$out" | tail -5; fi
 
+# 6. A straggler (--straggler RANK:FACTOR). One rank without communication: every op is compute, so
+# the step takes exactly FACTOR times as long (closed form). Two pipeline stages: a slow rank slows
+# the step, by at most FACTOR; the JSON names the rank. A rank outside the layout, or no factor: exit 2.
+"$bin" simulate --config configs/demo.toml --cluster cpu-emulated --json "$tmp/s0.json" >/dev/null 2>&1
+out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --straggler 0:1.5 --json "$tmp/s1.json" 2>&1)
+"$bin" simulate --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2 --schedule.pipeline 1f1b \
+  --training.micro_batches 4 --json "$tmp/p0.json" >/dev/null 2>&1
+"$bin" simulate --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2 --schedule.pipeline 1f1b \
+  --training.micro_batches 4 --straggler 1:1.2 --json "$tmp/p1.json" >/dev/null 2>&1
+if grep -q "straggler: rank 0 computes 1.5x slower" <<<"$out" && /usr/bin/python3 -c "
+import json,sys
+a,b,c,d=(json.load(open(p)) for p in sys.argv[1:])
+assert abs(b['step_s'] - 1.5 * a['step_s']) <= 1e-9 * b['step_s'], (a['step_s'], b['step_s'])
+assert b['straggler_rank'] == 0 and d['straggler_rank'] == 1
+assert c['step_s'] < d['step_s'] <= 1.2 * c['step_s'] * (1 + 1e-9), (c['step_s'], d['step_s'])" \
+  "$tmp/s0.json" "$tmp/s1.json" "$tmp/p0.json" "$tmp/p1.json"; then
+  ok straggler
+else fail straggler; echo "$out" | head -3; fi
+expect_bad straggler_rank "--straggler 2:1.1: the rank must be in 0..1" -- --config configs/demo.toml --cluster cpu-emulated \
+  --parallel.pp 2 --straggler 2:1.1
+expect_bad straggler_form "--straggler '3' is not RANK:FACTOR" -- --config configs/demo.toml --cluster cpu-emulated \
+  --straggler 3
+
 summary
