@@ -53,6 +53,7 @@ struct LayoutConfig {
   int dp = 1, pp = 1, cp = 1, ep = 1, tp = 1;
   bool sequence_parallel = true;  // with tp > 1: SP regions (AG before column GEMMs, RS after row GEMMs)
   Recompute recompute = Recompute::kNone;
+  int recompute_layers = 0;  // with recompute: only the first N transformer layers of each chunk; 0: all
   // AxoNN's 3D tensor parallelism: weights split Gx x Gy, each block flattened and split over Gz;
   // the batch split over Gz x dp. Exclusive with tp > 1.
   int tp_x = 1, tp_y = 1, tp_z = 1;

@@ -16,12 +16,7 @@ namespace dhelix {
 Executor::Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs)
     : ctx_(ctx), units_(units), progs_(progs), kernels_(kernel_registry(ctx.device)), compute_(make_stream(ctx.device)) {}
 
-const LayerProgram& Executor::program(int u) const {
-  const std::string& k = units_.at(u).kind;
-  if (k == "embed") return progs_.embed;
-  if (k == "head") return progs_.head;
-  return progs_.block;
-}
+const LayerProgram& Executor::program(int u) const { return progs_.program(u, units_.at(u).kind); }
 
 Executor::~Executor() {
   for (auto& [key, p] : prefetched_) {

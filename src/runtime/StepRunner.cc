@@ -23,8 +23,10 @@ StepRunner::StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, cons
 }
 
 const SIPlan& StepRunner::pair_plan(int fu, int bu) {
-  const std::string& fk = exec_.unit(fu).kind;
-  const std::string& bk = exec_.unit(bu).kind;
+  // By program: a layer past the first recompute_layers of its chunk runs "block_plain", whose
+  // backward the block plan's windows do not index (the default plan pairs it).
+  const std::string& fk = exec_.program(fu).name;
+  const std::string& bk = exec_.program(bu).name;
   if (fk == "block" && bk == "block") return block_plan_;
   auto key = std::make_pair(fk, bk);
   for (size_t i = 0; i < edge_keys_.size(); ++i)

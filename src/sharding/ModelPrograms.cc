@@ -13,8 +13,31 @@ ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, cons
             "model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; use tp, dp and ep",
             lay.tp_x, lay.tp_y, lay.tp_z);
   ModelPrograms out = lay.is_3d() ? sharding::lower_3d(m, lay, mb) : sharding::lower_1d(m, lay, mb);
-  for (LayerProgram* p : {&out.embed, &out.block, &out.head}) annotate_lifetimes(*p, boundary_buffers());
+  if (lay.recompute != Recompute::kNone && lay.recompute_layers > 0) {
+    LayoutConfig plain = lay;
+    plain.recompute = Recompute::kNone;
+    out.block_plain = (lay.is_3d() ? sharding::lower_3d(m, plain, mb) : sharding::lower_1d(m, plain, mb)).block;
+    out.block_plain.name = "block_plain";
+  }
+  for (LayerProgram* p : {&out.embed, &out.block, &out.head, &out.block_plain})
+    if (!p->fwd.empty()) annotate_lifetimes(*p, boundary_buffers());
   return out;
+}
+
+void select_recompute_layers(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks) {
+  p.plain_unit.clear();
+  if (lay.recompute == Recompute::kNone || lay.recompute_layers <= 0 || chunks.empty()) return;
+  DHX_CHECK(!p.block_plain.fwd.empty(), InternalError, "recompute_layers={} but no block_plain was built",
+            lay.recompute_layers);
+  const int units = chunks.back().unit_end;
+  p.plain_unit.assign(static_cast<size_t>(units), 0);
+  for (const Chunk& c : chunks) {
+    int blocks = 0;
+    for (int u = c.unit_begin; u < c.unit_end; ++u) {
+      if (u == 0 || u == units - 1) continue;  // the embedding, the head
+      if (blocks++ >= lay.recompute_layers) p.plain_unit[static_cast<size_t>(u)] = 1;
+    }
+  }
 }
 
 }  // namespace dhelix

@@ -15,6 +15,7 @@
 #include "layout/Layout.h"
 #include "model/ModelConfig.h"
 #include "plan/Program.h"
+#include "plan/StepSchedule.h"
 
 namespace dhelix {
 
@@ -28,7 +29,26 @@ struct ModelPrograms {
   LayerProgram embed;
   LayerProgram block;  // identical for every transformer layer (weights differ, program does not)
   LayerProgram head;
+  // With recompute and recompute_layers = N > 0: the block without its recompute ops ("block_plain",
+  // the same forward), run by the layers past the first N of each chunk; select_recompute_layers
+  // marks those units. Empty plain_unit: every transformer layer runs `block`.
+  LayerProgram block_plain;
+  std::vector<char> plain_unit;  // [unit] -> 1 when it runs block_plain
+  // The program unit `unit` of `kind` ("embed", "block", "head") runs.
+  const LayerProgram& program(int unit, const std::string& kind) const {
+    if (kind == "embed") return embed;
+    if (kind == "head") return head;
+    return unit >= 0 && static_cast<size_t>(unit) < plain_unit.size() && plain_unit[static_cast<size_t>(unit)]
+               ? block_plain
+               : block;
+  }
 };
+
+// Megatron's recompute_num_layers ("block" method): with lay.recompute and lay.recompute_layers = N
+// > 0, the first N transformer layers of each chunk (a pipeline stage, or a virtual stage of the
+// interleaved and W schedules; the one chunk of a single stage) recompute, the others run
+// block_plain. Units: 0 the embedding, 1..L the layers, L + 1 the head (chunks in forward order).
+void select_recompute_layers(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks);
 
 // Megatron's layouts (tp with sequence parallelism, cp, ep: sharding/Lowering1D) or AxoNN's 3D grid
 // (lay.is_3d(): sharding/Lowering3D), lifetimes annotated. Throws ConfigError for a layout the

@@ -515,6 +515,10 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
   const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
   const double act_head = saved_bytes(progs.head, dims, elem, unknown);
   const double act_remade = recompute_bytes(progs.block, dims, elem, unknown);
+  // recompute_layers = N: the first N layers of a stage recompute, the rest keep block_plain's saved
+  // buffers (one chunk per stage counted; interleaved stages hold v chunks, each with its first N).
+  const bool some = lay.recompute != Recompute::kNone && lay.recompute_layers > 0;
+  const double act_plain = some ? saved_bytes(progs.block_plain, dims, elem, unknown) : act_block;
   if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
   double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
   for (const Op& op : progs.block.fwd)
@@ -545,8 +549,11 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
     mem.gathered = gathered;
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
     const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
-    mem.activations = in_flight * (layers * act_block + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
-                      (si == StrandInterleaving::kOn ? act_block : 0) + (layers > 0 ? act_remade : 0);
+    const double recomputing = some ? std::min<double>(layers, lay.recompute_layers) : layers;
+    mem.activations = in_flight * (recomputing * act_block + (layers - recomputing) * act_plain +
+                                   (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
+                      (si == StrandInterleaving::kOn ? std::max(act_block, act_plain) : 0) +
+                      (recomputing > 0 ? act_remade : 0);
     if (mem.total() > worst.total()) worst = mem;  // the largest any stage needs is the limit
   }
   return worst;

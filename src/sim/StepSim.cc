@@ -35,8 +35,13 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
             "pp={}: the step simulator needs the step schedule of the pipeline (dhelix simulate builds it)", lay.pp);
   LayoutConfig plain = lay;
   plain.sequence_parallel = lay.tp > 1;
-  const ModelPrograms progs = build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp});
+  ModelPrograms progs = build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp});
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
+  // recompute_layers: which layers run the block without recompute ops (the schedule's chunks, or
+  // the one chunk of a single stage).
+  select_recompute_layers(progs, plain,
+                          opt.schedule ? opt.schedule->chunks
+                                       : std::vector<Chunk>{Chunk{0, 0, static_cast<int>(m.n_layers) + 2}});
   const auto groups = group_links(lay, cluster);
   const double elem = element_bytes(opt.precision);
   const DeviceRates rates = device_rates(cluster, opt.precision, opt.gemm_timer);
@@ -47,17 +52,19 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   const PairSimOptions popt{opt.compute_slowdown, opt.comm_slowdown};
   const int L = static_cast<int>(m.n_layers), U = L + 2;
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
-  auto prog = [&](int u) -> const LayerProgram& { return u == 0 ? progs.embed : u == U - 1 ? progs.head : progs.block; };
+  auto kind = [&](int u) { return u == 0 ? "embed" : u == U - 1 ? "head" : "block"; };
+  auto prog = [&](int u) -> const LayerProgram& { return progs.program(u, kind(u)); };
   // The backward of a micro-batch before the last under accumulate_z (3D TP): its weight-gradient
   // reduce-scatters become block-sum adds, as the executor runs them (folding_variant).
   auto folded = [](LayerProgram p) {
     p.bwd = folding_variant(p.bwd);
     return p;
   };
-  const ModelPrograms early{folded(progs.embed), folded(progs.block), folded(progs.head)};
+  const ModelPrograms early{folded(progs.embed), folded(progs.block), folded(progs.head), folded(progs.block_plain),
+                            progs.plain_unit};
   auto bwd_prog = [&](int u, int mb) -> const LayerProgram& {
     if (mb == M - 1) return prog(u);
-    return u == 0 ? early.embed : u == U - 1 ? early.head : early.block;
+    return early.program(u, kind(u));
   };
 
   // Per rank: events relative to the slot being priced, engine and channel time.

@@ -96,6 +96,7 @@ const std::vector<Field>& table() {
       DHX_F("training", "precision", training.precision, kString, 0, 0, "fp32, or bf16: the linear layers' GEMMs (forward, input and weight gradient) and attention's tile products with bf16 operands and fp32 accumulation on AMX or AVX512-BF16 (oneDNN); weights, gradients, optimizer state, softmax, norms and the loss stay fp32"),
       DHX_F("training", "bf16_activations", training.bf16_activations, kOnOff, 0, 0, "with precision = bf16: keep each activation that the backward reads only as a weight-gradient GEMM's input in bf16 from its last forward use (half its bytes; results bitwise the same, since that GEMM rounds it anyway)"),
       DHX_F("training", "recompute", training.recompute, kString, 0, 0, "activation recomputation of the transformer layers (Megatron's granularity): none; selective, the attention core re-run in the layer's backward instead of keeping its output and softmax statistics; full, only each layer's input kept and its forward re-run (collectives too) at the start of its backward. Results bitwise the same; less activation memory, more compute"),
+      DHX_F("training", "recompute_layers", training.recompute_layers, kInt, 0, 1e6, "with recompute selective or full: only the first N transformer layers of each pipeline chunk recompute (Megatron's recompute_num_layers, block method), the others keep their activations; 0 = every layer"),
       DHX_F("training", "device", training.device, kString, 0, 0, "cpu, or cuda / cuda:N (a GPU: the CUDA backend, docs/gpu.md); a device this build or machine cannot use is an error naming why, never a silent CPU run"),
       DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
@@ -473,6 +474,10 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   if (Recompute r; !parse_recompute(t.recompute, r))
     e.push_back(fmt::format("training.recompute=\"{}\" is not a recompute granularity; use none, selective or full",
                             t.recompute));
+  else if (r == Recompute::kNone && t.recompute_layers > 0)
+    e.push_back(fmt::format("training.recompute_layers={} chooses which layers recompute, but training.recompute="
+                            "\"none\"; set recompute to selective or full, or recompute_layers to 0",
+                            t.recompute_layers));
   if (t.nonfinite != "skip" && t.nonfinite != "stop")
     e.push_back(fmt::format("training.nonfinite=\"{}\" is not a policy; use skip or stop", t.nonfinite));
   check_device(c, e);
@@ -662,6 +667,7 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.sequence_parallel = cfg.parallel.tp > 1;
   parse_recompute(cfg.training.recompute, l.recompute);  // validated: none when unknown
+  l.recompute_layers = static_cast<int>(cfg.training.recompute_layers);
   l.tp_x = static_cast<int>(cfg.parallel.tp_x);
   l.tp_y = static_cast<int>(cfg.parallel.tp_y);
   l.tp_z = static_cast<int>(cfg.parallel.tp_z);

@@ -38,6 +38,7 @@ struct TrainingConfig {
   std::string precision = "fp32";    // "bf16": the linear layers' GEMMs in bf16 (kernels/cpu/Bf16.h)
   bool bf16_activations = true;      // bf16: keep activations only weight-gradient GEMMs read in bf16
   std::string recompute = "none";    // activation recomputation of the layers: none, selective, full
+  int64_t recompute_layers = 0;      // with recompute: the first N layers of each pipeline chunk; 0: all
   std::string device = "cpu";        // where the step runs: cpu, or cuda / cuda:N (docs/gpu.md)
 };
 

@@ -416,8 +416,11 @@ void Trainer::log_run_header() const {
   log(fmt::format("{} {:.1f} GFLOP/s measured now; model FLOPs/token = 6*N_matmul + 6*L*T*d = {:.3g}", reference_name(),
                   sgemm_flops_ / 1e9, m.flops_per_token(m.seq_len)));
   if (layout_.recompute != Recompute::kNone)
-    log(fmt::format("activation recomputation: {} (the recompute ops run at the start of each layer's backward)",
-                    recompute_name(layout_.recompute)));
+    log(fmt::format("activation recomputation: {} (the recompute ops run at the start of each layer's backward), {}",
+                    recompute_name(layout_.recompute),
+                    layout_.recompute_layers > 0
+                        ? fmt::format("the first {} layer(s) of each pipeline chunk", layout_.recompute_layers)
+                        : std::string("every layer")));
   // parallel.sparse_embed_grad is on by default: where it could pay (dp > 1) but this layout keeps the
   // dense exchange, say why once.
   if (cfg_.parallel.sparse_embed_grad && layout_.dp > 1 && !sparse_rows_) {

@@ -86,11 +86,12 @@ std::vector<MicroBatch> random_micro_batches(const ModelConfig& m, const MicroBa
 }
 
 ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device,
-                           Recompute recompute)
+                           Recompute recompute, int recompute_layers)
     : model_(m), mb_(mb), micro_batches_(micro_batches) {
   StepPartsSpec ps;
   ps.model = model_;
   ps.layout.recompute = recompute;
+  ps.layout.recompute_layers = recompute_layers;
   ps.mb = mb_;
   ps.tokens_per_step = static_cast<double>(micro_batches_ * mb_.tokens());
   parts_ = std::make_unique<StepParts>(ps);

@@ -41,8 +41,9 @@ class ModelHarness {
   // Parameters start from the project's deterministic init (seed 1234). dloss = 1 / (M * B * T).
   // On a GPU (`device` cuda:N, a CUDA build) the parameters move there and the steps run there.
   // `recompute`: the transformer layers' activation recomputation (layout/Layout.h).
+  // `recompute_layers`: only the first N layers recompute (0: all).
   ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device = Device::host(),
-               Recompute recompute = Recompute::kNone);
+               Recompute recompute = Recompute::kNone, int recompute_layers = 0);
   ~ModelHarness();
   ModelHarness(const ModelHarness&) = delete;
   ModelHarness& operator=(const ModelHarness&) = delete;

@@ -132,9 +132,9 @@ struct Memory {
   int64_t peak = 0;
 };
 
-Memory measure(const ModelConfig& m, Recompute rc, const PipelineSpec& pipe) {
+Memory measure(const ModelConfig& m, Recompute rc, const PipelineSpec& pipe, int recompute_layers = 0) {
   const MicroBatchShape mb{kRefB, kRefT};
-  ModelHarness h(m, mb, 1, Device::host(), rc);
+  ModelHarness h(m, mb, 1, Device::host(), rc, recompute_layers);
   Memory out;
   const StepStats st = h.step(random_micro_batches(m, mb, 1, 9), pipe, [&](int slot, bool begin) {
     if (slot == 0 && !begin) out.after_forward = h.activation_bytes();
@@ -165,6 +165,32 @@ TEST(Recompute, KeptActivationsFollowTheClosedFormAndThePeakDrops) {
       EXPECT_LT(got.peak, last_peak) << family_name(f) << " " << recompute_name(rc);
       last_peak = got.peak;
     }
+  }
+}
+
+// training.recompute_layers = 1 on the 2-layer model: the first layer recomputes, the second keeps
+// its activations (it runs the block without recompute ops). Results bitwise equal to none; the kept
+// bytes after the forward drop by one layer's worth of the closed form, N (kept(none) - kept(full)) 4.
+// combination: recompute
+TEST(Recompute, FirstNLayersOnlyRecompute) {
+  for (ModelFamily f : {ModelFamily::kGPT, ModelFamily::kLlama}) {
+    const ModelConfig m = reference_config(f);
+    ASSERT_EQ(m.n_layers, 2);
+    const PipelineSpec seq = schedule(PipelineKind::k1F1B, CoExecute::kOff);
+    const MicroBatchShape mb{kRefB, kRefT};
+    ModelHarness some(m, mb, 2, Device::host(), Recompute::kFull, 1);
+    EXPECT_TRUE(some.programs().plain_unit.at(2)) << "layer 2 (unit 2) should run the block without recompute";
+    EXPECT_FALSE(some.programs().plain_unit.at(1)) << "layer 1 (unit 1) should recompute";
+    some.set_values(random_full_values(m, 7));
+    StepRun got;
+    got.stats = some.step(random_micro_batches(m, mb, 2, 8), seq);
+    got.grads = some.full_grads();
+    expect_bitwise(got, run_step(m, Recompute::kNone, seq, 2), std::string(family_name(f)) + " recompute_layers=1");
+    const double N = double(kRefB * kRefT);
+    const Memory none = measure(m, Recompute::kNone, seq), one = measure(m, Recompute::kFull, seq, 1);
+    EXPECT_EQ(double(none.after_forward - one.after_forward),
+              N * (kept_per_token(m, Recompute::kNone) - kept_per_token(m, Recompute::kFull)) * 4)
+        << family_name(f);
   }
 }
 

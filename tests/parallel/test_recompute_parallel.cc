@@ -21,6 +21,7 @@ struct RcCase {
   const char* name;
   const char* recompute;
   std::function<RunConfig(const std::string& prefix, const std::string& out)> config;
+  int layers = 0;  // training.recompute_layers
 };
 
 RunConfig with(RunConfig c, bool si, int steps = 3) {
@@ -73,6 +74,8 @@ std::vector<RcCase> cases() {
        [](P p, P o) { return pipeline(ModelFamily::kGPT, 1, PipelineKind::kInterleaved, p, o); }},
       {"llama_pp2_w_tp2_si_full", "full",
        [](P p, P o) { return pipeline(ModelFamily::kLlama, 2, PipelineKind::kW, p, o); }},
+      {"gpt_pp2_1f1b_si_full_first1", "full",
+       [](P p, P o) { return pipeline(ModelFamily::kGPT, 1, PipelineKind::k1F1B, p, o); }, 1},
   };
 }
 
@@ -90,6 +93,7 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 // combination: 1f1b si recompute
 // combination: interleaved si recompute
 // combination: w tp si recompute
+// combination: 1f1b si recompute
 TEST(RecomputeParallel, LossesAndFirstGradientsBitwiseEqualNoRecompute) {
   for (const RcCase& c : cases()) {
     TempDir dir;
@@ -97,6 +101,7 @@ TEST(RecomputeParallel, LossesAndFirstGradientsBitwiseEqualNoRecompute) {
     RunConfig base = c.config(prefix, dir / "none");
     RunConfig rc = c.config(prefix, dir / "rc");
     rc.training.recompute = c.recompute;
+    rc.training.recompute_layers = c.layers;
     const RunResult want = run_local(base, Grads::kCollect);
     const RunResult got = run_local(rc, Grads::kCollect);
     ASSERT_EQ(got.losses.size(), want.losses.size()) << c.name;

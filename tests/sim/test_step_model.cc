@@ -350,6 +350,12 @@ TEST(StepModelRecompute, FullRecomputeMemoryFollowsTheClosedForm) {
   const double L = double(m.n_layers), elem = 2;
   const double S = N * (8 * C + 2 * F + H + 4) * elem, x = N * C * elem;
   EXPECT_NEAR(a.activations - b.activations, (L - 1) * (S - x), 1e-9 * a.activations);
+  // recompute_layers = n: n layers keep x, the other L - n keep S, one recomputing layer's buffers
+  // live: none - rc = (n - 1) (S - x).
+  LayoutConfig six = full;
+  six.recompute_layers = 6;
+  const MemoryUse c = memory_per_rank(m, six, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
+  EXPECT_NEAR(a.activations - c.activations, 5 * (S - x), 1e-9 * a.activations);
 }
 
 }  // namespace
