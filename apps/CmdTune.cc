@@ -29,8 +29,9 @@ const FlagTable& tune_flags() {
   static const FlagTable t{
       "tune",
       "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
-      "                   [--micro-batch-size b] [--precision fp32|bf16] [--grad-precision fp32|bf16]\n"
+      "                   [--micro-batch-size b] [--precision native|fp32|bf16] [--grad-precision fp32|bf16]\n"
       "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
+      "                   [--recompute none|selective|full|auto]\n"
       "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
       "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -58,6 +59,10 @@ const FlagTable& tune_flags() {
            "data-parallel gradient buckets on the wire: fp32 or bf16\n(comm.grad_precision: 2 bytes an element)",
            "fp32|bf16"},
           {"--zero", FlagType::kChoice, "0", "ZeRO-1: optimizer state sharded over dp", "0|1"},
+          {"--recompute", FlagType::kChoice, "none",
+           "activation recomputation priced for every layout (training.recompute);\nauto: for each layout the least "
+           "of none, selective, full with which it fits",
+           "none|selective|full|auto"},
           {"--si", FlagType::kOnOff, "off", "Strand Interleaving", "on|off"},
           {"--sparse-embed-grad", FlagType::kOnOff, "off",
            "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
@@ -186,6 +191,8 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   req.opt.precision = prec == "bf16" || req.paper ? Precision::kBf16 : Precision::kFp32;
   req.opt.grad_wire_bytes = f.text_or_default("--grad-precision") == "bf16" ? 2 : 4;
   req.opt.zero = f.text_or_default("--zero") == "1" ? Zero::kZero1 : Zero::kNone;
+  req.opt.recompute_auto = f.text_or_default("--recompute") == "auto";
+  if (!req.opt.recompute_auto) parse_recompute(f.text_or_default("--recompute"), req.opt.recompute);
   req.opt.si = f.on("--si") ? StrandInterleaving::kOn : StrandInterleaving::kOff;
   req.opt.sparse_embed = f.on("--sparse-embed-grad") ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
   req.json_path = f.text("--json");
@@ -232,6 +239,7 @@ nlohmann::json to_json(const StepPrediction& p, int rank) {
     axes[g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
   return {{"rank", rank},
           {"layout", layout_label(p.layout)},
+          {"recompute", recompute_name(p.layout.recompute)},
           {"pricer", pricer_name(p.pricer)},
           {"step_s", p.step_s},
           {"compute_s", p.compute_s},
@@ -362,14 +370,14 @@ int cmd_tune(int argc, char** argv) {
               res.excluded.size(), res.excluded.empty() ? "-" : layout_label(res.excluded[0].layout),
               res.excluded.empty() ? "-" : res.excluded[0].reason);
     j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()}};
-    fmt::print("{:>4}  {:<22} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}\n", "rank", "layout", "pricer", "step s",
-               "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits");
+    fmt::print("{:>4}  {:<22} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {}\n", "rank", "layout", "pricer", "step s",
+               "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits", "recompute");
     for (size_t i = 0; i < res.ranked.size(); ++i) {
       const StepPrediction& p = res.ranked[i];
       if (int(i) < req->top)
-        fmt::print("{:>4}  {:<22} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}\n", i + 1,
+        fmt::print("{:>4}  {:<22} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {}\n", i + 1,
                    layout_label(p.layout), pricer_name(p.pricer), p.step_s, p.compute_s, p.exposed_comm_s,
-                   axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no");
+                   axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no", recompute_name(p.layout.recompute));
       j["ranked"].push_back(to_json(p, int(i) + 1));
     }
     if (res.ranked.size() > size_t(req->top))

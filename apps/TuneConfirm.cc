@@ -65,6 +65,7 @@ std::vector<std::string> train_words(const ModelConfig& m, const BatchSpec& batc
       kv("parallel.tp_x", lay.tp_x),               kv("parallel.tp_y", lay.tp_y),
       kv("parallel.tp_z", lay.tp_z),               kv("parallel.zero", opt.zero == Zero::kZero1 ? 1 : 0),
       kv("parallel.ep", lay.ep),                   kv("parallel.cp", lay.cp),
+      kv("training.recompute", recompute_name(lay.recompute)),
       kv("schedule.strand_interleaving", opt.si == StrandInterleaving::kOn ? "on" : "off"),
       kv("comm.grad_precision", opt.grad_wire_bytes == 2 ? "bf16" : "fp32"),
       kv("parallel.sparse_embed_grad", opt.sparse_embed == SparseEmbedGrad::kOn ? "on" : "off"),

@@ -78,8 +78,15 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
       r.excluded.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});
       continue;
     }
-    StepPrediction p = predict(m, lay, batch, cluster, opt);
-    if (!p.fits) r.excluded.push_back({lay, p.reason});
+    LayoutConfig l = lay;
+    l.recompute = opt.recompute_auto ? Recompute::kNone : opt.recompute;
+    StepPrediction p = predict(m, l, batch, cluster, opt);
+    for (Recompute more : {Recompute::kSelective, Recompute::kFull}) {  // auto: recompute what it takes to fit
+      if (!opt.recompute_auto || p.fits) break;
+      l.recompute = more;
+      p = predict(m, l, batch, cluster, opt);
+    }
+    if (!p.fits) r.excluded.push_back({l, p.reason});
     else r.ranked.push_back(std::move(p));
   }
   std::stable_sort(r.ranked.begin(), r.ranked.end(),

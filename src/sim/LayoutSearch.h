@@ -26,6 +26,8 @@ struct TuneResult {
   std::vector<ExcludedLayout> excluded;
 };
 
+// Each layout with opt.recompute (or, with opt.recompute_auto, the least recomputation that fits:
+// its prediction's layout says which).
 TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, const ClusterPreset& cluster,
                         const PredictOptions& opt);
 

@@ -82,6 +82,10 @@ struct PredictOptions {
   StrandInterleaving si = StrandInterleaving::kOff;
   SparseEmbedGrad sparse_embed = SparseEmbedGrad::kOff;  // price the trainer's sparse embedding exchange
   double grad_wire_bytes = 4;  // a data-parallel gradient element on the wire: 4, or 2 (comm.grad_precision = bf16)
+  // rank_layouts (LayoutSearch.h): every layout priced with this activation recomputation; with
+  // recompute_auto, the least of none, selective, full with which the layout fits memory.
+  Recompute recompute = Recompute::kNone;
+  bool recompute_auto = false;
 };
 
 // One process-group role's traffic per rank per step.

@@ -105,4 +105,22 @@ for label, c in runs.items():
 PY
 then ok confirm_with_traces; else fail confirm_with_traces; echo "exit $rc"; echo "$out" | tail -15; fi
 
+# --recompute auto: layouts that need more memory than the device has without recomputation come
+# back with the least recompute that fits (GPT-2 124M, 256 sequences of 1024 per micro-batch on 4 A100
+# 40 GB: 16 of the 19 layouts need more without it), each named; with none they are excluded.
+out=$("$bin" tune --model gpt2-124m --gpus 4 --cluster perlmutter-a100 --global-batch 1024 --micro-batch-size 256 \
+      --json "$tmp/rc_none.json" 2>&1) && out2=$("$bin" tune --model gpt2-124m --gpus 4 --cluster perlmutter-a100 \
+      --global-batch 1024 --micro-batch-size 256 --recompute auto --json "$tmp/rc_auto.json" 2>&1)
+if [ $? -eq 0 ] && grep -q "recompute" <<<"$out2" && /usr/bin/python3 -c "
+import json,sys
+a,b=(json.load(open(p)) for p in sys.argv[1:])
+none_ranked={r['layout'] for r in a['ranked']}
+auto={r['layout']: r['recompute'] for r in b['ranked']}
+assert len(auto) > len(none_ranked), (len(auto), len(none_ranked))
+assert all(auto[l] == 'none' for l in none_ranked), auto
+assert any(v != 'none' for v in auto.values())
+assert all(r['recompute'] == 'none' for r in a['ranked'])" "$tmp/rc_none.json" "$tmp/rc_auto.json"; then
+  ok recompute_auto
+else fail recompute_auto; echo "$out2" | head -8; fi
+
 summary
