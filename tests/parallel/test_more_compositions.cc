@@ -83,6 +83,7 @@ TEST(MoreCompositions, OneFOneBAndInterleavedWithTpEqualSerial) {
 
 // combination: dp ep 1f1b si
 // combination: dp ep w si
+// combination: dp ep interleaved si
 TEST(MoreCompositions, ExpertParallelInsidePipelinesBitwise) {
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
@@ -95,7 +96,7 @@ TEST(MoreCompositions, ExpertParallelInsidePipelinesBitwise) {
     return c;
   };
   const RunResult flat = run_local(pipelined(moe("flat"), 1, PipelineKind::k1F1B, true), Grads::kCollect);
-  for (PipelineKind k : {PipelineKind::k1F1B, PipelineKind::kW}) {
+  for (PipelineKind k : {PipelineKind::k1F1B, PipelineKind::kW, PipelineKind::kInterleaved}) {
     const RunResult pipe = run_local(pipelined(moe(pipeline_kind_name(k)), 2, k, true), Grads::kCollect);
     const std::string name = fmt::format("moe dp2 ep2 pp2 {} si", pipeline_kind_name(k));
     ASSERT_EQ(pipe.losses.size(), flat.losses.size()) << name;
@@ -108,10 +109,38 @@ TEST(MoreCompositions, ExpertParallelInsidePipelinesBitwise) {
   }
 }
 
+// Context parallelism inside 1F1B and interleaved pipelines (the W with cp is
+// ContextParallel.WithPipelineAndZeroOne's): each stage's cp ranks run the ring over their chunks
+// and pass their local rows to the next stage. Oracle: the single process on the same batches,
+// within ParallelHarness.h's tolerances (the ring regroups the softmax merge).
+// combination: cp 1f1b si
+// combination: cp interleaved si
+TEST(MoreCompositions, ContextParallelInsidePipelinesEqualsSerial) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  const RunResult serial = run_serial(
+      pipelined(tiny_config(ModelFamily::kLlama, 1, 1, 0, prefix, dir / "serial"), 1, PipelineKind::k1F1B, false),
+      Grads::kCollect);
+  for (PipelineKind k : {PipelineKind::k1F1B, PipelineKind::kInterleaved}) {
+    RunConfig c = pipelined(tiny_config(ModelFamily::kLlama, 1, 1, 0, prefix, dir / pipeline_kind_name(k)), 2, k, true);
+    c.parallel.cp = 2;
+    const RunResult par = run_local(c, Grads::kCollect);
+    std::string worst;
+    const double grad_dev = max_grad_deviation(par.first_grads, serial.first_grads, &worst);
+    const double loss_dev = max_rel_deviation(par.losses, serial.losses);
+    fmt::print("[measured] cp2 pp2 {} si: grad max rel dev {:.2e} ({}), loss max rel dev {:.2e}\n",
+               pipeline_kind_name(k), grad_dev, worst, loss_dev);
+    EXPECT_EQ(par.first_grads.size(), serial.first_grads.size());
+    EXPECT_LE(grad_dev, kGradRelTol) << pipeline_kind_name(k) << " worst tensor " << worst;
+    EXPECT_LE(loss_dev, kLossRelTol) << pipeline_kind_name(k);
+  }
+}
+
 struct Bf16Case {
   const char* name;
   std::function<RunConfig(const std::string& prefix, const std::string& out)> config;
   bool moe_dp2;  // compare against the dp = 2 bf16 run without ep (MoE's loss is per dp rank)
+  bool four_layers = false;  // compare against the 4-layer serial bf16 run (pipelined())
 };
 
 // bf16 compute with the activation collectives in fp32 on the wire (comm.precision "auto" would
@@ -130,6 +159,8 @@ RunConfig bf16(RunConfig c) {
 // combination: bf16 dp ep si
 // combination: bf16 3d si
 // combination: bf16 recompute tp si
+// combination: bf16 w si
+// combination: bf16 interleaved dp zero1 si
 TEST(MoreCompositions, Bf16ComputeOnSeveralRanksWithinBf16Bounds) {
   if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has no bf16 GEMMs (AMX-BF16 / AVX512-BF16)";
   using P = const std::string&;
@@ -143,6 +174,17 @@ TEST(MoreCompositions, Bf16ComputeOnSeveralRanksWithinBf16Bounds) {
          return c;
        },
        false},
+      // 4 layers in 2 chunks per stage (interleaved) and the folded W (4 chunks): the serial run
+      // has 2 layers, so these compare against their own 4-layer serial run (pipelined_serial).
+      {"pp2_w",
+       [](P p, P o) { return bf16(pipelined(tiny_config(ModelFamily::kLlama, 1, 1, 0, p, o), 2, PipelineKind::kW, true)); },
+       false, true},
+      {"pp2_interleaved_zero1_dp2",
+       [](P p, P o) {
+         RunConfig c = tiny_config(ModelFamily::kLlama, 2, 1, 1, p, o);
+         return bf16(pipelined(c, 2, PipelineKind::kInterleaved, true));
+       },
+       false, true},
       {"cp2",
        [](P p, P o) {
          RunConfig c = bf16(tiny_config(ModelFamily::kLlama, 1, 1, 0, p, o));
@@ -172,11 +214,14 @@ TEST(MoreCompositions, Bf16ComputeOnSeveralRanksWithinBf16Bounds) {
                                       Grads::kCollect);
   RunConfig moe_ref = bf16(tiny_config(ModelFamily::kMoE, 2, 1, 0, prefix, dir / "moe_dp2"));
   const RunResult moe_dp2 = run_local(moe_ref, Grads::kCollect);
+  const RunResult serial4 = run_serial(
+      bf16(pipelined(tiny_config(ModelFamily::kLlama, 1, 1, 0, prefix, dir / "serial4"), 1, PipelineKind::k1F1B, false)),
+      Grads::kCollect);
   for (const Bf16Case& c : cases) {
     RunConfig cfg = c.config(prefix, dir / c.name);
     const bool zero = cfg.parallel.zero == 1;
     const RunResult par = run_local(cfg, zero ? Grads::kSkip : Grads::kCollect);
-    const RunResult& want = c.moe_dp2 ? moe_dp2 : serial;
+    const RunResult& want = c.moe_dp2 ? moe_dp2 : c.four_layers ? serial4 : serial;
     const double loss_dev = max_rel_deviation(par.losses, want.losses);
     std::string worst = "-";
     double grad_dev = 0;
