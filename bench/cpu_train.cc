@@ -59,7 +59,7 @@ struct Args {
   CoExecute interleave = CoExecute::kOff;
   bool torch = true, profile = false;
   std::string precision = "fp32";  // bf16: dhelix bf16 and fp32, torch fp32 and bf16 autocast, alternating
-  std::string recompute = "none";  // training.recompute: the layers' activation recomputation
+  Recompute recompute = Recompute::kNone;  // training.recompute: the layers' activation recomputation
   std::string torch_script = "bench/cpu_train_torch.py";
   std::string python = "/usr/bin/python3";
 };
@@ -86,7 +86,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--interleave") a.interleave = fl.value() == "on" ? CoExecute::kOn : CoExecute::kOff;
     else if (k == "--profile") a.profile = true;
     else if (k == "--precision") a.precision = fl.value();
-    else if (k == "--recompute") a.recompute = fl.value();
+    else if (k == "--recompute") {
+      const std::string v = fl.value();
+      DHX_CHECK(parse_recompute(v, a.recompute), ConfigError, "--recompute '{}' must be none, selective or full", v);
+    }
     else if (k == "--no-torch") a.torch = false;
     else if (k == "--torch-script") a.torch_script = fl.value();
     else if (k == "--python") a.python = fl.value();
@@ -96,9 +99,6 @@ Args parse(int argc, char** argv) {
   DHX_CHECK(a.B >= 1 && a.T >= 1 && a.steps >= 1 && a.micro_batches >= 1 && a.threads >= 1, ConfigError,
             "--batch={} --seq={} --steps={} --micro-batches={} --threads={} must all be >= 1", a.B, a.T, a.steps,
             a.micro_batches, a.threads);
-  Recompute rc;
-  DHX_CHECK(parse_recompute(a.recompute, rc), ConfigError, "--recompute '{}' must be none, selective or full",
-            a.recompute);
   DHX_CHECK(a.precision == "fp32" || a.precision == "bf16", ConfigError, "--precision '{}' must be fp32 or bf16",
             a.precision);
   return a;
@@ -269,7 +269,7 @@ class OursRun {
     spec.parts.mb = MicroBatchShape{a.B, a.T};
     spec.parts.tokens_per_step = static_cast<double>(a.B * a.T * a.micro_batches);
     spec.parts.pipeline = single_stage(a.interleave);
-    parse_recompute(a.recompute, spec.parts.layout.recompute);  // checked by parse
+    spec.parts.layout.recompute = a.recompute;
     // As the trainer runs bf16 (training.bf16_activations on): saved GEMM inputs kept in bf16.
     spec.bf16_saved_activations = precision == cpu::GemmPrecision::kBf16;
     spec.kernels = cpu::kernel_config(static_cast<int>(a.threads), precision);
@@ -470,7 +470,7 @@ int run(int argc, char** argv) {
     fmt::print("{:<30} {:>18.3f}\n", "bf16 model FLOP/s / matmul", *tps16 * flops_tok / bf16_mm);
     if (torch16_tps) fmt::print("{:<30} {:>18.2f}\n", "ours bf16 / torch autocast", *tps16 / *torch16_tps);
   }
-  nlohmann::json j = {{"recompute", a.recompute},
+  nlohmann::json j = {{"recompute", recompute_name(a.recompute)},
                       {"peak_activation_mib", ours.peak_act / 1048576.0},
                       {"tokens_per_s", tps},
                       {"model_flops_per_s", mflops},

@@ -120,7 +120,7 @@ struct Args {
   std::string trace;  // writes a trace of one SI step and one SI-off step: PATH.rank<r>
   std::string group = "tp";  // tp: Megatron tp = 2; ep: MoE expert parallelism, dp = ep = 2; cp: cp = 2
   std::string wire = "fp32";  // the activation collectives' element type on the wire (comm.precision)
-  std::string recompute = "none";  // training.recompute: the layers' activation recomputation
+  Recompute recompute = Recompute::kNone;  // training.recompute: the layers' activation recomputation
   bool preset_given = false;
 };
 
@@ -144,7 +144,10 @@ Args parse(int argc, char** argv) {
     if (k == "--preset") a.preset = fl.value(), a.preset_given = true;
     else if (k == "--group") a.group = fl.value();
     else if (k == "--wire") a.wire = fl.value();
-    else if (k == "--recompute") a.recompute = fl.value();
+    else if (k == "--recompute") {
+      const std::string v = fl.value();
+      DHX_CHECK(parse_recompute(v, a.recompute), ConfigError, "--recompute '{}' must be none, selective or full", v);
+    }
     else if (k == "--batch") a.B = fl.count();
     else if (k == "--seq") a.T = fl.count();
     else if (k == "--micro-batches") a.micro_batches = fl.count();
@@ -156,9 +159,6 @@ Args parse(int argc, char** argv) {
     else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
     else throw ConfigError(fmt::format("unknown argument '{}'", k));
   }
-  Recompute rc;
-  DHX_CHECK(parse_recompute(a.recompute, rc), ConfigError, "--recompute '{}' must be none, selective or full",
-            a.recompute);
   DHX_CHECK(a.B >= 1 && a.T >= 1 && a.steps >= 1 && a.micro_batches >= 2, ConfigError,
             "--batch={} --seq={} --steps={} must be >= 1 and --micro-batches={} >= 2 (SI pairs two)", a.B, a.T,
             a.steps, a.micro_batches);
@@ -526,9 +526,7 @@ int run(int argc, char** argv) {
   const int M = static_cast<int>(a.micro_batches);
   DHX_CHECK(!ep || model.is_moe(), ConfigError, "--group ep needs a moe preset (moe-demo, phi-3.5-moe), got {}",
             a.preset);
-  Recompute rc = Recompute::kNone;
-  parse_recompute(a.recompute, rc);  // checked by parse
-  Rig rig(model, mb, M, tp, standin, a.plan, a.group, rc);
+  Rig rig(model, mb, M, tp, standin, a.plan, a.group, a.recompute);
   rig.set_wire(a.wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32);
   if (root) {
     fmt::print("si-overlap: activations on the wire in {}\n", a.wire);
@@ -650,7 +648,7 @@ int run(int argc, char** argv) {
   // The demo preset's activation peaks (same layout, one rank's shard), T <= its context.
   ModelConfig demo = model_preset(ep ? "moe-demo" : "demo");
   const int64_t demo_T = std::min(a.T, demo.seq_len);
-  Rig demo_rig(demo, MicroBatchShape{a.B, cp ? demo_T / layout.cp : demo_T}, M, tp, standin, "", a.group, rc);
+  Rig demo_rig(demo, MicroBatchShape{a.B, cp ? demo_T / layout.cp : demo_T}, M, tp, standin, "", a.group, a.recompute);
   Peaks demo_peaks = peak_activations(demo_rig);
 
   const double T_base = median(base), T_si = median(si), C = median(comp), Mc = median(comm_only);
@@ -721,7 +719,7 @@ int run(int argc, char** argv) {
     fmt::print("  {:<56} {:>10.3f}\n", "   on / off",
                static_cast<double>(demo_peaks.on) / static_cast<double>(demo_peaks.off));
     nlohmann::json j = {{"wire", a.wire},
-                        {"recompute", a.recompute},
+                        {"recompute", recompute_name(a.recompute)},
                         {"t_base_s", T_base},
                         {"t_si_s", T_si},
                         {"compute_s", C},
