@@ -10,11 +10,13 @@
 #include <optional>
 #include <string>
 
+#include "layout/Layout.h"
+
 namespace dhelix {
 
 class ProgressBoard {
  public:
-  static constexpr int kSlots = 13;  // one per group role (kNumGroupRoles), and the world
+  static constexpr int kSlots = kNumGroupRoles + 1;  // one per group role, and the world
   ProgressBoard(uint64_t job_token, int world_rank);
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;

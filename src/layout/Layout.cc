@@ -20,10 +20,11 @@ constexpr std::array<GroupRole, 7> kAxes = {GroupRole::kX,  GroupRole::kY,  Grou
 
 bool is_axis(GroupRole r) {
   return r != GroupRole::kXY && r != GroupRole::kTPBlock && r != GroupRole::kEP && r != GroupRole::kEDP &&
-         r != GroupRole::kDPCP;
+         r != GroupRole::kDPCP && r != GroupRole::kEDPCP;
 }
-// The partitions of the dp axis: ep runs of consecutive dp coordinates, edp strided ones.
-bool splits_dp(GroupRole r) { return r == GroupRole::kEP || r == GroupRole::kEDP; }
+// The partitions of the dp axis: ep runs of consecutive dp coordinates, edp strided ones (edpcp:
+// edp's with every cp coordinate).
+bool splits_dp(GroupRole r) { return r == GroupRole::kEP || r == GroupRole::kEDP || r == GroupRole::kEDPCP; }
 
 int extent(const LayoutConfig& c, GroupRole r) {
   switch (r) {
@@ -39,6 +40,7 @@ int extent(const LayoutConfig& c, GroupRole r) {
     case GroupRole::kTPBlock: return c.tp_block();
     case GroupRole::kEDP: return c.ep > 0 ? c.dp / c.ep : c.dp;
     case GroupRole::kDPCP: return c.dp * c.cp;
+    case GroupRole::kEDPCP: return (c.ep > 0 ? c.dp / c.ep : c.dp) * c.cp;
   }
   return 1;
 }
@@ -103,7 +105,8 @@ std::string nontrivial_dims(const LayoutConfig& c) {
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles() {
   static const std::array<GroupRole, kNumGroupRoles> roles = {
       GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP,      GroupRole::kDP, GroupRole::kX,
-      GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock, GroupRole::kEDP, GroupRole::kDPCP};
+      GroupRole::kY,  GroupRole::kZ,  GroupRole::kXY, GroupRole::kTPBlock, GroupRole::kEDP, GroupRole::kDPCP,
+      GroupRole::kEDPCP};
   return roles;
 }
 
@@ -139,6 +142,7 @@ const char* group_role_name(GroupRole r) {
     case GroupRole::kTPBlock: return "tpblock";
     case GroupRole::kEDP: return "edp";
     case GroupRole::kDPCP: return "dpcp";
+    case GroupRole::kEDPCP: return "edpcp";
   }
   return "?";
 }
@@ -216,6 +220,7 @@ int Layout::stride(GroupRole axis) const {
 int Layout::index_in(GroupRole role, const RankCoord& c) const {
   if (role == GroupRole::kEP) return c.dp % cfg_.ep;
   if (role == GroupRole::kEDP) return c.dp / cfg_.ep;
+  if (role == GroupRole::kEDPCP) return c.cp + cfg_.cp * (c.dp / cfg_.ep);  // cp innermost, as in dpcp
   if (is_axis(role)) return c.get(role);
   // Inside the group, the axes in the grid's own order (innermost fastest).
   int idx = 0, mul = 1;
@@ -257,7 +262,9 @@ std::vector<int> Layout::group_ranks(GroupRole role, int rank) const {
     std::vector<int> ranks;
     for (int i = 0; i < size(role); ++i) {
       RankCoord c = base;
-      c.dp = role == GroupRole::kEP ? base.dp - base.dp % cfg_.ep + i : i * cfg_.ep + base.dp % cfg_.ep;
+      const int j = role == GroupRole::kEDPCP ? i / cfg_.cp : i;  // edpcp: every cp coordinate of each
+      if (role == GroupRole::kEDPCP) c.cp = i % cfg_.cp;
+      c.dp = role == GroupRole::kEP ? base.dp - base.dp % cfg_.ep + j : j * cfg_.ep + base.dp % cfg_.ep;
       ranks.push_back(rank_of(c));
     }
     return ranks;

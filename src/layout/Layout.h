@@ -18,13 +18,15 @@ namespace dhelix {
 // layers); kTPBlock: every tensor-parallel axis together (the ranks that split one layer's weights:
 // the tp group, or the x-y-z block); kEP and kEDP: the two partitions of the dp axis above; kDPCP: the
 // dp and cp axes together (the ranks holding replicas of the same weights under context parallelism,
-// over which their gradients are reduced: Megatron's data-parallel-with-context group). The first
-// five keep their old values.
-enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock, kEDP, kDPCP };
-constexpr int kNumGroupRoles = 12;
+// over which their gradients are reduced: Megatron's data-parallel-with-context group); kEDPCP: edp
+// and cp together (the replicas of the same experts under context parallelism, over which the
+// experts' gradients are reduced). The first five keep their old values.
+enum class GroupRole { kTP, kEP, kCP, kPP, kDP, kX, kY, kZ, kXY, kTPBlock, kEDP, kDPCP, kEDPCP };
+constexpr int kNumGroupRoles = 13;
 // Every role, in enum order (the backends build one group per role).
 const std::array<GroupRole, kNumGroupRoles>& all_group_roles();
-const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock", "edp", "dpcp"
+const char* group_role_name(GroupRole r);  // "tp", "ep", "cp", "pp", "dp", "x", "y", "z", "xy", "tpblock", "edp", "dpcp",
+                                            // "edpcp"
 
 // AxoNN's three overlaps of 3D tensor parallelism (parallel.overlap_ar / _rs / _ag): each on by
 // default; off keeps the same ops and marks the collective blocking (waited for where issued).

@@ -51,6 +51,12 @@ struct ParamSpec {
   // parallelism: a parameter not reduce-scattered over z). All-reduced over that group before
   // the optimizer.
   bool partial_grad = false;
+  // Partial over the whole tensor-parallel block instead (all-reduced over it): on the 3D grid the
+  // MoE MLP runs on a slice of the x-y plane's tokens with whole features (moe_mlp), so each of the
+  // block's ranks sums other tokens into the router's and its experts' gradients.
+  bool partial_grad_block = false;
+  // Read by the MoE MLP (router, experts). On the 3D grid these are not split over the grid.
+  bool moe_mlp = false;
   // Ranks of the tensor-parallel block holding an identical copy of this shard (the global norm
   // counts each element once).
   int replicas = 1;

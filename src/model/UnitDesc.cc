@@ -150,6 +150,7 @@ UnitDesc describe_block(const ModelConfig& m) {
     moe.params.push_back(param("router", {m.n_experts, C}, ShardRole::kReplicated, ParamInit::kNormal, sd));
     moe.params.push_back(param("experts.wgu", {m.n_experts * 2 * F, C}, ShardRole::kExpert, ParamInit::kNormal, sd));
     moe.params.push_back(param("experts.wdown", {m.n_experts * C, F}, ShardRole::kExpert, ParamInit::kNormal, sd_res));
+    for (ParamSpec& q : moe.params) q.moe_mlp = true;
     s.push_back(moe);
   } else {
     s.push_back(gpt ? column("mlp.fc", "h2", "fc", "wfc", "bfc", {F}, C, sd)

@@ -166,13 +166,13 @@ void GradSync::on_grad_op(int mb, int unit, const Op& op) {
 }
 
 void GradSync::on_unit_backward_done(int mb, int unit) {
-  if (mb != last_mb_ || !tp_ || tp_->size() <= 1) return;
+  if (mb != last_mb_) return;
   std::vector<Work> works;
   std::vector<size_t> ready;
   for (size_t i = 0; i < params_.entries().size(); ++i) {
     ParamEntry& e = params_.entries()[i];
-    if (e.unit == unit && tp_partial(e)) {
-      works.push_back(tp_->all_reduce(e.grad.view({e.grad.numel()})));
+    if (ProcessGroup* g = e.unit == unit ? partial_group(e) : nullptr) {
+      works.push_back(g->all_reduce(e.grad.view({e.grad.numel()})));
       ready.push_back(i);
     }
   }

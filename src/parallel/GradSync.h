@@ -80,6 +80,9 @@ class GradSync final : public StepObserver {
   // With ZeRO-1 the experts' buckets are reduce-scattered over `edp` instead: each edp rank owns
   // 1/edp of its experts' optimizer state.
   void set_expert_group(ProcessGroup* edp);
+  // The whole tensor-parallel block (3D: x-y-z), over which gradients marked
+  // ParamSpec::partial_grad_block are all-reduced (the MoE MLP's on the grid); null: none.
+  void set_block_group(ProcessGroup* block) { block_ = block; }
   // The group a bucket's gradient is reduced (and, with ZeRO-1, sharded) over: edp for the experts'
   // buckets once set_expert_group was called, dp for the others (null: a group of one).
   ProcessGroup* shard_group(const GradBucket& b) const { return b.expert && expert_group_set_ ? edp_ : dp_; }
@@ -106,11 +109,18 @@ class GradSync final : public StepObserver {
   void issue_bucket(size_t b);
   // A gradient summed over only this rank's tokens of the tensor-parallel block (ParamSpec::partial_grad):
   // all-reduced over `tp_` — the tp group (sequence parallelism) or z (3D tensor parallelism).
-  bool tp_partial(const ParamEntry& e) const { return e.spec.partial_grad && tp_ && tp_->size() > 1; }
+  // Or over the whole block (ParamSpec::partial_grad_block: `block_`). Returns the group, or null.
+  ProcessGroup* partial_group(const ParamEntry& e) const {
+    if (e.spec.partial_grad && tp_ && tp_->size() > 1) return tp_;
+    if (e.spec.partial_grad_block && block_ && block_->size() > 1) return block_;
+    return nullptr;
+  }
+  bool tp_partial(const ParamEntry& e) const { return partial_group(e) != nullptr; }
 
   ParamStore& params_;
   const std::vector<UnitSpec>& units_;
   ProcessGroup* tp_;
+  ProcessGroup* block_ = nullptr;
   ProcessGroup* dp_;
   bool expert_group_set_ = false;
   ProcessGroup* edp_ = nullptr;

@@ -10,6 +10,7 @@
 // (the same formulas as kernels/cpu/Norm.cc, there over the whole row).
 #include "runtime/Ops3D.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/Error.h"
@@ -90,6 +91,36 @@ void op_bias_add(OpCall& c) {
   float* py = y.f32();
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < O; ++o) py[n * O + o] = px[n * O + o] + b[o];
+}
+
+// ---- the MoE MLP's token slices on the grid (Lowering3D.cc) ---------------------------------------
+
+// From the stream gathered over x ([Gx N, C/Gx], piece x' at rows x' N) to this rank's slice of the
+// plane's tokens with all features: rows [xy Ns, (xy+1) Ns) of each piece, the pieces side by side.
+void op_grid_rows(OpCall& c) {
+  Tensor& g = c.in(0);
+  const int gx = c.shard.gx, plane = c.shard.gx * c.shard.gy;
+  const int64_t Cx = cols(g), N = rows(g) / gx, Ns = N / plane, C = Cx * gx, r0 = int64_t(c.shard.xy) * Ns;
+  DHX_ASSERT(rows(g) == N * gx && N == Ns * plane, "{}: {} is not {} pieces of tokens split over a plane of {}",
+             c.op.name, g.describe(), gx, plane);
+  Tensor& y = c.out_new(0, {Ns, C});
+  const float* pg = g.f32();
+  float* py = y.f32();
+  for (int x = 0; x < gx; ++x)
+    for (int64_t i = 0; i < Ns; ++i)
+      std::copy_n(pg + (x * N + r0 + i) * Cx, Cx, py + i * C + x * Cx);
+}
+
+// From the slices gathered over the plane ([N, C]: the tokens in order) to the stream's layout: the
+// features of x, [N, C/Gx].
+void op_grid_cols(OpCall& c) {
+  Tensor& g = c.in(0);
+  const int64_t N = rows(g), C = cols(g), Cx = C / c.shard.gx, c0 = int64_t(c.shard.x) * Cx;
+  DHX_ASSERT(Cx * c.shard.gx == C, "{}: {} features over tp_x={}", c.op.name, C, c.shard.gx);
+  Tensor& y = c.out_new(0, {N, Cx});
+  const float* pg = g.f32();
+  float* py = y.f32();
+  for (int64_t n = 0; n < N; ++n) std::copy_n(pg + n * C + c0, Cx, py + n * Cx);
 }
 
 // ---- norms split around an all-reduce over x ----------------------------------------------------
@@ -255,6 +286,8 @@ void add_3d_ops(std::map<std::string, OpFn>& t) {
   t["linear3d_wgrad"] = op_linear3d_wgrad;
   t["grad_accum"] = op_grad_accum;
   t["bias_add"] = op_bias_add;
+  t["grid_rows"] = op_grid_rows;
+  t["grid_cols"] = op_grid_cols;
   t["ln_stats"] = op_ln_stats;
   t["ln_apply"] = op_ln_apply;
   t["ln_bwd_stats"] = op_ln_bwd_stats;

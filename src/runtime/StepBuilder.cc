@@ -37,6 +37,7 @@ Step::Step(const StepSpec& spec) {
   sync = std::make_unique<GradSync>(*parts->params, parts->units, parts->progs,
                                     layout.is_3d() ? g.get(GroupRole::kZ) : g.get(GroupRole::kTP), dp, spec.zero,
                                     &parts->state_mem);
+  if (layout.is_3d()) sync->set_block_group(g.get(GroupRole::kTPBlock));  // the MoE MLP's gradients
   // A tied embedding whose head sits on another stage (1F1B, interleaved): the two copies' gradients
   // are summed between the first and the last stage (Megatron's embedding group).
   const std::vector<Chunk> chunks = pipeline_chunks(spec.parts.pipeline);
@@ -47,8 +48,10 @@ Step::Step(const StepSpec& spec) {
                                     &parts->state_mem);
   opt->set_pipeline_group(pp);
   if (layout.ep > 1) {  // expert parallelism: tokens move over ep, expert gradients reduce over edp
-    sync->set_expert_group(g.get(GroupRole::kEDP));
-    opt->set_expert_group(g.get(GroupRole::kEP), g.get(GroupRole::kEDP));
+    // (edp x cp under context parallelism: each cp rank's gradient covers its chunks)
+    ProcessGroup* edp = g.get(layout.cp > 1 ? GroupRole::kEDPCP : GroupRole::kEDP);
+    sync->set_expert_group(edp);
+    opt->set_expert_group(g.get(GroupRole::kEP), edp);
   }
   sync->set_wire(spec.grad_wire);
   c.groups = g;

@@ -32,9 +32,10 @@ void moe_fwd(const TpRegion& b, std::vector<Op>& f, const std::string& in, const
   elem_cost(route, N * E, 8, 3);
   f.push_back(route);
   // The load-balancing loss is over the whole micro-batch: under tp each rank routes its sequence
-  // shard, so the per-expert counts and probability sums ("moe.stats", 2E floats) are summed over
-  // tp; the sum runs under the expert GEMMs and is read by moe.aux (forward) and moe.route.bwd.
-  if (b.tp > 1) f.push_back(b.coll("tp.ar.moe.stats", CollOp::kAllReduce, "moe.stats", "moe.stats", 2 * E));
+  // shard (on the 3D grid its slice of the plane's tokens), so the per-expert counts and probability
+  // sums ("moe.stats", 2E floats) are summed over tp (the plane, "xy"); the sum runs under the expert
+  // GEMMs and is read by moe.aux (forward) and moe.route.bwd.
+  if (b.tp > 1) f.push_back(b.coll(b.group + ".ar.moe.stats", CollOp::kAllReduce, "moe.stats", "moe.stats", 2 * E));
   // Under context parallelism each cp rank routes its chunks of the same sequences: summed over cp
   // too, so the loss and its gradient are the whole micro-batch's (moe.aux records them on cp rank 0
   // only: the step's statistics are then summed over cp).

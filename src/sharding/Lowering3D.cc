@@ -7,6 +7,7 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "model/UnitDesc.h"
+#include "sharding/ExpertDispatch.h"
 #include "sharding/Grid3D.h"
 #include "sharding/OpFactory.h"
 #include "sharding/TpRegion.h"
@@ -18,7 +19,11 @@ namespace {
 
 class Axonn3D final : public UnitLowering {
  public:
-  explicit Axonn3D(const Grid3D& b) : b_(b), oag_(b.lay.overlap3d.ag), ring_{b.m, b.lay, b.B, b.T, b.N, b.N, b.C, 1} {}
+  explicit Axonn3D(const Grid3D& b)
+      : b_(b),
+        oag_(b.lay.overlap3d.ag),
+        ring_{b.m, b.lay, b.B, b.T, b.N, b.N, b.C, 1},
+        moe_{b.m, b.lay, b.B, b.T, b.N, b.N / (b.gx * b.gy), b.C, b.gx * b.gy, "xy"} {}
 
   const ModelConfig& model() const override { return b_.m; }
   int64_t split() const override { return b_.gy; }
@@ -87,8 +92,25 @@ class Axonn3D final : public UnitLowering {
   // features, cp the sequence, so the ring sees whole rows of this rank's heads.
   const TpRegion* cp_ring() const override { return b_.lay.cp > 1 ? &ring_ : nullptr; }
 
-  void moe_fwd(const UnitStep& s, std::vector<Op>&) override { refuse_moe(s); }
-  void moe_bwd(const UnitStep& s, const std::string&, const std::string&, std::vector<Op>&) override { refuse_moe(s); }
+  // The MoE MLP on the grid runs as it does under Megatron's sequence parallelism, with the x-y
+  // plane for the tp group (moe_): each of the plane's Gx*Gy ranks takes its slice of Ns = N/(Gx Gy)
+  // of the plane's tokens with whole features, routes it and runs the experts on it
+  // (ExpertDispatch.h: the all-to-alls over ep, the routing statistics summed over the plane); the
+  // slices' outputs are gathered over the plane and each rank keeps its features. The router and
+  // the experts are not split over the grid (ParamSharding.cc), their gradients summed over it.
+  //   fwd: [x.ag in] -> grid_rows (slice xy, all C) -> MoE MLP -> [xy.ag] -> grid_cols (C/Gx of x)
+  //   bwd: the same two moves around the MoE's backward: the stream's gradient is replicated over y
+  //        as the stream is, so the slice of d_out is taken the way the input's was.
+  void moe_fwd(const UnitStep& s, std::vector<Op>& f) override {
+    const std::string rows = to_rows(s.tag, s.in[0], f), out_rows = sliced() ? s.out + ".rows" : s.out;
+    sharding::moe_fwd(moe_, f, rows, out_rows);
+    to_grid(s.tag, out_rows, s.out, f);
+  }
+  void moe_bwd(const UnitStep& s, const std::string& d_out, const std::string& d_in, std::vector<Op>& g) override {
+    const std::string d_rows = to_rows(s.tag + ".bwd", d_out, g), d_in_rows = sliced() ? d_in + ".rows" : d_in;
+    sharding::moe_bwd(moe_, g, sliced() ? s.in[0] + ".rows" : s.in[0], d_rows, d_in_rows);
+    to_grid(s.tag + ".bwd", d_in_rows, d_in, g);
+  }
 
   // Cross-entropy vocab-parallel over y (max, then sum-exp and the target logit, all-reduced over y).
   void xent_fwd(const UnitStep& s, std::vector<Op>& f) override {
@@ -184,9 +206,35 @@ class Axonn3D final : public UnitLowering {
     g.push_back(wg);
   }
 
-  [[noreturn]] void refuse_moe(const UnitStep& s) const {
-    throw ConfigError(fmt::format("{}: model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this "
-                                  "build; use tp, dp and ep", s.tag, b_.gx, b_.gy, b_.gz));
+  // The MoE MLP's token slices: with a plane of one rank its input is the stream itself.
+  bool sliced() const { return b_.gx * b_.gy > 1; }
+  // [N, C/Gx] (features over x) -> this rank's slice of the tokens with all features [Ns, C]:
+  // gathered over x ([Gx N, C/Gx], x-major), then grid_rows takes rows [xy Ns, (xy+1) Ns) of every
+  // x piece side by side. Returns the slice's buffer.
+  std::string to_rows(const std::string& tag, const std::string& in, std::vector<Op>& ops) const {
+    if (!sliced()) return in;
+    std::string g = in;
+    if (b_.gx > 1) {
+      g = in + "_xg";
+      ops.push_back(activation(
+          collective_op("x.ag." + tag, CollOp::kAllGather, "x", {in}, g, kF * double(b_.N * b_.C))));
+    }
+    const std::string rows = in + ".rows";
+    Op op = compute_op(tag + ".rows", "grid_rows", {g}, {rows});
+    elem_cost(op, double(moe_.Ns * b_.C), 0, 2);
+    ops.push_back(op);
+    return rows;
+  }
+  // This rank's slice [Ns, C] -> the stream's layout [N, C/Gx]: gathered over the plane (the slices
+  // in xy order are the N tokens in order), then grid_cols keeps the features of x.
+  void to_grid(const std::string& tag, const std::string& rows, const std::string& out, std::vector<Op>& ops) const {
+    if (!sliced()) return;
+    const std::string g = rows + "_g";
+    ops.push_back(activation(
+        collective_op("xy.ag." + tag, CollOp::kAllGather, "xy", {rows}, g, kF * double(b_.N * b_.C))));
+    Op op = compute_op(tag + ".cols", "grid_cols", {g}, {out});
+    elem_cost(op, double(b_.N * cx()), 0, 2);
+    ops.push_back(op);
   }
 
   const Grid3D& b_;
@@ -195,12 +243,17 @@ class Axonn3D final : public UnitLowering {
   std::vector<std::string> fwd_blocks_, bwd_blocks_;   // their gathered blocks ("" reads the shard)
   std::vector<Op> accum_;
   const TpRegion ring_;  // the ring's extents (CpRing.h reads Megatron's context; tp = 1 here)
+  const TpRegion moe_;   // the MoE MLP's: the plane's tokens split over "xy" as tp splits them
 };
 
 }  // namespace
 
 ModelPrograms lower_3d(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
   Grid3D b{m, lay, mb.B, mb.T, mb.tokens(), m.d_model, lay.tp_x, lay.tp_y, lay.tp_z};
+  DHX_CHECK(!m.is_moe() || b.N % (b.gx * b.gy) == 0, ConfigError,
+            "micro-batch tokens {} (B={} x T={}) are not divisible by the x-y plane's tp_x*tp_y={}: the MoE MLP on the "
+            "3D grid splits them over the plane",
+            b.N, mb.B, mb.T, b.gx * b.gy);
   ModelPrograms out;
   for (auto [prog, desc] : {std::pair{&out.embed, describe_embed(m)}, std::pair{&out.block, describe_block(m)},
                             std::pair{&out.head, describe_head(m)}}) {

@@ -9,9 +9,6 @@
 namespace dhelix {
 
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
-  DHX_CHECK(!(m.is_moe() && lay.is_3d()), ConfigError,
-            "model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; use tp, dp and ep",
-            lay.tp_x, lay.tp_y, lay.tp_z);
   ModelPrograms out = lay.is_3d() ? sharding::lower_3d(m, lay, mb) : sharding::lower_1d(m, lay, mb);
   if (lay.recompute != Recompute::kNone && lay.recompute_layers > 0) {
     LayoutConfig plain = lay;

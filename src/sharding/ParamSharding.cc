@@ -100,8 +100,18 @@ ParamSpec grid(const std::string& local, Shape full, std::vector<int64_t> parts,
 // over y), each block flattened over z; column biases over y; the residual stream's per-feature
 // tensors (norms, attention-out / MLP-down biases, positions: the replicated ones) over x; the
 // vocabulary table rows over y and columns over x (not over z).
+// The MoE MLP's router and experts (ParamSpec::moe_mlp) are not split over the grid: the MLP runs
+// on a slice of the x-y plane's tokens with whole features (Lowering3D.cc), the experts split over
+// ep only; every rank of the block sums its own tokens into their gradients.
 ParamSpec grid_spec(const ParamSpec& p, const ModelConfig& m, const LayoutConfig& lay) {
   const GridAxis X = GridAxis::kX, Y = GridAxis::kY, N = GridAxis::kNone;
+  if (p.moe_mlp) {
+    ParamSpec q = tp_spec(p, m, lay);  // tp = 1 on the grid: replicated, or whole experts over ep
+    q.replicas = lay.tp_block();
+    q.partial_grad = false;
+    q.partial_grad_block = lay.tp_block() > 1;
+    return q;
+  }
   const bool matrix = p.full.size() > 1;
   ParamSpec q;
   switch (p.role) {
@@ -127,9 +137,6 @@ ParamSpec grid_spec(const ParamSpec& p, const ModelConfig& m, const LayoutConfig
 }  // namespace
 
 std::vector<UnitSpec> model_units(const ModelConfig& m, const LayoutConfig& lay, int tp_rank) {
-  DHX_CHECK(!(m.is_moe() && lay.is_3d()), ConfigError,
-            "model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; use tp, dp and ep",
-            lay.tp_x, lay.tp_y, lay.tp_z);
   std::vector<UnitSpec> units = model_params(m);
   for (UnitSpec& u : units)
     for (ParamSpec& p : u.params) p = lay.is_3d() ? grid_spec(p, m, lay) : tp_spec(p, m, lay);

@@ -9,7 +9,7 @@ namespace dhelix::sharding {
 
 Op TpRegion::coll(std::string name, CollOp c, const std::string& in, const std::string& out,
                   double elems_full) const {
-  return collective_op(std::move(name), c, "tp", {in}, out, elems_full * kF);
+  return collective_op(std::move(name), c, group, {in}, out, elems_full * kF);
 }
 
 void column_fwd(const TpRegion& b, std::vector<Op>& ops, const TpLinear& l, const std::string& in,

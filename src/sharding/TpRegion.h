@@ -18,8 +18,11 @@ struct TpRegion {
   const ModelConfig& m;
   const LayoutConfig& lay;
   int64_t B, T, N, Ns, C, tp;  // N = B*T tokens, Ns = N / tp rows of the sequence shard
+  // The group the tp ranks form: "tp"; "xy" for the MoE MLP on the 3D grid (Lowering3D.cc), whose
+  // x-y plane splits the tokens as sequence parallelism does.
+  std::string group = "tp";
 
-  // A tp collective on dim 0 (callers check tp > 1 first); its per-rank buffer is the full
+  // A collective over `group` on dim 0 (callers check tp > 1 first); its per-rank buffer is the full
   // (gathered / pre-scatter) tensor of `elems_full` elements.
   Op coll(std::string name, CollOp c, const std::string& in, const std::string& out, double elems_full) const;
 };

@@ -178,17 +178,16 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
   if (lay.cp > 1 && batch.seq % (2 * lay.cp) != 0)
     e.push_back(fmt::format("sequence {} is not divisible by 2 x cp = {} (context parallelism's chunks)", batch.seq,
                             2 * lay.cp));
-  if (lay.cp > 1 && m.is_moe() && lay.ep > 1)
-    e.push_back(fmt::format("cp={} with ep={}: the experts' gradients are not reduced over cp in this build; ep=1 "
-                            "with cp", lay.cp, lay.ep));
   if (lay.ep > 1 && !m.is_moe())
     e.push_back(fmt::format("ep={}: expert parallelism needs the moe family (model {} is {})", lay.ep, m.name,
                             family_name(m.family)));
   if (lay.ep > 1 && m.is_moe() && m.n_experts % lay.ep != 0)
     e.push_back(fmt::format("experts={} is not divisible by ep={}", m.n_experts, lay.ep));
-  if (m.is_moe() && lay.is_3d())
-    e.push_back(fmt::format("the moe family does not run on the 3D grid (x={} y={} z={}); Megatron tp x pp x dp only",
-                            lay.tp_x, lay.tp_y, lay.tp_z));
+  if (m.is_moe() && lay.is_3d() && lay.cp >= 1 && lay.tp_x >= 1 && lay.tp_y >= 1 &&
+      (batch.micro_batch * (batch.seq / lay.cp)) % (int64_t(lay.tp_x) * lay.tp_y) != 0)
+    e.push_back(fmt::format("micro-batch tokens {} are not divisible by Gx x Gy = {} (the MoE MLP on the 3D grid "
+                            "splits them over the x-y plane)",
+                            batch.micro_batch * (batch.seq / lay.cp), int64_t(lay.tp_x) * lay.tp_y));
   auto div = [&](int64_t v, int64_t by, const std::string& what, const std::string& axis) {
     if (by > 1 && v % by != 0) e.push_back(fmt::format("{}={} is not divisible by {}={}", what, v, axis, by));
   };
@@ -537,9 +536,9 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
     }
     if (s == p - 1 && p > 1 && m.tie_embeddings) elems += unit_elems(units[0]);
     MemoryUse mem;
-    // ZeRO-1 shards over the weights' replicas: dp x cp, and the experts' over edp = dp / ep.
+    // ZeRO-1 shards over the weights' replicas: dp x cp, and the experts' over edp x cp = dp / ep x cp.
     add_states(mem, elems - experts, elem, lay.dp * lay.cp, zero);
-    add_states(mem, experts, elem, lay.dp / lay.ep, zero);
+    add_states(mem, experts, elem, lay.dp / lay.ep * lay.cp, zero);
     // Block sums of the z-reduce-scattered weight gradients (fp32, one per weight) while the step's
     // micro-batches accumulate (M > 1).
     for (int u : mine)
@@ -618,8 +617,8 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
                      const SparseEmbedTail* sparse) {
   // Data parallel: each unit's bucket as its last backward ends, then ZeRO-1's all-gather; under
   // context parallelism over the dp x cp replicas of the weights (the dpcp group). Expert buckets
-  // go over edp on that group's own comm thread, beside them.
-  const std::string dpg = lay.cp > 1 ? "dpcp" : "dp";
+  // go over edp (edp x cp under context parallelism) on that group's own comm thread, beside them.
+  const std::string dpg = lay.cp > 1 ? "dpcp" : "dp", edpg = lay.cp > 1 ? "edpcp" : "edp";
   const GroupLink& dp = groups.at(dpg);
   auto past_end = [&](const std::string& g, const GroupLink& link, std::vector<ChannelItem> items) {
     AxisCost& axis = axes[g];
@@ -637,9 +636,9 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
   }
   double tail = past_end(dpg, dp, std::move(dp_items));
   if (lay.ep > 1) {
-    tail = std::max(tail, past_end("edp", groups.at("edp"),
+    tail = std::max(tail, past_end(edpg, groups.at(edpg),
                                    param_buckets(lay, units, mine, ready, expert_bytes, true, zero, false)));
-    if (axes["edp"].bytes == 0) axes.erase("edp");
+    if (axes[edpg].bytes == 0) axes.erase(edpg);
   }
   // Then, one after another on the compute thread's wait: ZeRO-1's all-gathers, the partial
   // gradients' all-reduce.
@@ -654,16 +653,21 @@ double gradient_tail(const LayoutConfig& lay, const std::map<std::string, GroupL
     double expert_elems = 0;  // under ep the experts' all-gather goes over edp
     for (double b : expert_bytes) expert_elems += b / 4;
     after(dpg, "zero1 all-gather", CollOp::kAllGather, (elems - expert_elems) * elem, dp);
-    const GroupLink& edp = groups.at("edp");
-    if (expert_elems > 0 && edp.size > 1) after("edp", "zero1 all-gather (experts)", CollOp::kAllGather, expert_elems * elem, edp);
+    const GroupLink& edp = groups.at(edpg);
+    if (expert_elems > 0 && edp.size > 1) after(edpg, "zero1 all-gather (experts)", CollOp::kAllGather, expert_elems * elem, edp);
   }
   // Sequence-parallel partial gradients (norms, row biases) all-reduced over tp before the step.
-  double partial = 0;
+  // On the 3D grid the MoE MLP's (partial_grad_block) over the whole block.
+  double partial = 0, partial_block = 0;
   for (int u : mine)
-    for (const ParamSpec& q : units[u].params)
+    for (const ParamSpec& q : units[u].params) {
       if (q.partial_grad) partial += double(shape_numel(q.shard)) * 4;
+      if (q.partial_grad_block) partial_block += double(shape_numel(q.shard)) * 4;
+    }
   const std::string pg = lay.is_3d() ? "z" : "tp";  // the group the tokens are split over
   if (partial > 0 && groups.at(pg).size > 1) after(pg, "partial grads all-reduce", CollOp::kAllReduce, partial, groups.at(pg));
+  if (partial_block > 0 && groups.at("tpblock").size > 1)
+    after("tpblock", "MoE grads all-reduce", CollOp::kAllReduce, partial_block, groups.at("tpblock"));
   return tail;
 }
 

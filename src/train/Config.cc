@@ -399,12 +399,6 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     else if (p.tp > 1 && (m.seq_len / p.cp) % p.tp != 0)
       e.push_back(fmt::format("model.seq_len / parallel.cp = {} local rows are not divisible by parallel.tp={} "
                               "(sequence parallelism shards each rank's rows)", m.seq_len / p.cp, p.tp));
-    // refused: cp ep -- the experts' gradients would need summing over cp too, and this build reduces them over the expert-data-parallel group only (MoE with cp runs at ep = 1)
-    if (m.is_moe() && p.ep > 1)
-      e.push_back(fmt::format("parallel.cp={} with parallel.ep={}: the experts' gradients would have to be summed over "
-                              "the cp ranks too, and this build reduces them over the expert-data-parallel group only; "
-                              "use ep=1 with cp (the experts then reduce over dp x cp like every weight), or cp=1",
-                              p.cp, p.ep));
   }
   divides("parallel.dp", p.dp, "parallel.ep", p.ep);
   // tp > 1 always runs Megatron's sequence parallelism: norms, residuals and dropout see T / tp rows.
@@ -433,10 +427,12 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
   if (m.is_moe()) {
     divides("model.n_experts", m.n_experts, "parallel.ep (each expert-parallel rank holds n_experts / ep whole experts)",
             p.ep);
-    // refused: 3d ep -- the MoE family (and so expert parallelism) does not run on the 3D grid in this build
-    if (grid3d)
-      e.push_back(fmt::format("model.family=moe does not run on the 3D grid (tp_x={} tp_y={} tp_z={}) in this build; "
-                              "use tp, dp and pp", p.tp_x, p.tp_y, p.tp_z));
+    // On the 3D grid the MoE MLP splits each micro-batch's tokens over the x-y plane (Lowering3D.cc).
+    if (grid3d && p.cp >= 1 && p.tp_x >= 1 && p.tp_y >= 1 && (t.micro_batch_size * (m.seq_len / p.cp)) % (int64_t(p.tp_x) * p.tp_y) != 0)
+      e.push_back(fmt::format("training.micro_batch_size x model.seq_len / parallel.cp = {} tokens are not divisible "
+                              "by parallel.tp_x x tp_y = {} (the MoE MLP on the 3D grid splits each micro-batch's "
+                              "tokens over the x-y plane)",
+                              t.micro_batch_size * (m.seq_len / p.cp), int64_t(p.tp_x) * p.tp_y));
   } else if (p.ep > 1) {
     e.push_back(fmt::format("parallel.ep={} splits experts, but model.family={} has none; set ep=1 or family=moe", p.ep,
                             family_name(m.family)));

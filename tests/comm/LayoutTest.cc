@@ -11,7 +11,7 @@ namespace dhelix {
 namespace {
 
 const GroupRole kRoles[] = {GroupRole::kTP, GroupRole::kEP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP,
-                            GroupRole::kEDP, GroupRole::kDPCP};
+                            GroupRole::kEDP, GroupRole::kDPCP, GroupRole::kEDPCP};
 
 std::vector<LayoutConfig> sample_configs() {
   std::vector<LayoutConfig> out;
@@ -54,15 +54,16 @@ TEST(Layout, EveryRolePartitionsTheWorld) {
           ASSERT_EQ(l.index_in(role, a), static_cast<int>(pos));
           const bool dp_part = role == GroupRole::kEP || role == GroupRole::kEDP;
           const bool dpcp = role == GroupRole::kDPCP;  // varies dp and cp (and so ep), nothing else
+          const bool edpcp = role == GroupRole::kEDPCP;  // varies cp and dp within one ep coordinate
           if (role == GroupRole::kEP) {
             ASSERT_EQ(a.dp / c.ep, b.dp / c.ep);
           }
-          if (role == GroupRole::kEDP) {
+          if (role == GroupRole::kEDP || edpcp) {
             ASSERT_EQ(a.ep, b.ep);
           }
           for (GroupRole other : {GroupRole::kTP, GroupRole::kCP, GroupRole::kPP, GroupRole::kDP, GroupRole::kEP}) {
             if (other == role || (dp_part && (other == GroupRole::kDP || other == GroupRole::kEP)) ||
-                (dpcp && (other == GroupRole::kDP || other == GroupRole::kCP || other == GroupRole::kEP)) ||
+                ((dpcp || edpcp) && (other == GroupRole::kDP || other == GroupRole::kCP || other == GroupRole::kEP)) ||
                 (role == GroupRole::kDP && other == GroupRole::kEP))
               continue;
             ASSERT_EQ(a.get(other), b.get(other)) << group_role_name(other) << " in " << group_role_name(role);
@@ -113,6 +114,17 @@ TEST(Layout, DataContextGroupSpansDpAndCp) {
   EXPECT_EQ(l.group_ranks(GroupRole::kDPCP, 5), (std::vector<int>{1, 3, 5, 7}));
   EXPECT_EQ(l.group_ranks(GroupRole::kDPCP, 2), (std::vector<int>{0, 2, 4, 6}));
   EXPECT_EQ(l.size(GroupRole::kDPCP), 4);
+}
+
+// The experts' replicas under cp and ep: dp = 4, cp = 2, ep = 2 on 8 ranks (rank = dp * 2 + cp).
+// Oracle: the closed form: edpcp = the ranks whose dp is equal mod ep, every cp, cp fastest.
+TEST(Layout, ExpertDataContextGroupSpansEdpAndCp) {
+  const LayoutConfig c{4, 1, 2, 2, 1};
+  Layout l(c, 0);
+  EXPECT_EQ(l.group_ranks(GroupRole::kEDP, 3), (std::vector<int>{3, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kEDPCP, 3), (std::vector<int>{2, 3, 6, 7}));
+  EXPECT_EQ(l.group_ranks(GroupRole::kEDPCP, 0), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(l.size(GroupRole::kEDPCP), 4);
 }
 
 TEST(Layout, DataParallelStrideIsWorldOverDp) {

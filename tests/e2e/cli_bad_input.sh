@@ -28,15 +28,16 @@ expect several_errors "n_heads" "bogus_key" "micro_batch_size" -- \
 expect tp_heads "tp" -- train --config configs/demo.toml --parallel.tp 3 --output.dir "$tmp/r2"
 
 # 2b. 3D tensor parallelism: mixed with Megatron's tp; heads not divisible by tp_y; a bad axis
-#     order; with the MoE family; a grid that needs more processes than were launched (with pp, cp
-#     and ZeRO-1 the grid runs: tests/parallel/test_3d_composed.cc).
+#     order; MoE tokens that the x-y plane does not divide; a grid that needs more processes than
+#     were launched (with pp, cp, ZeRO-1 and MoE the grid runs: tests/parallel/test_3d_composed.cc).
 expect grid3d_mixed "cannot be mixed" "tp_y=2" -- train --config configs/demo.toml --parallel.tp 2 --parallel.tp_x 2 \
   --output.dir "$tmp/g1"
 expect grid3d_heads "model.n_heads" "parallel.tp_y" -- train --config configs/demo.toml --parallel.tp_y 3 --output.dir "$tmp/g2"
 expect grid3d_order "tp_order" "xzz" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.tp_order xzz \
   --output.dir "$tmp/g3"
-expect grid3d_moe "model.family=moe does not run on the 3D grid" -- train --config configs/moe-demo.toml \
-  --parallel.tp_x 2 --output.dir "$tmp/g4"
+expect grid3d_moe_tokens "126 tokens are not divisible by parallel.tp_x x tp_y = 4" -- train \
+  --config configs/moe-demo.toml --parallel.tp_x 2 --parallel.tp_y 2 --training.micro_batch_size 1 \
+  --model.seq_len 126 --output.dir "$tmp/g4"
 expect grid3d_world "world size 1" "tp_z=2" "mpirun -np 8" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.tp_y 2 \
   --parallel.tp_z 2 --output.dir "$tmp/g5"
 
@@ -56,13 +57,11 @@ expect ep_dense "parallel.ep=2 splits experts" "family=llama" -- train --config 
   --parallel.dp 2 --output.dir "$tmp/m4"
 expect moe_family "gpt" "moe" "mixture" -- train --config configs/moe-demo.toml --model.family mixture --output.dir "$tmp/m5"
 
-# 2d. Context parallelism: a sequence that does not cut into 2*cp chunks (128 into 6); cp with MoE's
-#     expert parallelism (cp with MoE at ep = 1 runs: tests/parallel/test_context_parallel.cc);
-#     a cp layout that needs more processes than were launched.
+# 2d. Context parallelism: a sequence that does not cut into 2*cp chunks (128 into 6); a cp layout
+#     that needs more processes than were launched (cp with MoE, ep = 1 or more, runs:
+#     tests/parallel/test_context_parallel.cc).
 expect cp_seq "model.seq_len=128 is not divisible by 2\*parallel.cp=6" "seq_len=132" -- train --config configs/demo.toml \
   --parallel.cp 3 --output.dir "$tmp/c1"
-expect cp_moe_ep "parallel.cp=2 with parallel.ep=2" "use ep=1 with cp" -- train --config configs/moe-demo.toml \
-  --parallel.cp 2 --parallel.ep 2 --parallel.dp 2 --output.dir "$tmp/c2"
 expect cp_world "world size 1" "cp=2" "mpirun -np 2" -- train --config configs/demo.toml --parallel.cp 2 --output.dir "$tmp/c3"
 
 # 2e. Activation recomputation: an unknown granularity is named with the three that exist.

@@ -121,8 +121,9 @@ std::map<std::string, double> counted_step_bytes(const RunConfig& cfg) {
   std::mutex mu;
   on_local_ranks(cfg, [&](CommContext* comm) {
     Trainer t(cfg, comm, Quiet::kYes);
-    const std::vector<GroupRole> roles = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,
-                                          GroupRole::kTP, GroupRole::kDP, GroupRole::kCP, GroupRole::kDPCP};
+    const std::vector<GroupRole> roles = {GroupRole::kX,  GroupRole::kY,  GroupRole::kZ,    GroupRole::kXY,
+                                          GroupRole::kTPBlock, GroupRole::kTP, GroupRole::kDP, GroupRole::kCP,
+                                          GroupRole::kDPCP};
     for (GroupRole r : roles) comm->group(r).reset_traffic();
     t.compute_gradients();
     comm->world().barrier();

@@ -84,7 +84,7 @@ std::vector<double> resume_losses(const RunConfig& cfg, const std::string& check
 std::string si_on_off_difference(const RunConfig& on, const std::string& off_dir);
 
 // The bytes the comm layer counts (ProcessGroup::traffic: the ring bytes of every collective) per
-// group role of size > 1 ("x", "y", "z", "tp", "dp", "cp", "dpcp") over one step's forward and
+// group role of size > 1 ("x", "y", "z", "xy", "tpblock", "tp", "dp", "cp", "dpcp") over one step's forward and
 // backward of every micro-batch and its gradient reductions (Trainer::compute_gradients), on rank 0.
 std::map<std::string, double> counted_step_bytes(const RunConfig& cfg);
 

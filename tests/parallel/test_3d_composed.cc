@@ -1,6 +1,6 @@
 // AxoNN's 3D grid composed with the other axes, on threads-as-ranks: pipelines (1F1B, interleaved
 // and the folded W, Strand Interleaving on and off), context parallelism (CP's ring over each grid
-// rank's heads) and ZeRO-1. Oracle: the single-process run of the same model on the same global
+// rank's heads), ZeRO-1, and the MoE family with and without expert parallelism. Oracle: the single-process run of the same model on the same global
 // batches (the grid's data replicas read their windows of each global micro-batch, as dp ranks do;
 // pipeline stages and cp ranks read the same sequences). Tolerances: ParallelHarness.h (kGradRelTol,
 // kLossRelTol): the grid regroups the fp32 sums TP and DP do, the ring merges each query row's
@@ -24,6 +24,7 @@ struct Composed {
   PipelineKind kind;
   bool si;
   int zero;
+  int ep = 1;  // expert parallelism (the MoE family), carved out of dp
 };
 
 RunConfig config(const Composed& c, const std::string& prefix, const std::string& out) {
@@ -35,6 +36,7 @@ RunConfig config(const Composed& c, const std::string& prefix, const std::string
   r.parallel.pp = c.pp;
   r.parallel.cp = c.cp;
   r.parallel.zero = c.zero;
+  r.parallel.ep = c.ep;
   r.schedule.pipeline = pipeline_kind_name(c.kind);
   r.schedule.virtual_stages = c.kind == PipelineKind::kInterleaved ? 2 : 1;
   r.schedule.strand_interleaving = c.si;
@@ -52,14 +54,27 @@ class Grid3DComposed : public ::testing::TestWithParam<Composed> {};
 // combination: 3d cp w si
 // combination: 3d dp zero1
 // combination: 3d cp zero1
+// combination: 3d ep
+// combination: 3d ep si
+// combination: 3d ep dp si
+// combination: 3d ep w si
+// combination: 3d ep cp
 TEST_P(Grid3DComposed, EqualsSerial) {
   const Composed c = GetParam();
   TempDir dir;
   const std::string prefix = write_walk_dataset(dir.path());
-  const RunResult serial = run_serial(config({"serial", c.family, 1, 1, 1, 1, 1, 1, PipelineKind::k1F1B, false, 0}, prefix,
-                                             dir / "serial"),
-                                      Grads::kCollect);
-  const RunResult par = run_local(config(c, prefix, dir / "par"), c.zero ? Grads::kSkip : Grads::kCollect);
+  RunConfig serial_cfg =
+      config({"serial", c.family, 1, 1, 1, 1, 1, 1, PipelineKind::k1F1B, false, 0}, prefix, dir / "serial");
+  const RunConfig par_cfg = config(c, prefix, dir / "par");
+  if (c.family == ModelFamily::kMoE) {
+    // The load-balancing loss is per data shard and micro-batch (dp's and z's, as MoeDataParallel
+    // holds dp to): the one process runs each shard's window of a global micro-batch as its own.
+    serial_cfg.training.micro_batch_size = par_cfg.training.micro_batch_size;
+    serial_cfg.training.micro_batches = c.dp * c.gz * par_cfg.training.micro_batches;
+    ASSERT_EQ(serial_cfg.tokens_per_step(), par_cfg.tokens_per_step());
+  }
+  const RunResult serial = run_serial(serial_cfg, Grads::kCollect);
+  const RunResult par = run_local(par_cfg, c.zero ? Grads::kSkip : Grads::kCollect);
   const double loss_dev = max_rel_deviation(par.losses, serial.losses);
   std::string worst = "-";
   double grad_dev = 0;
@@ -88,7 +103,14 @@ INSTANTIATE_TEST_SUITE_P(
         Composed{"gpt_y2z2_cp2_si", ModelFamily::kGPT, 1, 2, 2, 1, 1, 2, PipelineKind::k1F1B, true, 0},
         Composed{"llama_y2_cp2_pp2_w_si", ModelFamily::kLlama, 1, 2, 1, 1, 2, 2, PipelineKind::kW, true, 0},
         Composed{"llama_x2z2_dp2_zero1", ModelFamily::kLlama, 2, 1, 2, 2, 1, 1, PipelineKind::k1F1B, false, 1},
-        Composed{"gpt_y2_cp2_zero1", ModelFamily::kGPT, 1, 2, 1, 1, 1, 2, PipelineKind::k1F1B, false, 1}),
+        Composed{"gpt_y2_cp2_zero1", ModelFamily::kGPT, 1, 2, 1, 1, 1, 2, PipelineKind::k1F1B, false, 1},
+        // The MoE MLP on the grid: each plane rank routes its slice of the plane's tokens (x and y),
+        // z splits the batch, ep carves the experts out of dp, and with pipelines and cp.
+        Composed{"moe_x2y2", ModelFamily::kMoE, 2, 2, 1, 1, 1, 1, PipelineKind::k1F1B, false, 0},
+        Composed{"moe_x2z2_si", ModelFamily::kMoE, 2, 1, 2, 1, 1, 1, PipelineKind::k1F1B, true, 0},
+        Composed{"moe_y2_dp2_ep2_si", ModelFamily::kMoE, 1, 2, 1, 2, 1, 1, PipelineKind::k1F1B, true, 0, 2},
+        Composed{"moe_x2_pp2_w_si", ModelFamily::kMoE, 2, 1, 1, 1, 2, 1, PipelineKind::kW, true, 0},
+        Composed{"moe_y2_cp2", ModelFamily::kMoE, 1, 2, 1, 1, 1, 2, PipelineKind::k1F1B, false, 0}),
     composed_name);
 
 }  // namespace

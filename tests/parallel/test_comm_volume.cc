@@ -22,6 +22,7 @@ namespace dhelix::testing {
 namespace {
 
 // combination: 3d si
+// combination: 3d ep si
 // combination: dp 3d si
 // combination: dp tp si
 // combination: dp si
@@ -50,6 +51,12 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     RunConfig moe = tiny_config(ModelFamily::kMoE, 2, 2, 0, prefix, dir / "m", 2, 8);
     moe.parallel.sparse_embed_grad = false;
     cases.push_back({"MoE tp2 dp2", moe});
+    // On the 3D grid: the stream gathered over x and the slices over the plane, the statistics
+    // summed over it, the router's and experts' gradients over the whole block (ep = 1: the
+    // all-to-alls' bytes follow the routing, which the model prices balanced).
+    RunConfig grid = tiny_config_3d(ModelFamily::kMoE, 1, 2, 2, 2, prefix, dir / "mg");
+    grid.parallel.sparse_embed_grad = false;
+    cases.push_back({"MoE 3D 2x2x2", grid});
   }
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
     // Data parallelism with the sparse embedding exchange (on by default; 4 x 32 tokens a rank x

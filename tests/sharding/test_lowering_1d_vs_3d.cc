@@ -261,11 +261,51 @@ TEST_P(OneDvsThreeD, BothLayoutsShardTheOneDescription) {
   }
 }
 
-// The MoE family has no 3D sharding (config validation says so first); the sharding says so too.
-TEST(ParamSharding, MoeOnTheGridIsAConfigError) {
+// The MoE family on the grid: the MoE MLP runs on a slice of the x-y plane's tokens with whole
+// features, so its router and experts are not split over the grid (only the experts over ep), every
+// block rank holds an identical copy once their gradients, partial over the block, are summed
+// (partial_grad_block, replicas = the block); the other tensors shard as for Llama. Oracle: the
+// unsharded shapes of model_params and the grid's own rule for the rest.
+TEST(ParamSharding, MoeOnTheGridKeepsTheMlpWholeAndSumsItOverTheBlock) {
   ModelConfig m = model_of(ModelFamily::kMoE);
-  EXPECT_THROW(model_units(m, three_d(), 0), ConfigError);
-  EXPECT_NO_THROW(model_units(m, one_d(), 0));
+  m.n_experts = 4, m.top_k = 2;
+  LayoutConfig lay;
+  lay.tp_x = 2, lay.tp_y = 2, lay.tp_z = 2, lay.ep = 2, lay.dp = 2;
+  const std::vector<UnitSpec> full = model_params(m), grid = model_units(m, lay, 0);
+  ASSERT_EQ(full.size(), grid.size());
+  int moe = 0;
+  for (size_t u = 0; u < full.size(); ++u)
+    for (size_t i = 0; i < full[u].params.size(); ++i) {
+      const ParamSpec &f = full[u].params[i], &g = grid[u].params[i];
+      EXPECT_EQ(f.moe_mlp, g.moe_mlp) << g.name;
+      if (!f.moe_mlp) {
+        EXPECT_FALSE(g.partial_grad_block) << g.name;
+        EXPECT_EQ(g.role, ShardRole::kGrid) << g.name;
+        continue;
+      }
+      ++moe;
+      EXPECT_EQ(g.role, f.role) << g.name;
+      EXPECT_TRUE(g.partial_grad_block) << g.name;
+      EXPECT_FALSE(g.partial_grad) << g.name;
+      EXPECT_EQ(g.replicas, 8) << g.name;
+      Shape want = f.full;
+      if (f.role == ShardRole::kExpert) want[0] /= 2;  // E / ep whole experts
+      EXPECT_EQ(g.shard, want) << g.name;
+    }
+  EXPECT_EQ(moe, 3 * m.n_layers);  // router, experts.wgu, experts.wdown per layer
+}
+
+// The MoE MLP's token slice on the grid is the rank's index in its x-y plane group, which is the
+// order the plane's all-gather concatenates in. Oracle: Layout::index_in, for every axis order.
+TEST(ShardIndex, PlaneIndexIsTheXyGroupRank) {
+  for (const char* order : {"xyz", "xzy", "yxz", "yzx", "zxy", "zyx"}) {
+    LayoutConfig lay;
+    lay.tp_x = 2, lay.tp_y = 3, lay.tp_z = 2, lay.tp_order = order;
+    for (int r = 0; r < lay.world(); ++r) {
+      const Layout l(lay, r);
+      EXPECT_EQ(ShardIndex::of(lay, l.coord()).xy, l.index_in(GroupRole::kXY, l.coord())) << order << " rank " << r;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, OneDvsThreeD, ::testing::Values(ModelFamily::kGPT, ModelFamily::kLlama),

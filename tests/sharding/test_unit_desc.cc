@@ -63,6 +63,8 @@ std::vector<Case> cases() {
   }
   out.push_back({"moe_single", ModelFamily::kMoE, layout(1, 1, 1, 1, 1, 1)});
   out.push_back({"moe_tp2_ep2", ModelFamily::kMoE, layout(2, 1, 2, 1, 1, 1)});
+  out.push_back({"moe_grid_222_ep2", ModelFamily::kMoE, layout(1, 1, 2, 2, 2, 2)});
+  out.push_back({"moe_grid_z2", ModelFamily::kMoE, layout(1, 1, 1, 1, 1, 2)});
   return out;
 }
 
