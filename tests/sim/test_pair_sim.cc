@@ -263,6 +263,7 @@ TEST(PairSim, EveryProgramOpHasAPrice) {
     cases.push_back({p, lay(1, 1, 1, 1, 2, 2, 2)});
   }
   cases.push_back({"moe-demo", lay(2, 2, 1, 2, 1, 1, 1)});
+  cases.push_back({"moe-demo", lay(2, 1, 1, 2, 2, 2, 1)});  // the MoE MLP on the grid (grid_rows, grid_cols)
   cases.push_back({"llama-8b", lay(1, 1, 4, 1, 1, 1, 1)});  // cp >= 3: the dK/dV relay adds (cp_dkv_add)
   std::set<std::string> priced;
   for (const Case& c : cases) {
