@@ -4,6 +4,7 @@
 // so any config key (--model.preset, --parallel.tp, ...) is a flag of both commands.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -391,6 +392,16 @@ int cmd_simulate(int argc, char** argv) {
     for (const StepSimStage& g : r.stages)
       j["stages"].push_back({{"end_s", g.end_s}, {"tail_s", g.tail_s}, {"compute_s", g.compute_s}, {"bubble_s", g.bubble_s},
                              {"exposed_s", g.exposed_s}, {"channel_busy_s", g.channel_busy_s}});
+    // Where the critical stage's communication goes: each collective (op name) summed over the
+    // step's micro-batches and layers, busiest first; and the gradient tail per group.
+    std::vector<std::pair<std::string, CollectiveUse>> uses(r.stages[size_t(r.critical_stage)].collectives.begin(),
+                                                            r.stages[size_t(r.critical_stage)].collectives.end());
+    std::stable_sort(uses.begin(), uses.end(), [](const auto& a, const auto& b) { return a.second.busy_s > b.second.busy_s; });
+    j["collectives"] = nlohmann::json::array();
+    for (const auto& [name, u] : uses)
+      j["collectives"].push_back({{"name", name}, {"group", u.group}, {"count", u.count}, {"busy_s", u.busy_s}});
+    for (const auto& [g, a] : r.tail_axes)
+      j["tail_axes"][g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
     make_parent_dir(*json_path);
     write_file_atomic(*json_path, j.dump(2) + "\n");
   }

@@ -71,6 +71,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   struct RankStats {
     double compute = 0;
     std::map<std::string, double> busy;
+    std::map<std::string, CollectiveUse> collectives;
     std::vector<StepSimEvent> events;
   };
   std::vector<RankStats> ranks(static_cast<size_t>(lay.pp));
@@ -93,6 +94,10 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       const Op& op = (fw ? *f : *b)[static_cast<size_t>(o.index)];
       st.events.push_back({o.lane, fmt::format("{} mb{} u{}", op.name, fw ? fm : bm, fw ? fu : bu), at + o.begin_s,
                            at + o.end_s, fw ? fm : bm, fw ? fu : bu, o.strand});
+      if (op.is_collective()) {
+        CollectiveUse& c = st.collectives[op.name];
+        c.group = o.lane, c.count += 1, c.busy_s += o.end_s - o.begin_s;
+      }
     }
     for (const auto& [g, t] : p.channel_busy_s) st.busy[g] += t;
     st.compute += p.compute_s;
@@ -228,8 +233,11 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     StepSimStage& sg = r.stages[static_cast<size_t>(rk)];
     sg.tail_s = gradient_tail(lay, groups, units, mine, ready, grad_bytes, expert_bytes, elems, elem, opt.zero, axes,
                               &spans, sparse ? &*sparse : nullptr);
-    for (const ChannelSpan& c : spans)
+    for (const ChannelSpan& c : spans) {
       st.events.push_back({lay.pp > 1 ? fmt::format("stage {} {}", rk, c.group) : c.group, c.name, c.begin_s, c.end_s});
+      CollectiveUse& u = st.collectives[c.name];
+      u.group = c.group, u.count += 1, u.busy_s += c.end_s - c.begin_s;
+    }
     // The optimizer step on the compute thread after the tail (optimizer_time, StepModel.h). The
     // executor runs it before ZeRO-1's all-gather, which the tail holds; both are exposed, so the
     // step's length is the same, only the trace's order differs under ZeRO-1.
@@ -248,6 +256,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     sg.end_s = rank_end[static_cast<size_t>(rk)];
     sg.compute_s = st.compute + optimizer_s;
     sg.channel_busy_s = st.busy;
+    sg.collectives = st.collectives;
     sg.bubble_s = sg.end_s - rank_busy[static_cast<size_t>(rk)];  // waiting for its neighbours' messages
     sg.exposed_s = std::max(0.0, sg.end_s + sg.tail_s - sg.compute_s - sg.bubble_s);  // rounding aside
     if (rk == 0 || sg.end_s + sg.tail_s > step) step = sg.end_s + sg.tail_s, critical = rk, r.tail_axes = axes;

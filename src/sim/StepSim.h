@@ -66,6 +66,15 @@ struct StepSimEvent {
   StrandKind strand = StrandKind::kForward;
 };
 
+// One collective of a stage's programs (its op name: "z.ag.attn.qkv", "y.ar.mlp.proj.bwd") or of its
+// gradient tail ("grad bucket 3", "zero1 all-gather"), summed over the step's micro-batches and
+// layers: where a layout's communication time goes.
+struct CollectiveUse {
+  std::string group;
+  int64_t count = 0;
+  double busy_s = 0;  // on its group's channel
+};
+
 // One pipeline stage (every rank of a stage runs alike: the simulator follows one of them).
 struct StepSimStage {
   double end_s = 0;       // its last slot ends
@@ -75,6 +84,7 @@ struct StepSimStage {
   double bubble_s = 0;    // time between its slots
   double exposed_s = 0;   // end + tail - compute - bubble
   std::map<std::string, double> channel_busy_s;  // per group, passes only
+  std::map<std::string, CollectiveUse> collectives;  // by op name, passes and gradient tail
 };
 
 struct StepSimResult {

@@ -365,6 +365,37 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
   EXPECT_THROW(simulate_step(m, [] { LayoutConfig l; l.pp = 2; return l; }(), {4, 128, 1}, cluster, off), ConfigError);
 }
 
+// The per-collective breakdown (simulate --json "collectives"). Oracle: the simulator's own
+// accounting: on each group, the collectives of the passes sum to the channel's busy time, the
+// tail's (named by gradient_tail) to its axis seconds; the tp layout's program collectives appear
+// once per micro-batch and layer (a forward tp all-gather of each layer: 2 micro-batches x 2 layers).
+TEST(StepSim, CollectiveBreakdownSumsToTheChannels) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(2);
+  LayoutConfig lay;
+  lay.dp = 2, lay.tp = 2;
+  StepSimOptions o;
+  o.si = StrandInterleaving::kOff, o.zero = Zero::kZero1;
+  const StepSimResult s = simulate_step(m, lay, {8, 128, 2}, cluster, o);
+  const StepSimStage& st = s.stages.at(0);
+  std::map<std::string, double> passes;
+  double tail = 0;
+  for (const auto& [name, u] : st.collectives) {
+    EXPECT_GT(u.count, 0) << name;
+    if (name.starts_with("grad bucket") || name.starts_with("zero1") || name.starts_with("partial"))
+      tail += u.busy_s;
+    else
+      passes[u.group] += u.busy_s;
+  }
+  ASSERT_FALSE(passes.empty());
+  for (const auto& [g, busy] : st.channel_busy_s) EXPECT_NEAR(passes[g], busy, 1e-12 * busy) << g;
+  double axes = 0;
+  for (const auto& [g, a] : s.tail_axes) axes += a.seconds;
+  EXPECT_NEAR(tail, axes, 1e-12 * axes);
+  EXPECT_EQ(st.collectives.at("tp.ag.attn.qkv").count, 2 * 2);
+  EXPECT_EQ(st.collectives.at("tp.ag.attn.qkv").group, "tp");
+}
+
 // The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
 // exactly the built-in single-stage order's step; at pp = 2 (1F1B, SI off, no tp or dp) the step is
 // the schedule's own timeline (simulate_timeline) with each pass priced as its units run alone and
