@@ -333,6 +333,14 @@ int cmd_simulate(int argc, char** argv) {
   fmt::print("  {:<44} {:>12}\n", "exposed communication (s)", fmt::format("{:.4f}", r.exposed_s));
   for (const auto& [g, t] : r.channel_busy_s)
     fmt::print("  {:<44} {:>12}\n", fmt::format("  {} channel busy in the passes (s)", g), fmt::format("{:.4f}", t));
+  {  // the passes' waits by the collective waited for (the critical stage's), the three longest
+    std::vector<std::pair<double, std::string>> waits;
+    for (const auto& [name, u] : r.stages[size_t(r.critical_stage)].collectives)
+      if (u.exposed_s > 0) waits.push_back({u.exposed_s, fmt::format("{} ({})", name, u.group)});
+    std::sort(waits.rbegin(), waits.rend());
+    for (size_t i = 0; i < std::min<size_t>(3, waits.size()); ++i)
+      fmt::print("  {:<44} {:>12}\n", fmt::format("  waited for {}", waits[i].second), fmt::format("{:.4f}", waits[i].first));
+  }
   fmt::print("  {:<44} {:>12}\n", "tokens/s", fmt::format("{:.0f}", r.tokens_per_s));
   fmt::print("  {:<44} {:>12}\n", fmt::format("model FLOP/s per rank ({})", flop_convention_formula(conv)),
              fmt::format("{:.3g}", flops_per_rank));
@@ -399,7 +407,8 @@ int cmd_simulate(int argc, char** argv) {
     std::stable_sort(uses.begin(), uses.end(), [](const auto& a, const auto& b) { return a.second.busy_s > b.second.busy_s; });
     j["collectives"] = nlohmann::json::array();
     for (const auto& [name, u] : uses)
-      j["collectives"].push_back({{"name", name}, {"group", u.group}, {"count", u.count}, {"busy_s", u.busy_s}});
+      j["collectives"].push_back(
+          {{"name", name}, {"group", u.group}, {"count", u.count}, {"busy_s", u.busy_s}, {"exposed_s", u.exposed_s}});
     for (const auto& [g, a] : r.tail_axes)
       j["tail_axes"][g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
     make_parent_dir(*json_path);

@@ -40,6 +40,15 @@ struct Sim {
   std::map<std::string, double> channel_free;       // group -> when its comm thread is next free
   std::map<std::pair<int, std::string>, double> ready;  // (strand, buffer) -> when it is ready
   std::set<std::pair<int, std::string>> prefetched;      // (strand, buffer) a prefetch op fills
+  std::map<std::pair<int, std::string>, std::string> producer;  // (strand, buffer) -> the collective that wrote it
+  std::map<std::string, std::string> channel_last;               // group -> its latest collective
+
+  // The engine waits until `until` for collective `by`: the wait is charged to it.
+  void wait_for(double until, const std::string& by) {
+    if (until <= engine) return;
+    r.exposed_s[by] += until - engine;
+    engine = until;
+  }
 
   void note_prefetches(StrandKind kind, const std::vector<Op>* ops) {
     if (!ops) return;
@@ -48,23 +57,32 @@ struct Sim {
         prefetched.insert({static_cast<int>(kind), op.outputs[0].substr(0, op.outputs[0].size() - 5)});
   }
 
-  double ready_at(int strand, const Op& op) const {
+  // When the inputs of `op` are ready; `by`: the collective that wrote the latest ("" if none did).
+  double ready_at(int strand, const Op& op, std::string* by) const {
     double t = 0;
     for (const std::string& b : op.inputs) {
       auto it = ready.find({strand, b});
-      if (it != ready.end()) t = std::max(t, it->second);
+      if (it != ready.end() && it->second > t) {
+        t = it->second;
+        auto p = producer.find({strand, b});
+        *by = p == producer.end() ? "" : p->second;
+      }
     }
     return t;
   }
 
   // Runs (compute) or issues (collective) op `i` of `ops`; a collective's end goes to `issued`
   // unless it is background or blocking (waited for at once).
-  void run(StrandKind kind, const std::vector<Op>& ops, int i, std::vector<double>& issued) {
+  void run(StrandKind kind, const std::vector<Op>& ops, int i, std::vector<std::pair<double, std::string>>& issued) {
     const Op& op = ops[static_cast<size_t>(i)];
     const int s = static_cast<int>(kind);
-    const double inputs = ready_at(s, op);
+    std::string by;
+    const double inputs = ready_at(s, op, &by);
+    // A compute op's outputs are ready at the engine's time, never later: only a collective's output
+    // can make the engine wait.
+    if (inputs > engine) wait_for(inputs, by.empty() ? op.name : by);
     if (!op.is_collective()) {
-      const double begin = std::max(engine, inputs), t = time(op);
+      const double begin = engine, t = time(op);
       DHX_CHECK(t >= 0, InternalError, "op {}: negative time {}", op.name, t);
       // Every collective in flight was issued before this op (the compute thread issues them), so
       // the rank's channels are busy without a gap from `begin` to the latest end, `busy`.
@@ -76,7 +94,7 @@ struct Sim {
       engine = end;
       r.compute_s += end - begin;
       r.ops.push_back({kind, i, "compute", begin, engine});
-      for (const std::string& b : op.outputs) ready[{s, b}] = engine;
+      for (const std::string& b : op.outputs) ready[{s, b}] = engine, producer.erase({s, b});
       return;
     }
     // A weight all-gather the previous layer prefetched (steady state: this layer's own prefetch
@@ -85,8 +103,7 @@ struct Sim {
       r.ops.push_back({kind, i, op.group, engine, engine});
       return;
     }
-    // The compute thread waits for the collective's inputs, then hands it to the group's thread.
-    engine = std::max(engine, inputs);
+    // The compute thread waits for the collective's inputs (above), then hands it to the group's thread.
     const double t = time(op);
     DHX_CHECK(t >= 0, InternalError, "collective {}: negative time {}", op.name, t);
     double& free = channel_free[op.group];
@@ -94,9 +111,10 @@ struct Sim {
     free = opt.comm_slowdown == 1.0 ? begin + t : stretched_end(begin, t, opt.comm_slowdown, computing);
     r.channel_busy_s[op.group] += free - begin;
     r.ops.push_back({kind, i, op.group, begin, free});
-    for (const std::string& b : op.outputs) ready[{s, b}] = free;
-    if (op.flag("blocking")) engine = std::max(engine, free);
-    else if (!op.flag("background") && !op.attrs.count("prefetch_unit")) issued.push_back(free);
+    channel_last[op.group] = op.name;
+    for (const std::string& b : op.outputs) ready[{s, b}] = free, producer[{s, b}] = op.name;
+    if (op.flag("blocking")) wait_for(free, op.name);
+    else if (!op.flag("background") && !op.attrs.count("prefetch_unit")) issued.push_back({free, op.name});
   }
 };
 
@@ -108,9 +126,10 @@ PairSimResult simulate_once(const std::vector<Op>* fwd, const std::vector<Op>* b
   // Steady state: the ops this pair carries out stand for those the previous pair carried in.
   const int nb = bwd ? static_cast<int>(bwd->size()) : 0;
   const int carry = std::clamp(plan.carry, 0, nb);
-  std::vector<double> issued;
-  auto complete = [&] {
-    for (double e : issued) sim.engine = std::max(sim.engine, e);
+  std::vector<std::pair<double, std::string>> issued;  // (end, name) of the block's collectives
+  auto complete = [&] {  // the block's end waits for each in the order they end
+    std::sort(issued.begin(), issued.end());
+    for (const auto& [e, name] : issued) sim.wait_for(e, name);
     issued.clear();
   };
   for (const IssueStep& st : IssueOrder(PairStrands{fwd, bwd, carry, carry}, plan.blocks)) {
@@ -130,7 +149,10 @@ PairSimResult simulate_once(const std::vector<Op>* fwd, const std::vector<Op>* b
   complete();  // carried ops after the last block
   // Background collectives still in flight end the pair too (their readers are in a later pair).
   double span = sim.engine;
-  for (const auto& [g, free] : sim.channel_free) span = std::max(span, free);
+  std::string last;
+  for (const auto& [g, free] : sim.channel_free)
+    if (free > span) span = free, last = sim.channel_last[g];
+  if (!last.empty()) sim.wait_for(span, last);
   sim.r.span_s = span;
   sim.r.idle_s = span - sim.r.compute_s;
   return sim.r;

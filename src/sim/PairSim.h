@@ -42,6 +42,10 @@ struct PairSimResult {
   double span_s = 0;     // the pair, first issue to the end of the last block
   double compute_s = 0;  // engine busy time (both strands)
   double idle_s = 0;     // span - compute: time the engine waited on collectives
+  // The engine's waits charged to the collective (by op name) that ended each: the one whose output
+  // a compute op or a collective's issue waited for, a blocking one, the latest of a block's end,
+  // the last on the busiest channel past the engine's end. They sum to idle_s.
+  std::map<std::string, double> exposed_s;
   std::map<std::string, double> channel_busy_s;  // per group
   std::vector<double> block_end_s;               // end of each block
   std::vector<SimOp> ops;                        // in the order they ran / were issued

@@ -100,6 +100,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       }
     }
     for (const auto& [g, t] : p.channel_busy_s) st.busy[g] += t;
+    for (const auto& [name, t] : p.exposed_s) st.collectives[name].exposed_s += t;
     st.compute += p.compute_s;
     return p.span_s;
   };

@@ -72,7 +72,8 @@ struct StepSimEvent {
 struct CollectiveUse {
   std::string group;
   int64_t count = 0;
-  double busy_s = 0;  // on its group's channel
+  double busy_s = 0;     // on its group's channel
+  double exposed_s = 0;  // the passes' engine waits charged to it (PairSimResult::exposed_s)
 };
 
 // One pipeline stage (every rank of a stage runs alike: the simulator follows one of them).

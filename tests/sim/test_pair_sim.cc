@@ -112,6 +112,67 @@ TEST(PairSim, BlockingBackgroundAndCarry) {
   }
 }
 
+// The engine's waits charged to collectives (PairSimResult::exposed_s). Closed forms: the
+// dependent chain c2 -> t3 -> c4 waits 3 ms for t3; with an independent c4 under it (t3 ends at 5,
+// its reader starts after c4 at 6) nothing is charged; a blocking t3 is
+// charged its 3 ms; a background t5 past the engine's end is charged the 1 ms it outlasts c4; two
+// collectives ending a block are charged in the order they end. Oracle for real programs: the
+// waits sum to idle_s, on every pair of a tp layer with the default SI plan and alone.
+TEST(PairSim, ExposedTimeIsChargedToTheCollectiveWaitedFor) {
+  {
+    const std::vector<Op> f = {op("c2", {"x"}, {"a"}), op("t3", {"a"}, {"g"}), op("c4", {"g"}, {"y"})};
+    const PairSimResult r = simulate_pair(&f, nullptr, plan_of({{0, 3, 0, 0}}), ms);
+    EXPECT_DOUBLE_EQ(r.exposed_s.at("t3"), 3e-3);
+    EXPECT_EQ(r.exposed_s.size(), 1u);
+  }
+  {
+    const std::vector<Op> h = {op("c2", {"x"}, {"a"}), op("t3", {"a"}, {"g"}), op("c4", {"x"}, {"w"}),
+                               op("c1", {"g"}, {"y"})};
+    EXPECT_TRUE(simulate_pair(&h, nullptr, plan_of({{0, 4, 0, 0}}), ms).exposed_s.empty());
+  }
+  {
+    std::vector<Op> f = {op("t3", {"x"}, {"g"}), op("c4", {"x"}, {"y"})};
+    f[0].attrs["blocking"] = 1;
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, nullptr, plan_of({{0, 2, 0, 0}}), ms).exposed_s.at("t3"), 3e-3);
+  }
+  {
+    std::vector<Op> f = {op("t5", {"x"}, {"g"}), op("c4", {"x"}, {"y"})};
+    f[0].attrs["background"] = 1;
+    EXPECT_DOUBLE_EQ(simulate_pair(&f, nullptr, plan_of({{0, 1, 0, 0}, {1, 2, 0, 0}}), ms).exposed_s.at("t5"), 1e-3);
+  }
+  {  // t3 and d4 issued together end the block at 3 and 4 ms: 3 ms charged to t3, 1 ms to d4
+    const std::vector<Op> f = {op("t3", {"x"}, {"g"})}, d = {op("d4", {"dy"}, {"h"})};
+    const PairSimResult r = simulate_pair(&f, &d, plan_of({{0, 1, 0, 1}}), ms);
+    EXPECT_DOUBLE_EQ(r.exposed_s.at("t3"), 3e-3);
+    EXPECT_DOUBLE_EQ(r.exposed_s.at("d4"), 1e-3);
+  }
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const DeviceRates rates{cluster.gemm_rate(Precision::kFp32), cluster.mem_bw, 1.0, {}};
+  LayoutConfig lay;
+  lay.tp = 2, lay.sequence_parallel = true;
+  ModelConfig m = model_preset("llama-8b");
+  m.n_layers = 2;
+  const ModelPrograms progs = build_programs(m, lay, {2, 256});
+  const auto groups = group_links(lay, cluster);
+  const OpTimer t = [&](const Op& o) { return op_time(o, groups, rates); };
+  const SIPlan pair = pair_default_plan(progs.block.fwd, progs.block.bwd);
+  int waited = 0;
+  for (const auto& [name, r] :
+       {std::pair{"pair", simulate_pair(&progs.block.fwd, &progs.block.bwd, pair, t)},
+        std::pair{"fwd alone", simulate_pair(&progs.block.fwd, nullptr, plan_of({{0, int(progs.block.fwd.size()), 0, 0}}), t)},
+        std::pair{"bwd alone", simulate_pair(nullptr, &progs.block.bwd, plan_of({{0, 0, 0, int(progs.block.bwd.size())}}), t)}}) {
+    double sum = 0;
+    for (const auto& [op_name, e] : r.exposed_s) {
+      EXPECT_GT(e, 0) << name << " " << op_name;
+      sum += e;
+    }
+    waited += r.idle_s > 0;
+    fmt::print("[measured] {}: idle {:.3e} s, {} collectives charged\n", name, r.idle_s, r.exposed_s.size());
+    EXPECT_NEAR(sum, r.idle_s, 1e-12 * r.span_s) << name;
+  }
+  EXPECT_GE(waited, 1) << "no case waited on a collective: the sum proves nothing";
+}
+
 // Interference (PairSimOptions::compute_slowdown): a compute op beside a collective of its rank
 // runs k times slower for the overlapped part. Closed forms: c4 beside t2 with k = 1.5 does 2/1.5
 // ms of work in the first 2 ms and the remaining 8/3 ms after: 4.667 ms; beside t8 it ends at 6 ms
@@ -394,6 +455,35 @@ TEST(StepSim, CollectiveBreakdownSumsToTheChannels) {
   EXPECT_NEAR(tail, axes, 1e-12 * axes);
   EXPECT_EQ(st.collectives.at("tp.ag.attn.qkv").count, 2 * 2);
   EXPECT_EQ(st.collectives.at("tp.ag.attn.qkv").group, "tp");
+}
+
+// Context parallelism across nodes, the Megatron baseline (SI off): like Megatron's ring (its
+// attention of the current block beside the next block's transfer), each forward key/value move
+// and each backward re-circulation is issued before the ring step that does not read it, so the
+// compute hides it; only the last dK/dV move, which the step's end reads at once, can be exposed.
+// Oracle: the per-collective waits (PairSimResult::exposed_s) of Llama-8B's layers at T = 32768
+// over cp = 2 across two H100 nodes (tp = 8 inside each).
+TEST(StepSim, ContextParallelRingIsHiddenInTheBaselineButItsLastGradientMove) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
+  ModelConfig m = model_preset("llama-8b");
+  m.n_layers = 2;
+  LayoutConfig lay;
+  lay.tp = 8, lay.cp = 2;
+  StepSimOptions o;
+  o.si = StrandInterleaving::kOff, o.precision = Precision::kBf16;
+  const StepSimResult s = simulate_step(m, lay, {4, 32768, 1}, cluster, o);
+  ASSERT_LT(group_links(lay, cluster).at("cp").link.bandwidth, cluster.intra_node.bandwidth) << "the ring crosses nodes";
+  double busy = 0;
+  int moves = 0;
+  for (const auto& [name, u] : s.stages.at(0).collectives) {
+    if (u.group != "cp") continue;
+    ++moves, busy += u.busy_s;
+    if (name != "cp.ring.dkv.1") {
+      EXPECT_EQ(u.exposed_s, 0) << name;
+    }
+  }
+  EXPECT_EQ(moves, 3);  // kv.0, kv.bwd.0, dkv.1 at cp = 2
+  EXPECT_GT(busy, 0);
 }
 
 // The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
