@@ -61,21 +61,26 @@ print(f"{'run':<20} {'layout':<22} {'step s':>8} {'MFU axonn':>10} {'MFU megatro
 for key, label, lay in runs:
     a = json.load(open(f"{work}/{key}_axonn.json"))
     g = json.load(open(f"{work}/{key}_megatron.json"))
-    top = [{"name": c["name"], "group": c["group"], "busy_s": round(c["busy_s"], 3), "count": c["count"]}
-           for c in a["collectives"][:6]]
-    by_group = {}
+    top = [{"name": c["name"], "group": c["group"], "busy_s": round(c["busy_s"], 3),
+            "exposed_s": round(c["exposed_s"], 3), "count": c["count"]} for c in a["collectives"][:6]]
+    by_group, exposed = {}, {}
     for c in a["collectives"]:
         by_group[c["group"]] = by_group.get(c["group"], 0) + c["busy_s"]
+        exposed[c["group"]] = exposed.get(c["group"], 0) + c["exposed_s"]
+    for grp, t in a.get("tail_axes", {}).items():
+        exposed[grp] = exposed.get(grp, 0) + t["exposed_s"]
     out[key] = {"layout": lay.replace("_", " "), "step_s": round(a["step_s"], 3), "mfu_axonn": round(a["mfu"], 3),
                 "mfu_megatron": round(g["mfu"], 3), "compute_s": round(a["compute_s"], 3),
                 "exposed_s": round(a["exposed_s"], 3), "bubble_s": round(a["bubble_s"], 3),
                 "tail_s": round(a["tail_s"], 3), "memory_gib": round(a["memory_bytes"] / 2**30, 1),
                 "channel_busy_s": {k: round(v, 3) for k, v in sorted(by_group.items(), key=lambda kv: -kv[1])},
+                "exposed_by_group_s": {k: round(v, 3) for k, v in sorted(exposed.items(), key=lambda kv: -kv[1])},
                 "top_collectives": top}
     r = out[key]
     print(f"{label:<20} {r['layout']:<22} {r['step_s']:>8.2f} {r['mfu_axonn']:>10.3f} {r['mfu_megatron']:>13.3f} "
           f"{r['compute_s']:>8.2f} {r['exposed_s']:>8.2f} {r['bubble_s']:>7.2f} {r['tail_s']:>6.2f}")
     print("    channel busy per group (s): " + ", ".join(f"{k} {v:.2f}" for k, v in r["channel_busy_s"].items()))
+    print("    exposed per group, passes and tail (s): " + ", ".join(f"{k} {v:.2f}" for k, v in r["exposed_by_group_s"].items()))
     print("    busiest collectives: " + ", ".join(f"{c['name']} ({c['group']}) {c['busy_s']:.2f}" for c in top[:4]))
 gain = lambda base: round(100 * (out[base]["step_s"] / out["axonn4d"]["step_s"] - 1), 1)
 summary = {"gain_vs_megatron_pct": gain("megatron"), "gain_vs_megatron_zero1_pct": gain("megatron_zero1"),
