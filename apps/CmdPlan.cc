@@ -290,6 +290,13 @@ int cmd_simulate(int argc, char** argv) {
     so.slow_stage = Layout(lay, slow_rank).coord().pp;
     so.slow_factor = *factor;
   }
+  so.expert_imbalance = fl.number("--moe-imbalance");
+  DHX_CHECK(so.expert_imbalance == 1.0 || (cfg.model.is_moe() && lay.ep > 1 && so.expert_imbalance >= 1 &&
+                                           so.expert_imbalance <= lay.ep),
+            ConfigError,
+            "dhelix simulate: --moe-imbalance {} must be in 1..ep={} and needs the moe family with parallel.ep > 1 "
+            "(model.family={})\nhint: the trainer's moe line gives busiest/mean per expert, e.g. --moe-imbalance 1.3",
+            so.expert_imbalance, lay.ep, family_name(cfg.model.family));
   const double sim_t0 = now_seconds();
   const StepSimResult r = simulate_step(cfg.model, lay, batch, cluster, so);
   const double sim_s = now_seconds() - sim_t0;
@@ -322,6 +329,9 @@ int cmd_simulate(int argc, char** argv) {
   if (slow_rank >= 0)
     fmt::print("straggler: rank {} computes {:g}x slower; its pipeline stage {} waits for it at every collective\n",
                slow_rank, so.slow_factor, so.slow_stage);
+  if (so.expert_imbalance != 1.0)
+    fmt::print("uneven expert loads: the busiest ep rank receives {:g}x the mean of the routed rows and paces its ep "
+               "group\n", so.expert_imbalance);
   if (profile_times) fmt::print("the layer's compute ops at their profiled single-op times ({})\n", *profile_path);
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
@@ -379,6 +389,7 @@ int cmd_simulate(int argc, char** argv) {
                         {"flops_convention", flop_convention_name(conv)},
                         {"straggler_rank", slow_rank},
                         {"straggler_factor", so.slow_factor},
+                        {"moe_imbalance", so.expert_imbalance},
                         {"mfu", flops_per_rank / peak},
                         {"memory_bytes", r.memory.total()},
                         {"memory_limit_bytes", cluster.memory_bytes},

@@ -111,6 +111,11 @@ const FlagTable& simulate_flags() {
            "RANK:FACTOR: that rank computes FACTOR (1..100) times slower (\"what if one GPU\nis 10% slow\": 5:1.1); "
            "its stage's collectives wait for it",
            "R:F"},
+          {"--moe-imbalance", FlagType::kNumber, "1",
+           "MoE with ep > 1: the busiest ep rank's routed rows over the mean (1..ep; the\ntrainer's "
+           "\"busiest/mean\" per expert bounds it): its expert GEMMs and row\nall-to-alls take that much longer and "
+           "pace its ep group",
+           "F"},
           {"--allow-oom", FlagType::kSwitch, "",
            "print the step of a layout that needs more memory per rank than the\npreset's device has (otherwise "
            "exit 2 with the figures, as `tune` excludes it)"},

@@ -25,12 +25,26 @@ SIPlan one_block(const std::vector<Op>* f, const std::vector<Op>* b) {
   return p;
 }
 
+// The ops whose work is the rows routed to this rank's experts (ExpertDispatch.h): the grouped
+// expert GEMMs, the regrouping of the received rows, and the rows' all-to-alls over ep (the token
+// counts' exchange is not).
+bool rides_expert_load(const Op& o) {
+  if (o.is_collective()) return o.group == "ep" && o.coll == CollOp::kAllToAll && o.inputs.size() == 3;
+  return o.code.starts_with("expert_linear") || o.code == "moe_ep_sort" || o.code == "moe_ep_unsort";
+}
+
 }  // namespace
 
 StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                             const ClusterPreset& cluster, const StepSimOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
   DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
+  DHX_CHECK(opt.expert_imbalance == 1.0 || (m.is_moe() && lay.ep > 1 && opt.expert_imbalance >= 1 &&
+                                             opt.expert_imbalance <= lay.ep),
+            ConfigError,
+            "an expert imbalance of {} needs expert parallelism (moe family, ep > 1; here ep={}) and lies in 1..ep (a "
+            "rank receives at most every routed row)",
+            opt.expert_imbalance, lay.ep);
   DHX_CHECK(lay.pp == 1 || opt.schedule, ConfigError,
             "pp={}: the step simulator needs the step schedule of the pipeline (dhelix simulate builds it)", lay.pp);
   LayoutConfig plain = lay;
@@ -84,7 +98,8 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block(f, b);
     const bool slow = rk == opt.slow_stage;
     const OpTimer stage_time = [&](const Op& o) {
-      const double t = time(o);
+      double t = time(o);
+      if (lay.ep > 1 && opt.expert_imbalance != 1.0 && rides_expert_load(o)) t *= opt.expert_imbalance;
       return slow && !o.is_collective() ? t * opt.slow_factor : t;
     };
     const PairSimResult p = simulate_pair(f, b, plan, stage_time, popt);

@@ -57,6 +57,13 @@ struct StepSimOptions {
   // gives. -1: none.
   int slow_stage = -1;
   double slow_factor = 1.0;
+  // Uneven expert loads (simulate --moe-imbalance F): under expert parallelism the busiest ep rank
+  // receives F times the mean of the routed rows (the trainer logs the busiest expert over the
+  // mean, which bounds it). Its expert GEMMs, its regrouping of the received rows and its row
+  // all-to-alls take F times as long, and every ep collective completes when it arrives, so it paces
+  // the stage (and, through the all-to-alls, every replica in its ep group): each rank is priced as
+  // that rank. 1: balanced (the programs' own costs).
+  double expert_imbalance = 1.0;
 };
 
 struct StepSimEvent {

@@ -157,4 +157,21 @@ expect_bad straggler_rank "--straggler 2:1.1: the rank must be in 0..1" -- --con
 expect_bad straggler_form "--straggler '3' is not RANK:FACTOR" -- --config configs/demo.toml --cluster cpu-emulated \
   --straggler 3
 
+# 7. Uneven expert loads (--moe-imbalance F): the moe demo at dp = ep = 2 gets slower with F = 1.5,
+#    the JSON says F; a dense model, or F above ep, exits 2 naming the values.
+if "$bin" simulate --config configs/moe-demo.toml --cluster cpu-emulated --parallel.dp 2 --parallel.ep 2 \
+     --json "$tmp/m1.json" >/dev/null 2>&1 &&
+   "$bin" simulate --config configs/moe-demo.toml --cluster cpu-emulated --parallel.dp 2 --parallel.ep 2 \
+     --moe-imbalance 1.5 --json "$tmp/m2.json" >/dev/null 2>&1 && /usr/bin/python3 -c "
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert a['moe_imbalance'] == 1 and b['moe_imbalance'] == 1.5, (a['moe_imbalance'], b['moe_imbalance'])
+assert b['step_s'] > a['step_s'], (a['step_s'], b['step_s'])" "$tmp/m1.json" "$tmp/m2.json"; then
+  ok moe_imbalance
+else fail moe_imbalance; fi
+expect_bad moe_imbalance_dense "--moe-imbalance 2 must be in 1..ep=1" "model.family=llama" -- --config configs/demo.toml \
+  --cluster cpu-emulated --moe-imbalance 2
+expect_bad moe_imbalance_range "--moe-imbalance 3 must be in 1..ep=2" -- --config configs/moe-demo.toml \
+  --cluster cpu-emulated --parallel.dp 2 --parallel.ep 2 --moe-imbalance 3
+
 summary

@@ -486,6 +486,44 @@ TEST(StepSim, ContextParallelRingIsHiddenInTheBaselineButItsLastGradientMove) {
   EXPECT_GT(busy, 0);
 }
 
+// Uneven expert loads (StepSimOptions::expert_imbalance). Closed form with a stand-in timer (every
+// op 1 ms): at imbalance F the engine's busy time grows by (F - 1) ms for each expert GEMM and row
+// regrouping of the step, the ep channel's by (F - 1) ms for each row all-to-all (not the counts'),
+// nothing else changes; F outside 1..ep, or any F != 1 without expert parallelism, is refused.
+TEST(StepSim, ExpertImbalanceStretchesTheBusiestRanksExpertWork) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  ModelConfig m = model_preset("moe-demo");
+  m.n_layers = 2;
+  LayoutConfig lay;
+  lay.dp = 2, lay.ep = 2;
+  const BatchSpec batch{8, 128, 2};  // M = 2
+  StepSimOptions o;
+  o.si = StrandInterleaving::kOff;
+  o.op_timer = [](const Op&) { return 1e-3; };
+  const StepSimResult even = simulate_step(m, lay, batch, cluster, o);
+  o.expert_imbalance = 2.0;
+  const StepSimResult skew = simulate_step(m, lay, batch, cluster, o);
+  const ModelPrograms progs = build_programs(m, lay, {batch.micro_batch, batch.seq});
+  int expert_ops = 0, row_a2a = 0;
+  for (const auto* ops : {&progs.block.fwd, &progs.block.bwd})
+    for (const Op& op : *ops) {
+      if (op.is_collective()) row_a2a += op.group == "ep" && op.inputs.size() == 3;
+      else expert_ops += op.code.starts_with("expert_linear") || op.code.starts_with("moe_ep_");
+    }
+  EXPECT_EQ(expert_ops, 4 + 6);  // fwd: fc, proj, sort, unsort; bwd: 2 dgrads, 2 wgrads, sort, unsort
+  EXPECT_EQ(row_a2a, 4);         // dispatch and combine, forward and backward
+  const double per_step = double(m.n_layers) * 2;  // layers x micro-batches
+  EXPECT_NEAR(skew.compute_s - even.compute_s, per_step * expert_ops * 1e-3, 1e-12);
+  EXPECT_NEAR(skew.channel_busy_s.at("ep") - even.channel_busy_s.at("ep"), per_step * row_a2a * 1e-3, 1e-12);
+  EXPECT_GT(skew.step_s, even.step_s);
+  o.expert_imbalance = 2.5;  // above ep
+  EXPECT_THROW(simulate_step(m, lay, batch, cluster, o), ConfigError);
+  o.expert_imbalance = 1.5;
+  LayoutConfig no_ep;
+  no_ep.dp = 2;
+  EXPECT_THROW(simulate_step(m, no_ep, batch, cluster, o), ConfigError);
+}
+
 // The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
 // exactly the built-in single-stage order's step; at pp = 2 (1F1B, SI off, no tp or dp) the step is
 // the schedule's own timeline (simulate_timeline) with each pass priced as its units run alone and
