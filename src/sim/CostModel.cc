@@ -127,12 +127,16 @@ double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byt
     // C is [rows, out], or [in, out] for a weight gradient (the gemm_* attrs of sharding/OpFactory.h's
     // gemm_cost); a grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such
     // GEMMs at once.
-    const int64_t rows = op.attrs.at("gemm_rows"), in = op.attrs.at("gemm_in"), out = op.attrs.at("gemm_out");
-    const double one = 2.0 * double(rows) * double(in) * double(out);
-    const int64_t groups = one > 0 ? std::max<int64_t>(1, std::llround(op.cost.flops / one)) : 1;
-    rate *= tiling.efficiency(op.code.ends_with("wgrad") ? in : rows, out, groups);
+    const int64_t rows = op.attrs.at("gemm_rows"), out = op.attrs.at("gemm_out");
+    rate *= tiling.efficiency(op.code.ends_with("wgrad") ? op.attrs.at("gemm_in") : rows, out, gemm_groups(op));
   }
   return std::max(op.cost.flops / rate, byte_scale * op.cost.bytes / mem_bw);
+}
+
+int64_t gemm_groups(const Op& op) {
+  if (!op.attrs.count("gemm_rows")) return 1;
+  const double one = 2.0 * double(op.attrs.at("gemm_rows")) * double(op.attrs.at("gemm_in")) * double(op.attrs.at("gemm_out"));
+  return one > 0 ? std::max<int64_t>(1, std::llround(op.cost.flops / one)) : 1;
 }
 
 CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::move(cfg)) {

@@ -72,6 +72,9 @@ struct GemmTiling {
 // byte_scale: the programs count fp32) at memory bandwidth, whichever is longer. The one compute
 // formula of the simulator, the step model and the cost model.
 double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling);
+// How many GEMMs of the op's gemm_rows x gemm_in x gemm_out shape its FLOPs make: 1, or a grouped
+// GEMM's groups (the experts': flops / (2 rows in out)).
+int64_t gemm_groups(const Op& op);
 
 struct CostModelConfig {
   std::string name = "custom";

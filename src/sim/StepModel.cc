@@ -74,8 +74,9 @@ const std::set<std::string>& boundary_out() {
 
 double compute_time(const Op& op, const DeviceRates& r) {
   if (r.gemm_timer && op.attrs.count("gemm_rows")) {
+    // The timer times one GEMM of the shape; a grouped GEMM (the experts') runs gemm_groups of them.
     const double t = r.gemm_timer(op);
-    if (t >= 0) return std::max(t, op.cost.bytes * r.byte_scale / r.mem_bw);
+    if (t >= 0) return std::max(t * double(gemm_groups(op)), op.cost.bytes * r.byte_scale / r.mem_bw);
   }
   return compute_seconds(op, r.gemm_rate, r.mem_bw, r.byte_scale, r.tiling);
 }

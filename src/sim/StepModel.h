@@ -71,8 +71,9 @@ enum class StrandInterleaving { kOff, kOn };
 enum class PricerKind { kPrograms, kClosedForm3D };
 const char* pricer_name(PricerKind p);  // "programs", "closed-form"
 
-// Seconds of one GEMM op measured on this machine (ops carrying attrs gemm_rows / gemm_in /
-// gemm_out, sharding/OpFactory.h), or a negative value for "use the preset's rate".
+// Seconds of one GEMM of the op's shape measured on this machine (ops carrying attrs gemm_rows /
+// gemm_in / gemm_out, sharding/OpFactory.h), or a negative value for "use the preset's rate". A
+// grouped GEMM (the experts') is priced as gemm_groups (CostModel.h) such GEMMs.
 using GemmTimer = std::function<double(const Op& op)>;
 
 struct PredictOptions {

@@ -61,6 +61,13 @@ TEST(PriceStrand, GemmTimeFollowsItsOutputTiles) {
   EXPECT_DOUBLE_EQ(op_time(gemm("linear_wgrad", 200, 300, 100, 1), {}, r), f / 0.75);
   EXPECT_DOUBLE_EQ(op_time(gemm("expert_linear", 200, 300, 100, 2), {}, r), 2 * f);
   EXPECT_DOUBLE_EQ(op_time(gemm("linear", 200, 300, 100, 1), {}, kRates), f);  // no tiling
+  // A measured GEMM timer (simulate --measure-gemm) times one GEMM of the shape; the experts'
+  // grouped GEMM is that many of them (a timer of 1 ms a GEMM: 8 experts, 8 ms). Before this was
+  // counted, moe-demo's expert GEMMs were simulated ~9x fast against the profiled ops.
+  DeviceRates timed{1e9, 1e30, 1.0};
+  timed.gemm_timer = [](const Op&) { return 1e-3; };
+  EXPECT_DOUBLE_EQ(op_time(gemm("expert_linear", 200, 300, 100, 8), {}, timed), 8e-3);
+  EXPECT_DOUBLE_EQ(op_time(gemm("linear", 200, 300, 100, 1), {}, timed), 1e-3);
 }
 
 TEST(PriceStrand, DependentAllReduceIsExposed) {
