@@ -20,6 +20,8 @@
 #     batch for its 6.7B and 13B models, Brown et al. 2020, Table 2.1), so 512 / dp micro-batches
 #     per data-parallel replica (256 / dp for the long rows);
 #   - the A40 cluster's node and links (configs/clusters/a40-pcie.toml says which numbers are whose);
+#   - the distributed optimizer (ZeRO-1) on every run, as DHelix's run.sh passes Megatron
+#     --use-distributed-optimizer (dhelix.md §3.7); without it the larger rows do not fit 48 GB;
 #   - interference: no GPU pairs were measured here (no GPU is lent to this project's sessions), so
 #     K = 1 (none) unless --compute-slowdown gives one.
 # MFU = model FLOPs (6N + 6LTd per token, the simulator's one formula) / the vendor peak 149.7 TF.
@@ -66,7 +68,7 @@ for r in "${rows[@]}"; do
   seq=4096; [ "$setting" = long ] && seq=8192
   mbs=$(( (1 << 21) / seq / dp ))  # 2M tokens per step, micro-batch 1
   args=(--cluster a40-pcie --gpus 64 --model.preset "$preset" --model.seq_len "$seq" --parallel.dp "$dp" --parallel.tp "$tp" --parallel.cp "$cp" --parallel.pp "$pp"
-        --training.micro_batch_size 1 --training.micro_batches "$mbs")
+        --training.micro_batch_size 1 --training.micro_batches "$mbs" --parallel.zero 1)
   off=(--schedule.strand_interleaving off) on=(--schedule.strand_interleaving on)
   [ "$pp" -gt 1 ] && off+=(--schedule.pipeline 1f1b) on+=(--schedule.pipeline w)
   slug="${name}_${setting}"
@@ -82,6 +84,7 @@ t1=$(date +%s.%N)
 h100=(--cluster h100-8gpu --gpus 16 --model.preset llama-39b --model.seq_len 4096 --training.micro_batch_size 1)
 for tp in 8 16; do
   h=(--parallel.tp "$tp" --parallel.dp $((16 / tp)) --training.micro_batches $((512 / (16 / tp))))
+  [ $((16 / tp)) -gt 1 ] && h+=(--parallel.zero 1)  # the distributed optimizer where there is a dp to shard over
   search "$work/h100_tp${tp}_plan.json" h100-8gpu "${h100[@]:4}" "${h[@]}"
   sim "$work/h100_tp${tp}_off.json" "${h100[@]}" "${h[@]}" --schedule.strand_interleaving off
   sim "$work/h100_tp${tp}_on.json" "${h100[@]}" "${h[@]}" --schedule.strand_interleaving on \
