@@ -36,8 +36,9 @@ const FlagTable& tune_flags() {
       "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
       "                    [--trace]]\n"
-      "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * dp (all\n"
-      "factorisations) -- by predicted step time on a cluster preset (configs/clusters/*.toml, or a path),\n"
+      "Ranks every layout of N ranks -- Megatron tp x pp x dp and the 3D grids x * y * z * pp * dp (all\n"
+      "factorisations), each also with cp (dense models) or ep (MoE) cut out of its dp -- by predicted step\n"
+      "time on a cluster preset (configs/clusters/*.toml, or a path),\n"
       "then lists the excluded layouts with the reason. Nothing runs.\n",
       {
           {"--model", FlagType::kText, "", "model preset (gpt2-124m, llama-8b, gpt-18b, ...)", "PRESET", {}, {},
@@ -262,7 +263,7 @@ nlohmann::json to_json(const StepPrediction& p, int rank) {
 void print_excluded(const std::vector<ExcludedLayout>& ex, nlohmann::json& j) {
   if (!ex.empty()) fmt::print("\nexcluded ({}):\n", ex.size());
   for (const ExcludedLayout& e : ex) {
-    fmt::print("  {:<22} {}\n", layout_label(e.layout), e.reason);
+    fmt::print("  {:<30} {}\n", layout_label(e.layout), e.reason);
     j["excluded"].push_back({{"layout", layout_label(e.layout)}, {"reason", e.reason}});
   }
 }
@@ -302,6 +303,7 @@ nlohmann::json run_paper(const TuneRequest& req) {
   const AxonnShape shape{req.model.d_model, req.model.n_layers, req.batch.seq, req.batch.global_batch, 1};
   for (const LayoutConfig& lay : enumerate_layouts(req.gpus)) {
     if (!lay.is_3d() && !(lay.tp == 1 && lay.pp == 1)) continue;  // grids only (pure dp is x=y=z=1)
+    if (lay.pp > 1) continue;  // AxoNN's closed form prices grids without pipelines
     const std::vector<std::string> errs = layout_errors(req.model, lay, req.batch);
     if (!errs.empty()) {
       ex.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});
@@ -317,13 +319,13 @@ nlohmann::json run_paper(const TuneRequest& req) {
                     p.memory.total()});
   }
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.c.total_s() < b.c.total_s(); });
-  fmt::print("{:>4}  {:<22} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}\n", "rank", "grid (Gx Gy Gz Gdata)", "comm s", "x s",
+  fmt::print("{:>4}  {:<30} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}\n", "rank", "grid (Gx Gy Gz Gdata)", "comm s", "x s",
              "y s", "z s", "data s", "mem GiB");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const std::string grid = fmt::format("{} {} {} {}", r.lay.tp_x, r.lay.tp_y, r.lay.tp_z, r.lay.dp);
     if (int(i) < req.top)
-      fmt::print("{:>4}  {:<22} {:>10.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>10.2f}\n", i + 1, grid,
+      fmt::print("{:>4}  {:<30} {:>10.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>10.2f}\n", i + 1, grid,
                  r.c.total_s(), r.c.x_s, r.c.y_s, r.c.z_s, r.c.data_s, r.mem / kGiB);
     j["ranked"].push_back({{"rank", i + 1}, {"grid", grid}, {"comm_s", r.c.total_s()}, {"x_s", r.c.x_s},
                            {"y_s", r.c.y_s}, {"z_s", r.c.z_s}, {"data_s", r.c.data_s}, {"memory_bytes", r.mem}});
@@ -370,12 +372,12 @@ int cmd_tune(int argc, char** argv) {
               res.excluded.size(), res.excluded.empty() ? "-" : layout_label(res.excluded[0].layout),
               res.excluded.empty() ? "-" : res.excluded[0].reason);
     j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()}};
-    fmt::print("{:>4}  {:<22} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {}\n", "rank", "layout", "pricer", "step s",
+    fmt::print("{:>4}  {:<30} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {}\n", "rank", "layout", "pricer", "step s",
                "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits", "recompute");
     for (size_t i = 0; i < res.ranked.size(); ++i) {
       const StepPrediction& p = res.ranked[i];
       if (int(i) < req->top)
-        fmt::print("{:>4}  {:<22} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {}\n", i + 1,
+        fmt::print("{:>4}  {:<30} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {}\n", i + 1,
                    layout_label(p.layout), pricer_name(p.pricer), p.step_s, p.compute_s, p.exposed_comm_s,
                    axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no", recompute_name(p.layout.recompute));
       j["ranked"].push_back(to_json(p, int(i) + 1));
@@ -396,19 +398,19 @@ int cmd_tune(int argc, char** argv) {
                  top.size() == 1 ? "" : "s", req->confirm->steps, req->confirm->rounds,
                  req->confirm->rounds == 1 ? "" : "s", req->confirm->launch);
       const std::vector<Confirmed> conf = confirm_layouts(req->model, req->batch, req->opt, top, *req->confirm);
-      fmt::print("\n{:>4}  {:<22} {:>11} {:>11} {:>17} {:>8}\n", "rank", "layout", "predicted s", "measured s",
+      fmt::print("\n{:>4}  {:<30} {:>11} {:>11} {:>17} {:>8}\n", "rank", "layout", "predicted s", "measured s",
                  "spread (min-max)", "error");
       j["confirmed"] = nlohmann::json::array();
       for (size_t i = 0; i < conf.size(); ++i) {
         const Confirmed& c = conf[i];
         if (!c.ok) {
-          fmt::print("{:>4}  {:<22} {:>11.3f} {:>11}   {}\n", i + 1, layout_label(c.layout), c.predicted_s, "failed",
+          fmt::print("{:>4}  {:<30} {:>11.3f} {:>11}   {}\n", i + 1, layout_label(c.layout), c.predicted_s, "failed",
                      c.error);
           j["confirmed"].push_back({{"layout", layout_label(c.layout)}, {"predicted_s", c.predicted_s}, {"error", c.error}});
           continue;
         }
         const auto [lo, hi] = std::minmax_element(c.step_s.begin(), c.step_s.end());
-        fmt::print("{:>4}  {:<22} {:>11.3f} {:>11.3f} {:>8.3f}-{:<8.3f} {:>+7.1f}%\n", i + 1, layout_label(c.layout),
+        fmt::print("{:>4}  {:<30} {:>11.3f} {:>11.3f} {:>8.3f}-{:<8.3f} {:>+7.1f}%\n", i + 1, layout_label(c.layout),
                    c.predicted_s, c.measured_s, *lo, *hi, 100 * (c.predicted_s - c.measured_s) / c.measured_s);
         j["confirmed"].push_back({{"layout", layout_label(c.layout)}, {"predicted_s", c.predicted_s},
                                   {"measured_s", c.measured_s}, {"step_s", c.step_s}});

@@ -37,7 +37,7 @@ model=(--cluster perlmutter-a100 --gpus 1024 --model.preset gpt-18b --model.d_mo
 sim() {  # sim NAME LAYOUT ZERO SI
   local spec=${2//_/ } replicas pipe=()
   replicas=$(/usr/bin/python3 -c "import sys; d = dict(w.split('=') for w in sys.argv[1].split()); print(int(d['dp']) * int(d.get('z', 1)))" "$spec")
-  [[ $spec == *"pp=1"* || $spec == x=* ]] || pipe=(--schedule.pipeline 1f1b)
+  [[ " $spec " == *" pp="[2-9]* || " $spec " == *" pp="[1-9][0-9]* ]] && pipe=(--schedule.pipeline 1f1b)
   for flops in axonn megatron; do
     "$bin" simulate "${model[@]}" --layout "$spec" --training.micro_batches $((1024 / replicas)) \
       --parallel.zero "$3" --schedule.strand_interleaving "$4" --flops "$flops" "${pipe[@]}" \

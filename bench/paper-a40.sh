@@ -107,7 +107,7 @@ axonn=(--cluster perlmutter-a100 --gpus 1024 --model.preset gpt-18b --model.d_mo
 for lay in "$best3d" "$bestmeg"; do
   spec=${lay//_/ }
   replicas=$(/usr/bin/python3 -c "import sys; d = dict(w.split('=') for w in sys.argv[1].split()); print(int(d['dp']) * int(d.get('z', 1)))" "$spec")
-  pipe=(); [[ $spec == *"pp=1"* || $spec == x=* ]] || pipe=(--schedule.pipeline 1f1b)
+  pipe=(); [[ " $spec " == *" pp="[2-9]* || " $spec " == *" pp="[1-9][0-9]* ]] && pipe=(--schedule.pipeline 1f1b)
   for si in off on; do
     [ "$si" = on ] && [ "$lay" = "$bestmeg" ] && continue
     sim "$work/axonn_${lay}_$si.json" "${axonn[@]}" --layout "$spec" --training.micro_batches $((1024 / replicas)) \

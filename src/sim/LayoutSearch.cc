@@ -34,18 +34,21 @@ std::vector<LayoutConfig> enumerate_layouts(int n) {
     }
   for (int x : divisors(n))
     for (int y : divisors(n / x))
-      for (int z : divisors(n / x / y)) {
-        if (x * y * z == 1) continue;  // pure data parallel: the Megatron tp = pp = 1 entry
-        LayoutConfig l;
-        l.tp_x = x, l.tp_y = y, l.tp_z = z, l.dp = n / x / y / z;
-        l.sequence_parallel = false;
-        out.push_back(l);
-      }
+      for (int z : divisors(n / x / y))
+        for (int pp : divisors(n / x / y / z)) {
+          if (x * y * z == 1) continue;  // pure data parallel: the Megatron tp = pp = 1 entry
+          LayoutConfig l;
+          l.tp_x = x, l.tp_y = y, l.tp_z = z, l.pp = pp, l.dp = n / x / y / z / pp;
+          l.sequence_parallel = false;
+          out.push_back(l);
+        }
   return out;
 }
 
 std::string layout_label(const LayoutConfig& l) {
-  if (l.is_3d()) return fmt::format("x={} y={} z={} dp={}", l.tp_x, l.tp_y, l.tp_z, l.dp);
+  if (l.is_3d())  // pp, cp and ep named only when they are not 1 (the plain grid keeps its old label)
+    return fmt::format("x={} y={} z={}{}{} dp={}{}", l.tp_x, l.tp_y, l.tp_z, l.pp > 1 ? fmt::format(" pp={}", l.pp) : "",
+                       l.cp > 1 ? fmt::format(" cp={}", l.cp) : "", l.dp, l.ep > 1 ? fmt::format(" ep={}", l.ep) : "");
   if (l.ep > 1) return fmt::format("tp={} pp={} dp={} ep={}", l.tp, l.pp, l.dp, l.ep);
   if (l.cp > 1) return fmt::format("tp={} pp={} cp={} dp={}", l.tp, l.pp, l.cp, l.dp);
   return fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
@@ -55,9 +58,8 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
                         const PredictOptions& opt) {
   TuneResult r;
   std::vector<LayoutConfig> layouts = enumerate_layouts(n);
-  const size_t megatron = layouts.size();
-  for (size_t i = 0; i < megatron; ++i) {
-    if (layouts[i].is_3d()) continue;
+  const size_t enumerated = layouts.size();
+  for (size_t i = 0; i < enumerated; ++i) {  // Megatron's layouts and the 3D grids alike
     for (int k : divisors(layouts[i].dp)) {
       if (k == 1) continue;
       LayoutConfig l = layouts[i];

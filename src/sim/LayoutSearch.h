@@ -11,9 +11,11 @@
 namespace dhelix {
 
 // Megatron layouts (tp, pp, dp with tp * pp * dp = n, pure data parallel included), then the 3D
-// grids (tp_x, tp_y, tp_z, dp with product n and tp_x * tp_y * tp_z > 1).
+// grids (tp_x, tp_y, tp_z, pp, dp with product n and tp_x * tp_y * tp_z > 1). rank_layouts adds
+// to each the variants that carve ep (MoE) or cp (dense models) out of its dp.
 std::vector<LayoutConfig> enumerate_layouts(int n);
-// "tp=2 pp=1 dp=2" or "x=2 y=1 z=2 dp=1".
+// "tp=2 pp=1 dp=2" (cp, ep after), or "x=2 y=1 z=2 dp=1" ("x=2 y=1 z=2 pp=2 cp=2 dp=1 ep=2": pp,
+// cp and ep only when not 1).
 std::string layout_label(const LayoutConfig& lay);
 
 struct ExcludedLayout {

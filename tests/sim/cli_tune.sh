@@ -14,14 +14,14 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 verb=tune
 source "$(dirname "${BASH_SOURCE[0]}")/../cli_lib.sh"
 
-# 1. A ranked table of the 19 layouts of 4 ranks (15 Megatron and 3D, 4 with context parallelism
-#    cut out of dp), and the JSON beside it.
-out=$("$bin" tune --model gpt2-124m --gpus 4 --cluster cpu-emulated --global-batch 8 --seq 256 --top 20 \
+# 1. A ranked table of the 25 layouts of 4 ranks (6 Megatron, 12 3D grids with or without a
+#    pipeline, and 7 with context parallelism cut out of their dp), and the JSON beside it.
+out=$("$bin" tune --model gpt2-124m --gpus 4 --cluster cpu-emulated --global-batch 8 --seq 256 --top 30 \
       --json "$tmp/t.json" 2>&1); rc=$?
 rows=$(grep -cE '^ +[0-9]+  (tp|x)=' <<<"$out")
 excl=$(grep -cE '^  (tp|x)=' <<<"$out")
-if [ $rc -eq 0 ] && grep -q "^   1  " <<<"$out" && [ $((rows + excl)) -eq 19 ] && [ -s "$tmp/t.json" ] \
-   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['ranked'])+len(j['excluded'])==19; s=[r['step_s'] for r in j['ranked']]; assert s==sorted(s)" "$tmp/t.json"; then
+if [ $rc -eq 0 ] && grep -q "^   1  " <<<"$out" && [ $((rows + excl)) -eq 25 ] && [ -s "$tmp/t.json" ] \
+   && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['ranked'])+len(j['excluded'])==25; s=[r['step_s'] for r in j['ranked']]; assert s==sorted(s)" "$tmp/t.json"; then
   ok ranked_table_and_json
 else
   fail ranked_table_and_json; echo "exit $rc rows $rows excluded $excl"; echo "$out" | tail -20

@@ -302,7 +302,8 @@ TEST(LayoutSearch, CountsMatchBruteForce) {
         for (int c = 1; c <= n; ++c) {
           if (a * b * c == n) ++megatron;
           for (int d = 1; d <= n; ++d)
-            if (a * b * c * d == n && a * b * c > 1) ++grids;
+            for (int p = 1; p <= n; ++p)  // grids with a pipeline too
+              if (a * b * c * d * p == n && a * b * c > 1) ++grids;
         }
     EXPECT_EQ(int(enumerate_layouts(n).size()), megatron + grids) << "n=" << n;
   }
