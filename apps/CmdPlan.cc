@@ -333,6 +333,10 @@ int cmd_simulate(int argc, char** argv) {
     fmt::print("uneven expert loads: the busiest ep rank receives {:g}x the mean of the routed rows and paces its ep "
                "group\n", so.expert_imbalance);
   if (profile_times) fmt::print("the layer's compute ops at their profiled single-op times ({})\n", *profile_path);
+  for (const StepSimResult::ReplicaClass& c : r.replica_classes)
+    if (c.wait_s > 0)
+      fmt::print("{} of {} data replicas without the straggler: passes end {:.4f} s, then wait {:.4f} s for its "
+                 "gradients\n", c.replicas, lay.dp, c.passes_end_s, c.wait_s);
   fmt::print("  {:<44} {:>12}\n", "step (s)", fmt::format("{:.4f}", r.step_s));
   fmt::print("  {:<44} {:>12}\n", "  passes of the micro-batches (s)", fmt::format("{:.4f}", r.body_s));
   fmt::print("  {:<44} {:>12}\n", "  gradient tail past the last backward (s)", fmt::format("{:.4f}", r.tail_s));
@@ -420,6 +424,9 @@ int cmd_simulate(int argc, char** argv) {
     for (const auto& [name, u] : uses)
       j["collectives"].push_back(
           {{"name", name}, {"group", u.group}, {"count", u.count}, {"busy_s", u.busy_s}, {"exposed_s", u.exposed_s}});
+    for (const StepSimResult::ReplicaClass& c : r.replica_classes)
+      j["replica_classes"].push_back(
+          {{"name", c.name}, {"replicas", c.replicas}, {"passes_end_s", c.passes_end_s}, {"wait_s", c.wait_s}});
     for (const auto& [g, a] : r.tail_axes)
       j["tail_axes"][g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
     make_parent_dir(*json_path);

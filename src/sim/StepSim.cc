@@ -89,6 +89,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     std::vector<StepSimEvent> events;
   };
   std::vector<RankStats> ranks(static_cast<size_t>(lay.pp));
+  int slow_stage = opt.slow_stage;  // the straggler's stage in the replica class being simulated
   // One pair (or a unit alone): fwd of unit fu for micro-batch fm beside bwd of unit bu for bm,
   // at `at` on rank `rk`. Returns its span.
   auto run = [&](int rk, double at, int fm, int fu, int bm, int bu) {
@@ -96,7 +97,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     const std::vector<Op>* b = bu >= 0 ? &bwd_prog(bu, bm).bwd : nullptr;
     DHX_CHECK(!(f && b) || opt.plan_for, InternalError, "simulate_step: a co-executed slot needs a pair planner");
     const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block(f, b);
-    const bool slow = rk == opt.slow_stage;
+    const bool slow = rk == slow_stage;
     const OpTimer stage_time = [&](const Op& o) {
       double t = time(o);
       if (lay.ep > 1 && opt.expert_imbalance != 1.0 && rides_expert_load(o)) t *= opt.expert_imbalance;
@@ -140,63 +141,97 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   StepSimResult r;
   r.micro_batches = M;
   std::vector<double> rank_end(static_cast<size_t>(lay.pp), 0.0), rank_busy(static_cast<size_t>(lay.pp), 0.0);
-  if (opt.schedule) {
-    const StepSchedule& sch = *opt.schedule;
-    DHX_CHECK(sch.pp == lay.pp && sch.micro_batches == M && sch.num_units == U, ConfigError,
-              "the step schedule (pp={} micro-batches={} units={}) is not this run's (pp={} micro-batches={} units={})",
-              sch.pp, sch.micro_batches, sch.num_units, lay.pp, M, U);
-    std::map<std::pair<int, int>, std::vector<StepSimEvent>> slot_events;  // relative to the slot's start
-    const SlotCost cost = [&](int rk, int k, const Slot& sl) {
-      RankStats& st = ranks[static_cast<size_t>(rk)];
-      const size_t before = st.events.size();
-      const Chunk* fc = sl.fwd.active() ? &sch.chunks[static_cast<size_t>(sl.fwd.chunk)] : nullptr;
-      const Chunk* bc = sl.bwd.active() ? &sch.chunks[static_cast<size_t>(sl.bwd.chunk)] : nullptr;
-      const double d = run_slot(rk, 0, sl.fwd.mb, fc ? range(fc->unit_begin, fc->unit_end) : std::vector<int>{},
-                                sl.bwd.mb, bc ? range(bc->unit_begin, bc->unit_end) : std::vector<int>{});
-      slot_events[{rk, k}].assign(st.events.begin() + static_cast<std::ptrdiff_t>(before), st.events.end());
-      st.events.resize(before);
-      return d;
-    };
-    const GroupLink& pp_link = groups.at("pp");
-    // The residual stream between stages: [N / tp, C] (Megatron's sequence shard) or [N, C / Gx] (3D).
-    const double p2p_bytes =
-        double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) / lay.tp_x * elem;
-    Op p2p;  // one activation or gradient message, for a stand-in timer
-    p2p.name = p2p.code = "pp.p2p", p2p.kind = OpKind::kCollective, p2p.coll = CollOp::kSendRecv, p2p.group = "pp";
-    p2p.cost.comm_bytes = p2p_bytes;
-    const double asked = lay.pp > 1 && opt.op_timer ? opt.op_timer(p2p) : -1;
-    const double p2p_s = lay.pp == 1  ? 0
-                         : asked >= 0 ? asked
-                                      : CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link);
-    const ScheduleTimeline tl = simulate_slots(sch, cost, [&](const Transfer&) { return p2p_s; });
-    for (int rk = 0; rk < lay.pp; ++rk) {
-      const auto& slots = tl.ranks[static_cast<size_t>(rk)];
-      for (size_t k = 0; k < slots.size(); ++k)
-        for (StepSimEvent e : slot_events[{rk, static_cast<int>(k)}]) {
-          e.begin_s += slots[k].start, e.end_s += slots[k].start;
-          if (lay.pp > 1) e.lane = fmt::format("stage {} {}", rk, e.lane);
-          ranks[static_cast<size_t>(rk)].events.push_back(e);
-        }
-      rank_end[static_cast<size_t>(rk)] = slots.empty() ? 0 : slots.back().end;
-      rank_busy[static_cast<size_t>(rk)] = tl.busy[static_cast<size_t>(rk)];
-    }
-  } else {
-    const bool si = opt.si == StrandInterleaving::kOn;
-    double now = 0;
-    const std::vector<int> all = range(0, U);
-    if (si) {
-      now += run_slot(0, now, 0, all, -1, {});
-      for (int64_t i = 1; i < M; ++i) now += run_slot(0, now, static_cast<int>(i), all, static_cast<int>(i - 1), all);
-    } else {
-      for (int64_t i = 0; i + 1 < M; ++i) {
-        now += run_slot(0, now, static_cast<int>(i), all, -1, {});
-        now += run_slot(0, now, -1, {}, static_cast<int>(i), all);
+  // Every micro-batch's passes on every stage of one replica class (`slow_stage` says whether it
+  // holds the straggler): fills ranks, rank_end and rank_busy.
+  auto simulate_passes = [&] {
+    ranks.assign(static_cast<size_t>(lay.pp), RankStats{});
+    std::fill(rank_end.begin(), rank_end.end(), 0.0), std::fill(rank_busy.begin(), rank_busy.end(), 0.0);
+    if (opt.schedule) {
+      const StepSchedule& sch = *opt.schedule;
+      DHX_CHECK(sch.pp == lay.pp && sch.micro_batches == M && sch.num_units == U, ConfigError,
+                "the step schedule (pp={} micro-batches={} units={}) is not this run's (pp={} micro-batches={} units={})",
+                sch.pp, sch.micro_batches, sch.num_units, lay.pp, M, U);
+      std::map<std::pair<int, int>, std::vector<StepSimEvent>> slot_events;  // relative to the slot's start
+      const SlotCost cost = [&](int rk, int k, const Slot& sl) {
+        RankStats& st = ranks[static_cast<size_t>(rk)];
+        const size_t before = st.events.size();
+        const Chunk* fc = sl.fwd.active() ? &sch.chunks[static_cast<size_t>(sl.fwd.chunk)] : nullptr;
+        const Chunk* bc = sl.bwd.active() ? &sch.chunks[static_cast<size_t>(sl.bwd.chunk)] : nullptr;
+        const double d = run_slot(rk, 0, sl.fwd.mb, fc ? range(fc->unit_begin, fc->unit_end) : std::vector<int>{},
+                                  sl.bwd.mb, bc ? range(bc->unit_begin, bc->unit_end) : std::vector<int>{});
+        slot_events[{rk, k}].assign(st.events.begin() + static_cast<std::ptrdiff_t>(before), st.events.end());
+        st.events.resize(before);
+        return d;
+      };
+      const GroupLink& pp_link = groups.at("pp");
+      // The residual stream between stages: [N / tp, C] (Megatron's sequence shard) or [N, C / Gx] (3D).
+      const double p2p_bytes =
+          double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) / lay.tp_x * elem;
+      Op p2p;  // one activation or gradient message, for a stand-in timer
+      p2p.name = p2p.code = "pp.p2p", p2p.kind = OpKind::kCollective, p2p.coll = CollOp::kSendRecv, p2p.group = "pp";
+      p2p.cost.comm_bytes = p2p_bytes;
+      const double asked = lay.pp > 1 && opt.op_timer ? opt.op_timer(p2p) : -1;
+      const double p2p_s = lay.pp == 1  ? 0
+                           : asked >= 0 ? asked
+                                        : CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link);
+      const ScheduleTimeline tl = simulate_slots(sch, cost, [&](const Transfer&) { return p2p_s; });
+      for (int rk = 0; rk < lay.pp; ++rk) {
+        const auto& slots = tl.ranks[static_cast<size_t>(rk)];
+        for (size_t k = 0; k < slots.size(); ++k)
+          for (StepSimEvent e : slot_events[{rk, static_cast<int>(k)}]) {
+            e.begin_s += slots[k].start, e.end_s += slots[k].start;
+            if (lay.pp > 1) e.lane = fmt::format("stage {} {}", rk, e.lane);
+            ranks[static_cast<size_t>(rk)].events.push_back(e);
+          }
+        rank_end[static_cast<size_t>(rk)] = slots.empty() ? 0 : slots.back().end;
+        rank_busy[static_cast<size_t>(rk)] = tl.busy[static_cast<size_t>(rk)];
       }
-      now += run_slot(0, now, static_cast<int>(M - 1), all, -1, {});
+    } else {
+      const bool si = opt.si == StrandInterleaving::kOn;
+      double now = 0;
+      const std::vector<int> all = range(0, U);
+      if (si) {
+        now += run_slot(0, now, 0, all, -1, {});
+        for (int64_t i = 1; i < M; ++i) now += run_slot(0, now, static_cast<int>(i), all, static_cast<int>(i - 1), all);
+      } else {
+        for (int64_t i = 0; i + 1 < M; ++i) {
+          now += run_slot(0, now, static_cast<int>(i), all, -1, {});
+          now += run_slot(0, now, -1, {}, static_cast<int>(i), all);
+        }
+        now += run_slot(0, now, static_cast<int>(M - 1), all, -1, {});
+      }
+      now += run_slot(0, now, -1, {}, static_cast<int>(M - 1), all);
+      rank_end[0] = rank_busy[0] = now;
     }
-    now += run_slot(0, now, -1, {}, static_cast<int>(M - 1), all);
-    rank_end[0] = rank_busy[0] = now;
+  };
+  // The data replicas (issue 38's rank classes). Every rank of a replica's stage runs the same
+  // programs (its tp / cp / grid peers, experts balanced or all priced as the busiest), so one rank
+  // per stage stands for the stage; replicas differ only by a straggler. The replica holding it
+  // (with, under ep, the replicas of its ep group, whose all-to-alls wait for it) is simulated with
+  // it, the other replicas without; each unit's gradient buckets complete when the last replica's
+  // arrive (the tail below starts from the latest), and the others' wait is reported.
+  // Last backward end per (stage, unit) of the class just simulated.
+  auto last_backward = [&] {
+    std::vector<std::map<int, double>> out(static_cast<size_t>(lay.pp));
+    for (int rk = 0; rk < lay.pp; ++rk)
+      for (const StepSimEvent& e : ranks[static_cast<size_t>(rk)].events)
+        if (e.strand == StrandKind::kBackward && e.mb == M - 1) {
+          double& end = out[size_t(rk)].try_emplace(e.unit, e.end_s).first->second;
+          end = std::max(end, e.end_s);
+        }
+    return out;
+  };
+  const int slow_replicas = opt.slow_stage >= 0 ? std::min(lay.dp, std::max(1, lay.ep)) : lay.dp;
+  std::vector<std::map<int, double>> others_ready;  // the replicas without the straggler, if any
+  std::vector<double> others_rank_end;
+  if (opt.slow_stage >= 0 && slow_replicas < lay.dp) {
+    slow_stage = -1;
+    simulate_passes();
+    others_ready = last_backward();
+    others_rank_end = rank_end;
   }
+  slow_stage = opt.slow_stage;
+  simulate_passes();
 
   // Each rank's gradient tail after its last slot: a unit's buckets go as its last backward (of
   // micro-batch M-1) ends in the simulated passes; the step ends with the latest rank.
@@ -217,6 +252,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     RankStats& st = ranks[static_cast<size_t>(rk)];
     GradReadiness ready;
     ready.end_s = rank_end[static_cast<size_t>(rk)];
+    if (!others_rank_end.empty()) ready.end_s = std::max(ready.end_s, others_rank_end[size_t(rk)]);
     // One pass over the stage's ops: when the last micro-batch's backward began, and when it ended
     // in each unit.
     double last_bwd_start = ready.end_s;
@@ -232,7 +268,9 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     for (int u : mine) {
       const auto done = last_bwd_end.find(u);
       DHX_ASSERT(done != last_bwd_end.end(), "simulate_step: stage {} never ran the last backward of unit {}", rk, u);
-      ready.ready_s.push_back(done->second);
+      double at = done->second;  // a bucket's reduction completes when the last replica's arrives
+      if (!others_ready.empty()) at = std::max(at, others_ready[size_t(rk)].at(u));
+      ready.ready_s.push_back(at);
       double all = 0, experts = 0;
       for (const ParamSpec& q : units[static_cast<size_t>(u)].params) {
         all += double(shape_numel(q.shard));
@@ -287,6 +325,14 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   r.channel_busy_s = c.channel_busy_s;
   r.bubble_s = c.bubble_s;
   r.exposed_s = c.exposed_s;
+  const double slow_end = *std::max_element(rank_end.begin(), rank_end.end());
+  if (others_rank_end.empty()) {
+    r.replica_classes.push_back({opt.slow_stage >= 0 ? "with the straggler" : "all", slow_replicas, slow_end, 0});
+  } else {
+    const double others_end = *std::max_element(others_rank_end.begin(), others_rank_end.end());
+    r.replica_classes.push_back({"with the straggler", slow_replicas, slow_end, std::max(0.0, others_end - slow_end)});
+    r.replica_classes.push_back({"the others", lay.dp - slow_replicas, others_end, std::max(0.0, slow_end - others_end)});
+  }
   for (const RankStats& st : ranks) r.events.insert(r.events.end(), st.events.begin(), st.events.end());
   const double tokens = double(batch.global_batch) * double(batch.seq);
   r.tokens_per_s = tokens / r.step_s;

@@ -109,6 +109,18 @@ struct StepSimResult {
   std::map<std::string, AxisCost> tail_axes;
   MemoryUse memory;
   std::vector<StepSimStage> stages;  // per pipeline stage; the step ends with the latest (critical)
+  // The data replicas simulated (rank classes: every rank of a replica's stage runs alike, so one
+  // stands for it): without a straggler one class, every dp replica; with one, the replicas holding
+  // it (with, under ep, its ep group's) and, when there are any, the others, whose passes end
+  // wait_s earlier and whose gradient reductions then wait for it. The stages above are the
+  // straggler's class (the step's).
+  struct ReplicaClass {
+    std::string name;  // "all", "with the straggler", "the others"
+    int replicas = 0;
+    double passes_end_s = 0;
+    double wait_s = 0;  // its ranks idle at the gradient reduction, waiting for the slowest class
+  };
+  std::vector<ReplicaClass> replica_classes;
   int critical_stage = 0;
   std::vector<StepSimEvent> events;  // passes and gradient tails of every stage, on one clock
 };

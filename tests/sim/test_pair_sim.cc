@@ -524,6 +524,49 @@ TEST(StepSim, ExpertImbalanceStretchesTheBusiestRanksExpertWork) {
   EXPECT_THROW(simulate_step(m, no_ep, batch, cluster, o), ConfigError);
 }
 
+// Rank classes (StepSimResult::replica_classes). Oracles: (1) with every rank alike -- no
+// straggler, or a straggler of factor 1 -- the classes end together, nobody waits, and the step is
+// the representative rank's exactly; (2) closed form with a stand-in timer (compute 1 ms an op,
+// collectives instant), dp = 2 x tp = 2, SI off, one rank 2x slow: its replica's passes take twice
+// the compute, the other replica's passes end after its compute and it waits that long again for
+// the gradient reduction (the dp ring completes when the last member arrives), and the step is the
+// slow replica's passes plus the tail.
+TEST(StepSim, ReplicaClassesWaitForTheStraggler) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(2);
+  LayoutConfig lay;
+  lay.dp = 2, lay.tp = 2;
+  const BatchSpec batch{8, 128, 2};
+  StepSimOptions o;
+  o.si = StrandInterleaving::kOff;
+  const StepSimResult plain = simulate_step(m, lay, batch, cluster, o);
+  ASSERT_EQ(plain.replica_classes.size(), 1u);
+  EXPECT_EQ(plain.replica_classes[0].replicas, 2);
+  EXPECT_EQ(plain.replica_classes[0].wait_s, 0);
+  o.slow_stage = 0, o.slow_factor = 1.0;  // a "straggler" as fast as the others
+  const StepSimResult same = simulate_step(m, lay, batch, cluster, o);
+  ASSERT_EQ(same.replica_classes.size(), 2u);
+  EXPECT_EQ(same.replica_classes[0].passes_end_s, same.replica_classes[1].passes_end_s);
+  EXPECT_EQ(same.replica_classes[1].wait_s, 0);
+  EXPECT_EQ(same.step_s, plain.step_s);
+
+  o.op_timer = [](const Op& op) { return op.is_collective() ? 0.0 : 1e-3; };
+  o.slow_factor = 2.0;
+  o.slow_stage = -1;
+  const StepSimResult even = simulate_step(m, lay, batch, cluster, o);
+  o.slow_stage = 0;
+  const StepSimResult slow = simulate_step(m, lay, batch, cluster, o);
+  ASSERT_EQ(slow.replica_classes.size(), 2u);
+  const auto &with = slow.replica_classes[0], &others = slow.replica_classes[1];
+  EXPECT_EQ(with.replicas, 1);
+  EXPECT_EQ(others.replicas, 1);
+  const double passes = even.body_s;  // every op 1 ms, collectives instant: the passes are compute
+  EXPECT_NEAR(others.passes_end_s, passes, 1e-12);
+  EXPECT_NEAR(with.passes_end_s, 2 * passes, 1e-12);
+  EXPECT_NEAR(others.wait_s, passes, 1e-12);
+  EXPECT_NEAR(slow.step_s, 2 * passes + slow.tail_s, 1e-12);
+}
+
 // The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
 // exactly the built-in single-stage order's step; at pp = 2 (1F1B, SI off, no tp or dp) the step is
 // the schedule's own timeline (simulate_timeline) with each pass priced as its units run alone and
