@@ -7,6 +7,7 @@
 
 #include "base/Clock.h"
 #include "comm/LocalBackend.h"
+#include "comm/NcclGroup.h"
 #include "CollectiveChecks.h"
 
 namespace dhelix {
@@ -130,3 +131,21 @@ TEST(LocalComm, ShapeErrorsAreCaughtAtIssue) {
 
 }  // namespace
 }  // namespace dhelix
+
+#if !DHELIX_HAVE_CUDA
+namespace dhelix {
+namespace {
+// A build without CUDA has no NCCL groups: asking for one is a DeviceError that says what to build
+// (the GPU build's own tests are tests/kernels_cuda/test_nccl.cc).
+TEST(NcclGroup, ABuildWithoutCudaSaysSo) {
+  EXPECT_FALSE(nccl_available());
+  try {
+    (void)make_nccl_group("tp", 0, 1, 0, 10.0, NcclId{}, 0);
+    ADD_FAILURE() << "make_nccl_group returned in a build without CUDA";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("DHELIX_ENABLE_CUDA=ON"), std::string::npos) << e.what();
+  }
+}
+}  // namespace
+}  // namespace dhelix
+#endif

@@ -1,0 +1,362 @@
+// NCCL process groups (NcclGroup.h). Each op: on the issuing thread an event on the producer
+// stream; on the comm thread the group's stream waits for it, the NCCL call is enqueued, an event
+// records its end, and the op is posted; the comm thread's poll completes posted ops in order as
+// their events pass, and is the watchdog (NCCL's asynchronous error, or the group's timeout).
+#include "comm/NcclGroup.h"
+
+#include "base/Error.h"
+
+#if DHELIX_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "base/Clock.h"
+#endif
+
+namespace dhelix {
+
+#if DHELIX_HAVE_CUDA
+
+namespace {
+
+// NCCL is loaded when first asked for (libnccl.so.2 on the library path: the CUDA install's, or the
+// nvidia-nccl wheel's), not linked: a binary without it still runs its other GPU work, and
+// nccl_available() says no.
+struct NcclApi {
+#define DHX_NCCL_FNS(X)                                                                                        \
+  X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommGetAsyncError) X(ncclCommAbort) X(ncclCommDestroy) \
+  X(ncclGetErrorString) X(ncclAllReduce) X(ncclAllGather) X(ncclReduceScatter) X(ncclBroadcast) X(ncclSend)  \
+  X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
+#define DHX_NCCL_PTR(f) decltype(&::f) f = nullptr;
+  DHX_NCCL_FNS(DHX_NCCL_PTR)
+#undef DHX_NCCL_PTR
+  std::string why;  // empty when loaded
+};
+
+const NcclApi& nccl() {
+  static const NcclApi api = [] {
+    NcclApi a;
+    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) h = dlopen("libnccl.so", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+      const char* e = dlerror();
+      a.why = fmt::format("libnccl.so.2 not found ({}); put NCCL's lib directory on LD_LIBRARY_PATH", e ? e : "?");
+      return a;
+    }
+#define DHX_NCCL_LOAD(f)                                                           \
+  a.f = reinterpret_cast<decltype(a.f)>(dlsym(h, #f));                             \
+  if (!a.f && a.why.empty()) a.why = fmt::format("libnccl.so.2 lacks {}", #f);
+    DHX_NCCL_FNS(DHX_NCCL_LOAD)
+#undef DHX_NCCL_LOAD
+    return a;
+  }();
+  DHX_CHECK(api.why.empty(), DeviceError, "NCCL: {}", api.why);
+  return api;
+}
+
+void cuda_check(cudaError_t e, const char* what) {
+  DHX_CHECK(e == cudaSuccess, DeviceError, "{}: {}", what, cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(const Tensor& t, const std::string& op) {
+  switch (t.dtype()) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF64: return ncclFloat64;
+    case DType::kI32: return ncclInt32;
+    case DType::kI64: return ncclInt64;
+    case DType::kU16: break;
+  }
+  throw CommError(fmt::format("{}: NCCL moves f32, bf16, f64, i32 and i64 tensors, not {}", op, t.describe()));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(const std::string& role, int rank, int size, int world_rank, double timeout_s, const NcclId& id,
+            int device)
+      : ProcessGroup(role, rank, size, world_rank, timeout_s), device_(device) {
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate (NCCL group)");
+    cuda_check(cudaMalloc(&scratch_, sizeof(int32_t)), "cudaMalloc (NCCL barrier word)");
+    ncclUniqueId uid;
+    static_assert(sizeof uid == sizeof id.bytes, "ncclUniqueId is 128 bytes");
+    std::memcpy(&uid, id.bytes.data(), sizeof uid);
+    // Non-blocking: a communicator whose peer never arrives can be aborted by the watchdog.
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg);
+    const double t0 = now_seconds();
+    while (r == ncclInProgress || (r == ncclSuccess && async_error() == ncclInProgress)) {
+      if (now_seconds() - t0 > timeout_s) {
+        nccl().ncclCommAbort(comm_);
+        comm_ = nullptr;
+        throw CommError(fmt::format("{}: NCCL communicator of {} ranks not formed within {} s (a member never "
+                                    "joined)", name(), size, timeout_s));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      r = ncclSuccess;
+    }
+    DHX_CHECK(r == ncclSuccess && async_error() == ncclSuccess, CommError, "{}: ncclCommInitRank: {}", name(),
+              nccl().ncclGetErrorString(r != ncclSuccess ? r : async_error()));
+    start_stream(kDefaultCommNice, [this] { return poll(); });
+  }
+
+  ~NcclGroup() override {
+    stop_stream();
+    if (comm_) {
+      // Anything still posted (a failed or abandoned op) would hang a destroy: abort instead.
+      if (!posted_.empty() || aborted_) nccl().ncclCommAbort(comm_);
+      else nccl().ncclCommDestroy(comm_);
+    }
+    for (Posted& p : posted_) release(p);
+    cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string transport() const override { return "nccl"; }
+
+  void set_producer(StreamHandle s) {
+    std::lock_guard lk(producer_mu_);
+    producer_ = static_cast<cudaStream_t>(s);
+  }
+  StreamHandle stream() const { return stream_; }
+
+ protected:
+  Task all_reduce_task(Tensor t, ReduceOp op) override {
+    return post(t, [this, t, op] {
+      return nccl().ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "all_reduce"), nccl_op(op), comm_, stream_);
+    });
+  }
+  Task all_gather_task(Tensor in, Tensor out) override {
+    return post(in, [this, in, out] {
+      return nccl().ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"), comm_, stream_);
+    });
+  }
+  Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
+    return post(in, [this, in, out, op] {
+      return nccl().ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(in, "reduce_scatter"), nccl_op(op),
+                               comm_, stream_);
+    });
+  }
+  Task all_to_all_task(Tensor in, Tensor out) override {
+    const int64_t chunk = in.numel() / size();
+    std::vector<int64_t> counts(size_t(size()), chunk);
+    return all_to_all_v_task(std::move(in), counts, std::move(out), counts);
+  }
+  // One grouped launch of a send and a receive per peer (counts in elements).
+  Task all_to_all_v_task(Tensor in, std::vector<int64_t> send, Tensor out, std::vector<int64_t> recv) override {
+    return post(in, [this, in, out, send, recv] {
+      const ncclDataType_t dt = nccl_type(in, "all_to_all");
+      const size_t es = dtype_size(in.dtype());
+      char* src = static_cast<char*>(in.raw());
+      char* dst = static_cast<char*>(out.raw());
+      ncclResult_t r = nccl().ncclGroupStart();
+      for (int j = 0; j < size() && r == ncclSuccess; ++j) {
+        if (send[size_t(j)] > 0) r = nccl().ncclSend(src, size_t(send[size_t(j)]), dt, j, comm_, stream_);
+        if (r == ncclSuccess && recv[size_t(j)] > 0) r = nccl().ncclRecv(dst, size_t(recv[size_t(j)]), dt, j, comm_, stream_);
+        src += size_t(send[size_t(j)]) * es, dst += size_t(recv[size_t(j)]) * es;
+      }
+      const ncclResult_t e = nccl().ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  Task broadcast_task(Tensor t, int root) override {
+    return post(t, [this, t, root] {
+      return nccl().ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"), root, comm_, stream_);
+    });
+  }
+  Task send_task(Tensor t, int peer, int) override {
+    return post(t, [this, t, peer] { return nccl().ncclSend(t.raw(), size_t(t.numel()), nccl_type(t, "send"), peer, comm_, stream_); });
+  }
+  Task recv_task(Tensor t, int peer, int) override {
+    return post(t, [this, t, peer] { return nccl().ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t, "recv"), peer, comm_, stream_); });
+  }
+  Task barrier_task() override {
+    return post(Tensor(), [this] { return nccl().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_); });
+  }
+
+ private:
+  struct Posted {
+    std::shared_ptr<WorkState> st;
+    cudaEvent_t ready = nullptr, done = nullptr;
+    double posted_at = 0;
+  };
+
+  ncclResult_t async_error() const {
+    ncclResult_t e = ncclSuccess;
+    if (comm_) nccl().ncclCommGetAsyncError(comm_, &e);
+    return e;
+  }
+
+  // On the issuing thread: the producer stream's point the op must follow (null without one).
+  cudaEvent_t producer_point() {
+    std::lock_guard lk(producer_mu_);
+    if (!producer_) return nullptr;
+    cudaEvent_t ev = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ev, producer_), "cudaEventRecord (producer stream)");
+    return ev;
+  }
+
+  // The op's task: on the comm thread, after the producer's point, `call` enqueues the NCCL op on
+  // the group's stream; the op is posted (false) and poll() completes it.
+  template <typename Call>
+  Task post(const Tensor& t, Call call) {
+    DHX_CHECK(!t.defined() || !t.device().is_host(), CommError,
+              "{}: an NCCL group moves GPU tensors; {} is in host memory", name(), t.describe());
+    cudaEvent_t ready = producer_point();
+    return [this, ready, call](const std::shared_ptr<WorkState>& st) {
+      Posted p{st, ready, nullptr, now_seconds()};
+      if (aborted_) {
+        release(p);
+        st->fail(fmt::format("{}: the NCCL communicator was aborted by an earlier op's failure", st->describe()));
+        return true;
+      }
+      cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+      if (ready) cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+      ncclResult_t r = call();
+      if (r == ncclInProgress) r = ncclSuccess;  // non-blocking communicator: enqueued
+      if (r != ncclSuccess) {
+        release(p);
+        abort_all(fmt::format("{}: {}", st->describe(), nccl().ncclGetErrorString(r)));
+        st->fail(fmt::format("{}: NCCL: {}", st->describe(), nccl().ncclGetErrorString(r)));
+        return true;
+      }
+      cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate");
+      cuda_check(cudaEventRecord(p.done, stream_), "cudaEventRecord (NCCL stream)");
+      posted_.push_back(p);
+      return false;
+    };
+  }
+
+  // On the comm thread: completes posted ops in order as their events pass; the watchdog.
+  bool poll() {
+    while (!posted_.empty()) {
+      Posted& p = posted_.front();
+      const cudaError_t q = cudaEventQuery(p.done);
+      if (q == cudaSuccess) {
+        p.st->complete();
+        release(p);
+        posted_.pop_front();
+        continue;
+      }
+      const ncclResult_t e = async_error();
+      if (q != cudaErrorNotReady || (e != ncclSuccess && e != ncclInProgress)) {
+        abort_all(q != cudaErrorNotReady ? fmt::format("CUDA: {}", cudaGetErrorString(q))
+                                         : fmt::format("NCCL: {} (a peer failed or left)", nccl().ncclGetErrorString(e)));
+        return false;
+      }
+      if (now_seconds() - p.posted_at > timeout_s()) {
+        abort_all(fmt::format("not finished after {} s (a peer stalled or died; {})", timeout_s(),
+                              arrivals(p.st->seq()).empty() ? "no arrival board" : arrivals(p.st->seq())));
+        return false;
+      }
+      return true;
+    }
+    return false;
+  }
+
+  // Aborts the communicator and fails every posted op, the first with `why`.
+  void abort_all(const std::string& why) {
+    if (comm_ && !aborted_) nccl().ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+    bool first = true;
+    for (Posted& p : posted_) {
+      p.st->fail(first ? fmt::format("{}: {}; the NCCL communicator of {} was aborted", p.st->describe(), why, name())
+                       : fmt::format("{}: aborted with the NCCL communicator of {} ({})", p.st->describe(), name(),
+                                     posted_.front().st->describe()));
+      first = false;
+    }
+    for (Posted& p : posted_) release(p);
+    posted_.clear();
+  }
+
+  static void release(Posted& p) {
+    if (p.ready) cudaEventDestroy(p.ready);
+    if (p.done) cudaEventDestroy(p.done);
+    p.ready = p.done = nullptr;
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+  std::deque<Posted> posted_;  // the comm thread's alone
+  std::mutex producer_mu_;
+  cudaStream_t producer_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  try {
+    nccl();
+    return true;
+  } catch (const DeviceError&) {
+    return false;
+  }
+}
+
+NcclId nccl_unique_id() {
+  ncclUniqueId uid;
+  const ncclResult_t r = nccl().ncclGetUniqueId(&uid);
+  DHX_CHECK(r == ncclSuccess, DeviceError, "ncclGetUniqueId: {}", nccl().ncclGetErrorString(r));
+  NcclId id;
+  std::memcpy(id.bytes.data(), &uid, sizeof uid);
+  return id;
+}
+
+std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank, int size, int world_rank,
+                                              double timeout_s, const NcclId& id, int device) {
+  return std::make_unique<NcclGroup>(role, rank, size, world_rank, timeout_s, id, device);
+}
+
+void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream) {
+  auto* g = dynamic_cast<NcclGroup*>(&group);
+  DHX_CHECK(g, InternalError, "{} is not an NCCL group (transport {})", group.name(), group.transport());
+  g->set_producer(stream);
+}
+
+StreamHandle nccl_stream(ProcessGroup& group) {
+  auto* g = dynamic_cast<NcclGroup*>(&group);
+  DHX_CHECK(g, InternalError, "{} is not an NCCL group (transport {})", group.name(), group.transport());
+  return g->stream();
+}
+
+#else  // a build without CUDA
+
+namespace {
+[[noreturn]] void no_cuda() {
+  throw DeviceError("NCCL process groups need a CUDA build (cmake -DDHELIX_ENABLE_CUDA=ON) and a GPU");
+}
+}  // namespace
+
+bool nccl_available() { return false; }
+NcclId nccl_unique_id() { no_cuda(); }
+std::unique_ptr<ProcessGroup> make_nccl_group(const std::string&, int, int, int, double, const NcclId&, int) { no_cuda(); }
+void nccl_set_producer_stream(ProcessGroup&, StreamHandle) { no_cuda(); }
+StreamHandle nccl_stream(ProcessGroup&) { no_cuda(); }
+
+#endif
+
+}  // namespace dhelix

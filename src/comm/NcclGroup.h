@@ -1,0 +1,41 @@
+// NCCL process groups (issue 39): one GPU per rank, each group's collectives on a CUDA stream of
+// its own, ordered after the compute stream that produced their inputs by an event recorded when
+// the op is issued. Completion is polled on the group's comm thread (the CommStream), which also
+// keeps the watchdog: an op still unfinished after the group's timeout, or an asynchronous NCCL
+// error (a peer died), aborts the communicator and fails that op and every later one with a
+// CommError naming the op, its sequence number and the group -- so a dead GPU rank ends the job as a
+// dead CPU rank does. Only in a CUDA build (DHELIX_HAVE_CUDA); elsewhere nccl_available() is false
+// and the functions throw DeviceError. Not here: the bootstrap that hands rank 0's id to every
+// member (MPI's broadcast, or the caller at world size 1), which groups exist (CommContext).
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+
+#include "comm/ProcessGroup.h"
+#include "tensor/DeviceMemory.h"
+
+namespace dhelix {
+
+// ncclUniqueId's 128 bytes: what the bootstrap hands from the group's rank 0 to every member.
+struct NcclId {
+  std::array<char, 128> bytes{};
+};
+
+bool nccl_available();
+// A fresh id (rank 0 of a group calls it once, before the group exists on any member).
+NcclId nccl_unique_id();
+
+// This rank's handle on a group of `size` ranks, one GPU each (`device`): every member passes the
+// same id. Tensors must live on that GPU; f32, bf16, f64, i32 and i64 travel. Point-to-point ops
+// match in issue order per peer (NCCL has no tags: both sides must issue a peer's sends and
+// receives in one order). transport() is "nccl".
+std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank, int size, int world_rank,
+                                              double timeout_s, const NcclId& id, int device);
+// The compute stream whose kernels write the tensors the group's later ops read: each op waits for
+// an event recorded on it when the op is issued (null: none, the caller synchronises).
+void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream);
+// The stream a group's ops run on (a consumer's stream may wait on it instead of the host).
+StreamHandle nccl_stream(ProcessGroup& group);
+
+}  // namespace dhelix

@@ -1,0 +1,104 @@
+// NCCL process groups (comm/NcclGroup.h) at world size 1 -- what one GPU can run (NCCL refuses
+// two ranks on one device): the API path, the group's own stream, the ordering after a producer
+// stream, and the refusal of host tensors. Oracle: at one rank every collective is the identity
+// (an all-reduce, broadcast, all-gather, reduce-scatter, all-to-all and ring step each leave the
+// data as it was, bitwise: nothing is added to it), as the local backend gives at world size 1.
+// Not here: several ranks (issue 39's multi-rank runs on one GPU use a transport of their own).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "CudaTest.h"
+#include "comm/NcclGroup.h"
+#include "tensor/Tensor.h"
+
+namespace dhelix {
+namespace {
+
+Tensor host_random(const Shape& shape, DType dt, uint32_t seed) {
+  Tensor h = Tensor::empty(shape, DType::kF32);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = u(rng);
+  if (dt == DType::kF32) return h;
+  Tensor b = Tensor::empty(shape, DType::kBF16);
+  for (int64_t i = 0; i < h.numel(); ++i) {  // truncate to bf16 (any bit pattern will do)
+    uint32_t bits;
+    std::memcpy(&bits, &h.f32()[i], 4);
+    b.data<uint16_t>()[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return b;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::host()), hb = b.to(Device::host());
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+TEST(NcclGroup, EveryCollectiveAtWorldSizeOneIsTheIdentity) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  const Device gpu = Device::cuda(0);
+  auto g = make_nccl_group("tp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
+  EXPECT_EQ(g->transport(), "nccl");
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor x = host_random({64, 8}, dt, 7);
+    Tensor t = x.to(gpu);
+    g->all_reduce(t).wait();
+    EXPECT_TRUE(same_bytes(t, x)) << "all_reduce " << dtype_name(dt);
+    g->broadcast(t, 0).wait();
+    EXPECT_TRUE(same_bytes(t, x)) << "broadcast " << dtype_name(dt);
+    Tensor out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    g->all_gather(t, out).wait();
+    EXPECT_TRUE(same_bytes(out, x)) << "all_gather " << dtype_name(dt);
+    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    g->reduce_scatter(t, out).wait();
+    EXPECT_TRUE(same_bytes(out, x)) << "reduce_scatter " << dtype_name(dt);
+    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    g->all_to_all(t, out).wait();
+    EXPECT_TRUE(same_bytes(out, x)) << "all_to_all " << dtype_name(dt);
+    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    g->all_to_all_v(t, {64}, out, {64}).wait();
+    EXPECT_TRUE(same_bytes(out, x)) << "all_to_all_v " << dtype_name(dt);
+    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    g->ring_shift(t, out).wait();
+    EXPECT_TRUE(same_bytes(out, x)) << "ring_shift " << dtype_name(dt);
+  }
+  g->barrier();
+  EXPECT_EQ(g->next_seq(), 2 * 7 + 1);
+  // Host tensors are refused where the op is issued, naming the group.
+  Tensor host = Tensor::zeros({4});
+  EXPECT_THROW(g->all_reduce(host).wait(), CommError);
+}
+
+// The producer stream: an op issued after a kernel on the compute stream sees that kernel's write.
+// A memset of zeros is queued behind a long spin on the producer stream; without the event the
+// group's stream would reduce the old values.
+TEST(NcclGroup, OpsFollowTheProducerStream) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
+  cudaStream_t producer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  nccl_set_producer_stream(*g, producer);
+  Tensor t = host_random({1 << 20}, DType::kF32, 3).to(gpu);
+  // A large device-to-device copy first keeps the producer stream busy, then the zeros.
+  Tensor big = Tensor::zeros({1 << 26}).to(gpu), big2 = Tensor::empty({1 << 26}, DType::kF32, nullptr, gpu);
+  ASSERT_EQ(cudaMemcpyAsync(big2.raw(), big.raw(), big.nbytes(), cudaMemcpyDeviceToDevice, producer), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
+  g->all_reduce(t).wait();
+  const Tensor h = t.to(Device::host());
+  double sum = 0;
+  for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
+  EXPECT_EQ(sum, 0.0) << "the reduction ran before the producer's memset";
+  nccl_set_producer_stream(*g, nullptr);
+  cudaStreamDestroy(producer);
+}
+
+}  // namespace
+}  // namespace dhelix
