@@ -25,6 +25,7 @@ struct Composed {
   bool si;
   int zero;
   int ep = 1;  // expert parallelism (the MoE family), carved out of dp
+  Recompute recompute = Recompute::kNone;
 };
 
 RunConfig config(const Composed& c, const std::string& prefix, const std::string& out) {
@@ -37,6 +38,7 @@ RunConfig config(const Composed& c, const std::string& prefix, const std::string
   r.parallel.cp = c.cp;
   r.parallel.zero = c.zero;
   r.parallel.ep = c.ep;
+  r.training.recompute = recompute_name(c.recompute);
   r.schedule.pipeline = pipeline_kind_name(c.kind);
   r.schedule.virtual_stages = c.kind == PipelineKind::kInterleaved ? 2 : 1;
   r.schedule.strand_interleaving = c.si;
@@ -59,6 +61,7 @@ class Grid3DComposed : public ::testing::TestWithParam<Composed> {};
 // combination: 3d ep dp si
 // combination: 3d ep w si
 // combination: 3d ep cp
+// combination: 3d ep dp si recompute
 TEST_P(Grid3DComposed, EqualsSerial) {
   const Composed c = GetParam();
   TempDir dir;
@@ -110,7 +113,10 @@ INSTANTIATE_TEST_SUITE_P(
         Composed{"moe_x2z2_si", ModelFamily::kMoE, 2, 1, 2, 1, 1, 1, PipelineKind::k1F1B, true, 0},
         Composed{"moe_y2_dp2_ep2_si", ModelFamily::kMoE, 1, 2, 1, 2, 1, 1, PipelineKind::k1F1B, true, 0, 2},
         Composed{"moe_x2_pp2_w_si", ModelFamily::kMoE, 2, 1, 1, 1, 2, 1, PipelineKind::kW, true, 0},
-        Composed{"moe_y2_cp2", ModelFamily::kMoE, 1, 2, 1, 1, 1, 2, PipelineKind::k1F1B, false, 0}),
+        Composed{"moe_y2_cp2", ModelFamily::kMoE, 1, 2, 1, 1, 1, 2, PipelineKind::k1F1B, false, 0},
+        // Full recomputation re-runs the grid MoE's gathers, routing and all-to-alls in the backward.
+        Composed{"moe_x2_dp2_ep2_si_full_recompute", ModelFamily::kMoE, 2, 1, 1, 2, 1, 1, PipelineKind::k1F1B, true,
+                 0, 2, Recompute::kFull}),
     composed_name);
 
 }  // namespace
