@@ -217,18 +217,20 @@ int Layout::stride(GroupRole axis) const {
   return s;
 }
 
-int Layout::index_in(GroupRole role, const RankCoord& c) const {
-  if (role == GroupRole::kEP) return c.dp % cfg_.ep;
-  if (role == GroupRole::kEDP) return c.dp / cfg_.ep;
-  if (role == GroupRole::kEDPCP) return c.cp + cfg_.cp * (c.dp / cfg_.ep);  // cp innermost, as in dpcp
+int Layout::index_in(GroupRole role, const RankCoord& c) const { return group_index(cfg_, role, c); }
+
+int group_index(const LayoutConfig& cfg, GroupRole role, const RankCoord& c) {
+  if (role == GroupRole::kEP) return c.dp % cfg.ep;
+  if (role == GroupRole::kEDP) return c.dp / cfg.ep;
+  if (role == GroupRole::kEDPCP) return c.cp + cfg.cp * (c.dp / cfg.ep);  // cp innermost, as in dpcp
   if (is_axis(role)) return c.get(role);
   // Inside the group, the axes in the grid's own order (innermost fastest).
   int idx = 0, mul = 1;
   const std::vector<GroupRole> mine = axes_of(role);
-  for (GroupRole r : inner_to_outer(cfg_)) {
+  for (GroupRole r : inner_to_outer(cfg)) {
     if (std::find(mine.begin(), mine.end(), r) == mine.end()) continue;
     idx += c.get(r) * mul;
-    mul *= extent(cfg_, r);
+    mul *= extent(cfg, r);
   }
   return idx;
 }

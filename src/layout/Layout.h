@@ -109,4 +109,8 @@ class Layout {
   RankCoord coord_;
 };
 
+// Position of `c` inside its group of `role` under `cfg` (the group rank; Layout::index_in without
+// a Layout: sharding/ShardIndex's plane index).
+int group_index(const LayoutConfig& cfg, GroupRole role, const RankCoord& c);
+
 }  // namespace dhelix

@@ -14,8 +14,7 @@ ShardIndex ShardIndex::of(const LayoutConfig& lay, const RankCoord& c) {
   s.x = c.x, s.y = c.y, s.z = c.z;
   s.gx = lay.tp_x, s.gy = lay.tp_y, s.gz = lay.tp_z;
   s.ep_rank = c.ep, s.ep = lay.ep;
-  const size_t px = lay.tp_order.find('x'), py = lay.tp_order.find('y');
-  s.xy = px <= py ? c.x + lay.tp_x * c.y : c.y + lay.tp_y * c.x;
+  s.xy = group_index(lay, GroupRole::kXY, c);
   return s;
 }
 

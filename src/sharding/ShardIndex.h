@@ -14,8 +14,8 @@ struct ShardIndex {
   int tp_rank = 0, tp = 1;
   int x = 0, y = 0, z = 0, gx = 1, gy = 1, gz = 1;
   int ep_rank = 0, ep = 1;  // expert-parallel rank: which run of experts this rank holds
-  // 3D: this rank's index in its x-y plane group (Layout::index_in(GroupRole::kXY): the axes in
-  // tp_order, innermost fastest); the MoE MLP on the grid runs on token slice `xy` of the plane.
+  // 3D: this rank's index in its x-y plane group (group_index(kXY): the axes in tp_order,
+  // innermost fastest); the MoE MLP on the grid runs on token slice `xy` of the plane.
   int xy = 0;
   static ShardIndex of(const LayoutConfig& lay, const RankCoord& c);
   bool is_3d() const { return gx * gy * gz > 1; }

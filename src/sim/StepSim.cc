@@ -210,28 +210,36 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   // (with, under ep, the replicas of its ep group, whose all-to-alls wait for it) is simulated with
   // it, the other replicas without; each unit's gradient buckets complete when the last replica's
   // arrive (the tail below starts from the latest), and the others' wait is reported.
-  // Last backward end per (stage, unit) of the class just simulated.
+  // Per stage of the class just simulated: when the last micro-batch's backward began, and when it
+  // ended in each unit.
+  struct LastBackward {
+    double start = std::numeric_limits<double>::infinity();
+    std::map<int, double> end;
+  };
   auto last_backward = [&] {
-    std::vector<std::map<int, double>> out(static_cast<size_t>(lay.pp));
+    std::vector<LastBackward> out(static_cast<size_t>(lay.pp));
     for (int rk = 0; rk < lay.pp; ++rk)
       for (const StepSimEvent& e : ranks[static_cast<size_t>(rk)].events)
         if (e.strand == StrandKind::kBackward && e.mb == M - 1) {
-          double& end = out[size_t(rk)].try_emplace(e.unit, e.end_s).first->second;
+          LastBackward& lb = out[size_t(rk)];
+          lb.start = std::min(lb.start, e.begin_s);
+          double& end = lb.end.try_emplace(e.unit, e.end_s).first->second;
           end = std::max(end, e.end_s);
         }
     return out;
   };
   const int slow_replicas = opt.slow_stage >= 0 ? std::min(lay.dp, std::max(1, lay.ep)) : lay.dp;
-  std::vector<std::map<int, double>> others_ready;  // the replicas without the straggler, if any
+  std::vector<LastBackward> others_last;  // the replicas without the straggler, if any
   std::vector<double> others_rank_end;
   if (opt.slow_stage >= 0 && slow_replicas < lay.dp) {
     slow_stage = -1;
     simulate_passes();
-    others_ready = last_backward();
+    others_last = last_backward();
     others_rank_end = rank_end;
   }
   slow_stage = opt.slow_stage;
   simulate_passes();
+  const std::vector<LastBackward> last = last_backward();
 
   // Each rank's gradient tail after its last slot: a unit's buckets go as its last backward (of
   // micro-batch M-1) ends in the simulated passes; the step ends with the latest rank.
@@ -253,23 +261,15 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     GradReadiness ready;
     ready.end_s = rank_end[static_cast<size_t>(rk)];
     if (!others_rank_end.empty()) ready.end_s = std::max(ready.end_s, others_rank_end[size_t(rk)]);
-    // One pass over the stage's ops: when the last micro-batch's backward began, and when it ended
-    // in each unit.
-    double last_bwd_start = ready.end_s;
-    std::map<int, double> last_bwd_end;
-    for (const StepSimEvent& e : st.events)
-      if (e.strand == StrandKind::kBackward && e.mb == M - 1) {
-        last_bwd_start = std::min(last_bwd_start, e.begin_s);
-        double& end = last_bwd_end.try_emplace(e.unit, e.end_s).first->second;
-        end = std::max(end, e.end_s);
-      }
+    const LastBackward& lb = last[size_t(rk)];
+    const double last_bwd_start = std::min(ready.end_s, lb.start);
     std::vector<double> grad_bytes, expert_bytes;
     double elems = 0;
     for (int u : mine) {
-      const auto done = last_bwd_end.find(u);
-      DHX_ASSERT(done != last_bwd_end.end(), "simulate_step: stage {} never ran the last backward of unit {}", rk, u);
+      const auto done = lb.end.find(u);
+      DHX_ASSERT(done != lb.end.end(), "simulate_step: stage {} never ran the last backward of unit {}", rk, u);
       double at = done->second;  // a bucket's reduction completes when the last replica's arrives
-      if (!others_ready.empty()) at = std::max(at, others_ready[size_t(rk)].at(u));
+      if (!others_last.empty()) at = std::max(at, others_last[size_t(rk)].end.at(u));
       ready.ready_s.push_back(at);
       double all = 0, experts = 0;
       for (const ParamSpec& q : units[static_cast<size_t>(u)].params) {

@@ -296,14 +296,19 @@ TEST(ParamSharding, MoeOnTheGridKeepsTheMlpWholeAndSumsItOverTheBlock) {
 }
 
 // The MoE MLP's token slice on the grid is the rank's index in its x-y plane group, which is the
-// order the plane's all-gather concatenates in. Oracle: Layout::index_in, for every axis order.
+// order the plane's all-gather concatenates in. Oracles, for every axis order: the rank's position
+// in the member list the communicator is built from (Layout::group_ranks), and Layout::index_in.
 TEST(ShardIndex, PlaneIndexIsTheXyGroupRank) {
   for (const char* order : {"xyz", "xzy", "yxz", "yzx", "zxy", "zyx"}) {
     LayoutConfig lay;
     lay.tp_x = 2, lay.tp_y = 3, lay.tp_z = 2, lay.tp_order = order;
     for (int r = 0; r < lay.world(); ++r) {
       const Layout l(lay, r);
-      EXPECT_EQ(ShardIndex::of(lay, l.coord()).xy, l.index_in(GroupRole::kXY, l.coord())) << order << " rank " << r;
+      const int xy = ShardIndex::of(lay, l.coord()).xy;
+      EXPECT_EQ(xy, l.index_in(GroupRole::kXY, l.coord())) << order << " rank " << r;
+      const std::vector<int> members = l.group_ranks(GroupRole::kXY, r);
+      ASSERT_LT(xy, int(members.size())) << order << " rank " << r;
+      EXPECT_EQ(members[size_t(xy)], r) << order << " rank " << r;
     }
   }
 }
