@@ -135,8 +135,8 @@ int cmd_profile(int argc, char** argv) {
   set_threads(cfg);
   try {
     const double t0 = now_seconds();
-    LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm.get(),
-                         static_cast<uint64_t>(cfg.training.seed));
+    LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm.get(), static_cast<uint64_t>(cfg.training.seed),
+                         parse_device(cfg.training.device));
     const int64_t total = profile_entry_count(bench.program(), opts.windows, opts.max_window);
     if (rank0)
       fmt::print("profile: {} | {} | {} | {} fwd ops, {} bwd ops | {} entries x ({} warm-up + {} timed)\n",
@@ -488,7 +488,8 @@ int cmd_plan(int argc, char** argv) {
   PlanChoice choice;
   try {
     if (validate)
-      bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed));
+      bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed),
+                                               parse_device(cfg.training.device));
     // The search's candidates are ranked by simulating the whole pair from the single ops' times
     // (not by their summed blocks): the profile's, with the co-execution interference fitted on its
     // pairs, or the cost model's, with none (a preset gives none). Every rank computes the same fit

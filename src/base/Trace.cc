@@ -20,6 +20,11 @@ size_t Trace::size() const {
   return events_.size();
 }
 
+std::vector<Trace::Event> Trace::events() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return events_;
+}
+
 void Trace::write(const std::string& path) const {
   std::lock_guard<std::mutex> lk(mu_);
   nlohmann::json ev = nlohmann::json::array();

@@ -18,12 +18,14 @@ class Trace {
   // Writes this rank's events; when several ranks write, each writes its own file.
   void write(const std::string& path) const;
   size_t size() const;
-
- private:
   struct Event {
-    std::string lane, name, args;
+    std::string lane, name, args;  // args: a JSON object's text
     double start_s, end_s;
   };
+  // The events added so far, in the order added.
+  std::vector<Event> events() const;
+
+ private:
   int rank_;
   double t0_;
   mutable std::mutex mu_;

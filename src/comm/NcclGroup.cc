@@ -4,7 +4,10 @@
 // their events pass, and is the watchdog (NCCL's asynchronous error, or the group's timeout).
 #include "comm/NcclGroup.h"
 
+#include <cstring>
+
 #include "base/Error.h"
+#include "tensor/Tensor.h"
 
 #if DHELIX_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -343,7 +346,32 @@ StreamHandle nccl_stream(ProcessGroup& group) {
   return g->stream();
 }
 
-#else  // a build without CUDA
+#endif
+
+// The id travels as 128 bytes in an int32 tensor of 32 elements (the CPU transports move int32 as is).
+NcclId nccl_id_over(ProcessGroup& host) {
+  static_assert(sizeof(NcclId::bytes) == 32 * sizeof(int32_t));
+  Tensor t = Tensor::empty({32}, DType::kI32);
+  NcclId id;
+  if (host.rank() == 0) {
+    id = nccl_unique_id();
+    std::memcpy(t.raw(), id.bytes.data(), id.bytes.size());
+  } else {
+    std::memset(t.raw(), 0, t.nbytes());
+  }
+  host.broadcast(t, 0).wait();
+  std::memcpy(id.bytes.data(), t.raw(), id.bytes.size());
+  return id;
+}
+
+std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device) {
+  const std::string& n = host.name();
+  const std::string role = n.substr(0, n.find('['));  // "tp[1/2]" -> "tp"
+  const NcclId id = nccl_id_over(host);
+  return make_nccl_group(role, host.rank(), host.size(), host.world_rank(), host.timeout_s(), id, device);
+}
+
+#if !DHELIX_HAVE_CUDA  // a build without CUDA
 
 namespace {
 [[noreturn]] void no_cuda() {

@@ -5,8 +5,8 @@
 // error (a peer died), aborts the communicator and fails that op and every later one with a
 // CommError naming the op, its sequence number and the group -- so a dead GPU rank ends the job as a
 // dead CPU rank does. Only in a CUDA build (DHELIX_HAVE_CUDA); elsewhere nccl_available() is false
-// and the functions throw DeviceError. Not here: the bootstrap that hands rank 0's id to every
-// member (MPI's broadcast, or the caller at world size 1), which groups exist (CommContext).
+// and the functions throw DeviceError. The id reaches every member over a CPU group of the same
+// members (nccl_id_over). Not here: which groups exist (CommContext).
 #pragma once
 #include <array>
 #include <memory>
@@ -32,6 +32,15 @@ NcclId nccl_unique_id();
 // receives in one order). transport() is "nccl".
 std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank, int size, int world_rank,
                                               double timeout_s, const NcclId& id, int device);
+// The bootstrap, as c10d's store does it over TCP: `host` is a group over a CPU transport (MPI,
+// Gloo, threads) with the same members in the same order; its rank 0 makes the id and broadcasts
+// it over `host`, so every member returns the same id. A collective over `host`: every member calls
+// it. DeviceError (on rank 0, whose broadcast then never starts: the others time out naming it)
+// when NCCL is missing.
+NcclId nccl_id_over(ProcessGroup& host);
+// This member's NCCL group with `host`'s role, rank and size on GPU `device`, its id bootstrapped
+// over `host` (nccl_id_over), its timeout `host`'s.
+std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device);
 // The compute stream whose kernels write the tensors the group's later ops read: each op waits for
 // an event recorded on it when the op is issued (null: none, the caller synchronises).
 void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream);

@@ -8,26 +8,35 @@
 #include "base/Error.h"
 #include "base/Stats.h"
 #include "model/Params.h"
+#include "tensor/DeviceMemory.h"
+#if DHELIX_HAVE_CUDA
+#include "kernels/cuda/Gemm.h"
+#endif
 
 namespace dhelix {
 
 namespace {
 
-// [Ns, C] of N(0, 1) values; seeded per (seed, rank) so ranks hold different shards.
-Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem) {
-  Tensor t = Tensor::empty({rows, cols}, DType::kF32, mem);
+// [Ns, C] of N(0, 1) values; seeded per (seed, rank) so ranks hold different shards. Made on the
+// host and copied to `d` (ordered on stream s) when that is a GPU.
+Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem, Device d, StreamHandle s) {
+  Tensor t = Tensor::empty({rows, cols}, DType::kF32, d.is_host() ? mem : nullptr);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   float* p = t.f32();
   for (int64_t i = 0; i < rows * cols; ++i) p[i] = nd(rng);
-  return t;
+  return d.is_host() ? t : t.to(d, mem, s);
 }
 
 }  // namespace
 
 LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
-                               CommContext* comm, uint64_t seed)
+                               CommContext* comm, uint64_t seed, Device device)
     : model_(model), layout_(layout), mb_(mb), comm_(comm) {
+  if (!device.is_host()) {
+    const std::string why = device_unavailable(device);
+    DHX_CHECK(why.empty(), DeviceError, "profiling on {}: {}; use the cpu device", device.str(), why);
+  }
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
               "world size {} != layout world {} (dp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
@@ -55,6 +64,14 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
   parts_->ctx.groups = StepGroups::of(comm_);
+  if (!device.is_host()) {  // as a training step's (StepBuilder): the weights move, the ops bind to its kernels
+#if DHELIX_HAVE_CUDA
+    blas_ = std::make_shared<cuda::Blas>(device.index);
+    parts_->ctx.device = device;
+    parts_->ctx.blas = blas_.get();
+    parts_->params->move_to(device, &parts_->state_mem);
+#endif
+  }
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};
@@ -69,9 +86,12 @@ void LayerPairBench::build_snapshots(uint64_t seed) {
   const uint64_t rank = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
   const auto& fwd = parts_->progs.block.fwd;
   const auto& bwd = parts_->progs.block.bwd;
+  const Device dev = parts_->ctx.device;
+  const StreamHandle fstream = exec_->strand_stream(StrandKind::kForward);
+  const StreamHandle bstream = exec_->strand_stream(StrandKind::kBackward);
   // Forward strand: ops one at a time (collectives included, so every rank runs the same).
   fenv_.bufs.clear();
-  fenv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 1, &parts_->act_mem);
+  fenv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 1, &parts_->act_mem, dev, fstream);
   fsnap_.assign(1, fenv_.bufs);
   for (int k = 0; k < static_cast<int>(fwd.size()); ++k) {
     Block b;
@@ -81,9 +101,9 @@ void LayerPairBench::build_snapshots(uint64_t seed) {
   }
   // Backward strand: another micro-batch's forward, then dy, then the backward ops one at a time.
   benv_.bufs.clear();
-  benv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 2, &parts_->act_mem);
+  benv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 2, &parts_->act_mem, dev, fstream);
   exec_->run_alone(bslot_, StrandKind::kForward);
-  benv_.bufs["dy"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 7919, &parts_->act_mem);
+  benv_.bufs["dy"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 7919, &parts_->act_mem, dev, bstream);
   bsnap_.assign(1, benv_.bufs);
   for (int k = 0; k < static_cast<int>(bwd.size()); ++k) {
     Block b;
@@ -141,10 +161,12 @@ double LayerPairBench::run_once(const std::vector<Block>& blocks) {
   }
   if (f0 >= 0) restore(fenv_, fsnap_, f0, parts_->progs.block.fwd, f0, f1);
   if (b0 >= 0) restore(benv_, bsnap_, b0, parts_->progs.block.bwd, b0, b1);
+  exec_->synchronize();  // a GPU's restored copies are done before the clock starts
   if (comm_) comm_->world().barrier();  // ranks start together: a collective's time is not a late peer's
   const double t0 = now_seconds();
   exec_->run_pair(f0 >= 0 ? &fslot_ : nullptr, b0 >= 0 ? &bslot_ : nullptr, blocks);
   drain();  // inside the timing: the windows are charged for all the traffic they issued
+  exec_->synchronize();  // and, on a GPU, for the kernels they launched
   const double dt = now_seconds() - t0;
   fenv_.bufs.clear();
   benv_.bufs.clear();

@@ -29,15 +29,19 @@ struct BenchTiming {
 class LayerPairBench {
  public:
   // `comm` may be null (one process: the layout must be world size 1). Every rank of the world
-  // constructs it and then makes the same calls in the same order (collectives inside).
+  // constructs it and then makes the same calls in the same order (collectives inside). `device`:
+  // where the layers' weights and buffers live and their kernels run (a GPU: the executor's two
+  // strand streams, so a co-executed window pair has both strands' kernels in flight; each timing
+  // ends when both streams are done). DeviceError when this build or machine has no such GPU.
   LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
-                 CommContext* comm, uint64_t seed = 1234);
+                 CommContext* comm, uint64_t seed = 1234, Device device = Device::host());
   ~LayerPairBench();
   LayerPairBench(const LayerPairBench&) = delete;
   LayerPairBench& operator=(const LayerPairBench&) = delete;
 
   const LayerProgram& program() const { return parts_->progs.block; }
   const MicroBatchShape& micro_batch() const { return mb_; }
+  Device device() const { return parts_->ctx.device; }
 
   // Seconds of one run of `blocks` (windows into program()), from the state where the first
   // block's windows start; this rank's wall clock, after a world barrier. Each block's windows
@@ -62,6 +66,7 @@ class LayerPairBench {
 
   ModelConfig model_;
   LayoutConfig layout_;
+  std::shared_ptr<cuda::Blas> blas_;  // a GPU's cuBLASLt GEMMs (declared before parts_: outlives the executor)
   MicroBatchShape mb_;
   CommContext* comm_;
   int tp_rank_ = 0;

@@ -24,11 +24,12 @@ std::string iso_now() {
   return buf;
 }
 
-std::string default_machine(CommContext* comm) {
+std::string default_machine(CommContext* comm, Device d) {
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
-  return fmt::format("{} ({} cores), backend {}, {} rank(s)", host, std::thread::hardware_concurrency(),
-                     comm ? comm->backend() : "single", comm ? comm->world_size() : 1);
+  return fmt::format("{} ({} cores{}), backend {}, {} rank(s)", host, std::thread::hardware_concurrency(),
+                     d.is_host() ? "" : ", ops on " + d.str(), comm ? comm->backend() : "single",
+                     comm ? comm->world_size() : 1);
 }
 
 }  // namespace
@@ -68,7 +69,7 @@ Profile profile_layer_pair(LayerPairBench& bench, const ModelConfig& model, cons
   p.meta.model = describe_model(model);
   p.meta.layout = describe_layout(layout);
   p.meta.shapes = describe_shapes(bench.micro_batch());
-  p.meta.machine = opts.machine.empty() ? default_machine(comm) : opts.machine;
+  p.meta.machine = opts.machine.empty() ? default_machine(comm, bench.device()) : opts.machine;
   p.meta.timestamp = iso_now();
   p.meta.repeats = opts.timing.repeats;
   p.meta.warmup = opts.timing.warmup;

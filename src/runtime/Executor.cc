@@ -7,6 +7,7 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
+#include "comm/NcclGroup.h"
 #include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "plan/IssueOrder.h"
@@ -14,7 +15,73 @@
 namespace dhelix {
 
 Executor::Executor(RunContext& ctx, const std::vector<UnitSpec>& units, const ModelPrograms& progs)
-    : ctx_(ctx), units_(units), progs_(progs), kernels_(kernel_registry(ctx.device)), compute_(make_stream(ctx.device)) {}
+    : ctx_(ctx),
+      units_(units),
+      progs_(progs),
+      kernels_(kernel_registry(ctx.device)),
+      on_gpu_(!ctx.device.is_host()),
+      streams_{make_stream(ctx.device), make_stream(ctx.device)} {}
+
+void Executor::join_streams() {
+  if (!on_gpu_) return;
+  const std::unique_ptr<Event> f = streams_[0]->record(), b = streams_[1]->record();
+  streams_[0]->wait(*b);
+  streams_[1]->wait(*f);
+}
+
+void Executor::synchronize() {
+  if (!on_gpu_) return;
+  for (auto& s : streams_) s->record()->host_wait();
+}
+
+void Executor::flush_trace() {
+  if (gpu_marks_.empty()) return;
+  std::vector<GpuMark> marks;
+  marks.swap(gpu_marks_);
+  const std::unique_ptr<Event> base = std::move(trace_base_);
+  for (GpuMark& m : marks) {
+    m.end->host_wait();
+    if (ctx_.trace)
+      ctx_.trace->add(m.lane, m.name, trace_base_s_ + m.begin->seconds_since(*base),
+                      trace_base_s_ + m.end->seconds_since(*base), R"({"clock":"gpu"})");
+  }
+}
+
+// A pair's bracket on a GPU: the strands' streams joined before the pair's first launch and after
+// its last, the device memory the pair frees held until the second join (Executor.h). end() on the
+// normal path lets a failure there surface; the destructor (a pair that threw) only cleans up.
+class Executor::PairScope {
+ public:
+  explicit PairScope(Executor& e) : e_(e) {
+    if (!e_.on_gpu_) return;
+    e_.join_streams();
+    hold_device_frees();
+    held_ = true;
+  }
+  void end() {
+    if (!held_) return;
+    held_ = false;
+    e_.join_streams();
+    release_device_frees();
+  }
+  ~PairScope() {
+    if (!held_) return;
+    try {
+      e_.join_streams();
+    } catch (const std::exception&) {  // the pair failed already; its error is the one reported
+    }
+    try {
+      release_device_frees();
+    } catch (const std::exception&) {
+    }
+  }
+  PairScope(const PairScope&) = delete;
+  PairScope& operator=(const PairScope&) = delete;
+
+ private:
+  Executor& e_;
+  bool held_ = false;
+};
 
 const LayerProgram& Executor::program(int u) const { return progs_.program(u, units_.at(u).kind); }
 
@@ -84,12 +151,14 @@ ProcessGroup& Executor::group_of(const Op& op) const {
 
 std::string Executor::lane(StrandKind k) const { return k == StrandKind::kForward ? "compute fwd" : "compute bwd"; }
 
-void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
+void Executor::wait_pending(UnitEnv& env, const std::string& buf, Stream* on) {
   auto it = env.pending.find(buf);
   if (it == env.pending.end()) return;
   const double wait_called = ctx_.trace ? now_seconds() : 0;
   WorkEvent done(it->second.work);
-  compute_->wait(done);  // host: a join with the group's comm thread
+  if (on) on->wait(done);  // host: a join with the group's comm thread
+  else
+    for (auto& s : streams_) s->wait(done);
   if (it->second.widen_to.defined()) {  // arrived in bf16: widened into the fp32 buffer its readers use
     const Tensor& w = it->second.wire_out;
     cpu::widen_bf16(w.data<uint16_t>(), it->second.widen_to.f32(), w.numel());
@@ -109,8 +178,10 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf) {
 
 void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   UnitEnv& env = *s.env;
-  for (auto& in : op.inputs) wait_pending(env, in);
+  for (auto& in : op.inputs) wait_pending(env, in, &stream_of(kind));
   ProcessGroup& pg = group_of(op);
+  // An NCCL group's op waits, on the GPU, for the kernels the issuing strand launched before it.
+  if (on_gpu_ && pg.transport() == "nccl") nccl_set_producer_stream(pg, stream_of(kind).handle());
   // A weight all-gather (3D tensor parallelism) reads this rank's flat shard of the parameter.
   Tensor in = op.inputs.empty() ? ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.view({ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.numel()})
                                 : env.at(op.inputs.at(0));
@@ -201,7 +272,6 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
     out = pc.widen_to;
   }
   env.pending[op.outputs.at(0)] = std::move(pc);
-  (void)kind;
 }
 
 bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
@@ -255,26 +325,41 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     // end of its block: it stays pending until the op that reads it (grad_accum, the unit's last
     // backward ops, perhaps carried into the next pair) waits for it.
   } else {
-    for (auto& in : op.inputs) wait_pending(env, in);
+    Stream& stream = stream_of(kind);
+    for (auto& in : op.inputs) wait_pending(env, in, &stream);
     double t0 = ctx_.trace ? now_seconds() : 0;
     OpCall call{op, env, units_.at(s.unit), *ctx_.params, *ctx_.model, ctx_.mb, ctx_.tp_rank, ctx_.layout.tp,
                 ctx_.act_mem, ctx_.dloss, ctx_.shard, &ctx_.router, ctx_.cp_rank, ctx_.layout.cp, ctx_.bf16_weights,
                 ctx_.kernels.precision};
     call.device = ctx_.device;
-    call.stream = compute_->handle();
+    call.stream = stream.handle();
     call.blas = ctx_.blas;
     const bool diverted = !op.grads.empty() && std::any_of(observers_.begin(), observers_.end(), [&](StepObserver* o) {
                             return o->divert_grad_op(s.mb, s.unit, op);
                           });
+    // A GPU trace times the op's kernels with events on its stream (the host's launch times say
+    // nothing of when they ran); the first since the last flush first sets the base (Executor.h).
+    std::unique_ptr<Event> gpu_begin;
+    if (ctx_.trace && on_gpu_ && !diverted) {
+      if (!trace_base_) {
+        synchronize();
+        trace_base_s_ = now_seconds();
+        trace_base_ = streams_[0]->record(/*timed=*/true);
+      }
+      gpu_begin = stream.record(/*timed=*/true);
+    }
     if (!diverted) {
       const OpFn& kernel = kernels_.find(op.code);
-      compute_->launch([&] { kernel(call); });
+      stream.launch([&] { kernel(call); });
+      if (gpu_begin)
+        gpu_marks_.push_back(
+            {lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), std::move(gpu_begin), stream.record(true)});
       for (StepObserver* o : observers_) {
         if (!op.grads.empty()) o->on_grad_op(s.mb, s.unit, op);
         o->on_op_done(s.mb, s.unit, op, env.bufs);
       }
     }
-    if (ctx_.trace)
+    if (ctx_.trace && !on_gpu_)
       ctx_.trace->add(lane(kind), fmt::format("{} mb{} u{}", op.name, s.mb, s.unit), t0, now_seconds());
     if (kind == StrandKind::kForward && ctx_.bf16_saved_activations) keep_saved_in_bf16(s, op);
   }
@@ -312,6 +397,7 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
   strands.carried_in = carry_in && !carry_in->empty() ? carry_in->end - carry_in->begin : 0;
   const std::vector<Op>* carried_ops = strands.carried_in > 0 ? &program(carry_in->slot.unit).bwd : nullptr;
   std::vector<std::pair<UnitEnv*, std::string>> issued, carried_issued;
+  PairScope scope(*this);
   for (StepObserver* o : observers_) o->on_pair_begin(f ? f->unit : -1, b ? b->unit : -1);
   for (const IssueStep& st : IssueOrder(strands, blocks)) {
     switch (st.kind) {
@@ -333,6 +419,7 @@ void Executor::run_pair(StrandSlot* f, StrandSlot* b, const std::vector<Block>& 
         break;
     }
   }
+  scope.end();
 }
 
 void Executor::run_carried(CarriedOps& c) { run_pair(nullptr, nullptr, {}, 0, &c); }

@@ -5,12 +5,22 @@
 // next block starts — except two kinds that 3D tensor parallelism marks: a background collective
 // (attr "background": a weight-gradient reduce-scatter, waited for by the op that reads it) and a
 // cross-layer prefetch (attr "prefetch_unit": adopted, and waited for, by the neighbouring unit).
-// Compute of both strands is launched on the run's device's compute stream (Stream.h; the host's
-// runs it inline on this, the rank's compute thread) with that device's kernels (KernelRegistry.h);
-// an op that reads a collective's output first makes the stream wait on its completion event.
+// Each strand's compute is launched on a stream of its own on the run's device (Stream.h; the
+// host's runs it inline on this, the rank's compute thread) with that device's kernels
+// (KernelRegistry.h); an op that reads a collective's output first makes its strand's stream wait
+// on the collective's completion event. On a GPU the two strands' kernels are so in flight at once:
+// within a pair nothing orders one strand's stream after the other's (they touch different
+// micro-batches' buffers, read the same weights and only the backward writes gradients); each pair
+// begins and ends with the two streams joined (each waits for an event of the other), so work
+// outside the pairs -- the micro-batches' tokens, the optimizer, on the forward stream -- is
+// ordered with both, and device memory a pair frees is given back only at its end, after the join
+// (hold_device_frees: a buffer one strand drops may still be read by the other's kernels).
 //
 //   compute thread : [bwd ops k ........][fwd ops k (wait AG)] | [ ...block k+1
 //   comm tp thread :  [AG fwd k ...........]                    |
+//
+//   GPU, fwd stream:  join [fwd ops k ....][fwd ops k+1 ...] join
+//   GPU, bwd stream:  join [bwd ops k .........][bwd k+1 ..] join
 #pragma once
 #include <functional>
 #include <map>
@@ -114,14 +124,25 @@ class Executor {
   void add_observer(StepObserver* o) { observers_.push_back(o); }
   void remove_observer(StepObserver* o) { std::erase(observers_, o); }
   const std::vector<StepObserver*>& observers() const { return observers_; }
-  // Compute launched after this call waits for `w` (a receive whose buffer the next op reads):
-  // on the host a join, on a GPU an event wait on the compute stream.
-  // The compute stream's device handle (a cudaStream_t on a GPU; nullptr on the host).
-  StreamHandle compute_stream() const { return compute_->handle(); }
+  // The stream of the step's work outside the pairs (the forward strand's; each pair joins it with
+  // the backward strand's before and after): its device handle, a cudaStream_t on a GPU, nullptr
+  // on the host.
+  StreamHandle compute_stream() const { return streams_[0]->handle(); }
+  // Either strand's stream (a cudaStream_t on a GPU; nullptr on the host).
+  StreamHandle strand_stream(StrandKind k) const { return streams_[static_cast<int>(k)]->handle(); }
+  // Compute launched after this call, on either strand, waits for `w` (a receive whose buffer the
+  // next op reads): on the host a join, on a GPU an event wait on both streams.
   void stream_wait(const Work& w) {
     WorkEvent done(w);
-    compute_->wait(done);
+    for (auto& s : streams_) s->wait(done);
   }
+  // Blocks until everything launched on both strands' streams has run (a no-op on the host, where
+  // work runs as it is launched): a GPU's timings end here.
+  void synchronize();
+  // On a GPU with a trace, the compute lanes come from CUDA events around each op; they are read
+  // (waiting for the last) and added to the trace here: StepRunner calls it at the end of a step.
+  // Nothing to do on the host, whose lanes are written as the ops run.
+  void flush_trace();
   // Runs carried ops now (the slot's last pair carried some and no pair follows).
   void run_carried(CarriedOps& c);
   // Runs the whole forward (or backward) program of one slot, collectives exposed.
@@ -136,7 +157,12 @@ class Executor {
   // The carried ops ran (none may issue a collective): mark them done and call c.on_done.
   void finish_carried(CarriedOps& c, const std::vector<std::pair<UnitEnv*, std::string>>& issued);
   void issue_collective(StrandKind kind, StrandSlot& s, const Op& op);
-  void wait_pending(UnitEnv& env, const std::string& buf);
+  // Makes `on` (every strand's stream when null) wait for the collective writing `buf`, if pending.
+  void wait_pending(UnitEnv& env, const std::string& buf, Stream* on = nullptr);
+  Stream& stream_of(StrandKind k) { return *streams_[static_cast<int>(k)]; }
+  // Each strand's stream waits for what the other's has been given so far (a GPU; nothing on the host).
+  void join_streams();
+  class PairScope;
   std::string lane(StrandKind k) const;
   ProcessGroup& group_of(const Op& op) const;  // the collective's group (InternalError when absent)
   // A cross-layer prefetch (op attr "prefetch_unit": +1 forward, -1 backward; Executor.cc):
@@ -165,8 +191,19 @@ class Executor {
   std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
   std::map<const LayerProgram*, std::vector<std::vector<std::string>>> bf16_saves_;  // bf16_saved_buffers, per program
   std::vector<StepObserver*> observers_;
-  const KernelRegistry& kernels_;    // ctx.device's op kernels
-  std::unique_ptr<Stream> compute_;  // ctx.device's compute stream: every compute op launches on it
+  const KernelRegistry& kernels_;       // ctx.device's op kernels
+  const bool on_gpu_;                   // ctx.device is a GPU
+  std::unique_ptr<Stream> streams_[2];  // ctx.device's compute streams, by StrandKind
+  // A GPU trace's ops not yet read back: their lane, name and timed events on the strand's stream;
+  // times are taken from trace_base_, an event recorded when both streams were idle at host time
+  // trace_base_s_.
+  struct GpuMark {
+    std::string lane, name;
+    std::unique_ptr<Event> begin, end;
+  };
+  std::vector<GpuMark> gpu_marks_;
+  std::unique_ptr<Event> trace_base_;
+  double trace_base_s_ = 0;
 };
 
 }  // namespace dhelix

@@ -284,6 +284,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   st.p2p_wait_s += now_seconds() - w0;
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
+  exec_.flush_trace();  // a GPU's compute lanes, from its events
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
   st.aux_weighted = ctx_.router.aux_weighted;
   st.expert_tokens = ctx_.router.tokens;
@@ -332,6 +333,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
     }
   }
   for (Work& w : sends) w.wait();
+  exec_.flush_trace();
   st.aux_weighted = ctx_.router.aux_weighted;
   st.expert_tokens = ctx_.router.tokens;
   return st;

@@ -9,6 +9,11 @@
 #endif
 
 namespace dhelix {
+
+double Event::seconds_since(const Event&) const {
+  throw DeviceError("this event keeps no device time (only CUDA events recorded with timing do)");
+}
+
 namespace {
 
 // Work launched on the host stream has finished by the time launch() returns.
@@ -23,7 +28,7 @@ class HostStream final : public Stream {
   Device device() const override { return Device::host(); }
   void launch(const std::function<void()>& work) override { work(); }
   void wait(Event& e) override { e.host_wait(); }
-  std::unique_ptr<Event> record() override { return std::make_unique<ReachedEvent>(); }
+  std::unique_ptr<Event> record(bool) override { return std::make_unique<ReachedEvent>(); }
 };
 
 #if DHELIX_HAVE_CUDA
@@ -34,8 +39,8 @@ void check(cudaError_t e, const char* what, Device d) {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(Device d, cudaStream_t s) : d_(d) {
-    check(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming), "cudaEventCreate", d);
+  CudaEvent(Device d, cudaStream_t s, bool timed) : d_(d), timed_(timed) {
+    check(cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreate", d);
     check(cudaEventRecord(ev_, s), "cudaEventRecord", d);
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }
@@ -46,10 +51,19 @@ class CudaEvent final : public Event {
     return true;
   }
   void host_wait() override { check(cudaEventSynchronize(ev_), "cudaEventSynchronize", d_); }
+  double seconds_since(const Event& earlier) const override {
+    const auto* e = dynamic_cast<const CudaEvent*>(&earlier);
+    DHX_CHECK(e && e->timed_ && timed_, DeviceError, "seconds between two events of {} need both recorded with timing",
+              d_.str());
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e->ev_, ev_), "cudaEventElapsedTime", d_);
+    return ms * 1e-3;
+  }
   cudaEvent_t get() const { return ev_; }
 
  private:
   Device d_;
+  bool timed_ = false;
   cudaEvent_t ev_ = nullptr;
 };
 
@@ -69,7 +83,7 @@ class CudaStream final : public Stream {
     if (auto* ce = dynamic_cast<CudaEvent*>(&e)) check(cudaStreamWaitEvent(s_, ce->get(), 0), "cudaStreamWaitEvent", d_);
     else e.host_wait();
   }
-  std::unique_ptr<Event> record() override { return std::make_unique<CudaEvent>(d_, s_); }
+  std::unique_ptr<Event> record(bool timed) override { return std::make_unique<CudaEvent>(d_, s_, timed); }
   StreamHandle handle() const override { return s_; }
 
  private:

@@ -28,6 +28,9 @@ class Event {
   virtual ~Event() = default;
   virtual bool ready() const = 0;  // completed (does not block)
   virtual void host_wait() = 0;    // blocks the calling thread until completed; throws its failure
+  // Seconds from `earlier` to this event, both recorded with timing (Stream::record(true)) and
+  // both completed; DeviceError for events that were not (a host event, an untimed CUDA event).
+  virtual double seconds_since(const Event& earlier) const;
 };
 
 // A collective's completion (the Work its ProcessGroup call returned; not owned).
@@ -49,8 +52,9 @@ class Stream {
   virtual void launch(const std::function<void()>& work) = 0;
   // Work issued on this stream after this call starts after `e` completed.
   virtual void wait(Event& e) = 0;
-  // An event that completes once the work issued on this stream so far has.
-  virtual std::unique_ptr<Event> record() = 0;
+  // An event that completes once the work issued on this stream so far has; `timed`: it also
+  // keeps the time it completed at, for Event::seconds_since (a CUDA event with timing).
+  virtual std::unique_ptr<Event> record(bool timed = false) = 0;
   // The device stream kernels are enqueued on (a cudaStream_t); nullptr for the host.
   virtual StreamHandle handle() const { return nullptr; }
 };

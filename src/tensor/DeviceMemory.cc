@@ -72,7 +72,47 @@ class Pools {
 
 cudaStream_t st(StreamHandle s) { return static_cast<cudaStream_t>(s); }
 
+// This thread's held frees (hold_device_frees): per thread, so one rank's executor never holds
+// another's (ranks as threads sharing a GPU).
+struct HeldFree {
+  Device d;
+  void* ptr;
+  StreamHandle s;
+  size_t bytes;
+};
+struct Holds {
+  int depth = 0;
+  std::vector<HeldFree> held;
+};
+thread_local Holds t_holds;
+
+void free_now(Device d, void* ptr, StreamHandle s, size_t bytes) {
+  Pool& p = Pools::get().of(d);
+  check(cudaFreeAsync(ptr, st(s)), "cudaFreeAsync", d);
+  p.in_use.fetch_sub(static_cast<int64_t>(bytes));
+}
+
 }  // namespace
+
+void hold_device_frees() { ++t_holds.depth; }
+
+void release_device_frees() {
+  DHX_CHECK(t_holds.depth > 0, InternalError, "release_device_frees without a hold");
+  if (--t_holds.depth > 0) return;
+  std::vector<HeldFree> held;
+  held.swap(t_holds.held);
+  std::string failed;
+  for (const HeldFree& h : held) {
+    try {
+      free_now(h.d, h.ptr, h.s, h.bytes);
+    } catch (const Error& e) {  // every held block is still offered back; the first failure is reported
+      if (failed.empty()) failed = e.what();
+    }
+  }
+  DHX_CHECK(failed.empty(), DeviceError, "{}", failed);
+}
+
+size_t held_device_frees() { return t_holds.held.size(); }
 
 bool cuda_built() { return true; }
 
@@ -107,9 +147,11 @@ void* device_alloc(Device d, size_t bytes, StreamHandle s) {
 }
 
 void device_free(Device d, void* ptr, StreamHandle s, size_t bytes) {
-  Pool& p = Pools::get().of(d);
-  check(cudaFreeAsync(ptr, st(s)), "cudaFreeAsync", d);
-  p.in_use.fetch_sub(static_cast<int64_t>(bytes));
+  if (t_holds.depth > 0) {
+    t_holds.held.push_back({d, ptr, s, bytes});
+    return;
+  }
+  free_now(d, ptr, s, bytes);
 }
 
 void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes, StreamHandle s) {
@@ -159,6 +201,16 @@ std::string device_unavailable(Device d) {
 }
 void* device_alloc(Device d, size_t, StreamHandle) { no_cuda(d); }
 void device_free(Device d, void*, StreamHandle, size_t) { no_cuda(d); }
+// No device memory to hold: the calls only keep the nesting checked, as in a CUDA build.
+namespace {
+thread_local int t_hold_depth = 0;
+}
+void hold_device_frees() { ++t_hold_depth; }
+void release_device_frees() {
+  DHX_CHECK(t_hold_depth > 0, InternalError, "release_device_frees without a hold");
+  --t_hold_depth;
+}
+size_t held_device_frees() { return 0; }
 void device_copy(void*, Device dd, const void*, Device sd, size_t, StreamHandle) { no_cuda(dd.is_host() ? sd : dd); }
 void device_zero(Device d, void*, size_t, StreamHandle) { no_cuda(d); }
 DeviceMemoryStats device_memory_stats(Device d) { no_cuda(d); }

@@ -30,7 +30,20 @@ std::string device_unavailable(Device d);
 // the build has no CUDA, the machine no such GPU, or the GPU is out of memory.
 void* device_alloc(Device d, size_t bytes, StreamHandle s);
 // Returns p (of `bytes`, as allocated) to its GPU's cache once the work issued on s so far has completed.
+// While this thread holds frees (hold_device_frees), the free is held and done at the release.
 void device_free(Device d, void* p, StreamHandle s, size_t bytes);
+// Frees issued by this thread between hold_device_frees() and the matching release_device_frees()
+// (they nest: the outermost release counts) are held, then done at the release, each on the stream
+// it named. The executor holds them for a pair of strands on two streams: a buffer one strand
+// frees may still be read by the other strand's kernels in flight, and only at the pair's end,
+// where the two streams join, is every use ordered before the free.
+//
+//   strand F stream: [op reads t] (t dropped: held) .......... join | free(t, F)
+//   strand B stream: [op reads t ..............]               join |
+void hold_device_frees();
+void release_device_frees();
+// Frees held by this thread now (0 when none is held).
+size_t held_device_frees();
 // Copies `bytes` between any two of host memory and GPUs. Ordered on s; returns once the copy is
 // done when either end is host memory (a host buffer may be reused at once), else asynchronous.
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);

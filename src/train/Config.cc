@@ -317,13 +317,11 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
   return e;
 }
 
-// training.device: cpu, or a GPU this build and machine can use -- and, until the trainer's
-// optimizer, data and checkpoints run there too (issue 35's next step), not a GPU either: the GPU
-// step runs through the executor in bench/gpu_train. Each refusal names why.
 // training.device: cpu, or a GPU this build and machine can use (the reason otherwise), and on a
 // GPU only what the GPU path runs so far: one process, a dense model (GPT-2 / Llama families),
-// bf16 mixed precision, attention head sizes the GPU kernels have, no trace file yet. Every
-// refusal names the key, its value and what to change; all are listed together.
+// bf16 mixed precision, attention head sizes the GPU kernels have (a trace is written: its compute
+// lanes come from CUDA events, Executor::flush_trace). Every refusal names the key, its value and
+// what to change; all are listed together.
 void check_device(const RunConfig& c, std::vector<std::string>& e) {
   const std::string& text = c.training.device;
   Device d;
@@ -358,10 +356,6 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
                               "= {} / {} = {}",
                               on, c.model.d_model, c.model.n_heads, D));
   }
-  if (!c.output.trace.empty())
-    e.push_back(fmt::format("{}: output.trace=\"{}\" is not written for a GPU run yet (its lanes come from CUDA "
-                            "events next); leave it empty",
-                            on, c.output.trace));
 }
 
 void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std::string>& e) {

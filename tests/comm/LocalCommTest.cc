@@ -145,6 +145,17 @@ TEST(NcclGroup, ABuildWithoutCudaSaysSo) {
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("DHELIX_ENABLE_CUDA=ON"), std::string::npos) << e.what();
   }
+  // The bootstrap over a CPU group says the same, from rank 0 (which makes the id) before any
+  // broadcast starts.
+  run_local_ranks(1, [](CommContext& ctx) {
+    try {
+      (void)make_nccl_group_over(ctx.world(), 0);
+      ADD_FAILURE() << "make_nccl_group_over returned in a build without CUDA";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("DHELIX_ENABLE_CUDA=ON"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(ctx.world().next_seq(), 0);
+  });
 }
 }  // namespace
 }  // namespace dhelix

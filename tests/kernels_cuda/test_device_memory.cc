@@ -2,6 +2,9 @@
 // host -> device -> host round trip returns the same bits; the trackers count exactly the bytes
 // asked for; a freed block is reused (the pool's reserved bytes do not grow when the same sizes are
 // allocated again); without a GPU, asking for one is a DeviceError that says so.
+#include <chrono>
+#include <thread>
+
 #include "CudaTest.h"
 #include "tensor/DeviceMemory.h"
 
@@ -58,6 +61,66 @@ TEST(DeviceMemory, FreedBlocksAreCachedAndReused) {
   DHX_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(device_memory_stats(gpu).reserved, reserved) << "the pool asked the driver for more memory";
   EXPECT_GT(reserved, 0);
+}
+
+// Held frees (hold_device_frees: the executor holds a pair's frees until its two strand streams
+// join). A tensor made and filled on stream A is read by stream B only after a 50 ms host callback
+// holds B up; meanwhile the tensor is dropped under a hold, and stream A allocates a tensor of the
+// same size and fills it with another pattern. Oracle: the values written. B's copy must read the
+// first tensor's values: its block was not given back (in_use still counts it, held_device_frees
+// names it) until the release, which comes after A has waited for B.
+TEST(DeviceMemory, HeldFreesAreGivenBackOnlyAtTheRelease) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  cudaStream_t a = nullptr, b = nullptr;
+  DHX_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  DHX_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  const int64_t n = 1 << 22;  // 16 MiB of fp32
+  const std::vector<float> v = randn(static_cast<size_t>(n), 5);
+  Tensor host = Tensor::empty({n});
+  std::memcpy(host.raw(), v.data(), host.nbytes());
+  Tensor copy = Tensor::empty({n}, DType::kF32, nullptr, gpu, b);
+  const int64_t base = device_memory_stats(gpu).in_use;
+  hold_device_frees();
+  {
+    Tensor t = host.to(gpu, nullptr, a);  // filled on a (the copy from the host has returned)
+    DHX_CUDA(cudaLaunchHostFunc(b, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr));
+    DHX_CUDA(cudaMemcpyAsync(copy.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToDevice, b));
+  }  // t dropped: held
+  EXPECT_EQ(held_device_frees(), 1u);
+  EXPECT_EQ(device_memory_stats(gpu).in_use, base + static_cast<int64_t>(n) * 4);
+  {
+    Tensor u = Tensor::empty({n}, DType::kF32, nullptr, gpu, a);
+    DHX_CUDA(cudaMemsetAsync(u.raw(), 0x7f, u.nbytes(), a));
+  }  // u dropped too (held)
+  cudaEvent_t done = nullptr;
+  DHX_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  DHX_CUDA(cudaEventRecord(done, b));
+  DHX_CUDA(cudaStreamWaitEvent(a, done, 0));  // the join, as the executor's pair end
+  release_device_frees();
+  EXPECT_EQ(held_device_frees(), 0u);
+  EXPECT_EQ(device_memory_stats(gpu).in_use, base);
+  const Tensor back = copy.to(Device::host(), nullptr, b);
+  EXPECT_EQ(0, std::memcmp(back.raw(), v.data(), back.nbytes())) << "B read a block given back under it";
+  DHX_CUDA(cudaStreamSynchronize(a));
+  DHX_CUDA(cudaEventDestroy(done));
+  DHX_CUDA(cudaStreamDestroy(a));
+  DHX_CUDA(cudaStreamDestroy(b));
+}
+
+// Holds nest per thread: only the outermost release gives the blocks back; a release without a hold
+// is an InternalError (a bracketing bug, never silently ignored).
+TEST(DeviceMemory, HoldsNestAndAnUnmatchedReleaseIsAnError) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  hold_device_frees();
+  hold_device_frees();
+  { Tensor t = Tensor::empty({1024}, DType::kF32, nullptr, gpu); }
+  release_device_frees();
+  EXPECT_EQ(held_device_frees(), 1u);
+  release_device_frees();
+  EXPECT_EQ(held_device_frees(), 0u);
+  EXPECT_THROW(release_device_frees(), InternalError);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "CudaTest.h"
+#include "comm/LocalBackend.h"
 #include "comm/NcclGroup.h"
 #include "tensor/Tensor.h"
 
@@ -98,6 +99,36 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
   EXPECT_EQ(sum, 0.0) << "the reduction ran before the producer's memset";
   nccl_set_producer_stream(*g, nullptr);
   cudaStreamDestroy(producer);
+}
+
+// The bootstrap: rank 0 of a CPU group makes the id and broadcasts it. Oracle: the 128 bytes rank 0
+// made, which every member must hold after the call (three ranks as threads over the local
+// backend: no GPU is needed to exchange an id, but NCCL's library is, found where the device
+// script puts it).
+TEST(NcclGroup, TheIdReachesEveryMemberOverTheHostGroup) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  std::vector<NcclId> ids(3);
+  run_local_ranks(3, [&](CommContext& comm) { ids[static_cast<size_t>(comm.rank())] = nccl_id_over(comm.world()); });
+  EXPECT_NE(ids[0].bytes, NcclId{}.bytes) << "rank 0's id is all zeros";
+  EXPECT_EQ(ids[1].bytes, ids[0].bytes);
+  EXPECT_EQ(ids[2].bytes, ids[0].bytes);
+}
+
+// make_nccl_group_over at world size 1 (the most one GPU allows): the group takes the host group's
+// role, rank and size, and its all-reduce is the identity (the oracle of the first test).
+TEST(NcclGroup, AGroupBootstrappedOverTheHostGroupWorks) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  run_local_ranks(1, [&](CommContext& comm) {
+    auto g = make_nccl_group_over(comm.world(), 0);
+    EXPECT_EQ(g->name(), "world[0/1]");
+    EXPECT_EQ(g->transport(), "nccl");
+    const Tensor x = host_random({128}, DType::kF32, 5);
+    Tensor t = x.to(Device::cuda(0));
+    g->all_reduce(t).wait();
+    EXPECT_TRUE(same_bytes(t, x));
+  });
 }
 
 }  // namespace

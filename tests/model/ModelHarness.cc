@@ -126,6 +126,8 @@ void ModelHarness::set_values(const std::map<std::string, Tensor>& full) {
   parts_->params->refresh_bf16();
 }
 
+void ModelHarness::set_trace(Trace* t) { parts_->ctx.trace = t; }
+
 StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineSpec& pipeline,
                              std::function<void(int, bool)> slot_hook, std::function<void(int, int)> bwd_unit_hook) {
   DHX_CHECK(static_cast<int>(mbs.size()) == micro_batches_, InternalError,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/Trace.h"
 #include "model/ModelConfig.h"
 #include "model/Params.h"
 #include "sharding/ModelPrograms.h"
@@ -53,6 +54,9 @@ class ModelHarness {
   const ModelPrograms& programs() const { return parts_->progs; }
   // Activation bytes allocated now (between steps, or inside a step's slot hook).
   int64_t activation_bytes() const { return parts_->act_mem.current(); }
+  // Every later step's ops (and, on a GPU, their kernels' times from CUDA events) go to `t` (not
+  // owned; null: none).
+  void set_trace(Trace* t);
   // Overwrites every parameter from full internal tensors.
   void set_values(const std::map<std::string, Tensor>& full);
   // Zeroes the gradients, then runs one step over `mbs` (size must be the constructor's count)

@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "base/Error.h"
 #include "comm/LocalBackend.h"
 #include "runtime/KernelRegistry.h"
 #include "runtime/Stream.h"
+#include "tensor/DeviceMemory.h"
 #include "tensor/Tensor.h"
 
 namespace dhelix {
@@ -59,6 +61,27 @@ TEST(HostStream, RunsLaunchedWorkInIssueOrder) {
   auto e = s->record();
   EXPECT_TRUE(e->ready());
   s->wait(*e);
+}
+
+// A host event keeps no device time: asking for the seconds between two is a DeviceError (the GPU
+// trace reads only CUDA events recorded with timing), never a made-up figure.
+TEST(HostStream, ItsEventsKeepNoDeviceTime) {
+  auto s = make_stream(Device::host());
+  auto a = s->record(/*timed=*/true), b = s->record(true);
+  EXPECT_THROW((void)b->seconds_since(*a), DeviceError);
+}
+
+// The executor's bracket of a pair's device frees (tensor/DeviceMemory.h): holds nest per thread,
+// and a release without a hold is an InternalError in every build (a bracketing bug surfaces).
+// Nothing is held on the host: host memory is never given back through device_free.
+TEST(DeviceFreeHolds, NestAndAnUnmatchedReleaseIsAnError) {
+  hold_device_frees();
+  hold_device_frees();
+  { Tensor t = Tensor::empty({1024}); }
+  EXPECT_EQ(held_device_frees(), 0u);
+  release_device_frees();
+  release_device_frees();
+  EXPECT_THROW(release_device_frees(), InternalError);
 }
 
 TEST(HostStream, WaitOnACollectiveJoinsIt) {
