@@ -134,7 +134,7 @@ class NcclGroup final : public ProcessGroup {
 
   std::string transport() const override { return "nccl"; }
 
-  void set_producer(StreamHandle s) {
+  void set_producer_stream(void* s) override {
     std::lock_guard lk(producer_mu_);
     producer_ = static_cast<cudaStream_t>(s);
   }
@@ -337,7 +337,7 @@ std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank,
 void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream) {
   auto* g = dynamic_cast<NcclGroup*>(&group);
   DHX_CHECK(g, InternalError, "{} is not an NCCL group (transport {})", group.name(), group.transport());
-  g->set_producer(stream);
+  g->set_producer_stream(stream);
 }
 
 StreamHandle nccl_stream(ProcessGroup& group) {

@@ -59,8 +59,12 @@ class ProcessGroup {
   void barrier();
 
   // How the data moves: "threads" (local backend), "mpi" (Open MPI's transport) or
-  // "gloo <listening address>" (GlooTransport).
+  // "gloo <listening address>" (GlooTransport); GPU groups: "nccl", "staged over <CPU transport>".
   virtual std::string transport() const = 0;
+  // A GPU group's later ops follow the kernels issued on `stream` (a cudaStream_t; null: none, the
+  // caller synchronises) before each op is issued. CPU groups read their tensors on the host after
+  // the caller's own wait, and ignore it.
+  virtual void set_producer_stream(void* stream) { (void)stream; }
 
   // The sequence number the next op will get (ops on a group are numbered 0, 1, 2, ...).
   int64_t next_seq() const;

@@ -7,7 +7,6 @@
 
 #include "base/Clock.h"
 #include "base/Error.h"
-#include "comm/NcclGroup.h"
 #include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "plan/IssueOrder.h"
@@ -180,8 +179,9 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   UnitEnv& env = *s.env;
   for (auto& in : op.inputs) wait_pending(env, in, &stream_of(kind));
   ProcessGroup& pg = group_of(op);
-  // An NCCL group's op waits, on the GPU, for the kernels the issuing strand launched before it.
-  if (on_gpu_ && pg.transport() == "nccl") nccl_set_producer_stream(pg, stream_of(kind).handle());
+  // A GPU group's op (NCCL, staged) waits, on the GPU, for the kernels the issuing strand launched
+  // before it.
+  if (on_gpu_) pg.set_producer_stream(stream_of(kind).handle());
   // A weight all-gather (3D tensor parallelism) reads this rank's flat shard of the parameter.
   Tensor in = op.inputs.empty() ? ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.view({ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.numel()})
                                 : env.at(op.inputs.at(0));

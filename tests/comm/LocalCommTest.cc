@@ -8,6 +8,7 @@
 #include "base/Clock.h"
 #include "comm/LocalBackend.h"
 #include "comm/NcclGroup.h"
+#include "comm/StagedGroup.h"
 #include "CollectiveChecks.h"
 
 namespace dhelix {
@@ -155,6 +156,18 @@ TEST(NcclGroup, ABuildWithoutCudaSaysSo) {
       EXPECT_NE(std::string(e.what()).find("DHELIX_ENABLE_CUDA=ON"), std::string::npos) << e.what();
     }
     EXPECT_EQ(ctx.world().next_seq(), 0);
+  });
+}
+
+// Staged groups (GPU tensors over a CPU group) likewise need a CUDA build; the message says so.
+TEST(StagedGroup, ABuildWithoutCudaSaysSo) {
+  run_local_ranks(1, [](CommContext& ctx) {
+    try {
+      (void)make_staged_group(ctx.world(), 0);
+      ADD_FAILURE() << "make_staged_group returned in a build without CUDA";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("DHELIX_ENABLE_CUDA=ON"), std::string::npos) << e.what();
+    }
   });
 }
 }  // namespace

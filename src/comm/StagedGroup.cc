@@ -1,0 +1,289 @@
+// Staged process groups (StagedGroup.h): each op's device tensors copied to host buffers on the
+// group's copy stream, moved by the CPU group, copied back; point-to-point ops posted and polled.
+#include "comm/StagedGroup.h"
+
+#include <fmt/format.h>
+
+#include "base/Error.h"
+
+#if DHELIX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "base/Clock.h"
+#endif
+
+namespace dhelix {
+
+#if DHELIX_HAVE_CUDA
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  DHX_CHECK(e == cudaSuccess, DeviceError, "{}: {}", what, cudaGetErrorString(e));
+}
+
+class StagedGroup final : public ProcessGroup {
+ public:
+  StagedGroup(ProcessGroup& host, int device, const StagedOptions& o)
+      : ProcessGroup(role_of(host), host.rank(), host.size(), host.world_rank(), host.timeout_s()),
+        host_(host),
+        device_(device),
+        opts_(o) {
+    DHX_CHECK(o.link_bytes_per_s >= 0, ConfigError, "staged group {}: link rate {} B/s must be >= 0", name(),
+              o.link_bytes_per_s);
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate (staged group)");
+    start_stream(kDefaultCommNice, [this] { return poll(); });
+  }
+  ~StagedGroup() override {
+    stop_stream();
+    // Receives and sends still posted are abandoned: their CPU ops hold their own references to
+    // the host buffers and end with the CPU group.
+    for (Posted& p : posted_)
+      if (p.ready) cudaEventDestroy(p.ready);
+    cudaStreamDestroy(copy_);
+  }
+
+  std::string transport() const override { return "staged over " + host_.transport(); }
+
+  void set_producer_stream(void* s) override {
+    std::lock_guard lk(producer_mu_);
+    producer_ = static_cast<cudaStream_t>(s);
+  }
+
+ protected:
+  Task all_reduce_task(Tensor t, ReduceOp op) override {
+    const double bytes = 2.0 * (size() - 1) / size() * static_cast<double>(t.nbytes());
+    return collective(t, [this, t, op](Tensor h) {
+      host_.all_reduce(h, op).wait();
+      return std::make_pair(h, t);
+    }, bytes);
+  }
+  Task all_gather_task(Tensor in, Tensor out) override {
+    check_device(out, "all_gather");
+    const double bytes = static_cast<double>(size() - 1) * static_cast<double>(in.nbytes());
+    return collective(in, [this, out](Tensor h) {
+      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      host_.all_gather(h, ho).wait();
+      return std::make_pair(ho, out);
+    }, bytes);
+  }
+  Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
+    check_device(out, "reduce_scatter");
+    const double bytes = static_cast<double>(size() - 1) / size() * static_cast<double>(in.nbytes());
+    return collective(in, [this, out, op](Tensor h) {
+      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      host_.reduce_scatter(h, ho, op).wait();
+      return std::make_pair(ho, out);
+    }, bytes);
+  }
+  Task all_to_all_task(Tensor in, Tensor out) override {
+    check_device(out, "all_to_all");
+    const double bytes = static_cast<double>(size() - 1) / size() * static_cast<double>(in.nbytes());
+    return collective(in, [this, out](Tensor h) {
+      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      host_.all_to_all(h, ho).wait();
+      return std::make_pair(ho, out);
+    }, bytes);
+  }
+  Task all_to_all_v_task(Tensor in, std::vector<int64_t> send, Tensor out, std::vector<int64_t> recv) override {
+    check_device(out, "all_to_all_v");
+    // The CPU group's public call counts rows; the task's counts are elements.
+    const int64_t row = row_elems(in.numel() > 0 ? in : out);
+    double bytes = 0;
+    for (int j = 0; j < size(); ++j)
+      if (j != rank()) bytes += static_cast<double>(send[size_t(j)]) * static_cast<double>(dtype_size(in.dtype()));
+    auto rows = [row](std::vector<int64_t> v) {
+      for (int64_t& x : v) x /= row;
+      return v;
+    };
+    return collective(in, [this, out, s = rows(std::move(send)), r = rows(std::move(recv))](Tensor h) {
+      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      host_.all_to_all_v(h, s, ho, r).wait();
+      return std::make_pair(ho, out);
+    }, bytes);
+  }
+  Task ring_shift_task(Tensor in, Tensor out) override {
+    check_device(out, "ring_shift");
+    const double bytes = static_cast<double>(in.nbytes());
+    return collective(in, [this, out](Tensor h) {
+      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      host_.ring_shift(h, ho).wait();
+      return std::make_pair(ho, out);
+    }, bytes);
+  }
+  Task broadcast_task(Tensor t, int root) override {
+    const double bytes = static_cast<double>(t.nbytes());
+    return collective(t, [this, t, root](Tensor h) {
+      host_.broadcast(h, root).wait();
+      return std::make_pair(h, t);
+    }, bytes);
+  }
+  Task barrier_task() override {
+    return [this](const std::shared_ptr<WorkState>&) {
+      host_.barrier();
+      return true;
+    };
+  }
+  // A send: staged, paced (the link carries it before the peer can have it), then posted.
+  Task send_task(Tensor t, int peer, int tag) override {
+    check_device(t, "send");
+    cudaEvent_t ready = producer_point();
+    return [this, t, peer, tag, ready](const std::shared_ptr<WorkState>& st) {
+      const double t0 = now_seconds();
+      Tensor h = stage_in(t, ready);
+      pace(t0, static_cast<double>(t.nbytes()));
+      Posted p{st, host_.send(h, peer, tag), h, Tensor(), nullptr};
+      posted_.push_back(std::move(p));
+      return false;
+    };
+  }
+  // A receive: posted into a host buffer; poll() copies it to the device when it arrived.
+  Task recv_task(Tensor t, int peer, int tag) override {
+    check_device(t, "recv");
+    // The destination may be fresh memory of the producer stream's pool: the copy into it follows
+    // the producer's point too.
+    cudaEvent_t ready = producer_point();
+    return [this, t, peer, tag, ready](const std::shared_ptr<WorkState>& st) {
+      Tensor h = Tensor::empty(t.shape(), t.dtype());
+      Posted p{st, host_.recv(h, peer, tag), h, t, ready};
+      posted_.push_back(std::move(p));
+      return false;
+    };
+  }
+
+ private:
+  struct Posted {
+    std::shared_ptr<WorkState> st;
+    Work host_work;
+    Tensor host;    // the host buffer the CPU op reads or fills
+    Tensor device;  // a receive's destination (undefined for a send)
+    cudaEvent_t ready = nullptr;  // a receive's producer point (the copy into `device` follows it)
+  };
+
+  static std::string role_of(const ProcessGroup& g) { return g.name().substr(0, g.name().find('[')); }
+  static int64_t row_elems(const Tensor& t) {
+    int64_t r = 1;
+    for (int i = 1; i < t.ndim(); ++i) r *= t.dim(i);
+    return r;
+  }
+
+  void check_device(const Tensor& t, const char* op) const {
+    DHX_CHECK(t.defined() && !t.device().is_host() && t.device().index == device_, CommError,
+              "{} on {}: a staged group moves tensors of cuda:{}; got {} on {}", op, name(), device_, t.describe(),
+              t.defined() ? t.device().str() : "nothing");
+  }
+
+  // On the issuing thread: the producer stream's point the op must follow (null without one).
+  cudaEvent_t producer_point() {
+    std::lock_guard lk(producer_mu_);
+    if (!producer_) return nullptr;
+    cudaEvent_t ev = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ev, producer_), "cudaEventRecord (producer stream)");
+    return ev;
+  }
+
+  // On the comm thread: after the producer's point, the device tensor's bytes in a host tensor.
+  Tensor stage_in(const Tensor& t, cudaEvent_t ready) {
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    if (ready) {
+      const cudaError_t e = cudaStreamWaitEvent(copy_, ready, 0);
+      cudaEventDestroy(ready);
+      cuda_check(e, "cudaStreamWaitEvent (producer)");
+    }
+    Tensor h = Tensor::empty(t.shape(), t.dtype());
+    device_copy(h.raw(), Device::host(), t.raw(), t.device(), t.nbytes(), copy_);  // returns when copied
+    return h;
+  }
+  void stage_out(const Tensor& h, const Tensor& d, cudaEvent_t ready = nullptr) {
+    DHX_CHECK(h.nbytes() == d.nbytes(), InternalError, "{}: staged result {} for {}", name(), h.describe(),
+              d.describe());
+    if (ready) cuda_check(cudaStreamWaitEvent(copy_, ready, 0), "cudaStreamWaitEvent (producer)");
+    device_copy(d.raw(), d.device(), h.raw(), Device::host(), h.nbytes(), copy_);  // returns when copied
+  }
+
+  // Holds the op until `bytes` at the emulated link's rate have passed since t0.
+  void pace(double t0, double bytes) const {
+    if (opts_.link_bytes_per_s <= 0 || size() == 1) return;
+    const double until = t0 + bytes / opts_.link_bytes_per_s;
+    const double left = until - now_seconds();
+    if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+  }
+
+  // A collective's task: stage the input, run `op` on the host copy (it returns the host result and
+  // the device tensor that receives it), stage the result back, pace.
+  template <typename Op>
+  Task collective(const Tensor& in, Op op, double bytes) {
+    check_device(in, "collective");
+    cudaEvent_t ready = producer_point();
+    return [this, in, op, ready, bytes](const std::shared_ptr<WorkState>&) {
+      const double t0 = now_seconds();
+      Tensor h = stage_in(in, ready);
+      auto [result, dst] = op(h);
+      stage_out(result, dst);
+      pace(t0, bytes);
+      return true;
+    };
+  }
+
+  // On the comm thread: completes posted sends and receives in order as their CPU ops finish.
+  bool poll() {
+    while (!posted_.empty()) {
+      Posted& p = posted_.front();
+      if (!p.host_work.is_completed()) return true;
+      try {
+        p.host_work.wait();  // finished: throws its failure, if any
+        if (p.device.defined()) stage_out(p.host, p.device, p.ready);
+        p.st->complete();
+      } catch (const std::exception& e) {
+        p.st->fail(fmt::format("{}: {}", p.st->describe(), e.what()));
+      }
+      if (p.ready) cudaEventDestroy(p.ready);
+      posted_.pop_front();
+    }
+    return false;
+  }
+
+  ProcessGroup& host_;
+  int device_;
+  StagedOptions opts_;
+  cudaStream_t copy_ = nullptr;
+  std::mutex producer_mu_;
+  cudaStream_t producer_ = nullptr;
+  std::deque<Posted> posted_;  // the comm thread's alone
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_staged_group(ProcessGroup& host, int device, const StagedOptions& options) {
+  DHX_CHECK(cuda_built() && device_unavailable(Device::cuda(device)).empty(), DeviceError,
+            "a staged process group on cuda:{}: {}", device, device_unavailable(Device::cuda(device)));
+  return std::make_unique<StagedGroup>(host, device, options);
+}
+
+void staged_set_producer_stream(ProcessGroup& group, StreamHandle stream) {
+  auto* g = dynamic_cast<StagedGroup*>(&group);
+  DHX_CHECK(g, InternalError, "{} is not a staged group (transport {})", group.name(), group.transport());
+  g->set_producer_stream(stream);
+}
+
+#else  // a build without CUDA
+
+std::unique_ptr<ProcessGroup> make_staged_group(ProcessGroup& host, int device, const StagedOptions&) {
+  throw DeviceError(fmt::format("a staged process group ({} on cuda:{}) needs a CUDA build (cmake "
+                                "-DDHELIX_ENABLE_CUDA=ON) and a GPU",
+                                host.name(), device));
+}
+void staged_set_producer_stream(ProcessGroup& group, StreamHandle) {
+  throw InternalError(fmt::format("{} is not a staged group (transport {})", group.name(), group.transport()));
+}
+
+#endif
+
+}  // namespace dhelix

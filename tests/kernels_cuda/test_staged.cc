@@ -1,0 +1,185 @@
+// Staged process groups (comm/StagedGroup.h): several ranks as threads sharing the one GPU, their
+// device tensors moved through host memory by a CPU group (the local backend). Oracles: the same
+// collective run by the ranks' CPU group on the same values in host memory -- the staged group
+// only copies the bytes to and from the GPU, so the results must be equal bit for bit; a send and
+// a receive issued in either order meet; the emulated link's pacing as a lower bound (a sleep:
+// never shorter); the producer-stream ordering; a peer that never arrives is the CPU group's
+// timeout, naming the staged op. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "CudaTest.h"
+#include "base/Clock.h"
+#include "comm/LocalBackend.h"
+#include "comm/StagedGroup.h"
+#include "tensor/Tensor.h"
+
+namespace dhelix {
+namespace {
+
+Tensor host_values(const Shape& shape, DType dt, uint32_t seed) {
+  Tensor h = Tensor::empty(shape, DType::kF32);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = u(rng);
+  if (dt == DType::kF32) return h;
+  Tensor b = Tensor::empty(shape, DType::kBF16);
+  for (int64_t i = 0; i < h.numel(); ++i) b.data<uint16_t>()[i] = f32_to_bf16(h.f32()[i]);
+  return b;
+}
+
+bool same_bytes(const Tensor& dev, const Tensor& host) {
+  const Tensor h = dev.to(Device::host());
+  return h.nbytes() == host.nbytes() && std::memcmp(h.raw(), host.raw(), h.nbytes()) == 0;
+}
+
+LayoutConfig dp_layout(int n) {
+  LayoutConfig l;
+  l.dp = n;
+  return l;
+}
+
+// Every collective, fp32 and bf16, three ranks: the staged group (over the dp group) against the
+// world group (the same three members) on host copies of the same values.
+TEST(StagedGroup, EveryCollectiveEqualsTheCpuGroupsBitwise) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  run_local_ranks(dp_layout(3), [&](CommContext& comm) {
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
+    EXPECT_EQ(g->transport(), "staged over threads");
+    ProcessGroup& ref = comm.world();
+    const int r = comm.rank(), n = 3;
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const Tensor x = host_values({6, 5}, dt, 100 + static_cast<uint32_t>(r));
+      {  // all-reduce, in place
+        Tensor d = x.to(gpu), h = x.clone();
+        g->all_reduce(d).wait();
+        ref.all_reduce(h).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "all_reduce " << dtype_name(dt);
+      }
+      {
+        Tensor d = Tensor::empty({6 * n, 5}, dt, nullptr, gpu), h = Tensor::empty({6 * n, 5}, dt);
+        g->all_gather(x.to(gpu), d).wait();
+        ref.all_gather(x, h).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "all_gather " << dtype_name(dt);
+      }
+      {
+        const Tensor y = host_values({6 * n, 5}, dt, 200 + static_cast<uint32_t>(r));
+        Tensor d = Tensor::empty({6, 5}, dt, nullptr, gpu), h = Tensor::empty({6, 5}, dt);
+        g->reduce_scatter(y.to(gpu), d).wait();
+        ref.reduce_scatter(y, h).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "reduce_scatter " << dtype_name(dt);
+        d = Tensor::empty({6 * n, 5}, dt, nullptr, gpu), h = Tensor::empty({6 * n, 5}, dt);
+        g->all_to_all(y.to(gpu), d).wait();
+        ref.all_to_all(y, h).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "all_to_all " << dtype_name(dt);
+      }
+      {  // uneven rows: rank r sends j + r + 1 rows to rank j
+        std::vector<int64_t> send(3), recv(3);
+        int64_t rows_in = 0, rows_out = 0;
+        for (int j = 0; j < n; ++j) send[size_t(j)] = j + r + 1, rows_in += j + r + 1;
+        for (int j = 0; j < n; ++j) recv[size_t(j)] = r + j + 1, rows_out += r + j + 1;
+        const Tensor y = host_values({rows_in, 5}, dt, 300 + static_cast<uint32_t>(r));
+        Tensor d = Tensor::empty({rows_out, 5}, dt, nullptr, gpu), h = Tensor::empty({rows_out, 5}, dt);
+        g->all_to_all_v(y.to(gpu), send, d, recv).wait();
+        ref.all_to_all_v(y, send, h, recv).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "all_to_all_v " << dtype_name(dt);
+      }
+      {
+        Tensor d = Tensor::empty({6, 5}, dt, nullptr, gpu), h = Tensor::empty({6, 5}, dt);
+        g->ring_shift(x.to(gpu), d).wait();
+        ref.ring_shift(x, h).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "ring_shift " << dtype_name(dt);
+        d = x.to(gpu), h = x.clone();
+        g->broadcast(d, 1).wait();
+        ref.broadcast(h, 1).wait();
+        EXPECT_TRUE(same_bytes(d, h)) << "broadcast " << dtype_name(dt);
+      }
+    }
+    g->barrier();
+  });
+}
+
+// Ranks 0 and 1 exchange tensors, rank 0 issuing its receive first and rank 1 its send first: posted
+// point-to-point ops meet in either order. Oracle: the peer's values.
+TEST(StagedGroup, SendsAndReceivesMeetInEitherOrder) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  run_local_ranks(dp_layout(2), [&](CommContext& comm) {
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
+    const int r = comm.rank(), peer = 1 - r;
+    const Tensor mine = host_values({1000}, DType::kF32, 7 + static_cast<uint32_t>(r));
+    const Tensor theirs = host_values({1000}, DType::kF32, 7 + static_cast<uint32_t>(peer));
+    Tensor in = Tensor::empty({1000}, DType::kF32, nullptr, gpu), out = mine.to(gpu);
+    Work a, b;
+    if (r == 0) a = g->recv(in, peer, 3), b = g->send(out, peer, 3);
+    else b = g->send(out, peer, 3), a = g->recv(in, peer, 3);
+    a.wait();
+    b.wait();
+    EXPECT_TRUE(same_bytes(in, theirs));
+  });
+}
+
+// The emulated link: an all-gather of 4 MiB per rank over 2 ranks sends (n - 1) x 4 MiB per rank,
+// so at 100 MB/s it takes at least 4 MiB / 1e8 s = 41.9 ms (a lower bound: the op sleeps out the rest).
+TEST(StagedGroup, TheEmulatedLinkPacesEachOp) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  run_local_ranks(dp_layout(2), [&](CommContext& comm) {
+    StagedOptions o;
+    o.link_bytes_per_s = 1e8;
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0, o);
+    Tensor in = host_values({1 << 20}, DType::kF32, 1).to(gpu);
+    Tensor out = Tensor::empty({2 << 20}, DType::kF32, nullptr, gpu);
+    const double t0 = now_seconds();
+    g->all_gather(in, out).wait();
+    EXPECT_GE(now_seconds() - t0, double(4 << 20) / 1e8);
+  });
+}
+
+// The producer stream: a memset of zeros queued behind a long copy on the producer stream must be
+// what the all-reduce reads (without the event the copy stream would stage the old values).
+TEST(StagedGroup, OpsFollowTheProducerStream) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  run_local_ranks(dp_layout(2), [&](CommContext& comm) {
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
+    cudaStream_t producer = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    staged_set_producer_stream(*g, producer);
+    Tensor t = host_values({1 << 20}, DType::kF32, 3).to(gpu);
+    Tensor big = Tensor::zeros({1 << 26}).to(gpu), big2 = Tensor::empty({1 << 26}, DType::kF32, nullptr, gpu);
+    ASSERT_EQ(cudaMemcpyAsync(big2.raw(), big.raw(), big.nbytes(), cudaMemcpyDeviceToDevice, producer), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
+    g->all_reduce(t).wait();
+    const Tensor h = t.to(Device::host());
+    double sum = 0;
+    for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
+    EXPECT_EQ(sum, 0.0) << "the all-reduce staged its input before the producer's memset";
+    staged_set_producer_stream(*g, nullptr);
+    cudaStreamDestroy(producer);
+  });
+}
+
+// Host tensors are refused at issue, naming the group and the tensor; nothing is numbered.
+TEST(StagedGroup, HostTensorsAreRefused) {
+  DHX_REQUIRE_GPU();
+  run_local_ranks(dp_layout(1), [&](CommContext& comm) {
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
+    Tensor h = Tensor::zeros({4});
+    try {
+      g->all_reduce(h).wait();
+      ADD_FAILURE() << "a host tensor was staged";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("a staged group moves tensors of cuda:0"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace dhelix
