@@ -23,6 +23,7 @@
 #include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Cuda.h"
 #include "kernels/cuda/Gemm.h"
+#include "kernels/cuda/Moe.h"
 #include "kernels/cuda/Ops.h"
 
 namespace dhelix::cuda {
@@ -279,6 +280,53 @@ std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStre
                      gemm_flops / cls["gemm"], rows);
 }
 
+// Grouped expert GEMMs (issue 38, item 6: is a published MoE run slower than the simulator's GPU
+// presets because grouped GEMMs at small per-expert batches run below the dense rate?). E experts of
+// a Mixtral-8x7B-sized first FFN GEMM (I = 4096, O = 14336), r rows each, forward and weight
+// gradient (kernels/cuda/Moe.h: one cuBLASLt GEMM per expert), against one dense GEMM of the same
+// E*r rows and the same FLOPs; and one skewed load (one expert with `skew` x the mean rows, the
+// others sharing the rest) at about the same total. Efficiency = dense time / grouped time.
+std::string grouped_gemm_study(Blas& blas, cudaStream_t s) {
+  const int64_t E = 8, I = 4096, O = 14336, r_max = 4096;
+  Buf x(E * r_max * I * 2, 51), w(E * O * I * 2, 52), y(E * r_max * O * 2, 53), dw(E * O * I * 4, 54);
+  std::string rows;
+  auto case_ = [&](const std::string& name, std::vector<int32_t> counts) {
+    int64_t total = 0;
+    for (int32_t c : counts) total += c;
+    const double f = 2.0 * static_cast<double>(total) * I * O;
+    Bench b(s);
+    b.time("grouped fwd", "moe", 1, f,
+           [&] { expert_linear_fwd(blas, x.as<bf16>(), w.as<bf16>(), counts.data(), y.as<bf16>(), E, I, O, s); });
+    b.time("grouped wgrad", "moe", 1, f, [&] {
+      expert_linear_bwd_weight(blas, y.as<bf16>(), x.as<bf16>(), counts.data(), dw.as<float>(), E, I, O, s);
+    });
+    b.time("dense fwd", "moe", 1, f,
+           [&] { blas.linear_fwd(x.as<bf16>(), w.as<bf16>(), nullptr, y.as<bf16>(), total, I, O, s); });
+    b.time("dense wgrad", "moe", 1, f, [&] {
+      blas.linear_bwd_weight(y.as<bf16>(), x.as<bf16>(), dw.as<float>(), nullptr, total, I, O, s);
+    });
+    const auto& o = b.ops();
+    std::printf("  grouped %-16s rows %6ld: fwd %7.1f TFLOP/s (dense %7.1f, eff %.2f), wgrad %7.1f (dense %7.1f, eff %.2f)\n",
+                name.c_str(), static_cast<long>(total), f / o[0].s / 1e12, f / o[2].s / 1e12, o[2].s / o[0].s,
+                f / o[1].s / 1e12, f / o[3].s / 1e12, o[3].s / o[1].s);
+    rows += fmt::format("{}{{\"case\":\"{}\",\"experts\":{},\"rows\":{},\"fwd_tflops\":{:.4g},\"dense_fwd_tflops\":{:.4g},"
+                        "\"fwd_efficiency\":{:.4g},\"wgrad_tflops\":{:.4g},\"dense_wgrad_tflops\":{:.4g},"
+                        "\"wgrad_efficiency\":{:.4g}}}",
+                        rows.empty() ? "" : ",", name, E, total, f / o[0].s / 1e12, f / o[2].s / 1e12, o[2].s / o[0].s,
+                        f / o[1].s / 1e12, f / o[3].s / 1e12, o[3].s / o[1].s);
+  };
+  for (int64_t r : {64, 128, 256, 512, 1024, 2048, 4096})
+    case_(fmt::format("balanced r={}", r), std::vector<int32_t>(static_cast<size_t>(E), static_cast<int32_t>(r)));
+  // Skewed: the mean r = 1024, one expert at 2x (2048), the other seven sharing the rest equally.
+  {
+    const int32_t mean = 1024, big = 2 * mean;
+    std::vector<int32_t> c(static_cast<size_t>(E), (static_cast<int32_t>(E) * mean - big) / static_cast<int32_t>(E - 1));
+    c[0] = big;
+    case_("skew 2x r=1024", c);
+  }
+  return fmt::format("{{\"shape\":\"E={} I={} O={}\",\"cases\":[{}]}}", E, I, O, rows);
+}
+
 int run(int argc, char** argv) {
   std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
   int64_t T = 1024;
@@ -301,8 +349,10 @@ int run(int argc, char** argv) {
     const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + m.name.size() + 1));
     out += (out.empty() ? "" : ",") + run_model(m, B, T, blas, s);
   }
+  const std::string grouped = grouped_gemm_study(blas, s);
   DHX_CUDA(cudaStreamDestroy(s));
-  std::printf("{\"device\":\"%s\",\"models\":[%s]}\n", info.name.c_str(), out.c_str());
+  std::printf("{\"device\":\"%s\",\"models\":[%s],\"grouped_gemm\":%s}\n", info.name.c_str(), out.c_str(),
+              grouped.c_str());
   return 0;
 }
 
