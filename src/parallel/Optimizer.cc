@@ -29,9 +29,10 @@ void Optimizer::allocate_state() {
   else
     n = params_.flat_values().numel();
   if (on_gpu()) {
-    // One GPU holds the whole model: no optimizer state is sharded (Config refuses groups on a GPU).
-    DHX_CHECK(sync_.zero() != ZeroStage::kOne && !dp_ && !tp_ && !pp_ && !ep_, InternalError,
-              "the GPU optimizer runs one GPU without ZeRO or process groups");
+    // Each GPU holds the whole model: no optimizer state is sharded. Data parallelism without ZeRO
+    // needs nothing here (the gradients are reduced before the update); Config refuses the rest.
+    DHX_CHECK(sync_.zero() != ZeroStage::kOne && (!tp_ || tp_->size() == 1) && !pp_ && !ep_, InternalError,
+              "the GPU optimizer runs whole-model replicas without ZeRO (data parallelism at most)");
     m_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     v_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     m_.zero_();

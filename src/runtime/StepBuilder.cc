@@ -1,7 +1,10 @@
 // StepBuilder: the wiring the trainer and the benchmarks share (StepBuilder.h).
 #include "runtime/StepBuilder.h"
 
+#include <map>
+
 #include "base/Error.h"
+#include "comm/StagedGroup.h"
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
 #include "tensor/DeviceMemory.h"
@@ -27,7 +30,23 @@ Step::Step(const StepSpec& spec) {
     throw DeviceError(fmt::format("a step on {}: {}", spec.device.str(), device_unavailable(spec.device)));
 #endif
   }
-  const StepGroups& g = spec.groups;
+  // A GPU step's groups move device tensors: each CPU group is wrapped once in a staged group, the
+  // only issuer on it while a step runs (the trainer's own host-tensor reductions on the CPU groups
+  // come after a step's staged ops completed, so every member sees the same op order).
+  StepGroups g = spec.groups;
+  if (!spec.device.is_host()) {
+    std::map<ProcessGroup*, ProcessGroup*> wrapped;
+    for (GroupRole r : all_group_roles()) {
+      ProcessGroup* host = g.get(r);
+      if (!host) continue;
+      auto it = wrapped.find(host);
+      if (it == wrapped.end()) {
+        staged.push_back(make_staged_group(*host, spec.device.index));
+        it = wrapped.emplace(host, staged.back().get()).first;
+      }
+      g.set(r, it->second);
+    }
+  }
   // Weight gradients are reduced over every replica of the weights: dp, times cp under context
   // parallelism (each cp rank's gradient covers its chunks of the sequences). Partial gradients
   // (ParamSpec::partial_grad) are summed over tp (sequence parallelism) or z (3D: the batch is
@@ -67,6 +86,8 @@ Step::Step(const StepSpec& spec) {
   }
   runner = std::make_unique<StepRunner>(c, parts->units, parts->progs, plan ? &*plan : nullptr, spec.parts.pipeline);
   opt->set_stream(runner->executor().compute_stream());  // a GPU's update follows the step's kernels
+  // The gradient buckets' reductions read what the backward strand's kernels wrote.
+  if (dp && !spec.device.is_host()) dp->set_producer_stream(runner->executor().strand_stream(StrandKind::kBackward));
 }
 
 Step::~Step() = default;

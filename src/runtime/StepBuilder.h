@@ -56,6 +56,10 @@ class Step {
 
   // Declared in destruction order's reverse: the cuBLASLt handle outlives everything launching on it.
   std::shared_ptr<cuda::Blas> blas;  // a GPU step's (shared_ptr: complete only in a CUDA build)
+  // A GPU step's process groups: each of spec.groups wrapped in a staged group (comm/StagedGroup.h:
+  // device tensors through host memory over the CPU group), which the step's parts use instead.
+  // Destroyed after everything issuing on them (declared before).
+  std::vector<std::unique_ptr<ProcessGroup>> staged;
   std::unique_ptr<StepParts> parts;
   std::optional<SIPlan> plan;
   std::unique_ptr<GradSync> sync;

@@ -318,7 +318,8 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
 }
 
 // training.device: cpu, or a GPU this build and machine can use (the reason otherwise), and on a
-// GPU only what the GPU path runs so far: one process, a dense model (GPT-2 / Llama families),
+// GPU only what the GPU path runs so far: data parallelism (dp ranks, one GPU each or sharing one,
+// their gradients over staged groups), a dense model (GPT-2 / Llama families),
 // bf16 mixed precision, attention head sizes the GPU kernels have (a trace is written: its compute
 // lanes come from CUDA events, Executor::flush_trace). Every refusal names the key, its value and
 // what to change; all are listed together.
@@ -336,10 +337,15 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
   const ParallelConfig& p = c.parallel;
   const std::string on = fmt::format("training.device=\"{}\"", text);
-  if (p.dp * p.tp * p.pp * p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
-    e.push_back(fmt::format("{} runs one GPU in one process so far (parallel.dp={} tp={} pp={} cp={} ep={} tp_x={} "
-                            "tp_y={} tp_z={}); GPU collectives (NCCL) for more come next: set them to 1, or use cpu",
-                            on, p.dp, p.tp, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z));
+  if (p.tp * p.pp * p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
+    e.push_back(fmt::format("{} runs data parallelism only so far (parallel.tp={} pp={} cp={} ep={} tp_x={} tp_y={} "
+                            "tp_z={}; dp={} is fine): the sharded layers' GPU kernels come next; set them to 1, or use "
+                            "cpu",
+                            on, p.tp, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z, p.dp));
+  if (p.dp > 1 && c.comm.grad_precision != "fp32")
+    e.push_back(fmt::format("{}: the gradient buckets of a GPU run move in fp32 so far (comm.grad_precision=\"{}\", "
+                            "parallel.dp={}); set comm.grad_precision to fp32",
+                            on, c.comm.grad_precision, p.dp));
   if (p.zero) e.push_back(fmt::format("{}: parallel.zero shards over dp, which one GPU does not have; set it off", on));
   if (c.model.is_moe())
     e.push_back(fmt::format("{}: MoE models (model.n_experts={}) do not run on the GPU yet (their kernels and op "

@@ -159,7 +159,9 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   z_ = spec.groups.get(GroupRole::kZ);
   // (With pp > 1 the first stage's embedding gradient takes the dense path; its bucket still
   // overlaps the stage's remaining backward.)
-  if (p.sparse_embed_grad && layout_.pp == 1 && !layout_.is_3d() && sync_->enable_sparse_embedding(mb_.B * mb_.T))
+  // (On the CPU: its rows are added on the host. A GPU run reduces the embedding gradient whole.)
+  if (p.sparse_embed_grad && device_.is_host() && layout_.pp == 1 && !layout_.is_3d() &&
+      sync_->enable_sparse_embedding(mb_.B * mb_.T))
     sparse_rows_ = std::make_unique<SparseEmbeddingRows>(*sync_, last_tokens_);
   if (!cfg_.output.trace.empty()) {
     trace_ = std::make_unique<Trace>(comm_ ? comm_->rank() : 0);

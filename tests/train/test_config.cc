@@ -143,11 +143,15 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
   const std::string msg = error_of("", {{"training.device", "cuda:0"},
                                         {"training.precision", "fp32"},
                                         {"parallel.dp", "2"},
+                                        {"parallel.tp", "2"},
                                         {"parallel.zero", "1"},
+                                        {"comm.grad_precision", "bf16"},
                                         {"model.n_heads", "2"},
                                         {"model.n_kv_heads", "2"},
                                         {"output.trace", "t.json"}});
-  EXPECT_NE(msg.find("runs one GPU in one process so far (parallel.dp=2 tp=1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("runs data parallelism only so far (parallel.tp=2 pp=1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dp=2 is fine"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("comm.grad_precision=\"bf16\", parallel.dp=2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("parallel.zero shards over dp"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.precision=\"fp32\": set it to bf16"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("head sizes"), std::string::npos) << msg;  // 256 / 2 = 128 has a kernel: no refusal
