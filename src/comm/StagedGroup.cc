@@ -204,6 +204,7 @@ class StagedGroup final : public ProcessGroup {
   void stage_out(const Tensor& h, const Tensor& d, cudaEvent_t ready = nullptr) {
     DHX_CHECK(h.nbytes() == d.nbytes(), InternalError, "{}: staged result {} for {}", name(), h.describe(),
               d.describe());
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");  // (poll may copy before any op staged in)
     if (ready) cuda_check(cudaStreamWaitEvent(copy_, ready, 0), "cudaStreamWaitEvent (producer)");
     device_copy(d.raw(), d.device(), h.raw(), Device::host(), h.nbytes(), copy_);  // returns when copied
   }
