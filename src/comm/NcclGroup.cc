@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "base/Clock.h"
+#include "comm/ProducerStream.h"
 #endif
 
 namespace dhelix {
@@ -134,10 +135,7 @@ class NcclGroup final : public ProcessGroup {
 
   std::string transport() const override { return "nccl"; }
 
-  void set_producer_stream(void* s) override {
-    std::lock_guard lk(producer_mu_);
-    producer_ = static_cast<cudaStream_t>(s);
-  }
+  void set_producer_stream(void* s) override { producer_.set(s); }
   StreamHandle stream() const { return stream_; }
 
  protected:
@@ -208,14 +206,7 @@ class NcclGroup final : public ProcessGroup {
   }
 
   // On the issuing thread: the producer stream's point the op must follow (null without one).
-  cudaEvent_t producer_point() {
-    std::lock_guard lk(producer_mu_);
-    if (!producer_) return nullptr;
-    cudaEvent_t ev = nullptr;
-    cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(ev, producer_), "cudaEventRecord (producer stream)");
-    return ev;
-  }
+  cudaEvent_t producer_point() { return producer_.point(); }
 
   // The op's task: on the comm thread, after the producer's point, `call` enqueues the NCCL op on
   // the group's stream; the op is posted (false) and poll() completes it.
@@ -303,8 +294,7 @@ class NcclGroup final : public ProcessGroup {
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   std::deque<Posted> posted_;  // the comm thread's alone
-  std::mutex producer_mu_;
-  cudaStream_t producer_ = nullptr;
+  ProducerStream producer_;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "base/Clock.h"
+#include "comm/ProducerStream.h"
 #endif
 
 namespace dhelix {
@@ -51,10 +52,7 @@ class StagedGroup final : public ProcessGroup {
 
   std::string transport() const override { return "staged over " + host_.transport(); }
 
-  void set_producer_stream(void* s) override {
-    std::lock_guard lk(producer_mu_);
-    producer_ = static_cast<cudaStream_t>(s);
-  }
+  void set_producer_stream(void* s) override { producer_.set(s); }
 
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {
@@ -180,14 +178,7 @@ class StagedGroup final : public ProcessGroup {
   }
 
   // On the issuing thread: the producer stream's point the op must follow (null without one).
-  cudaEvent_t producer_point() {
-    std::lock_guard lk(producer_mu_);
-    if (!producer_) return nullptr;
-    cudaEvent_t ev = nullptr;
-    cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(ev, producer_), "cudaEventRecord (producer stream)");
-    return ev;
-  }
+  cudaEvent_t producer_point() { return producer_.point(); }
 
   // On the comm thread: after the producer's point, the device tensor's bytes in a host tensor.
   Tensor stage_in(const Tensor& t, cudaEvent_t ready) {
@@ -255,8 +246,7 @@ class StagedGroup final : public ProcessGroup {
   int device_;
   StagedOptions opts_;
   cudaStream_t copy_ = nullptr;
-  std::mutex producer_mu_;
-  cudaStream_t producer_ = nullptr;
+  ProducerStream producer_;
   std::deque<Posted> posted_;  // the comm thread's alone
 };
 
