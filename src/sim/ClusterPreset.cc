@@ -39,6 +39,12 @@ double ClusterPreset::gemm_rate(Precision p) const {
   return peak * gemm_efficiency;
 }
 
+AttentionRates ClusterPreset::attention_rates(Precision p) const {
+  if (attention_efficiency <= 0) return {};
+  const double peak = peak_flops(p);
+  return {peak * attention_efficiency, peak * (attention_bwd_efficiency > 0 ? attention_bwd_efficiency : attention_efficiency)};
+}
+
 double ClusterPreset::peak_flops(Precision p) const {
   const double peak = p == Precision::kFp32 ? peak_flops_fp32 : peak_flops_bf16;
   DHX_CHECK(peak > 0, ConfigError, "cluster '{}' ({}) has no device.peak_flops_{}", name, origin, precision_name(p));
@@ -147,6 +153,10 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.peak_flops_fp32 = dev.number("peak_flops_fp32", true, "peak fp32 FLOP/s of one device (vendor spec)");
   c.peak_flops_bf16 = dev.number("peak_flops_bf16", false, "peak bf16 FLOP/s (dense)");
   c.gemm_efficiency = dev.number("gemm_efficiency", false, "fraction of peak a large GEMM reaches, in (0, 1]");
+  c.attention_efficiency =
+      dev.number("attention_efficiency", false, "fraction of peak causal attention's forward reaches, in (0, 1]");
+  c.attention_bwd_efficiency =
+      dev.number("attention_bwd_efficiency", false, "fraction of peak attention's backward reaches, in (0, 1]");
   c.gemm_flops_fp32 = dev.number("gemm_flops_fp32", false, "measured fp32 GEMM FLOP/s per device");
   c.gemm_flops_bf16 = dev.number("gemm_flops_bf16", false, "measured bf16 GEMM FLOP/s per device");
   c.core_share = dev.number("core_share", false, "share of one core each rank computes with (presets of this machine)");
@@ -164,6 +174,12 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   dev.no_unknown_keys();
   DHX_CHECK(c.gemm_efficiency <= 1, ConfigError, "{}: device.gemm_efficiency={} must be in (0, 1]", origin,
             c.gemm_efficiency);
+  DHX_CHECK(c.attention_efficiency >= 0 && c.attention_efficiency <= 1 && c.attention_bwd_efficiency >= 0 &&
+                c.attention_bwd_efficiency <= 1 && (c.attention_bwd_efficiency == 0 || c.attention_efficiency > 0),
+            ConfigError,
+            "{}: device.attention_efficiency={} and attention_bwd_efficiency={} must be in (0, 1] (the backward's "
+            "only with the forward's)",
+            origin, c.attention_efficiency, c.attention_bwd_efficiency);
   DHX_CHECK(c.gemm_efficiency > 0 || c.gemm_flops_fp32 > 0, ConfigError,
             "{}: missing field device.gemm_efficiency (or device.gemm_flops_fp32)\nhint: the fraction of peak a "
             "GEMM reaches, or a measured GEMM rate",

@@ -34,6 +34,9 @@ struct ClusterPreset {
   double gemm_efficiency = 0;  // 0: absent
   double gemm_flops_fp32 = 0;  // 0: absent
   double gemm_flops_bf16 = 0;  // 0: absent
+  // Fractions of peak attention reaches, forward and backward, in the programs' FLOP count (a
+  // measured device's kernels; CostModel.h's AttentionRates). 0: absent (the GEMM rate).
+  double attention_efficiency = 0, attention_bwd_efficiency = 0;
   // Share of one core each rank computes with, for presets of this machine: `dhelix tune
   // --measure-gemm` times the programs' GEMM shapes on one core here and scales by it. 0: absent.
   double core_share = 0;
@@ -51,6 +54,9 @@ struct ClusterPreset {
 
   // FLOP/s of a GEMM in `p` on one device; ConfigError naming the preset when it has no figure.
   double gemm_rate(Precision p) const;
+  // Attention's rates in `p`: peak x attention_efficiency (forward) and x attention_bwd_efficiency
+  // (backward; the forward's when absent); {0, 0} (the GEMM rate) without them.
+  AttentionRates attention_rates(Precision p) const;
   // bf16 when the preset has a bf16 figure (the GPUs: the papers train in 16-bit), else fp32.
   Precision native_precision() const { return peak_flops_bf16 > 0 || gemm_flops_bf16 > 0 ? Precision::kBf16 : Precision::kFp32; }
   // The vendor's peak FLOP/s in `p` (the MFU denominator); ConfigError when the preset has none.

@@ -37,6 +37,9 @@ void CostModelConfig::validate() const {
   for (auto& [role, n] : group_sizes)
     DHX_CHECK(n >= 1, ConfigError, "cost model '{}': group_sizes.{}={} must be >= 1", name, role,
               n);
+  DHX_CHECK(std::isfinite(attention.fwd) && std::isfinite(attention.bwd) && attention.fwd >= 0 && attention.bwd >= 0,
+            ConfigError, "cost model '{}': attention_rate={} attention_bwd_rate={} must be >= 0 (0: flop_rate)", name,
+            attention.fwd, attention.bwd);
 }
 
 json CostModelConfig::to_json() const {
@@ -57,6 +60,8 @@ json CostModelConfig::to_json() const {
           {"element_bytes", element_bytes},
           {"gemm_units", tiling.units},
           {"gemm_tile", {tiling.tile_m, tiling.tile_n}},
+          {"attention_rate", attention.fwd},
+          {"attention_bwd_rate", attention.bwd},
           {"links", l},
           {"group_sizes", g}};
 }
@@ -77,6 +82,8 @@ CostModelConfig CostModelConfig::from_json(const json& j, const std::string& ori
     c.comm_comm_slowdown = j.value("comm_comm_slowdown", c.comm_comm_slowdown);
     c.element_bytes = j.value("element_bytes", c.element_bytes);
     c.tiling.units = j.value("gemm_units", 0);
+    c.attention.fwd = j.value("attention_rate", 0.0);
+    c.attention.bwd = j.value("attention_bwd_rate", 0.0);
     if (j.contains("gemm_tile"))
       c.tiling.tile_m = j.at("gemm_tile").at(0).get<int64_t>(), c.tiling.tile_n = j.at("gemm_tile").at(1).get<int64_t>();
     if (j.contains("links"))
@@ -121,8 +128,11 @@ double GemmTiling::efficiency(int64_t m, int64_t n, int64_t groups) const {
          double(tiles) / double(waves * units);
 }
 
-double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling) {
+double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling,
+                       const AttentionRates& attention) {
   double rate = gemm_rate;
+  if ((op.code == "attention" || op.code == "ring_attention") && attention.fwd > 0) rate = attention.fwd;
+  if ((op.code == "attention_bwd" || op.code == "ring_attention_bwd") && attention.bwd > 0) rate = attention.bwd;
   if (op.attrs.count("gemm_rows")) {
     // C is [rows, out], or [in, out] for a weight gradient (the gemm_* attrs of sharding/OpFactory.h's
     // gemm_cost); a grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such
@@ -147,7 +157,9 @@ CostModel::CostModel(const LayerProgram& prog, CostModelConfig cfg) : cfg_(std::
     std::vector<OpTime> out;
     for (const Op& op : ops) {
       if (!op.is_collective()) {
-        out.push_back({cfg_.op_overhead_s + compute_seconds(op, cfg_.flop_rate, cfg_.mem_bw, scale, cfg_.tiling), -1});
+        out.push_back(
+            {cfg_.op_overhead_s + compute_seconds(op, cfg_.flop_rate, cfg_.mem_bw, scale, cfg_.tiling, cfg_.attention),
+             -1});
         continue;
       }
       auto link = cfg_.links.find(op.group);

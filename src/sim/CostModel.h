@@ -67,11 +67,21 @@ struct GemmTiling {
   double efficiency(int64_t m, int64_t n, int64_t groups = 1) const;
 };
 
+// Attention's achievable FLOP/s in the programs' count (causal forward 2·B·T²·H·D, backward 2.5x
+// that: sharding/UnitLowering.cc), forward and backward (attention, ring_attention ops; their _bwd
+// ops): a measured device's (device.attention_efficiency, attention_bwd_efficiency x peak). 0: the
+// GEMM rate, as the fused attention kernels of the published runs come near it.
+struct AttentionRates {
+  double fwd = 0, bwd = 0;
+};
+
 // Seconds of a compute op on a device: its FLOPs at the GEMM rate (a GEMM op -- attrs gemm_rows /
-// gemm_in / gemm_out -- at the rate times tiling.efficiency of its output C) or its bytes (scaled by
-// byte_scale: the programs count fp32) at memory bandwidth, whichever is longer. The one compute
-// formula of the simulator, the step model and the cost model.
-double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling);
+// gemm_in / gemm_out -- at the rate times tiling.efficiency of its output C; an attention op at
+// its own rate when `attention` gives one) or its bytes (scaled by byte_scale: the programs count
+// fp32) at memory bandwidth, whichever is longer. The one compute formula of the simulator, the
+// step model and the cost model.
+double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling,
+                       const AttentionRates& attention = {});
 // How many GEMMs of the op's gemm_rows x gemm_in x gemm_out shape its FLOPs make: 1, or a grouped
 // GEMM's groups (the experts': flops / (2 rows in out)).
 int64_t gemm_groups(const Op& op);
@@ -89,6 +99,7 @@ struct CostModelConfig {
   // (the papers' bf16/fp16, and their flop_rate is the 16-bit tensor rate), cpu-emulated in fp32.
   double element_bytes = 4;
   GemmTiling tiling;                       // the preset's (GPUs); absent: every GEMM at flop_rate
+  AttentionRates attention;                // attention_rate / attention_bwd_rate; 0: flop_rate
   std::map<std::string, LinkSpec> links;   // per group role; "default" for any other role
   std::map<std::string, int> group_sizes;  // ranks per role, for ops without attrs["group_size"]
 

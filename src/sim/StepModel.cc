@@ -53,6 +53,7 @@ CostModelConfig cost_model_config(const ClusterPreset& cluster, const LayoutConf
   c.mem_bw = cluster.mem_bw;
   c.element_bytes = element_bytes(p);
   c.tiling = cluster.gemm_tiling;
+  c.attention = cluster.attention_rates(p);
   for (const auto& [role, g] : group_links(lay, cluster)) {
     c.group_sizes[role] = g.size;
     if (g.size > 1) c.links[role] = g.link;
@@ -78,13 +79,14 @@ double compute_time(const Op& op, const DeviceRates& r) {
     const double t = r.gemm_timer(op);
     if (t >= 0) return std::max(t * double(gemm_groups(op)), op.cost.bytes * r.byte_scale / r.mem_bw);
   }
-  return compute_seconds(op, r.gemm_rate, r.mem_bw, r.byte_scale, r.tiling);
+  return compute_seconds(op, r.gemm_rate, r.mem_bw, r.byte_scale, r.tiling, r.attention);
 }
 
 }  // namespace
 
 DeviceRates device_rates(const ClusterPreset& cluster, Precision p, GemmTimer gemm_timer) {
-  return {cluster.gemm_rate(p), cluster.mem_bw, element_bytes(p) / 4.0, std::move(gemm_timer), cluster.gemm_tiling};
+  return {cluster.gemm_rate(p),         cluster.mem_bw,          element_bytes(p) / 4.0,
+          std::move(gemm_timer),       cluster.gemm_tiling,     cluster.attention_rates(p)};
 }
 
 double op_time(const Op& op, const std::map<std::string, GroupLink>& groups, const DeviceRates& rates) {

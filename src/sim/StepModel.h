@@ -166,6 +166,7 @@ struct DeviceRates {
   double byte_scale = 1.0;  // element bytes / 4 (programs are written in fp32)
   GemmTimer gemm_timer = {};  // when set: GEMM ops' compute time as measured for their shapes
   GemmTiling tiling = {};     // else: a GEMM op at gemm_rate x tiling.efficiency(its C's rows, cols)
+  AttentionRates attention = {};  // attention ops' rates (0: gemm_rate)
 };
 // The rates of `cluster`'s device in `p` (its GEMM rate and tiling, memory bandwidth, element size).
 DeviceRates device_rates(const ClusterPreset& cluster, Precision p, GemmTimer gemm_timer = {});

@@ -205,6 +205,28 @@ TEST(ClusterPreset, BadFilesNameFileFieldAndHint) {
   tiled.insert(tiled.find("gemm_units"), "gemm_tile = [0, 128]\n");
   e = error_of(tiled);
   EXPECT_NE(e.find("device.gemm_tile must be two positive integers"), std::string::npos) << e;
+  // Attention's efficiencies: in (0, 1], the backward's only beside the forward's.
+  std::string attn = good;
+  attn.insert(attn.find(dev_end) + dev_end.size(), "attention_efficiency = 1.5\n");
+  e = error_of(attn);
+  EXPECT_NE(e.find("device.attention_efficiency=1.5"), std::string::npos) << e;
+  attn = good;
+  attn.insert(attn.find(dev_end) + dev_end.size(), "attention_bwd_efficiency = 0.1\n");
+  e = error_of(attn);
+  EXPECT_NE(e.find("the backward's only with the forward's"), std::string::npos) << e;
+}
+
+// Attention's rates from the preset: peak x each efficiency; the backward's defaults to the
+// forward's; none without them (the GEMM rate prices attention). Oracle: by hand, peak 1e12.
+TEST(ClusterPreset, AttentionRatesArePeakTimesTheirEfficiencies) {
+  ClusterPreset c;
+  c.peak_flops_fp32 = 1e12;
+  EXPECT_EQ(c.attention_rates(Precision::kFp32).fwd, 0.0);
+  c.attention_efficiency = 0.2;
+  EXPECT_DOUBLE_EQ(c.attention_rates(Precision::kFp32).fwd, 2e11);
+  EXPECT_DOUBLE_EQ(c.attention_rates(Precision::kFp32).bwd, 2e11);
+  c.attention_bwd_efficiency = 0.1;
+  EXPECT_DOUBLE_EQ(c.attention_rates(Precision::kFp32).bwd, 1e11);
 }
 
 // The size-dependent GEMM efficiency (GemmTiling). Oracle: tile and wave quantization worked by

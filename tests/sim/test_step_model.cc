@@ -70,6 +70,39 @@ TEST(PriceStrand, GemmTimeFollowsItsOutputTiles) {
   EXPECT_DOUBLE_EQ(op_time(gemm("linear", 200, 300, 100, 1), {}, timed), 1e-3);
 }
 
+// Attention at its own measured rates (DeviceRates::attention; a preset's attention_efficiency):
+// the forward ops (attention, ring_attention) at the forward rate, their backward ops at the
+// backward rate, any other op as before; without rates, attention at the GEMM rate. Oracle: FLOPs
+// over the rate, by hand (1 GFLOP at 1e9, 2e8 and 1e8 FLOP/s: 1, 5 and 10 s); a memory-bound op
+// stays at its bytes over the bandwidth whatever the attention rates.
+TEST(PriceStrand, AttentionRunsAtItsOwnRates) {
+  auto op = [](const std::string& code, double flops, double bytes = 0) {
+    Op o;
+    o.name = o.code = code;
+    o.cost.flops = flops;
+    o.cost.bytes = bytes;
+    return o;
+  };
+  DeviceRates r{1e9, 1e9, 1.0};
+  EXPECT_DOUBLE_EQ(op_time(op("attention", 1e9), {}, r), 1.0);  // no rates: the GEMM rate
+  r.attention = AttentionRates{2e8, 1e8};
+  EXPECT_DOUBLE_EQ(op_time(op("attention", 1e9), {}, r), 5.0);
+  EXPECT_DOUBLE_EQ(op_time(op("ring_attention", 1e9), {}, r), 5.0);
+  EXPECT_DOUBLE_EQ(op_time(op("attention_bwd", 1e9), {}, r), 10.0);
+  EXPECT_DOUBLE_EQ(op_time(op("ring_attention_bwd", 1e9), {}, r), 10.0);
+  EXPECT_DOUBLE_EQ(op_time(op("linear", 1e9), {}, r), 1.0);
+  EXPECT_DOUBLE_EQ(op_time(op("attention", 1e6, 2e10), {}, r), 20.0);  // bytes bound: 2e10 / 1e9
+  // The cost model (plan --cost-model) prices them alike, and its JSON carries the rates.
+  CostModelConfig c;
+  c.flop_rate = 1e9, c.mem_bw = 1e9;
+  c.attention = AttentionRates{2e8, 1e8};
+  const CostModelConfig back = CostModelConfig::from_json(c.to_json());
+  EXPECT_DOUBLE_EQ(back.attention.fwd, 2e8);
+  EXPECT_DOUBLE_EQ(back.attention.bwd, 1e8);
+  c.attention.bwd = -1;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
 TEST(PriceStrand, DependentAllReduceIsExposed) {
   // engine: [c1 1s]......[c2 1s]   tp: [AR 2s] -> span 4, exposed 2
   const StrandPrice p = price_strand({comp("c1", 1, {"x"}, {"a"}), coll("ar", CollOp::kAllReduce, 2, {"a"}, "b"),
