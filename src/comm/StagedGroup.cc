@@ -63,7 +63,7 @@ class StagedGroup final : public ProcessGroup {
     }, bytes);
   }
   Task all_gather_task(Tensor in, Tensor out) override {
-    check_device(out, "all_gather");
+    check_like(in, out, "all_gather");
     const double bytes = static_cast<double>(size() - 1) * static_cast<double>(in.nbytes());
     return collective(in, [this, out](Tensor h) {
       Tensor ho = Tensor::empty(out.shape(), out.dtype());
@@ -72,7 +72,7 @@ class StagedGroup final : public ProcessGroup {
     }, bytes);
   }
   Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
-    check_device(out, "reduce_scatter");
+    check_like(in, out, "reduce_scatter");
     const double bytes = static_cast<double>(size() - 1) / size() * static_cast<double>(in.nbytes());
     return collective(in, [this, out, op](Tensor h) {
       Tensor ho = Tensor::empty(out.shape(), out.dtype());
@@ -81,7 +81,7 @@ class StagedGroup final : public ProcessGroup {
     }, bytes);
   }
   Task all_to_all_task(Tensor in, Tensor out) override {
-    check_device(out, "all_to_all");
+    check_like(in, out, "all_to_all");
     const double bytes = static_cast<double>(size() - 1) / size() * static_cast<double>(in.nbytes());
     return collective(in, [this, out](Tensor h) {
       Tensor ho = Tensor::empty(out.shape(), out.dtype());
@@ -90,7 +90,7 @@ class StagedGroup final : public ProcessGroup {
     }, bytes);
   }
   Task all_to_all_v_task(Tensor in, std::vector<int64_t> send, Tensor out, std::vector<int64_t> recv) override {
-    check_device(out, "all_to_all_v");
+    check_like(in, out, "all_to_all_v");
     // The CPU group's public call counts rows; the task's counts are elements.
     const int64_t row = row_elems(in.numel() > 0 ? in : out);
     double bytes = 0;
@@ -107,7 +107,7 @@ class StagedGroup final : public ProcessGroup {
     }, bytes);
   }
   Task ring_shift_task(Tensor in, Tensor out) override {
-    check_device(out, "ring_shift");
+    check_like(in, out, "ring_shift");
     const double bytes = static_cast<double>(in.nbytes());
     return collective(in, [this, out](Tensor h) {
       Tensor ho = Tensor::empty(out.shape(), out.dtype());
@@ -130,8 +130,8 @@ class StagedGroup final : public ProcessGroup {
   }
   // A send: staged, paced (the link carries it before the peer can have it), then posted.
   Task send_task(Tensor t, int peer, int tag) override {
-    check_device(t, "send");
-    cudaEvent_t ready = producer_point();
+    check_tensor(t, "send");
+    cudaEvent_t ready = t.device().is_host() ? nullptr : producer_point();
     return [this, t, peer, tag, ready](const std::shared_ptr<WorkState>& st) {
       const double t0 = now_seconds();
       Tensor h = stage_in(t, ready);
@@ -143,13 +143,14 @@ class StagedGroup final : public ProcessGroup {
   }
   // A receive: posted into a host buffer; poll() copies it to the device when it arrived.
   Task recv_task(Tensor t, int peer, int tag) override {
-    check_device(t, "recv");
+    check_tensor(t, "recv");
     // The destination may be fresh memory of the producer stream's pool: the copy into it follows
-    // the producer's point too.
-    cudaEvent_t ready = producer_point();
-    return [this, t, peer, tag, ready](const std::shared_ptr<WorkState>& st) {
-      Tensor h = Tensor::empty(t.shape(), t.dtype());
-      Posted p{st, host_.recv(h, peer, tag), h, t, ready};
+    // the producer's point too. A host destination receives directly.
+    const bool host = t.device().is_host();
+    cudaEvent_t ready = host ? nullptr : producer_point();
+    return [this, t, peer, tag, ready, host](const std::shared_ptr<WorkState>& st) {
+      Tensor h = host ? t : Tensor::empty(t.shape(), t.dtype());
+      Posted p{st, host_.recv(h, peer, tag), h, host ? Tensor() : t, ready};
       posted_.push_back(std::move(p));
       return false;
     };
@@ -171,17 +172,29 @@ class StagedGroup final : public ProcessGroup {
     return r;
   }
 
-  void check_device(const Tensor& t, const char* op) const {
-    DHX_CHECK(t.defined() && !t.device().is_host() && t.device().index == device_, CommError,
-              "{} on {}: a staged group moves tensors of cuda:{}; got {} on {}", op, name(), device_, t.describe(),
-              t.defined() ? t.device().str() : "nothing");
+  // A tensor of this group's GPU, or of the host (passed to the CPU group as it is).
+  void check_tensor(const Tensor& t, const char* op) const {
+    DHX_CHECK(t.defined() && (t.device().is_host() || t.device().index == device_), CommError,
+              "{} on {}: a staged group moves tensors of cuda:{} (or of the host); got {} on {}", op, name(), device_,
+              t.describe(), t.defined() ? t.device().str() : "nothing");
+  }
+  void check_like(const Tensor& in, const Tensor& out, const char* op) const {
+    check_tensor(in, op);
+    check_tensor(out, op);
+    DHX_CHECK(in.device() == out.device(), CommError, "{} on {}: input on {} but output on {}", op, name(),
+              in.device().str(), out.device().str());
   }
 
   // On the issuing thread: the producer stream's point the op must follow (null without one).
   cudaEvent_t producer_point() { return producer_.point(); }
 
-  // On the comm thread: after the producer's point, the device tensor's bytes in a host tensor.
+  // On the comm thread: after the producer's point, the device tensor's bytes in a host tensor (a
+  // host tensor as it is).
   Tensor stage_in(const Tensor& t, cudaEvent_t ready) {
+    if (t.device().is_host()) {
+      if (ready) cudaEventDestroy(ready);
+      return t;
+    }
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     if (ready) {
       const cudaError_t e = cudaStreamWaitEvent(copy_, ready, 0);
@@ -195,6 +208,10 @@ class StagedGroup final : public ProcessGroup {
   void stage_out(const Tensor& h, const Tensor& d, cudaEvent_t ready = nullptr) {
     DHX_CHECK(h.nbytes() == d.nbytes(), InternalError, "{}: staged result {} for {}", name(), h.describe(),
               d.describe());
+    if (d.device().is_host()) {  // a host op's result: in place already, or copied
+      if (h.raw() != d.raw()) Tensor(d).copy_from(h);  // a handle on the same storage
+      return;
+    }
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");  // (poll may copy before any op staged in)
     if (ready) cuda_check(cudaStreamWaitEvent(copy_, ready, 0), "cudaStreamWaitEvent (producer)");
     device_copy(d.raw(), d.device(), h.raw(), Device::host(), h.nbytes(), copy_);  // returns when copied
@@ -212,8 +229,8 @@ class StagedGroup final : public ProcessGroup {
   // the device tensor that receives it), stage the result back, pace.
   template <typename Op>
   Task collective(const Tensor& in, Op op, double bytes) {
-    check_device(in, "collective");
-    cudaEvent_t ready = producer_point();
+    check_tensor(in, "collective");
+    cudaEvent_t ready = in.device().is_host() ? nullptr : producer_point();
     return [this, in, op, ready, bytes](const std::shared_ptr<WorkState>&) {
       const double t0 = now_seconds();
       Tensor h = stage_in(in, ready);

@@ -15,7 +15,8 @@
 // issued in either order) and completed by the comm thread's poll. The CPU group must be this
 // group's alone: its ops then follow this group's issue order on every member. A slow or dead peer
 // is the CPU group's timeout, reported as this group's op (its signature and sequence number).
-// Host tensors are refused: they take the CPU group directly.
+// Host tensors pass to the CPU group as they are (in this group's order: a step's host-side
+// reductions, such as the gradient norm's parts, may share the group with its device tensors).
 //
 // Only in a CUDA build (DHELIX_HAVE_CUDA); elsewhere make_staged_group throws DeviceError.
 #pragma once

@@ -131,8 +131,12 @@ double GemmTiling::efficiency(int64_t m, int64_t n, int64_t groups) const {
 double compute_seconds(const Op& op, double gemm_rate, double mem_bw, double byte_scale, const GemmTiling& tiling,
                        const AttentionRates& attention) {
   double rate = gemm_rate;
-  if ((op.code == "attention" || op.code == "ring_attention") && attention.fwd > 0) rate = attention.fwd;
-  if ((op.code == "attention_bwd" || op.code == "ring_attention_bwd") && attention.bwd > 0) rate = attention.bwd;
+  // (The code is compared only when a rate is given: this runs for every op of every simulated
+  // pair, millions of times in a profile's interference fit.)
+  if (attention.fwd > 0 || attention.bwd > 0) {
+    if ((op.code == "attention" || op.code == "ring_attention") && attention.fwd > 0) rate = attention.fwd;
+    if ((op.code == "attention_bwd" || op.code == "ring_attention_bwd") && attention.bwd > 0) rate = attention.bwd;
+  }
   if (op.attrs.count("gemm_rows")) {
     // C is [rows, out], or [in, out] for a weight gradient (the gemm_* attrs of sharding/OpFactory.h's
     // gemm_cost); a grouped GEMM (the experts') launches the tiles of flops / (2 rows in out) such

@@ -4,7 +4,7 @@
 // only copies the bytes to and from the GPU, so the results must be equal bit for bit; a send and
 // a receive issued in either order meet; the emulated link's pacing as a lower bound (a sleep:
 // never shorter); the producer-stream ordering; a peer that never arrives is the CPU group's
-// timeout, naming the staged op. Skipped without a GPU.
+// timeout, naming the staged op; host tensors passed through. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -166,17 +166,52 @@ TEST(StagedGroup, OpsFollowTheProducerStream) {
   });
 }
 
-// Host tensors are refused at issue, naming the group and the tensor; nothing is numbered.
-TEST(StagedGroup, HostTensorsAreRefused) {
+// A peer that never issues its half: the op fails within the groups' timeout (1 s here), naming
+// the staged op's group and sequence number and that it did not complete (the CPU group's timeout,
+// or the staged op's own wait: both bound it by comm.timeout_s).
+TEST(StagedGroup, APeerThatNeverArrivesTimesOutNamingTheOp) {
   DHX_REQUIRE_GPU();
-  run_local_ranks(dp_layout(1), [&](CommContext& comm) {
+  CommOptions o;
+  o.timeout_s = 1.0;
+  run_local_ranks(
+      dp_layout(2),
+      [&](CommContext& comm) {
+        if (comm.rank() == 1) return;  // never issues
+        auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
+        Tensor d = host_values({16}, DType::kF32, 1).to(Device::cuda(0));
+        try {
+          g->all_reduce(d).wait();
+          ADD_FAILURE() << "the all-reduce completed without its peer";
+        } catch (const CommError& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("dp[0/2] seq=0"), std::string::npos) << m;
+          EXPECT_NE(m.find("did not complete within"), std::string::npos) << m;
+        }
+      },
+      o);
+}
+
+// Host tensors pass to the CPU group as they are, in the group's order with the staged ops. Oracle:
+// the world group's all-reduce of the same host values. A tensor of another GPU is refused at
+// issue, naming the group (nothing numbered).
+TEST(StagedGroup, HostTensorsPassThrough) {
+  DHX_REQUIRE_GPU();
+  run_local_ranks(dp_layout(2), [&](CommContext& comm) {
     auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
-    Tensor h = Tensor::zeros({4});
+    const Tensor x = host_values({64}, DType::kF32, 9 + static_cast<uint32_t>(comm.rank()));
+    Tensor h = x.clone(), ref = x.clone(), d = x.to(Device::cuda(0));
+    Work a = g->all_reduce(d);  // staged, then the host one behind it
+    g->all_reduce(h).wait();
+    a.wait();
+    comm.world().all_reduce(ref).wait();
+    EXPECT_EQ(0, std::memcmp(h.raw(), ref.raw(), h.nbytes()));
+    EXPECT_TRUE(same_bytes(d, ref));
+    Tensor out = Tensor::empty({128}, DType::kF32, nullptr, Device::cuda(0));
     try {
-      g->all_reduce(h).wait();
-      ADD_FAILURE() << "a host tensor was staged";
+      g->all_gather(h, out).wait();
+      ADD_FAILURE() << "an all-gather from the host into the GPU was issued";
     } catch (const CommError& e) {
-      EXPECT_NE(std::string(e.what()).find("a staged group moves tensors of cuda:0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("input on cpu but output on cuda:0"), std::string::npos) << e.what();
     }
   });
 }
