@@ -9,6 +9,8 @@
 // 2^-24 relative per element, 1e-6 in the norm. sum_squares: both sum the exact products x^2 in
 // double, in two orders: each within (n - 1) 2^-53 relative (all terms positive), 2.4e-10 at
 // n = 2^21 + 7, so at most 5e-10 apart.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "CudaTest.h"
@@ -99,6 +101,72 @@ TEST(CudaOpsLoss, CrossEntropyStridedMatchesCpuOnTheVocabularyPaddingZero) {
       for (int64_t v = d.V; v < d.ld; ++v) pad_zero = pad_zero && got[n * d.ld + v] == 0.0f;
     }
     EXPECT_LE(rel_err(vocab, dlogits), kDlogitsBound) << "dlogits, " << at;
+    EXPECT_TRUE(pad_zero) << "padding columns' gradient, " << at;
+  }
+}
+
+// The vocabulary-parallel cross-entropy (xent_row_max / _stats / _finish), the head's rows split
+// over k ranks as Megatron splits them (padded_vocab: a multiple of 128 k; the last shard ragged,
+// or empty), each shard's logits poisoned past its valid columns, the group's reductions done here
+// as the tp all-reduces do them (max; sums in rank order). Oracle: the CPU twin of the whole row,
+// cpu::cross_entropy_fwd_bwd, on the same bf16-rounded logits (bounds as above: the sums run in
+// another order); every shard's padding columns' gradient exactly 0.
+TEST(CudaOpsLoss, VocabParallelCrossEntropyMatchesTheWholeRow) {
+  DHX_REQUIRE_GPU();
+  struct Shape { int64_t N, V; int k; };
+  uint64_t seed = 70;
+  for (const Shape d : {Shape{4, 50257, 4}, Shape{3, 8000, 2}, Shape{5, 100, 2}}) {
+    const int64_t mult = 128 * d.k, Vp = (d.V + mult - 1) / mult * mult, Vl = Vp / d.k;
+    const auto logits = round_bf16(randn(d.N * d.V, seed++, 2.0f));
+    auto targets = randint(d.N, seed++, static_cast<int32_t>(d.V));
+    targets[0] = static_cast<int32_t>(d.V - 1);  // in the last (ragged) shard
+    const float dloss = 1.0f / static_cast<float>(d.N);
+    const std::vector<float> dloss_rows(d.N, dloss);
+    std::vector<float> losses(d.N), dlogits(d.N * d.V);
+    cpu::cross_entropy_fwd_bwd<float>(logits.data(), targets.data(), losses.data(), dlogits.data(), dloss_rows.data(),
+                                      d.N, d.V);
+    std::vector<DevBuf<bf16>> shard(d.k);
+    std::vector<int64_t> valid(d.k);
+    DevBuf<int32_t> gtargets(targets);
+    std::vector<float> m(d.N, -INFINITY), stats(2 * d.N, 0.0f);
+    for (int r = 0; r < d.k; ++r) {
+      const int64_t v0 = r * Vl;
+      valid[r] = std::clamp<int64_t>(d.V - v0, 0, Vl);
+      std::vector<float> rows(d.N * Vl, 7.0f);  // padding: large logits that must not count
+      for (int64_t n = 0; n < d.N; ++n)
+        for (int64_t j = 0; j < valid[r]; ++j) rows[n * Vl + j] = logits[n * d.V + v0 + j];
+      shard[r] = DevBuf<bf16>(to_bf16(rows));
+      DevBuf<float> gm(d.N);
+      gm.poison();
+      xent_row_max(shard[r].get(), gm.get(), d.N, valid[r], Vl, nullptr);
+      const auto mr = gm.download();
+      for (int64_t n = 0; n < d.N; ++n) m[n] = std::max(m[n], mr[n]);
+    }
+    DevBuf<float> gm(m);
+    for (int r = 0; r < d.k; ++r) {
+      DevBuf<float> gs(2 * d.N);
+      gs.poison();
+      xent_row_stats(shard[r].get(), gtargets.get(), gm.get(), gs.get(), d.N, valid[r], Vl, r * Vl, nullptr);
+      const auto sr = gs.download();
+      for (int64_t i = 0; i < 2 * d.N; ++i) stats[i] += sr[i];
+    }
+    DevBuf<float> gstats(stats);
+    const std::string at = "N=" + std::to_string(d.N) + " V=" + std::to_string(d.V) + " k=" + std::to_string(d.k);
+    std::vector<float> got(d.N * d.V);
+    bool pad_zero = true;
+    for (int r = 0; r < d.k; ++r) {
+      DevBuf<float> gl(d.N);
+      gl.poison();
+      xent_row_finish(shard[r].get(), gtargets.get(), gm.get(), gstats.get(), gl.get(), shard[r].get(), dloss, d.N,
+                      valid[r], Vl, r * Vl, nullptr);  // in place, as the op runs it
+      EXPECT_LE(rel_err(gl.download(), losses), kLossBound) << "losses on rank " << r << ", " << at;
+      const auto g = to_f32(shard[r].download());
+      for (int64_t n = 0; n < d.N; ++n) {
+        for (int64_t j = 0; j < valid[r]; ++j) got[n * d.V + r * Vl + j] = g[n * Vl + j];
+        for (int64_t j = valid[r]; j < Vl; ++j) pad_zero = pad_zero && g[n * Vl + j] == 0.0f;
+      }
+    }
+    EXPECT_LE(rel_err(got, dlogits), kDlogitsBound) << "dlogits, " << at;
     EXPECT_TRUE(pad_zero) << "padding columns' gradient, " << at;
   }
 }

@@ -175,7 +175,100 @@ void launch_rows(const bf16* logits, const int32_t* targets, float* losses, bf16
   DHX_CUDA_LAUNCHED(rows_kernel);
 }
 
+// ---- vocabulary-parallel steps: one block of kVpThreads per row ----
+constexpr int kVpThreads = 256;
+
+// Every thread gets the same fold of the block's values: a fixed shuffle-down tree per warp, then
+// the warps' values in warp order.
+template <typename F> __device__ __forceinline__ float vp_fold(float v, float* red, F f) {
+  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_down_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float all = red[0];
+#pragma unroll
+  for (int w = 1; w < kVpThreads / 32; ++w) all = f(all, red[w]);
+  return all;
+}
+
+__global__ void xent_max_kernel(const bf16* __restrict__ logits, float* __restrict__ m, int64_t valid, int64_t ld) {
+  __shared__ float red[kVpThreads / 32];
+  const bf16* x = logits + blockIdx.x * ld;
+  float v = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += kVpThreads) v = fmaxf(v, __bfloat162float(x[j]));
+  const float all = vp_fold(v, red, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) m[blockIdx.x] = all;
+}
+
+__global__ void xent_stats_kernel(const bf16* __restrict__ logits, const int32_t* __restrict__ targets,
+                                  const float* __restrict__ m, float* __restrict__ stats, int64_t valid, int64_t ld,
+                                  int64_t v0) {
+  __shared__ float red[kVpThreads / 32];
+  const int64_t n = blockIdx.x;
+  const bf16* x = logits + n * ld;
+  const float mx = m[n];
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < valid; j += kVpThreads) sum += expf(__bfloat162float(x[j]) - mx);
+  const float all = vp_fold(sum, red, [](float a, float b) { return a + b; });
+  if (threadIdx.x == 0) {
+    const int64_t t = static_cast<int64_t>(targets[n]) - v0;
+    stats[2 * n] = all;
+    stats[2 * n + 1] = t >= 0 && t < valid ? __bfloat162float(x[t]) : 0.0f;
+  }
+}
+
+// No __restrict__ on logits and dlogits (they may alias): each element is read, then written, by
+// the same thread; the loss reads only m and stats.
+__global__ void xent_finish_kernel(const bf16* logits, const int32_t* __restrict__ targets,
+                                   const float* __restrict__ m, const float* __restrict__ stats,
+                                   float* __restrict__ losses, bf16* dlogits, float dloss, int64_t valid, int64_t ld,
+                                   int64_t v0) {
+  const int64_t n = blockIdx.x;
+  const float S = stats[2 * n], mx = m[n];
+  if (threadIdx.x == 0) losses[n] = logf(S) + mx - stats[2 * n + 1];
+  const bf16* x = logits + n * ld;
+  bf16* d = dlogits + n * ld;
+  const int64_t t = static_cast<int64_t>(targets[n]) - v0;
+  const float inv = 1.0f / S;
+  for (int64_t j = threadIdx.x; j < ld; j += kVpThreads) {
+    float g = 0.0f;
+    if (j < valid) {
+      g = expf(__bfloat162float(x[j]) - mx) * inv * dloss;
+      if (j == t) g -= dloss;
+    }
+    d[j] = __float2bfloat16(g);
+  }
+}
+
+void vp_check(int64_t N, int64_t valid, int64_t ld, const char* what) {
+  DHX_CUDA_ASSERT(N >= 0 && N < (int64_t{1} << 31) && valid >= 0 && ld >= valid && ld >= 1, what, ": N=", N,
+                  " valid=", valid, " ld=", ld, " (need 0 <= N < 2^31, 0 <= valid <= ld)");
+}
+
 }  // namespace
+
+void xent_row_max(const bf16* logits, float* m, int64_t N, int64_t valid, int64_t ld, cudaStream_t s) {
+  vp_check(N, valid, ld, "xent_row_max");
+  if (N == 0) return;
+  xent_max_kernel<<<static_cast<unsigned>(N), kVpThreads, 0, s>>>(logits, m, valid, ld);
+  DHX_CUDA_LAUNCHED(xent_max_kernel);
+}
+
+void xent_row_stats(const bf16* logits, const int32_t* targets, const float* m, float* stats, int64_t N,
+                    int64_t valid, int64_t ld, int64_t v0, cudaStream_t s) {
+  vp_check(N, valid, ld, "xent_row_stats");
+  if (N == 0) return;
+  xent_stats_kernel<<<static_cast<unsigned>(N), kVpThreads, 0, s>>>(logits, targets, m, stats, valid, ld, v0);
+  DHX_CUDA_LAUNCHED(xent_stats_kernel);
+}
+
+void xent_row_finish(const bf16* logits, const int32_t* targets, const float* m, const float* stats, float* losses,
+                     bf16* dlogits, float dloss, int64_t N, int64_t valid, int64_t ld, int64_t v0, cudaStream_t s) {
+  vp_check(N, valid, ld, "xent_row_finish");
+  if (N == 0) return;
+  xent_finish_kernel<<<static_cast<unsigned>(N), kVpThreads, 0, s>>>(logits, targets, m, stats, losses, dlogits,
+                                                                     dloss, valid, ld, v0);
+  DHX_CUDA_LAUNCHED(xent_finish_kernel);
+}
 
 void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss,
                            int64_t N, int64_t V, cudaStream_t s) {

@@ -86,6 +86,22 @@ void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* lo
 void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
                                    float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s);
 
+// ---- vocabulary-parallel cross-entropy (Megatron's, tp > 1: sharding/'s xent_max, xent_stats, xent_finish) ----
+// This rank's logits are rows of stride ld whose first `valid` columns are vocabulary ids
+// [v0, v0 + valid) (the rest: the padded head's rows, or a shard past the vocabulary: valid 0).
+// One block per row, fixed reduction orders (the same bits on every run). Between the steps the
+// caller reduces m over the tensor-parallel group (max) and stats (sum), as the CPU ops do.
+// m[n] = max of the row's valid logits (-inf when none).
+void xent_row_max(const bf16* logits, float* m, int64_t N, int64_t valid, int64_t ld, cudaStream_t s);
+// stats[2n] = sum_v e^(x_v - m[n]) over the valid columns (m: the group's max), stats[2n+1] = the
+// target's logit when targets[n] is in [v0, v0 + valid), else 0.
+void xent_row_stats(const bf16* logits, const int32_t* targets, const float* m, float* stats, int64_t N,
+                    int64_t valid, int64_t ld, int64_t v0, cudaStream_t s);
+// losses[n] = log(S) + m[n] - t (S, t: the group's summed stats), and dlogits (may alias logits)
+// = e^(x - m) / S * dloss, minus dloss at the target's column; columns [valid, ld) written 0.
+void xent_row_finish(const bf16* logits, const int32_t* targets, const float* m, const float* stats, float* losses,
+                     bf16* dlogits, float dloss, int64_t N, int64_t valid, int64_t ld, int64_t v0, cudaStream_t s);
+
 // ---- optimizer ----
 // cpu::AdamWParams' fields (kernels/cuda does not see kernels/cpu's headers).
 struct AdamWParams {
