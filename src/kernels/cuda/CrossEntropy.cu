@@ -87,14 +87,15 @@ __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w <<
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 // Every thread gets the same fold of the block's values: each warp's lane 0 holds its warp's
-// value (a fixed shuffle-down tree), the 32 of them are folded in warp order by every thread.
-template <typename F> __device__ __forceinline__ float block_fold(float v, float* red, F f) {
+// value (a fixed shuffle-down tree), the THREADS / 32 of them are folded in warp order by every
+// thread.
+template <int THREADS, typename F> __device__ __forceinline__ float block_fold(float v, float* red, F f) {
   for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_down_sync(0xffffffffu, v, o));
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
   __syncthreads();
   float all = red[0];
 #pragma unroll
-  for (int w = 1; w < kRowThreads / 32; ++w) all = f(all, red[w]);
+  for (int w = 1; w < THREADS / 32; ++w) all = f(all, red[w]);
   return all;
 }
 
@@ -138,11 +139,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   };
   float m = -INFINITY;
   each([&](float v) { m = fmaxf(m, v); });
-  const float M = block_fold(m, red_max, [](float a, float b) { return fmaxf(a, b); });
+  const float M = block_fold<kRowThreads>(m, red_max, [](float a, float b) { return fmaxf(a, b); });
   const float mb = M == -INFINITY ? 0.0f : M * kLog2e;  // e^(x - M) = 2^(x log2e - M log2e)
   float s = 0.0f;
   each([&](float v) { s += exp2f(fmaf(v, kLog2e, -mb)); });
-  const float S = block_fold(s, red_sum, [](float a, float b) { return a + b; });
+  const float S = block_fold<kRowThreads>(s, red_sum, [](float a, float b) { return a + b; });
   if (t == 0) losses[n] = M + logf(S) - x_tgt;
   if (d == nullptr) return;
   const float k = dloss / S;
@@ -176,26 +177,14 @@ void launch_rows(const bf16* logits, const int32_t* targets, float* losses, bf16
 }
 
 // ---- vocabulary-parallel steps: one block of kVpThreads per row ----
-constexpr int kVpThreads = 256;
-
-// Every thread gets the same fold of the block's values: a fixed shuffle-down tree per warp, then
-// the warps' values in warp order.
-template <typename F> __device__ __forceinline__ float vp_fold(float v, float* red, F f) {
-  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_down_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-  __syncthreads();
-  float all = red[0];
-#pragma unroll
-  for (int w = 1; w < kVpThreads / 32; ++w) all = f(all, red[w]);
-  return all;
-}
+constexpr int kVpThreads = 256;  // (block_fold above)
 
 __global__ void xent_max_kernel(const bf16* __restrict__ logits, float* __restrict__ m, int64_t valid, int64_t ld) {
   __shared__ float red[kVpThreads / 32];
   const bf16* x = logits + blockIdx.x * ld;
   float v = -INFINITY;
   for (int64_t j = threadIdx.x; j < valid; j += kVpThreads) v = fmaxf(v, __bfloat162float(x[j]));
-  const float all = vp_fold(v, red, [](float a, float b) { return fmaxf(a, b); });
+  const float all = block_fold<kVpThreads>(v, red, [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) m[blockIdx.x] = all;
 }
 
@@ -208,7 +197,7 @@ __global__ void xent_stats_kernel(const bf16* __restrict__ logits, const int32_t
   const float mx = m[n];
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < valid; j += kVpThreads) sum += expf(__bfloat162float(x[j]) - mx);
-  const float all = vp_fold(sum, red, [](float a, float b) { return a + b; });
+  const float all = block_fold<kVpThreads>(sum, red, [](float a, float b) { return a + b; });
   if (threadIdx.x == 0) {
     const int64_t t = static_cast<int64_t>(targets[n]) - v0;
     stats[2 * n] = all;
