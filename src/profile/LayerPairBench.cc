@@ -8,10 +8,7 @@
 #include "base/Error.h"
 #include "base/Stats.h"
 #include "model/Params.h"
-#include "tensor/DeviceMemory.h"
-#if DHELIX_HAVE_CUDA
-#include "kernels/cuda/Gemm.h"
-#endif
+#include "runtime/StepBuilder.h"
 
 namespace dhelix {
 
@@ -33,10 +30,6 @@ Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem
 LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
                                CommContext* comm, uint64_t seed, Device device)
     : model_(model), layout_(layout), mb_(mb), comm_(comm) {
-  if (!device.is_host()) {
-    const std::string why = device_unavailable(device);
-    DHX_CHECK(why.empty(), DeviceError, "profiling on {}: {}; use the cpu device", device.str(), why);
-  }
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
               "world size {} != layout world {} (dp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
@@ -64,14 +57,7 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
   parts_->ctx.groups = StepGroups::of(comm_);
-  if (!device.is_host()) {  // as a training step's (StepBuilder): the weights move, the ops bind to its kernels
-#if DHELIX_HAVE_CUDA
-    blas_ = std::make_shared<cuda::Blas>(device.index);
-    parts_->ctx.device = device;
-    parts_->ctx.blas = blas_.get();
-    parts_->params->move_to(device, &parts_->state_mem);
-#endif
-  }
+  blas_ = place_on_device(*parts_, device);  // as a training step's: the weights move, the ops bind to its kernels
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};

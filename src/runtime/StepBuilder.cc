@@ -14,22 +14,27 @@
 
 namespace dhelix {
 
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d) {
+  if (d.is_host()) return nullptr;
+  const std::string why = device_unavailable(d);
+  DHX_CHECK(why.empty(), DeviceError, "a step on {}: {}", d.str(), why);
+#if DHELIX_HAVE_CUDA
+  auto blas = std::make_shared<cuda::Blas>(d.index);
+  parts.ctx.device = d;
+  parts.ctx.blas = blas.get();
+  parts.params->move_to(d, &parts.state_mem);
+  return blas;
+#else
+  throw DeviceError(fmt::format("a step on {}: {}", d.str(), why));  // (why is never empty here)
+#endif
+}
+
 Step::Step(const StepSpec& spec) {
   parts = std::make_unique<StepParts>(spec.parts);
   const LayoutConfig& layout = parts->layout;
   RunContext& c = parts->ctx;
-  // A GPU step: the model states move there before the optimizer allocates its moments beside
-  // them, and the op programs bind to the GPU's kernels with its cuBLASLt handle.
-  if (!spec.device.is_host()) {
-#if DHELIX_HAVE_CUDA
-    blas = std::make_shared<cuda::Blas>(spec.device.index);
-    c.device = spec.device;
-    c.blas = blas.get();
-    parts->params->move_to(spec.device, &parts->state_mem);
-#else
-    throw DeviceError(fmt::format("a step on {}: {}", spec.device.str(), device_unavailable(spec.device)));
-#endif
-  }
+  // A GPU step: the model states move there before the optimizer allocates its moments beside them.
+  blas = place_on_device(*parts, spec.device);
   // A GPU step's groups move device tensors: each CPU group is wrapped once in a staged group, the
   // only issuer on it while a step runs (the trainer's own host-tensor reductions on the CPU groups
   // come after a step's staged ops completed, so every member sees the same op order).

@@ -44,6 +44,12 @@ struct StepSpec {
   std::string plan_path;                // a saved SI plan (dhelix plan), else the default pairing
 };
 
+// Moves `parts` to GPU `d` (nothing for the host): the model states go there, and the op programs
+// bind to the GPU's kernels with the returned cuBLASLt handle, which must outlive everything
+// launching on it. DeviceError naming why when this build or machine has no such GPU. Step and the
+// profiler's LayerPairBench both place their parts with it.
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d);
+
 class Step {
  public:
   explicit Step(const StepSpec& spec);
