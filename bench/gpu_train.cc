@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "GpuModels.h"
 #include "base/Error.h"
 #include "kernels/cuda/Cuda.h"
 #include "runtime/StepBuilder.h"
@@ -32,33 +33,11 @@ namespace {
 
 constexpr double kPeak = 989e12;  // H100/H200 SXM dense bf16
 
-ModelConfig model_named(const std::string& name, int64_t T) {
-  if (name == "gpt2-124m") {
-    ModelConfig m = model_preset("gpt2-124m");
-    m.seq_len = std::max<int64_t>(m.seq_len, T);
-    return m;
-  }
-  DHX_CHECK(name == "llama-1b", ConfigError, "unknown model '{}' (expected gpt2-124m or llama-1b)", name);
-  ModelConfig m;  // bench/gpu_torch.py's llama-1b
-  m.name = "llama-1b";
-  m.family = ModelFamily::kLlama;
-  m.vocab_size = 32000;
-  m.seq_len = T;
-  m.d_model = 2048;
-  m.n_layers = 16;
-  m.n_heads = 32;
-  m.n_kv_heads = 8;
-  m.ffn_hidden = 8192;
-  m.rope_theta = 500000.0;
-  m.tie_embeddings = false;
-  return m;
-}
-
 std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, int warmup) {
   const Device gpu = Device::cuda(0);
   StepSpec spec;
   StepPartsSpec& ps = spec.parts;
-  ps.model = model_named(name, T);
+  ps.model = bench::gpu_model_named(name, T);
   ps.mb = MicroBatchShape{B, T};
   ps.tokens_per_step = static_cast<double>(B * T);
   ps.pipeline = single_stage(CoExecute::kOff);

@@ -9,6 +9,7 @@
 #if DHELIX_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -34,9 +35,8 @@ class StagedGroup final : public ProcessGroup {
       : ProcessGroup(role_of(host), host.rank(), host.size(), host.world_rank(), host.timeout_s()),
         host_(host),
         device_(device),
-        opts_(o) {
-    DHX_CHECK(o.link_bytes_per_s >= 0, ConfigError, "staged group {}: link rate {} B/s must be >= 0", name(),
-              o.link_bytes_per_s);
+        link_bytes_per_s_(o.link_bytes_per_s) {
+    check_rate(o.link_bytes_per_s);
     cuda_check(cudaSetDevice(device), "cudaSetDevice");
     cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate (staged group)");
     start_stream(kDefaultCommNice, [this] { return poll(); });
@@ -53,6 +53,10 @@ class StagedGroup final : public ProcessGroup {
   std::string transport() const override { return "staged over " + host_.transport(); }
 
   void set_producer_stream(void* s) override { producer_.set(s); }
+  void set_link_rate(double bytes_per_s) {
+    check_rate(bytes_per_s);
+    link_bytes_per_s_ = bytes_per_s;
+  }
 
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {
@@ -166,6 +170,9 @@ class StagedGroup final : public ProcessGroup {
   };
 
   static std::string role_of(const ProcessGroup& g) { return g.name().substr(0, g.name().find('[')); }
+  void check_rate(double r) const {
+    DHX_CHECK(r >= 0, ConfigError, "staged group {}: link rate {} B/s must be >= 0", name(), r);
+  }
   static int64_t row_elems(const Tensor& t) {
     int64_t r = 1;
     for (int i = 1; i < t.ndim(); ++i) r *= t.dim(i);
@@ -219,8 +226,9 @@ class StagedGroup final : public ProcessGroup {
 
   // Holds the op until `bytes` at the emulated link's rate have passed since t0.
   void pace(double t0, double bytes) const {
-    if (opts_.link_bytes_per_s <= 0 || size() == 1) return;
-    const double until = t0 + bytes / opts_.link_bytes_per_s;
+    const double rate = link_bytes_per_s_;
+    if (rate <= 0 || size() == 1) return;
+    const double until = t0 + bytes / rate;
     const double left = until - now_seconds();
     if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
   }
@@ -261,7 +269,7 @@ class StagedGroup final : public ProcessGroup {
 
   ProcessGroup& host_;
   int device_;
-  StagedOptions opts_;
+  std::atomic<double> link_bytes_per_s_;  // StagedOptions::link_bytes_per_s; read by the comm thread
   cudaStream_t copy_ = nullptr;
   ProducerStream producer_;
   std::deque<Posted> posted_;  // the comm thread's alone
@@ -281,6 +289,12 @@ void staged_set_producer_stream(ProcessGroup& group, StreamHandle stream) {
   g->set_producer_stream(stream);
 }
 
+void staged_set_link_rate(ProcessGroup& group, double bytes_per_s) {
+  auto* g = dynamic_cast<StagedGroup*>(&group);
+  DHX_CHECK(g, InternalError, "{} is not a staged group (transport {})", group.name(), group.transport());
+  g->set_link_rate(bytes_per_s);
+}
+
 #else  // a build without CUDA
 
 std::unique_ptr<ProcessGroup> make_staged_group(ProcessGroup& host, int device, const StagedOptions&) {
@@ -289,6 +303,10 @@ std::unique_ptr<ProcessGroup> make_staged_group(ProcessGroup& host, int device, 
                                 host.name(), device));
 }
 void staged_set_producer_stream(ProcessGroup& group, StreamHandle) {
+  throw InternalError(fmt::format("{} is not a staged group (transport {})", group.name(), group.transport()));
+}
+
+void staged_set_link_rate(ProcessGroup& group, double) {
   throw InternalError(fmt::format("{} is not a staged group (transport {})", group.name(), group.transport()));
 }
 

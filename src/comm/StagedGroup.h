@@ -40,5 +40,9 @@ std::unique_ptr<ProcessGroup> make_staged_group(ProcessGroup& host, int device, 
 // The stream whose kernels write the tensors the group's later ops read (null: none, the caller
 // synchronises). InternalError when `group` is not a staged group.
 void staged_set_producer_stream(ProcessGroup& group, StreamHandle stream);
+// The emulated link's rate from the next op on (StagedOptions::link_bytes_per_s; a benchmark
+// switches it between variants). ConfigError for a negative rate; InternalError when `group` is
+// not a staged group.
+void staged_set_link_rate(ProcessGroup& group, double bytes_per_s);
 
 }  // namespace dhelix

@@ -40,7 +40,7 @@ void GradSync::issue_bucket(size_t b) {
   issued_[b] = 1;
   const GradBucket& bk = params_.buckets()[b];
   Tensor range = params_.flat_grads().narrow0(bk.begin, bk.end - bk.begin);
-  ProcessGroup* g = shard_group(bk);  // edp for the experts' buckets under expert parallelism
+  ProcessGroup* g = produced(shard_group(bk));  // edp for the experts' buckets under expert parallelism
   const char* gname = g == edp_ && bk.expert ? "edp" : "dp";
   const bool reduce = g && g->size() > 1;
   Tensor send = range;
@@ -167,17 +167,35 @@ void GradSync::on_grad_op(int mb, int unit, const Op& op) {
 
 void GradSync::on_unit_backward_done(int mb, int unit) {
   if (mb != last_mb_) return;
+  drain_partials();  // the previous unit's (a GPU step's)
   std::vector<Work> works;
   std::vector<size_t> ready;
   for (size_t i = 0; i < params_.entries().size(); ++i) {
     ParamEntry& e = params_.entries()[i];
-    if (ProcessGroup* g = e.unit == unit ? partial_group(e) : nullptr) {
+    if (ProcessGroup* g = e.unit == unit ? produced(partial_group(e)) : nullptr) {
       works.push_back(g->all_reduce(e.grad.view({e.grad.numel()})));
       ready.push_back(i);
     }
   }
+  if (producer_ && !works.empty()) {
+    // A GPU step: the host does not wait here (it would stall every launch behind the backward
+    // strand's queue, which the reduction waits for); the unit's parameters become ready when the
+    // next unit's backward is done or at finish(): points every rank reaches in the same order,
+    // so the dp buckets they complete are issued in the same order everywhere.
+    partials_.push_back({std::move(works), std::move(ready)});
+    return;
+  }
   for (auto& w : works) w.wait();
   for (size_t i : ready) param_ready(i);
+}
+
+void GradSync::drain_partials() {
+  while (!partials_.empty()) {
+    Partial& p = partials_.front();
+    for (auto& w : p.works) w.wait();
+    for (size_t i : p.ready) param_ready(i);
+    partials_.pop_front();
+  }
 }
 
 double GradSync::finish() {
@@ -195,6 +213,7 @@ double GradSync::finish() {
     const float* o = other.f32();
     for (int64_t i = 0; i < mine.numel(); ++i) g[i] += o[i];  // a + b == b + a: both stages agree
   }
+  drain_partials();  // a GPU step's tp partial sums still in flight
   for (size_t b = 0; b < issued_.size(); ++b) issue_bucket(b);  // anything held back (overlap off)
   double busy = 0;
   for (Inflight& f : inflight_) {

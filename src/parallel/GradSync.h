@@ -14,6 +14,7 @@
 // Without ZeRO the buckets are all-reduced in place; with ZeRO-1 they are reduce-scattered and
 // rank r keeps chunk r of every bucket (the optimizer updates only that chunk).
 #pragma once
+#include <deque>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -102,8 +103,18 @@ class GradSync final : public StepObserver {
   double dp_comm_seconds() const { return dp_comm_s_; }
   // When set, finish() records every bucket reduction on the lane "comm <dp group name>".
   void set_trace(Trace* trace) { trace_ = trace; }
+  // A GPU step: the stream whose kernels write the gradients (the backward strand's). Every
+  // reduction this sync issues is ordered after that stream's work at its issue (a GPU group's
+  // ProcessGroup::set_producer_stream, set before each issue: the executor sets the same groups'
+  // producer to the issuing strand for its own collectives). Null (the host): nothing to order.
+  void set_producer_stream(void* stream) { producer_ = stream; }
 
  private:
+  // `g`, about to take an op of this sync: ordered after the producer stream (a GPU step's).
+  ProcessGroup* produced(ProcessGroup* g) const {
+    if (g && producer_) g->set_producer_stream(producer_);
+    return g;
+  }
   void param_ready(size_t entry);
   void add_gathered_rows();
   void issue_bucket(size_t b);
@@ -120,6 +131,14 @@ class GradSync final : public StepObserver {
   ParamStore& params_;
   const std::vector<UnitSpec>& units_;
   ProcessGroup* tp_;
+  void* producer_ = nullptr;  // set_producer_stream
+  // A GPU step's tp partial-gradient all-reduces of a unit, not yet complete (on_unit_backward_done).
+  struct Partial {
+    std::vector<Work> works;
+    std::vector<size_t> ready;  // entries ready once they complete
+  };
+  std::deque<Partial> partials_;
+  void drain_partials();  // waits for them in issue order; their entries become ready
   ProcessGroup* block_ = nullptr;
   ProcessGroup* dp_;
   bool expert_group_set_ = false;

@@ -29,10 +29,11 @@ void Optimizer::allocate_state() {
   else
     n = params_.flat_values().numel();
   if (on_gpu()) {
-    // Each GPU holds the whole model: no optimizer state is sharded. Data parallelism without ZeRO
-    // needs nothing here (the gradients are reduced before the update); Config refuses the rest.
-    DHX_CHECK(sync_.zero() != ZeroStage::kOne && (!tp_ || tp_->size() == 1) && !pp_ && !ep_, InternalError,
-              "the GPU optimizer runs whole-model replicas without ZeRO (data parallelism at most)");
+    // No optimizer state is sharded on a GPU: each rank updates all it holds (the whole model, or
+    // its tensor-parallel shard). Data parallelism without ZeRO needs nothing here (the gradients
+    // are reduced before the update); Config refuses the rest.
+    DHX_CHECK(sync_.zero() != ZeroStage::kOne && !pp_ && !ep_, InternalError,
+              "the GPU optimizer runs without ZeRO, pipelines or experts (data and tensor parallelism at most)");
     m_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     v_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     m_.zero_();
@@ -178,13 +179,19 @@ double Optimizer::grad_norm_gpu() {
   Tensor parts = Tensor::empty({params_.num_global_entries()}, DType::kF64, nullptr, d, stream_);
   parts.zero_();
   double* slot = parts.data<double>();
+  const ParamEntry* copy = params_.tied_copy();
+  std::vector<const ParamEntry*> replicated;
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
-    DHX_CHECK(e.spec.replicas == 1, InternalError, "'{}' is replicated {} times on one GPU", e.spec.name,
-              e.spec.replicas);
+    if (&e == copy) return;
     cuda::sum_squares(grad_ptr(bi, s), t - s, slot + e.global_index, cuda::Accumulate::kYes, st);
+    if (e.spec.replicas > 1) replicated.push_back(&e);
   });
   norm_parts_ = parts.to(Device::host(), nullptr, stream_);  // waits for the sums
-  const double* pt = norm_parts_.data<double>();
+  double* pt = norm_parts_.data<double>();
+  // As on the host: an element held by `replicas` ranks of the tensor-parallel block (the norms
+  // under tp) counts 1/replicas on each; the slots are summed over tp, then added in slot order.
+  for (const ParamEntry* e : replicated) pt[e->global_index] /= e->spec.replicas;
+  if (tp_ && tp_->size() > 1) tp_->all_reduce(norm_parts_).wait();
   double ss = 0;
   for (int64_t i = 0; i < norm_parts_.numel(); ++i) ss += pt[i];  // slot order, as on the host
   return std::sqrt(ss);

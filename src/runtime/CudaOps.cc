@@ -1,6 +1,7 @@
 // Op bindings on a GPU: the layer programs' op codes -> kernels/cuda, the CUDA twin of
-// OpRegistry.cc's CPU bindings for one GPU per rank without tensor, context or 3D parallelism (the
-// first step of issue 35's executor on CUDA; the sharded ops come next; MoE at ep = 1). Activations and
+// OpRegistry.cc's CPU bindings for one GPU per rank, with Megatron's tensor and sequence parallelism
+// (issue 39: the vocabulary-parallel embedding and cross-entropy, local heads, positions on a
+// sequence shard), not yet context parallelism or the 3D grid; MoE at tp = ep = 1. Activations and
 // their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
 // gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
 // ParamStore), norms and biases their fp32 values. Every kernel is enqueued on the op's stream
@@ -45,14 +46,21 @@ using op::attr_or;
 using op::cols;
 using op::rows;
 cudaStream_t st(const OpCall& c) { return static_cast<cudaStream_t>(c.stream); }
-// One GPU per rank, no sharding of the layer: what these bindings implement so far.
-void require_unsharded(const OpCall& c) {
-  DHX_CHECK(c.tp == 1 && c.cp == 1 && !c.shard.is_3d(), DeviceError,
-            "op {} on {}: the CUDA backend runs tp = cp = 1 without the 3D grid so far (tp={}, cp={}, 3D={}); "
-            "run this layout on cpu",
-            c.op.name, c.device.str(), c.tp, c.cp, c.shard.is_3d());
+// One GPU per rank with Megatron's tensor (and sequence) parallelism: what these bindings implement
+// so far. Context parallelism's ring and the 3D grid's ops are refused.
+void require_layout(const OpCall& c) {
+  DHX_CHECK(c.cp == 1 && !c.shard.is_3d(), DeviceError,
+            "op {} on {}: the CUDA backend runs tensor parallelism (tp), not context parallelism or the 3D grid, "
+            "so far (cp={}, 3D={}); run this layout on cpu",
+            c.op.name, c.device.str(), c.cp, c.shard.is_3d());
   DHX_CHECK(c.blas != nullptr, InternalError, "op {} on {}: the run context has no cuBLASLt handle", c.op.name,
             c.device.str());
+}
+// The same, without tensor parallelism either (the MoE ops so far).
+void require_unsharded(const OpCall& c) {
+  require_layout(c);
+  DHX_CHECK(c.tp == 1, DeviceError, "op {} on {}: the CUDA backend runs this op at tp = 1 so far (tp={}); run this "
+            "layout on cpu", c.op.name, c.device.str(), c.tp);
 }
 const Tensor& weight_bf16(const ParamEntry& e) {
   DHX_CHECK(e.value_bf16.defined(), InternalError, "parameter {} has no bf16 copy (ParamStore::move_to a GPU first)",
@@ -79,7 +87,7 @@ Tensor bf16_operand(const OpCall& c, const Tensor& t) {
 }
 
 void op_linear(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& x = c.in(0);
   const ParamEntry& w = c.param(0);
   const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
@@ -97,7 +105,7 @@ void op_linear(OpCall& c) {
 }
 
 void op_linear_dgrad(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   const Tensor dy = bf16_operand(c, c.in(0));
   const ParamEntry& w = c.param(0);
   const int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
@@ -107,7 +115,7 @@ void op_linear_dgrad(OpCall& c) {
 
 // A whole weight gradient, or rows [lo, hi) of it (a split wgrad); its bias gradient only whole.
 void op_linear_wgrad(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   const Tensor dy = bf16_operand(c, c.in(0));
   Tensor& x = c.in(1);
   ParamEntry& w = c.grad(0);
@@ -165,14 +173,15 @@ void op_rmsnorm_bwd(OpCall& c) {
   if (c.op.attrs.at("residual")) cuda::add_inplace(b16(dx), b16(c.in(3)), N * C, st(c));
 }
 
-// RoPE over the q and k heads of the packed [N, (H + 2 Hkv) D] rows: copy, then rotate in place.
+// RoPE over the q and k heads of the packed [N, (H + 2 Hkv) D] rows (this rank's heads under tp):
+// copy, then rotate in place.
 void rope_common(OpCall& c, bool backward) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& x = c.in(0);
   const int64_t N = rows(x), W = cols(x), D = c.model.head_dim();
   Tensor& y = c.out_new(0, {N, W}, DType::kBF16);
   y.copy_from(x);
-  const int64_t heads = c.model.n_heads + c.model.n_kv_heads;
+  const int64_t heads = (c.model.n_heads + c.model.n_kv_heads) / c.head_shards();  // this rank's q and k heads
   if (backward)
     cuda::rope_bwd(b16(y), c.mb.B, c.mb.T, heads, D, W, 0, c.model.rope_theta, st(c));
   else
@@ -187,7 +196,7 @@ cuda::AttnShape attn_shape(const OpCall& c, int64_t width) {
 }
 
 void op_attention(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& qkv = c.in(0);
   const int64_t N = rows(qkv), W = cols(qkv);
   const cuda::AttnShape s = attn_shape(c, W);
@@ -199,7 +208,7 @@ void op_attention(OpCall& c) {
 }
 
 void op_attention_bwd(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& qkv = c.in(0);
   const int64_t N = rows(qkv), W = cols(qkv);
   const cuda::AttnShape s = attn_shape(c, W);
@@ -244,51 +253,100 @@ void op_residual_add(OpCall& c) {
     cuda::add_bias(b16(x), b16(r), f32(c.param(0).value), b16(y), N, C, st(c));
 }
 
+// The token embedding: the whole table at tp = 1 (a token outside it gives NaN: loud), else this
+// rank's vocabulary shard, rows [r Vl, (r + 1) Vl), with zeros for the other shards' tokens (the
+// tp group's reduce-scatter sums the rows), as the CPU's op_embed.
+int64_t vocab_first(const OpCall& c, const Tensor& table) { return c.vocab_rank() * table.dim(0); }
+
 void op_embed(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& tok = c.in(0);
   const ParamEntry& w = c.param(0);
   const int64_t N = tok.numel(), C = w.value.dim(1), V = w.value.dim(0);
   Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
-  cuda::embedding_fwd(i32(tok), b16(weight_bf16(w)), nullptr, b16(y), 1, N, C, V, 0, st(c));
+  if (c.tp == 1)
+    cuda::embedding_fwd(i32(tok), b16(weight_bf16(w)), nullptr, b16(y), 1, N, C, V, 0, st(c));
+  else
+    cuda::embedding_shard_fwd(i32(tok), b16(weight_bf16(w)), b16(y), N, C, V, vocab_first(c, w.value), st(c));
 }
 
 void op_embed_bwd(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& tok = c.in(0);
   ParamEntry& w = c.grad(0);
   const int64_t N = tok.numel(), C = w.grad.dim(1), V = w.grad.dim(0);
-  cuda::embedding_bwd(i32(tok), b16(c.in(1)), f32(w.grad), nullptr, 1, N, C, V, 0, st(c));
+  if (c.tp == 1)
+    cuda::embedding_bwd(i32(tok), b16(c.in(1)), f32(w.grad), nullptr, 1, N, C, V, 0, st(c));
+  else
+    cuda::embedding_shard_bwd(i32(tok), b16(c.in(1)), f32(w.grad), N, C, V, vocab_first(c, w.grad), st(c));
 }
 
-// Learned positions (tp = cp = 1): row b*T + t gets position t, so each sequence adds the first T
-// rows of the table.
+// Learned positions: local row i is global row row0 + i of the micro-batch's B*T (row0 = 0 without
+// sequence parallelism, else this rank's sequence shard), position (row0 + i) mod T.
 void op_pos_embed(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& e = c.in(0);
   const int64_t N = rows(e), C = cols(e), T = c.mb.T;
   Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
-  const bf16* P = b16(weight_bf16(c.param(0)));
-  for (int64_t b = 0; b < N / T; ++b) cuda::add(b16(e) + b * T * C, P, b16(y) + b * T * C, T * C, st(c));
+  cuda::position_add(b16(e), b16(weight_bf16(c.param(0))), b16(y), N, C, T, c.seq_row0(N), st(c));
 }
 
-// dP[t] += sum_b dy[b*T + t]: dy viewed as [B, T*C], summed over its B rows in order.
+// dP[t] += the rows at position t, in row order (the CPU's).
 void op_pos_embed_bwd(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor& dy = c.in(0);
   const int64_t N = rows(dy), C = cols(dy), T = c.mb.T;
-  cuda::bias_grad(b16(dy), f32(c.grad(0).grad), N / T, T * C, st(c));
+  cuda::position_grad(b16(dy), f32(c.grad(0).grad), N, C, T, c.seq_row0(N), st(c));
 }
 
 // Fused softmax cross-entropy over the whole vocabulary: per-token loss, dlogits in place.
 void op_cross_entropy(OpCall& c) {
-  require_unsharded(c);
+  require_layout(c);
   Tensor logits = c.in(0);
   Tensor& tg = c.in(1);
   const int64_t N = rows(logits), ld = cols(logits), V = std::min<int64_t>(c.model.vocab_size, ld);
   Tensor& loss = c.out_new(0, {N});
   cuda::cross_entropy_fwd_bwd_strided(b16(logits), i32(tg), f32(loss), b16(logits), c.dloss, N, V, ld, st(c));
   c.env.bufs[c.op.outputs.at(1)] = logits;  // dlogits aliases the logits storage
+}
+
+// ---- Megatron's vocabulary-parallel cross-entropy (tp > 1), three steps with the tp group's
+// all-reduces (max, then the [N, 2] sums) between them (sharding/'s vocab_xent_fwd). This rank's
+// logits are the padded head shard's rows [N, Vl]: the first vocab_valid of them are ids
+// [r Vl, r Vl + valid), the rest padding (the CPU head leaves them out; the kernels skip them).
+struct VocabShard {
+  int64_t N, valid, ld, v0;
+};
+VocabShard vocab_shard(const OpCall& c, const Tensor& logits) {
+  const int64_t Vl = c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  DHX_ASSERT(cols(logits) == Vl, "{}: logits {} vs the head shard's {} rows", c.op.name, logits.describe(), Vl);
+  return VocabShard{rows(logits), op::vocab_valid(c, Vl), Vl, c.vocab_rank() * Vl};
+}
+
+void op_xent_max(OpCall& c) {
+  require_layout(c);
+  Tensor& lg = c.in(0);
+  const VocabShard v = vocab_shard(c, lg);
+  Tensor& m = c.out_new(0, {v.N});
+  cuda::xent_row_max(b16(lg), f32(m), v.N, v.valid, v.ld, st(c));
+}
+
+void op_xent_stats(OpCall& c) {
+  require_layout(c);
+  Tensor& lg = c.in(0);
+  const VocabShard v = vocab_shard(c, lg);
+  Tensor& s = c.out_new(0, {v.N, 2});
+  cuda::xent_row_stats(b16(lg), i32(c.in(1)), f32(c.in(2)), f32(s), v.N, v.valid, v.ld, v.v0, st(c));
+}
+
+void op_xent_finish(OpCall& c) {
+  require_layout(c);
+  Tensor lg = c.in(0);
+  const VocabShard v = vocab_shard(c, lg);
+  Tensor& loss = c.out_new(0, {v.N});
+  cuda::xent_row_finish(b16(lg), i32(c.in(1)), f32(c.in(2)), f32(c.in(3)), f32(loss), b16(lg), c.dloss, v.N, v.valid,
+                        v.ld, v.v0, st(c));
+  c.env.bufs[c.op.outputs.at(1)] = lg;  // dlogits aliases the logits storage
 }
 
 // ---- Mixture of Experts, one GPU (ep = 1) ----
@@ -437,7 +495,8 @@ const std::map<std::string, OpFn>& table() {
       {"gelu", op_gelu},           {"gelu_bwd", op_gelu_bwd},         {"swiglu", op_swiglu},
       {"swiglu_bwd", op_swiglu_bwd}, {"residual_add", op_residual_add}, {"embed", op_embed},
       {"embed_bwd", op_embed_bwd}, {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
-      {"cross_entropy", op_cross_entropy},
+      {"cross_entropy", op_cross_entropy}, {"xent_max", op_xent_max},   {"xent_stats", op_xent_stats},
+      {"xent_finish", op_xent_finish},
       {"moe_route", op_moe_route}, {"moe_aux", op_moe_aux},             {"moe_route_bwd", op_moe_route_bwd},
       {"moe_dispatch", op_moe_dispatch}, {"moe_dispatch_bwd", op_moe_dispatch_bwd},
       {"moe_combine", op_moe_combine}, {"moe_combine_bwd", op_moe_combine_bwd},

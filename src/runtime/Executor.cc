@@ -188,7 +188,15 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   // An activation collective in bf16: it moves a rounded copy; the fp32 result buffer is filled when
   // it is waited for (wait_pending).
   const Tensor in32 = in;
-  const bool wire16 = ctx_.activation_wire == WirePrecision::kBf16 && op.flag("activation") && in.dtype() == DType::kF32;
+  // (A GPU step's activations are bf16 already, and its fp32 tensors -- loss statistics -- move as
+  // they are.)
+  const bool wire16 = !on_gpu_ && ctx_.activation_wire == WirePrecision::kBf16 && op.flag("activation") &&
+                      in.dtype() == DType::kF32;
+  // A collective's new output lives where its input does (a GPU's: ordered on the issuing strand's
+  // stream, as the op's kernels' outputs are).
+  auto new_out = [&](const Shape& sh) {
+    return Tensor::empty(sh, in.dtype(), ctx_.act_mem, in.device(), on_gpu_ ? stream_of(kind).handle() : nullptr);
+  };
   if (wire16) {
     in = Tensor::empty(in32.shape(), DType::kBF16, ctx_.act_mem);
     cpu::round_to_bf16(in32.f32(), in.data<uint16_t>(), in32.numel());
@@ -199,7 +207,7 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
     case CollOp::kAllGather: {
       Shape sh = in.shape();
       sh[0] *= n;
-      Tensor out = Tensor::empty(sh, in.dtype(), ctx_.act_mem);
+      Tensor out = new_out(sh);
       env.bufs[op.outputs.at(0)] = out;
       w = pg.all_gather(in, out);
       break;
@@ -208,7 +216,7 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       Shape sh = in.shape();
       DHX_ASSERT(sh[0] % n == 0, "{}: {} rows not divisible by {}", op.name, sh[0], n);
       sh[0] /= n;
-      Tensor out = Tensor::empty(sh, in.dtype(), ctx_.act_mem);
+      Tensor out = new_out(sh);
       env.bufs[op.outputs.at(0)] = out;
       w = pg.reduce_scatter(in, out);
       break;
@@ -223,7 +231,7 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
     case CollOp::kAllToAll: {
       if (op.inputs.size() == 1) {  // even: chunk j of dim 0 to rank j (the MoE token counts)
         DHX_ASSERT(in.dim(0) % n == 0, "{}: {} rows not divisible by {}", op.name, in.dim(0), n);
-        Tensor out = Tensor::empty(in.shape(), in.dtype(), ctx_.act_mem);
+        Tensor out = new_out(in.shape());
         env.bufs[op.outputs.at(0)] = out;
         w = pg.all_to_all(in, out);
         break;
@@ -244,13 +252,13 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       for (int64_t r : recv) total += r;
       Shape sh = in.shape();
       sh[0] = total;
-      Tensor out = Tensor::empty(sh, in.dtype(), ctx_.act_mem);
+      Tensor out = new_out(sh);
       env.bufs[op.outputs.at(0)] = out;
       w = pg.all_to_all_v(in, std::move(send), out, std::move(recv));
       break;
     }
     case CollOp::kSendRecv: {  // one step of a ring (context parallelism's keys and values)
-      Tensor out = Tensor::empty(in.shape(), in.dtype(), ctx_.act_mem);
+      Tensor out = new_out(in.shape());
       env.bufs[op.outputs.at(0)] = out;
       w = pg.ring_shift(in, out);
       break;

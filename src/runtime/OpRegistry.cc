@@ -77,6 +77,11 @@ void moe_record_aux(OpCall& c, const float* stats, int64_t E) {
 }
 
 // (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng), per expert e.
+int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {
+  const int64_t start = c.vocab_rank() * shard_rows;
+  return std::clamp<int64_t>(c.model.vocab_size - start, 0, shard_rows);
+}
+
 std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E) {
   if (c.model.aux_loss_coef <= 0) return {};
   const double Ng = routed_tokens(c, stats, E);
@@ -97,11 +102,7 @@ using op::attr_or;
 using op::cols;
 using op::rows;
 
-// Rows of the LM-head weight shard that are real vocabulary (the padding rows produce nothing).
-int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {
-  int64_t start = c.vocab_rank() * shard_rows;
-  return std::clamp<int64_t>(c.model.vocab_size - start, 0, shard_rows);
-}
+using op::vocab_valid;
 
 int64_t linear_out(const OpCall& c, const Tensor& w) {
   return c.op.attrs.count("vocab_rows") ? vocab_valid(c, w.dim(0)) : w.dim(0);

@@ -82,6 +82,9 @@ int64_t rows(const Tensor& t);  // dimension 0
 int64_t cols(const Tensor& t);
 int64_t attr(const OpCall& c, const char* key);  // InternalError naming the op when absent
 int64_t attr_or(const OpCall& c, const char* key, int64_t fallback);
+// Rows of this rank's LM-head (vocabulary) shard of `shard_rows` rows that are real vocabulary ids:
+// shard r covers ids [r * shard_rows, ...); the padding rows past vocab_size produce nothing.
+int64_t vocab_valid(const OpCall& c, int64_t shard_rows);
 // MoE's host-side work on a micro-batch's routing statistics (stats: [2E] host floats, counts per
 // expert then each expert's probability sum, summed over tp): moe_record_aux adds the layer's tokens
 // per expert and its load-balancing loss (weighted by the micro-batch's tokens) to the call's

@@ -46,7 +46,7 @@ Step::Step(const StepSpec& spec) {
       if (!host) continue;
       auto it = wrapped.find(host);
       if (it == wrapped.end()) {
-        staged.push_back(make_staged_group(*host, spec.device.index));
+        staged.push_back(make_staged_group(*host, spec.device.index, StagedOptions{spec.emulated_link_bytes_per_s}));
         it = wrapped.emplace(host, staged.back().get()).first;
       }
       g.set(r, it->second);
@@ -91,8 +91,9 @@ Step::Step(const StepSpec& spec) {
   }
   runner = std::make_unique<StepRunner>(c, parts->units, parts->progs, plan ? &*plan : nullptr, spec.parts.pipeline);
   opt->set_stream(runner->executor().compute_stream());  // a GPU's update follows the step's kernels
-  // The gradient buckets' reductions read what the backward strand's kernels wrote.
-  if (dp && !spec.device.is_host()) dp->set_producer_stream(runner->executor().strand_stream(StrandKind::kBackward));
+  // The gradients' reductions (tp's partial sums, the dp buckets) read what the backward strand's
+  // kernels wrote.
+  if (!spec.device.is_host()) sync->set_producer_stream(runner->executor().strand_stream(StrandKind::kBackward));
 }
 
 Step::~Step() = default;

@@ -42,6 +42,9 @@ struct StepSpec {
   bool expose_collectives = false;      // wait for every collective at once (benchmarks)
   int micro_batches = 1;                // per optimizer step on this rank
   std::string plan_path;                // a saved SI plan (dhelix plan), else the default pairing
+  // A GPU step's staged groups (several ranks sharing a GPU): an emulated link of this many bytes
+  // per second per rank (StagedOptions::link_bytes_per_s; 0: none).
+  double emulated_link_bytes_per_s = 0;
 };
 
 // Moves `parts` to GPU `d` (nothing for the host): the model states go there, and the op programs

@@ -131,6 +131,7 @@ const std::vector<Field>& table() {
       DHX_F("comm", "mpi_poll_us", comm.mpi_poll_us, kInt, 1, 100000, "comm.transport = mpi: microseconds a comm thread sleeps between progress tests of a collective in flight"),
       DHX_F("comm", "max_message_bytes", comm.max_message_bytes, kInt, 1, 2147483647, "gloo: the largest single message an op hands to Gloo; larger ones are split into pieces (results unchanged)"),
       DHX_F("comm", "gloo_host", comm.gloo_host, kString, 0, 0, "gloo: the address this rank listens on; empty = loopback when all ranks share one host, else its first non-loopback IPv4 address (may differ between ranks)"),
+      DHX_F("comm", "emulated_link_gbit", comm.emulated_link_gbit, kFloat, 0, 1e6, "GPU runs (training.device = cuda): an emulated link of this many Gbit/s per rank under the staged collectives of ranks sharing a GPU (each op held until its ring bytes at this rate have passed, as the CPU cluster's tc does to a NIC), so that how much of the communication Strand Interleaving hides can be measured on one GPU; 0 = none (the staging copies and the host transport only)"),
       DHX_F("sim", "clusters_dir", sim.clusters_dir, kString, 0, 0, "directory where a cluster preset name (--cluster, --cost-model) is looked up as <name>.toml; empty = <exe>/../configs/clusters, then ./configs/clusters"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
       DHX_F("checkpoint", "interval", checkpoint.interval, kInt, 0, 1e12, "steps between checkpoints; 0 = only at the end"),
@@ -318,8 +319,8 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
 }
 
 // training.device: cpu, or a GPU this build and machine can use (the reason otherwise), and on a
-// GPU only what the GPU path runs so far: data parallelism (dp ranks, one GPU each or sharing one,
-// their gradients over staged groups), a dense model (GPT-2 / Llama families),
+// GPU only what the GPU path runs so far: data and tensor parallelism (ranks with one GPU each or
+// sharing one, their collectives over staged groups), a dense model (GPT-2 / Llama families),
 // bf16 mixed precision, attention head sizes the GPU kernels have (a trace is written: its compute
 // lanes come from CUDA events, Executor::flush_trace). Every refusal names the key, its value and
 // what to change; all are listed together.
@@ -332,16 +333,27 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
     e.push_back(fmt::format("training.{}", x.what()));
     return;
   }
-  if (d.is_host()) return;
+  if (d.is_host()) {
+    if (c.comm.emulated_link_gbit > 0)
+      e.push_back(fmt::format("comm.emulated_link_gbit={} paces a GPU run's staged collectives; training.device=\"{}\" "
+                              "moves its bytes over the real transport (emulate a CPU cluster's links with "
+                              "scripts/cluster); set it to 0",
+                              c.comm.emulated_link_gbit, text));
+    return;
+  }
   const std::string why = device_unavailable(d);
   if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
   const ParallelConfig& p = c.parallel;
   const std::string on = fmt::format("training.device=\"{}\"", text);
-  if (p.tp * p.pp * p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
-    e.push_back(fmt::format("{} runs data parallelism only so far (parallel.tp={} pp={} cp={} ep={} tp_x={} tp_y={} "
-                            "tp_z={}; dp={} is fine): the sharded layers' GPU kernels come next; set them to 1, or use "
-                            "cpu",
-                            on, p.tp, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z, p.dp));
+  if (p.pp * p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
+    e.push_back(fmt::format("{} runs data and tensor parallelism so far (parallel.pp={} cp={} ep={} tp_x={} tp_y={} "
+                            "tp_z={}; dp={} and tp={} are fine): the other layouts' GPU paths come next; set them to "
+                            "1, or use cpu",
+                            on, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z, p.dp, p.tp));
+  if (c.comm.emulated_link_gbit > 0 && p.dp * p.tp == 1)
+    e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces the collectives between ranks, and this run has one "
+                            "rank (parallel.dp = tp = 1); set it to 0, or run more ranks",
+                            on, c.comm.emulated_link_gbit));
   if (p.dp > 1 && c.comm.grad_precision != "fp32")
     e.push_back(fmt::format("{}: the gradient buckets of a GPU run move in fp32 so far (comm.grad_precision=\"{}\", "
                             "parallel.dp={}); set comm.grad_precision to fp32",

@@ -6,6 +6,7 @@
 // wte + wpe rounded to nearest even once (to_bf16's rule). The backward adds the same fp32 values
 // (bf16 dy widened exactly) in the CPU's order, bt ascending from the old value, so dwte and dwpe
 // must equal the CPU's bit for bit (and hence be the same run to run).
+#include <algorithm>
 #include <cstring>
 
 #include "CudaTest.h"
@@ -106,6 +107,92 @@ TEST(CudaOpsEmbedding, OutOfRangeTokensGiveNanRowsAndNoGradient) {
   EXPECT_TRUE(same_bits(gdwte.download(), dwte));
   EXPECT_THROW(embedding_fwd(gtok.get(), gwte.get(), nullptr, gy.get(), B, T, C, 0, 0, nullptr), InternalError);
   EXPECT_THROW(embedding_bwd(gtok.get(), gdy.get(), gdwte.get(), nullptr, B, -T, C, V, 0, nullptr), InternalError);
+}
+
+// Megatron's vocabulary-parallel embedding (tp > 1). Oracle: the CPU's op_embed / op_embed_bwd
+// semantics written out here -- rank r's table holds rows [r Vl, (r + 1) Vl) of the padded
+// vocabulary; its output row is a bitwise copy of the row for the tokens it holds and zeros for the
+// others; its gradient adds the bf16 dy row (widened exactly) to row token - v0 in n order from the
+// old value. Exact, so bitwise. The shards' outputs summed (fp32, as the tp reduce does) give the
+// whole table's rows: checked too. Shapes: 3 ranks over a vocabulary of 50 (the last shard ragged:
+// ids 34..49 real, a padding row past them), C = 8, 13 (unaligned: the scalar path) and 768.
+TEST(CudaOpsEmbedding, VocabularyShardsGiveTheirRowsAndZerosAndAddTheirGradients) {
+  DHX_REQUIRE_GPU();
+  const int64_t V = 50, ranks = 3, Vl = 17, N = 97;
+  uint64_t seed = 300;
+  for (int64_t C : {8, 13, 768}) {
+    auto tokens = randint(N, seed++, static_cast<int32_t>(V));
+    tokens[5] = tokens[6] = tokens[40];  // a run of one token in every shard's sort
+    const auto table = round_bf16(randn(ranks * Vl * C, seed++));
+    const auto dy = round_bf16(randn(N * C, seed++));
+    DevBuf<int32_t> gtok(tokens);
+    DevBuf<bf16> gdy(to_bf16(dy)), gy(N * C);
+    std::vector<float> sum(N * C, 0.0f);
+    for (int64_t r = 0; r < ranks; ++r) {
+      const int64_t v0 = r * Vl;
+      const std::vector<float> shard(table.begin() + v0 * C, table.begin() + (v0 + Vl) * C);
+      DevBuf<bf16> gw(to_bf16(shard));
+      gy.poison();
+      embedding_shard_fwd(gtok.get(), gw.get(), gy.get(), N, C, Vl, v0, nullptr);
+      const auto y = to_f32(gy.download());
+      std::vector<float> want(N * C, 0.0f);
+      for (int64_t n = 0; n < N; ++n)
+        if (tokens[n] >= v0 && tokens[n] < v0 + Vl)
+          std::copy_n(shard.begin() + (tokens[n] - v0) * C, C, want.begin() + n * C);
+      EXPECT_TRUE(same_bits(y, want)) << "C=" << C << " rank " << r;
+      for (int64_t i = 0; i < N * C; ++i) sum[i] += y[i];
+      const auto g0 = randn(Vl * C, seed++);  // accumulated into
+      std::vector<float> g = g0;
+      for (int64_t n = 0; n < N; ++n)
+        if (tokens[n] >= v0 && tokens[n] < v0 + Vl)
+          for (int64_t c = 0; c < C; ++c) g[(tokens[n] - v0) * C + c] += dy[n * C + c];
+      DevBuf<float> gg(g0);
+      embedding_shard_bwd(gtok.get(), gdy.get(), gg.get(), N, C, Vl, v0, nullptr);
+      EXPECT_TRUE(same_bits(gg.download(), g)) << "C=" << C << " rank " << r;
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        ASSERT_EQ(sum[n * C + c], table[tokens[n] * C + c]) << "C=" << C << " n=" << n << " c=" << c;
+  }
+}
+
+// Learned positions on a sequence shard (sequence parallelism: this rank holds rows [row0, row0 +
+// rows) of the micro-batch's B*T). Oracle: the CPU's op_pos_embed / op_pos_embed_bwd written out:
+// y[i] = to_bf16(e[i] + wpe[(row0 + i) mod T]) (fp32 sum rounded once: exact rule), dwpe[t] += dy[i]
+// over i ascending from the old value (the same fp32 adds in the same order): bitwise. Shapes: a
+// shard shorter than T starting mid-sequence and wrapping (rows 5 from row 3 of T = 7), whole
+// sequences (64 rows from 64, T = 32), a shard spanning parts of three sequences (20 from 12, T =
+// 8), unaligned C = 13 and C = 64; in place (y = e) once.
+TEST(CudaOpsEmbedding, PositionsOnASequenceShardEqualTheCpuBitwise) {
+  DHX_REQUIRE_GPU();
+  struct P { int64_t rows, T, row0, C; };
+  uint64_t seed = 400;
+  for (const P& d : {P{5, 7, 3, 13}, P{64, 32, 64, 64}, P{20, 8, 12, 13}, P{20, 8, 12, 64}}) {
+    const auto e = round_bf16(randn(d.rows * d.C, seed++));
+    const auto wpe = round_bf16(randn(d.T * d.C, seed++, 0.1f));
+    const auto dy = round_bf16(randn(d.rows * d.C, seed++));
+    const auto g0 = randn(d.T * d.C, seed++);
+    std::vector<float> want(d.rows * d.C), g = g0;
+    for (int64_t i = 0; i < d.rows; ++i)
+      for (int64_t c = 0; c < d.C; ++c) {
+        const int64_t t = (d.row0 + i) % d.T;
+        want[i * d.C + c] = e[i * d.C + c] + wpe[t * d.C + c];
+        g[t * d.C + c] += dy[i * d.C + c];
+      }
+    DevBuf<bf16> ge(to_bf16(e)), gw(to_bf16(wpe)), gy(d.rows * d.C), gdy(to_bf16(dy));
+    gy.poison();
+    position_add(ge.get(), gw.get(), gy.get(), d.rows, d.C, d.T, d.row0, nullptr);
+    EXPECT_TRUE(same_bits(gy.download(), to_bf16(want))) << "rows=" << d.rows << " T=" << d.T << " row0=" << d.row0;
+    position_add(ge.get(), gw.get(), ge.get(), d.rows, d.C, d.T, d.row0, nullptr);  // in place
+    EXPECT_TRUE(same_bits(ge.download(), to_bf16(want))) << "in place, rows=" << d.rows;
+    DevBuf<float> gg(g0);
+    position_grad(gdy.get(), gg.get(), d.rows, d.C, d.T, d.row0, nullptr);
+    EXPECT_TRUE(same_bits(gg.download(), g)) << "rows=" << d.rows << " T=" << d.T << " row0=" << d.row0;
+  }
+  DevBuf<bf16> b(8);
+  DevBuf<float> f(8);
+  EXPECT_THROW(position_add(b.get(), b.get(), b.get(), 1, 8, 0, 0, nullptr), InternalError);
+  EXPECT_THROW(position_grad(b.get(), f.get(), 1, 8, 1, -1, nullptr), InternalError);
 }
 
 }  // namespace

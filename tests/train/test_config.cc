@@ -144,13 +144,15 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
                                         {"training.precision", "fp32"},
                                         {"parallel.dp", "2"},
                                         {"parallel.tp", "2"},
+                                        {"parallel.pp", "2"},
                                         {"parallel.zero", "1"},
                                         {"comm.grad_precision", "bf16"},
                                         {"model.n_heads", "2"},
                                         {"model.n_kv_heads", "2"},
                                         {"output.trace", "t.json"}});
-  EXPECT_NE(msg.find("runs data parallelism only so far (parallel.tp=2 pp=1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("dp=2 is fine"), std::string::npos) << msg;
+  // Tensor parallelism runs on GPUs (issue 39): tp = 2 is named as fine beside the refused pp.
+  EXPECT_NE(msg.find("runs data and tensor parallelism so far (parallel.pp=2 cp=1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dp=2 and tp=2 are fine"), std::string::npos) << msg;
   EXPECT_NE(msg.find("comm.grad_precision=\"bf16\", parallel.dp=2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("parallel.zero shards over dp"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.precision=\"fp32\": set it to bf16"), std::string::npos) << msg;
@@ -163,6 +165,21 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
   const std::string moe = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
                                         {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"}});
   EXPECT_NE(moe.find("MoE models (model.n_experts=4) do not run on the GPU yet"), std::string::npos) << moe;
+  // The emulated link paces a GPU run's staged collectives between ranks: refused with one rank,
+  // and on the CPU (whose links are emulated by scripts/cluster's tc).
+  const std::string one = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
+                                        {"comm.emulated_link_gbit", "10"}});
+  EXPECT_NE(one.find("comm.emulated_link_gbit=10 paces the collectives between ranks, and this run has one rank"),
+            std::string::npos)
+      << one;
+  const std::string cpu = error_of("", {{"comm.emulated_link_gbit", "10"}});
+  EXPECT_NE(cpu.find("comm.emulated_link_gbit=10 paces a GPU run's staged collectives; training.device=\"cpu\""),
+            std::string::npos)
+      << cpu;
+  EXPECT_EQ(error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"}, {"parallel.tp", "2"},
+                          {"comm.emulated_link_gbit", "10"}})
+                .find("emulated_link_gbit"),
+            std::string::npos);
 }
 
 TEST(Config, FormerEnvironmentKnobsAreKeys) {
@@ -262,7 +279,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 83u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 84u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {

@@ -5,7 +5,10 @@
 // with the mean fixed at 0. The fp32 parameter gradients take two deterministic stages, as
 // bias_grad (Gemm.cu): chunks of kColRows rows summed per column into partials, then the partials
 // summed per column in chunk order and added to dg/db. Bytes moved: forward 4NC (+ 8N stats);
-// backward 6NC for dx and 4NC again for the partials (+ 8 C N / kColRows). Not yet timed on the H100.
+// backward 6NC for dx and 4NC again for the partials (+ 8 C N / kColRows). Measured on the H100
+// (2026-11-27, bench/gpu_kernels) at 111 us for GPT-2's LayerNorm backward (N = 16384, C = 768:
+// ~75 MB, 25 us at 3 TB/s): the partial sums' row loop was bound by one load latency per row; its
+// threads now load kBatch rows before adding them (the same order of adds). Not yet re-timed.
 #include "kernels/cuda/Ops.h"
 
 namespace dhelix::cuda {
@@ -19,6 +22,7 @@ using ops_detail::warp_sum;
 constexpr int kNormWarps = 8;    // rows per block of the row kernels, one warp each
 constexpr int kColThreads = 128;  // columns per block of the partial kernel, one thread each
 constexpr int kColRows = 128;     // rows per partial sum
+constexpr int kBatch = 8;         // rows a partial-sum thread loads before adding them
 
 // Row n = blockIdx.x * kNormWarps + warp. kLayer: mean = sum x / C, var = sum (x - mean)^2 / C;
 // else (RMSNorm) mean := 0, so var is mean(x^2). y = (x - mean) rstd g (+ b).
@@ -132,15 +136,31 @@ __global__ void norm_bwd_partial_kernel(const bf16* __restrict__ dy, const bf16*
   if (col >= C) return;
   const int64_t r0 = chunk * kColRows, r1 = r0 + kColRows < N ? r0 + kColRows : N;
   float sg = 0.0f, sb = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float d = __bfloat162float(dy[r * C + col]), xc = __bfloat162float(x[r * C + col]);
+  auto add = [&](float d, float xc, float mu, float rs) {
     if constexpr (kLayer) {
-      sg += d * ((xc - mean[r]) * rstd[r]);
+      sg += d * ((xc - mu) * rs);
       sb += d;
     } else {
-      sg += d * xc * rstd[r];
+      sg += d * xc * rs;
     }
+  };
+  // kBatch rows' loads issued before any of their adds (a thread's loads are otherwise one
+  // latency each, in a row), then added in row order: the same sums as one row at a time.
+  int64_t r = r0;
+  for (; r + kBatch <= r1; r += kBatch) {
+    float d[kBatch], xc[kBatch], mu[kBatch], rs[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      d[j] = __bfloat162float(dy[(r + j) * C + col]);
+      xc[j] = __bfloat162float(x[(r + j) * C + col]);
+      mu[j] = kLayer ? mean[r + j] : 0.0f;
+      rs[j] = rstd[r + j];
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) add(d[j], xc[j], mu[j], rs[j]);
   }
+  for (; r < r1; ++r)
+    add(__bfloat162float(dy[r * C + col]), __bfloat162float(x[r * C + col]), kLayer ? mean[r] : 0.0f, rstd[r]);
   part[(chunk * kParts) * C + col] = sg;
   if constexpr (kLayer) part[(chunk * kParts + 1) * C + col] = sb;
 }

@@ -30,6 +30,21 @@ void embedding_fwd(const int32_t* tokens, const bf16* wte, const bf16* wpe, bf16
 // Scratch from the stream's memory pool.
 void embedding_bwd(const int32_t* tokens, const bf16* dy, float* dwte, float* dwpe, int64_t B, int64_t T, int64_t C,
                    int64_t V, int64_t pos_offset, cudaStream_t s);
+// Megatron's vocabulary-parallel embedding (tp > 1): wte[V, C] holds rows [v0, v0 + V) of the
+// table; y[n] = wte[tokens[n] - v0], zeros for a token outside them (another rank's shard holds it;
+// the tp group's reduce sums the shards' rows), as cpu's op_embed. The backward adds dy[n] to row
+// tokens[n] - v0 for the tokens inside, in embedding_bwd's order (bitwise the CPU's sums).
+void embedding_shard_fwd(const int32_t* tokens, const bf16* wte, bf16* y, int64_t N, int64_t C, int64_t V, int64_t v0,
+                         cudaStream_t s);
+void embedding_shard_bwd(const int32_t* tokens, const bf16* dy, float* dwte, int64_t N, int64_t C, int64_t V,
+                         int64_t v0, cudaStream_t s);
+// Learned positions on a sequence shard (sequence parallelism: rows [row0, row0 + rows) of the
+// micro-batch's B*T): y[i] = e[i] + wpe[(row0 + i) mod T] (fp32 sum, rounded once; y may alias e);
+// position_grad: dwpe[t] += dy[i] over the rows at position t, i ascending, onto the old value (the
+// CPU twin's order).
+void position_add(const bf16* e, const bf16* wpe, bf16* y, int64_t rows, int64_t C, int64_t T, int64_t row0,
+                  cudaStream_t s);
+void position_grad(const bf16* dy, float* dwpe, int64_t rows, int64_t C, int64_t T, int64_t row0, cudaStream_t s);
 
 // ---- normalisation (one warp per row; parameter gradients in two fixed-order stages) ----
 // y[N,C] = (x - mean) rstd g + b (b may be null); mean[N], rstd[N] = 1/sqrt(var + eps) saved.
