@@ -125,9 +125,11 @@ void op_linear_wgrad(OpCall& c) {
     c.blas->linear_bwd_weight(b16(dy), b16(x), f32(w.grad), db, N, I, O, st(c));
     return;
   }
-  DHX_CHECK(db == nullptr, DeviceError, "{}: a split weight gradient with its bias on the GPU", c.op.name);
+  // Rows [lo, hi) (Megatron's first column GEMM under tp: half inline, half trailing), with the
+  // bias's rows [lo, hi) when it has one (cpu's linear_bwd_weight_rows).
   c.blas->gemm(cuda::Blas::Op::kT, cuda::Blas::Op::kN, hi - lo, I, N, 1.0f, b16(dy) + lo, O, b16(x), I, 1.0f,
                f32(w.grad) + lo * I, I, cuda::Blas::Out::kF32, nullptr, st(c));
+  if (db != nullptr) cuda::bias_grad_strided(b16(dy) + lo, O, db + lo, N, hi - lo, st(c));
 }
 
 void op_bias_grad(OpCall& c) {

@@ -80,6 +80,35 @@ TEST(CudaGemm, LinearBackwardWeightAccumulatesFp32GradientsAndBias) {
   }
 }
 
+// A column slice's bias gradient (a split weight gradient under tp: the weight's rows [lo, hi) and
+// the bias's): bias_grad_strided over columns [lo, hi) of dy [N, O] against cpu::linear_bwd_weight_rows'
+// bias over the same rows, accumulated onto random values; the columns outside untouched. Bound:
+// fp32 sums of N bf16 values in another order (kF32OutBound). Slices: even and odd starts (the
+// scalar path) and widths.
+TEST(CudaGemm, BiasGradientOfAColumnSliceMatchesCpuRows) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 500;
+  struct Slice { int64_t N, O, lo, hi; };
+  for (const Slice& d : {Slice{513, 2304, 0, 1152}, Slice{513, 2304, 1152, 2304}, Slice{37, 129, 1, 64},
+                         Slice{64, 80, 40, 80}, Slice{1, 8, 3, 8}}) {
+    const int64_t I = 16;
+    const auto dy = round_bf16(randn(d.N * d.O, seed++)), x = round_bf16(randn(d.N * I, seed++));
+    const auto db0 = randn(d.O, seed++);
+    std::vector<float> db = db0, dw(d.O * I, 0.0f);
+    cpu::linear_bwd_weight_rows<float>(dy.data(), x.data(), dw.data(), db.data(), d.N, I, d.O, d.lo, d.hi);
+    DevBuf<bf16> gdy(to_bf16(dy));
+    DevBuf<float> gdb(db0);
+    bias_grad_strided(gdy.get() + d.lo, d.O, gdb.get() + d.lo, d.N, d.hi - d.lo, nullptr);
+    const auto got = gdb.download();
+    const std::vector<float> in(got.begin() + d.lo, got.begin() + d.hi), want(db.begin() + d.lo, db.begin() + d.hi);
+    EXPECT_LE(rel_err(in, want), kF32OutBound) << "N=" << d.N << " O=" << d.O << " [" << d.lo << ", " << d.hi << ")";
+    for (int64_t c = 0; c < d.O; ++c)
+      if (c < d.lo || c >= d.hi) {
+        EXPECT_EQ(got[c], db0[c]) << "column " << c << " outside the slice";
+      }
+  }
+}
+
 // The same call twice gives the same bits (one algorithm per shape, a fixed-order bias reduction).
 TEST(CudaGemm, RepeatedCallsAreBitwiseEqual) {
   DHX_REQUIRE_GPU();

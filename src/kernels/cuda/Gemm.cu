@@ -144,15 +144,17 @@ namespace {
 constexpr int kBgRows = 32;   // rows per partial sum: many blocks in flight
 constexpr int kBgCols = 128;  // threads per block, two columns each
 
-__global__ void bias_grad_partial(const bf16* __restrict__ dy, float* __restrict__ part, int64_t N, int64_t O) {
+// dy rows of stride ld (>= O); vec: ld and O even and dy 4-byte aligned (the two-column loads).
+__global__ void bias_grad_partial(const bf16* __restrict__ dy, float* __restrict__ part, int64_t N, int64_t O,
+                                  int64_t ld, bool vec) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kBgCols + threadIdx.x) * 2;
   const int64_t chunk = blockIdx.y;
   if (c0 >= O) return;
   const int64_t r0 = chunk * kBgRows, r1 = r0 + kBgRows < N ? r0 + kBgRows : N;
   float a0 = 0.0f, a1 = 0.0f;
-  if (c0 + 1 < O && O % 2 == 0) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(dy + r0 * O + c0);
-    const int64_t step = O / 2;
+  if (vec) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(dy + r0 * ld + c0);
+    const int64_t step = ld / 2;
 #pragma unroll 8
     for (int64_t r = r0; r < r1; ++r, p += step) {
       const float2 v = __bfloat1622float2(*p);
@@ -161,8 +163,8 @@ __global__ void bias_grad_partial(const bf16* __restrict__ dy, float* __restrict
     }
   } else {
     for (int64_t r = r0; r < r1; ++r) {
-      a0 += __bfloat162float(dy[r * O + c0]);
-      if (c0 + 1 < O) a1 += __bfloat162float(dy[r * O + c0 + 1]);
+      a0 += __bfloat162float(dy[r * ld + c0]);
+      if (c0 + 1 < O) a1 += __bfloat162float(dy[r * ld + c0 + 1]);
     }
   }
   part[chunk * O + c0] = a0;
@@ -178,17 +180,22 @@ __global__ void bias_grad_final(const float* __restrict__ part, float* __restric
 }
 }  // namespace
 
-void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s) {
+void bias_grad_strided(const bf16* dy, int64_t ld, float* db, int64_t N, int64_t O, cudaStream_t s) {
+  DHX_CUDA_ASSERT(N >= 0 && O >= 1 && ld >= O, "bias_grad: N=", N, " O=", O, " ld=", ld, " (need N >= 0, 1 <= O <= ld)");
+  if (N == 0) return;
   const int64_t chunks = cdiv(N, kBgRows);
   DHX_CUDA_ASSERT(chunks <= 65535, "bias_grad: N=", N, " rows is more than 65535 chunks of ", kBgRows);
+  const bool vec = O % 2 == 0 && ld % 2 == 0 && reinterpret_cast<uintptr_t>(dy) % 4 == 0;
   float* part = nullptr;
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), chunks * O * sizeof(float), s));
   bias_grad_partial<<<dim3(static_cast<unsigned>(cdiv(O, 2 * kBgCols)), static_cast<unsigned>(chunks)), kBgCols, 0, s>>>(
-      dy, part, N, O);
+      dy, part, N, O, ld, vec);
   DHX_CUDA_LAUNCHED(bias_grad_partial);
   bias_grad_final<<<static_cast<unsigned>(cdiv(O, 256)), 256, 0, s>>>(part, db, chunks, O);
   DHX_CUDA_LAUNCHED(bias_grad_final);
   DHX_CUDA(cudaFreeAsync(part, s));
 }
+
+void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s) { bias_grad_strided(dy, O, db, N, O, s); }
 
 }  // namespace dhelix::cuda

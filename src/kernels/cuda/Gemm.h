@@ -67,5 +67,8 @@ class Blas {
 
 // acc db[O] += sum_n dy[n,:] (fp32), rows in order: deterministic.
 void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s);
+// The same over O columns of rows ld apart (a column slice of a wider dy: a split weight
+// gradient's bias rows).
+void bias_grad_strided(const bf16* dy, int64_t ld, float* db, int64_t N, int64_t O, cudaStream_t s);
 
 }  // namespace dhelix::cuda
