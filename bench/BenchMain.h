@@ -1,4 +1,5 @@
-// The benchmark programs' main(): runs `run`, and turns a ConfigError into its message and exit 2;
+// The benchmark programs' main(): runs `run`, and turns a ConfigError (or a DeviceError: no such
+// GPU here) into its message and exit 2;
 // any other error prints and either returns 1 (one process) or aborts the MPI world (multi-rank
 // benchmarks, so no rank is left waiting in a collective).
 #pragma once
@@ -17,6 +18,9 @@ int bench_main(const char* name, Run run, OnFailure on_failure) {
   try {
     return run();
   } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 2;
+  } catch (const DeviceError& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 2;
   } catch (const std::exception& e) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "BenchMain.h"
 #include "base/Error.h"
 #include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Cuda.h"
@@ -360,16 +361,6 @@ int run(int argc, char** argv) {
 }  // namespace dhelix::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return dhelix::cuda::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {  // bad flags
-    std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
-    return 2;
-  } catch (const dhelix::DeviceError& e) {  // no GPU here: said, exit 2 as for any unusable input
-    std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_kernels: %s\n", e.what());
-    return 1;
-  }
+  return dhelix::bench_main("dhelix_bench_gpu_kernels", [&] { return dhelix::cuda::run(argc, argv); },
+                            dhelix::OnFailure::kReturn);
 }

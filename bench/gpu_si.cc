@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "BenchMain.h"
 #include "GpuModels.h"
 #include "base/Clock.h"
 #include "base/Error.h"
@@ -323,16 +324,5 @@ int run(int argc, char** argv) {
 }  // namespace dhelix
 
 int main(int argc, char** argv) {
-  try {
-    return dhelix::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_si: %s\n", e.what());
-    return 2;
-  } catch (const dhelix::DeviceError& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_si: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_si: %s\n", e.what());
-    return 1;
-  }
+  return dhelix::bench_main("dhelix_bench_gpu_si", [&] { return dhelix::run(argc, argv); }, dhelix::OnFailure::kReturn);
 }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "BenchMain.h"
 #include "GpuModels.h"
 #include "base/Error.h"
 #include "kernels/cuda/Cuda.h"
@@ -117,16 +118,5 @@ int run(int argc, char** argv) {
 }  // namespace dhelix
 
 int main(int argc, char** argv) {
-  try {
-    return dhelix::run(argc, argv);
-  } catch (const dhelix::ConfigError& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_train: %s\n", e.what());
-    return 2;
-  } catch (const dhelix::DeviceError& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_train: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dhelix_bench_gpu_train: %s\n", e.what());
-    return 1;
-  }
+  return dhelix::bench_main("dhelix_bench_gpu_train", [&] { return dhelix::run(argc, argv); }, dhelix::OnFailure::kReturn);
 }
