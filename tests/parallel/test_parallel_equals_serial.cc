@@ -260,6 +260,32 @@ TEST(ZeroOne, EqualsPlainDataParallel) {
   }
 }
 
+// A GPU step's GradSync (GradSync::set_producer_stream: the backward strand's stream) does not wait
+// for a unit's tp partial-gradient all-reduces where it issues them but when the next unit's backward
+// is done (or at finish), so those parameters become ready later and, with dp > 1, the gradient
+// buckets they complete are issued then. CPU groups ignore the stream, so the deferred path runs
+// here as it will on a GPU. Oracle: the same run waiting at issue (no stream set): bitwise equal
+// losses, since the same sums are taken and only when they are waited for moves -- and the run
+// ends, which buckets issued in different orders on different ranks (mismatched collectives)
+// would not. dp = tp = 2, SI on and off, both families.
+TEST(GradSyncDeferred, TpPartialSumsWaitedOneUnitLaterEqualWaitingAtOnce) {
+  TempDir dir;
+  const std::string prefix = write_walk_dataset(dir.path());
+  int stream_stand_in = 0;  // any non-null handle: the CPU groups never read it
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGPT}) {
+    for (bool si : {false, true}) {
+      RunConfig cfg = tiny_config(f, 2, 2, 0, prefix, dir / "at_once");
+      cfg.training.steps = 6;
+      cfg.schedule.strand_interleaving = si;
+      const RunResult at_once = run_local(cfg);
+      cfg.output.dir = dir / "deferred";
+      const RunResult deferred = run_local(
+          cfg, Grads::kSkip, [&](Trainer& t) { t.grad_sync().set_producer_stream(&stream_stand_in); });
+      EXPECT_EQ(deferred.losses, at_once.losses) << family_name(f) << " si=" << si;
+    }
+  }
+}
+
 // Resharding through a layout-free checkpoint. Oracle: the tp = 2 run itself, continued past the
 // checkpoint; a resumed run (tp = 2 again: bitwise, the DESIGN's resume oracle; tp = 1 dp = 2 and
 // one process: within kLossRelTol, the reduction order changes) must take the same next steps.
