@@ -107,8 +107,8 @@ TEST(KernelRegistry, HostBindsTheCpuKernels) {
 }
 
 // Without the CUDA backend, a CUDA stream and registry are refused naming the build option; a CUDA
-// build refuses a stream on a machine without a GPU (saying so) and, until the ops are bound to
-// the CUDA kernels, the registry (saying that).
+// build refuses a stream on a machine without a GPU (saying so) and, for the ops not yet bound to
+// CUDA kernels, the registry (saying that).
 TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
   auto refused = [](const std::function<void()>& f, const std::string& says) {
     try {
@@ -123,13 +123,14 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     refused([] { kernel_registry(Device::cuda(1)); }, "DHELIX_ENABLE_CUDA");
     return;
   }
-  // A CUDA build binds the GPT-2 / Llama / MoE ops to the CUDA kernels and refuses the rest (the
-  // sharded layers' and expert parallelism's) by name.
+  // A CUDA build binds the GPT-2 / Llama / MoE ops and tensor parallelism's vocabulary-parallel
+  // loss to the CUDA kernels and refuses the rest (context and expert parallelism's) by name.
   const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
   EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_route")));
+  EXPECT_TRUE(static_cast<bool>(gpu.find("xent_max")));
   refused([&] { gpu.find("moe_ep_sort"); }, "op 'moe_ep_sort' has no CUDA kernel binding yet");
-  refused([&] { gpu.find("xent_max"); }, "op 'xent_max' has no CUDA kernel binding yet");
+  refused([&] { gpu.find("ring_attention"); }, "op 'ring_attention' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");
 }
 
