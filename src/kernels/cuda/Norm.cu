@@ -24,9 +24,39 @@ constexpr int kColThreads = 128;  // columns per block of the partial kernel, on
 constexpr int kColRows = 128;     // rows per partial sum
 constexpr int kBatch = 8;         // rows a partial-sum thread loads before adding them
 
+// A warp per row; lane l visits the row's W-bf16 units l, l + 32, l + 64, ... in that order, each
+// pass's sum over them in that order and then by the warp butterfly. K = 0: each pass re-reads the
+// units from memory (any C % W == 0). K > 0 (W = 8, C <= 8 * 32 * K): the lane's K units are read
+// once into registers and every pass visits those -- the same values in the same order, so the
+// same bits, from one read of the row instead of three passes forward or two backward. Measured on
+// the H100 (2026-11-27) before registers: GPT-2's LayerNorm forward (N = 16384, C = 768) at 40 us,
+// against ~17 us for its 50 MB at 3 TB/s. Not yet re-timed.
+template <int W, int K> struct LaneUnits {
+  BfVec<W> v[K > 0 ? K : 1];
+  // Loads the lane's units (K > 0) of the row `r` of `units` units.
+  __device__ __forceinline__ void load(const BfVec<W>* r, int lane, int64_t units) {
+    if constexpr (K > 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (lane + 32 * k < units) v[k] = r[lane + 32 * k];
+    }
+  }
+  // f(unit index u, its slot k among the lane's (0 when K = 0), its values) over the lane's units
+  // in order; k is a constant after unrolling, so a sibling LaneUnits' v[k] stays in registers.
+  template <typename F> __device__ __forceinline__ void each(const BfVec<W>* r, int lane, int64_t units, F f) const {
+    if constexpr (K > 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (lane + 32 * k < units) f(static_cast<int64_t>(lane + 32 * k), k, v[k]);
+    } else {
+      for (int64_t u = lane; u < units; u += 32) f(u, 0, r[u]);
+    }
+  }
+};
+
 // Row n = blockIdx.x * kNormWarps + warp. kLayer: mean = sum x / C, var = sum (x - mean)^2 / C;
 // else (RMSNorm) mean := 0, so var is mean(x^2). y = (x - mean) rstd g (+ b).
-template <int W, bool kLayer>
+template <int W, int K, bool kLayer>
 __global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
                                 bf16* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
                                 int64_t C, float eps) {
@@ -36,28 +66,27 @@ __global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restr
   const BfVec<W>* xr = reinterpret_cast<const BfVec<W>*>(x + n * C);
   BfVec<W>* yr = reinterpret_cast<BfVec<W>*>(y + n * C);
   const int64_t units = C / W;
+  LaneUnits<W, K> row;
+  row.load(xr, lane, units);
   float mu = 0.0f;
   if constexpr (kLayer) {
     float sum = 0.0f;
-    for (int64_t u = lane; u < units; u += 32) {
-      const BfVec<W> v = xr[u];
+    row.each(xr, lane, units, [&](int64_t, int, const BfVec<W>& v) {
 #pragma unroll
       for (int j = 0; j < W; ++j) sum += __bfloat162float(v.v[j]);
-    }
+    });
     mu = warp_sum(sum) / static_cast<float>(C);
   }
   float sq = 0.0f;
-  for (int64_t u = lane; u < units; u += 32) {
-    const BfVec<W> v = xr[u];
+  row.each(xr, lane, units, [&](int64_t, int, const BfVec<W>& v) {
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       const float d = __bfloat162float(v.v[j]) - mu;
       sq += d * d;
     }
-  }
+  });
   const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-  for (int64_t u = lane; u < units; u += 32) {
-    const BfVec<W> v = xr[u];
+  row.each(xr, lane, units, [&](int64_t u, int, const BfVec<W>& v) {
     BfVec<W> o;
 #pragma unroll
     for (int j = 0; j < W; ++j) {
@@ -66,7 +95,7 @@ __global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restr
       o.v[j] = __float2bfloat16(b != nullptr ? yv + b[c] : yv);
     }
     yr[u] = o;
-  }
+  });
   if (lane == 0) {
     if constexpr (kLayer) mean[n] = mu;
     rstd[n] = rs;
@@ -75,7 +104,8 @@ __global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restr
 
 // dx of row n (warp per row), the CPU twin's algebra. LayerNorm, xh = (x - mean) rstd, dxh = dy g:
 // dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)). RMSNorm: dx = rstd dy g - x rstd^3 mean(dy g x).
-template <int W, bool kLayer>
+// Units as the forward's (K > 0: x's and dy's in registers).
+template <int W, int K, bool kLayer>
 __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    bf16* __restrict__ dx, int64_t N, int64_t C) {
@@ -86,10 +116,18 @@ __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __re
   const BfVec<W>* dyr = reinterpret_cast<const BfVec<W>*>(dy + n * C);
   BfVec<W>* dxr = reinterpret_cast<BfVec<W>*>(dx + n * C);
   const int64_t units = C / W;
+  LaneUnits<W, K> xs, ds;
+  xs.load(xr, lane, units);
+  ds.load(dyr, lane, units);
+  // Unit u's dy (slot k of the lane's), from registers or memory.
+  auto dy_unit = [&](int64_t u, int k) -> BfVec<W> {
+    if constexpr (K > 0) return ds.v[k];
+    else return dyr[u];
+  };
   const float mu = kLayer ? mean[n] : 0.0f, rs = rstd[n];
   float a = 0.0f, bb = 0.0f;  // LayerNorm: sum dxh, sum dxh xh; RMSNorm: a = sum dy g x
-  for (int64_t u = lane; u < units; u += 32) {
-    const BfVec<W> xv = xr[u], dv = dyr[u];
+  xs.each(xr, lane, units, [&](int64_t u, int k, const BfVec<W>& xv) {
+    const BfVec<W> dv = dy_unit(u, k);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       const int64_t c = u * W + j;
@@ -101,12 +139,12 @@ __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __re
         a += dxh * xc;
       }
     }
-  }
+  });
   a = warp_sum(a) / static_cast<float>(C);
   if constexpr (kLayer) bb = warp_sum(bb) / static_cast<float>(C);
-  const float k = rs * rs * rs * a;  // RMSNorm's x coefficient (a already divided by C)
-  for (int64_t u = lane; u < units; u += 32) {
-    const BfVec<W> xv = xr[u], dv = dyr[u];
+  const float kx = rs * rs * rs * a;  // RMSNorm's x coefficient (a already divided by C)
+  xs.each(xr, lane, units, [&](int64_t u, int k, const BfVec<W>& xv) {
+    const BfVec<W> dv = dy_unit(u, k);
     BfVec<W> o;
 #pragma unroll
     for (int j = 0; j < W; ++j) {
@@ -116,131 +154,15 @@ __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __re
         const float xh = (xc - mu) * rs;
         o.v[j] = __float2bfloat16(rs * (dyc * g[c] - a - xh * bb));
       } else {
-        o.v[j] = __float2bfloat16(rs * dyc * g[c] - xc * k);
-      }
-    }
-    dxr[u] = o;
-  }
-}
-
-// The same two kernels with the row held in registers: lane l holds 8-bf16 units l, l + 32, ...,
-// l + 32 (K - 1) of its row (those below C / 8), read once from memory; every sum runs over them
-// in the order the kernels above use (units ascending per lane, then the warp butterfly), so the
-// results are bit for bit theirs. For C % 8 == 0, C <= 8 * 32 * K (GPT-2's 768: K = 4; Llama-1B's
-// 2048: K = 8). The kernels above re-read the row for each pass (three passes forward, two
-// backward): measured on the H100 (2026-11-27) at 40 us forward, against ~17 us for its 50 MB at
-// 3 TB/s, for GPT-2's N = 16384, C = 768. Not yet re-timed.
-template <int K, bool kLayer>
-__global__ void norm_fwd_reg_kernel(const bf16* __restrict__ x, const float* __restrict__ g,
-                                    const float* __restrict__ b, bf16* __restrict__ y, float* __restrict__ mean,
-                                    float* __restrict__ rstd, int64_t N, int64_t C, float eps) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const BfVec<8>* xr = reinterpret_cast<const BfVec<8>*>(x + n * C);
-  BfVec<8>* yr = reinterpret_cast<BfVec<8>*>(y + n * C);
-  const int64_t units = C / 8;
-  BfVec<8> v[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < units) v[k] = xr[lane + 32 * k];
-  float mu = 0.0f;
-  if constexpr (kLayer) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < units)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum += __bfloat162float(v[k].v[j]);
-    mu = warp_sum(sum) / static_cast<float>(C);
-  }
-  float sq = 0.0f;
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < units)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float d = __bfloat162float(v[k].v[j]) - mu;
-        sq += d * d;
-      }
-  const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t u = lane + 32 * k;
-    if (u >= units) continue;
-    BfVec<8> o;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t c = u * 8 + j;
-      const float yv = (__bfloat162float(v[k].v[j]) - mu) * rs * g[c];
-      o.v[j] = __float2bfloat16(b != nullptr ? yv + b[c] : yv);
-    }
-    yr[u] = o;
-  }
-  if (lane == 0) {
-    if constexpr (kLayer) mean[n] = mu;
-    rstd[n] = rs;
-  }
-}
-
-template <int K, bool kLayer>
-__global__ void norm_bwd_dx_reg_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
-                                       const float* __restrict__ g, const float* __restrict__ mean,
-                                       const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t N, int64_t C) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const BfVec<8>* xr = reinterpret_cast<const BfVec<8>*>(x + n * C);
-  const BfVec<8>* dyr = reinterpret_cast<const BfVec<8>*>(dy + n * C);
-  BfVec<8>* dxr = reinterpret_cast<BfVec<8>*>(dx + n * C);
-  const int64_t units = C / 8;
-  BfVec<8> xv[K], dv[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < units) xv[k] = xr[lane + 32 * k], dv[k] = dyr[lane + 32 * k];
-  const float mu = kLayer ? mean[n] : 0.0f, rs = rstd[n];
-  float a = 0.0f, bb = 0.0f;  // as norm_bwd_dx_kernel
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t u = lane + 32 * k;
-    if (u >= units) continue;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t c = u * 8 + j;
-      const float dxh = __bfloat162float(dv[k].v[j]) * g[c], xc = __bfloat162float(xv[k].v[j]);
-      if constexpr (kLayer) {
-        a += dxh;
-        bb += dxh * (xc - mu) * rs;
-      } else {
-        a += dxh * xc;
-      }
-    }
-  }
-  a = warp_sum(a) / static_cast<float>(C);
-  if constexpr (kLayer) bb = warp_sum(bb) / static_cast<float>(C);
-  const float kx = rs * rs * rs * a;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t u = lane + 32 * k;
-    if (u >= units) continue;
-    BfVec<8> o;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t c = u * 8 + j;
-      const float dyc = __bfloat162float(dv[k].v[j]), xc = __bfloat162float(xv[k].v[j]);
-      if constexpr (kLayer) {
-        const float xh = (xc - mu) * rs;
-        o.v[j] = __float2bfloat16(rs * (dyc * g[c] - a - xh * bb));
-      } else {
         o.v[j] = __float2bfloat16(rs * dyc * g[c] - xc * kx);
       }
     }
     dxr[u] = o;
-  }
+  });
 }
 
 // Lanes' units in registers for a row of C (C % 8 == 0): the least K in {1, 2, 4, 8} with
-// C <= 256 K, else 0 (the re-reading kernels).
+// C <= 256 K, else 0 (each pass re-reads the row).
 int reg_units(int64_t C) {
   for (int k : {1, 2, 4, 8})
     if (C <= int64_t{256} * k) return k;
@@ -311,19 +233,14 @@ void norm_fwd(const char* what, const bf16* x, const float* g, const float* b, b
   if (N == 0) return;
   const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
   const bool vec = C % 8 == 0 && aligned16(x) && aligned16(y);
-  const int K = vec ? reg_units(C) : 0;
-  if (K == 1) {
-    norm_fwd_reg_kernel<1, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
-  } else if (K == 2) {
-    norm_fwd_reg_kernel<2, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
-  } else if (K == 4) {
-    norm_fwd_reg_kernel<4, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
-  } else if (K == 8) {
-    norm_fwd_reg_kernel<8, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
-  } else if (vec) {
-    norm_fwd_kernel<8, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
-  } else {
-    norm_fwd_kernel<1, kLayer><<<grid, kNormWarps * 32, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps);
+  const dim3 block(kNormWarps * 32);
+  switch (vec ? reg_units(C) : -1) {
+    case 1: norm_fwd_kernel<8, 1, kLayer><<<grid, block, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps); break;
+    case 2: norm_fwd_kernel<8, 2, kLayer><<<grid, block, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps); break;
+    case 4: norm_fwd_kernel<8, 4, kLayer><<<grid, block, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps); break;
+    case 8: norm_fwd_kernel<8, 8, kLayer><<<grid, block, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps); break;
+    case 0: norm_fwd_kernel<8, 0, kLayer><<<grid, block, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps); break;
+    default: norm_fwd_kernel<1, 0, kLayer><<<grid, block, 0, s>>>(x, g, b, y, mean, rstd, N, C, eps); break;
   }
   DHX_CUDA_LAUNCHED(norm_fwd_kernel);
 }
@@ -335,19 +252,14 @@ void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, c
   if (N == 0) return;
   const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
   const bool vec = C % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx);
-  const int K = vec ? reg_units(C) : 0;
-  if (K == 1) {
-    norm_bwd_dx_reg_kernel<1, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
-  } else if (K == 2) {
-    norm_bwd_dx_reg_kernel<2, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
-  } else if (K == 4) {
-    norm_bwd_dx_reg_kernel<4, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
-  } else if (K == 8) {
-    norm_bwd_dx_reg_kernel<8, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
-  } else if (vec) {
-    norm_bwd_dx_kernel<8, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
-  } else {
-    norm_bwd_dx_kernel<1, kLayer><<<grid, kNormWarps * 32, 0, s>>>(dy, x, g, mean, rstd, dx, N, C);
+  const dim3 block(kNormWarps * 32);
+  switch (vec ? reg_units(C) : -1) {
+    case 1: norm_bwd_dx_kernel<8, 1, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
+    case 2: norm_bwd_dx_kernel<8, 2, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
+    case 4: norm_bwd_dx_kernel<8, 4, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
+    case 8: norm_bwd_dx_kernel<8, 8, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
+    case 0: norm_bwd_dx_kernel<8, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
+    default: norm_bwd_dx_kernel<1, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
   }
   DHX_CUDA_LAUNCHED(norm_bwd_dx_kernel);
 
