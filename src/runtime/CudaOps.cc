@@ -320,9 +320,10 @@ struct VocabShard {
   int64_t N, valid, ld, v0;
 };
 VocabShard vocab_shard(const OpCall& c, const Tensor& logits) {
-  const int64_t Vl = c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  const Tensor& head = c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value;
+  const int64_t Vl = head.dim(0);
   DHX_ASSERT(cols(logits) == Vl, "{}: logits {} vs the head shard's {} rows", c.op.name, logits.describe(), Vl);
-  return VocabShard{rows(logits), op::vocab_valid(c, Vl), Vl, c.vocab_rank() * Vl};
+  return VocabShard{rows(logits), op::vocab_valid(c, Vl), Vl, vocab_first(c, head)};
 }
 
 void op_xent_max(OpCall& c) {

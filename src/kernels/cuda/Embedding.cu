@@ -106,19 +106,6 @@ __global__ void embedding_bwd_wte_kernel(const int32_t* __restrict__ stok, const
   }
 }
 
-// Thread (t, c): dwpe[pos_offset + t, c] = ((old + dy[t, c]) + dy[T + t, c]) + ..., b ascending.
-__global__ void embedding_bwd_wpe_kernel(const bf16* __restrict__ dy, float* __restrict__ dwpe, int64_t B, int64_t T,
-                                         int64_t C, int64_t pos_offset) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < T * C; i += stride) {
-    const int64_t t = i / C, c = i % C;
-    float* out = dwpe + (pos_offset + t) * C + c;
-    float acc = *out;
-    for (int64_t b = 0; b < B; ++b) acc += __bfloat162float(dy[(b * T + t) * C + c]);
-    *out = acc;
-  }
-}
-
 void check_embedding(const char* what, int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset) {
   DHX_CUDA_ASSERT(B >= 0 && T >= 0 && C >= 1 && V >= 1 && pos_offset >= 0, what, ": B=", B, " T=", T, " C=", C,
                   " V=", V, " pos_offset=", pos_offset, " (need B, T, pos_offset >= 0 and C, V >= 1)");
@@ -196,10 +183,8 @@ void embedding_bwd(const int32_t* tokens, const bf16* dy, float* dwte, float* dw
   check_embedding("embedding_bwd", B, T, C, V, pos_offset);
   const int64_t BT = B * T;
   if (BT == 0) return;
-  if (dwpe != nullptr) {
-    embedding_bwd_wpe_kernel<<<stride_grid(T * C, kThreads), kThreads, 0, s>>>(dy, dwpe, B, T, C, pos_offset);
-    DHX_CUDA_LAUNCHED(embedding_bwd_wpe_kernel);
-  }
+  // dwpe[pos_offset + t] += sum_b dy[b T + t], b ascending: the positions of B*T rows from row 0.
+  if (dwpe != nullptr) position_grad(dy, dwpe + pos_offset * C, BT, C, T, 0, s);
   embedding_bwd_rows(tokens, dy, dwte, BT, C, V, 0, s);
 }
 
