@@ -10,6 +10,9 @@
 #include "base/Error.h"
 #include "base/Trace.h"
 #include "kernels/cpu/Bf16.h"
+#if DHELIX_HAVE_CUDA
+#include "kernels/cuda/Ops.h"
+#endif
 
 namespace dhelix {
 
@@ -198,11 +201,14 @@ void GradSync::drain_partials() {
   }
 }
 
-double GradSync::finish() {
-  double t0 = now_seconds();
-  if (tied_pp_) {  // E + H on both stages, before the bucket's dp reduction
-    const ParamEntry* copy = params_.tied_copy();
-    Tensor mine = copy ? copy->grad : params_.get("wte").grad;
+// E + H on both stages, before the bucket's dp reduction: each stage sends its copy's gradient and
+// adds the other's (a + b == b + a in fp32: both stages get the same bits). On a GPU the exchange
+// is staged after the backward strand's kernels (the producer stream), and the add runs there too,
+// once the peer's gradient has arrived in device memory of that stream.
+void GradSync::add_tied_peer() {
+  const ParamEntry* copy = params_.tied_copy();
+  Tensor mine = copy ? copy->grad : params_.get("wte").grad;
+  if (mine.device().is_host()) {
     Tensor other = Tensor::empty(mine.shape(), mine.dtype(), tracker_);
     Tensor out = mine.clone();
     Work s = tied_pp_->send(out, tied_peer_, ProcessGroup::kMaxP2PTag);
@@ -211,8 +217,25 @@ double GradSync::finish() {
     s.wait();
     float* g = mine.f32();
     const float* o = other.f32();
-    for (int64_t i = 0; i < mine.numel(); ++i) g[i] += o[i];  // a + b == b + a: both stages agree
+    for (int64_t i = 0; i < mine.numel(); ++i) g[i] += o[i];
+    return;
   }
+#if DHELIX_HAVE_CUDA
+  // `mine` is read by the send's staging before the add below writes it: the add waits for both.
+  Tensor other = Tensor::empty(mine.shape(), mine.dtype(), tracker_, mine.device(), producer_);
+  Work s = produced(tied_pp_)->send(mine, tied_peer_, ProcessGroup::kMaxP2PTag);
+  Work r = produced(tied_pp_)->recv(other, tied_peer_, ProcessGroup::kMaxP2PTag);
+  r.wait();
+  s.wait();
+  cuda::add_inplace(mine.f32(), other.f32(), mine.numel(), static_cast<cudaStream_t>(producer_));
+#else
+  throw InternalError(fmt::format("a tied embedding gradient on {} in a build without CUDA", mine.device().str()));
+#endif
+}
+
+double GradSync::finish() {
+  double t0 = now_seconds();
+  if (tied_pp_) add_tied_peer();
   drain_partials();  // a GPU step's tp partial sums still in flight
   for (size_t b = 0; b < issued_.size(); ++b) issue_bucket(b);  // anything held back (overlap off)
   double busy = 0;

@@ -116,6 +116,7 @@ class GradSync final : public StepObserver {
     return g;
   }
   void param_ready(size_t entry);
+  void add_tied_peer();  // the tied embedding's gradient summed with the other stage's copy's
   void add_gathered_rows();
   void issue_bucket(size_t b);
   // A gradient summed over only this rank's tokens of the tensor-parallel block (ParamSpec::partial_grad):

@@ -29,11 +29,11 @@ void Optimizer::allocate_state() {
   else
     n = params_.flat_values().numel();
   if (on_gpu()) {
-    // No optimizer state is sharded on a GPU: each rank updates all it holds (the whole model, or
-    // its tensor-parallel shard). Data parallelism without ZeRO needs nothing here (the gradients
-    // are reduced before the update); Config refuses the rest.
-    DHX_CHECK(sync_.zero() != ZeroStage::kOne && !pp_ && !ep_, InternalError,
-              "the GPU optimizer runs without ZeRO, pipelines or experts (data and tensor parallelism at most)");
+    // No optimizer state is sharded on a GPU: each rank updates all it holds (the whole model, its
+    // tensor-parallel shard, or its pipeline stage's). Data parallelism without ZeRO needs nothing
+    // here (the gradients are reduced before the update); Config refuses the rest.
+    DHX_CHECK(sync_.zero() != ZeroStage::kOne && !ep_, InternalError,
+              "the GPU optimizer runs without ZeRO or experts (data, tensor and pipeline parallelism)");
     m_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     v_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     m_.zero_();
@@ -189,9 +189,11 @@ double Optimizer::grad_norm_gpu() {
   norm_parts_ = parts.to(Device::host(), nullptr, stream_);  // waits for the sums
   double* pt = norm_parts_.data<double>();
   // As on the host: an element held by `replicas` ranks of the tensor-parallel block (the norms
-  // under tp) counts 1/replicas on each; the slots are summed over tp, then added in slot order.
+  // under tp) counts 1/replicas on each; the slots are summed over tp and pp (a slot is filled on one
+  // stage: that sum is exact), then added in slot order.
   for (const ParamEntry* e : replicated) pt[e->global_index] /= e->spec.replicas;
   if (tp_ && tp_->size() > 1) tp_->all_reduce(norm_parts_).wait();
+  if (pp_ && pp_->size() > 1) pp_->all_reduce(norm_parts_).wait();
   double ss = 0;
   for (int64_t i = 0; i < norm_parts_.numel(); ++i) ss += pt[i];  // slot order, as on the host
   return std::sqrt(ss);

@@ -144,6 +144,20 @@ Shape StepRunner::boundary_shape() const {
   return {ctx_.mb.tokens() / tp, ctx_.model->d_model / gx};
 }
 
+Tensor StepRunner::boundary_buffer(TransferKind kind, ProcessGroup& pp) {
+  if (ctx_.device.is_host()) return Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
+  const StreamHandle s =
+      exec_.strand_stream(kind == TransferKind::kActivation ? StrandKind::kForward : StrandKind::kBackward);
+  pp.set_producer_stream(s);
+  return Tensor::empty(boundary_shape(), DType::kBF16, ctx_.act_mem, ctx_.device, s);
+}
+
+void StepRunner::sent_from(TransferKind kind, ProcessGroup& pp) {
+  if (ctx_.device.is_host()) return;
+  pp.set_producer_stream(
+      exec_.strand_stream(kind == TransferKind::kActivation ? StrandKind::kForward : StrandKind::kBackward));
+}
+
 namespace {
 // A message's tag on the pp group: unique per (kind, micro-batch, boundary) within a step.
 int transfer_tag(const Transfer& t, int num_chunks) {
@@ -219,7 +233,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   auto post_until = [&](int k) {
     for (; posted_upto < std::min(k, static_cast<int>(slots.size())); ++posted_upto)
       for (const Transfer& t : slots[posted_upto].recvs) {
-        Tensor buf = Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
+        Tensor buf = boundary_buffer(t.kind, *pp);
         Work w = pp->recv(buf, t.peer, transfer_tag(t, S));
         recvs[transfer_tag(t, S)] = Posted{buf, std::move(w)};
       }
@@ -263,6 +277,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
         out = env->at("dx");
         env.reset();
       }
+      sent_from(t.kind, *pp);
       sends.push_back(Posted{out, pp->send(out, t.peer, transfer_tag(t, S))});
       send_names.push_back(fmt::format("send {} mb{} b{} ->r{}", transfer_kind_name(t.kind), t.mb, t.boundary, t.peer));
     }
@@ -310,7 +325,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
       if (ch.rank != ctx_.pp_rank) continue;
       Tensor in;
       if (c > 0 && chunks[c - 1].rank != ch.rank) {
-        in = Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
+        in = boundary_buffer(TransferKind::kActivation, *pp);
         exec_.stream_wait(pp->recv(in, chunks[c - 1].rank, transfer_tag({TransferKind::kActivation, m, c, 0}, S)));
       }
       for (int u = ch.unit_begin; u < ch.unit_end; ++u) {
@@ -322,6 +337,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
       if (c + 1 < S && chunks[c + 1].rank != ch.rank) {
         Tensor y = f.envs[ch.unit_end - 1]->at("y");
         keep.push_back(y);
+        sent_from(TransferKind::kActivation, *pp);
         sends.push_back(pp->send(y, chunks[c + 1].rank, transfer_tag({TransferKind::kActivation, m, c + 1, 0}, S)));
       }
       if (ch.unit_end == U) {

@@ -91,6 +91,15 @@ class StepRunner {
   void run_slot(Inflight* f, const Chunk* fc, Tensor f_in, Inflight* b, const Chunk* bc, Tensor b_in,
                 const MicroBatch* fdata, StepStats& st);
   Shape boundary_shape() const;  // [B*T / tp, C]: the sequence-sharded activation
+  // A buffer for a pipeline message `kind` arrives in: the boundary's shape, fp32 on the host; on a
+  // GPU bf16 (the dtype its ops pass between units) on the device, ordered on the stream of the
+  // strand that reads it -- the stream `pp` is told to order the arrival's copy after (the block may
+  // be one that stream's earlier kernels used: DeviceMemory.h).
+  Tensor boundary_buffer(TransferKind kind, ProcessGroup& pp);
+  // Points `pp` (a GPU's staged or NCCL group) at the stream of the strand that wrote what it sends
+  // next: the forward strand's for an activation, the backward strand's for a gradient. Nothing on
+  // the host.
+  void sent_from(TransferKind kind, ProcessGroup& pp);
 
   RunContext& ctx_;
   Executor exec_;

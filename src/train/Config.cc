@@ -319,8 +319,8 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
 }
 
 // training.device: cpu, or a GPU this build and machine can use (the reason otherwise), and on a
-// GPU only what the GPU path runs so far: data and tensor parallelism (ranks with one GPU each or
-// sharing one, their collectives over staged groups), a dense model (GPT-2 / Llama families),
+// GPU only what the GPU path runs so far: data, tensor and pipeline parallelism (ranks with one GPU
+// each or sharing one, their collectives and pipeline messages over staged groups), a dense model (GPT-2 / Llama families),
 // bf16 mixed precision, attention head sizes the GPU kernels have (a trace is written: its compute
 // lanes come from CUDA events, Executor::flush_trace). Every refusal names the key, its value and
 // what to change; all are listed together.
@@ -345,14 +345,14 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
   const ParallelConfig& p = c.parallel;
   const std::string on = fmt::format("training.device=\"{}\"", text);
-  if (p.pp * p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
-    e.push_back(fmt::format("{} runs data and tensor parallelism so far (parallel.pp={} cp={} ep={} tp_x={} tp_y={} "
-                            "tp_z={}; dp={} and tp={} are fine): the other layouts' GPU paths come next; set them to "
-                            "1, or use cpu",
-                            on, p.pp, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z, p.dp, p.tp));
-  if (c.comm.emulated_link_gbit > 0 && p.dp * p.tp == 1)
+  if (p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
+    e.push_back(fmt::format("{} runs data, tensor and pipeline parallelism so far (parallel.cp={} ep={} tp_x={} "
+                            "tp_y={} tp_z={}; dp={}, tp={} and pp={} are fine): the other layouts' GPU paths come "
+                            "next; set them to 1, or use cpu",
+                            on, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z, p.dp, p.tp, p.pp));
+  if (c.comm.emulated_link_gbit > 0 && p.dp * p.tp * p.pp == 1)
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces the collectives between ranks, and this run has one "
-                            "rank (parallel.dp = tp = 1); set it to 0, or run more ranks",
+                            "rank (parallel.dp = tp = pp = 1); set it to 0, or run more ranks",
                             on, c.comm.emulated_link_gbit));
   if (p.dp > 1 && c.comm.grad_precision != "fp32")
     e.push_back(fmt::format("{}: the gradient buckets of a GPU run move in fp32 so far (comm.grad_precision=\"{}\", "

@@ -145,14 +145,17 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
                                         {"parallel.dp", "2"},
                                         {"parallel.tp", "2"},
                                         {"parallel.pp", "2"},
+                                        {"parallel.cp", "2"},
                                         {"parallel.zero", "1"},
                                         {"comm.grad_precision", "bf16"},
                                         {"model.n_heads", "2"},
                                         {"model.n_kv_heads", "2"},
                                         {"output.trace", "t.json"}});
-  // Tensor parallelism runs on GPUs (issue 39): tp = 2 is named as fine beside the refused pp.
-  EXPECT_NE(msg.find("runs data and tensor parallelism so far (parallel.pp=2 cp=1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("dp=2 and tp=2 are fine"), std::string::npos) << msg;
+  // Tensor and pipeline parallelism run on GPUs (issue 39): tp = 2 and pp = 2 are named as fine
+  // beside the refused cp.
+  EXPECT_NE(msg.find("runs data, tensor and pipeline parallelism so far (parallel.cp=2 ep=1"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("dp=2, tp=2 and pp=2 are fine"), std::string::npos) << msg;
   EXPECT_NE(msg.find("comm.grad_precision=\"bf16\", parallel.dp=2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("parallel.zero shards over dp"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.precision=\"fp32\": set it to bf16"), std::string::npos) << msg;

@@ -1,7 +1,7 @@
 // Elementwise kernels of the GPU step (Ops.h): residual adds on bf16, the fp32 <-> bf16 casts and
 // the deterministic sum of squares of the global gradient norm. Adds are grid-stride loops with
 // 16-byte accesses (8 bf16) when n % 8 == 0 and the pointers are 16-byte aligned, else 2-byte ones;
-// casts are 4-byte-per-thread coalesced loops. Bytes moved: add 6n, add_inplace 6n, casts 6n,
+// casts are 4-byte-per-thread coalesced loops. Bytes moved: add 6n, add_inplace 6n (fp32: 12n), casts 6n,
 // sum_squares 4n (+ 8 KiB of partials). All bandwidth-bound. Not yet timed on the H100.
 #include "kernels/cuda/Ops.h"
 
@@ -23,6 +23,10 @@ __global__ void cast_f32_to_bf16_kernel(const float* __restrict__ x, bf16* __res
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     y[i] = __float2bfloat16(x[i]);
+}
+__global__ void add_f32_inplace_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) y[i] += x[i];
 }
 __global__ void cast_bf16_to_f32_kernel(const bf16* __restrict__ x, float* __restrict__ y, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -74,6 +78,13 @@ void add(const bf16* a, const bf16* b, bf16* y, int64_t n, cudaStream_t s) { ops
 
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s) {
   ops_detail::map2("add_inplace", y, x, y, n, AddOp{}, s);
+}
+
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s) {
+  DHX_CUDA_ASSERT(n >= 0, "add_inplace (fp32): n=", n, " is negative");
+  if (n == 0) return;
+  add_f32_inplace_kernel<<<stride_grid(n, kThreads), kThreads, 0, s>>>(y, x, n);
+  DHX_CUDA_LAUNCHED(add_f32_inplace_kernel);
 }
 
 void cast_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) {

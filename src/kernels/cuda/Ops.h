@@ -78,6 +78,7 @@ void rope_bwd(bf16* dx, int64_t B, int64_t T, int64_t H, int64_t D, int64_t row_
 // ---- elementwise ----
 void add(const bf16* a, const bf16* b, bf16* y, int64_t n, cudaStream_t s);  // y = a + b (may alias a or b)
 void add_inplace(bf16* y, const bf16* x, int64_t n, cudaStream_t s);         // y += x
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s);       // y += x in fp32 (a tied table's two gradients)
 // y[N,C] = a + b + bias[C] (bias fp32, broadcast over rows; the sum in fp32, rounded once). y may
 // alias a or b. The row-parallel linear's bias, added with the residual (cpu::add_bias).
 void add_bias(const bf16* a, const bf16* b, const float* bias, bf16* y, int64_t N, int64_t C, cudaStream_t s);
