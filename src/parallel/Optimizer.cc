@@ -30,10 +30,10 @@ void Optimizer::allocate_state() {
     n = params_.flat_values().numel();
   if (on_gpu()) {
     // No optimizer state is sharded on a GPU: each rank updates all it holds (the whole model, its
-    // tensor-parallel shard, or its pipeline stage's). Data parallelism without ZeRO needs nothing
+    // tensor-parallel shard, its pipeline stage's, its experts). Data parallelism without ZeRO needs nothing
     // here (the gradients are reduced before the update); Config refuses the rest.
-    DHX_CHECK(sync_.zero() != ZeroStage::kOne && !ep_, InternalError,
-              "the GPU optimizer runs without ZeRO or experts (data, tensor and pipeline parallelism)");
+    DHX_CHECK(sync_.zero() != ZeroStage::kOne, InternalError,
+              "the GPU optimizer runs without ZeRO (data, tensor, pipeline and expert parallelism)");
     m_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     v_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     m_.zero_();
@@ -89,8 +89,6 @@ double Optimizer::step(double lr, int64_t step) {
 
 double Optimizer::grad_norm() {
   if (on_gpu()) return grad_norm_gpu();
-  const bool zero = sync_.zero() == ZeroStage::kOne;
-  const int tp = tp_ ? tp_->size() : 1;
   // Global norm^2: an element held identically by `replicas` ranks of the tensor-parallel block
   // (tp-replicated norms; 3D shards replicated over the axes that do not split them) counts
   // 1/replicas on each.
@@ -106,6 +104,14 @@ double Optimizer::grad_norm() {
     double part = cpu::sum_squares<float>(grad_ptr(bi, s), t - s);
     pt[e.global_index] += e.spec.replicas > 1 ? part / e.spec.replicas : part;
   });
+  return sum_norm_parts();
+}
+
+// norm_parts_ (host, one slot per global entry, each rank's own parts) summed over the groups that
+// split the parameters, then added in slot order: the global norm.
+double Optimizer::sum_norm_parts() {
+  const bool zero = sync_.zero() == ZeroStage::kOne;
+  double* pt = norm_parts_.data<double>();
   // The experts' slots: with ZeRO-1 each edp rank holds a chunk of its experts' gradients (summed
   // over edp), and the ep ranks hold different experts (summed over ep). The other slots: with
   // ZeRO-1 chunks over dp (summed over dp).
@@ -121,7 +127,7 @@ double Optimizer::grad_norm() {
   }
   if (zero && dp_ && dp_->size() > 1) dp_->all_reduce(norm_parts_).wait();
   for (int64_t i : slots) pt[i] = ex.data<double>()[i];
-  if (tp_ && tp > 1) tp_->all_reduce(norm_parts_).wait();
+  if (tp_ && tp_->size() > 1) tp_->all_reduce(norm_parts_).wait();
   if (pp_ && pp_->size() > 1) pp_->all_reduce(norm_parts_).wait();
   double ss = 0;
   for (int64_t i = 0; i < norm_parts_.numel(); ++i) ss += pt[i];
@@ -189,14 +195,10 @@ double Optimizer::grad_norm_gpu() {
   norm_parts_ = parts.to(Device::host(), nullptr, stream_);  // waits for the sums
   double* pt = norm_parts_.data<double>();
   // As on the host: an element held by `replicas` ranks of the tensor-parallel block (the norms
-  // under tp) counts 1/replicas on each; the slots are summed over tp and pp (a slot is filled on one
-  // stage: that sum is exact), then added in slot order.
+  // under tp) counts 1/replicas on each; the slots are summed over ep (the experts'), tp and pp, then
+  // added in slot order.
   for (const ParamEntry* e : replicated) pt[e->global_index] /= e->spec.replicas;
-  if (tp_ && tp_->size() > 1) tp_->all_reduce(norm_parts_).wait();
-  if (pp_ && pp_->size() > 1) pp_->all_reduce(norm_parts_).wait();
-  double ss = 0;
-  for (int64_t i = 0; i < norm_parts_.numel(); ++i) ss += pt[i];  // slot order, as on the host
-  return std::sqrt(ss);
+  return sum_norm_parts();
 }
 
 void Optimizer::update_gpu(double lr, int64_t step, double clip) {

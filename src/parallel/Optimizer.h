@@ -76,6 +76,7 @@ class Optimizer {
   StreamHandle stream_ = nullptr;
   bool on_gpu() const { return !params_.device().is_host(); }
   double grad_norm_gpu();
+  double sum_norm_parts();
   void update_gpu(double lr, int64_t step, double clip);
   int64_t steps_ = 0;
 };

@@ -1,7 +1,8 @@
 // Op bindings on a GPU: the layer programs' op codes -> kernels/cuda, the CUDA twin of
 // OpRegistry.cc's CPU bindings for one GPU per rank, with Megatron's tensor and sequence parallelism
 // (issue 39: the vocabulary-parallel embedding and cross-entropy, local heads, positions on a
-// sequence shard), not yet context parallelism or the 3D grid; MoE at tp = ep = 1. Activations and
+// sequence shard), not yet context parallelism or the 3D grid; MoE at tp = 1, with expert
+// parallelism (the ep regrouping as block copies). Activations and
 // their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
 // gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
 // ParamStore), norms and biases their fp32 values. Every kernel is enqueued on the op's stream
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "base/Error.h"
+#include "kernels/cpu/Kernels.h"
 #include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Gemm.h"
 #include "kernels/cuda/Moe.h"
@@ -357,12 +359,6 @@ void op_xent_finish(OpCall& c) {
 // expert rows bf16. The host reads the routing statistics ([2E] floats: the aux loss and the
 // router's counts, as on the CPU: OpRegistry.h's moe_record_aux, moe_aux_dprob) and each expert's
 // row count (cuBLASLt's grouped GEMMs need them): small copies that wait on the op's stream.
-void require_one_expert_rank(const OpCall& c) {
-  require_unsharded(c);
-  DHX_CHECK(c.shard.ep == 1, DeviceError,
-            "op {} on {}: the CUDA backend runs MoE without expert parallelism so far (ep={}); run this layout on cpu",
-            c.op.name, c.device.str(), c.shard.ep);
-}
 cuda::NormTopk norm_topk(const OpCall& c) { return c.model.norm_topk ? cuda::NormTopk::kYes : cuda::NormTopk::kNo; }
 std::vector<float> host_floats(const OpCall& c, const Tensor& t) {
   const Tensor h = t.to(Device::host(), nullptr, c.stream);  // waits for the copy
@@ -380,7 +376,7 @@ int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
 }
 
 void op_moe_route(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& lg = c.in(0);
   const int64_t N = rows(lg), E = cols(lg), k = c.model.top_k;
   DHX_CHECK(E <= cuda::kMoeMaxExperts, DeviceError, "{}: {} experts; the GPU's grouping handles up to {}", c.op.name,
@@ -403,7 +399,7 @@ void op_moe_aux(OpCall& c) {
 }
 
 void op_moe_route_bwd(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& probs = c.in(1);
   const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
   const std::vector<float> s = host_floats(c, c.in(4));
@@ -420,7 +416,7 @@ void op_moe_route_bwd(OpCall& c) {
 }
 
 void op_moe_dispatch(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& x = c.in(0);
   Tensor& order = c.in(1);
   const int64_t N = rows(x), C = cols(x), P = order.numel();
@@ -430,7 +426,7 @@ void op_moe_dispatch(OpCall& c) {
 
 // dx = the router branch's gradient + each token's k dispatched rows' gradients (j ascending).
 void op_moe_dispatch_bwd(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& dxs = c.in(0);
   Tensor& slot = c.in(1);
   Tensor& d_router = c.in(2);
@@ -457,8 +453,38 @@ void op_moe_combine_bwd(OpCall& c) {
   cuda::moe_combine_bwd(b16(c.in(0)), b16(eo), i32(c.in(2)), f32(gate), b16(deo), f32(dgate), N, k, C, st(c));
 }
 
+// Expert parallelism's regrouping (OpRegistry.cc's moe_ep_sort / moe_ep_unsort): the rows received
+// from the ep ranks as (rank, local expert) blocks, made expert-major for the grouped GEMMs (and
+// back). Each block is contiguous in both orders: one device-to-device copy each on the op's stream,
+// at offsets from the counts read back to the host (cpu::moe_ep_block_moves, the CPU kernel's own).
+// Forward also writes the local experts' row totals ("moe.lcounts", int32 [El]).
+void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
+  require_unsharded(c);
+  Tensor& x = c.in(0);
+  const std::vector<int32_t> rc = host_counts(c, c.in(1));
+  const int64_t G = c.shard.ep, El = static_cast<int64_t>(rc.size()) / std::max<int64_t>(1, G);
+  DHX_ASSERT(G * El == static_cast<int64_t>(rc.size()), "{}: {} counts for ep={}", c.op.name, rc.size(), G);
+  Tensor& y = c.out_new(0, x.shape(), x.dtype());
+  const size_t row = static_cast<size_t>(cols(x)) * dtype_size(x.dtype());
+  for (const cpu::EpBlockMove& m : cpu::moe_ep_block_moves(rc.data(), G, El, to_expert_major))
+    if (m.rows > 0)
+      device_copy(static_cast<char*>(y.raw()) + m.to * row, c.device, static_cast<const char*>(x.raw()) + m.from * row,
+                  c.device, static_cast<size_t>(m.rows) * row, c.stream);
+  if (to_expert_major && c.op.outputs.size() > 1) {
+    Tensor h = Tensor::empty({El}, DType::kI32);
+    for (int64_t e = 0; e < El; ++e) {
+      int32_t n = 0;
+      for (int64_t j = 0; j < G; ++j) n += rc[size_t(j * El + e)];
+      h.data<int32_t>()[e] = n;
+    }
+    c.out_new(1, {El}, DType::kI32).copy_from(h);  // (ordered on the op's stream: the output's)
+  }
+}
+void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }
+void op_moe_ep_unsort(OpCall& c) { moe_ep_regroup_op(c, false); }
+
 void op_expert_linear(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& x = c.in(0);
   Tensor& counts = c.in(1);
   const ParamEntry& w = c.param(0);
@@ -470,7 +496,7 @@ void op_expert_linear(OpCall& c) {
 }
 
 void op_expert_linear_dgrad(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& dy = c.in(0);
   Tensor& counts = c.in(1);
   const ParamEntry& w = c.param(0);
@@ -481,7 +507,7 @@ void op_expert_linear_dgrad(OpCall& c) {
 }
 
 void op_expert_linear_wgrad(OpCall& c) {
-  require_one_expert_rank(c);
+  require_unsharded(c);
   Tensor& counts = c.in(2);
   ParamEntry& w = c.grad(0);
   const int64_t E = counts.numel(), O = expert_rows(c, w.grad, counts), I = w.grad.dim(1);
@@ -505,6 +531,7 @@ const std::map<std::string, OpFn>& table() {
       {"moe_combine", op_moe_combine}, {"moe_combine_bwd", op_moe_combine_bwd},
       {"expert_linear", op_expert_linear}, {"expert_linear_dgrad", op_expert_linear_dgrad},
       {"expert_linear_wgrad", op_expert_linear_wgrad},
+      {"moe_ep_sort", op_moe_ep_sort}, {"moe_ep_unsort", op_moe_ep_unsort},
   };
   return t;
 }
@@ -514,8 +541,8 @@ const std::map<std::string, OpFn>& table() {
 const OpFn& cuda_op(const std::string& code) {
   auto it = table().find(code);
   DHX_CHECK(it != table().end(), DeviceError,
-            "op '{}' has no CUDA kernel binding yet (the GPU runs GPT-2, Llama and MoE layers at tp = cp = ep = 1 "
-            "so far: the sharded layers' ops come next); run this layout on cpu",
+            "op '{}' has no CUDA kernel binding yet (the GPU runs GPT-2 and Llama layers at cp = 1 with tp, MoE "
+            "layers at tp = cp = 1 with ep, so far: the other sharded layers' ops come next); run this layout on cpu",
             code);
   return it->second;
 }

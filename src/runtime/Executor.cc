@@ -240,7 +240,10 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       // count arrays of n equal chunks; chunk j's sum is the rows sent to (inputs[1]) and received
       // from (inputs[2]) group rank j. The counts were exchanged by an earlier op (waited above).
       DHX_ASSERT(op.inputs.size() == 3, "{}: an uneven all-to-all reads data, send and receive counts", op.name);
-      auto rows_per_peer = [&](const Tensor& counts) {
+      // (A GPU's counts come back to the host once, after the strand's kernels that wrote them: the
+      // host sizes the exchange, as Megatron's token dispatcher does.)
+      auto rows_per_peer = [&](const Tensor& dev_counts) {
+        const Tensor counts = dev_counts.to(Device::host(), nullptr, on_gpu_ ? stream_of(kind).handle() : nullptr);
         DHX_ASSERT(counts.numel() % n == 0, "{}: {} counts for {} ranks", op.name, counts.numel(), n);
         const int64_t per = counts.numel() / n;
         std::vector<int64_t> rows(static_cast<size_t>(n), 0);

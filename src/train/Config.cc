@@ -319,9 +319,9 @@ std::vector<std::string> basic_model_checks(const ModelConfig& m) {
 }
 
 // training.device: cpu, or a GPU this build and machine can use (the reason otherwise), and on a
-// GPU only what the GPU path runs so far: data, tensor and pipeline parallelism (ranks with one GPU
-// each or sharing one, their collectives and pipeline messages over staged groups), a dense model (GPT-2 / Llama families),
-// bf16 mixed precision, attention head sizes the GPU kernels have (a trace is written: its compute
+// GPU only what the GPU path runs so far: data, tensor, pipeline and expert parallelism (ranks with
+// one GPU each or sharing one, their collectives and pipeline messages over staged groups), GPT-2 /
+// Llama models and MoE ones at tp = 1, bf16 mixed precision, attention head sizes the GPU kernels have (a trace is written: its compute
 // lanes come from CUDA events, Executor::flush_trace). Every refusal names the key, its value and
 // what to change; all are listed together.
 void check_device(const RunConfig& c, std::vector<std::string>& e) {
@@ -345,11 +345,11 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
   const ParallelConfig& p = c.parallel;
   const std::string on = fmt::format("training.device=\"{}\"", text);
-  if (p.cp * p.ep * p.tp_x * p.tp_y * p.tp_z != 1)
-    e.push_back(fmt::format("{} runs data, tensor and pipeline parallelism so far (parallel.cp={} ep={} tp_x={} "
-                            "tp_y={} tp_z={}; dp={}, tp={} and pp={} are fine): the other layouts' GPU paths come "
-                            "next; set them to 1, or use cpu",
-                            on, p.cp, p.ep, p.tp_x, p.tp_y, p.tp_z, p.dp, p.tp, p.pp));
+  if (p.cp * p.tp_x * p.tp_y * p.tp_z != 1)
+    e.push_back(fmt::format("{} runs data, tensor, pipeline and expert parallelism so far (parallel.cp={} tp_x={} "
+                            "tp_y={} tp_z={}; dp={}, tp={}, pp={} and ep={} are fine): the other layouts' GPU paths "
+                            "come next; set them to 1, or use cpu",
+                            on, p.cp, p.tp_x, p.tp_y, p.tp_z, p.dp, p.tp, p.pp, p.ep));
   if (c.comm.emulated_link_gbit > 0 && p.dp * p.tp * p.pp == 1)
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces the collectives between ranks, and this run has one "
                             "rank (parallel.dp = tp = pp = 1); set it to 0, or run more ranks",
@@ -359,10 +359,10 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
                             "parallel.dp={}); set comm.grad_precision to fp32",
                             on, c.comm.grad_precision, p.dp));
   if (p.zero) e.push_back(fmt::format("{}: parallel.zero shards over dp, which one GPU does not have; set it off", on));
-  if (c.model.is_moe())
-    e.push_back(fmt::format("{}: MoE models (model.n_experts={}) do not run on the GPU yet (their kernels and op "
-                            "bindings exist and await their check on a GPU); use a dense model or cpu",
-                            on, c.model.n_experts));
+  if (c.model.is_moe() && p.tp > 1)
+    e.push_back(fmt::format("{}: MoE models (model.n_experts={}) run on the GPU without tensor parallelism so far "
+                            "(parallel.tp={}); shard the experts with parallel.ep instead, set tp to 1, or use cpu",
+                            on, c.model.n_experts, p.tp));
   if (c.training.precision != "bf16")
     e.push_back(fmt::format("{} trains in bf16 mixed precision (bf16 GEMMs and attention, fp32 weights, optimizer "
                             "and loss); training.precision=\"{}\": set it to bf16",

@@ -123,14 +123,17 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     refused([] { kernel_registry(Device::cuda(1)); }, "DHELIX_ENABLE_CUDA");
     return;
   }
-  // A CUDA build binds the GPT-2 / Llama / MoE ops and tensor parallelism's vocabulary-parallel
-  // loss to the CUDA kernels and refuses the rest (context and expert parallelism's) by name.
+  // A CUDA build binds the GPT-2 / Llama / MoE ops, tensor parallelism's vocabulary-parallel loss
+  // and expert parallelism's regrouping to the CUDA kernels and refuses the rest (context
+  // parallelism's, the 3D grid's) by name.
   const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
   EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_route")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("xent_max")));
-  refused([&] { gpu.find("moe_ep_sort"); }, "op 'moe_ep_sort' has no CUDA kernel binding yet");
+  EXPECT_TRUE(static_cast<bool>(gpu.find("moe_ep_sort")));
+  EXPECT_TRUE(static_cast<bool>(gpu.find("moe_ep_unsort")));
   refused([&] { gpu.find("ring_attention"); }, "op 'ring_attention' has no CUDA kernel binding yet");
+  refused([&] { gpu.find("grid_rows"); }, "op 'grid_rows' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");
 }
 

@@ -151,11 +151,12 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
                                         {"model.n_heads", "2"},
                                         {"model.n_kv_heads", "2"},
                                         {"output.trace", "t.json"}});
-  // Tensor and pipeline parallelism run on GPUs (issue 39): tp = 2 and pp = 2 are named as fine
-  // beside the refused cp.
-  EXPECT_NE(msg.find("runs data, tensor and pipeline parallelism so far (parallel.cp=2 ep=1"), std::string::npos)
+  // Tensor, pipeline and expert parallelism run on GPUs (issue 39): tp = 2 and pp = 2 are named as
+  // fine beside the refused cp.
+  EXPECT_NE(msg.find("runs data, tensor, pipeline and expert parallelism so far (parallel.cp=2 tp_x=1"),
+            std::string::npos)
       << msg;
-  EXPECT_NE(msg.find("dp=2, tp=2 and pp=2 are fine"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dp=2, tp=2, pp=2 and ep=1 are fine"), std::string::npos) << msg;
   EXPECT_NE(msg.find("comm.grad_precision=\"bf16\", parallel.dp=2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("parallel.zero shards over dp"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.precision=\"fp32\": set it to bf16"), std::string::npos) << msg;
@@ -165,9 +166,19 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
   const std::string heads = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
                                           {"model.n_heads", "16"}, {"model.n_kv_heads", "4"}});
   EXPECT_NE(heads.find("model.d_model / model.n_heads = 256 / 16 = 16"), std::string::npos) << heads;
+  // MoE runs on the GPU with expert parallelism, not yet with tensor parallelism.
   const std::string moe = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
-                                        {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"}});
-  EXPECT_NE(moe.find("MoE models (model.n_experts=4) do not run on the GPU yet"), std::string::npos) << moe;
+                                        {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"},
+                                        {"parallel.tp", "2"}});
+  EXPECT_NE(moe.find("MoE models (model.n_experts=4) run on the GPU without tensor parallelism so far "
+                     "(parallel.tp=2)"),
+            std::string::npos)
+      << moe;
+  const std::string moe_ep = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
+                                           {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"},
+                                           {"parallel.dp", "2"}, {"parallel.ep", "2"}});
+  EXPECT_EQ(moe_ep.find("MoE"), std::string::npos) << moe_ep;
+  EXPECT_EQ(moe_ep.find("parallelism so far"), std::string::npos) << moe_ep;
   // The emulated link paces a GPU run's staged collectives between ranks: refused with one rank,
   // and on the CPU (whose links are emulated by scripts/cluster's tc).
   const std::string one = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},

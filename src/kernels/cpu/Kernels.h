@@ -5,6 +5,7 @@
 // Conventions: "acc" outputs are accumulated into (+=), all others are overwritten.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace dhelix::cpu {
 
@@ -201,6 +202,12 @@ template <typename T> void moe_combine_bwd(const T* dy, const T* eo, const int32
 // inverse (y rank-major from x expert-major), before the rows go back.
 template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* y, int64_t G, int64_t El, int64_t C,
                                           bool to_expert_major);
+// The same regrouping as block moves (rows [from, from + rows) of x to rows [to, ...) of y), one per
+// (rank, expert) block in rank-major block order: the GPU's moe_ep_sort copies each on its stream.
+struct EpBlockMove {
+  int64_t from, to, rows;
+};
+std::vector<EpBlockMove> moe_ep_block_moves(const int32_t* counts, int64_t G, int64_t El, bool to_expert_major);
 // Grouped linear over E experts: x[P,I] holds counts[0] rows of expert 0, then counts[1] of expert 1,
 // ...; w[E*O, I] stacks the experts' [O, I] weights. y[rows of e] = x[rows of e] @ w_e^T.
 template <typename T> void expert_linear_fwd(const T* x, const T* w, const int32_t* counts, T* y, int64_t E, int64_t I,

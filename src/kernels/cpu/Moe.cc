@@ -153,8 +153,7 @@ template <typename T> void moe_combine_bwd(const T* dy, const T* eo, const int32
   }
 }
 
-template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* y, int64_t G, int64_t El, int64_t C,
-                                          bool to_expert_major) {
+std::vector<EpBlockMove> moe_ep_block_moves(const int32_t* counts, int64_t G, int64_t El, bool to_expert_major) {
   // Row offsets of block (j, e) in the rank-major and in the expert-major order.
   std::vector<int64_t> rank_major(G * El), expert_major(G * El);
   int64_t r = 0;
@@ -163,11 +162,17 @@ template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* 
   r = 0;
   for (int64_t e = 0; e < El; ++e)
     for (int64_t j = 0; j < G; ++j) expert_major[j * El + e] = r, r += counts[j * El + e];
-  for (int64_t b = 0; b < G * El; ++b) {
-    const int64_t from = to_expert_major ? rank_major[b] : expert_major[b];
-    const int64_t to = to_expert_major ? expert_major[b] : rank_major[b];
-    std::copy(x + from * C, x + (from + counts[b]) * C, y + to * C);
-  }
+  std::vector<EpBlockMove> moves(static_cast<size_t>(G * El));
+  for (int64_t b = 0; b < G * El; ++b)
+    moves[size_t(b)] = EpBlockMove{to_expert_major ? rank_major[b] : expert_major[b],
+                                   to_expert_major ? expert_major[b] : rank_major[b], counts[b]};
+  return moves;
+}
+
+template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* y, int64_t G, int64_t El, int64_t C,
+                                          bool to_expert_major) {
+  for (const EpBlockMove& m : moe_ep_block_moves(counts, G, El, to_expert_major))
+    std::copy(x + m.from * C, x + (m.from + m.rows) * C, y + m.to * C);
 }
 
 template <typename T> void expert_linear_fwd(const T* x, const T* w, const int32_t* counts, T* y, int64_t E, int64_t I,
