@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # bench/gpu-si-sim.sh: issue 39's last speed item -- does `dhelix simulate` with the H100 preset
 # measured on the lent GPU (configs/clusters/h100-measured.toml) predict the emulated runs of
-# bench/gpu_si.cc (tp = 2, the two ranks as threads sharing one GPU, the link between them emulated
-# at a known rate), SI off and on?
+# bench/gpu_si.cc (tp = 2 for the dense models, dp = ep = 2 for the MoE model; the two ranks as
+# threads sharing one GPU, the link between them emulated at a known rate), SI off and on?
 #   bench/gpu-si-sim.sh GPU_SI_JSON     (the bench's last line; e.g. bench/results/gpu-si-<date>-h100.json)
 # The simulated cluster is h100-measured with two changes, both stated, neither fitted to the runs:
 #   - each rank has half the device (peak_flops_bf16 and mem_bw halved): the two ranks' kernels
 #     share the SMs and the memory (an assumption; the bench's compute-only time C is printed beside
 #     the simulated compute to check it);
-#   - the tp link is the emulated one: intra_bw = the bench's link rate (the staged group holds each
-#     op until its ring bytes at that rate have passed, as the simulator's ring prices it) and
+#   - the tp (ep) link is the emulated one: intra_bw = the bench's link rate (the staged group holds
+#     each op until its bytes at that rate have passed, as the simulator prices them) and
 #     intra_latency 50 us per op (assumed: the staging copies' and the host op's fixed cost).
 # A model whose run had no link emulated (the staging was already slower than the target share) is
 # skipped: its link rate is not known. The step compared is the bench's: passes and gradient
-# reductions without the optimizer (simulated step_s - optimizer_s). Last line: one JSON object
+# reductions without the optimizer (simulated step_s - optimizer_s); for the MoE model, whose bench
+# step leaves out the dense gradients' dp all-reduce, the passes alone (step_s - tail_s: the
+# simulated step up to its last backward). Last line: one JSON object
 # with sim_abs_error, the largest |simulated / measured - 1| over the models and SI off / on.
 # Runs here or on the GPU machine (scripts/gpu-device run): the simulator needs no GPU.
 set -euo pipefail
@@ -55,6 +57,9 @@ gpt2 = ["--config", "configs/gpt2-124m.toml", "--model.vocab_size", "50257"]
 llama = ["--config", "configs/demo.toml", "--model.seq_len", "1024", "--model.vocab_size", "32000",
          "--model.d_model", "2048", "--model.n_layers", "16", "--model.n_heads", "32", "--model.n_kv_heads", "8",
          "--model.ffn_hidden", "8192"]
+moe = ["--config", "configs/moe-demo.toml", "--model.vocab_size", "32000", "--model.d_model", "1024",
+       "--model.n_layers", "8", "--model.n_heads", "16", "--model.n_kv_heads", "4", "--model.ffn_hidden", "2816",
+       "--model.n_experts", "8", "--model.top_k", "2"]
 out = {"measured_file": meas_file, "device": meas.get("device"), "models": []}
 errs = []
 for m in meas["models"]:
@@ -66,15 +71,18 @@ for m in meas["models"]:
         continue
     p = f"{work}/{m['model']}.toml"
     preset(m["link_gbit"] * 1e9 / 8, p)
-    keys = (gpt2 if m["model"] == "gpt2-124m" else llama) + [
+    is_moe = m.get("axis") == "ep"
+    model_keys = moe if is_moe else gpt2 if m["model"] == "gpt2-124m" else llama
+    keys = model_keys + [
         "--training.micro_batch_size", str(m["batch"]), "--training.micro_batches", str(m["micro_batches"]),
-        "--model.seq_len", str(m["seq"]), "--layout", "tp=2", "--gpus", "2", "--cluster", p]
+        "--model.seq_len", str(m["seq"]), "--layout", "dp=2 ep=2" if is_moe else "tp=2", "--gpus", "2",
+        "--cluster", p]
     for si, key in (("off", "si_off_s"), ("on", "si_on_s")):
         j = f"{work}/{m['model']}-{si}.json"
         subprocess.run([bin_, "simulate", *keys, "--schedule.strand_interleaving", si, "--json", j],
                        check=True, stdout=subprocess.DEVNULL)
         s = json.load(open(j))
-        sim = s["step_s"] - s["optimizer_s"]
+        sim = s["step_s"] - (s["tail_s"] if is_moe else s["optimizer_s"])
         err = sim / m[key] - 1
         errs.append(abs(err))
         row[f"si_{si}"] = {"measured_s": m[key], "simulated_s": sim, "error": err,

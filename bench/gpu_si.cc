@@ -1,23 +1,29 @@
 // gpu_si: Strand Interleaving's gain on a GPU (issue 39, `scripts/bench gpu-si` there), where the
 // SMs compute while the copy engines and the host move the bytes. Megatron's tensor parallelism
-// (tp ranks, sequence parallelism) on the one lent GPU: the ranks are threads of this process
-// sharing it, each with its own strand streams and cuBLASLt handle, their collectives staged
-// through host memory (comm/StagedGroup.h) over the threads' CPU groups, with the link between
-// them emulated: each collective is held until its ring bytes at the link's rate have passed (an
-// emulation, like the CPU cluster's `tc`; the rate is chosen per model so that communication is a
-// set share of the step without SI).
+// (tp ranks, sequence parallelism) for the dense models, expert parallelism (dp = ep ranks, each
+// with its own data and E / ep of the experts, tokens moved to them and back by all-to-alls) for
+// the MoE model, on the one lent GPU: the ranks are threads of this process sharing it, each with
+// its own strand streams and cuBLASLt handle, their collectives staged through host memory
+// (comm/StagedGroup.h) over the threads' CPU groups, with the link of the measured axis (tp, or ep)
+// emulated: each collective is held until its bytes at the link's rate have passed (an emulation,
+// like the CPU cluster's `tc`; the rate is chosen per model so that communication is a set share of
+// the step without SI). Under ep the step leaves out the dense gradients' dp all-reduce (the
+// trainer's; SI does not move it, and it would only add the same time to every variant): the
+// figures are the ep all-to-alls' against the compute.
 //
 // Per model: first a calibration. C0 is the compute-only step (below); S0 the communication the
 // staging itself costs (the exposed step with no link emulated, less C0); B the bytes each rank's
-// tp group moves per step (ProcessGroup::traffic). For the target share f of the SI-off step
+// tp (or ep) group moves per step (ProcessGroup::traffic). For the target share f of the SI-off step
 // (--comm-fraction, default 0.45), communication should take M* = C0 f / (1 - f): the link's rate is
 // R = B / M* when the staging alone takes less (S0 < M*), else no link is emulated (the staging is
 // the link; the achieved share is reported). Then rounds, the variants in an order rotated every
 // round, each `--steps` timed steps (median in the round), the figures the medians over rounds:
-//   C          compute only: the SI-off step with the executor's tp group replaced by a stand-in
-//              whose collectives are device copies of the same shapes on the issuing strand's
-//              stream (all-gather: our rows into every slot; reduce-scatter: our slice;
-//              all-reduce: nothing), as bench/si_overlap.cc's CPU stand-in
+//   C          compute only: the SI-off step with the executor's tp (ep) group replaced by a
+//              stand-in whose collectives are device copies of the same shapes on the issuing
+//              strand's stream (all-gather: our rows into every slot; reduce-scatter: our slice;
+//              all-reduce: nothing; all-to-all: our own buffer back, as if every peer mirrored us,
+//              so the token counts and the experts' row totals stay this rank's), as
+//              bench/si_overlap.cc's CPU stand-in
 //   T_exposed  SI off, every collective waited for where it is issued: no overlap at all, so
 //              M = T_exposed - C is the step's communication, serialised
 //   T_off      SI off: fwd then bwd of each micro-batch (within a strand a reduce-scatter of input
@@ -27,10 +33,12 @@
 // the share of what is hideable that SI hid (ceiling (T_off - C) / min(C, M): what T_off hides
 // already is not there for SI to gain); peak activation bytes (the step's tracker, device bytes)
 // SI on over off. A step = zero grads + forward/backward of the micro-batches + the tp
-// partial-gradient all-reduces, timed on the host from a barrier to the device's idle, the
-// slower rank's time; the AdamW update (the same either way) is not run.
-//   dhelix_bench_gpu_si [--models gpt2-124m,llama-1b] [--tp 2] [--batch gpt2-124m=4,llama-1b=2]
-//                       [--seq 1024] [--micro-batches 4] [--comm-fraction 0.45] [--rounds 4] [--steps 3]
+// partial-gradient all-reduces, timed on the host from a
+// barrier to the device's idle, the slower rank's time; the AdamW update (the same either way) is
+// not run.
+//   dhelix_bench_gpu_si [--models gpt2-124m,llama-1b,moe-0.6b] [--tp 2] [--ep 2]
+//                       [--batch gpt2-124m=4,llama-1b=2,moe-0.6b=4] [--seq 1024] [--micro-batches 4]
+//                       [--comm-fraction 0.45] [--rounds 4] [--steps 3]
 // Prints a line per round and, last, one JSON object: speedup, ideal_speedup, overlap_efficiency,
 // extra_memory_fraction, device, per model. (sim_abs_error: the simulator's prediction of these
 // runs is not in this bench yet.)
@@ -59,21 +67,21 @@ namespace dhelix {
 namespace {
 
 struct Options {
-  std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=4,llama-1b=2";
-  int tp = 2, micro_batches = 4, rounds = 4, steps = 3;
+  std::string models = "gpt2-124m,llama-1b,moe-0.6b", batch = "gpt2-124m=4,llama-1b=2,moe-0.6b=4";
+  int tp = 2, ep = 2, micro_batches = 4, rounds = 4, steps = 3;
   int64_t T = 1024;
   double comm_fraction = 0.45;
 };
 
 enum Variant { kCompute, kExposed, kOff, kOn, kVariants };
 
-// The compute-only variant's tp group: each collective a device copy of its shape, enqueued at
+// The compute-only variant's tp (ep) group: each collective a device copy of its shape, enqueued at
 // issue on the issuing strand's stream (set_producer_stream), so the step's kernels see the same
 // sizes and order and nothing waits on a peer. Host tensors (none in these steps) are refused.
 class DeviceStandIn final : public ProcessGroup {
  public:
-  explicit DeviceStandIn(const ProcessGroup& real)
-      : ProcessGroup("tp", real.rank(), real.size(), real.world_rank(), real.timeout_s()) {
+  DeviceStandIn(const ProcessGroup& real, const char* role)
+      : ProcessGroup(role, real.rank(), real.size(), real.world_rank(), real.timeout_s()) {
     start_stream();
   }
   ~DeviceStandIn() override { stop_stream(); }
@@ -96,9 +104,11 @@ class DeviceStandIn final : public ProcessGroup {
     copy(out.raw(), static_cast<const char*>(in.raw()) + static_cast<size_t>(rank()) * out.nbytes(), out.nbytes());
     return done();
   }
-  Task all_to_all_task(Tensor, Tensor) override { return unsupported("all_to_all"); }
-  Task all_to_all_v_task(Tensor, std::vector<int64_t>, Tensor, std::vector<int64_t>) override {
-    return unsupported("all_to_all_v");
+  // Every peer taken to mirror this rank: the token counts come back as sent, so the rows received
+  // are the rows sent (the same bytes), each block of them this rank's own.
+  Task all_to_all_task(Tensor in, Tensor out) override { return mirror(in, out, "all_to_all"); }
+  Task all_to_all_v_task(Tensor in, std::vector<int64_t>, Tensor out, std::vector<int64_t>) override {
+    return mirror(in, out, "all_to_all_v");
   }
   Task broadcast_task(Tensor, int) override { return unsupported("broadcast"); }
   Task send_task(Tensor, int, int) override { return unsupported("send"); }
@@ -111,6 +121,13 @@ class DeviceStandIn final : public ProcessGroup {
   }
   static Task unsupported(const char* op) {
     throw InternalError(fmt::format("gpu_si: the device stand-in group has no {}", op));
+  }
+  Task mirror(const Tensor& in, const Tensor& out, const char* op) {
+    on_device(in, op);
+    DHX_CHECK(in.nbytes() == out.nbytes(), InternalError, "gpu_si: the stand-in's {} of {} into {}", op,
+              in.describe(), out.describe());
+    copy(out.raw(), in.raw(), in.nbytes());
+    return done();
   }
   static void on_device(const Tensor& t, const char* op) {
     DHX_CHECK(!t.device().is_host(), InternalError, "gpu_si: the stand-in's {} got host tensor {}", op, t.describe());
@@ -127,10 +144,12 @@ double median(std::vector<double> v) {
 }
 
 // One rank's step on the shared GPU: the Step (SI off) and a second runner over the same parts
-// (SI on), the micro-batches (random tokens, the same on every tp rank), and the link switch.
+// (SI on), the micro-batches (random tokens, the same on every tp rank, a data shard's own on each
+// dp rank), and the link switch of the measured axis (tp or ep).
 class Rank {
  public:
-  Rank(const ModelConfig& model, MicroBatchShape mb, int M, CommContext& comm) : comm_(comm) {
+  Rank(const ModelConfig& model, MicroBatchShape mb, int M, CommContext& comm, GroupRole axis)
+      : comm_(comm), axis_(axis) {
     StepSpec spec;
     StepPartsSpec& ps = spec.parts;
     ps.model = model;
@@ -141,6 +160,7 @@ class Rank {
     ps.tokens_per_step = static_cast<double>(mb.tokens() * M);
     ps.pipeline = single_stage(CoExecute::kOff);
     spec.groups = StepGroups::of(&comm);
+    if (axis == GroupRole::kEP) spec.groups.set(GroupRole::kDP, nullptr);  // no dp reduction (above)
     spec.device = Device::cuda(0);
     spec.micro_batches = M;
     step_ = std::make_unique<Step>(spec);
@@ -148,9 +168,9 @@ class Rank {
     StepParts& p = *step_->parts;
     on_ = std::make_unique<StepRunner>(p.ctx, p.units, p.progs, nullptr, single_stage(CoExecute::kOn));
     on_->add_observer(step_->sync.get());
-    real_tp_ = p.ctx.groups.get(GroupRole::kTP);
-    standin_ = std::make_unique<DeviceStandIn>(*real_tp_);
-    std::mt19937_64 rng(42);
+    real_ = p.ctx.groups.get(axis);
+    standin_ = std::make_unique<DeviceStandIn>(*real_, group_role_name(axis));
+    std::mt19937_64 rng(42 + static_cast<uint64_t>(comm.layout().coord().dp));
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(model.vocab_size - 1));
     for (int m = 0; m < M; ++m) {
       MicroBatch x{Tensor::empty({mb.tokens()}, DType::kI32), Tensor::empty({mb.tokens()}, DType::kI32)};
@@ -161,20 +181,18 @@ class Rank {
     }
   }
 
-  void set_link(double bytes_per_s) {
-    for (auto& g : step_->staged) staged_set_link_rate(*g, bytes_per_s);
-  }
+  void set_link(double bytes_per_s) { staged_set_link_rate(*real_, bytes_per_s); }
 
-  // One step of `v`, timed from a barrier of the tp ranks to this GPU's idle; the slower rank's
+  // One step of `v`, timed from a barrier of the axis' ranks to this GPU's idle; the slower rank's
   // seconds (every rank returns the same).
   double timed(Variant v, StepStats* stats = nullptr) {
-    ProcessGroup& host = comm_.group(GroupRole::kTP);
+    ProcessGroup& host = comm_.group(axis_);
     Tensor t = Tensor::zeros({1}, DType::kF64);
     host.all_reduce(t).wait();  // a barrier
     StepRunner& r = v == kOn ? *on_ : *step_->runner;
     step_->sync->set_producer_stream(r.executor().strand_stream(StrandKind::kBackward));
     RunContext& ctx = step_->ctx();
-    ctx.groups.set(GroupRole::kTP, v == kCompute ? static_cast<ProcessGroup*>(standin_.get()) : real_tp_);
+    ctx.groups.set(axis_, v == kCompute ? static_cast<ProcessGroup*>(standin_.get()) : real_);
     ctx.expose_collectives = v == kExposed;
     const double t0 = now_seconds();
     step_->params().zero_grads();
@@ -187,13 +205,14 @@ class Rank {
     return t.data<double>()[0];
   }
 
-  double tp_bytes() const { return comm_.group(GroupRole::kTP).traffic().bytes; }
+  double axis_bytes() const { return comm_.group(axis_).traffic().bytes; }
 
  private:
   CommContext& comm_;
+  GroupRole axis_;
   std::unique_ptr<Step> step_;
   std::unique_ptr<StepRunner> on_;
-  ProcessGroup* real_tp_ = nullptr;  // the step's staged tp group
+  ProcessGroup* real_ = nullptr;  // the step's staged group of the axis
   std::unique_ptr<DeviceStandIn> standin_;
   std::vector<MicroBatch> mbs_;
 };
@@ -202,12 +221,20 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
   const ModelConfig model = bench::gpu_model_named(name, o.T);
   const MicroBatchShape mb{B, o.T};
   LayoutConfig lay;
-  lay.tp = o.tp;
-  lay.sequence_parallel = o.tp > 1;
+  const bool moe = model.is_moe();
+  const GroupRole axis = moe ? GroupRole::kEP : GroupRole::kTP;
+  if (moe) {
+    lay.dp = o.ep;
+    lay.ep = o.ep;
+  } else {
+    lay.tp = o.tp;
+    lay.sequence_parallel = o.tp > 1;
+  }
+  const std::string layout = moe ? fmt::format("dp={} ep={}", o.ep, o.ep) : fmt::format("tp={} (sp)", o.tp);
   std::string json;
   std::mutex mu;
   run_local_ranks(lay, [&](CommContext& comm) {
-    Rank rank(model, mb, o.micro_batches, comm);
+    Rank rank(model, mb, o.micro_batches, comm, axis);
     const bool lead = comm.rank() == 0;
     // Calibration (no link emulated): warm-up, then C0, S0 and the bytes per step.
     rank.set_link(0);
@@ -216,16 +243,16 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
     double bytes = 0;
     for (int i = 0; i < o.steps; ++i) {
       c0.push_back(rank.timed(kCompute));
-      const double b0 = rank.tp_bytes();
+      const double b0 = rank.axis_bytes();
       e0.push_back(rank.timed(kExposed));
-      bytes += (rank.tp_bytes() - b0) / o.steps;
+      bytes += (rank.axis_bytes() - b0) / o.steps;
     }
     const double C0 = median(c0), S0 = median(e0) - C0, M_target = C0 * o.comm_fraction / (1 - o.comm_fraction);
     const double rate = S0 < M_target ? bytes / M_target : 0;  // 0: the staging alone is slower than the target
     if (lead)
-      std::printf("%s tp=%d B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
+      std::printf("%s %s B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
                   "per step -> %s (target comm %.2f ms, %.0f%% of the SI-off step)\n",
-                  name.c_str(), o.tp, static_cast<long>(B), static_cast<long>(o.T), o.micro_batches, C0 * 1e3, S0 * 1e3,
+                  name.c_str(), layout.c_str(), static_cast<long>(B), static_cast<long>(o.T), o.micro_batches, C0 * 1e3, S0 * 1e3,
                   bytes / 1048576.0,
                   rate > 0 ? fmt::format("link {:.2f} Gbit/s", rate * 8 / 1e9).c_str() : "no link emulated",
                   M_target * 1e3, o.comm_fraction * 100);
@@ -267,14 +294,14 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
                 static_cast<double>(st_on.peak_activation_bytes) / 1048576.0, extra * 100);
     std::lock_guard lk(mu);
     json = fmt::format(
-        "{{\"model\":\"{}\",\"layout\":\"tp={} (sp), ranks as threads on one GPU\",\"batch\":{},\"seq\":{},"
+        "{{\"model\":\"{}\",\"layout\":\"{}, ranks as threads on one GPU\",\"axis\":\"{}\",\"batch\":{},\"seq\":{},"
         "\"micro_batches\":{},\"link_gbit\":{:.4g},\"comm_fraction_target\":{},\"staging_only_s\":{:.6g},"
         "\"bytes_per_step\":{:.6g},\"compute_s\":{:.6g},\"compute_spread\":{},\"exposed_s\":{:.6g},"
         "\"comm_s\":{:.6g},\"comm_fraction\":{:.4g},\"si_off_s\":{:.6g},\"si_off_spread\":{},\"si_on_s\":{:.6g},"
         "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
         "\"overlap_efficiency\":{:.4g},\"overlap_ceiling\":{:.4g},\"peak_activation_bytes_si_off\":{},"
         "\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},\"sim_abs_error\":null}}",
-        name, o.tp, B, o.T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
+        name, layout, group_role_name(axis), B, o.T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
         Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
         Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra);
   });
@@ -290,33 +317,34 @@ int run(int argc, char** argv) {
     if (k == "--models") o.models = v;
     else if (k == "--batch") o.batch = v;
     else if (k == "--tp") o.tp = std::stoi(v);
+    else if (k == "--ep") o.ep = std::stoi(v);
     else if (k == "--seq") o.T = std::stoll(v);
     else if (k == "--micro-batches") o.micro_batches = std::stoi(v);
     else if (k == "--comm-fraction") o.comm_fraction = std::stod(v);
     else if (k == "--rounds") o.rounds = std::stoi(v);
     else if (k == "--steps") o.steps = std::stoi(v);
     else
-      throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --tp, --seq, --micro-batches, "
-                                    "--comm-fraction, --rounds, --steps)",
+      throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --tp, --ep, --seq, "
+                                    "--micro-batches, --comm-fraction, --rounds, --steps)",
                                     k));
   }
-  DHX_CHECK(o.tp >= 2 && o.micro_batches >= 2 && o.rounds >= 1 && o.steps >= 1, ConfigError,
-            "--tp {} --micro-batches {} --rounds {} --steps {}: need tp >= 2 (something to hide), micro-batches >= 2 "
-            "(two strands), rounds and steps >= 1",
-            o.tp, o.micro_batches, o.rounds, o.steps);
+  DHX_CHECK(o.tp >= 2 && o.ep >= 2 && o.micro_batches >= 2 && o.rounds >= 1 && o.steps >= 1, ConfigError,
+            "--tp {} --ep {} --micro-batches {} --rounds {} --steps {}: need tp and ep >= 2 (something to hide), "
+            "micro-batches >= 2 (two strands), rounds and steps >= 1",
+            o.tp, o.ep, o.micro_batches, o.rounds, o.steps);
   DHX_CHECK(o.comm_fraction > 0 && o.comm_fraction < 1, ConfigError,
             "--comm-fraction {}: the share of the SI-off step the link takes must be in (0, 1)", o.comm_fraction);
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::string out;
-  for (const std::string name : {"gpt2-124m", "llama-1b"}) {
+  for (const std::string name : {"gpt2-124m", "llama-1b", "moe-0.6b"}) {
     if (o.models.find(name) == std::string::npos) continue;
     const size_t at = o.batch.find(name + "=");
     const int64_t B = at == std::string::npos ? 2 : std::stoll(o.batch.substr(at + name.size() + 1));
     out += (out.empty() ? "" : ",") + run_model(o, name, B);
   }
-  std::printf("{\"device\":\"%s\",\"tp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n", info.name.c_str(), o.tp,
-              o.comm_fraction, out.c_str());
+  std::printf("{\"device\":\"%s\",\"tp\":%d,\"ep\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
+              info.name.c_str(), o.tp, o.ep, o.comm_fraction, out.c_str());
   return 0;
 }
 
