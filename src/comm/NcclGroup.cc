@@ -1,6 +1,7 @@
 // NCCL process groups (NcclGroup.h). Each op: on the issuing thread an event on the producer
 // stream; on the comm thread the group's stream waits for it, the NCCL call is enqueued, an event
-// records its end, and the op is posted; the comm thread's poll completes posted ops in order as
+// records its end (also published to the op's WorkState: Work::wait_on orders a compute stream after
+// it on the GPU), and the op is posted; the comm thread's poll completes posted ops in order as
 // their events pass, and is the watchdog (NCCL's asynchronous error, or the group's timeout).
 #include "comm/NcclGroup.h"
 
@@ -234,9 +235,24 @@ class NcclGroup final : public ProcessGroup {
       }
       cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate");
       cuda_check(cudaEventRecord(p.done, stream_), "cudaEventRecord (NCCL stream)");
+      publish_end(*st);
       posted_.push_back(p);
       return false;
     };
+  }
+
+  // On the comm thread, the op just enqueued: an event at its end on the group's stream, which
+  // Work::wait_on makes a compute stream wait for (the GPU orders the reader after the op; the
+  // issuing thread goes on). The event is the WorkState's: destroyed with it (CUDA keeps it until
+  // the waits enqueued on it have passed).
+  void publish_end(WorkState& st) {
+    cudaEvent_t ev = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ev, stream_), "cudaEventRecord (NCCL stream)");
+    std::shared_ptr<CUevent_st> end(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    st.set_device_wait([end](void* s) {
+      cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), end.get(), 0), "cudaStreamWaitEvent (an NCCL op's end)");
+    });
   }
 
   // On the comm thread: completes posted ops in order as their events pass; the watchdog.

@@ -57,17 +57,41 @@ bool WorkState::is_completed() const {
   return status_ != Status::kPending;
 }
 
-void WorkState::wait() const {
-  std::unique_lock lk(mu_);
+void WorkState::set_device_wait(std::function<void(void*)> fn) {
+  {
+    std::lock_guard lk(mu_);
+    device_wait_ = std::move(fn);
+  }
+  cv_.notify_all();
+}
+
+// Blocks until `ready` holds (under mu_), bounded by the timeout; throws as wait() does when it does
+// not, or when the op failed.
+template <typename Ready>
+void WorkState::wait_until(std::unique_lock<std::mutex>& lk, Ready ready) const {
   auto limit = std::chrono::duration<double>(timeout_s_);
-  bool finished = cv_.wait_for(lk, limit, [&] { return status_ != Status::kPending; });
+  bool finished = cv_.wait_for(lk, limit, [&] { return status_ != Status::kPending || ready(); });
   if (!finished) {
     lk.unlock();
     const std::string why = diagnose_ ? diagnose_() : "";
     throw CommError(fmt::format("rank {}: {} did not complete within {:.3g} s (comm.timeout_s){}", world_rank_,
                                 description_, timeout_s_, why.empty() ? "" : "; " + why));
   }
-  DHX_CHECK(status_ == Status::kDone, CommError, "rank {}: {} failed: {}", world_rank_, description_, error_);
+  DHX_CHECK(status_ != Status::kFailed, CommError, "rank {}: {} failed: {}", world_rank_, description_, error_);
+}
+
+void WorkState::wait() const {
+  std::unique_lock lk(mu_);
+  wait_until(lk, [] { return false; });
+}
+
+void WorkState::wait_on(void* stream) const {
+  std::unique_lock lk(mu_);
+  wait_until(lk, [&] { return static_cast<bool>(device_wait_); });
+  if (!device_wait_) return;  // finished, with no end on a device: nothing left to order
+  const std::function<void(void*)> fn = device_wait_;
+  lk.unlock();
+  fn(stream);
 }
 
 }  // namespace dhelix

@@ -22,6 +22,15 @@ class WorkState {
   bool is_completed() const;  // finished, successfully or not
   // Blocks until finished; throws CommError on failure or after timeout_s.
   void wait() const;
+  // A GPU group's op whose end is an event on the group's stream (NCCL): the group publishes, once
+  // the op is enqueued, a function that makes a given stream (a cudaStream_t) wait for that end.
+  void set_device_wait(std::function<void(void*)> fn);
+  // Orders work issued on `stream` after this op: on the GPU (cudaStreamWaitEvent) as soon as the
+  // group published the op's end, without waiting for the op itself; else, an op that finishes on
+  // the host (CPU and staged groups), by blocking until it finished. Throws as wait() does when the
+  // op failed or neither happened within timeout_s. A failure that comes after a device wait was
+  // enqueued is seen by a later wait() (the executor waits for every such op at a step's end).
+  void wait_on(void* stream) const;
 
   const std::string& signature() const { return signature_; }
   const std::string& describe() const { return description_; }
@@ -49,6 +58,10 @@ class WorkState {
   Status status_ = Status::kPending;
   std::string error_;
   std::function<std::string()> diagnose_;
+  std::function<void(void*)> device_wait_;  // set_device_wait
+
+  template <typename Ready>
+  void wait_until(std::unique_lock<std::mutex>& lk, Ready ready) const;
 };
 
 class [[nodiscard]] Work {
@@ -64,6 +77,11 @@ class [[nodiscard]] Work {
   // Blocks the caller until the op finished; throws CommError on failure or timeout.
   void wait() const {
     if (state_) state_->wait();
+  }
+  // Work issued on `stream` (a cudaStream_t) afterwards runs after the op (WorkState::wait_on): on
+  // the GPU for an NCCL op, without blocking the caller; blocking for the others.
+  void wait_on(void* stream) const {
+    if (state_) state_->wait_on(stream);
   }
   std::string describe() const { return state_ ? state_->describe() : "(no op)"; }
   int64_t seq() const { return state_ ? state_->seq() : -1; }

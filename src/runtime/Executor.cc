@@ -33,6 +33,20 @@ void Executor::synchronize() {
   for (auto& s : streams_) s->record()->host_wait();
 }
 
+void Executor::finish_device_waits() {
+  std::vector<DeviceWaited> waited;
+  waited.swap(device_waited_);
+  for (DeviceWaited& d : waited) {
+    d.work.wait();
+    if (ctx_.trace) {
+      const double begin = d.work.start_time();
+      ctx_.trace->add("comm " + d.group, d.name, begin, d.work.end_time(),
+                      fmt::format(R"({{"queued_us":{:.3f},"wait_us":{:.3f},"device_wait":true}})",
+                                  (begin - d.work.issue_time()) * 1e6, (d.wait_called - begin) * 1e6));
+    }
+  }
+}
+
 void Executor::flush_trace() {
   if (gpu_marks_.empty()) return;
   std::vector<GpuMark> marks;
@@ -134,6 +148,7 @@ bool Executor::adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
 
 void Executor::drain(UnitEnv& env) {
   while (!env.pending.empty()) wait_pending(env, env.pending.begin()->first);
+  finish_device_waits();  // "waits for every collective": those the GPU waited for too
 }
 
 void Executor::drain_prefetches() {
@@ -155,9 +170,17 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf, Stream* on) {
   if (it == env.pending.end()) return;
   const double wait_called = ctx_.trace ? now_seconds() : 0;
   WorkEvent done(it->second.work);
-  if (on) on->wait(done);  // host: a join with the group's comm thread
+  if (on) on->wait(done);  // host: a join with the group's comm thread; a GPU: Work::wait_on
   else
     for (auto& s : streams_) s->wait(done);
+  if (!it->second.work.is_completed()) {
+    // Ordered on the GPU after an op still running (an NCCL op's end event): the host goes on; the
+    // op is waited for, and traced, at the step's end.
+    PendingColl& p = it->second;
+    device_waited_.push_back(DeviceWaited{std::move(p.work), p.group, p.name, wait_called});
+    env.pending.erase(it);
+    return;
+  }
   if (it->second.widen_to.defined()) {  // arrived in bf16: widened into the fp32 buffer its readers use
     const Tensor& w = it->second.wire_out;
     cpu::widen_bf16(w.data<uint16_t>(), it->second.widen_to.f32(), w.numel());

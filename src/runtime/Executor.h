@@ -131,11 +131,17 @@ class Executor {
   // Either strand's stream (a cudaStream_t on a GPU; nullptr on the host).
   StreamHandle strand_stream(StrandKind k) const { return streams_[static_cast<int>(k)]->handle(); }
   // Compute launched after this call, on either strand, waits for `w` (a receive whose buffer the
-  // next op reads): on the host a join, on a GPU an event wait on both streams.
+  // next op reads): on the host a join; on a GPU both streams wait (Work::wait_on), and the host
+  // then waits too (the caller drops `w`: its failure must be seen here).
   void stream_wait(const Work& w) {
     WorkEvent done(w);
     for (auto& s : streams_) s->wait(done);
+    if (on_gpu_) w.wait();
   }
+  // Waits for the collectives whose readers were ordered after them on the GPU (wait_pending:
+  // NCCL ops, Work::wait_on) and that had not finished then, throwing the first failure; adds their
+  // trace entries. StepRunner calls it at the end of a step, before flush_trace.
+  void finish_device_waits();
   // Blocks until everything launched on both strands' streams has run (a no-op on the host, where
   // work runs as it is launched): a GPU's timings end here.
   void synchronize();
@@ -191,6 +197,14 @@ class Executor {
   std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
   std::map<const LayerProgram*, std::vector<std::vector<std::string>>> bf16_saves_;  // bf16_saved_buffers, per program
   std::vector<StepObserver*> observers_;
+  // Collectives a strand's stream was ordered after on the GPU before they finished (wait_pending),
+  // waited for by finish_device_waits; with their trace names and when their wait was called.
+  struct DeviceWaited {
+    Work work;
+    std::string group, name;
+    double wait_called = 0;
+  };
+  std::vector<DeviceWaited> device_waited_;
   const KernelRegistry& kernels_;       // ctx.device's op kernels
   const bool on_gpu_;                   // ctx.device is a GPU
   std::unique_ptr<Stream> streams_[2];  // ctx.device's compute streams, by StrandKind

@@ -299,6 +299,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   st.p2p_wait_s += now_seconds() - w0;
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
+  exec_.finish_device_waits();  // collectives the GPU waited for (NCCL): their failures, if any
   exec_.flush_trace();  // a GPU's compute lanes, from its events
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
   st.aux_weighted = ctx_.router.aux_weighted;
@@ -349,6 +350,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
     }
   }
   for (Work& w : sends) w.wait();
+  exec_.finish_device_waits();
   exec_.flush_trace();
   st.aux_weighted = ctx_.router.aux_weighted;
   st.expert_tokens = ctx_.router.tokens;

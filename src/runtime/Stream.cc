@@ -81,6 +81,7 @@ class CudaStream final : public Stream {
   void launch(const std::function<void()>& work) override { work(); }
   void wait(Event& e) override {
     if (auto* ce = dynamic_cast<CudaEvent*>(&e)) check(cudaStreamWaitEvent(s_, ce->get(), 0), "cudaStreamWaitEvent", d_);
+    else if (auto* we = dynamic_cast<WorkEvent*>(&e)) we->stream_wait(s_);
     else e.host_wait();
   }
   std::unique_ptr<Event> record(bool timed) override { return std::make_unique<CudaEvent>(d_, s_, timed); }

@@ -7,8 +7,10 @@
 //   cuda (a build with DHELIX_ENABLE_CUDA): a CUDA stream; launch() runs the host function that
 //     enqueues the kernels on it (handle() is the cudaStream_t they take), record() records a CUDA
 //     event, and waiting on a CUDA event is enqueued (cudaStreamWaitEvent) without blocking the
-//     host; waiting on a host-side completion (a WorkEvent of the CPU comm) blocks the host
-//     thread first, so everything launched after it is ordered after it. A build without CUDA, or
+//     host; waiting on a collective (a WorkEvent) is Work::wait_on: enqueued on the GPU too when
+//     the op's group published its end as an event (NCCL), else (a CPU or staged group's op, which
+//     completes on the host) the host thread blocks first, so everything launched after it is
+//     ordered after it. A build without CUDA, or
 //     a machine without a GPU, answers make_stream(cuda:N) with DeviceError.
 //
 //   compute stream : [op a][op b]....wait(ev AG)[op c reads AG]
@@ -39,6 +41,8 @@ class WorkEvent final : public Event {
   explicit WorkEvent(const Work& w) : work_(w) {}
   bool ready() const override { return work_.is_completed(); }
   void host_wait() override { work_.wait(); }
+  // Orders `stream` (a cudaStream_t) after the op: Work::wait_on (on the GPU for an NCCL op).
+  void stream_wait(StreamHandle stream) { work_.wait_on(stream); }
 
  private:
   const Work& work_;

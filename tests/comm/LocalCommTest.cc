@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "base/Clock.h"
+#include "base/Error.h"
+#include "comm/Work.h"
 #include "comm/LocalBackend.h"
 #include "comm/NcclGroup.h"
 #include "comm/StagedGroup.h"
@@ -29,6 +33,62 @@ void run_checks(const LayoutConfig& cfg) {
   });
   EXPECT_GT(checks, 0);
   for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+// Work::wait_on's contract (Work.h), on WorkStates driven by this test (oracle: the contract):
+// without a published device end it blocks until the op finished; with one it calls the published
+// function with the stream it was given and returns, the op still pending; a failed op throws
+// naming its error; neither within the timeout throws naming the op.
+TEST(WorkWaitOn, BlocksUnlessTheGroupPublishedADeviceEnd) {
+  auto state = [](double timeout_s) { return std::make_shared<WorkState>("all_reduce f32[4]", "dp", 3, 0, timeout_s); };
+  {  // an op that ends on the host: wait_on returns once it completed
+    auto st = state(10.0);
+    Work w(st);
+    std::thread t([st] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      st->complete();
+    });
+    w.wait_on(reinterpret_cast<void*>(0x1234));
+    EXPECT_TRUE(w.is_completed());
+    t.join();
+  }
+  {  // a device end published while the op runs: the stream is handed to it, the op still pending
+    auto st = state(10.0);
+    Work w(st);
+    void* seen = nullptr;
+    std::thread t([st, &seen] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      st->set_device_wait([&seen](void* s) { seen = s; });
+    });
+    w.wait_on(reinterpret_cast<void*>(0x1234));
+    t.join();
+    EXPECT_EQ(seen, reinterpret_cast<void*>(0x1234));
+    EXPECT_FALSE(w.is_completed());
+    st->complete();
+    w.wait();
+  }
+  {  // a failure is thrown, naming it
+    auto st = state(10.0);
+    Work w(st);
+    st->fail("peer 1 left");
+    try {
+      w.wait_on(nullptr);
+      ADD_FAILURE() << "wait_on of a failed op returned";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("peer 1 left"), std::string::npos) << e.what();
+    }
+  }
+  {  // neither: the timeout, naming the op
+    auto st = state(0.05);
+    Work w(st);
+    try {
+      w.wait_on(nullptr);
+      ADD_FAILURE() << "wait_on of an op that never ended returned";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("all_reduce f32[4] on dp seq=3 did not complete"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(LocalComm, OneRank) { run_checks(LayoutConfig{}); }

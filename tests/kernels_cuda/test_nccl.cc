@@ -101,6 +101,42 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
   cudaStreamDestroy(producer);
 }
 
+// Work::wait_on: a consumer stream ordered after an NCCL op on the GPU, the host not waiting. The
+// producer stream is held by four 512 MiB device-to-device copies (4 GiB moved: milliseconds at HBM
+// rates), then writes zeros into t; the all-reduce follows it (the producer point), and the consumer
+// stream waits on the op's end event (wait_on) and copies t out. Oracles: wait_on returned while the
+// op was still pending (the host was not held; the comm thread enqueues and publishes in tens of
+// microseconds, the copies take milliseconds), and the consumer's copy holds the zeros (without the
+// device wait it would copy t's random values from before the memset).
+TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
+  cudaStream_t producer = nullptr, consumer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
+  nccl_set_producer_stream(*g, producer);
+  Tensor t = host_random({1 << 20}, DType::kF32, 5).to(gpu);
+  Tensor big = Tensor::zeros({1 << 27}).to(gpu), big2 = Tensor::empty({1 << 27}, DType::kF32, nullptr, gpu);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(cudaMemcpyAsync(big2.raw(), big.raw(), big.nbytes(), cudaMemcpyDeviceToDevice, producer), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
+  Work w = g->all_reduce(t);
+  w.wait_on(consumer);
+  EXPECT_FALSE(w.is_completed()) << "wait_on returned only after the op finished: the host was held";
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, consumer), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+  double sum = 0;
+  for (float v : out) sum += std::abs(v);
+  EXPECT_EQ(sum, 0.0) << "the consumer stream read t before the all-reduce (after the producer's memset) ended";
+  w.wait();
+  nccl_set_producer_stream(*g, nullptr);
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+}
+
 // The bootstrap: rank 0 of a CPU group makes the id and broadcasts it. Oracle: the 128 bytes rank 0
 // made, which every member must hold after the call (three ranks as threads over the local
 // backend: no GPU is needed to exchange an id, but NCCL's library is, found where the device
