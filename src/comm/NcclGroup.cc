@@ -138,14 +138,17 @@ class NcclGroup final : public ProcessGroup {
 
   void set_producer_stream(void* s) override { producer_.set(s); }
   StreamHandle stream() const { return stream_; }
+  void set_host_group(ProcessGroup* host) { host_ = host; }
 
  protected:
   Task all_reduce_task(Tensor t, ReduceOp op) override {
+    if (t.defined() && t.device().is_host()) return on_host(t, "all_reduce", [this, t, op] { host_->all_reduce(t, op).wait(); });
     return post(t, [this, t, op] {
       return nccl().ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "all_reduce"), nccl_op(op), comm_, stream_);
     });
   }
   Task all_gather_task(Tensor in, Tensor out) override {
+    if (in.defined() && in.device().is_host()) return on_host(in, "all_gather", [this, in, out] { host_->all_gather(in, out).wait(); });
     return post(in, [this, in, out] {
       return nccl().ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"), comm_, stream_);
     });
@@ -179,6 +182,7 @@ class NcclGroup final : public ProcessGroup {
     });
   }
   Task broadcast_task(Tensor t, int root) override {
+    if (t.defined() && t.device().is_host()) return on_host(t, "broadcast", [this, t, root] { host_->broadcast(t, root).wait(); });
     return post(t, [this, t, root] {
       return nccl().ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"), root, comm_, stream_);
     });
@@ -208,6 +212,19 @@ class NcclGroup final : public ProcessGroup {
 
   // On the issuing thread: the producer stream's point the op must follow (null without one).
   cudaEvent_t producer_point() { return producer_.point(); }
+
+  // A host tensor's op (the trainer's small reductions: the gradient norm's parts) runs on the CPU
+  // group the communicator was bootstrapped over, in this group's op order (on its comm thread); a
+  // group without one refuses it, naming the tensor.
+  template <typename Op>
+  Task on_host(const Tensor& t, const char* what, Op op) {
+    DHX_CHECK(host_ != nullptr, CommError, "{} on {}: an NCCL group moves GPU tensors; {} is in host memory", what,
+              name(), t.describe());
+    return [op](const std::shared_ptr<WorkState>&) {
+      op();
+      return true;
+    };
+  }
 
   // The op's task: on the comm thread, after the producer's point, `call` enqueues the NCCL op on
   // the group's stream; the op is posted (false) and poll() completes it.
@@ -305,6 +322,7 @@ class NcclGroup final : public ProcessGroup {
   }
 
   int device_;
+  ProcessGroup* host_ = nullptr;  // set_host_group: host tensors pass through to it
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   ncclComm_t comm_ = nullptr;
@@ -346,6 +364,12 @@ void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream) {
   g->set_producer_stream(stream);
 }
 
+void nccl_set_host_group(ProcessGroup& group, ProcessGroup* host) {
+  auto* g = dynamic_cast<NcclGroup*>(&group);
+  DHX_CHECK(g, InternalError, "{} is not an NCCL group (transport {})", group.name(), group.transport());
+  g->set_host_group(host);
+}
+
 StreamHandle nccl_stream(ProcessGroup& group) {
   auto* g = dynamic_cast<NcclGroup*>(&group);
   DHX_CHECK(g, InternalError, "{} is not an NCCL group (transport {})", group.name(), group.transport());
@@ -374,7 +398,9 @@ std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int devic
   const std::string& n = host.name();
   const std::string role = n.substr(0, n.find('['));  // "tp[1/2]" -> "tp"
   const NcclId id = nccl_id_over(host);
-  return make_nccl_group(role, host.rank(), host.size(), host.world_rank(), host.timeout_s(), id, device);
+  auto g = make_nccl_group(role, host.rank(), host.size(), host.world_rank(), host.timeout_s(), id, device);
+  nccl_set_host_group(*g, &host);
+  return g;
 }
 
 #if !DHELIX_HAVE_CUDA  // a build without CUDA
@@ -389,6 +415,7 @@ bool nccl_available() { return false; }
 NcclId nccl_unique_id() { no_cuda(); }
 std::unique_ptr<ProcessGroup> make_nccl_group(const std::string&, int, int, int, double, const NcclId&, int) { no_cuda(); }
 void nccl_set_producer_stream(ProcessGroup&, StreamHandle) { no_cuda(); }
+void nccl_set_host_group(ProcessGroup&, ProcessGroup*) { no_cuda(); }
 StreamHandle nccl_stream(ProcessGroup&) { no_cuda(); }
 
 #endif

@@ -39,11 +39,15 @@ std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank,
 // when NCCL is missing.
 NcclId nccl_id_over(ProcessGroup& host);
 // This member's NCCL group with `host`'s role, rank and size on GPU `device`, its id bootstrapped
-// over `host` (nccl_id_over), its timeout `host`'s.
+// over `host` (nccl_id_over), its timeout `host`'s; host tensors given to its all-reduce,
+// all-gather and broadcast pass through to `host` (nccl_set_host_group), which must outlive it.
 std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device);
 // The compute stream whose kernels write the tensors the group's later ops read: each op waits for
 // an event recorded on it when the op is issued (null: none, the caller synchronises).
 void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream);
+// Host tensors given to `group`'s all-reduce, all-gather and broadcast run on `host` (a CPU group
+// of the same members), in `group`'s op order; null (make_nccl_group's default): refused.
+void nccl_set_host_group(ProcessGroup& group, ProcessGroup* host);
 // The stream a group's ops run on (a consumer's stream may wait on it instead of the host).
 StreamHandle nccl_stream(ProcessGroup& group);
 

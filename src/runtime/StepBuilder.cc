@@ -4,6 +4,7 @@
 #include <map>
 
 #include "base/Error.h"
+#include "comm/NcclGroup.h"
 #include "comm/StagedGroup.h"
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
@@ -46,7 +47,12 @@ Step::Step(const StepSpec& spec) {
       if (!host) continue;
       auto it = wrapped.find(host);
       if (it == wrapped.end()) {
-        staged.push_back(make_staged_group(*host, spec.device.index, StagedOptions{spec.emulated_link_bytes_per_s}));
+        // (NCCL's bootstrap is a collective over `host`: every member reaches it in this same role
+        // order.)
+        if (spec.nccl && r != GroupRole::kPP)
+          staged.push_back(make_nccl_group_over(*host, spec.device.index));
+        else
+          staged.push_back(make_staged_group(*host, spec.device.index, StagedOptions{spec.emulated_link_bytes_per_s}));
         it = wrapped.emplace(host, staged.back().get()).first;
       }
       g.set(r, it->second);

@@ -45,6 +45,10 @@ struct StepSpec {
   // A GPU step's staged groups (several ranks sharing a GPU): an emulated link of this many bytes
   // per second per rank (StagedOptions::link_bytes_per_s; 0: none).
   double emulated_link_bytes_per_s = 0;
+  // A GPU step's groups: staged (device tensors through host memory over the CPU groups; ranks may
+  // share a GPU) or NCCL communicators bootstrapped over them (a GPU per rank; the pp group stays
+  // staged: NCCL's point-to-point ops have no tags, and the schedule posts receives ahead).
+  bool nccl = false;
 };
 
 // Moves `parts` to GPU `d` (nothing for the host): the model states go there, and the op programs
@@ -66,8 +70,9 @@ class Step {
   // Declared in destruction order's reverse: the cuBLASLt handle outlives everything launching on it.
   std::shared_ptr<cuda::Blas> blas;  // a GPU step's (shared_ptr: complete only in a CUDA build)
   // A GPU step's process groups: each of spec.groups wrapped in a staged group (comm/StagedGroup.h:
-  // device tensors through host memory over the CPU group), which the step's parts use instead.
-  // Destroyed after everything issuing on them (declared before).
+  // device tensors through host memory over the CPU group) or, with StepSpec::nccl, an NCCL group
+  // over it (but pp), which the step's parts use instead. Destroyed after everything issuing on them
+  // (declared before).
   std::vector<std::unique_ptr<ProcessGroup>> staged;
   std::unique_ptr<StepParts> parts;
   std::optional<SIPlan> plan;

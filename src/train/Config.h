@@ -82,6 +82,7 @@ struct CommConfig {
   int64_t max_message_bytes = int64_t{1} << 30;  // Gloo: larger messages are split into pieces
   std::string gloo_host;           // Gloo's listening address; empty = loopback or first external IPv4
   double emulated_link_gbit = 0;   // GPU runs: each rank's staged collectives paced to this link (0 = none)
+  std::string gpu_transport = "staged";  // GPU runs: "staged" (ranks may share a GPU) | "nccl" (a GPU per rank)
 };
 
 struct SimConfig {

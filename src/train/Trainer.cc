@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <thread>
@@ -137,6 +138,20 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   spec.groups = StepGroups::of(comm_);
   // training.device = cuda[:N]: Config refuses what the GPU path does not run yet.
   device_ = parse_device(cfg_.training.device);
+  spec.nccl = !device_.is_host() && cfg_.comm.gpu_transport == "nccl";
+  if (spec.nccl && comm_ && comm_->world_size() > 1) {
+    // A GPU per rank: rank i of this host takes the GPU after the named one by i (under mpirun
+    // Open MPI's local rank; ranks as threads of one process: the world rank).
+    const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const int local = env ? std::atoi(env) : comm_->rank();
+    const Device mine = Device::cuda(device_.index + local);
+    const std::string why = device_unavailable(mine);
+    DHX_CHECK(why.empty(), ConfigError,
+              "rank {}: comm.gpu_transport=\"nccl\" takes a GPU per rank, and local rank {} would take {} "
+              "(training.device=\"{}\" plus {}): {}; use comm.gpu_transport=staged for ranks sharing a GPU",
+              comm_->rank(), local, mine.str(), cfg_.training.device, local, why);
+    device_ = mine;
+  }
   spec.device = device_;
   spec.kernels = kernels;
   spec.zero = p.zero ? ZeroStage::kOne : ZeroStage::kNone;

@@ -18,6 +18,7 @@
 #include "CudaTest.h"
 #include "TinyRun.h"
 #include "comm/LocalBackend.h"
+#include "comm/NcclGroup.h"
 #include "train/Trainer.h"
 
 namespace dhelix {
@@ -510,6 +511,32 @@ TEST(TrainerGpuMoe, ExpertParallelInterleavingOnOffBitwise) {
   };
   const auto a = run(on), b = run(off);
   for (size_t i = 0; i < a[0].size(); ++i) EXPECT_EQ(a[0][i], b[0][i]) << "step " << i + 1;
+}
+
+// comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device):
+// the step's groups are NCCL communicators bootstrapped over the threads backend's groups, at world
+// size 1. Oracle: the staged transport's run of the same config -- at one rank no group moves a byte
+// between ranks, and every kernel is deterministic, so the losses are bitwise equal; what this
+// checks is that the NCCL groups are built, bootstrapped and torn down around a training run (the
+// NCCL ops themselves are NcclGroup's tests).
+TEST(TrainerGpuNccl, OneRankOverNcclGroupsEqualsStaged) {
+  DHX_REQUIRE_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "libnccl.so.2 not found (scripts/gpu-device run puts it on the path)";
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 31);
+  RunConfig staged = tiny_on(dir.path(), "llama", "cuda");
+  RunConfig nccl = staged;
+  nccl.comm.gpu_transport = "nccl";
+  nccl.output.dir = dir.path() + "/nccl";
+  auto run = [](const RunConfig& cfg) {
+    std::vector<double> got;
+    run_local_ranks(LayoutConfig{}, [&](CommContext& comm) {
+      Trainer t(cfg, &comm, Quiet::kYes);
+      got = losses_of(t, 3);
+    });
+    return got;
+  };
+  EXPECT_EQ(run(nccl), run(staged));
 }
 
 }  // namespace

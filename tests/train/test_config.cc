@@ -194,6 +194,23 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
                           {"comm.emulated_link_gbit", "10"}})
                 .find("emulated_link_gbit"),
             std::string::npos);
+  // comm.gpu_transport: staged or nccl; nccl moves GPU tensors over the real links (refused on the
+  // CPU and beside the emulated link, which paces staged collectives), each refusal naming the keys.
+  EXPECT_NE(error_of("", {{"comm.gpu_transport", "ib"}}).find("comm.gpu_transport=\"ib\" is not a GPU transport"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {{"comm.gpu_transport", "nccl"}}).find("comm.gpu_transport=\"nccl\" moves GPU tensors; "
+                                                                  "training.device=\"cpu\""),
+            std::string::npos);
+  const std::string nccl_link = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
+                                              {"parallel.tp", "2"}, {"comm.gpu_transport", "nccl"},
+                                              {"comm.emulated_link_gbit", "10"}});
+  EXPECT_NE(nccl_link.find("comm.emulated_link_gbit=10 paces staged collectives, and comm.gpu_transport=\"nccl\""),
+            std::string::npos)
+      << nccl_link;
+  EXPECT_EQ(error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"}, {"parallel.tp", "2"},
+                          {"comm.gpu_transport", "nccl"}})
+                .find("gpu_transport"),
+            std::string::npos);
 }
 
 TEST(Config, FormerEnvironmentKnobsAreKeys) {
@@ -293,7 +310,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 84u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 85u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {
