@@ -12,6 +12,24 @@
 
 namespace dhelix::bench {
 
+// A Llama-style model (GQA, RMSNorm, SwiGLU, RoPE theta 500000, untied head) of these sizes.
+inline ModelConfig llama_style(const std::string& name, ModelFamily family, int64_t T, int64_t d_model, int64_t layers,
+                               int64_t heads, int64_t kv_heads, int64_t ffn) {
+  ModelConfig m;
+  m.name = name;
+  m.family = family;
+  m.vocab_size = 32000;
+  m.seq_len = T;
+  m.d_model = d_model;
+  m.n_layers = layers;
+  m.n_heads = heads;
+  m.n_kv_heads = kv_heads;
+  m.ffn_hidden = ffn;
+  m.rope_theta = 500000.0;
+  m.tie_embeddings = false;
+  return m;
+}
+
 inline ModelConfig gpu_model_named(const std::string& name, int64_t T) {
   if (name == "gpt2-124m") {
     ModelConfig m = model_preset("gpt2-124m");
@@ -19,36 +37,13 @@ inline ModelConfig gpu_model_named(const std::string& name, int64_t T) {
     return m;
   }
   if (name == "moe-0.6b") {
-    ModelConfig m;
-    m.name = "moe-0.6b";
-    m.family = ModelFamily::kMoE;
-    m.vocab_size = 32000;
-    m.seq_len = T;
-    m.d_model = 1024;
-    m.n_layers = 8;
-    m.n_heads = 16;
-    m.n_kv_heads = 4;
-    m.ffn_hidden = 2816;
+    ModelConfig m = llama_style(name, ModelFamily::kMoE, T, 1024, 8, 16, 4, 2816);
     m.n_experts = 8;
     m.top_k = 2;
-    m.rope_theta = 500000.0;
-    m.tie_embeddings = false;
     return m;
   }
   DHX_CHECK(name == "llama-1b", ConfigError, "unknown model '{}' (expected gpt2-124m, llama-1b or moe-0.6b)", name);
-  ModelConfig m;
-  m.name = "llama-1b";
-  m.family = ModelFamily::kLlama;
-  m.vocab_size = 32000;
-  m.seq_len = T;
-  m.d_model = 2048;
-  m.n_layers = 16;
-  m.n_heads = 32;
-  m.n_kv_heads = 8;
-  m.ffn_hidden = 8192;
-  m.rope_theta = 500000.0;
-  m.tie_embeddings = false;
-  return m;
+  return llama_style(name, ModelFamily::kLlama, T, 2048, 16, 32, 8, 8192);
 }
 
 }  // namespace dhelix::bench
