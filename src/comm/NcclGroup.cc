@@ -145,19 +145,19 @@ class NcclGroup final : public ProcessGroup {
     if (t.defined() && t.device().is_host()) return on_host(t, "all_reduce", [this, t, op] { host_->all_reduce(t, op).wait(); });
     return post(t, [this, t, op] {
       return nccl().ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "all_reduce"), nccl_op(op), comm_, stream_);
-    });
+    }, {t});
   }
   Task all_gather_task(Tensor in, Tensor out) override {
     if (in.defined() && in.device().is_host()) return on_host(in, "all_gather", [this, in, out] { host_->all_gather(in, out).wait(); });
     return post(in, [this, in, out] {
       return nccl().ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"), comm_, stream_);
-    });
+    }, {in, out});
   }
   Task reduce_scatter_task(Tensor in, Tensor out, ReduceOp op) override {
     return post(in, [this, in, out, op] {
       return nccl().ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(in, "reduce_scatter"), nccl_op(op),
                                comm_, stream_);
-    });
+    }, {in, out});
   }
   Task all_to_all_task(Tensor in, Tensor out) override {
     const int64_t chunk = in.numel() / size();
@@ -179,19 +179,21 @@ class NcclGroup final : public ProcessGroup {
       }
       const ncclResult_t e = nccl().ncclGroupEnd();
       return r != ncclSuccess ? r : e;
-    });
+    }, {in, out});
   }
   Task broadcast_task(Tensor t, int root) override {
     if (t.defined() && t.device().is_host()) return on_host(t, "broadcast", [this, t, root] { host_->broadcast(t, root).wait(); });
     return post(t, [this, t, root] {
       return nccl().ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"), root, comm_, stream_);
-    });
+    }, {t});
   }
   Task send_task(Tensor t, int peer, int) override {
-    return post(t, [this, t, peer] { return nccl().ncclSend(t.raw(), size_t(t.numel()), nccl_type(t, "send"), peer, comm_, stream_); });
+    return post(t, [this, t, peer] { return nccl().ncclSend(t.raw(), size_t(t.numel()), nccl_type(t, "send"), peer, comm_, stream_); },
+                {t});
   }
   Task recv_task(Tensor t, int peer, int) override {
-    return post(t, [this, t, peer] { return nccl().ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t, "recv"), peer, comm_, stream_); });
+    return post(t, [this, t, peer] { return nccl().ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t, "recv"), peer, comm_, stream_); },
+                {t});
   }
   Task barrier_task() override {
     return post(Tensor(), [this] { return nccl().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_); });
@@ -202,6 +204,10 @@ class NcclGroup final : public ProcessGroup {
     std::shared_ptr<WorkState> st;
     cudaEvent_t ready = nullptr, done = nullptr;
     double posted_at = 0;
+    // The op's tensors, held until its end event passed: the issuer may drop them as soon as the
+    // op is issued (or, with Work::wait_on, while it runs), and their memory would go back to its
+    // stream's pool while the group's stream still reads or writes it.
+    std::vector<Tensor> keep;
   };
 
   ncclResult_t async_error() const {
@@ -229,12 +235,12 @@ class NcclGroup final : public ProcessGroup {
   // The op's task: on the comm thread, after the producer's point, `call` enqueues the NCCL op on
   // the group's stream; the op is posted (false) and poll() completes it.
   template <typename Call>
-  Task post(const Tensor& t, Call call) {
+  Task post(const Tensor& t, Call call, std::vector<Tensor> keep = {}) {
     DHX_CHECK(!t.defined() || !t.device().is_host(), CommError,
               "{}: an NCCL group moves GPU tensors; {} is in host memory", name(), t.describe());
     cudaEvent_t ready = producer_point();
-    return [this, ready, call](const std::shared_ptr<WorkState>& st) {
-      Posted p{st, ready, nullptr, now_seconds()};
+    return [this, ready, call, keep](const std::shared_ptr<WorkState>& st) {
+      Posted p{st, ready, nullptr, now_seconds(), keep};
       if (aborted_) {
         release(p);
         st->fail(fmt::format("{}: the NCCL communicator was aborted by an earlier op's failure", st->describe()));
