@@ -360,9 +360,12 @@ void op_xent_finish(OpCall& c) {
 // router's counts, as on the CPU: OpRegistry.h's moe_record_aux, moe_aux_dprob) and each expert's
 // row count (cuBLASLt's grouped GEMMs need them): small copies that wait on the op's stream.
 cuda::NormTopk norm_topk(const OpCall& c) { return c.model.norm_topk ? cuda::NormTopk::kYes : cuda::NormTopk::kNo; }
+// Copied on the op's stream (not the one `t` was allocated on: a backward op reading its forward's
+// statistics must not wait behind the other strand's queue); returns once copied.
 std::vector<float> host_floats(const OpCall& c, const Tensor& t) {
-  const Tensor h = t.to(Device::host(), nullptr, c.stream);  // waits for the copy
-  return std::vector<float>(h.f32(), h.f32() + h.numel());
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  device_copy(h.data(), Device::host(), f32(t), t.device(), t.nbytes(), c.stream);
+  return h;
 }
 std::vector<int32_t> host_counts(const OpCall& c, const Tensor& counts) {
   std::vector<int32_t> h(static_cast<size_t>(counts.numel()));

@@ -263,10 +263,17 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       // count arrays of n equal chunks; chunk j's sum is the rows sent to (inputs[1]) and received
       // from (inputs[2]) group rank j. The counts were exchanged by an earlier op (waited above).
       DHX_ASSERT(op.inputs.size() == 3, "{}: an uneven all-to-all reads data, send and receive counts", op.name);
-      // (A GPU's counts come back to the host once, after the strand's kernels that wrote them: the
-      // host sizes the exchange, as Megatron's token dispatcher does.)
+      // (A GPU's counts come back to the host, as Megatron's token dispatcher does, copied on the
+      // issuing strand's stream: the backward's exchanges read counts its forward wrote, which that
+      // stream is already ordered after, and must not wait behind the other strand's queue, as a
+      // copy on the stream the counts were allocated on would.)
       auto rows_per_peer = [&](const Tensor& dev_counts) {
-        const Tensor counts = dev_counts.to(Device::host(), nullptr, on_gpu_ ? stream_of(kind).handle() : nullptr);
+        Tensor counts = dev_counts;
+        if (on_gpu_) {
+          counts = Tensor::empty(dev_counts.shape(), dev_counts.dtype());
+          device_copy(counts.raw(), Device::host(), dev_counts.raw(), dev_counts.device(), dev_counts.nbytes(),
+                      stream_of(kind).handle());  // returns once copied
+        }
         DHX_ASSERT(counts.numel() % n == 0, "{}: {} counts for {} ranks", op.name, counts.numel(), n);
         const int64_t per = counts.numel() / n;
         std::vector<int64_t> rows(static_cast<size_t>(n), 0);
