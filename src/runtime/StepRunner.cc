@@ -69,15 +69,24 @@ void StepRunner::link_backward(Inflight& b, int unit, bool release_above, Tensor
 void StepRunner::finish_bwd_unit(Inflight& b, int unit, StepStats& st) {
   UnitEnv& env = *b.envs[unit];
   DHX_ASSERT(env.pending.empty(), "unit {} finished backward with collectives in flight", unit);
-  if (unit == exec_.num_units() - 1) {
-    const Tensor loss = env.at("loss").to(Device::host());  // a GPU's losses: copied back (synchronises)
+  if (unit == exec_.num_units() - 1) losses_.push_back(env.at("loss"));
+  // The host's are summed at once (a GPU's at the step's end: reading one back now would hold the
+  // host until both strands' queued kernels ran).
+  if (ctx_.device.is_host()) add_losses(st);
+  // The unit above was released when our dy was linked; the first unit has no consumer.
+  if (unit == 0) b.envs[0].reset();
+  for (StepObserver* o : exec_.observers()) o->on_unit_backward_done(b.mb, unit);
+}
+
+void StepRunner::add_losses(StepStats& st) {
+  // In the order their micro-batches finished, each token's in order.
+  for (const Tensor& t : losses_) {
+    const Tensor loss = t.to(Device::host());
     const float* l = loss.f32();
     for (int64_t i = 0; i < loss.numel(); ++i) st.loss_sum += l[i];
     st.tokens += loss.numel();
   }
-  // The unit above was released when our dy was linked; the first unit has no consumer.
-  if (unit == 0) b.envs[0].reset();
-  for (StepObserver* o : exec_.observers()) o->on_unit_backward_done(b.mb, unit);
+  losses_.clear();
 }
 
 // Co-executed slot: forward unit fc.begin+i beside backward unit bc.end-1-i for i < the shorter
@@ -168,6 +177,7 @@ int transfer_tag(const Transfer& t, int num_chunks) {
 StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<MicroBatch>& mbs) {
   StepStats st;
   ctx_.router.clear();
+  losses_.clear();  // (a step that threw left its own)
   const int M = static_cast<int>(mbs.size());
   const int U = exec_.num_units();
   const int S = static_cast<int>(sch.chunks.size());
@@ -299,6 +309,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   st.p2p_wait_s += now_seconds() - w0;
   DHX_ASSERT(recvs.empty(), "{} posted receives were never used", recvs.size());
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
+  add_losses(st);  // a GPU's, copied back now that the step's kernels ran
   exec_.finish_device_waits();  // collectives the GPU waited for (NCCL): their failures, if any
   exec_.flush_trace();  // a GPU's compute lanes, from its events
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();

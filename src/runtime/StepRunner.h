@@ -84,6 +84,7 @@ class StepRunner {
   // (its carried ops have not run yet).
   void link_backward(Inflight& b, int unit, bool release_above = true, Tensor received = Tensor());
   void finish_bwd_unit(Inflight& b, int unit, StepStats& st);
+  void add_losses(StepStats& st);  // losses_ into st, then dropped
   const SIPlan& pair_plan(int fwd_unit, int bwd_unit);
   // One slot: `f` and `b` (either may be null) through their chunks. `f_in` / `b_in`: the chunk's
   // input received from another stage (activation x of the first forward unit, gradient dy of the
@@ -107,6 +108,9 @@ class StepRunner {
   SIPlan block_plan_;
   std::deque<SIPlan> edge_cache_;  // [kind pair] -> plan
   std::vector<std::pair<std::string, std::string>> edge_keys_;
+  // Per-token losses of micro-batches whose head unit finished backward, not yet summed into the
+  // step's stats (a GPU's wait for the step's end: finish_bwd_unit).
+  std::vector<Tensor> losses_;
   std::function<void(int, bool)> slot_hook_;
 };
 
