@@ -474,13 +474,9 @@ void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
       device_copy(static_cast<char*>(y.raw()) + m.to * row, c.device, static_cast<const char*>(x.raw()) + m.from * row,
                   c.device, static_cast<size_t>(m.rows) * row, c.stream);
   if (to_expert_major && c.op.outputs.size() > 1) {
-    Tensor h = Tensor::empty({El}, DType::kI32);
-    for (int64_t e = 0; e < El; ++e) {
-      int32_t n = 0;
-      for (int64_t j = 0; j < G; ++j) n += rc[size_t(j * El + e)];
-      h.data<int32_t>()[e] = n;
-    }
-    c.out_new(1, {El}, DType::kI32).copy_from(h);  // (ordered on the op's stream: the output's)
+    const std::vector<int32_t> lc = cpu::moe_ep_local_counts(rc.data(), G, El);
+    device_copy(c.out_new(1, {El}, DType::kI32).raw(), c.device, lc.data(), Device::host(), lc.size() * sizeof(int32_t),
+                c.stream);  // returns once copied
   }
 }
 void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }

@@ -566,12 +566,8 @@ void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
   Tensor& y = c.out_new(0, x.shape());
   moe_ep_regroup<float>(x.f32(), rc.data<int32_t>(), y.f32(), G, El, C, to_expert_major);
   if (to_expert_major && c.op.outputs.size() > 1) {
-    Tensor& lc = c.out_new(1, {El}, DType::kI32);
-    for (int64_t e = 0; e < El; ++e) {
-      int32_t n = 0;
-      for (int64_t j = 0; j < G; ++j) n += rc.data<int32_t>()[j * El + e];
-      lc.data<int32_t>()[e] = n;
-    }
+    const std::vector<int32_t> lc = moe_ep_local_counts(rc.data<int32_t>(), G, El);
+    std::copy(lc.begin(), lc.end(), c.out_new(1, {El}, DType::kI32).data<int32_t>());
   }
 }
 void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }

@@ -153,18 +153,20 @@ Shape StepRunner::boundary_shape() const {
   return {ctx_.mb.tokens() / tp, ctx_.model->d_model / gx};
 }
 
+// The strand whose stream writes (sends) or reads (receives) a pipeline message of `kind`.
+StreamHandle StepRunner::message_stream(TransferKind kind) const {
+  return exec_.strand_stream(kind == TransferKind::kActivation ? StrandKind::kForward : StrandKind::kBackward);
+}
+
 Tensor StepRunner::boundary_buffer(TransferKind kind, ProcessGroup& pp) {
   if (ctx_.device.is_host()) return Tensor::empty(boundary_shape(), DType::kF32, ctx_.act_mem);
-  const StreamHandle s =
-      exec_.strand_stream(kind == TransferKind::kActivation ? StrandKind::kForward : StrandKind::kBackward);
+  const StreamHandle s = message_stream(kind);
   pp.set_producer_stream(s);
   return Tensor::empty(boundary_shape(), DType::kBF16, ctx_.act_mem, ctx_.device, s);
 }
 
 void StepRunner::sent_from(TransferKind kind, ProcessGroup& pp) {
-  if (ctx_.device.is_host()) return;
-  pp.set_producer_stream(
-      exec_.strand_stream(kind == TransferKind::kActivation ? StrandKind::kForward : StrandKind::kBackward));
+  if (!ctx_.device.is_host()) pp.set_producer_stream(message_stream(kind));
 }
 
 namespace {

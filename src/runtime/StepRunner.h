@@ -101,6 +101,7 @@ class StepRunner {
   // next: the forward strand's for an activation, the backward strand's for a gradient. Nothing on
   // the host.
   void sent_from(TransferKind kind, ProcessGroup& pp);
+  StreamHandle message_stream(TransferKind kind) const;
 
   RunContext& ctx_;
   Executor exec_;

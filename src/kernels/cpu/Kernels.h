@@ -208,6 +208,8 @@ struct EpBlockMove {
   int64_t from, to, rows;
 };
 std::vector<EpBlockMove> moe_ep_block_moves(const int32_t* counts, int64_t G, int64_t El, bool to_expert_major);
+// The local experts' row totals: out[e] = sum over ranks j of counts[j * El + e].
+std::vector<int32_t> moe_ep_local_counts(const int32_t* counts, int64_t G, int64_t El);
 // Grouped linear over E experts: x[P,I] holds counts[0] rows of expert 0, then counts[1] of expert 1,
 // ...; w[E*O, I] stacks the experts' [O, I] weights. y[rows of e] = x[rows of e] @ w_e^T.
 template <typename T> void expert_linear_fwd(const T* x, const T* w, const int32_t* counts, T* y, int64_t E, int64_t I,

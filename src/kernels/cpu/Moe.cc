@@ -169,6 +169,13 @@ std::vector<EpBlockMove> moe_ep_block_moves(const int32_t* counts, int64_t G, in
   return moves;
 }
 
+std::vector<int32_t> moe_ep_local_counts(const int32_t* counts, int64_t G, int64_t El) {
+  std::vector<int32_t> out(static_cast<size_t>(El), 0);
+  for (int64_t e = 0; e < El; ++e)
+    for (int64_t j = 0; j < G; ++j) out[size_t(e)] += counts[j * El + e];
+  return out;
+}
+
 template <typename T> void moe_ep_regroup(const T* x, const int32_t* counts, T* y, int64_t G, int64_t El, int64_t C,
                                           bool to_expert_major) {
   for (const EpBlockMove& m : moe_ep_block_moves(counts, G, El, to_expert_major))
