@@ -1,8 +1,9 @@
 // Op bindings on a GPU: the layer programs' op codes -> kernels/cuda, the CUDA twin of
 // OpRegistry.cc's CPU bindings for one GPU per rank, with Megatron's tensor and sequence parallelism
 // (issue 39: the vocabulary-parallel embedding and cross-entropy, local heads, positions on a
-// sequence shard), not yet context parallelism or the 3D grid; MoE at tp = 1, with expert
-// parallelism (the ep regrouping as block copies). Activations and
+// sequence shard) and context parallelism (the ring attention's steps, positions and RoPE of a
+// rank's two chunks), not yet the 3D grid; MoE at tp = cp = 1, with expert parallelism (the ep
+// regrouping as block copies). Activations and
 // their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
 // gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
 // ParamStore), norms and biases their fp32 values. Every kernel is enqueued on the op's stream
@@ -48,21 +49,21 @@ using op::attr_or;
 using op::cols;
 using op::rows;
 cudaStream_t st(const OpCall& c) { return static_cast<cudaStream_t>(c.stream); }
-// One GPU per rank with Megatron's tensor (and sequence) parallelism: what these bindings implement
-// so far. Context parallelism's ring and the 3D grid's ops are refused.
+// One GPU per rank with Megatron's tensor (and sequence) and context parallelism: what these
+// bindings implement so far. The 3D grid's ops are refused.
 void require_layout(const OpCall& c) {
-  DHX_CHECK(c.cp == 1 && !c.shard.is_3d(), DeviceError,
-            "op {} on {}: the CUDA backend runs tensor parallelism (tp), not context parallelism or the 3D grid, "
-            "so far (cp={}, 3D={}); run this layout on cpu",
-            c.op.name, c.device.str(), c.cp, c.shard.is_3d());
+  DHX_CHECK(!c.shard.is_3d(), DeviceError,
+            "op {} on {}: the CUDA backend runs tensor (tp) and context (cp) parallelism, not the 3D grid, so far "
+            "(tp_x, tp_y, tp_z); run this layout on cpu",
+            c.op.name, c.device.str());
   DHX_CHECK(c.blas != nullptr, InternalError, "op {} on {}: the run context has no cuBLASLt handle", c.op.name,
             c.device.str());
 }
-// The same, without tensor parallelism either (the MoE ops so far).
+// The same, without tensor or context parallelism either (the MoE ops so far).
 void require_unsharded(const OpCall& c) {
   require_layout(c);
-  DHX_CHECK(c.tp == 1, DeviceError, "op {} on {}: the CUDA backend runs this op at tp = 1 so far (tp={}); run this "
-            "layout on cpu", c.op.name, c.device.str(), c.tp);
+  DHX_CHECK(c.tp == 1 && c.cp == 1, DeviceError, "op {} on {}: the CUDA backend runs this op at tp = cp = 1 so far "
+            "(tp={}, cp={}); run this layout on cpu", c.op.name, c.device.str(), c.tp, c.cp);
 }
 const Tensor& weight_bf16(const ParamEntry& e) {
   DHX_CHECK(e.value_bf16.defined(), InternalError, "parameter {} has no bf16 copy (ParamStore::move_to a GPU first)",
@@ -186,10 +187,22 @@ void rope_common(OpCall& c, bool backward) {
   Tensor& y = c.out_new(0, {N, W}, DType::kBF16);
   y.copy_from(x);
   const int64_t heads = (c.model.n_heads + c.model.n_kv_heads) / c.head_shards();  // this rank's q and k heads
-  if (backward)
-    cuda::rope_bwd(b16(y), c.mb.B, c.mb.T, heads, D, W, 0, c.model.rope_theta, st(c));
-  else
-    cuda::rope_fwd(b16(y), c.mb.B, c.mb.T, heads, D, W, 0, c.model.rope_theta, st(c));
+  auto rotate = [&](bf16* at, int64_t B, int64_t T, int64_t pos0) {
+    if (backward)
+      cuda::rope_bwd(at, B, T, heads, D, W, pos0, c.model.rope_theta, st(c));
+    else
+      cuda::rope_fwd(at, B, T, heads, D, W, pos0, c.model.rope_theta, st(c));
+  };
+  DHX_ASSERT(N == c.mb.B * c.mb.T, "{}: {} rows for B={} T={}", c.op.name, N, c.mb.B, c.mb.T);
+  if (c.cp == 1) {
+    rotate(b16(y), c.mb.B, c.mb.T, 0);
+    return;
+  }
+  // Context parallelism: each sequence's local rows are two chunks, each contiguous in position
+  // (the CPU's rope: the same angles, chunk by chunk).
+  const int64_t half = c.mb.T / 2;
+  for (int64_t b = 0; b < c.mb.B; ++b)
+    for (int64_t h = 0; h < 2; ++h) rotate(b16(y) + (b * c.mb.T + h * half) * W, 1, half, c.seq_pos(h * half));
 }
 void op_rope(OpCall& c) { rope_common(c, false); }
 void op_rope_bwd(OpCall& c) { rope_common(c, true); }
@@ -221,6 +234,106 @@ void op_attention_bwd(OpCall& c) {
   bf16* dq = b16(dqkv);
   cuda::attention_bwd(q, q + s.H * s.D, q + (s.H + s.Hkv) * s.D, b16(c.in(1)), f32(c.in(2)), b16(c.in(3)), dq,
                       dq + s.H * s.D, dq + (s.H + s.Hkv) * s.D, s, 1.0f / std::sqrt(static_cast<float>(s.D)), st(c));
+}
+
+// ---- context parallelism: the ring attention's ops (sharding/CpRing.cc; the CPU's in OpRegistry.cc) ----
+// The travelling keys/values are bf16 (kv [N, 2 Hkv D], the packed qkv's k and v columns); the
+// running output, lse and the gradients that the ring's steps accumulate are fp32, as on the CPU,
+// and the last steps round once: the forward's output for the output projection, the backward's
+// dqkv for the qkv GEMMs.
+cpu::RingDims ring_dims(const OpCall& c, int64_t W) {
+  const cpu::RingDims r{c.cp, c.cp_rank, c.mb.B, c.mb.T, attr(c, "heads"), attr(c, "kv_heads"), attr(c, "head_dim"), W};
+  DHX_ASSERT(W == (r.H + 2 * r.Hkv) * r.D, "{}: qkv rows of {} columns for H={} Hkv={} D={}", c.op.name, W, r.H,
+             r.Hkv, r.D);
+  DHX_ASSERT(c.cp >= 2, "{}: a ring step with cp={}", c.op.name, c.cp);
+  return r;
+}
+float ring_scale(const cpu::RingDims& r) { return 1.0f / std::sqrt(static_cast<float>(r.D)); }
+
+// kv [N, 2 Hkv D]: the k and v columns of the packed qkv rows, the buffer that travels the ring.
+void op_cp_kv_pack(OpCall& c) {
+  require_layout(c);
+  Tensor& qkv = c.in(0);
+  const int64_t N = rows(qkv), W = cols(qkv), H = attr(c, "heads"), Hkv = attr(c, "kv_heads"), D = attr(c, "head_dim");
+  const int64_t kvw = 2 * Hkv * D;
+  Tensor& kv = c.out_new(0, {N, kvw}, DType::kBF16);
+  cuda::copy_cols(b16(qkv) + H * D, W, b16(kv), kvw, N, kvw, st(c));
+}
+
+// Step i: inputs qkv, the keys/values of step i and (i > 0) the running output and lse (fp32), into
+// which the step's block is merged in place. The last step also writes the output in bf16.
+void op_ring_attention(OpCall& c) {
+  require_layout(c);
+  Tensor& qkv = c.in(0);
+  Tensor& kv = c.in(1);
+  const int64_t N = rows(qkv);
+  const cpu::RingDims r = ring_dims(c, cols(qkv));
+  const int step = static_cast<int>(attr(c, "step"));
+  if (step == 0) {  // all local queries against the rank's own keys: the running output's start
+    Tensor& o = c.out_new(0, {N, r.H * r.D}, DType::kF32);
+    Tensor& lse = c.out_new(1, {r.B, r.H, r.Tl}, DType::kF32);
+    cuda_ring_fwd_step(r, 0, b16(qkv), b16(kv), f32(o), f32(lse), nullptr, nullptr, ring_scale(r), c.stream);
+    return;
+  }
+  Tensor o = c.in(2), lse = c.in(3);
+  Tensor o_tmp = Tensor::empty(o.shape(), DType::kF32, c.act_mem, c.device, c.stream);
+  Tensor lse_tmp = Tensor::empty(lse.shape(), DType::kF32, c.act_mem, c.device, c.stream);
+  cuda_ring_fwd_step(r, step, b16(qkv), b16(kv), f32(o), f32(lse), f32(o_tmp), f32(lse_tmp), ring_scale(r), c.stream);
+  c.env.bufs[c.op.outputs.at(1)] = lse;
+  if (step + 1 < c.cp) {
+    c.env.bufs[c.op.outputs.at(0)] = o;
+    return;
+  }
+  Tensor& att = c.out_new(0, {N, r.H * r.D}, DType::kBF16);  // for the output projection's GEMM
+  cuda::cast_f32_to_bf16(f32(o), b16(att), o.numel(), st(c));
+}
+
+// Step i backward: inputs qkv, the step's keys/values, the final att (bf16) and lse, datt and
+// (i > 0) the running dq (fp32 [N, W], q columns accumulated; aliased by this step's output);
+// outputs dq and this step's share of dK/dV for the keys it saw (fp32, kv's layout).
+void op_ring_attention_bwd(OpCall& c) {
+  require_layout(c);
+  Tensor& qkv = c.in(0);
+  Tensor& kv = c.in(1);
+  const int64_t N = rows(qkv), W = cols(qkv);
+  const cpu::RingDims r = ring_dims(c, W);
+  const int step = static_cast<int>(attr(c, "step"));
+  Tensor dq;
+  if (step == 0) {
+    dq = Tensor::empty({N, W}, DType::kF32, c.act_mem, c.device, c.stream);
+    dq.zero_();
+  } else {
+    dq = c.in(5);
+  }
+  c.env.bufs[c.op.outputs.at(0)] = dq;
+  Tensor& dkv = c.out_new(1, kv.shape(), DType::kF32);
+  dkv.zero_();
+  cuda_ring_bwd_step(r, step, b16(qkv), b16(kv), b16(c.in(2)), f32(c.in(3)), b16(c.in(4)), f32(dq), f32(dkv),
+                     ring_scale(r), c.stream);
+}
+
+// The dK/dV that arrived (travelling with the keys it belongs to) plus this rank's share, in place.
+void op_cp_dkv_add(OpCall& c) {
+  require_layout(c);
+  Tensor acc = c.in(0);
+  Tensor& mine = c.in(1);
+  DHX_ASSERT(acc.numel() == mine.numel(), "{}: {} vs {}", c.op.name, acc.describe(), mine.describe());
+  cuda::add_inplace(f32(acc), f32(mine), acc.numel(), st(c));
+  c.env.bufs[c.op.outputs.at(0)] = acc;
+}
+
+// dqkv (bf16): dq's q columns, and in the k, v columns this rank's own share of the dK/dV of its keys
+// (step 0) plus the other ranks' shares, which arrived round the ring.
+void op_cp_ring_bwd_finish(OpCall& c) {
+  require_layout(c);
+  Tensor& dq = c.in(0);
+  Tensor& own = c.in(1);
+  Tensor& came = c.in(2);
+  const int64_t N = rows(dq), W = cols(dq), qc = attr(c, "heads") * attr(c, "head_dim");
+  DHX_ASSERT(cols(own) == W - qc && came.numel() == own.numel(), "{}: dq {} own {} came {} for {} q columns",
+             c.op.name, dq.describe(), own.describe(), came.describe(), qc);
+  Tensor& dqkv = c.out_new(0, {N, W}, DType::kBF16);
+  cuda::cp_ring_finish(f32(dq), f32(own), f32(came), b16(dqkv), N, W, qc, st(c));
 }
 
 void op_gelu(OpCall& c) {
@@ -285,22 +398,48 @@ void op_embed_bwd(OpCall& c) {
     cuda::embedding_shard_bwd(i32(tok), b16(c.in(1)), f32(w.grad), N, C, V, vocab_first(c, w.grad), st(c));
 }
 
-// Learned positions: local row i is global row row0 + i of the micro-batch's B*T (row0 = 0 without
-// sequence parallelism, else this rank's sequence shard), position (row0 + i) mod T.
+// Learned positions: local row i is row row0 + i of the micro-batch's B*T local rows (row0 = 0
+// without sequence parallelism, else this rank's sequence shard), at t = (row0 + i) mod T; its
+// position is t, or under context parallelism its chunk's global position (OpCall::seq_pos).
+// fn(first row, rows, their T, their row0, the position of row 0 of that T) once without context
+// parallelism, else once per run of rows whose positions follow each other (a chunk's rows of one
+// sequence), rows ascending.
+template <typename Fn>
+void position_runs(const OpCall& c, int64_t N, Fn&& fn) {
+  const int64_t T = c.mb.T, row0 = c.seq_row0(N);
+  if (c.cp == 1) {
+    fn(int64_t{0}, N, T, row0, int64_t{0});
+    return;
+  }
+  const int64_t half = T / 2;
+  for (int64_t i = 0; i < N;) {
+    const int64_t t = (row0 + i) % T, len = std::min(N - i, (t < half ? half : T) - t);
+    fn(i, len, len, int64_t{0}, c.seq_pos(t));
+    i += len;
+  }
+}
+
 void op_pos_embed(OpCall& c) {
   require_layout(c);
   Tensor& e = c.in(0);
-  const int64_t N = rows(e), C = cols(e), T = c.mb.T;
+  const int64_t N = rows(e), C = cols(e);
   Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
-  cuda::position_add(b16(e), b16(weight_bf16(c.param(0))), b16(y), N, C, T, c.seq_row0(N), st(c));
+  const bf16* wpe = b16(weight_bf16(c.param(0)));
+  position_runs(c, N, [&](int64_t i, int64_t n, int64_t T, int64_t row0, int64_t pos) {
+    cuda::position_add(b16(e) + i * C, wpe + pos * C, b16(y) + i * C, n, C, T, row0, st(c));
+  });
 }
 
-// dP[t] += the rows at position t, in row order (the CPU's).
+// dP[t] += the rows at position t, in row order (the CPU's; under context parallelism a run's rows
+// have distinct positions and the runs follow row order, so each position's sum keeps it).
 void op_pos_embed_bwd(OpCall& c) {
   require_layout(c);
   Tensor& dy = c.in(0);
-  const int64_t N = rows(dy), C = cols(dy), T = c.mb.T;
-  cuda::position_grad(b16(dy), f32(c.grad(0).grad), N, C, T, c.seq_row0(N), st(c));
+  const int64_t N = rows(dy), C = cols(dy);
+  float* dwpe = f32(c.grad(0).grad);
+  position_runs(c, N, [&](int64_t i, int64_t n, int64_t T, int64_t row0, int64_t pos) {
+    cuda::position_grad(b16(dy) + i * C, dwpe + pos * C, n, C, T, row0, st(c));
+  });
 }
 
 // Fused softmax cross-entropy over the whole vocabulary: per-token loss, dlogits in place.
@@ -531,11 +670,55 @@ const std::map<std::string, OpFn>& table() {
       {"expert_linear", op_expert_linear}, {"expert_linear_dgrad", op_expert_linear_dgrad},
       {"expert_linear_wgrad", op_expert_linear_wgrad},
       {"moe_ep_sort", op_moe_ep_sort}, {"moe_ep_unsort", op_moe_ep_unsort},
+      {"cp_kv_pack", op_cp_kv_pack}, {"ring_attention", op_ring_attention},
+      {"ring_attention_bwd", op_ring_attention_bwd}, {"cp_dkv_add", op_cp_dkv_add},
+      {"cp_ring_bwd_finish", op_cp_ring_bwd_finish},
   };
   return t;
 }
 
 }  // namespace
+
+namespace {
+// The step's block on the packed layouts (cpu::ring_block's twin).
+cuda::AttnBlock ring_block(const cpu::RingDims& r, const cpu::RingStep& st) {
+  const int64_t kvw = 2 * r.Hkv * r.D, ow = r.H * r.D;
+  return cuda::AttnBlock{r.B, st.Tq, st.Tk, r.H, r.Hkv, r.D, r.q_stride, kvw, ow,
+                         r.Tl * r.q_stride, r.Tl * kvw, r.Tl * ow, r.Tl, st.causal};
+}
+}  // namespace
+
+void cuda_ring_fwd_step(const cpu::RingDims& r, int step, const void* q, const void* kv, float* o, float* lse,
+                        float* o_tmp, float* lse_tmp, float scale, void* stream) {
+  const cpu::RingStep st = cpu::cp_ring_step(r.cp, r.rank, step, r.Tl);
+  const cuda::AttnBlock blk = ring_block(r, st);
+  const int64_t ow = r.H * r.D;
+  const bf16* qs = static_cast<const bf16*>(q) + st.q_row0 * r.q_stride;
+  const bf16* ks = static_cast<const bf16*>(kv) + st.k_row0 * blk.kv_stride;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (step == 0) {
+    cuda::attention_block_fwd(qs, ks, ks + r.Hkv * r.D, o + st.q_row0 * ow, lse + st.q_row0, blk, scale, s);
+    return;
+  }
+  float* ot = o_tmp + st.q_row0 * ow;
+  float* lt = lse_tmp + st.q_row0;
+  cuda::attention_block_fwd(qs, ks, ks + r.Hkv * r.D, ot, lt, blk, scale, s);
+  cuda::attention_merge(o + st.q_row0 * ow, lse + st.q_row0, ot, lt, r.B, st.Tq, r.H, r.D, ow, blk.o_bstride, r.Tl,
+                        r.Tl, s);
+}
+
+void cuda_ring_bwd_step(const cpu::RingDims& r, int step, const void* q, const void* kv, const void* o,
+                        const float* lse, const void* dout, float* dq, float* dkv, float scale, void* stream) {
+  const cpu::RingStep st = cpu::cp_ring_step(r.cp, r.rank, step, r.Tl);
+  const cuda::AttnBlock blk = ring_block(r, st);
+  const int64_t ow = r.H * r.D, kvo = r.Hkv * r.D;
+  const bf16* ks = static_cast<const bf16*>(kv) + st.k_row0 * blk.kv_stride;
+  float* dks = dkv + st.k_row0 * blk.kv_stride;
+  cuda::attention_block_bwd(static_cast<const bf16*>(q) + st.q_row0 * r.q_stride, ks, ks + kvo,
+                            static_cast<const bf16*>(o) + st.q_row0 * ow, lse + st.q_row0,
+                            static_cast<const bf16*>(dout) + st.q_row0 * ow, dq + st.q_row0 * r.q_stride, dks,
+                            dks + kvo, blk, scale, static_cast<cudaStream_t>(stream));
+}
 
 const OpFn& cuda_op(const std::string& code) {
   auto it = table().find(code);

@@ -123,16 +123,17 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     refused([] { kernel_registry(Device::cuda(1)); }, "DHELIX_ENABLE_CUDA");
     return;
   }
-  // A CUDA build binds the GPT-2 / Llama / MoE ops, tensor parallelism's vocabulary-parallel loss
-  // and expert parallelism's regrouping to the CUDA kernels and refuses the rest (context
-  // parallelism's, the 3D grid's) by name.
+  // A CUDA build binds the GPT-2 / Llama / MoE ops, tensor parallelism's vocabulary-parallel loss,
+  // expert parallelism's regrouping and context parallelism's ring steps to the CUDA kernels and
+  // refuses the rest (the 3D grid's) by name.
   const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
   EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_route")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("xent_max")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_ep_sort")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_ep_unsort")));
-  refused([&] { gpu.find("ring_attention"); }, "op 'ring_attention' has no CUDA kernel binding yet");
+  for (const char* op : {"cp_kv_pack", "ring_attention", "ring_attention_bwd", "cp_dkv_add", "cp_ring_bwd_finish"})
+    EXPECT_TRUE(static_cast<bool>(gpu.find(op))) << op;
   refused([&] { gpu.find("grid_rows"); }, "op 'grid_rows' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");
 }

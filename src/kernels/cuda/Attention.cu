@@ -1,6 +1,10 @@
 // Causal GQA attention on bf16 tensor cores (Attention.h), FlashAttention-2's algorithm with
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), operands by ldmatrix from shared tiles that cp.async
 // fills one tile ahead. Not here: wgmma / TMA pipelines (a later speed-up).
+// The same kernels run context parallelism's ring blocks (Attention.h's AttnBlock): templated on
+// the mask (kCausal: Tq == Tk, the diagonal skipped as below; else every key tile, the last one's
+// keys past Tk masked) and the outputs (bf16 written, or fp32 written by a block's forward and added
+// to by its backward: each element by one thread, so the ring's sums need no atomics either).
 //
 // Tiling (shared rows padded by 8 bf16: ldmatrix and cp.async conflict-free; ragged rows past T
 // zero-filled, then masked or never stored; tiles past the causal diagonal skipped per warp, the
@@ -219,10 +223,26 @@ template <int MT, int N> __device__ __forceinline__ void zero(float (&x)[MT][N][
     for (int j = 0; j < N; ++j) x[mt][j][0] = x[mt][j][1] = x[mt][j][2] = x[mt][j][3] = 0.0f;
 }
 
-// acc rows (g, g+8 of each 16-row m-tile from r0) scaled, rounded to bf16 and stored at row r of
+// One pair of output columns: bf16 written; fp32 written, or added to (kAdd: a ring step's share of a
+// gradient accumulated onto the earlier steps').
+template <bool kAdd> __device__ __forceinline__ void put2(bf16* p, float a, float b) {
+  static_assert(!kAdd, "bf16 outputs are written, not accumulated");
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+template <bool kAdd> __device__ __forceinline__ void put2(float* p, float a, float b) {
+  float2* q = reinterpret_cast<float2*>(p);
+  if constexpr (kAdd) {
+    const float2 o = *q;
+    *q = make_float2(o.x + a, o.y + b);
+  } else {
+    *q = make_float2(a, b);
+  }
+}
+
+// acc rows (g, g+8 of each 16-row m-tile from r0) scaled and stored (bf16: rounded) at row r of
 // `out` (row stride `stride`, column 0 of the head) for rows before `rows`.
-template <int D, int MT>
-__device__ __forceinline__ void store_rows(bf16* out, int64_t stride, const float (&acc)[MT][D / 8][4], int r0,
+template <int D, int MT, bool kAdd = false, typename Out>
+__device__ __forceinline__ void store_rows(Out* out, int64_t stride, const float (&acc)[MT][D / 8][4], int r0,
                                            int rows, float mul, int lane) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -230,11 +250,9 @@ __device__ __forceinline__ void store_rows(bf16* out, int64_t stride, const floa
     for (int i = 0; i < 2; ++i) {
       const int r = r0 + 16 * mt + (lane >> 2) + 8 * i;
       if (r >= rows) continue;
-      bf16* row = out + r * stride + (lane & 3) * 2;
+      Out* row = out + r * stride + (lane & 3) * 2;
 #pragma unroll
-      for (int jd = 0; jd < D / 8; ++jd)
-        *reinterpret_cast<__nv_bfloat162*>(row + jd * 8) =
-            __floats2bfloat162_rn(acc[mt][jd][2 * i] * mul, acc[mt][jd][2 * i + 1] * mul);
+      for (int jd = 0; jd < D / 8; ++jd) put2<kAdd>(row + jd * 8, acc[mt][jd][2 * i] * mul, acc[mt][jd][2 * i + 1] * mul);
     }
 }
 
@@ -251,28 +269,44 @@ __device__ __forceinline__ void mask_after(float (&s)[MT][8][4], int q0, int k0,
         if (k0 + 8 * j + 2 * (lane & 3) + (e & 1) > q0 + 16 * mt + (lane >> 2) + 8 * (e >> 1)) s[mt][j][e] = -INFINITY;
 }
 
-// ---- forward: grid (ceil(T/128), H, B), the query tiles with the most key tiles first ----
+// Keys past the block (a block without the causal mask, the last key tile ragged): element
+// (mt, j, e)'s column k0 + 8 j + 2 c + e % 2 at or past Tk set to -inf.
+template <int MT>
+__device__ __forceinline__ void mask_keys_from(float (&s)[MT][8][4], int k0, int Tk, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k0 + 8 * j + 2 * (lane & 3) + (e & 1) >= Tk) s[mt][j][e] = -INFINITY;
+}
+
+// ---- forward: grid (ceil(Tq/128), H, B), the query tiles with the most key tiles first ----
 // Q [128, D] -> registers; K, V [64, D] tiles double-buffered in shared memory (cp.async tile j+1
-// in flight while tile j is computed); one barrier per key tile.
-template <int D>
+// in flight while tile j is computed); one barrier per key tile. kCausal: the keys up to each query
+// (Tq == Tk); else all Tk keys (a ring step's block).
+template <int D, bool kCausal, typename Out>
 __global__ void __launch_bounds__(FwdCfg<D>::kThreads)
-    fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ o,
-               float* __restrict__ lse, AttnShape s, float scale_log2) {
+    fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, Out* __restrict__ o,
+               float* __restrict__ lse, AttnBlock s, float scale_log2) {
   constexpr int MT = FwdCfg<D>::kMT, kThreads = FwdCfg<D>::kThreads, kKV = kSmall * kLd<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);  // [128, D]
   bf16* Ks = Qs + kBig * kLd<D>;             // [2][64, D]
   bf16* Vs = Ks + 2 * kKV;                   // [2][64, D]
-  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16 * MT, T = static_cast<int>(s.T);
+  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16 * MT;
+  const int Tq = static_cast<int>(s.Tq), Tk = static_cast<int>(s.Tk);
   const int qi = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / (s.H / s.Hkv);
-  const int t0 = qi * kBig, rows = min(kBig, T - t0);
-  const int kend = (t0 + rows - 1) / kSmall + 1;  // key tiles up to the one holding the last query
-  const bf16* kg = k + b * s.T * s.kv_stride + hk * D;
-  const bf16* vg = v + b * s.T * s.kv_stride + hk * D;
-  load_tile<D, kBig, kThreads>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
-  load_tile<D, kSmall, kThreads>(Ks, kg, s.kv_stride, min(kSmall, T));
-  load_tile<D, kSmall, kThreads>(Vs, vg, s.kv_stride, min(kSmall, T));
+  const int t0 = qi * kBig, rows = min(kBig, Tq - t0);
+  // causal: the key tiles up to the one holding the last query; else every key tile
+  const int kend = kCausal ? (t0 + rows - 1) / kSmall + 1 : (Tk + kSmall - 1) / kSmall;
+  const bf16* kg = k + b * s.kv_bstride + hk * D;
+  const bf16* vg = v + b * s.kv_bstride + hk * D;
+  load_tile<D, kBig, kThreads>(Qs, q + b * s.q_bstride + t0 * s.q_stride + h * D, s.q_stride, rows);
+  load_tile<D, kSmall, kThreads>(Ks, kg, s.kv_stride, min(kSmall, Tk));
+  load_tile<D, kSmall, kThreads>(Vs, vg, s.kv_stride, min(kSmall, Tk));
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
@@ -292,16 +326,21 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads)
     __syncthreads();  // tile kj landed for every thread's pieces; every warp is done with tile kj - 1
     if (kj + 1 < kend) {  // into the buffer tile kj - 1 used
       const int s1 = s0 + kSmall;
-      load_tile<D, kSmall, kThreads>(Ks + (buf ^ 1) * kKV, kg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
-      load_tile<D, kSmall, kThreads>(Vs + (buf ^ 1) * kKV, vg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
+      load_tile<D, kSmall, kThreads>(Ks + (buf ^ 1) * kKV, kg + s1 * s.kv_stride, s.kv_stride, min(kSmall, Tk - s1));
+      load_tile<D, kSmall, kThreads>(Vs + (buf ^ 1) * kKV, vg + s1 * s.kv_stride, s.kv_stride, min(kSmall, Tk - s1));
       cp_async_commit();
     }
-    if (s0 > wq1) continue;  // every key after every query of this warp (the diagonal's far side)
+    if (kCausal && s0 > wq1) continue;  // every key after every query of this warp (the diagonal's far side)
     float sc[MT][8][4];
     scores<D, MT>(sc, qf, Ks + buf * kKV, lane);
-    // Keys past T sit only in a tile that also crosses the diagonal, where the mask drops them for
-    // every query < T; rows past T are never stored.
-    if (s0 + kSmall - 1 > wq0) mask_after(sc, wq0, s0, lane);
+    // Causal: keys past T sit only in a tile that also crosses the diagonal, where the mask drops
+    // them for every query < T. Else the last tile's keys past Tk are masked. Rows past Tq are never
+    // stored.
+    if constexpr (kCausal) {
+      if (s0 + kSmall - 1 > wq0) mask_after(sc, wq0, s0, lane);
+    } else {
+      if (s0 + kSmall > Tk) mask_keys_from(sc, s0, Tk, lane);
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -340,24 +379,24 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads)
       li += __shfl_xor_sync(0xffffffffu, li, 2);
       const float inv = 1.0f / li;
       const int r = r0 + 16 * mt + (lane >> 2) + 8 * i;
-      if ((lane & 3) == 0 && r < rows) lse[(b * s.H + h) * s.T + t0 + r] = m[mt][i] * kLn2 + logf(li);
+      if ((lane & 3) == 0 && r < rows) lse[(b * s.H + h) * s.lse_stride + t0 + r] = m[mt][i] * kLn2 + logf(li);
 #pragma unroll
       for (int jd = 0; jd < D / 8; ++jd) acc[mt][jd][2 * i] *= inv, acc[mt][jd][2 * i + 1] *= inv;
     }
-  store_rows<D, MT>(o + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, acc, r0, rows, 1.0f, lane);
+  store_rows<D, MT>(o + b * s.o_bstride + t0 * s.o_stride + h * D, s.o_stride, acc, r0, rows, 1.0f, lane);
 }
 
 // ---- backward ----
-// Di[B, H, T] = sum_d dout * o (fp32), one warp per (b, h, t) in Di's order; lanes sum pairs, then a
+// Di[B, H, Tq] = sum_d dout * o (fp32), one warp per (b, h, t) in Di's order; lanes sum pairs, then a
 // fixed butterfly.
 template <int D>
 __global__ void dot_kernel(const bf16* __restrict__ o, const bf16* __restrict__ dout, float* __restrict__ Di,
-                           AttnShape s) {
+                           AttnBlock s) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (n >= s.B * s.H * s.T) return;  // whole warps leave
+  if (n >= s.B * s.H * s.Tq) return;  // whole warps leave
   const int lane = threadIdx.x & 31;
-  const int64_t t = n % s.T, h = (n / s.T) % s.H, b = n / (s.T * s.H);
-  const int64_t off = (b * s.T + t) * s.o_stride + h * D;
+  const int64_t t = n % s.Tq, h = (n / s.Tq) % s.H, b = n / (s.Tq * s.H);
+  const int64_t off = b * s.o_bstride + t * s.o_stride + h * D;
   float sum = 0.0f;
   for (int c = lane * 2; c < D; c += 64) {
     const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o + off + c));
@@ -369,16 +408,17 @@ __global__ void dot_kernel(const bf16* __restrict__ o, const bf16* __restrict__ 
   if (lane == 0) Di[n] = sum;
 }
 
-// dK, dV of one 128-key tile: grid (ceil(T/128), Hkv, B), the tiles with the most work first. Each
+// dK, dV of one 128-key tile: grid (ceil(Tk/128), Hkv, B), the tiles with the most work first. Each
 // warp owns 16 keys (K, V fragments from shared memory); the block walks (query head of the group,
-// 64-row query tile at or after the key tile), in that order, the Q, dO, lse, D_i tiles
-// double-buffered: S^T = K Q^T, dP^T = V dO^T (keys x queries), P^T = exp(scale S^T - lse),
-// dS^T = P^T (dP^T - D_i); dV += P^T dO, dK += dS^T Q (fp32 registers).
-template <int D>
+// 64-row query tile at or after the key tile -- every query tile without the causal mask), in that
+// order, the Q, dO, lse, D_i tiles double-buffered: S^T = K Q^T, dP^T = V dO^T (keys x queries),
+// P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D_i); dV += P^T dO, dK += dS^T Q (fp32 registers).
+// dk, dv written (bf16) or, kAdd, added to (fp32).
+template <int D, bool kCausal, typename Out, bool kAdd>
 __global__ void __launch_bounds__(kBwdThreads)
     dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                 const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
-                bf16* __restrict__ dk, bf16* __restrict__ dv, AttnShape s, float scale_log2, float scale) {
+                Out* __restrict__ dk, Out* __restrict__ dv, AttnBlock s, float scale_log2, float scale) {
   constexpr int kQ = kSmall * kLd<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);  // [128, D]
@@ -387,27 +427,30 @@ __global__ void __launch_bounds__(kBwdThreads)
   bf16* dOs = Qs + 2 * kQ;                   // [2][64, D]
   float* lse_s = reinterpret_cast<float*>(dOs + 2 * kQ);  // [2][64], natural log
   float* di_s = lse_s + 2 * kSmall;                       // [2][64]
-  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, T = static_cast<int>(s.T);
+  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16;
+  const int Tq = static_cast<int>(s.Tq), Tk = static_cast<int>(s.Tk);
   const int64_t hk = blockIdx.y, b = blockIdx.z, G = s.H / s.Hkv;
-  const int s0 = static_cast<int>(blockIdx.x) * kBig, keys = min(kBig, T - s0);
-  const int qbeg = s0 / kSmall, nqt = (T + kSmall - 1) / kSmall - qbeg;  // query tiles at or after the keys
+  const int s0 = static_cast<int>(blockIdx.x) * kBig, keys = min(kBig, Tk - s0);
+  // causal: the query tiles at or after the keys; else all
+  const int qbeg = kCausal ? s0 / kSmall : 0, nqt = (Tq + kSmall - 1) / kSmall - qbeg;
   const int n_it = static_cast<int>(G) * nqt;
   // Issues the loads of step `it` (head hk G + it / nqt, query tile qbeg + it % nqt) into buffer buf.
   auto issue = [&](int it, int buf) {
     const int64_t h = hk * G + it / nqt;
-    const int t0 = (qbeg + it % nqt) * kSmall, rows = min(kSmall, T - t0);
-    load_tile<D, kSmall, kBwdThreads>(Qs + buf * kQ, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
-    load_tile<D, kSmall, kBwdThreads>(dOs + buf * kQ, dout + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, rows);
-    if (threadIdx.x < 2 * kSmall) {  // rows past T: lse = D_i = 0 (masked below)
+    const int t0 = (qbeg + it % nqt) * kSmall, rows = min(kSmall, Tq - t0);
+    load_tile<D, kSmall, kBwdThreads>(Qs + buf * kQ, q + b * s.q_bstride + t0 * s.q_stride + h * D, s.q_stride, rows);
+    load_tile<D, kSmall, kBwdThreads>(dOs + buf * kQ, dout + b * s.o_bstride + t0 * s.o_stride + h * D, s.o_stride,
+                                      rows);
+    if (threadIdx.x < 2 * kSmall) {  // rows past Tq: lse = D_i = 0 (masked below)
       const int r = threadIdx.x & (kSmall - 1);
       const bool valid = r < rows;
-      const int64_t at = (b * s.H + h) * s.T + t0 + (valid ? r : 0);
-      if (threadIdx.x < kSmall) cp_async4(lse_s + buf * kSmall + r, lse + at, valid);
-      else cp_async4(di_s + buf * kSmall + r, Di + at, valid);
+      const int64_t row = t0 + (valid ? r : 0);
+      if (threadIdx.x < kSmall) cp_async4(lse_s + buf * kSmall + r, lse + (b * s.H + h) * s.lse_stride + row, valid);
+      else cp_async4(di_s + buf * kSmall + r, Di + (b * s.H + h) * s.Tq + row, valid);
     }
   };
-  load_tile<D, kBig, kBwdThreads>(Ks, k + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, keys);
-  load_tile<D, kBig, kBwdThreads>(Vs, v + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, keys);
+  load_tile<D, kBig, kBwdThreads>(Ks, k + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, keys);
+  load_tile<D, kBig, kBwdThreads>(Vs, v + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, keys);
   issue(0, 0);
   cp_async_commit();
 
@@ -423,21 +466,22 @@ __global__ void __launch_bounds__(kBwdThreads)
       issue(it + 1, buf ^ 1);
       cp_async_commit();
     }
-    if (t0 + kSmall - 1 < wk0) continue;  // every query before every key of this warp
+    if (kCausal && t0 + kSmall - 1 < wk0) continue;  // every query before every key of this warp
     const bf16* Qb = Qs + buf * kQ;
     const bf16* dOb = dOs + buf * kQ;
     float p[1][8][4], ds[1][8][4];
     scores_smem_a<D>(p, Ks, r0, Qb, lane);
     scores_smem_a<D>(ds, Vs, r0, dOb, lane);
     // Element (j, e): key wk0 + g + 8 (e / 2), query t0 + 8 j + 2 c + e % 2. Masked (P = 0): queries
-    // before the key, and query rows past T (zero Q, dO, lse, D_i there: finite, so dS = 0 too).
-    if (t0 < wk0 + 15 || t0 + kSmall > T) {
+    // before the key (causal), and query rows past Tq (zero Q, dO, lse, D_i there: finite, so dS = 0
+    // too). Keys past Tk (zero K, V rows) give rows of dK, dV that are never stored.
+    if ((kCausal && t0 < wk0 + 15) || t0 + kSmall > Tq) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = wk0 + (lane >> 2) + 8 * (e >> 1), t = t0 + 8 * j + 2 * (lane & 3) + (e & 1);
-          if (t < key || t >= T) p[0][j][e] = -INFINITY;
+          if ((kCausal && t < key) || t >= Tq) p[0][j][e] = -INFINITY;
         }
     }
     const float* lb = lse_s + buf * kSmall + 2 * (lane & 3);
@@ -456,42 +500,44 @@ __global__ void __launch_bounds__(kBwdThreads)
     accumulate<D, 1>(dva, p, dOb, lane);
     accumulate<D, 1>(dka, ds, Qb, lane);
   }
-  store_rows<D, 1>(dk + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, dka, r0, keys, scale, lane);
-  store_rows<D, 1>(dv + (b * s.T + s0) * s.kv_stride + hk * D, s.kv_stride, dva, r0, keys, 1.0f, lane);
+  store_rows<D, 1, kAdd>(dk + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, dka, r0, keys, scale, lane);
+  store_rows<D, 1, kAdd>(dv + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, dva, r0, keys, 1.0f, lane);
 }
 
-// dQ of one 128-row query tile: grid (ceil(T/128), H, B), the tiles with the most key tiles first.
+// dQ of one 128-row query tile: grid (ceil(Tq/128), H, B), the tiles with the most key tiles first.
 // Each warp owns 16 query rows (Q, dO fragments in registers); K, V [64, D] tiles double-buffered.
-// Per key tile up to the diagonal: S = Q K^T, dP = dO V^T, dS = P (dP - D_i); dQ += dS K.
-template <int D>
+// Per key tile up to the diagonal (every key tile without the causal mask): S = Q K^T, dP = dO V^T,
+// dS = P (dP - D_i); dQ += dS K. dq written (bf16) or, kAdd, added to (fp32).
+template <int D, bool kCausal, typename Out, bool kAdd>
 __global__ void __launch_bounds__(kBwdThreads)
     dq_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
               const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
-              bf16* __restrict__ dq, AttnShape s, float scale_log2, float scale) {
+              Out* __restrict__ dq, AttnBlock s, float scale_log2, float scale) {
   constexpr int kKV = kSmall * kLd<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);  // [128, D]
   bf16* dOs = Qs + kBig * kLd<D>;            // [128, D]
   bf16* Ks = dOs + kBig * kLd<D>;            // [2][64, D]
   bf16* Vs = Ks + 2 * kKV;                   // [2][64, D]
-  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, T = static_cast<int>(s.T);
+  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16;
+  const int Tq = static_cast<int>(s.Tq), Tk = static_cast<int>(s.Tk);
   const int qi = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int64_t h = blockIdx.y, b = blockIdx.z, hk = h / (s.H / s.Hkv);
-  const int t0 = qi * kBig, rows = min(kBig, T - t0);
-  const int kend = (t0 + rows - 1) / kSmall + 1;
-  const bf16* kg = k + b * s.T * s.kv_stride + hk * D;
-  const bf16* vg = v + b * s.T * s.kv_stride + hk * D;
-  load_tile<D, kBig, kBwdThreads>(Qs, q + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, rows);
-  load_tile<D, kBig, kBwdThreads>(dOs, dout + (b * s.T + t0) * s.o_stride + h * D, s.o_stride, rows);
-  load_tile<D, kSmall, kBwdThreads>(Ks, kg, s.kv_stride, min(kSmall, T));
-  load_tile<D, kSmall, kBwdThreads>(Vs, vg, s.kv_stride, min(kSmall, T));
+  const int t0 = qi * kBig, rows = min(kBig, Tq - t0);
+  const int kend = kCausal ? (t0 + rows - 1) / kSmall + 1 : (Tk + kSmall - 1) / kSmall;
+  const bf16* kg = k + b * s.kv_bstride + hk * D;
+  const bf16* vg = v + b * s.kv_bstride + hk * D;
+  load_tile<D, kBig, kBwdThreads>(Qs, q + b * s.q_bstride + t0 * s.q_stride + h * D, s.q_stride, rows);
+  load_tile<D, kBig, kBwdThreads>(dOs, dout + b * s.o_bstride + t0 * s.o_stride + h * D, s.o_stride, rows);
+  load_tile<D, kSmall, kBwdThreads>(Ks, kg, s.kv_stride, min(kSmall, Tk));
+  load_tile<D, kSmall, kBwdThreads>(Vs, vg, s.kv_stride, min(kSmall, Tk));
   cp_async_commit();
-  float lse2[2], di[2];  // rows g, g+8; rows past T: 0 (their dS is 0: dO = 0 there)
+  float lse2[2], di[2];  // rows g, g+8; rows past Tq: 0 (their dS is 0: dO = 0 there)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = r0 + (lane >> 2) + 8 * i;
-    lse2[i] = r < rows ? lse[(b * s.H + h) * s.T + t0 + r] * kLog2e : 0.0f;
-    di[i] = r < rows ? Di[(b * s.H + h) * s.T + t0 + r] : 0.0f;
+    lse2[i] = r < rows ? lse[(b * s.H + h) * s.lse_stride + t0 + r] * kLog2e : 0.0f;
+    di[i] = r < rows ? Di[(b * s.H + h) * s.Tq + t0 + r] : 0.0f;
   }
   cp_async_wait_all();
   __syncthreads();
@@ -508,16 +554,20 @@ __global__ void __launch_bounds__(kBwdThreads)
     __syncthreads();  // tile kj landed; every warp is done with tile kj - 1
     if (kj + 1 < kend) {
       const int s1 = s0 + kSmall;
-      load_tile<D, kSmall, kBwdThreads>(Ks + (buf ^ 1) * kKV, kg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
-      load_tile<D, kSmall, kBwdThreads>(Vs + (buf ^ 1) * kKV, vg + s1 * s.kv_stride, s.kv_stride, min(kSmall, T - s1));
+      load_tile<D, kSmall, kBwdThreads>(Ks + (buf ^ 1) * kKV, kg + s1 * s.kv_stride, s.kv_stride, min(kSmall, Tk - s1));
+      load_tile<D, kSmall, kBwdThreads>(Vs + (buf ^ 1) * kKV, vg + s1 * s.kv_stride, s.kv_stride, min(kSmall, Tk - s1));
       cp_async_commit();
     }
-    if (s0 > wq1) continue;
+    if (kCausal && s0 > wq1) continue;
     const bf16* Kb = Ks + buf * kKV;
     float p[1][8][4], ds[1][8][4];
     scores<D, 1>(p, qf, Kb, lane);
     scores<D, 1>(ds, df, Vs + buf * kKV, lane);
-    if (s0 + kSmall - 1 > wq0) mask_after(p, wq0, s0, lane);
+    if constexpr (kCausal) {
+      if (s0 + kSmall - 1 > wq0) mask_after(p, wq0, s0, lane);
+    } else {
+      if (s0 + kSmall > Tk) mask_keys_from(p, s0, Tk, lane);  // P = 0 there, so dS = 0
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -527,85 +577,179 @@ __global__ void __launch_bounds__(kBwdThreads)
       }
     accumulate<D, 1>(dqa, ds, Kb, lane);
   }
-  store_rows<D, 1>(dq + (b * s.T + t0) * s.q_stride + h * D, s.q_stride, dqa, r0, rows, scale, lane);
+  store_rows<D, 1, kAdd>(dq + b * s.q_bstride + t0 * s.q_stride + h * D, s.q_stride, dqa, r0, rows, scale, lane);
+}
+
+// ---- the online-softmax merge of a ring step's block (cpu::attention_merge) ----
+// One warp per (b, h, t) row: lse = log(e^lse + e^lse_blk), o = o e^(lse_old - lse) + o_blk
+// e^(lse_blk - lse) (fp32, the CPU twin's expressions); a row neither part saw is left as it is.
+__global__ void merge_kernel(float* __restrict__ o, float* __restrict__ lse, const float* __restrict__ ob,
+                             const float* __restrict__ lb, int64_t B, int64_t Tq, int64_t H, int64_t D,
+                             int64_t o_stride, int64_t o_bstride, int64_t lse_stride, int64_t blk_lse_stride) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= B * H * Tq) return;  // whole warps leave
+  const int lane = threadIdx.x & 31;
+  const int64_t t = n % Tq, h = (n / Tq) % H, b = n / (Tq * H);
+  float* la = lse + (b * H + h) * lse_stride + t;
+  const float a = *la, bl = lb[(b * H + h) * blk_lse_stride + t];
+  const float m = fmaxf(a, bl);
+  if (m == -INFINITY) return;  // neither part saw a key
+  const float l = m + logf(expf(a - m) + expf(bl - m));
+  const float wa = expf(a - l), wb = expf(bl - l);
+  const int64_t off = b * o_bstride + t * o_stride + h * D;
+  for (int64_t c = lane; c < D; c += 32) o[off + c] = o[off + c] * wa + ob[off + c] * wb;
+  __syncwarp();  // every lane read the old lse above
+  if (lane == 0) *la = l;
 }
 
 // ---- host side ----
-void check_shape(const AttnShape& s, const char* op) {
+AttnBlock causal_block(const AttnShape& s) {
+  return AttnBlock{s.B, s.T, s.T, s.H, s.Hkv, s.D, s.q_stride, s.kv_stride, s.o_stride,
+                   s.T * s.q_stride, s.T * s.kv_stride, s.T * s.o_stride, s.T, true};
+}
+
+void check_block(const AttnBlock& s, const char* op) {
   DHX_CUDA_REQUIRE(s.D == 32 || s.D == 64 || s.D == 128, op, ": head size D=", s.D,
                    " is not supported (D = 32, 64 or 128)");
-  DHX_CUDA_ASSERT(s.B >= 0 && s.T >= 0 && s.H > 0 && s.Hkv > 0 && s.H % s.Hkv == 0, op, ": bad dims B=", s.B,
-                  " T=", s.T, " H=", s.H, " Hkv=", s.Hkv, " (need H % Hkv == 0)");
+  DHX_CUDA_ASSERT(s.B >= 0 && s.Tq >= 0 && s.Tk >= 0 && s.H > 0 && s.Hkv > 0 && s.H % s.Hkv == 0, op, ": bad dims B=",
+                  s.B, " Tq=", s.Tq, " Tk=", s.Tk, " H=", s.H, " Hkv=", s.Hkv, " (need H % Hkv == 0)");
+  DHX_CUDA_ASSERT(!s.causal || s.Tq == s.Tk, op, ": a causal block needs Tq == Tk (Tq=", s.Tq, " Tk=", s.Tk, ")");
+  DHX_CUDA_ASSERT(s.Tq == 0 || s.Tk > 0, op, ": ", s.Tq, " queries and no keys (Tk=0): their softmax is undefined");
   DHX_CUDA_ASSERT(s.q_stride >= s.H * s.D && s.o_stride >= s.H * s.D && s.kv_stride >= s.Hkv * s.D, op,
                   ": strides q=", s.q_stride, " kv=", s.kv_stride, " o=", s.o_stride, " too small for H=", s.H,
                   " Hkv=", s.Hkv, " D=", s.D);
-  DHX_CUDA_ASSERT(s.q_stride % 8 == 0 && s.kv_stride % 8 == 0 && s.o_stride % 8 == 0, op, ": strides q=",
-                  s.q_stride, " kv=", s.kv_stride, " o=", s.o_stride, " are not multiples of 8 elements (16 B)");
-  DHX_CUDA_ASSERT(s.T <= INT_MAX - kBig && s.H <= 65535 && s.Hkv <= 65535 && s.B <= 65535, op, ": B=", s.B, " T=",
-                  s.T, " H=", s.H, " past the grid's limits (B, H <= 65535)");
+  DHX_CUDA_ASSERT(s.q_stride % 8 == 0 && s.kv_stride % 8 == 0 && s.o_stride % 8 == 0 && s.q_bstride % 8 == 0 &&
+                      s.kv_bstride % 8 == 0 && s.o_bstride % 8 == 0,
+                  op, ": strides q=", s.q_stride, " kv=", s.kv_stride, " o=", s.o_stride, " (per sequence ",
+                  s.q_bstride, ", ", s.kv_bstride, ", ", s.o_bstride, ") are not multiples of 8 elements (16 B)");
+  DHX_CUDA_ASSERT(s.lse_stride >= s.Tq, op, ": lse row stride ", s.lse_stride, " < Tq=", s.Tq);
+  DHX_CUDA_ASSERT(s.Tq <= INT_MAX - kBig && s.Tk <= INT_MAX - kBig && s.H <= 65535 && s.Hkv <= 65535 &&
+                      s.B <= 65535,
+                  op, ": B=", s.B, " Tq=", s.Tq, " Tk=", s.Tk, " H=", s.H, " past the grid's limits (B, H <= 65535)");
 }
 
-void check_aligned(const void* p, const char* name, const char* op) {
-  DHX_CUDA_ASSERT(reinterpret_cast<uintptr_t>(p) % 16 == 0, op, ": ", name, "=", p, " is not 16-byte aligned");
+void check_aligned(const void* p, const char* name, const char* op, size_t to = 16) {
+  DHX_CUDA_ASSERT(reinterpret_cast<uintptr_t>(p) % to == 0, op, ": ", name, "=", p, " is not ", to, "-byte aligned");
 }
 
-template <int D> void fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const AttnShape& s,
-                          float scale, cudaStream_t st) {
+template <int D, bool C, typename Out>
+void fwd(const bf16* q, const bf16* k, const bf16* v, Out* o, float* lse, const AttnBlock& s, float scale,
+         cudaStream_t st) {
   const size_t smem = (kBig + 4 * kSmall) * kRowBytes<D>;  // Q, 2 x (K, V)
-  DHX_CUDA(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(cdiv(s.T, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B));
-  fwd_kernel<D><<<grid, FwdCfg<D>::kThreads, smem, st>>>(q, k, v, o, lse, s, scale * kLog2e);
+  DHX_CUDA(cudaFuncSetAttribute(fwd_kernel<D, C, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(cdiv(s.Tq, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B));
+  fwd_kernel<D, C, Out><<<grid, FwdCfg<D>::kThreads, smem, st>>>(q, k, v, o, lse, s, scale * kLog2e);
   DHX_CUDA_LAUNCHED(fwd_kernel);
 }
 
-template <int D> void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
-                          const bf16* dout, bf16* dq, bf16* dk, bf16* dv, const AttnShape& s, float scale,
-                          cudaStream_t st) {
-  const int64_t rows = s.B * s.H * s.T;
-  float* Di = nullptr;  // [B, H, T]
+template <int D, bool C, typename Out, bool kAdd>
+void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
+         Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
+  const int64_t rows = s.B * s.H * s.Tq;
+  float* Di = nullptr;  // [B, H, Tq]
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&Di), rows * sizeof(float), st));
   constexpr int kDotWarps = 8;
   dot_kernel<D><<<static_cast<unsigned>(cdiv(rows, kDotWarps)), kDotWarps * 32, 0, st>>>(o, dout, Di, s);
   DHX_CUDA_LAUNCHED(dot_kernel);
 
-  const unsigned tiles = static_cast<unsigned>(cdiv(s.T, kBig));
   const size_t smem_kv = (2 * kBig + 4 * kSmall) * kRowBytes<D> + 4 * kSmall * sizeof(float);  // K, V, 2 x (Q, dO, lse, D_i)
-  DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem_kv)));
-  dkdv_kernel<D><<<dim3(tiles, static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)), kBwdThreads, smem_kv, st>>>(
-      q, k, v, dout, lse, Di, dk, dv, s, scale * kLog2e, scale);
+  dkdv_kernel<D, C, Out, kAdd>
+      <<<dim3(static_cast<unsigned>(cdiv(s.Tk, kBig)), static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)),
+         kBwdThreads, smem_kv, st>>>(q, k, v, dout, lse, Di, dk, dv, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dkdv_kernel);
 
   const size_t smem_q = (2 * kBig + 4 * kSmall) * kRowBytes<D>;  // Q, dO, 2 x (K, V)
-  DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_q)));
-  dq_kernel<D><<<dim3(tiles, static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)), kBwdThreads, smem_q, st>>>(
-      q, k, v, dout, lse, Di, dq, s, scale * kLog2e, scale);
+  DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem_q)));
+  dq_kernel<D, C, Out, kAdd>
+      <<<dim3(static_cast<unsigned>(cdiv(s.Tq, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)),
+         kBwdThreads, smem_q, st>>>(q, k, v, dout, lse, Di, dq, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dq_kernel);
   DHX_CUDA(cudaFreeAsync(Di, st));
 }
 
+// The kernels for head size s.D and the block's mask.
+template <bool C, typename Out>
+void fwd_any(const bf16* q, const bf16* k, const bf16* v, Out* o, float* lse, const AttnBlock& s, float scale,
+             cudaStream_t st) {
+  if (s.D == 32) fwd<32, C, Out>(q, k, v, o, lse, s, scale, st);
+  else if (s.D == 64) fwd<64, C, Out>(q, k, v, o, lse, s, scale, st);
+  else fwd<128, C, Out>(q, k, v, o, lse, s, scale, st);
+}
+template <bool C, typename Out, bool kAdd>
+void bwd_any(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
+             Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
+  if (s.D == 32) bwd<32, C, Out, kAdd>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else if (s.D == 64) bwd<64, C, Out, kAdd>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else bwd<128, C, Out, kAdd>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+}
+
 }  // namespace
+
 void attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const AttnShape& s, float scale,
                    cudaStream_t st) {
-  check_shape(s, "attention_fwd");
+  const AttnBlock blk = causal_block(s);
+  check_block(blk, "attention_fwd");
   for (const auto& [p, name] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}})
     check_aligned(p, name, "attention_fwd");
   if (s.B == 0 || s.T == 0) return;
-  if (s.D == 32) fwd<32>(q, k, v, o, lse, s, scale, st);
-  else if (s.D == 64) fwd<64>(q, k, v, o, lse, s, scale, st);
-  else fwd<128>(q, k, v, o, lse, s, scale, st);
+  fwd_any<true, bf16>(q, k, v, o, lse, blk, scale, st);
 }
 
 void attention_bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout,
                    bf16* dq, bf16* dk, bf16* dv, const AttnShape& s, float scale, cudaStream_t st) {
-  check_shape(s, "attention_bwd");
+  const AttnBlock blk = causal_block(s);
+  check_block(blk, "attention_bwd");
   for (const auto& [p, name] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"},
                                 {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
     check_aligned(p, name, "attention_bwd");
   if (s.B == 0 || s.T == 0) return;
-  if (s.D == 32) bwd<32>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else if (s.D == 64) bwd<64>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else bwd<128>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  bwd_any<true, bf16, false>(q, k, v, o, lse, dout, dq, dk, dv, blk, scale, st);
+}
+
+void attention_block_fwd(const bf16* q, const bf16* k, const bf16* v, float* o, float* lse, const AttnBlock& s,
+                         float scale, cudaStream_t st) {
+  check_block(s, "attention_block_fwd");
+  for (const auto& [p, name] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"}})
+    check_aligned(p, name, "attention_block_fwd");
+  check_aligned(o, "o", "attention_block_fwd", 8);
+  if (s.B == 0 || s.Tq == 0) return;
+  if (s.causal) fwd_any<true, float>(q, k, v, o, lse, s, scale, st);
+  else fwd_any<false, float>(q, k, v, o, lse, s, scale, st);
+}
+
+void attention_block_bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
+                         const bf16* dout, float* dq, float* dk, float* dv, const AttnBlock& s, float scale,
+                         cudaStream_t st) {
+  check_block(s, "attention_block_bwd");
+  for (const auto& [p, name] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"},
+                                {dout, "dout"}})
+    check_aligned(p, name, "attention_block_bwd");
+  for (const auto& [p, name] : {std::pair<const void*, const char*>{dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
+    check_aligned(p, name, "attention_block_bwd", 8);
+  DHX_CUDA_ASSERT(s.q_stride % 2 == 0 && s.kv_stride % 2 == 0, "attention_block_bwd: fp32 gradient strides q=",
+                  s.q_stride, " kv=", s.kv_stride, " are odd (pairs of columns are stored together)");
+  if (s.B == 0 || s.Tq == 0) return;
+  if (s.causal) bwd_any<true, float, true>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else bwd_any<false, float, true>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+}
+
+void attention_merge(float* o, float* lse, const float* o_blk, const float* lse_blk, int64_t B, int64_t Tq, int64_t H,
+                     int64_t D, int64_t o_stride, int64_t o_bstride, int64_t lse_stride, int64_t blk_lse_stride,
+                     cudaStream_t st) {
+  DHX_CUDA_ASSERT(B >= 0 && Tq >= 0 && H >= 1 && D >= 1 && o_stride >= H * D && o_bstride >= 0 && lse_stride >= Tq &&
+                      blk_lse_stride >= Tq,
+                  "attention_merge: B=", B, " Tq=", Tq, " H=", H, " D=", D, " o_stride=", o_stride, " lse strides ",
+                  lse_stride, ", ", blk_lse_stride, " (need o_stride >= H*D, lse strides >= Tq)");
+  const int64_t rows = B * H * Tq;
+  if (rows == 0) return;
+  constexpr int kWarps = 8;
+  merge_kernel<<<static_cast<unsigned>(cdiv(rows, kWarps)), kWarps * 32, 0, st>>>(
+      o, lse, o_blk, lse_blk, B, Tq, H, D, o_stride, o_bstride, lse_stride, blk_lse_stride);
+  DHX_CUDA_LAUNCHED(merge_kernel);
 }
 
 }  // namespace dhelix::cuda

@@ -1,5 +1,6 @@
-// Elementwise kernels of the GPU step (Ops.h): residual adds on bf16, the fp32 <-> bf16 casts and
-// the deterministic sum of squares of the global gradient norm. Adds are grid-stride loops with
+// Elementwise kernels of the GPU step (Ops.h): residual adds on bf16, the fp32 <-> bf16 casts,
+// context parallelism's column copy (cudaMemcpy2DAsync) and last backward sum (cp_ring_finish: 12
+// bytes read, 2 written per element), and the deterministic sum of squares of the global gradient norm. Adds are grid-stride loops with
 // 16-byte accesses (8 bf16) when n % 8 == 0 and the pointers are 16-byte aligned, else 2-byte ones;
 // casts are 4-byte-per-thread coalesced loops. Bytes moved: add 6n, add_inplace 6n (fp32: 12n), casts 6n,
 // sum_squares 4n (+ 8 KiB of partials). All bandwidth-bound. Not yet timed on the H100.
@@ -92,6 +93,38 @@ void cast_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   cast_f32_to_bf16_kernel<<<stride_grid(n, kThreads), kThreads, 0, s>>>(x, y, n);
   DHX_CUDA_LAUNCHED(cast_f32_to_bf16_kernel);
+}
+
+namespace {
+// Thread i of N * W: column c of row n; the q columns from dq, the key/value columns own + came.
+__global__ void cp_ring_finish_kernel(const float* __restrict__ dq, const float* __restrict__ own,
+                                      const float* __restrict__ came, bf16* __restrict__ out, int64_t N, int64_t W,
+                                      int64_t qc) {
+  const int64_t kvw = W - qc, n_all = N * W, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_all; i += stride) {
+    const int64_t n = i / W, c = i % W;
+    const float v = c < qc ? dq[i] : own[n * kvw + c - qc] + came[n * kvw + c - qc];
+    out[i] = __float2bfloat16(v);
+  }
+}
+}  // namespace
+
+void copy_cols(const bf16* x, int64_t ldx, bf16* y, int64_t ldy, int64_t N, int64_t cols, cudaStream_t s) {
+  DHX_CUDA_ASSERT(N >= 0 && cols >= 0 && cols <= ldx && cols <= ldy, "copy_cols: N=", N, " cols=", cols, " ldx=", ldx,
+                  " ldy=", ldy, " (need 0 <= cols <= both row strides)");
+  if (N == 0 || cols == 0) return;
+  DHX_CUDA(cudaMemcpy2DAsync(y, static_cast<size_t>(ldy) * sizeof(bf16), x, static_cast<size_t>(ldx) * sizeof(bf16),
+                             static_cast<size_t>(cols) * sizeof(bf16), static_cast<size_t>(N),
+                             cudaMemcpyDeviceToDevice, s));
+}
+
+void cp_ring_finish(const float* dq, const float* own, const float* came, bf16* dqkv, int64_t N, int64_t W,
+                    int64_t q_cols, cudaStream_t s) {
+  DHX_CUDA_ASSERT(N >= 0 && q_cols >= 0 && q_cols < W, "cp_ring_finish: N=", N, " W=", W, " q_cols=", q_cols,
+                  " (need 0 <= q_cols < W)");
+  if (N == 0) return;
+  cp_ring_finish_kernel<<<stride_grid(N * W, kThreads), kThreads, 0, s>>>(dq, own, came, dqkv, N, W, q_cols);
+  DHX_CUDA_LAUNCHED(cp_ring_finish_kernel);
 }
 
 void cast_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s) {

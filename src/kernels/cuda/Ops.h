@@ -83,6 +83,14 @@ void add_inplace(float* y, const float* x, int64_t n, cudaStream_t s);       // 
 // alias a or b. The row-parallel linear's bias, added with the residual (cpu::add_bias).
 void add_bias(const bf16* a, const bf16* b, const float* bias, bf16* y, int64_t N, int64_t C, cudaStream_t s);
 void cast_f32_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);   // round to nearest even
+// y[N, cols] (row stride ldy) = the first `cols` columns of x's rows (row stride ldx): a strided
+// device copy (context parallelism's keys and values out of the packed qkv rows).
+void copy_cols(const bf16* x, int64_t ldx, bf16* y, int64_t ldy, int64_t N, int64_t cols, cudaStream_t s);
+// Context parallelism's last backward step (cpu op_cp_ring_bwd_finish), rounded to bf16: dqkv[N, W]
+// = dq's first q_cols columns (fp32 [N, W]), then own + came (fp32 [N, W - q_cols]: this rank's share
+// of its keys' dK/dV and the other ranks', which came round the ring).
+void cp_ring_finish(const float* dq, const float* own, const float* came, bf16* dqkv, int64_t N, int64_t W,
+                    int64_t q_cols, cudaStream_t s);
 void cast_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);   // exact
 // out[0] (=|+=) sum_i x[i]^2 in double: a fixed grid of partial sums, then one block's fixed tree,
 // so the same bits for the same n on every run and GPU. Accumulate::kYes adds to out[0]: the global
