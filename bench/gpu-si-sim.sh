@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu-si-sim.sh: issue 39's last speed item -- does `dhelix simulate` with the H100 preset
 # measured on the lent GPU (configs/clusters/h100-measured.toml) predict the emulated runs of
-# bench/gpu_si.cc (tp = 2 for the dense models, dp = ep = 2 for the MoE model; the two ranks as
+# bench/gpu_si.cc (tp = 2 for the dense models, dp = ep = 2 for the MoE model, cp = 2 for a
+# "NAME/cp" run at its long sequence; the two ranks as
 # threads sharing one GPU, the link between them emulated at a known rate), SI off and on?
 #   bench/gpu-si-sim.sh GPU_SI_JSON     (the bench's last line; e.g. bench/results/gpu-si-<date>-h100.json)
 # The simulated cluster is h100-measured with two changes, both stated, neither fitted to the runs:
@@ -13,9 +14,9 @@
 #     intra_latency 50 us per op (assumed: the staging copies' and the host op's fixed cost).
 # A model whose run had no link emulated (the staging was already slower than the target share) is
 # skipped: its link rate is not known. The step compared is the bench's: passes and gradient
-# reductions without the optimizer (simulated step_s - optimizer_s); for the MoE model, whose bench
-# step leaves out the dense gradients' dp all-reduce, the passes alone (step_s - tail_s: the
-# simulated step up to its last backward). Last line: one JSON object
+# reductions without the optimizer (simulated step_s - optimizer_s); for the MoE and cp runs, whose
+# bench step leaves out the gradients' dp (dp x cp) all-reduce, the passes alone (step_s - tail_s:
+# the simulated step up to its last backward). Last line: one JSON object
 # with sim_abs_error, the largest |simulated / measured - 1| over the models and SI off / on.
 # Runs here or on the GPU machine (scripts/gpu-device run): the simulator needs no GPU.
 set -euo pipefail
@@ -69,20 +70,21 @@ for m in meas["models"]:
         out["models"].append(row)
         print(f"{m['model']}: skipped, {row['skipped']}")
         continue
-    p = f"{work}/{m['model']}.toml"
+    p = f"{work}/{m['model'].replace('/', '_')}.toml"
     preset(m["link_gbit"] * 1e9 / 8, p)
-    is_moe = m.get("axis") == "ep"
-    model_keys = moe if is_moe else gpt2 if m["model"] == "gpt2-124m" else llama
+    is_moe, is_cp = m.get("axis") == "ep", m.get("axis") == "cp"
+    model_keys = moe if is_moe else gpt2 if m["model"].startswith("gpt2-124m") else llama
+    layout = "dp=2 ep=2" if is_moe else "cp=2" if is_cp else "tp=2"
     keys = model_keys + [
         "--training.micro_batch_size", str(m["batch"]), "--training.micro_batches", str(m["micro_batches"]),
-        "--model.seq_len", str(m["seq"]), "--layout", "dp=2 ep=2" if is_moe else "tp=2", "--gpus", "2",
+        "--model.seq_len", str(m["seq"]), "--layout", layout, "--gpus", "2",
         "--cluster", p]
     for si, key in (("off", "si_off_s"), ("on", "si_on_s")):
-        j = f"{work}/{m['model']}-{si}.json"
+        j = f"{work}/{m['model'].replace('/', '_')}-{si}.json"
         subprocess.run([bin_, "simulate", *keys, "--schedule.strand_interleaving", si, "--json", j],
                        check=True, stdout=subprocess.DEVNULL)
         s = json.load(open(j))
-        sim = s["step_s"] - (s["tail_s"] if is_moe else s["optimizer_s"])
+        sim = s["step_s"] - (s["tail_s"] if is_moe or is_cp else s["optimizer_s"])
         err = sim / m[key] - 1
         errs.append(abs(err))
         row[f"si_{si}"] = {"measured_s": m[key], "simulated_s": sim, "error": err,

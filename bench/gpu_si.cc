@@ -2,14 +2,16 @@
 // SMs compute while the copy engines and the host move the bytes. Megatron's tensor parallelism
 // (tp ranks, sequence parallelism) for the dense models, expert parallelism (dp = ep ranks, each
 // with its own data and E / ep of the experts, tokens moved to them and back by all-to-alls) for
-// the MoE model, on the one lent GPU: the ranks are threads of this process sharing it, each with
-// its own strand streams and cuBLASLt handle, their collectives staged through host memory
-// (comm/StagedGroup.h) over the threads' CPU groups, with the link of the measured axis (tp, or ep)
-// emulated: each collective is held until its bytes at the link's rate have passed (an emulation,
-// like the CPU cluster's `tc`; the rate is chosen per model so that communication is a set share of
-// the step without SI). Under ep the step leaves out the dense gradients' dp all-reduce (the
-// trainer's; SI does not move it, and it would only add the same time to every variant): the
-// figures are the ep all-to-alls' against the compute.
+// the MoE model, and context parallelism at a long sequence ("NAME/cp": cp ranks, each with two
+// chunks of every sequence, the keys and values going round the ring), on the one lent GPU: the
+// ranks are threads of this process sharing it, each with its own strand streams and cuBLASLt
+// handle, their collectives staged through host memory (comm/StagedGroup.h) over the threads' CPU
+// groups, with the link of the measured axis (tp, ep or cp) emulated: each collective is held until
+// its bytes at the link's rate have passed (an emulation, like the CPU cluster's `tc`; the rate is
+// chosen per model so that communication is a set share of the step without SI). Under ep and cp
+// the step leaves out the gradients' dp (dp x cp) all-reduce (the trainer's; SI does not move it,
+// and it would only add the same time to every variant): the figures are the all-to-alls' or the
+// ring's against the compute.
 //
 // Per model: first a calibration. C0 is the compute-only step (below); S0 the communication the
 // staging itself costs (the exposed step with no link emulated, less C0); B the bytes each rank's
@@ -36,9 +38,9 @@
 // partial-gradient all-reduces, timed on the host from a
 // barrier to the device's idle, the slower rank's time; the AdamW update (the same either way) is
 // not run.
-//   dhelix_bench_gpu_si [--models gpt2-124m,llama-1b,moe-0.6b] [--tp 2] [--ep 2]
-//                       [--batch gpt2-124m=4,llama-1b=2,moe-0.6b=4] [--seq 1024] [--micro-batches 4]
-//                       [--comm-fraction 0.45] [--rounds 4] [--steps 3]
+//   dhelix_bench_gpu_si [--models gpt2-124m,llama-1b,moe-0.6b,llama-1b/cp] [--tp 2] [--ep 2] [--cp 2]
+//                       [--batch gpt2-124m=4,llama-1b=2,moe-0.6b=4,llama-1b/cp=1] [--seq 1024]
+//                       [--cp-seq 8192] [--micro-batches 4] [--comm-fraction 0.45] [--rounds 4] [--steps 3]
 // Prints a line per round and, last, one JSON object: speedup, ideal_speedup, overlap_efficiency,
 // extra_memory_fraction, device, per model. (sim_abs_error: the simulator's prediction of these
 // runs is not in this bench yet.)
@@ -67,15 +69,16 @@ namespace dhelix {
 namespace {
 
 struct Options {
-  std::string models = "gpt2-124m,llama-1b,moe-0.6b", batch = "gpt2-124m=4,llama-1b=2,moe-0.6b=4";
-  int tp = 2, ep = 2, micro_batches = 4, rounds = 4, steps = 3;
-  int64_t T = 1024;
+  std::string models = "gpt2-124m,llama-1b,moe-0.6b,llama-1b/cp";
+  std::string batch = "gpt2-124m=4,llama-1b=2,moe-0.6b=4,llama-1b/cp=1";
+  int tp = 2, ep = 2, cp = 2, micro_batches = 4, rounds = 4, steps = 3;
+  int64_t T = 1024, cp_T = 8192;  // the sequence of the tp and ep runs; of the cp runs
   double comm_fraction = 0.45;
 };
 
 enum Variant { kCompute, kExposed, kOff, kOn, kVariants };
 
-// The compute-only variant's tp (ep) group: each collective a device copy of its shape, enqueued at
+// The compute-only variant's tp (ep, cp) group: each collective a device copy of its shape, enqueued at
 // issue on the issuing strand's stream (set_producer_stream), so the step's kernels see the same
 // sizes and order and nothing waits on a peer. Host tensors (none in these steps) are refused.
 class DeviceStandIn final : public ProcessGroup {
@@ -161,6 +164,7 @@ class Rank {
     ps.pipeline = single_stage(CoExecute::kOff);
     spec.groups = StepGroups::of(&comm);
     if (axis == GroupRole::kEP) spec.groups.set(GroupRole::kDP, nullptr);  // no dp reduction (above)
+    if (axis == GroupRole::kCP) spec.groups.set(GroupRole::kDPCP, nullptr);  // no dp x cp reduction (above)
     spec.device = Device::cuda(0);
     spec.micro_batches = M;
     step_ = std::make_unique<Step>(spec);
@@ -218,19 +222,28 @@ class Rank {
 };
 
 std::string run_model(const Options& o, const std::string& name, int64_t B) {
-  const ModelConfig model = bench::gpu_model_named(name, o.T);
-  const MicroBatchShape mb{B, o.T};
+  const bool cp = name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0;
+  const int64_t T = cp ? o.cp_T : o.T;
+  const ModelConfig model = bench::gpu_model_named(cp ? name.substr(0, name.size() - 3) : name, T);
+  DHX_CHECK(!cp || T % (2 * o.cp) == 0, ConfigError, "--cp-seq {}: context parallelism cuts each sequence into "
+            "2 x --cp {} chunks", T, o.cp);
+  const MicroBatchShape mb{B, cp ? T / o.cp : T};  // a cp rank's local rows: its two chunks of each sequence
   LayoutConfig lay;
   const bool moe = model.is_moe();
-  const GroupRole axis = moe ? GroupRole::kEP : GroupRole::kTP;
+  DHX_CHECK(!(moe && cp), ConfigError, "model '{}': MoE runs on the GPU at cp = 1", name);
+  const GroupRole axis = moe ? GroupRole::kEP : cp ? GroupRole::kCP : GroupRole::kTP;
   if (moe) {
     lay.dp = o.ep;
     lay.ep = o.ep;
+  } else if (cp) {
+    lay.cp = o.cp;
   } else {
     lay.tp = o.tp;
     lay.sequence_parallel = o.tp > 1;
   }
-  const std::string layout = moe ? fmt::format("dp={} ep={}", o.ep, o.ep) : fmt::format("tp={} (sp)", o.tp);
+  const std::string layout = moe  ? fmt::format("dp={} ep={}", o.ep, o.ep)
+                             : cp ? fmt::format("cp={}", o.cp)
+                                  : fmt::format("tp={} (sp)", o.tp);
   std::string json;
   std::mutex mu;
   run_local_ranks(lay, [&](CommContext& comm) {
@@ -252,7 +265,7 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
     if (lead)
       std::printf("%s %s B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
                   "per step -> %s (target comm %.2f ms, %.0f%% of the SI-off step)\n",
-                  name.c_str(), layout.c_str(), static_cast<long>(B), static_cast<long>(o.T), o.micro_batches, C0 * 1e3, S0 * 1e3,
+                  name.c_str(), layout.c_str(), static_cast<long>(B), static_cast<long>(T), o.micro_batches, C0 * 1e3, S0 * 1e3,
                   bytes / 1048576.0,
                   rate > 0 ? fmt::format("link {:.2f} Gbit/s", rate * 8 / 1e9).c_str() : "no link emulated",
                   M_target * 1e3, o.comm_fraction * 100);
@@ -301,7 +314,7 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
         "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
         "\"overlap_efficiency\":{:.4g},\"overlap_ceiling\":{:.4g},\"peak_activation_bytes_si_off\":{},"
         "\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},\"sim_abs_error\":null}}",
-        name, layout, group_role_name(axis), B, o.T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
+        name, layout, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
         Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
         Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra);
   });
@@ -318,33 +331,52 @@ int run(int argc, char** argv) {
     else if (k == "--batch") o.batch = v;
     else if (k == "--tp") o.tp = std::stoi(v);
     else if (k == "--ep") o.ep = std::stoi(v);
+    else if (k == "--cp") o.cp = std::stoi(v);
+    else if (k == "--cp-seq") o.cp_T = std::stoll(v);
     else if (k == "--seq") o.T = std::stoll(v);
     else if (k == "--micro-batches") o.micro_batches = std::stoi(v);
     else if (k == "--comm-fraction") o.comm_fraction = std::stod(v);
     else if (k == "--rounds") o.rounds = std::stoi(v);
     else if (k == "--steps") o.steps = std::stoi(v);
     else
-      throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --tp, --ep, --seq, "
-                                    "--micro-batches, --comm-fraction, --rounds, --steps)",
+      throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --tp, --ep, --cp, --seq, "
+                                    "--cp-seq, --micro-batches, --comm-fraction, --rounds, --steps)",
                                     k));
   }
-  DHX_CHECK(o.tp >= 2 && o.ep >= 2 && o.micro_batches >= 2 && o.rounds >= 1 && o.steps >= 1, ConfigError,
-            "--tp {} --ep {} --micro-batches {} --rounds {} --steps {}: need tp and ep >= 2 (something to hide), "
-            "micro-batches >= 2 (two strands), rounds and steps >= 1",
-            o.tp, o.ep, o.micro_batches, o.rounds, o.steps);
+  DHX_CHECK(o.tp >= 2 && o.ep >= 2 && o.cp >= 2 && o.micro_batches >= 2 && o.rounds >= 1 && o.steps >= 1,
+            ConfigError,
+            "--tp {} --ep {} --cp {} --micro-batches {} --rounds {} --steps {}: need tp, ep and cp >= 2 (something "
+            "to hide), micro-batches >= 2 (two strands), rounds and steps >= 1",
+            o.tp, o.ep, o.cp, o.micro_batches, o.rounds, o.steps);
   DHX_CHECK(o.comm_fraction > 0 && o.comm_fraction < 1, ConfigError,
             "--comm-fraction {}: the share of the SI-off step the link takes must be in (0, 1)", o.comm_fraction);
+  // The named models, in --models' order (comma-separated; "NAME/cp" is NAME under context parallelism).
+  auto items = [](const std::string& list) {
+    std::vector<std::string> v;
+    for (size_t a = 0; a <= list.size();) {
+      const size_t b = std::min(list.find(',', a), list.size());
+      if (b > a) v.push_back(list.substr(a, b - a));
+      a = b + 1;
+    }
+    return v;
+  };
+  std::vector<std::pair<std::string, int64_t>> runs;
+  for (const std::string& name : items(o.models)) {
+    int64_t B = 2;
+    for (const std::string& kv : items(o.batch))
+      if (kv.rfind(name + "=", 0) == 0) B = std::stoll(kv.substr(name.size() + 1));
+    bench::gpu_model_named(name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0
+                               ? name.substr(0, name.size() - 3)
+                               : name,
+                           o.T);  // an unknown name is a ConfigError before anything runs
+    runs.emplace_back(name, B);
+  }
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::string out;
-  for (const std::string name : {"gpt2-124m", "llama-1b", "moe-0.6b"}) {
-    if (o.models.find(name) == std::string::npos) continue;
-    const size_t at = o.batch.find(name + "=");
-    const int64_t B = at == std::string::npos ? 2 : std::stoll(o.batch.substr(at + name.size() + 1));
-    out += (out.empty() ? "" : ",") + run_model(o, name, B);
-  }
-  std::printf("{\"device\":\"%s\",\"tp\":%d,\"ep\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
-              info.name.c_str(), o.tp, o.ep, o.comm_fraction, out.c_str());
+  for (const auto& [name, B] : runs) out += (out.empty() ? "" : ",") + run_model(o, name, B);
+  std::printf("{\"device\":\"%s\",\"tp\":%d,\"ep\":%d,\"cp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
+              info.name.c_str(), o.tp, o.ep, o.cp, o.comm_fraction, out.c_str());
   return 0;
 }
 
