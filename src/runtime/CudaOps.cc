@@ -1,8 +1,9 @@
 // Op bindings on a GPU: the layer programs' op codes -> kernels/cuda, the CUDA twin of
 // OpRegistry.cc's CPU bindings for one GPU per rank, with Megatron's tensor and sequence parallelism
 // (issue 39: the vocabulary-parallel embedding and cross-entropy, local heads, positions on a
-// sequence shard) and context parallelism (the ring attention's steps, positions and RoPE of a
-// rank's two chunks), not yet the 3D grid; MoE at tp = cp = 1, with expert parallelism (the ep
+// sequence shard), context parallelism (the ring attention's steps, positions and RoPE of a rank's
+// two chunks) and AxoNN's 3D grid for dense models (weight blocks gathered in bf16, the norms split
+// around the x all-reduce); MoE at tp = cp = 1 off the grid, with expert parallelism (the ep
 // regrouping as block copies). Activations and
 // their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
 // gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
@@ -49,21 +50,18 @@ using op::attr_or;
 using op::cols;
 using op::rows;
 cudaStream_t st(const OpCall& c) { return static_cast<cudaStream_t>(c.stream); }
-// One GPU per rank with Megatron's tensor (and sequence) and context parallelism: what these
-// bindings implement so far. The 3D grid's ops are refused.
+// One GPU per rank: what every binding needs (Megatron's tensor and sequence parallelism, context
+// parallelism and AxoNN's 3D grid all run).
 void require_layout(const OpCall& c) {
-  DHX_CHECK(!c.shard.is_3d(), DeviceError,
-            "op {} on {}: the CUDA backend runs tensor (tp) and context (cp) parallelism, not the 3D grid, so far "
-            "(tp_x, tp_y, tp_z); run this layout on cpu",
-            c.op.name, c.device.str());
   DHX_CHECK(c.blas != nullptr, InternalError, "op {} on {}: the run context has no cuBLASLt handle", c.op.name,
             c.device.str());
 }
-// The same, without tensor or context parallelism either (the MoE ops so far).
+// The same, without tensor or context parallelism or the 3D grid (the MoE ops so far).
 void require_unsharded(const OpCall& c) {
   require_layout(c);
-  DHX_CHECK(c.tp == 1 && c.cp == 1, DeviceError, "op {} on {}: the CUDA backend runs this op at tp = cp = 1 so far "
-            "(tp={}, cp={}); run this layout on cpu", c.op.name, c.device.str(), c.tp, c.cp);
+  DHX_CHECK(c.tp == 1 && c.cp == 1 && !c.shard.is_3d(), DeviceError,
+            "op {} on {}: the CUDA backend runs this op at tp = cp = 1 without the 3D grid so far (tp={}, cp={}, "
+            "3D={}); run this layout on cpu", c.op.name, c.device.str(), c.tp, c.cp, c.shard.is_3d());
 }
 const Tensor& weight_bf16(const ParamEntry& e) {
   DHX_CHECK(e.value_bf16.defined(), InternalError, "parameter {} has no bf16 copy (ParamStore::move_to a GPU first)",
@@ -370,10 +368,12 @@ void op_residual_add(OpCall& c) {
     cuda::add_bias(b16(x), b16(r), f32(c.param(0).value), b16(y), N, C, st(c));
 }
 
-// The token embedding: the whole table at tp = 1 (a token outside it gives NaN: loud), else this
-// rank's vocabulary shard, rows [r Vl, (r + 1) Vl), with zeros for the other shards' tokens (the
-// tp group's reduce-scatter sums the rows), as the CPU's op_embed.
+// The token embedding: the whole table without vocabulary shards (a token outside it gives NaN:
+// loud), else this rank's shard, rows [r Vl, (r + 1) Vl), with zeros for the other shards' tokens
+// (the tp group's reduce-scatter, or the y all-reduce under 3D, sums the rows), as the CPU's
+// op_embed. Shards: tp, or tp_y under the 3D grid (whose columns are split over x: C is the table's).
 int64_t vocab_first(const OpCall& c, const Tensor& table) { return c.vocab_rank() * table.dim(0); }
+int vocab_shards(const OpCall& c) { return c.shard.is_3d() ? c.shard.gy : c.tp; }
 
 void op_embed(OpCall& c) {
   require_layout(c);
@@ -381,7 +381,7 @@ void op_embed(OpCall& c) {
   const ParamEntry& w = c.param(0);
   const int64_t N = tok.numel(), C = w.value.dim(1), V = w.value.dim(0);
   Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
-  if (c.tp == 1)
+  if (vocab_shards(c) == 1)
     cuda::embedding_fwd(i32(tok), b16(weight_bf16(w)), nullptr, b16(y), 1, N, C, V, 0, st(c));
   else
     cuda::embedding_shard_fwd(i32(tok), b16(weight_bf16(w)), b16(y), N, C, V, vocab_first(c, w.value), st(c));
@@ -392,7 +392,7 @@ void op_embed_bwd(OpCall& c) {
   Tensor& tok = c.in(0);
   ParamEntry& w = c.grad(0);
   const int64_t N = tok.numel(), C = w.grad.dim(1), V = w.grad.dim(0);
-  if (c.tp == 1)
+  if (vocab_shards(c) == 1)
     cuda::embedding_bwd(i32(tok), b16(c.in(1)), f32(w.grad), nullptr, 1, N, C, V, 0, st(c));
   else
     cuda::embedding_shard_bwd(i32(tok), b16(c.in(1)), f32(w.grad), N, C, V, vocab_first(c, w.grad), st(c));
@@ -653,6 +653,135 @@ void op_expert_linear_wgrad(OpCall& c) {
   cuda::expert_linear_bwd_weight(*c.blas, b16(c.in(0)), b16(c.in(1)), n.data(), f32(w.grad), E, I, O, st(c));
 }
 
+// ---- AxoNN's 3D grid (runtime/Ops3D.cc's twins; sharding/Lowering3D.cc) ----
+// A weight block [w_rows, w_cols]: the bf16 buffer gathered over z (inputs[1]) when the op has one,
+// else (tp_z = 1) the parameter's own bf16 shard.
+const bf16* weight_block(OpCall& c, size_t input) {
+  const int64_t n = attr(c, "w_rows") * attr(c, "w_cols");
+  const Tensor& w = c.op.inputs.size() > input ? c.in(input) : weight_bf16(c.param(0));
+  DHX_ASSERT(w.numel() == n, "{}: weight block has {} elements, expected {} x {}", c.op.name, w.numel(),
+             attr(c, "w_rows"), attr(c, "w_cols"));
+  return b16(w);
+}
+
+void op_linear3d(OpCall& c) {
+  require_layout(c);
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), I = attr(c, "w_cols"), O = attr(c, "w_rows");
+  DHX_ASSERT(cols(x) == I, "{}: input {} vs block columns {}", c.op.name, x.describe(), I);
+  Tensor& y = c.out_new(0, {N, O}, DType::kBF16);
+  c.blas->linear_fwd(b16(x), weight_block(c, 1), nullptr, b16(y), N, I, O, st(c));
+}
+
+void op_linear3d_dgrad(OpCall& c) {
+  require_layout(c);
+  Tensor& dy = c.in(0);
+  const int64_t N = rows(dy), I = attr(c, "w_cols"), O = attr(c, "w_rows");
+  DHX_ASSERT(cols(dy) == O, "{}: dy {} vs block rows {}", c.op.name, dy.describe(), O);
+  Tensor& dx = c.out_new(0, {N, I}, DType::kBF16);
+  c.blas->linear_bwd_data(b16(dy), weight_block(c, 1), b16(dx), N, I, O, cuda::Accumulate::kNo, st(c));
+}
+
+// The block's weight gradient dy^T x (fp32): into a fresh flat buffer for the reduce-scatter over z
+// (outputs[0]), or accumulated straight into the parameter's gradient (tp_z = 1).
+void op_linear3d_wgrad(OpCall& c) {
+  require_layout(c);
+  Tensor& dy = c.in(0);
+  Tensor& x = c.in(1);
+  const int64_t N = rows(dy), I = attr(c, "w_cols"), O = attr(c, "w_rows");
+  float* dw = nullptr;
+  if (!c.op.outputs.empty()) {
+    Tensor& buf = c.out_new(0, {O * I}, DType::kF32);
+    buf.zero_();
+    dw = f32(buf);
+  } else {
+    ParamEntry& w = c.grad(0);
+    DHX_ASSERT(w.grad.numel() == O * I, "{}: gradient shard {} vs block {} x {}", c.op.name, w.grad.describe(), O, I);
+    dw = f32(w.grad);
+  }
+  c.blas->linear_bwd_weight(b16(dy), b16(x), dw, nullptr, N, I, O, st(c));
+}
+
+// The reduce-scattered weight-gradient shard (fp32), added into the parameter's gradient.
+void op_grad_accum(OpCall& c) {
+  Tensor& g = c.in(0);
+  ParamEntry& w = c.grad(0);
+  DHX_ASSERT(g.numel() == w.grad.numel(), "{}: {} vs gradient {}", c.op.name, g.describe(), w.grad.describe());
+  cuda::add_inplace(f32(w.grad), f32(g), g.numel(), st(c));
+}
+
+void op_bias_add(OpCall& c) {
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), O = cols(x);
+  Tensor& y = c.out_new(0, {N, O}, DType::kBF16);
+  cuda::bias_add(b16(x), f32(c.param(0).value), b16(y), N, O, st(c));
+}
+
+// Norms split around the all-reduce over x: per-token sums in double over the local features
+// (ln_stats / rms_stats), then mean / rstd over the full width (attr "features").
+double features(const OpCall& c) { return static_cast<double>(attr(c, "features")); }
+double* f64(const Tensor& t) {
+  DHX_CHECK(t.dtype() == DType::kF64 && !t.device().is_host(), InternalError, "{} on {} is not an fp64 GPU tensor",
+            t.describe(), t.device().str());
+  return static_cast<double*>(t.raw());
+}
+void op_ln_stats(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& s = c.out_new(0, {rows(x), 2}, DType::kF64);
+  cuda::grid_norm_stats(b16(x), f64(s), rows(x), cols(x), false, st(c));
+}
+void op_rms_stats(OpCall& c) {
+  Tensor& x = c.in(0);
+  Tensor& s = c.out_new(0, {rows(x)}, DType::kF64);
+  cuda::grid_norm_stats(b16(x), f64(s), rows(x), cols(x), true, st(c));
+}
+void op_ln_apply(OpCall& c) {
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  Tensor& mean = c.out_new(1, {N});
+  Tensor& rstd = c.out_new(2, {N});
+  cuda::grid_ln_apply(b16(x), f64(c.in(1)), f32(c.param(0).value), f32(c.param(1).value), b16(y), f32(mean),
+                      f32(rstd), N, C, features(c), c.model.norm_eps, st(c));
+}
+void op_rms_apply(OpCall& c) {
+  Tensor& x = c.in(0);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& y = c.out_new(0, {N, C}, DType::kBF16);
+  Tensor& rstd = c.out_new(1, {N});
+  cuda::grid_rms_apply(b16(x), f64(c.in(1)), f32(c.param(0).value), b16(y), f32(rstd), N, C, features(c),
+                       c.model.norm_eps, st(c));
+}
+void op_ln_bwd_stats(OpCall& c) {
+  Tensor& x = c.in(1);
+  Tensor& s = c.out_new(0, {rows(x), 2}, DType::kF64);
+  cuda::grid_ln_bwd_stats(b16(c.in(0)), b16(x), f32(c.in(2)), f32(c.in(3)), f32(c.param(0).value), f64(s), rows(x),
+                          cols(x), st(c));
+}
+void op_rms_bwd_stats(OpCall& c) {
+  Tensor& x = c.in(1);
+  Tensor& s = c.out_new(0, {rows(x)}, DType::kF64);
+  cuda::grid_rms_bwd_stats(b16(c.in(0)), b16(x), f32(c.param(0).value), f64(s), rows(x), cols(x), st(c));
+}
+// dx (+ the residual gradient, attr "residual"); dg, db partial gradients of this rank's tokens
+// (reduced over z by GradSync).
+void op_ln_bwd_apply(OpCall& c) {
+  Tensor& x = c.in(1);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
+  const bf16* res = attr(c, "residual") ? b16(c.in(5)) : nullptr;
+  cuda::grid_ln_bwd_apply(b16(c.in(0)), b16(x), f32(c.in(2)), f32(c.in(3)), f64(c.in(4)), f32(c.param(0).value), res,
+                          b16(dx), f32(c.grad(0).grad), f32(c.grad(1).grad), N, C, features(c), st(c));
+}
+void op_rms_bwd_apply(OpCall& c) {
+  Tensor& x = c.in(1);
+  const int64_t N = rows(x), C = cols(x);
+  Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
+  const bf16* res = attr(c, "residual") ? b16(c.in(4)) : nullptr;
+  cuda::grid_rms_bwd_apply(b16(c.in(0)), b16(x), f32(c.in(2)), f64(c.in(3)), f32(c.param(0).value), res, b16(dx),
+                           f32(c.grad(0).grad), N, C, features(c), st(c));
+}
+
 const std::map<std::string, OpFn>& table() {
   static const std::map<std::string, OpFn> t = {
       {"linear", op_linear},       {"linear_dgrad", op_linear_dgrad}, {"linear_wgrad", op_linear_wgrad},
@@ -673,6 +802,10 @@ const std::map<std::string, OpFn>& table() {
       {"cp_kv_pack", op_cp_kv_pack}, {"ring_attention", op_ring_attention},
       {"ring_attention_bwd", op_ring_attention_bwd}, {"cp_dkv_add", op_cp_dkv_add},
       {"cp_ring_bwd_finish", op_cp_ring_bwd_finish},
+      {"linear3d", op_linear3d}, {"linear3d_dgrad", op_linear3d_dgrad}, {"linear3d_wgrad", op_linear3d_wgrad},
+      {"grad_accum", op_grad_accum}, {"bias_add", op_bias_add}, {"ln_stats", op_ln_stats}, {"ln_apply", op_ln_apply},
+      {"ln_bwd_stats", op_ln_bwd_stats}, {"ln_bwd_apply", op_ln_bwd_apply}, {"rms_stats", op_rms_stats},
+      {"rms_apply", op_rms_apply}, {"rms_bwd_stats", op_rms_bwd_stats}, {"rms_bwd_apply", op_rms_bwd_apply},
   };
   return t;
 }

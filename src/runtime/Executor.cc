@@ -118,9 +118,10 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   if (target < 0 || target >= num_units() || units_.at(target).kind != "block" || !ctx_.params->owns_unit(target))
     return;
   ProcessGroup& pg = group_of(op);
-  const ParamEntry& w = ctx_.params->resolve(units_.at(target), op.params.at(0));
-  Tensor in = w.value.view({w.value.numel()});
-  Tensor out = Tensor::empty({in.numel() * pg.size()}, in.dtype(), ctx_.act_mem);
+  if (on_gpu_) pg.set_producer_stream(stream_of(kind).handle());
+  Tensor in = weight_shard(ctx_.params->resolve(units_.at(target), op.params.at(0)));
+  Tensor out = Tensor::empty({in.numel() * pg.size()}, in.dtype(), ctx_.act_mem, in.device(),
+                             on_gpu_ ? stream_of(kind).handle() : nullptr);
   Prefetched p{out, {}};
   p.coll.work = pg.all_gather(in, out);
   p.coll.group = pg.name();
@@ -135,6 +136,12 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   const auto key = std::make_tuple(static_cast<int>(kind), s.mb, target, adopter);
   if (auto old = prefetched_.find(key); old != prefetched_.end()) old->second.coll.work.wait();
   prefetched_[key] = std::move(p);
+}
+
+Tensor Executor::weight_shard(const ParamEntry& w) const {
+  const Tensor& v = on_gpu_ ? w.value_bf16 : w.value;
+  DHX_ASSERT(v.defined(), "weight {} has no {} values to gather", w.spec.name, on_gpu_ ? "bf16" : "fp32");
+  return v.view({v.numel()});
 }
 
 bool Executor::adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
@@ -206,7 +213,7 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   // before it.
   if (on_gpu_) pg.set_producer_stream(stream_of(kind).handle());
   // A weight all-gather (3D tensor parallelism) reads this rank's flat shard of the parameter.
-  Tensor in = op.inputs.empty() ? ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.view({ctx_.params->resolve(units_.at(s.unit), op.params.at(0)).value.numel()})
+  Tensor in = op.inputs.empty() ? weight_shard(ctx_.params->resolve(units_.at(s.unit), op.params.at(0)))
                                 : env.at(op.inputs.at(0));
   // An activation collective in bf16: it moves a rounded copy; the fp32 result buffer is filled when
   // it is waited for (wait_pending).

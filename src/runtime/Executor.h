@@ -175,6 +175,9 @@ class Executor {
   // issues the all-gather of the neighbouring unit's weight block and keeps it for that unit's own
   // all-gather op, which then adopts it instead of gathering again.
   void issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op);
+  // This rank's flat shard of a weight, as a weight all-gather (3D) sends it: the fp32 values, or on
+  // a GPU the bf16 copy its GEMMs read.
+  Tensor weight_shard(const ParamEntry& w) const;
   bool adopt_prefetch(StrandKind kind, StrandSlot& s, const Op& op);
   // A last_micro_batch collective: an earlier micro-batch adds its input to the block sum (the
   // first one starts it) and returns true (not issued); the last adds the sum into its input, drops

@@ -353,29 +353,25 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
   const ParallelConfig& p = c.parallel;
   const std::string on = fmt::format("training.device=\"{}\"", text);
-  if (p.tp_x * p.tp_y * p.tp_z != 1)
-    e.push_back(fmt::format("{} runs data, tensor, pipeline, context and expert parallelism so far, not the 3D grid "
-                            "(parallel.tp_x={} tp_y={} tp_z={}; dp={}, tp={}, pp={}, cp={} and ep={} are fine): its "
-                            "GPU path comes next; set them to 1, or use cpu",
-                            on, p.tp_x, p.tp_y, p.tp_z, p.dp, p.tp, p.pp, p.cp, p.ep));
   if (gt == "nccl" && c.comm.emulated_link_gbit > 0)
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces staged collectives, and comm.gpu_transport=\"nccl\" "
                             "moves them over the real links; set it to 0, or use the staged transport",
                             on, c.comm.emulated_link_gbit));
-  if (c.comm.emulated_link_gbit > 0 && p.dp * p.tp * p.pp * p.cp == 1)
+  if (c.comm.emulated_link_gbit > 0 && p.dp * p.tp * p.pp * p.cp * p.tp_x * p.tp_y * p.tp_z == 1)
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces the collectives between ranks, and this run has one "
-                            "rank (parallel.dp = tp = pp = cp = 1); set it to 0, or run more ranks",
+                            "rank (parallel.dp = tp = pp = cp = 1, no 3D grid); set it to 0, or run more ranks",
                             on, c.comm.emulated_link_gbit));
   if (p.dp > 1 && c.comm.grad_precision != "fp32")
     e.push_back(fmt::format("{}: the gradient buckets of a GPU run move in fp32 so far (comm.grad_precision=\"{}\", "
                             "parallel.dp={}); set comm.grad_precision to fp32",
                             on, c.comm.grad_precision, p.dp));
   if (p.zero) e.push_back(fmt::format("{}: parallel.zero shards over dp, which one GPU does not have; set it off", on));
-  if (c.model.is_moe() && (p.tp > 1 || p.cp > 1))
+  const bool grid = p.tp_x * p.tp_y * p.tp_z > 1;
+  if (c.model.is_moe() && (p.tp > 1 || p.cp > 1 || grid))
     e.push_back(fmt::format("{}: MoE models (model.n_experts={}) run on the GPU without tensor or context parallelism "
-                            "so far (parallel.tp={}, cp={}); shard the experts with parallel.ep instead, set tp and cp "
-                            "to 1, or use cpu",
-                            on, c.model.n_experts, p.tp, p.cp));
+                            "or the 3D grid so far (parallel.tp={}, cp={}, tp_x={} tp_y={} tp_z={}); shard the experts "
+                            "with parallel.ep instead, set those to 1, or use cpu",
+                            on, c.model.n_experts, p.tp, p.cp, p.tp_x, p.tp_y, p.tp_z));
   if (c.training.precision != "bf16")
     e.push_back(fmt::format("{} trains in bf16 mixed precision (bf16 GEMMs and attention, fp32 weights, optimizer "
                             "and loss); training.precision=\"{}\": set it to bf16",

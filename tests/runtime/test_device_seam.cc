@@ -124,8 +124,8 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     return;
   }
   // A CUDA build binds the GPT-2 / Llama / MoE ops, tensor parallelism's vocabulary-parallel loss,
-  // expert parallelism's regrouping and context parallelism's ring steps to the CUDA kernels and
-  // refuses the rest (the 3D grid's) by name.
+  // expert parallelism's regrouping, context parallelism's ring steps and the 3D grid's dense ops to
+  // the CUDA kernels and refuses the rest (the MoE MLP's token slices on the grid) by name.
   const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
   EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_route")));
@@ -133,6 +133,8 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_ep_sort")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_ep_unsort")));
   for (const char* op : {"cp_kv_pack", "ring_attention", "ring_attention_bwd", "cp_dkv_add", "cp_ring_bwd_finish"})
+    EXPECT_TRUE(static_cast<bool>(gpu.find(op))) << op;
+  for (const char* op : {"linear3d", "linear3d_wgrad", "grad_accum", "ln_stats", "ln_bwd_apply", "rms_apply"})
     EXPECT_TRUE(static_cast<bool>(gpu.find(op))) << op;
   refused([&] { gpu.find("grid_rows"); }, "op 'grid_rows' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");

@@ -146,19 +146,14 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
                                         {"parallel.tp", "2"},
                                         {"parallel.pp", "2"},
                                         {"parallel.cp", "2"},
-                                        {"parallel.tp_x", "2"},
                                         {"parallel.zero", "1"},
                                         {"comm.grad_precision", "bf16"},
                                         {"model.n_heads", "2"},
                                         {"model.n_kv_heads", "2"},
                                         {"output.trace", "t.json"}});
-  // Tensor, pipeline, context and expert parallelism run on GPUs (issue 39): tp = 2, pp = 2 and
-  // cp = 2 are named as fine beside the refused 3D grid.
-  EXPECT_NE(msg.find("runs data, tensor, pipeline, context and expert parallelism so far, not the 3D grid "
-                     "(parallel.tp_x=2 tp_y=1 tp_z=1"),
-            std::string::npos)
-      << msg;
-  EXPECT_NE(msg.find("dp=2, tp=2, pp=2, cp=2 and ep=1 are fine"), std::string::npos) << msg;
+  // Every layout runs on GPUs (issue 39): tp = 2, pp = 2 and cp = 2 are not refused.
+  EXPECT_EQ(msg.find("parallelism so far"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("parallel.cp"), std::string::npos) << msg;
   EXPECT_NE(msg.find("comm.grad_precision=\"bf16\", parallel.dp=2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("parallel.zero shards over dp"), std::string::npos) << msg;
   EXPECT_NE(msg.find("training.precision=\"fp32\": set it to bf16"), std::string::npos) << msg;
@@ -172,20 +167,27 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
   const std::string moe = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
                                         {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"},
                                         {"parallel.tp", "2"}});
-  EXPECT_NE(moe.find("MoE models (model.n_experts=4) run on the GPU without tensor or context parallelism so far "
-                     "(parallel.tp=2, cp=1)"),
+  EXPECT_NE(moe.find("MoE models (model.n_experts=4) run on the GPU without tensor or context parallelism or the "
+                     "3D grid so far (parallel.tp=2, cp=1, tp_x=1 tp_y=1 tp_z=1)"),
             std::string::npos)
       << moe;
   const std::string moe_cp = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
                                            {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"},
                                            {"parallel.cp", "2"}});
-  EXPECT_NE(moe_cp.find("(parallel.tp=1, cp=2)"), std::string::npos) << moe_cp;
-  // A dense model at cp = 2 (and cp x tp) runs on the GPU: no layout refused (a machine without a GPU
-  // still says so).
+  EXPECT_NE(moe_cp.find("(parallel.tp=1, cp=2, tp_x=1"), std::string::npos) << moe_cp;
+  const std::string moe_3d = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
+                                           {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"},
+                                           {"parallel.tp_x", "2"}});
+  EXPECT_NE(moe_3d.find("(parallel.tp=1, cp=1, tp_x=2 tp_y=1 tp_z=1)"), std::string::npos) << moe_3d;
+  // A dense model at cp = 2 (and cp x tp), and on the 3D grid, runs on the GPU: no layout refused (a
+  // machine without a GPU still says so).
   const std::string cp_tp = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
                                           {"parallel.cp", "2"}, {"parallel.tp", "2"}});
   EXPECT_EQ(cp_tp.find("so far"), std::string::npos) << cp_tp;
   EXPECT_EQ(cp_tp.find("parallel."), std::string::npos) << cp_tp;
+  const std::string grid = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
+                                         {"parallel.tp_x", "2"}, {"parallel.tp_y", "2"}, {"parallel.tp_z", "2"}});
+  EXPECT_EQ(grid.find("parallel."), std::string::npos) << grid;
   const std::string moe_ep = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
                                            {"model.family", "moe"}, {"model.n_experts", "4"}, {"model.top_k", "2"},
                                            {"parallel.dp", "2"}, {"parallel.ep", "2"}});

@@ -246,6 +246,10 @@ void norm_fwd(const char* what, const bf16* x, const float* g, const float* b, b
 }
 
 template <bool kLayer>
+void param_grads(const char* what, const bf16* dy, const bf16* x, const float* mean, const float* rstd, float* dg,
+                 float* db, int64_t N, int64_t C, cudaStream_t s);
+
+template <bool kLayer>
 void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
               bf16* dx, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
   check_norm(what, N, C);
@@ -262,7 +266,12 @@ void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, c
     default: norm_bwd_dx_kernel<1, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
   }
   DHX_CUDA_LAUNCHED(norm_bwd_dx_kernel);
+  param_grads<kLayer>(what, dy, x, mean, rstd, dg, db, N, C, s);
+}
 
+template <bool kLayer>
+void param_grads(const char* what, const bf16* dy, const bf16* x, const float* mean, const float* rstd, float* dg,
+                 float* db, int64_t N, int64_t C, cudaStream_t s) {
   const int64_t chunks = cdiv(N, kColRows), parts = kLayer ? 2 : 1;
   DHX_CUDA_ASSERT(chunks <= 65535, what, ": N=", N, " rows is more than 65535 chunks of ", kColRows);
   float* part = nullptr;  // [chunks, parts, C]
@@ -282,6 +291,14 @@ void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, c
 }
 
 }  // namespace
+
+void norm_param_grads(const bf16* dy, const bf16* x, const float* mean, const float* rstd, float* dg, float* db,
+                      int64_t N, int64_t C, bool layer, cudaStream_t s) {
+  check_norm("norm_param_grads", N, C);
+  if (N == 0) return;
+  if (layer) param_grads<true>("norm_param_grads", dy, x, mean, rstd, dg, db, N, C, s);
+  else param_grads<false>("norm_param_grads", dy, x, nullptr, rstd, dg, nullptr, N, C, s);
+}
 
 void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,
                    int64_t C, float eps, cudaStream_t s) {

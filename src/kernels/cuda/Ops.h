@@ -59,6 +59,41 @@ void rmsnorm_fwd(const bf16* x, const float* g, bf16* y, float* rstd, int64_t N,
 // dx[N,C] written; acc dg[C] += sum_n dy x rstd.
 void rmsnorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* rstd, bf16* dx, float* dg, int64_t N,
                  int64_t C, cudaStream_t s);
+// The parameter gradients of either backward alone, the same two stages and sums: dg += sum_n dy xh
+// (LayerNorm, xh = (x - mean) rstd, and db += sum_n dy) or dg += sum_n dy x rstd (RMSNorm: layer
+// false; mean and db unused). The 3D grid's split norms (below) take their dx from the all-reduced
+// statistics and these gradients from here.
+void norm_param_grads(const bf16* dy, const bf16* x, const float* mean, const float* rstd, float* dg, float* db,
+                      int64_t N, int64_t C, bool layer, cudaStream_t s);
+
+// ---- AxoNN's 3D grid: norms split around an all-reduce over x (runtime/Ops3D.cc's twins, one warp
+// per row, the row's sums in double by the warp's fixed butterfly) ----
+// Per row over this rank's C features: LayerNorm st[N, 2] = (sum x, sum x^2), RMSNorm (rms) st[N] =
+// sum x^2.
+void grid_norm_stats(const bf16* x, double* st, int64_t N, int64_t C, bool rms, cudaStream_t s);
+// From the statistics all-reduced over x, for Cf features in all: mean = S / Cf, var = max(0, SS /
+// Cf - mean^2), rstd = 1 / sqrt(var + eps) in double, rounded to fp32 (saved); y = (x - mean) rstd g
+// + b in fp32, rounded once. RMSNorm: rstd = (SS / Cf + eps)^(-1/2), y = x rstd g.
+void grid_ln_apply(const bf16* x, const double* st, const float* g, const float* b, bf16* y, float* mean, float* rstd,
+                   int64_t N, int64_t C, double Cf, double eps, cudaStream_t s);
+void grid_rms_apply(const bf16* x, const double* st, const float* g, bf16* y, float* rstd, int64_t N, int64_t C,
+                    double Cf, double eps, cudaStream_t s);
+// Backward statistics per row in double: LayerNorm st[N, 2] = (sum dy g, sum dy g xh), xh = (x -
+// mean) rstd; RMSNorm st[N] = sum dy g x.
+void grid_ln_bwd_stats(const bf16* dy, const bf16* x, const float* mean, const float* rstd, const float* g, double* st,
+                       int64_t N, int64_t C, cudaStream_t s);
+void grid_rms_bwd_stats(const bf16* dy, const bf16* x, const float* g, double* st, int64_t N, int64_t C,
+                        cudaStream_t s);
+// dx from the all-reduced statistics (a, b = st / Cf in fp32): LayerNorm dx = rstd (dy g - a - xh b),
+// RMSNorm dx = rstd dy g - x rstd^3 a, plus `residual` when non-null (fp32 sum, rounded once); and
+// the parameter gradients of this rank's rows (norm_param_grads).
+void grid_ln_bwd_apply(const bf16* dy, const bf16* x, const float* mean, const float* rstd, const double* st,
+                       const float* g, const bf16* residual, bf16* dx, float* dg, float* db, int64_t N, int64_t C,
+                       double Cf, cudaStream_t s);
+void grid_rms_bwd_apply(const bf16* dy, const bf16* x, const float* rstd, const double* st, const float* g,
+                        const bf16* residual, bf16* dx, float* dg, int64_t N, int64_t C, double Cf, cudaStream_t s);
+// y[N, C] = x + bias[C] (bias fp32; the sum in fp32, rounded once). y may alias x.
+void bias_add(const bf16* x, const float* bias, bf16* y, int64_t N, int64_t C, cudaStream_t s);
 
 // ---- activations (pointwise, bf16 in and out) ----
 // GELU, tanh form (GPT-2): y = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
