@@ -10,6 +10,9 @@
 #include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "plan/IssueOrder.h"
+#if DHELIX_HAVE_CUDA
+#include "kernels/cuda/Ops.h"
+#endif
 
 namespace dhelix {
 
@@ -322,7 +325,22 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   env.pending[op.outputs.at(0)] = std::move(pc);
 }
 
-bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
+namespace {
+// acc += x in fp32: on the host, or on a GPU on `stream` (the strand's that wrote x).
+void add_f32(const Tensor& acc, const Tensor& x, StreamHandle stream) {
+  DHX_ASSERT(acc.numel() == x.numel() && acc.device() == x.device(), "block sum {} += {}", acc.describe(), x.describe());
+#if DHELIX_HAVE_CUDA
+  if (!acc.device().is_host()) {
+    cuda::add_inplace(static_cast<float*>(acc.raw()), static_cast<const float*>(x.raw()), acc.numel(),
+                      static_cast<cudaStream_t>(stream));
+    return;
+  }
+#endif
+  cpu::add_inplace<float>(acc.f32(), x.f32(), acc.numel());
+}
+}  // namespace
+
+bool Executor::fold_into_block_sum(StrandKind kind, StrandSlot& s, const Op& op) {
   if (ctx_.micro_batches <= 1 || !op.flag("last_micro_batch")) return false;
   Tensor& in = s.env->at(op.inputs.at(0));
   const auto key = std::make_pair(s.unit, op.name);
@@ -332,14 +350,14 @@ bool Executor::fold_into_block_sum(StrandSlot& s, const Op& op) {
       block_sums_[key] = in.clone();  // micro-batch 0 starts the step's sum (nothing stale survives)
     } else {
       DHX_ASSERT(it->second.numel() == in.numel(), "{}: block sum {} vs {}", op.name, it->second.describe(), in.describe());
-      cpu::add_inplace<float>(it->second.f32(), in.f32(), in.numel());
+      add_f32(it->second, in, on_gpu_ ? stream_of(kind).handle() : nullptr);
     }
     s.env->deferred.insert(op.outputs.at(0));
     return true;
   }
   DHX_CHECK(it != block_sums_.end(), InternalError,
             "{} of unit {}: the last micro-batch ({}) found no block sum of the earlier ones", op.name, s.unit, s.mb);
-  cpu::add_inplace<float>(in.f32(), it->second.f32(), in.numel());
+  add_f32(in, it->second, on_gpu_ ? stream_of(kind).handle() : nullptr);
   block_sums_.erase(it);
   return false;
 }
@@ -357,7 +375,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   if (skipped) {
     // Reads the output of a collective this micro-batch deferred to the last one (its input went
     // into the block sum): nothing to do now.
-  } else if (op.is_collective() && fold_into_block_sum(s, op)) {
+  } else if (op.is_collective() && fold_into_block_sum(kind, s, op)) {
     // folded: the last micro-batch reduce-scatters the sum
   } else if (op.is_collective() && op.attrs.count("prefetch_unit")) {
     issue_prefetch(kind, s, op);  // waited for by the neighbouring unit that adopts it

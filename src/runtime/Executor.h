@@ -182,7 +182,7 @@ class Executor {
   // A last_micro_batch collective: an earlier micro-batch adds its input to the block sum (the
   // first one starts it) and returns true (not issued); the last adds the sum into its input, drops
   // the sum and returns false (issued as usual).
-  bool fold_into_block_sum(StrandSlot& s, const Op& op);
+  bool fold_into_block_sum(StrandKind kind, StrandSlot& s, const Op& op);
   // RunContext::bf16_saved_activations: after forward compute op `op` of s.unit, its unit's
   // activations whose last forward use it was and that only weight-gradient GEMMs read later are
   // replaced by their bf16 rounding.
