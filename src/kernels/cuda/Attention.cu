@@ -256,30 +256,28 @@ __device__ __forceinline__ void store_rows(Out* out, int64_t stride, const float
     }
 }
 
-// Causal mask of a score tile in C fragments: element (mt, j, e) is row q0 + 16 mt + g + 8 (e / 2),
-// column k0 + 8 j + 2 c + e % 2; set to -inf where column > row (keys after the query).
+// Masks a score tile in C fragments: element (mt, j, e) is row q0 + 16 mt + g + 8 (e / 2), column
+// k0 + 8 j + 2 c + e % 2, set to -inf where drop(row, column).
+template <int MT, typename Drop>
+__device__ __forceinline__ void mask_where(float (&s)[MT][8][4], int q0, int k0, int lane, Drop drop) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (drop(q0 + 16 * mt + (lane >> 2) + 8 * (e >> 1), k0 + 8 * j + 2 * (lane & 3) + (e & 1)))
+          s[mt][j][e] = -INFINITY;
+}
+// The causal mask: keys after the query.
 template <int MT>
 __device__ __forceinline__ void mask_after(float (&s)[MT][8][4], int q0, int k0, int lane) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (k0 + 8 * j + 2 * (lane & 3) + (e & 1) > q0 + 16 * mt + (lane >> 2) + 8 * (e >> 1)) s[mt][j][e] = -INFINITY;
+  mask_where(s, q0, k0, lane, [](int row, int col) { return col > row; });
 }
-
-// Keys past the block (a block without the causal mask, the last key tile ragged): element
-// (mt, j, e)'s column k0 + 8 j + 2 c + e % 2 at or past Tk set to -inf.
+// Keys past the block (a block without the causal mask, its last key tile ragged): columns >= Tk.
 template <int MT>
 __device__ __forceinline__ void mask_keys_from(float (&s)[MT][8][4], int k0, int Tk, int lane) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (k0 + 8 * j + 2 * (lane & 3) + (e & 1) >= Tk) s[mt][j][e] = -INFINITY;
+  mask_where(s, 0, k0, lane, [Tk](int, int col) { return col >= Tk; });
 }
 
 // ---- forward: grid (ceil(Tq/128), H, B), the query tiles with the most key tiles first ----
