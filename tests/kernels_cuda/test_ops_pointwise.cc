@@ -120,6 +120,24 @@ TEST(CudaOpsPointwise, AddsEqualTheCpuSumRoundedOnce) {
   EXPECT_THROW(add(nullptr, nullptr, nullptr, -1, nullptr), InternalError);
 }
 
+// The fp32 add_inplace (a tied table's two gradients, 3D's z-gradient block sums, the ring's dK/dV):
+// y += x elementwise in fp32, one correctly rounded add each, so bitwise the CPU twin's
+// cpu::add_inplace<float>. Oracle: that twin on the same values.
+TEST(CudaOpsPointwise, Fp32AddInplaceIsTheCpuSumBitwise) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 350;
+  for (int64_t n : kSizes) {
+    const auto y = randn(n, seed++), x = randn(n, seed++);
+    std::vector<float> want = y;
+    cpu::add_inplace<float>(want.data(), x.data(), n);
+    DevBuf<float> gy(y), gx(x);
+    add_inplace(gy.get(), gx.get(), n, nullptr);
+    const std::vector<float> got = gy.download();
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float))) << "n=" << n;
+  }
+  EXPECT_THROW(add_inplace(static_cast<float*>(nullptr), nullptr, -1, nullptr), InternalError);
+}
+
 TEST(CudaOpsPointwise, CastsRoundToNearestEvenAndBack) {
   DHX_REQUIRE_GPU();
   uint64_t seed = 400;
