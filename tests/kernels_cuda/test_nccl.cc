@@ -77,6 +77,17 @@ TEST(NcclGroup, EveryCollectiveAtWorldSizeOneIsTheIdentity) {
   EXPECT_THROW(g->all_reduce(host).wait(), CommError);
 }
 
+// The group's stream runs at the device's highest priority (NcclGroup.cc: a collective's blocks are
+// scheduled before queued compute blocks). Oracle: cudaDeviceGetStreamPriorityRange's greatest.
+TEST(NcclGroup, ItsStreamHasTheHighestPriority) {
+  DHX_REQUIRE_GPU();
+  auto g = make_nccl_group("tp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
+  int least = 0, greatest = 0, got = 1;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(nccl_stream(*g)), &got), cudaSuccess);
+  EXPECT_EQ(got, greatest) << "priorities run from " << least << " (least) to " << greatest;
+}
+
 // The producer stream: an op issued after a kernel on the compute stream sees that kernel's write.
 // A memset of zeros is queued behind a long spin on the producer stream; without the event the
 // group's stream would reduce the old values.
