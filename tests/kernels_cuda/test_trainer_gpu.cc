@@ -67,6 +67,21 @@ void expect_tracks(const std::vector<double>& ref, const std::vector<double>& go
   }
 }
 
+// The one-rank run's losses: the oracle of the layout tests below.
+std::vector<double> one_rank_losses(const RunConfig& cfg, int64_t steps) {
+  Trainer t(cfg, nullptr, Quiet::kYes);
+  return losses_of(t, steps);
+}
+
+// `on` (SI on, its layout's ranks sharing the GPU) against the same run with SI off: bitwise equal
+// losses, every rank agreeing.
+void expect_interleaving_bitwise(const RunConfig& on, int64_t steps) {
+  RunConfig off = on;
+  off.schedule.strand_interleaving = false;
+  off.output.dir = on.output.dir + "/off";
+  EXPECT_EQ(rank_losses(on, steps), rank_losses(off, steps));
+}
+
 // tiny_config (TinyRun.h) with head size 32 (two heads of d_model 64: the GPU attention has no
 // D = 16 kernel) on `device`, bf16 on the GPU (its only precision), fp32 on the CPU.
 RunConfig tiny_on(const std::string& dir, const std::string& family, const std::string& device) {
@@ -257,11 +272,7 @@ TEST_P(GpuFamilies, DataParallelRanksSharingTheGpuTrackOneRank) {
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 7);
   RunConfig one = tiny_on(dir.path(), GetParam(), "cuda");
   one.training.micro_batch_size = 4;
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 5);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 5);
   RunConfig two = one;
   two.training.micro_batch_size = 2;
   two.parallel.dp = 2;
@@ -296,11 +307,7 @@ TEST_P(GpuFamilies, TensorParallelRanksSharingTheGpuTrackOneRank) {
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 11);
   RunConfig one = tiny_tp_on(dir.path(), GetParam());
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 5);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 5);
   RunConfig two = one;
   two.parallel.tp = 2;
   two.output.dir = dir.path() + "/tp2";
@@ -320,10 +327,7 @@ TEST_P(GpuFamilies, TensorParallelInterleavingOnOffBitwiseOverTraining) {
   on.training.micro_batches = 3;
   on.training.micro_batch_size = 2;
   on.comm.emulated_link_gbit = 50;
-  RunConfig off = on;
-  off.schedule.strand_interleaving = false;
-  off.output.dir = dir.path() + "/off";
-  EXPECT_EQ(rank_losses(on, 4), rank_losses(off, 4));
+  expect_interleaving_bitwise(on, 4);
 }
 
 // The tiny GPU model with 4 layers (the W and interleaved schedules at pp = 2 need L % 4 == 0) and
@@ -357,11 +361,7 @@ TEST_P(GpuFamilies, PipelineStagesSharingTheGpuEqualOneRank) {
   const std::string family = GetParam();
   RunConfig one = tiny_pp_on(dir.path(), family);
   one.schedule.strand_interleaving = false;
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 4);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 4);
   for (const char* kind : {"1f1b", "interleaved", "w"})
     for (bool si : {false, true}) {
       SCOPED_TRACE(fmt::format("{} pp=2 {} si={}", family, kind, si ? "on" : "off"));
@@ -391,11 +391,7 @@ TEST_P(GpuFamilies, PipelineTimesTensorParallelOnTheGpuTracksOneRank) {
   one.model.n_layers = 4;
   one.training.micro_batches = 4;
   one.training.micro_batch_size = 2;
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 4);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 4);
   RunConfig four = one;
   four.parallel.tp = 2;
   four.parallel.pp = 2;
@@ -422,11 +418,7 @@ TEST(TrainerGpuMoe, ExpertParallelRanksSharingTheGpuTrackOneRank) {
   RunConfig one = tiny_on(dir.path(), "moe", "cuda");
   one.training.micro_batch_size = 2;
   one.training.micro_batches = 4;
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 5);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 5);
   RunConfig two = one;
   two.training.micro_batches = 2;
   two.parallel.dp = 2;
@@ -450,10 +442,7 @@ TEST(TrainerGpuMoe, ExpertParallelInterleavingOnOffBitwise) {
   on.parallel.dp = 2;
   on.parallel.ep = 2;
   on.comm.emulated_link_gbit = 50;
-  RunConfig off = on;
-  off.schedule.strand_interleaving = false;
-  off.output.dir = dir.path() + "/off";
-  EXPECT_EQ(rank_losses(on, 4), rank_losses(off, 4));
+  expect_interleaving_bitwise(on, 4);
 }
 
 // Context parallelism on the one GPU (issue 39): cp = 2 ranks as threads sharing it, each holding
@@ -470,11 +459,7 @@ TEST_P(GpuFamilies, ContextParallelRanksSharingTheGpuTrackOneRank) {
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 37);
   RunConfig one = tiny_on(dir.path(), GetParam(), "cuda");
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 5);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 5);
   RunConfig two = one;
   two.parallel.cp = 2;
   two.output.dir = dir.path() + "/cp2";
@@ -489,11 +474,7 @@ TEST_P(GpuFamilies, ContextTimesTensorParallelOnTheGpuTracksOneRank) {
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 41);
   RunConfig one = tiny_tp_on(dir.path(), GetParam());
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 4);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 4);
   RunConfig four = one;
   four.parallel.cp = 2;
   four.parallel.tp = 2;
@@ -514,10 +495,7 @@ TEST_P(GpuFamilies, ContextParallelInterleavingOnOffBitwise) {
   on.parallel.cp = 2;
   on.training.micro_batches = 3;
   on.comm.emulated_link_gbit = 50;
-  RunConfig off = on;
-  off.schedule.strand_interleaving = false;
-  off.output.dir = dir.path() + "/off";
-  EXPECT_EQ(rank_losses(on, 4), rank_losses(off, 4));
+  expect_interleaving_bitwise(on, 4);
 }
 
 // AxoNN's 3D grid on the one GPU (issue 39): x x y x z ranks as threads sharing it -- residual
@@ -535,11 +513,7 @@ TEST_P(GpuFamilies, Grid3DRanksSharingTheGpuTrackOneRank) {
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 47);
   RunConfig one = tiny_tp_on(dir.path(), GetParam());
-  std::vector<double> ref;
-  {
-    Trainer t(one, nullptr, Quiet::kYes);
-    ref = losses_of(t, 4);
-  }
+  const std::vector<double> ref = one_rank_losses(one, 4);
   const struct { int x, y, z; } grids[] = {{2, 2, 1}, {1, 1, 2}, {2, 1, 2}};
   for (const auto& g : grids) {
     const std::string what = fmt::format("{} 3D x={} y={} z={}", GetParam(), g.x, g.y, g.z);
@@ -567,10 +541,7 @@ TEST_P(GpuFamilies, Grid3DInterleavingOnOffBitwise) {
   on.training.micro_batch_size = 2;
   on.training.micro_batches = 3;
   on.comm.emulated_link_gbit = 50;
-  RunConfig off = on;
-  off.schedule.strand_interleaving = false;
-  off.output.dir = dir.path() + "/off";
-  EXPECT_EQ(rank_losses(on, 3), rank_losses(off, 3));
+  expect_interleaving_bitwise(on, 3);
 }
 
 // comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device):
