@@ -2,6 +2,7 @@
 // dataset it names (train/DataPrepare). Argument splitting and help come from the config table.
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,12 @@ int cmd_data(int argc, char** argv) {
                                   args.positional.empty() ? "" : args.positional[0], kUsage));
   RunConfig cfg = load_config(args.config_path, args.overrides);
   apply_process_settings(cfg);
-  PrepareReport r = prepare_data(cfg, [](const std::string& line) { fmt::print("data: {}\n", line); });
+  // Each progress line is flushed as it is said: with stdout in a file (a job's log) it would wait in
+  // the buffer until exit, and a long tokenization would show nothing until it ended.
+  PrepareReport r = prepare_data(cfg, [](const std::string& line) {
+    fmt::print("data: {}\n", line);
+    std::fflush(stdout);
+  });
   fmt::print("data: ready: {} documents, {} tokens in {}.bin/.idx\n", r.documents, r.tokens, cfg.data.prefix);
   return 0;
 }
