@@ -45,28 +45,31 @@ __global__ void stats_kernel(const bf16* __restrict__ x, double* __restrict__ st
   }
 }
 
-// Thread per (n, k) element, grid-stride: the row's mean / rstd from its sums (every thread of the row
-// computes the same), written by the row's first column's thread.
+// Thread per row: the row's mean (LayerNorm) and rstd from its summed statistics, in double,
+// rounded to fp32 -- once per row, not per element.
 template <bool kRms>
-__global__ void apply_kernel(const bf16* __restrict__ x, const double* __restrict__ st, const float* __restrict__ g,
-                             const float* __restrict__ b, bf16* __restrict__ y, float* __restrict__ mean,
-                             float* __restrict__ rstd, int64_t N, int64_t C, double Cf, double eps) {
+__global__ void row_norm_kernel(const double* __restrict__ st, float* __restrict__ mean, float* __restrict__ rstd,
+                                int64_t N, double Cf, double eps) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  if constexpr (kRms) {
+    rstd[n] = static_cast<float>(1.0 / sqrt(st[n] / Cf + eps));
+  } else {
+    const double mu = st[2 * n] / Cf, var = fmax(0.0, st[2 * n + 1] / Cf - mu * mu);
+    mean[n] = static_cast<float>(mu), rstd[n] = static_cast<float>(1.0 / sqrt(var + eps));
+  }
+}
+
+// Thread per (n, k) element, grid-stride: y = (x - mean) rstd g + b, or x rstd g (RMSNorm), in fp32.
+template <bool kRms>
+__global__ void apply_kernel(const bf16* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
+                             bf16* __restrict__ y, const float* __restrict__ mean, const float* __restrict__ rstd,
+                             int64_t N, int64_t C) {
   const int64_t total = N * C, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
     const int64_t n = i / C, k = i % C;
-    float m = 0.0f, rs;
-    if constexpr (kRms) {
-      rs = static_cast<float>(1.0 / sqrt(st[n] / Cf + eps));
-      y[i] = __float2bfloat16(f(x[i]) * rs * g[k]);
-    } else {
-      const double mu = st[2 * n] / Cf, var = fmax(0.0, st[2 * n + 1] / Cf - mu * mu);
-      m = static_cast<float>(mu), rs = static_cast<float>(1.0 / sqrt(var + eps));
-      y[i] = __float2bfloat16((f(x[i]) - m) * rs * g[k] + b[k]);
-    }
-    if (k == 0) {
-      rstd[n] = rs;
-      if constexpr (!kRms) mean[n] = m;
-    }
+    if constexpr (kRms) y[i] = __float2bfloat16(f(x[i]) * rstd[n] * g[k]);
+    else y[i] = __float2bfloat16((f(x[i]) - mean[n]) * rstd[n] * g[k] + b[k]);
   }
 }
 
@@ -148,7 +151,9 @@ void grid_ln_apply(const bf16* x, const double* st, const float* g, const float*
                    int64_t N, int64_t C, double Cf, double eps, cudaStream_t s) {
   check_rows("grid_ln_apply", N, C, Cf);
   if (N == 0) return;
-  apply_kernel<false><<<stride_grid(N * C, kThreads), kThreads, 0, s>>>(x, st, g, b, y, mean, rstd, N, C, Cf, eps);
+  row_norm_kernel<false><<<static_cast<unsigned>(cdiv(N, kThreads)), kThreads, 0, s>>>(st, mean, rstd, N, Cf, eps);
+  DHX_CUDA_LAUNCHED(row_norm_kernel);
+  apply_kernel<false><<<stride_grid(N * C, kThreads), kThreads, 0, s>>>(x, g, b, y, mean, rstd, N, C);
   DHX_CUDA_LAUNCHED(apply_kernel);
 }
 
@@ -156,8 +161,9 @@ void grid_rms_apply(const bf16* x, const double* st, const float* g, bf16* y, fl
                     double Cf, double eps, cudaStream_t s) {
   check_rows("grid_rms_apply", N, C, Cf);
   if (N == 0) return;
-  apply_kernel<true><<<stride_grid(N * C, kThreads), kThreads, 0, s>>>(x, st, g, nullptr, y, nullptr, rstd, N, C, Cf,
-                                                                       eps);
+  row_norm_kernel<true><<<static_cast<unsigned>(cdiv(N, kThreads)), kThreads, 0, s>>>(st, nullptr, rstd, N, Cf, eps);
+  DHX_CUDA_LAUNCHED(row_norm_kernel);
+  apply_kernel<true><<<stride_grid(N * C, kThreads), kThreads, 0, s>>>(x, g, nullptr, y, nullptr, rstd, N, C);
   DHX_CUDA_LAUNCHED(apply_kernel);
 }
 
