@@ -16,13 +16,60 @@
 
 namespace dhelix {
 
+namespace {
+// fp32 `src` rounded to nearest even into bf16 `dst` (the host, or on the GPU in stream s), and back.
+void round_into(const Tensor& src, const Tensor& dst, void* s) {
+  if (src.device().is_host()) return cpu::round_to_bf16(src.f32(), dst.data<uint16_t>(), src.numel());
+#if DHELIX_HAVE_CUDA
+  cuda::cast_f32_to_bf16(src.f32(), static_cast<cuda::bf16*>(dst.raw()), src.numel(), static_cast<cudaStream_t>(s));
+#else
+  (void)s;
+  throw InternalError(fmt::format("a gradient on {} in a build without CUDA", src.device().str()));
+#endif
+}
+void widen_into(const Tensor& src, const Tensor& dst, void* s) {
+  if (src.device().is_host()) return cpu::widen_bf16(src.data<uint16_t>(), dst.f32(), src.numel());
+#if DHELIX_HAVE_CUDA
+  cuda::cast_bf16_to_f32(static_cast<const cuda::bf16*>(src.raw()), dst.f32(), src.numel(),
+                         static_cast<cudaStream_t>(s));
+#else
+  (void)s;
+  throw InternalError(fmt::format("a gradient on {} in a build without CUDA", src.device().str()));
+#endif
+}
+// A GPU stream `waiter` waits (on the GPU) for the work issued on stream `s` so far.
+void order_after(void* waiter, void* s) {
+#if DHELIX_HAVE_CUDA
+  cudaEvent_t e;
+  auto ok = [](cudaError_t r, const char* what) {
+    DHX_CHECK(r == cudaSuccess, DeviceError, "{} failed: {}", what, cudaGetErrorString(r));
+  };
+  ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  ok(cudaEventRecord(e, static_cast<cudaStream_t>(s)), "cudaEventRecord");
+  ok(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), e, 0), "cudaStreamWaitEvent");
+  ok(cudaEventDestroy(e), "cudaEventDestroy");  // released once the wait is done
+#else
+  (void)waiter, (void)s;
+#endif
+}
+}  // namespace
+
+// ZeRO-1's chunks live where the gradients do (a GPU run's on its device, allocated in stream
+// order on the backward's stream once that is known; zeroed so that a chunk never reduced reads 0).
+Tensor GradSync::owned_chunk(int64_t n) const {
+  if (!on_gpu()) return Tensor::zeros({n}, DType::kF32, tracker_);
+  Tensor t = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), producer_);
+  t.zero_();
+  return t;
+}
+
 GradSync::GradSync(ParamStore& params, const std::vector<UnitSpec>& units, const ModelPrograms& progs,
                    ProcessGroup* tp, ProcessGroup* dp, ZeroStage zero, MemoryTracker* tracker)
     : params_(params), units_(units), tp_(tp), dp_(dp), zero_(zero), tracker_(tracker) {
   const int n = dp ? dp->size() : 1;
   const auto& buckets = params_.buckets();
   if (zero_ == ZeroStage::kOne)
-    for (auto& b : buckets) owned_grads_.push_back(Tensor::zeros({(b.end - b.begin) / n}, DType::kF32, tracker));
+    for (auto& b : buckets) owned_grads_.push_back(owned_chunk((b.end - b.begin) / n));
   grad_ops_.assign(params_.entries().size(), 0);
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!params_.owns_unit(static_cast<int>(u))) continue;  // another pipeline stage's
@@ -46,26 +93,34 @@ void GradSync::issue_bucket(size_t b) {
   ProcessGroup* g = produced(shard_group(bk));  // edp for the experts' buckets under expert parallelism
   const char* gname = g == edp_ && bk.expert ? "edp" : "dp";
   const bool reduce = g && g->size() > 1;
+  // A GPU's buffers are made and written on the backward's stream (producer_), after the kernels
+  // that wrote the gradients; each op is ordered after that stream's work at its issue.
+  auto make = [&](int64_t n, DType t) {
+    return on_gpu() ? Tensor::empty({n}, t, tracker_, params_.device(), producer_) : Tensor::empty({n}, t, tracker_);
+  };
   Tensor send = range;
   if (reduce && wire_ == DType::kBF16) {
-    send = Tensor::empty({range.numel()}, DType::kBF16, tracker_);
-    cpu::round_to_bf16(range.f32(), send.data<uint16_t>(), range.numel());
+    send = make(range.numel(), DType::kBF16);
+    round_into(range, send, producer_);
   }
   if (zero_ == ZeroStage::kOne) {
     if (!reduce) {
-      owned_grads_[b].copy_from(range);
+      if (on_gpu())
+        device_copy(owned_grads_[b].raw(), params_.device(), range.raw(), params_.device(), range.nbytes(), producer_);
+      else
+        owned_grads_[b].copy_from(range);
     } else if (wire_ == DType::kBF16) {
-      Tensor out = Tensor::empty({owned_grads_[b].numel()}, DType::kBF16, tracker_);
+      Tensor out = make(owned_grads_[b].numel(), DType::kBF16);
       inflight_.push_back({g->reduce_scatter(send, out), fmt::format("{}.rs.bucket{}", gname, b), range.numel(), out,
-                           owned_grads_[b]});
+                           owned_grads_[b], send});
     } else {
-      inflight_.push_back({g->reduce_scatter(range, owned_grads_[b]), fmt::format("{}.rs.bucket{}", gname, b), range.numel(), {}, {}});
+      inflight_.push_back({g->reduce_scatter(range, owned_grads_[b]), fmt::format("{}.rs.bucket{}", gname, b), range.numel(), {}, {}, {}});
     }
   } else if (reduce) {
     if (wire_ == DType::kBF16)
-      inflight_.push_back({g->all_reduce(send), fmt::format("{}.ar.bucket{}", gname, b), range.numel(), send, range});
+      inflight_.push_back({g->all_reduce(send), fmt::format("{}.ar.bucket{}", gname, b), range.numel(), send, range, {}});
     else
-      inflight_.push_back({g->all_reduce(range), fmt::format("{}.ar.bucket{}", gname, b), range.numel(), {}, {}});
+      inflight_.push_back({g->all_reduce(range), fmt::format("{}.ar.bucket{}", gname, b), range.numel(), {}, {}, {}});
   }
 }
 
@@ -82,7 +137,7 @@ void GradSync::set_expert_group(ProcessGroup* edp) {
   const auto& buckets = params_.buckets();
   for (size_t b = 0; b < buckets.size(); ++b)  // the experts' chunks are over edp, not dp
     if (buckets[b].expert)
-      owned_grads_[b] = Tensor::zeros({(buckets[b].end - buckets[b].begin) / shard_size(buckets[b])}, DType::kF32, tracker_);
+      owned_grads_[b] = owned_chunk((buckets[b].end - buckets[b].begin) / shard_size(buckets[b]));
 }
 
 void GradSync::param_ready(size_t entry) {
@@ -124,8 +179,8 @@ bool GradSync::take_embedding_rows(const Tensor& tokens, const Tensor& dy) {
   DHX_CHECK(!rows_taken_, InternalError, "embedding rows taken twice in one step");
   tokens_all_ = Tensor::empty({n * N}, DType::kI32, tracker_);
   rows_all_ = Tensor::empty({n * N, C}, DType::kF32, tracker_);
-  inflight_.push_back({dp_->all_gather(tokens.view({N}), tokens_all_), "dp.ag.embed.tokens", tokens_all_.numel(), {}, {}});
-  inflight_.push_back({dp_->all_gather(dy.view({N, C}), rows_all_), "dp.ag.embed.rows", rows_all_.numel(), {}, {}});
+  inflight_.push_back({dp_->all_gather(tokens.view({N}), tokens_all_), "dp.ag.embed.tokens", tokens_all_.numel(), {}, {}, {}});
+  inflight_.push_back({dp_->all_gather(dy.view({N, C}), rows_all_), "dp.ag.embed.rows", rows_all_.numel(), {}, {}, {}});
   rows_taken_ = true;
   return true;
 }
@@ -241,7 +296,9 @@ double GradSync::finish() {
   double busy = 0;
   for (Inflight& f : inflight_) {
     f.work.wait();
-    if (f.widen_to.defined()) cpu::widen_bf16(f.wire_out.data<uint16_t>(), f.widen_to.f32(), f.wire_out.numel());
+    // (A GPU's reduced bf16 is in device memory once the op is done. It is widened on the stream
+    // its buffer was made on, so the buffer's stream-ordered free follows the kernel reading it.)
+    if (f.widen_to.defined()) widen_into(f.wire_out, f.widen_to, producer_);
     busy += f.work.end_time() - f.work.start_time();
     const double bytes = static_cast<double>(f.elems) * (f.wire_out.defined() ? 2 : 4);
     if (trace_)
@@ -249,6 +306,9 @@ double GradSync::finish() {
                   fmt::format(R"({{"mib":{:.3f},"queued_us":{:.3f}}})", bytes / 1048576.0,
                               (f.work.start_time() - f.work.issue_time()) * 1e6));
   }
+  // The gradients' reader (the optimizer's stream) waits for what this sync ran on the backward's
+  // stream (the widening kernels; ZeRO-1's chunk copies of buckets issued here).
+  if (on_gpu() && update_ && update_ != producer_) order_after(update_, producer_);
   if (rows_taken_) add_gathered_rows();
   rows_taken_ = false, bwd_started_ = false;
   tokens_all_ = Tensor(), rows_all_ = Tensor();

@@ -108,6 +108,10 @@ class GradSync final : public StepObserver {
   // ProcessGroup::set_producer_stream, set before each issue: the executor sets the same groups'
   // producer to the issuing strand for its own collectives). Null (the host): nothing to order.
   void set_producer_stream(void* stream) { producer_ = stream; }
+  // A GPU step: the stream whose kernels read the reduced gradients after finish() (the
+  // optimizer's). finish() widens a bf16 wire's results into the fp32 gradients there, after the
+  // host has waited for each reduction; the backward's stream may already be joined behind it.
+  void set_update_stream(void* stream) { update_ = stream; }
 
  private:
   // `g`, about to take an op of this sync: ordered after the producer stream (a GPU step's).
@@ -156,7 +160,11 @@ class GradSync final : public StepObserver {
     std::string name;  // trace name: "dp.ar.bucket3", "dp.ag.embed.rows", ...
     int64_t elems;     // elements it moves
     Tensor wire_out, widen_to;  // a bf16 bucket: its reduced bf16 result, widened into widen_to at wait
+    Tensor keep;                // a bf16 reduce-scatter's input: alive until the op is done
   };
+  bool on_gpu() const { return !params_.device().is_host(); }
+  Tensor owned_chunk(int64_t n) const;  // a zeroed fp32 chunk on the gradients' device
+  void* update_ = nullptr;
   DType wire_ = DType::kF32;
   std::vector<Inflight> inflight_;
   double dp_comm_s_ = 0;

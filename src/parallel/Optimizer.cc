@@ -29,11 +29,7 @@ void Optimizer::allocate_state() {
   else
     n = params_.flat_values().numel();
   if (on_gpu()) {
-    // No optimizer state is sharded on a GPU: each rank updates all it holds (the whole model, its
-    // tensor-parallel shard, its pipeline stage's, its experts). Data parallelism without ZeRO needs nothing
-    // here (the gradients are reduced before the update); Config refuses the rest.
-    DHX_CHECK(sync_.zero() != ZeroStage::kOne, InternalError,
-              "the GPU optimizer runs without ZeRO (data, tensor, pipeline and expert parallelism)");
+    // On the GPU as on the host: all this rank holds, or with ZeRO-1 its chunks.
     m_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     v_ = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), stream_);
     m_.zero_();
@@ -160,20 +156,35 @@ void Optimizer::update(double lr, int64_t step, double norm) {
     ap.weight_decay = e.spec.weight_decay ? cfg_.weight_decay : 0.0;
     cpu::adamw_step<float>(flat_p + s, g, m_.f32() + o, v_.f32() + o, t - s, ap);
   });
-  if (zero) {
-    std::vector<Work> works;
-    std::vector<Tensor> sends;
-    for (auto& b : params_.buckets()) {
-      ProcessGroup* g = sync_.shard_group(b);
-      if (!g || g->size() == 1) continue;
-      const int n = g->size(), r = g->rank();
-      int64_t chunk = (b.end - b.begin) / n;
-      sends.push_back(params_.flat_values().narrow0(b.begin + r * chunk, chunk).clone());
-      works.push_back(g->all_gather(sends.back(), params_.flat_values().narrow0(b.begin, b.end - b.begin)));
-    }
-    for (auto& w : works) w.wait();
-  }
+  if (zero) gather_updated();
   steps_ = step;
+}
+
+// ZeRO-1: every rank's updated chunk of each bucket all-gathered over the bucket's shard group. On a
+// GPU the chunks are copied and gathered after the update's kernels (the group's producer stream is
+// the optimizer's), and the gathered ranges' bf16 copies rewritten there, as the update does for
+// the rank's own chunk.
+void Optimizer::gather_updated() {
+  std::vector<Work> works;
+  std::vector<Tensor> sends;
+  Tensor& flat = params_.flat_values();
+  for (auto& b : params_.buckets()) {
+    ProcessGroup* g = sync_.shard_group(b);
+    if (!g || g->size() == 1) continue;
+    const int n = g->size(), r = g->rank();
+    const int64_t chunk = (b.end - b.begin) / n;
+    const Tensor mine = flat.narrow0(b.begin + r * chunk, chunk);
+    if (on_gpu()) {
+      sends.push_back(Tensor::empty({chunk}, DType::kF32, nullptr, params_.device(), stream_));
+      device_copy(sends.back().raw(), params_.device(), mine.raw(), params_.device(), mine.nbytes(), stream_);
+      g->set_producer_stream(stream_);
+    } else {
+      sends.push_back(mine.clone());
+    }
+    works.push_back(g->all_gather(sends.back(), flat.narrow0(b.begin, b.end - b.begin)));
+  }
+  for (auto& w : works) w.wait();
+  if (on_gpu()) refresh_gathered_bf16();
 }
 
 // The GPU path: the same parts and the same update formula (kernels/cuda's twins of sum_squares
@@ -205,30 +216,50 @@ void Optimizer::update_gpu(double lr, int64_t step, double clip) {
   const auto st = static_cast<cudaStream_t>(stream_);
   float* p = params_.flat_values().f32();
   auto* p16 = static_cast<cuda::bf16*>(params_.flat_bf16().raw());
-  // Runs of flat-adjacent entries with the same weight decay share one launch (the kernel is
+  // Runs of entries adjacent in the flat values, in the state (m, v) and in the gradient (one
+  // bucket's chunk with ZeRO-1), with the same weight decay, share one launch (the kernel is
   // elementwise: how the range is cut changes no bit).
-  int64_t lo = -1, hi = -1;
+  int64_t lo = -1, hi = -1, state = 0;
+  size_t bucket = 0;
   bool decay = false;
+  const bool zero = sync_.zero() == ZeroStage::kOne;
   auto flush = [&] {
     if (lo < 0 || hi <= lo) return;
     const cuda::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0, step};
-    cuda::adamw_step(p + lo, params_.flat_grads().f32() + lo, m_.f32() + lo, v_.f32() + lo, p16 + lo, hi - lo, a,
+    cuda::adamw_step(p + lo, grad_ptr(bucket, lo), m_.f32() + state, v_.f32() + state, p16 + lo, hi - lo, a,
                      static_cast<float>(clip), st);
   };
-  for_each_owned([&](ParamEntry& e, size_t, int64_t s, int64_t t, int64_t o) {
-    DHX_CHECK(o == s, InternalError, "GPU optimizer state is not laid out as the flat values");
-    if (s == hi && e.spec.weight_decay == decay) {
+  for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t o) {
+    if (s == hi && o == state + (hi - lo) && e.spec.weight_decay == decay && (!zero || bi == bucket)) {
       hi = t;
       return;
     }
     flush();
-    lo = s, hi = t, decay = e.spec.weight_decay;
+    lo = s, hi = t, state = o, bucket = bi, decay = e.spec.weight_decay;
   });
   flush();
+}
+
+// The bf16 copies of the values other ranks updated (each bucket's range outside this rank's
+// chunk), cast on the optimizer's stream as adamw_step casts its own: round to nearest even.
+void Optimizer::refresh_gathered_bf16() {
+  const auto st = static_cast<cudaStream_t>(stream_);
+  const float* p = params_.flat_values().f32();
+  auto* p16 = static_cast<cuda::bf16*>(params_.flat_bf16().raw());
+  for (auto& b : params_.buckets()) {
+    ProcessGroup* g = sync_.shard_group(b);
+    if (!g || g->size() == 1) continue;
+    const int64_t chunk = (b.end - b.begin) / g->size(), mine = b.begin + g->rank() * chunk;
+    if (mine > b.begin) cuda::cast_f32_to_bf16(p + b.begin, p16 + b.begin, mine - b.begin, st);
+    if (b.end > mine + chunk) cuda::cast_f32_to_bf16(p + mine + chunk, p16 + mine + chunk, b.end - mine - chunk, st);
+  }
 }
 #else
 double Optimizer::grad_norm_gpu() { throw DeviceError("the GPU optimizer needs a CUDA build (DHELIX_ENABLE_CUDA)"); }
 void Optimizer::update_gpu(double, int64_t, double) {
+  throw DeviceError("the GPU optimizer needs a CUDA build (DHELIX_ENABLE_CUDA)");
+}
+void Optimizer::refresh_gathered_bf16() {
   throw DeviceError("the GPU optimizer needs a CUDA build (DHELIX_ENABLE_CUDA)");
 }
 #endif
@@ -236,8 +267,9 @@ void Optimizer::update_gpu(double, int64_t, double) {
 std::vector<std::pair<std::string, Tensor>> Optimizer::shard_state() {
   const bool zero = sync_.zero() == ZeroStage::kOne;
   // A GPU's state is read back first: checkpoints hold host tensors.
-  Tensor m_full = on_gpu() ? m_.to(Device::host(), nullptr, stream_) : m_;
-  Tensor v_full = on_gpu() ? v_.to(Device::host(), nullptr, stream_) : v_;
+  const Tensor m_here = on_gpu() ? m_.to(Device::host(), nullptr, stream_) : m_;
+  const Tensor v_here = on_gpu() ? v_.to(Device::host(), nullptr, stream_) : v_;
+  Tensor m_full = m_here, v_full = v_here;
   if (zero) {
     // Reassemble flat full-size m/v: all-gather each bucket's chunks over dp.
     m_full = Tensor::zeros({params_.flat_values().numel()});
@@ -247,7 +279,7 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::shard_state() {
       ProcessGroup* g = sync_.shard_group(b);
       const int n = sync_.shard_size(b);
       int64_t chunk = (b.end - b.begin) / n;
-      for (auto [src, dst] : {std::pair{&m_, &m_full}, std::pair{&v_, &v_full}}) {
+      for (auto [src, dst] : {std::pair{&m_here, &m_full}, std::pair{&v_here, &v_full}}) {
         Tensor mine = src->narrow0(base, chunk);
         Tensor out = dst->narrow0(b.begin, b.end - b.begin);
         if (g && n > 1)

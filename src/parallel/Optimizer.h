@@ -2,10 +2,11 @@
 // state and the update split over dp, parameters all-gathered after). The global norm counts
 // every tp-sharded element once and every tp-replicated element once (not tp times).
 // Checkpoints see full, layout-free tensors: gather_state()/scatter_state().
-// On a GPU store (ParamStore::move_to a GPU; one GPU, no groups): m and v on the GPU, the norm's
-// parts from kernels/cuda's sum_squares per entry (read back for the sum and the non-finite check),
-// the update one adamw_step launch per run of entries alike in weight decay, which also rewrites
-// the store's bf16 weights; all on set_stream's stream.
+// On a GPU store (ParamStore::move_to a GPU): m and v on the GPU (with ZeRO-1 the owned chunks), the
+// norm's parts from kernels/cuda's sum_squares per entry (read back for the sum and the non-finite
+// check), the update one adamw_step launch per run of entries alike in weight decay, which also
+// rewrites the store's bf16 weights; with ZeRO-1 the updated chunks all-gathered over the process
+// groups (staged or NCCL) and the gathered ranges' bf16 weights cast; all on set_stream's stream.
 #pragma once
 #include <string>
 #include <vector>
@@ -78,6 +79,8 @@ class Optimizer {
   double grad_norm_gpu();
   double sum_norm_parts();
   void update_gpu(double lr, int64_t step, double clip);
+  void gather_updated();         // ZeRO-1: the updated chunks all-gathered over each bucket's group
+  void refresh_gathered_bf16();  // a GPU's bf16 weights of the gathered ranges
   int64_t steps_ = 0;
 };
 

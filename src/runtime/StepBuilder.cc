@@ -99,7 +99,10 @@ Step::Step(const StepSpec& spec) {
   opt->set_stream(runner->executor().compute_stream());  // a GPU's update follows the step's kernels
   // The gradients' reductions (tp's partial sums, the dp buckets) read what the backward strand's
   // kernels wrote.
-  if (!spec.device.is_host()) sync->set_producer_stream(runner->executor().strand_stream(StrandKind::kBackward));
+  if (!spec.device.is_host()) {
+    sync->set_producer_stream(runner->executor().strand_stream(StrandKind::kBackward));
+    sync->set_update_stream(runner->executor().compute_stream());  // the optimizer's
+  }
 }
 
 Step::~Step() = default;

@@ -361,11 +361,6 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces the collectives between ranks, and this run has one "
                             "rank (parallel.dp = tp = pp = cp = 1, no 3D grid); set it to 0, or run more ranks",
                             on, c.comm.emulated_link_gbit));
-  if (p.dp > 1 && c.comm.grad_precision != "fp32")
-    e.push_back(fmt::format("{}: the gradient buckets of a GPU run move in fp32 so far (comm.grad_precision=\"{}\", "
-                            "parallel.dp={}); set comm.grad_precision to fp32",
-                            on, c.comm.grad_precision, p.dp));
-  if (p.zero) e.push_back(fmt::format("{}: parallel.zero shards over dp, which one GPU does not have; set it off", on));
   const bool grid = p.tp_x * p.tp_y * p.tp_z > 1;
   if (c.model.is_moe() && (p.tp > 1 || p.cp > 1 || grid))
     e.push_back(fmt::format("{}: MoE models (model.n_experts={}) run on the GPU without tensor or context parallelism "

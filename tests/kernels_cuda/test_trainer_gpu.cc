@@ -544,6 +544,89 @@ TEST_P(GpuFamilies, Grid3DInterleavingOnOffBitwise) {
   expect_interleaving_bitwise(on, 3);
 }
 
+// ZeRO-1 on the GPU: two ranks as threads sharing it, each updating its chunk of every gradient
+// bucket (reduce-scattered over a staged group into device memory), the updated chunks all-gathered
+// and the other rank's ranges' bf16 weights cast on the optimizer's stream. Oracle: the same dp = 2
+// run without ZeRO. Bitwise, as on the CPU (ZeroOne.EqualsPlainDataParallel): at dp = 2 each reduced
+// element is one fp32 addition a + b in the staged group's host reduction (reduce-scatter and
+// all-reduce alike), AdamW is elementwise (the same kernel on a chunk as on the whole), both bf16
+// casts round to nearest even, and the gradient norm's regrouped parts are summed in double (the
+// clip factor, rounded to fp32, does not move). SI on, so the chunks' copies meet two strands.
+TEST_P(GpuFamilies, ZeroOneOnTheGpuEqualsPlainDataParallel) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 59);
+  RunConfig plain = tiny_on(dir.path(), GetParam(), "cuda");
+  plain.parallel.dp = 2;
+  plain.training.micro_batch_size = 2;
+  RunConfig zero = plain;
+  zero.parallel.zero = 1;
+  zero.output.dir = dir.path() + "/zero";
+  const std::vector<double> want = rank_losses(plain, 5), got = rank_losses(zero, 5);
+  EXPECT_EQ(got, want);
+  EXPECT_LT(got.back(), got.front()) << "the ZeRO-1 run did not learn";
+}
+
+// ZeRO-1's optimizer state in a GPU checkpoint: each rank's chunks of the moments read back and
+// all-gathered over dp into whole tensors, and scattered back into device chunks on load. Oracle:
+// the uninterrupted dp = 2 ZeRO-1 run on the GPU; save at k, resume in fresh trainers, go on to 2k:
+// every loss bitwise equal (as ResumeOnTheGpuContinuesBitwise at one rank).
+TEST_P(GpuFamilies, ZeroOneResumeOnTheGpuContinuesBitwise) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 61);
+  RunConfig cfg = tiny_on(dir.path(), GetParam(), "cuda");
+  cfg.parallel.dp = 2;
+  cfg.parallel.zero = 1;
+  cfg.training.micro_batch_size = 2;
+  const int64_t k = 3;
+  const std::vector<double> straight = rank_losses(cfg, 2 * k);
+  LayoutConfig lay;
+  lay.dp = 2;
+  std::vector<std::vector<double>> resumed(2);
+  cfg.output.dir = dir.path() + "/resumed";
+  run_local_ranks(lay, [&](CommContext& comm) {
+    std::vector<double>& mine = resumed[static_cast<size_t>(comm.rank())];
+    std::string ck;
+    {
+      Trainer a(cfg, &comm, Quiet::kYes);
+      mine = losses_of(a, k);
+      ck = a.save_checkpoint();
+    }
+    Trainer b(cfg, &comm, Quiet::kYes);
+    b.load_checkpoint(ck);
+    EXPECT_EQ(b.step(), k);
+    for (double l : losses_of(b, k)) mine.push_back(l);
+  });
+  EXPECT_EQ(resumed[1], resumed[0]) << "the ranks disagree on the loss";
+  EXPECT_EQ(resumed[0], straight);
+}
+
+// The data-parallel gradient buckets in bf16 on the GPU (comm.grad_precision = bf16): each bucket
+// rounded to bf16 on the device before its staged all-reduce (plain) or reduce-scatter (ZeRO-1) and
+// widened into the fp32 gradients after. Oracle: the same run with the fp32 wire, within the CPU's
+// kWireLossRelTol = 1e-3 (tests/parallel/test_bf16_wire.cc: a 2^-9 rounding per element and hop
+// moves the loss, a mean over the batch's tokens, by far less; measured there 6.5e-6 to 2.1e-5 over
+// 20 steps), over 5 steps; and not bitwise equal to it (the rounding happened).
+TEST_P(GpuFamilies, Bf16GradientWireOnTheGpuTracksTheFp32Wire) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 67);
+  for (int zero : {0, 1}) {
+    RunConfig fp32 = tiny_on(dir.path(), GetParam(), "cuda");
+    fp32.parallel.dp = 2;
+    fp32.parallel.zero = zero;
+    fp32.training.micro_batch_size = 2;
+    fp32.output.dir = dir.path() + fmt::format("/fp32_{}", zero);
+    RunConfig bf16 = fp32;
+    bf16.comm.grad_precision = "bf16";
+    bf16.output.dir = dir.path() + fmt::format("/bf16_{}", zero);
+    const std::vector<double> want = rank_losses(fp32, 5), got = rank_losses(bf16, 5);
+    expect_tracks(want, got, 1e-3, fmt::format("{} dp=2 zero={} bf16 gradients", GetParam(), zero));
+    EXPECT_NE(got, want) << "bf16 gradients changed nothing: was anything rounded?";
+  }
+}
+
 // comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device):
 // the step's groups are NCCL communicators bootstrapped over the threads backend's groups, at world
 // size 1. Oracle: the staged transport's run of the same config -- at one rank no group moves a byte
