@@ -15,17 +15,19 @@
 
 namespace dhelix {
 
-std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d) {
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms) {
   if (d.is_host()) return nullptr;
   const std::string why = device_unavailable(d);
   DHX_CHECK(why.empty(), DeviceError, "a step on {}: {}", d.str(), why);
 #if DHELIX_HAVE_CUDA
   auto blas = std::make_shared<cuda::Blas>(d.index);
+  if (timed_gemms) blas->set_choice(cuda::Blas::Choice::kTimed);
   parts.ctx.device = d;
   parts.ctx.blas = blas.get();
   parts.params->move_to(d, &parts.state_mem);
   return blas;
 #else
+  (void)timed_gemms;
   throw DeviceError(fmt::format("a step on {}: {}", d.str(), why));  // (why is never empty here)
 #endif
 }
@@ -35,7 +37,7 @@ Step::Step(const StepSpec& spec) {
   const LayoutConfig& layout = parts->layout;
   RunContext& c = parts->ctx;
   // A GPU step: the model states move there before the optimizer allocates its moments beside them.
-  blas = place_on_device(*parts, spec.device);
+  blas = place_on_device(*parts, spec.device, spec.timed_gemms);
   // A GPU step's groups move device tensors: each CPU group is wrapped once in a staged group, the
   // only issuer on it while a step runs (the trainer's own host-tensor reductions on the CPU groups
   // come after a step's staged ops completed, so every member sees the same op order).

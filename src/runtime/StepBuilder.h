@@ -49,13 +49,16 @@ struct StepSpec {
   // share a GPU) or NCCL communicators bootstrapped over them (a GPU per rank; the pp group stays
   // staged: NCCL's point-to-point ops have no tags, and the schedule posts receives ahead).
   bool nccl = false;
+  // A GPU step's GEMM algorithms: cuBLASLt's heuristic's first answer (false: reproducible run to
+  // run), or the fastest of its first answers timed on the first step (training.gemm_algo = timed).
+  bool timed_gemms = false;
 };
 
 // Moves `parts` to GPU `d` (nothing for the host): the model states go there, and the op programs
 // bind to the GPU's kernels with the returned cuBLASLt handle, which must outlive everything
 // launching on it. DeviceError naming why when this build or machine has no such GPU. Step and the
 // profiler's LayerPairBench both place their parts with it.
-std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d);
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms = false);
 
 class Step {
  public:

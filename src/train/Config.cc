@@ -98,6 +98,7 @@ const std::vector<Field>& table() {
       DHX_F("training", "recompute", training.recompute, kString, 0, 0, "activation recomputation of the transformer layers (Megatron's granularity): none; selective, the attention core re-run in the layer's backward instead of keeping its output and softmax statistics; full, only each layer's input kept and its forward re-run (collectives too) at the start of its backward. Results bitwise the same; less activation memory, more compute"),
       DHX_F("training", "recompute_layers", training.recompute_layers, kInt, 0, 1e6, "with recompute selective or full: only the first N transformer layers of each pipeline chunk recompute (Megatron's recompute_num_layers, block method), the others keep their activations; 0 = every layer"),
       DHX_F("training", "device", training.device, kString, 0, 0, "cpu, or cuda / cuda:N (a GPU: the CUDA backend, docs/gpu.md); a device this build or machine cannot use is an error naming why, never a silent CPU run"),
+      DHX_F("training", "gemm_algo", training.gemm_algo, kString, 0, 0, "GPU runs: how cuBLASLt's algorithm is chosen for each GEMM shape: heuristic (its heuristic's first answer: the same every run, results reproducible run to run) or timed (the fastest of its first 8 answers, timed on the first step's operands: faster where the heuristic misjudges a shape, but the choice may differ between runs, so results repeat only within a run)"),
       DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
       DHX_F("data", "tokenizer", data.tokenizer, kString, 0, 0, "SentencePiece model file"),
@@ -337,7 +338,14 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   const std::string& gt = c.comm.gpu_transport;
   if (gt != "staged" && gt != "nccl")
     e.push_back(fmt::format("comm.gpu_transport=\"{}\" is not a GPU transport; use staged or nccl", gt));
+  const std::string& ga = c.training.gemm_algo;
+  if (ga != "heuristic" && ga != "timed")
+    e.push_back(fmt::format("training.gemm_algo=\"{}\" is not a way to choose GEMM algorithms; use heuristic or timed", ga));
   if (d.is_host()) {
+    if (ga == "timed")
+      e.push_back(fmt::format("training.gemm_algo=\"timed\" chooses cuBLASLt's algorithms on a GPU; training.device=\"{}\" "
+                              "trains on the CPU; set it to heuristic, or use cuda",
+                              text));
     if (gt == "nccl")
       e.push_back(fmt::format("comm.gpu_transport=\"nccl\" moves GPU tensors; training.device=\"{}\" trains on the "
                               "CPU (its ranks move their bytes over comm.transport); set it to staged, or use cuda",

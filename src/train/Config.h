@@ -40,6 +40,7 @@ struct TrainingConfig {
   std::string recompute = "none";    // activation recomputation of the layers: none, selective, full
   int64_t recompute_layers = 0;      // with recompute: the first N layers of each pipeline chunk; 0: all
   std::string device = "cpu";        // where the step runs: cpu, or cuda / cuda:N (docs/gpu.md)
+  std::string gemm_algo = "heuristic";  // a GPU's cuBLASLt algorithms: heuristic (reproducible) or timed
 };
 
 struct DataConfig {

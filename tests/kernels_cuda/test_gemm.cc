@@ -2,6 +2,9 @@
 // bf16-rounded inputs, so the difference is the GPU's own error: the bf16 rounding of the output
 // (at most u = 2^-8 relative per element, so at most u in the relative norm) plus fp32 summation in
 // another order (about sqrt(K) * 2^-24, under 1e-5 for these K). Outputs poisoned before each call.
+#include <cmath>
+#include <cstring>
+
 #include "CudaTest.h"
 #include "kernels/cpu/Kernels.h"
 #include "kernels/cuda/Gemm.h"
@@ -125,6 +128,65 @@ TEST(CudaGemm, RepeatedCallsAreBitwiseEqual) {
     if (rep == 0) first = got;
     else EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float)));
   }
+}
+
+// Choice::kTimed (training.gemm_algo = timed): each new shape's algorithm the fastest of the
+// heuristic's first answers, timed on the first call's operands into a scratch copy of C. Oracles:
+// (1) the CPU's fp32 layers with the bounds above (any cuBLASLt algorithm accumulates in fp32; only
+// the order differs), for the forward with bias (the epilogue's pointer set while timing), the data
+// gradient accumulated and the weight gradient accumulated: with beta = 1 a timing that wrote C
+// itself would have added the product seven more times, far past the bound; (2) the chosen
+// algorithm sticks: a second call gives the first call's bits; (3) the study (time_candidates)
+// returns the heuristic's answers with the first one timed (finite) and leaves C bit for bit.
+TEST(CudaGemm, TimedChoiceMatchesCpuAndSticks) {
+  DHX_REQUIRE_GPU();
+  Blas blas(0);
+  blas.set_choice(Blas::Choice::kTimed);
+  uint64_t seed = 900;
+  for (const Dims& d : kShapes) {
+    const auto x = round_bf16(randn(d.N * d.I, seed++)), w = round_bf16(randn(d.O * d.I, seed++, 0.05f)),
+               b = round_bf16(randn(d.O, seed++)), dy = round_bf16(randn(d.N * d.O, seed++));
+    std::vector<float> ref(d.N * d.O);
+    cpu::linear_fwd<float>(x.data(), w.data(), b.data(), ref.data(), d.N, d.I, d.O);
+    DevBuf<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gb(to_bf16(b)), gy(d.N * d.O), gdy(to_bf16(dy));
+    gy.poison();
+    blas.linear_fwd(gx.get(), gw.get(), gb.get(), gy.get(), d.N, d.I, d.O, nullptr);
+    const auto first = gy.download();
+    EXPECT_LE(rel_err(to_f32(first), ref), kBf16OutBound) << "fwd N=" << d.N << " I=" << d.I << " O=" << d.O;
+    gy.poison();
+    blas.linear_fwd(gx.get(), gw.get(), gb.get(), gy.get(), d.N, d.I, d.O, nullptr);
+    const auto second = gy.download();
+    EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(bf16))) << "fwd N=" << d.N;
+    auto dw = randn(d.O * d.I, seed++), db = randn(d.O, seed++);
+    DevBuf<float> gdw(dw), gdb(db);
+    cpu::linear_bwd_weight<float>(dy.data(), x.data(), dw.data(), db.data(), d.N, d.I, d.O);
+    blas.linear_bwd_weight(gdy.get(), gx.get(), gdw.get(), gdb.get(), d.N, d.I, d.O, nullptr);
+    EXPECT_LE(rel_err(gdw.download(), dw), kF32OutBound) << "dw N=" << d.N << " I=" << d.I << " O=" << d.O;
+    const auto old = round_bf16(randn(d.N * d.I, seed++));
+    std::vector<float> dx(d.N * d.I);
+    cpu::linear_bwd_data<float>(dy.data(), w.data(), dx.data(), d.N, d.I, d.O, cpu::Accumulate::kNo);
+    double prod = 0, sum = 0;
+    for (size_t i = 0; i < dx.size(); ++i) {
+      prod += static_cast<double>(dx[i]) * dx[i];
+      dx[i] += old[i];
+      sum += static_cast<double>(dx[i]) * dx[i];
+    }
+    DevBuf<bf16> gdx(to_bf16(old));
+    blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, Accumulate::kYes, nullptr);
+    EXPECT_LE(rel_err(to_f32(gdx.download()), dx), kBf16U * (std::sqrt(prod / sum) + 1) + 1e-5) << "dx N=" << d.N;
+  }
+  // The study, on the weight gradient's accumulating form at the largest shape.
+  const Dims d = kShapes[3];
+  DevBuf<bf16> gdy(to_bf16(randn(d.N * d.O, 77))), gx(to_bf16(randn(d.N * d.I, 78)));
+  const auto c0 = randn(d.O * d.I, 79);
+  DevBuf<float> gc(c0);
+  const std::vector<double> ms = blas.time_candidates(Blas::Op::kT, Blas::Op::kN, d.O, d.I, d.N, gdy.get(), d.O,
+                                                      gx.get(), d.I, 1.0f, gc.get(), d.I, Blas::Out::kF32, 8, 3, nullptr);
+  ASSERT_FALSE(ms.empty());
+  EXPECT_LE(ms.size(), 8u);
+  EXPECT_TRUE(std::isfinite(ms[0]) && ms[0] > 0) << ms[0];
+  const auto c1 = gc.download();
+  EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), c0.size() * sizeof(float))) << "the study wrote C";
 }
 
 TEST(CudaGemm, NoGpuIsAClearDeviceError) {

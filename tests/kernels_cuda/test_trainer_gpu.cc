@@ -627,6 +627,24 @@ TEST_P(GpuFamilies, Bf16GradientWireOnTheGpuTracksTheFp32Wire) {
   }
 }
 
+// training.gemm_algo = timed: each GEMM shape's cuBLASLt algorithm the fastest of the heuristic's
+// first answers, timed in the first step. Oracle: the heuristic run of the same config. Not bitwise:
+// another algorithm sums K in another order (fp32) and so may round a bf16 output the other way;
+// bound: the layout tests' 1e-2 relative per step (the bf16 path's bound, DataParallelRanks... above)
+// over 5 steps, and the run must learn.
+TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 71);
+  const RunConfig heuristic = tiny_on(dir.path(), GetParam(), "cuda");
+  RunConfig timed = heuristic;
+  timed.training.gemm_algo = "timed";
+  timed.output.dir = dir.path() + "/timed";
+  const std::vector<double> got = one_rank_losses(timed, 5);
+  expect_tracks(one_rank_losses(heuristic, 5), got, 1e-2, fmt::format("{} gemm_algo=timed", GetParam()));
+  EXPECT_LT(got.back(), got.front()) << "the timed run did not learn";
+}
+
 // comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device):
 // the step's groups are NCCL communicators bootstrapped over the threads backend's groups, at world
 // size 1. Oracle: the staged transport's run of the same config -- at one rank no group moves a byte

@@ -139,6 +139,23 @@ TEST(Config, DeviceIsCpuOrAGpuRefusedWithTheReason) {
 
 // What the GPU path does not run yet is refused by name whether or not this machine has a GPU
 // (the checks read the config only), all in one message. Oracle: each key's value in the message.
+// training.gemm_algo: heuristic (the default) or timed; anything else is refused naming the value,
+// and timed on the CPU (no cuBLASLt to choose from) is refused naming the device. Oracle: the
+// values in the messages; timed with cuda is not refused for itself (this machine may lack the GPU,
+// which is another message).
+TEST(Config, GemmAlgoIsHeuristicOrTimedOnAGpu) {
+  EXPECT_EQ(load("").training.gemm_algo, "heuristic");
+  const std::string bad = error_of("", {{"training.gemm_algo", "fastest"}});
+  EXPECT_NE(bad.find("training.gemm_algo=\"fastest\" is not a way to choose GEMM algorithms; use heuristic or timed"),
+            std::string::npos) << bad;
+  const std::string cpu = error_of("", {{"training.gemm_algo", "timed"}});
+  EXPECT_NE(cpu.find("training.gemm_algo=\"timed\" chooses cuBLASLt's algorithms on a GPU; training.device=\"cpu\""),
+            std::string::npos) << cpu;
+  const std::string gpu = error_of("", {{"training.gemm_algo", "timed"}, {"training.device", "cuda"},
+                                        {"training.precision", "bf16"}});
+  EXPECT_EQ(gpu.find("gemm_algo"), std::string::npos) << gpu;
+}
+
 TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
   const std::string msg = error_of("", {{"training.device", "cuda:0"},
                                         {"training.precision", "fp32"},
@@ -325,7 +342,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 85u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 86u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {

@@ -4,6 +4,9 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 namespace dhelix::cuda {
@@ -23,8 +26,10 @@ int alignment(const void* p) {
 struct Blas::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;  // the workspace and the operands' alignments
   cublasLtMatmulAlgo_t algo{};
   ~Plan() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -50,15 +55,29 @@ size_t Blas::cached_algorithms() const {
   return plans_.size();
 }
 
+struct Blas::Operands {
+  const bf16* A;
+  const bf16* B;
+  const void* C;
+  const bf16* bias;
+  float alpha, beta;
+  size_t c_bytes;  // C's extent: (M - 1) ldc + N elements
+  cudaStream_t s;
+};
+
 void* Blas::workspace(cudaStream_t s) {
   std::lock_guard<std::mutex> g(mu_);
+  return workspace_locked(s);
+}
+
+void* Blas::workspace_locked(cudaStream_t s) {
   void*& w = workspaces_[s];
   if (!w) DHX_CUDA(cudaMalloc(&w, kWorkspaceBytes));
   return w;
 }
 
 // Column-major problem: m' = N, n' = M; A' = B (op = trans_b), B' = A (op = trans_a).
-Blas::Plan& Blas::plan(const Key& k) {
+Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = plans_.find(k);
   if (it != plans_.end()) return *it->second;
@@ -77,8 +96,8 @@ Blas::Plan& Blas::plan(const Key& k) {
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k.tb ? k.k : m, k.tb ? m : k.k, k.ldb));
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k.ta ? n : k.k, k.ta ? k.k : n, k.lda));
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, ct, m, n, k.ldc));
-  cublasLtMatmulPreference_t pref;
-  DHX_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  DHX_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
+  cublasLtMatmulPreference_t pref = p->pref;
   const size_t ws = kWorkspaceBytes;
   DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   // cuBLAS's A is our B and its B our A (the swap above); C and D are the same buffer.
@@ -92,13 +111,78 @@ Blas::Plan& Blas::plan(const Key& k) {
   int found = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
   DHX_CUDA_REQUIRE(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for the GEMM M=", k.m,
                    " N=", k.n, " K=", k.k, " (trans_a=", k.ta, ", trans_b=", k.tb, ", lda=", k.lda, ", ldb=", k.ldb,
                    ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", bias ", k.bias, "): status ",
                    static_cast<int>(st));
   p->algo = res.algo;
-  return *plans_.emplace(k, std::move(p)).first->second;
+  Plan& made = *plans_.emplace(k, std::move(p)).first->second;
+  if (choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
+  return made;
+}
+
+std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Operands& o, int reps,
+                                       bool keep_fastest) {
+  constexpr int kMaxAnswers = 32;
+  cublasLtMatmulHeuristicResult_t res[kMaxAnswers];
+  int found = 0;
+  DHX_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.desc, p.a, p.b, p.c, p.c, p.pref,
+                                            std::min(std::max(max, 1), kMaxAnswers), res, &found));
+  if (k.bias) DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o.bias, sizeof(o.bias)));
+  void* ws = workspace_locked(o.s);
+  void* scratch = nullptr;  // C's stand-in: each candidate writes (and with beta 1 reads) it
+  DHX_CUDA(cudaMallocAsync(&scratch, o.c_bytes, o.s));
+  DHX_CUDA(cudaMemcpyAsync(scratch, o.C, o.c_bytes, cudaMemcpyDeviceToDevice, o.s));
+  cudaEvent_t e0, e1;
+  DHX_CUDA(cudaEventCreate(&e0));
+  DHX_CUDA(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < found; ++i) {
+    const cublasLtMatmulAlgo_t* algo = &res[i].algo;
+    // An answer that refuses these operands is skipped (infinite time), as is any that fails.
+    if (res[i].state != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, scratch, p.c, scratch, p.c, algo, ws,
+                       kWorkspaceBytes, o.s) != CUBLAS_STATUS_SUCCESS) {
+      ms.push_back(std::numeric_limits<double>::infinity());
+      continue;
+    }
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      DHX_CUDA(cudaEventRecord(e0, o.s));
+      DHX_CUBLAS(cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, scratch, p.c, scratch, p.c,
+                                algo, ws, kWorkspaceBytes, o.s));
+      DHX_CUDA(cudaEventRecord(e1, o.s));
+      DHX_CUDA(cudaEventSynchronize(e1));
+      float f = 0;
+      DHX_CUDA(cudaEventElapsedTime(&f, e0, e1));
+      t.push_back(f);
+    }
+    std::sort(t.begin(), t.end());
+    ms.push_back(t[t.size() / 2]);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  DHX_CUDA(cudaFreeAsync(scratch, o.s));
+  if (keep_fastest && !ms.empty()) {
+    const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+    if (std::isfinite(ms[best])) p.algo = res[best].algo;  // (best < found <= kMaxAnswers)
+  }
+  return ms;
+}
+
+std::vector<double> Blas::time_candidates(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A,
+                                          int64_t lda, const bf16* B, int64_t ldb, float beta, const void* C,
+                                          int64_t ldc, Out out, int max, int reps, cudaStream_t s) {
+  const bool c_f32 = out == Out::kF32;
+  DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0 && max > 0 && reps > 0, "time_candidates M=", M, " N=", N, " K=", K,
+                  " max=", max, " reps=", reps, ": every size must be positive");
+  const Key key{M, N, K, lda, ldb, ldc, op_a == Op::kT, op_b == Op::kT, c_f32, false, beta == 0.0f,
+                alignment(A), alignment(B), alignment(C)};
+  Plan& p = plan(key);
+  const Operands o{A, B, C, nullptr, 1.0f, beta,
+                   static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16)), s};
+  std::lock_guard<std::mutex> g(mu_);
+  return time_answers(key, p, max, o, reps, false);
 }
 
 void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
@@ -109,7 +193,9 @@ void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, 
   DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
   const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f,
                 alignment(A), alignment(B), alignment(C)};
-  Plan& p = plan(key);
+  const Operands call{A, B, C, bias, alpha, beta,
+                      static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16)), s};
+  Plan& p = plan(key, &call);
   if (bias)
     DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   void* ws = workspace(s);

@@ -2,7 +2,8 @@
 // (weights [out, in], like torch.nn.Linear). One Blas per GPU holds the cuBLASLt handle, one
 // workspace per stream (two strands' GEMMs never share one) and the algorithm chosen once per
 // shape (cuBLASLt's heuristic, first answer, cached by shape, layout, types and epilogue), so a
-// step's GEMMs run the same algorithm every step: deterministic run to run.
+// step's GEMMs run the same algorithm every step: deterministic run to run. (Choice::kTimed times
+// the heuristic's first answers instead: deterministic within a run only.)
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/Cuda.h"
 
@@ -43,6 +45,24 @@ class Blas {
 
   size_t cached_algorithms() const;
 
+  // How a new shape's algorithm is chosen. kHeuristic (the default): cuBLASLt's heuristic's first
+  // answer -- the same on every run, so results are reproducible run to run. kTimed: the fastest of
+  // the heuristic's first kTimedCandidates answers, each timed on the first call's own operands
+  // (writing a scratch copy of C) -- faster where the heuristic misjudges a shape, but the choice can
+  // differ between runs (timings are noisy), so results repeat only within a run. The first call
+  // of each shape then waits for its timings (a host sync).
+  enum class Choice { kHeuristic, kTimed };
+  static constexpr int kTimedCandidates = 8;
+  void set_choice(Choice c) { choice_ = c; }
+  Choice choice() const { return choice_; }
+
+  // Study (bench/gpu_kernels.cc): each algorithm cuBLASLt's heuristic offers for this GEMM (at most
+  // `max`, in its order: index 0 is what kHeuristic runs), timed on these operands into a scratch
+  // copy of C (C itself unchanged): median milliseconds of `reps` calls after a warm-up.
+  std::vector<double> time_candidates(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
+                                      const bf16* B, int64_t ldb, float beta, const void* C, int64_t ldc, Out out,
+                                      int max, int reps, cudaStream_t s);
+
  private:
   // The pointers' alignments (bytes, powers of two up to 256) are part of the key: cuBLASLt's
   // heuristic assumes 256-byte aligned operands unless told, and an algorithm chosen so refuses a
@@ -55,14 +75,22 @@ class Blas {
     bool operator<(const Key& o) const { return tie() < o.tie(); }
   };
   struct Plan;
-  Plan& plan(const Key& k);
+  struct Operands;  // one call's pointers, scalars and stream: what candidates are timed on
+  // k's plan, made on first use with the heuristic's first answer; with Choice::kTimed and the
+  // call's operands, the fastest of its first kTimedCandidates answers instead.
+  Plan& plan(const Key& k, const Operands* call = nullptr);
+  // The heuristic's first `max` answers for k timed on o (median ms of `reps`, the heuristic's
+  // order); with keep_fastest, p runs the fastest from then on. Caller holds mu_.
+  std::vector<double> time_answers(const Key& k, Plan& p, int max, const Operands& o, int reps, bool keep_fastest);
   void* workspace(cudaStream_t s);
+  void* workspace_locked(cudaStream_t s);  // the caller holds mu_
 
   int device_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<cudaStream_t, void*> workspaces_;
+  Choice choice_ = Choice::kHeuristic;
 };
 
 // acc db[O] += sum_n dy[n,:] (fp32), rows in order: deterministic.
