@@ -120,6 +120,28 @@ class Bench {
   std::vector<OpTime> ops_;
 };
 
+// The algorithm study (training.gemm_algo): for each of a layer's three GEMMs as the step runs them,
+// every answer cuBLASLt's heuristic offers (at most Blas::kTimedCandidates), timed on the same
+// operands: the first answer (what the default runs) against the fastest (what `timed` would pick).
+std::vector<std::string> g_algo_rows;
+void algo_study(Blas& blas, const std::string& op, Blas::Op ta, Blas::Op tb, int64_t M, int64_t N, int64_t K,
+                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, const void* C, int64_t ldc,
+                Blas::Out out, cudaStream_t s) {
+  const std::vector<double> ms = blas.time_candidates(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, out,
+                                                      Blas::kTimedCandidates, 10, s);
+  const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  const double f = 2.0 * M * N * K;
+  std::string all;
+  for (double m : ms) all += fmt::format("{}{:.5g}", all.empty() ? "" : ",", std::isfinite(m) ? m : -1.0);
+  std::printf("  algorithms %-22s M=%ld N=%ld K=%ld: heuristic's first %.4f ms (%.0f TFLOP/s), fastest %.4f ms "
+              "(answer %zu of %zu, %.0f TFLOP/s)\n",
+              op.c_str(), static_cast<long>(M), static_cast<long>(N), static_cast<long>(K), ms[0], f / ms[0] / 1e9,
+              ms[best], best, ms.size(), f / ms[best] / 1e9);
+  g_algo_rows.push_back(fmt::format("{{\"op\":\"{}\",\"m\":{},\"n\":{},\"k\":{},\"first_ms\":{:.5g},"
+                                    "\"fastest_ms\":{:.5g},\"fastest_answer\":{},\"answers_ms\":[{}]}}",
+                                    op, M, N, K, ms[0], ms[best], best, all));
+}
+
 // One linear layer of the step: forward, data gradient, weight gradient (+ bias) at N rows.
 void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_t I, int64_t O, bool bias,
                 double per_step, cudaStream_t s) {
@@ -137,6 +159,13 @@ void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_
   // output (PyTorch autocast's form, its gradient rounded to bf16 before the fp32 sum). The
   // step's form above accumulates into fp32 (beta 1); at GPT-2's few output tiles it runs at
   // 150-440 TFLOP/s where PyTorch's cuBLAS runs the same shapes at 520-720 (2026-11-27).
+  // The same three GEMMs as Blas's linear_* issue them (Gemm.cu), for the algorithm study.
+  algo_study(blas, name + " fwd", Blas::Op::kN, Blas::Op::kT, N, O, I, x.as<bf16>(), I, w.as<bf16>(), I, 0.0f,
+             y.as<bf16>(), O, Blas::Out::kBf16, s);
+  algo_study(blas, name + " dgrad", Blas::Op::kN, Blas::Op::kN, N, I, O, y.as<bf16>(), O, w.as<bf16>(), I, 0.0f,
+             x.as<bf16>(), I, Blas::Out::kBf16, s);
+  algo_study(blas, name + " wgrad", Blas::Op::kT, Blas::Op::kN, O, I, N, y.as<bf16>(), O, x.as<bf16>(), I, 1.0f,
+             dw.as<float>(), I, Blas::Out::kF32, s);
   Buf w16(O * I * 2, 12);
   b.time(name + " wgrad f32 beta0", "study", per_step, f, [&] {
     blas.gemm(Blas::Op::kT, Blas::Op::kN, O, I, N, 1.0f, y.as<bf16>(), O, x.as<bf16>(), I, 0.0f, dw.as<float>(), I,
@@ -257,6 +286,9 @@ std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStre
   attention_ops(b, m, B, T, s);
   rest_ops(b, m, B, T, s);
 
+  std::string algos;
+  for (const std::string& r : g_algo_rows) algos += (algos.empty() ? "" : ",") + r;
+  g_algo_rows.clear();
   std::map<std::string, double> cls;
   double total = 0, gemm_flops = 0;
   std::string rows;
@@ -276,9 +308,9 @@ std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStre
               cls["attention"] * 1e3, cls["rest"] * 1e3, static_cast<double>(N) / total, gemm_flops / cls["gemm"] / 1e12);
   return fmt::format("{{\"model\":\"{}\",\"batch\":{},\"seq\":{},\"kernel_sum_s\":{:.6g},\"gemm_s\":{:.6g},"
                      "\"attention_s\":{:.6g},\"rest_s\":{:.6g},\"kernel_sum_tokens_per_s\":{:.6g},"
-                     "\"gemm_flops_per_s\":{:.6g},\"ops\":[{}]}}",
+                     "\"gemm_flops_per_s\":{:.6g},\"ops\":[{}],\"gemm_algorithms\":[{}]}}",
                      m.name, B, T, total, cls["gemm"], cls["attention"], cls["rest"], static_cast<double>(N) / total,
-                     gemm_flops / cls["gemm"], rows);
+                     gemm_flops / cls["gemm"], rows, algos);
 }
 
 // Grouped expert GEMMs (issue 38, item 6: is a published MoE run slower than the simulator's GPU

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -34,7 +35,11 @@ namespace {
 
 constexpr double kPeak = 989e12;  // H100/H200 SXM dense bf16
 
-std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, int warmup) {
+// One model's step timed for each GEMM algorithm choice in `algos` ("heuristic", "timed":
+// training.gemm_algo): one Step per choice, built side by side and stepped alternately (the same
+// data), so both see the same machine state; a JSON object per choice.
+std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, int warmup,
+                      const std::vector<std::string>& algos) {
   const Device gpu = Device::cuda(0);
   StepSpec spec;
   StepPartsSpec& ps = spec.parts;
@@ -44,9 +49,6 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
   ps.pipeline = single_stage(CoExecute::kOff);
   spec.device = gpu;
   spec.adamw = AdamWConfig{0.9, 0.95, 1e-8, 0.1, 1.0};
-  Step step(spec);
-  step.runner->add_observer(step.sync.get());
-  ParamStore& params = step.params();
   std::vector<MicroBatch> data;
   std::mt19937 rng(7);
   for (int i = 0; i < 4; ++i) {
@@ -57,41 +59,61 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     }
     data.push_back(mbt);
   }
-  std::vector<double> times;
-  double loss = 0;
-  reset_device_peak(gpu);
-  for (int s = 0; s < warmup + steps; ++s) {
+  std::vector<std::unique_ptr<Step>> built;
+  std::vector<std::vector<double>> times(algos.size());
+  std::vector<double> loss(algos.size(), 0.0);
+  auto one_step = [&](size_t k, int s) {
+    Step& step = *built[k];
     DHX_CUDA(cudaDeviceSynchronize());
     const auto t0 = std::chrono::steady_clock::now();
-    params.zero_grads();
+    step.params().zero_grads();
     const StepStats st = step.runner->run({data[static_cast<size_t>(s) % data.size()]});
     step.sync->finish();
     const double norm = step.opt->grad_norm();
     step.opt->update(3e-4, s + 1, norm);
     DHX_CUDA(cudaDeviceSynchronize());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= warmup) times.push_back(dt);
-    loss = st.loss_sum / static_cast<double>(st.tokens);
+    if (s >= warmup) times[k].push_back(dt);
+    loss[k] = st.loss_sum / static_cast<double>(st.tokens);
+  };
+  // Each Step is built and warmed up alone (the first one's peak is one step's memory: the model
+  // states and its activations), then the measured steps alternate between them.
+  int64_t peak_one = 0;
+  for (size_t k = 0; k < algos.size(); ++k) {
+    if (k == 0) reset_device_peak(gpu);
+    spec.timed_gemms = algos[k] == "timed";
+    built.push_back(std::make_unique<Step>(spec));
+    built.back()->runner->add_observer(built.back()->sync.get());
+    for (int s = 0; s < warmup; ++s) one_step(k, s);
+    if (k == 0) peak_one = device_memory_stats(gpu).peak_in_use;
   }
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const double med = sorted[sorted.size() / 2];
-  const double tok = static_cast<double>(B * T) / med, fpt = ps.model.flops_per_token(T);
-  const DeviceMemoryStats mem = device_memory_stats(gpu);
-  std::printf("%-10s B=%ld T=%ld: step %.2f ms (min %.2f, max %.2f) -> %.0f tok/s, MFU %.3f, loss %.3f, peak %.1f GiB\n",
-              name.c_str(), static_cast<long>(B), static_cast<long>(T), med * 1e3, sorted.front() * 1e3,
-              sorted.back() * 1e3, tok, tok * fpt / kPeak, loss, static_cast<double>(mem.peak_in_use) / (1 << 30));
-  return fmt::format("{{\"model\":\"{}\",\"batch\":{},\"seq\":{},\"step_s\":{:.6g},\"spread\":[{:.6g},{:.6g}],"
-                     "\"tokens_per_s\":{:.6g},\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},"
-                     "\"peak_bytes\":{}}}",
-                     name, B, T, med, sorted.front(), sorted.back(), tok, fpt, tok * fpt / kPeak, loss,
-                     mem.peak_in_use);
+  for (int s = warmup; s < warmup + steps; ++s)
+    for (size_t k = 0; k < built.size(); ++k) one_step(k, s);
+  std::string out;
+  for (size_t k = 0; k < built.size(); ++k) {
+    std::vector<double> sorted = times[k];
+    std::sort(sorted.begin(), sorted.end());
+    const double med = sorted[sorted.size() / 2];
+    const double tok = static_cast<double>(B * T) / med, fpt = ps.model.flops_per_token(T);
+    std::printf("%-10s B=%ld T=%ld gemm_algo %-9s: step %.2f ms (min %.2f, max %.2f) -> %.0f tok/s, MFU %.3f, loss "
+                "%.3f, peak %.1f GiB (one step)\n",
+                name.c_str(), static_cast<long>(B), static_cast<long>(T), algos[k].c_str(), med * 1e3,
+                sorted.front() * 1e3, sorted.back() * 1e3, tok, tok * fpt / kPeak, loss[k],
+                static_cast<double>(peak_one) / (1 << 30));
+    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
+                       "\"spread\":[{:.6g},{:.6g}],\"tokens_per_s\":{:.6g},\"flops_per_token\":{:.6g},\"mfu\":{:.4g},"
+                       "\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
+                       out.empty() ? "" : ",", name, algos[k], B, T, med, sorted.front(), sorted.back(), tok, fpt,
+                       tok * fpt / kPeak, loss[k], peak_one);
+  }
+  return out;
 }
 
 int run(int argc, char** argv) {
   std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
   int64_t T = 1024;
   int steps = 10, warmup = 3;
+  std::string gemm_algo = "heuristic,timed";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--models") models = v;
@@ -99,7 +121,19 @@ int run(int argc, char** argv) {
     else if (k == "--seq") T = std::stoll(v);
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
-    else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --steps, --warmup)", k));
+    else if (k == "--gemm-algo") gemm_algo = v;
+    else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --steps, --warmup, "
+                                       "--gemm-algo)", k));
+  }
+  std::vector<std::string> algos;
+  for (size_t a = 0; a <= gemm_algo.size();) {
+    const size_t b = std::min(gemm_algo.find(',', a), gemm_algo.size());
+    const std::string one = gemm_algo.substr(a, b - a);
+    if (one != "heuristic" && one != "timed")
+      throw ConfigError(fmt::format("--gemm-algo {}: '{}' is neither heuristic nor timed (a comma list of them)",
+                                    gemm_algo, one));
+    algos.push_back(one);
+    a = b + 1;
   }
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
@@ -108,7 +142,7 @@ int run(int argc, char** argv) {
     if (models.find(name) == std::string::npos) continue;
     const size_t at = batch.find(name + "=");
     const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + name.size() + 1));
-    out += (out.empty() ? "" : ",") + run_model(name, B, T, steps, warmup);
+    out += (out.empty() ? "" : ",") + run_model(name, B, T, steps, warmup, algos);
   }
   std::printf("{\"device\":\"%s\",\"models\":[%s]}\n", info.name.c_str(), out.c_str());
   return 0;
