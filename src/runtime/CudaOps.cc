@@ -56,12 +56,14 @@ void require_layout(const OpCall& c) {
   DHX_CHECK(c.blas != nullptr, InternalError, "op {} on {}: the run context has no cuBLASLt handle", c.op.name,
             c.device.str());
 }
-// The same, without tensor or context parallelism or the 3D grid (the MoE ops so far).
-void require_unsharded(const OpCall& c) {
+// The MoE MLP's ops run at any tp, cp and ep (each rank's tokens: its sequence shard under tp, its
+// chunks under cp, the routing statistics summed over both by the layer program's collectives), but
+// not on the 3D grid, whose plane slices (grid_rows / grid_cols) have no GPU kernels yet.
+void require_flat(const OpCall& c) {
   require_layout(c);
-  DHX_CHECK(c.tp == 1 && c.cp == 1 && !c.shard.is_3d(), DeviceError,
-            "op {} on {}: the CUDA backend runs this op at tp = cp = 1 without the 3D grid so far (tp={}, cp={}, "
-            "3D={}); run this layout on cpu", c.op.name, c.device.str(), c.tp, c.cp, c.shard.is_3d());
+  DHX_CHECK(!c.shard.is_3d(), DeviceError,
+            "op {} on {}: the CUDA backend runs the MoE MLP without the 3D grid so far; run this layout on cpu",
+            c.op.name, c.device.str());
 }
 const Tensor& weight_bf16(const ParamEntry& e) {
   DHX_CHECK(e.value_bf16.defined(), InternalError, "parameter {} has no bf16 copy (ParamStore::move_to a GPU first)",
@@ -493,7 +495,7 @@ void op_xent_finish(OpCall& c) {
   c.env.bufs[c.op.outputs.at(1)] = lg;  // dlogits aliases the logits storage
 }
 
-// ---- Mixture of Experts, one GPU (ep = 1) ----
+// ---- Mixture of Experts (any tp, cp, ep; not the 3D grid) ----
 // Routing in fp32 (logits from the router's fp32 GEMM, probabilities, gates and their gradients);
 // expert rows bf16. The host reads the routing statistics ([2E] floats: the aux loss and the
 // router's counts, as on the CPU: OpRegistry.h's moe_record_aux, moe_aux_dprob) and each expert's
@@ -518,7 +520,7 @@ int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
 }
 
 void op_moe_route(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& lg = c.in(0);
   const int64_t N = rows(lg), E = cols(lg), k = c.model.top_k;
   DHX_CHECK(E <= cuda::kMoeMaxExperts, DeviceError, "{}: {} experts; the GPU's grouping handles up to {}", c.op.name,
@@ -541,7 +543,7 @@ void op_moe_aux(OpCall& c) {
 }
 
 void op_moe_route_bwd(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& probs = c.in(1);
   const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
   const std::vector<float> s = host_floats(c, c.in(4));
@@ -558,7 +560,7 @@ void op_moe_route_bwd(OpCall& c) {
 }
 
 void op_moe_dispatch(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& x = c.in(0);
   Tensor& order = c.in(1);
   const int64_t N = rows(x), C = cols(x), P = order.numel();
@@ -568,7 +570,7 @@ void op_moe_dispatch(OpCall& c) {
 
 // dx = the router branch's gradient + each token's k dispatched rows' gradients (j ascending).
 void op_moe_dispatch_bwd(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& dxs = c.in(0);
   Tensor& slot = c.in(1);
   Tensor& d_router = c.in(2);
@@ -601,7 +603,7 @@ void op_moe_combine_bwd(OpCall& c) {
 // at offsets from the counts read back to the host (cpu::moe_ep_block_moves, the CPU kernel's own).
 // Forward also writes the local experts' row totals ("moe.lcounts", int32 [El]).
 void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& x = c.in(0);
   const std::vector<int32_t> rc = host_counts(c, c.in(1));
   const int64_t G = c.shard.ep, El = static_cast<int64_t>(rc.size()) / std::max<int64_t>(1, G);
@@ -622,7 +624,7 @@ void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }
 void op_moe_ep_unsort(OpCall& c) { moe_ep_regroup_op(c, false); }
 
 void op_expert_linear(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& x = c.in(0);
   Tensor& counts = c.in(1);
   const ParamEntry& w = c.param(0);
@@ -634,7 +636,7 @@ void op_expert_linear(OpCall& c) {
 }
 
 void op_expert_linear_dgrad(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& dy = c.in(0);
   Tensor& counts = c.in(1);
   const ParamEntry& w = c.param(0);
@@ -645,7 +647,7 @@ void op_expert_linear_dgrad(OpCall& c) {
 }
 
 void op_expert_linear_wgrad(OpCall& c) {
-  require_unsharded(c);
+  require_flat(c);
   Tensor& counts = c.in(2);
   ParamEntry& w = c.grad(0);
   const int64_t E = counts.numel(), O = expert_rows(c, w.grad, counts), I = w.grad.dim(1);

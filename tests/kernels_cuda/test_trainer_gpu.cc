@@ -445,6 +445,59 @@ TEST(TrainerGpuMoe, ExpertParallelInterleavingOnOffBitwise) {
   expect_interleaving_bitwise(on, 4);
 }
 
+// MoE with Megatron's tensor parallelism on the GPU (session 30): two ranks as threads sharing it,
+// attention's heads split over the pair, the MoE MLP on each rank's sequence shard with whole
+// experts (replicated over tp, their gradients summed over it), the routing statistics all-reduced
+// over tp so that the load-balancing loss is the whole micro-batch's. Oracle: the one-rank GPU run
+// of the same model and data (the CPU's MoE tp tests hold it to the serial run the same way). Not
+// bitwise: the row-parallel GEMMs' partial sums are rounded to bf16 before the reduce-scatter, the
+// expert GEMMs run half the rows (another shape), and the router and experts' gradients add the two
+// ranks' halves after; so the layout tests' 1e-2 relative bound over 5 steps.
+TEST(TrainerGpuMoe, TensorParallelRanksSharingTheGpuTrackOneRank) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 73);
+  RunConfig one = tiny_tp_on(dir.path(), "moe");
+  const std::vector<double> ref = one_rank_losses(one, 5);
+  RunConfig two = one;
+  two.parallel.tp = 2;
+  two.output.dir = dir.path() + "/tp2";
+  expect_tracks(ref, rank_losses(two, 5), 1e-2, "moe tp=2");
+}
+
+// MoE at tp = 2 x ep = 2 (dp = 2: four ranks on the one GPU), SI on vs off with the link emulated:
+// the tp collectives, the statistics' all-reduce and the ep all-to-alls are ops of the layer
+// program, so SI only reorders whole ops of two micro-batches. Oracle: SI off; bitwise, as every
+// SI on/off test.
+TEST(TrainerGpuMoe, TensorTimesExpertParallelInterleavingOnOffBitwise) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 79);
+  RunConfig on = tiny_tp_on(dir.path(), "moe");
+  on.training.micro_batch_size = 2;
+  on.training.micro_batches = 3;
+  on.parallel.tp = 2;
+  on.parallel.dp = 2;
+  on.parallel.ep = 2;
+  on.comm.emulated_link_gbit = 50;
+  expect_interleaving_bitwise(on, 3);
+}
+
+// MoE with context parallelism on the GPU: cp = 2 ranks sharing it, each routing its two chunks of
+// every sequence, the routing statistics all-reduced over cp (the whole micro-batch's loss; cp
+// rank 0 records them). Oracle: the one-rank GPU run; the cp test's 1e-2 bound (below) over 5 steps.
+TEST(TrainerGpuMoe, ContextParallelRanksSharingTheGpuTrackOneRank) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 83);
+  RunConfig one = tiny_on(dir.path(), "moe", "cuda");
+  const std::vector<double> ref = one_rank_losses(one, 5);
+  RunConfig two = one;
+  two.parallel.cp = 2;
+  two.output.dir = dir.path() + "/cp2";
+  expect_tracks(ref, rank_losses(two, 5), 1e-2, "moe cp=2");
+}
+
 // Context parallelism on the one GPU (issue 39): cp = 2 ranks as threads sharing it, each holding
 // two chunks of every sequence (load-balanced: chunks r and 3 - r of 4), the keys and values going
 // round the ring by staged ring shifts, each step's block of attention merged into an fp32 running
