@@ -56,15 +56,6 @@ void require_layout(const OpCall& c) {
   DHX_CHECK(c.blas != nullptr, InternalError, "op {} on {}: the run context has no cuBLASLt handle", c.op.name,
             c.device.str());
 }
-// The MoE MLP's ops run at any tp, cp and ep (each rank's tokens: its sequence shard under tp, its
-// chunks under cp, the routing statistics summed over both by the layer program's collectives), but
-// not on the 3D grid, whose plane slices (grid_rows / grid_cols) have no GPU kernels yet.
-void require_flat(const OpCall& c) {
-  require_layout(c);
-  DHX_CHECK(!c.shard.is_3d(), DeviceError,
-            "op {} on {}: the CUDA backend runs the MoE MLP without the 3D grid so far; run this layout on cpu",
-            c.op.name, c.device.str());
-}
 const Tensor& weight_bf16(const ParamEntry& e) {
   DHX_CHECK(e.value_bf16.defined(), InternalError, "parameter {} has no bf16 copy (ParamStore::move_to a GPU first)",
             e.spec.name);
@@ -495,7 +486,7 @@ void op_xent_finish(OpCall& c) {
   c.env.bufs[c.op.outputs.at(1)] = lg;  // dlogits aliases the logits storage
 }
 
-// ---- Mixture of Experts (any tp, cp, ep; not the 3D grid) ----
+// ---- Mixture of Experts (any layout: each rank routes its own tokens) ----
 // Routing in fp32 (logits from the router's fp32 GEMM, probabilities, gates and their gradients);
 // expert rows bf16. The host reads the routing statistics ([2E] floats: the aux loss and the
 // router's counts, as on the CPU: OpRegistry.h's moe_record_aux, moe_aux_dprob) and each expert's
@@ -520,7 +511,7 @@ int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
 }
 
 void op_moe_route(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& lg = c.in(0);
   const int64_t N = rows(lg), E = cols(lg), k = c.model.top_k;
   DHX_CHECK(E <= cuda::kMoeMaxExperts, DeviceError, "{}: {} experts; the GPU's grouping handles up to {}", c.op.name,
@@ -543,7 +534,7 @@ void op_moe_aux(OpCall& c) {
 }
 
 void op_moe_route_bwd(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& probs = c.in(1);
   const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
   const std::vector<float> s = host_floats(c, c.in(4));
@@ -560,7 +551,7 @@ void op_moe_route_bwd(OpCall& c) {
 }
 
 void op_moe_dispatch(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& x = c.in(0);
   Tensor& order = c.in(1);
   const int64_t N = rows(x), C = cols(x), P = order.numel();
@@ -570,7 +561,7 @@ void op_moe_dispatch(OpCall& c) {
 
 // dx = the router branch's gradient + each token's k dispatched rows' gradients (j ascending).
 void op_moe_dispatch_bwd(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& dxs = c.in(0);
   Tensor& slot = c.in(1);
   Tensor& d_router = c.in(2);
@@ -603,7 +594,7 @@ void op_moe_combine_bwd(OpCall& c) {
 // at offsets from the counts read back to the host (cpu::moe_ep_block_moves, the CPU kernel's own).
 // Forward also writes the local experts' row totals ("moe.lcounts", int32 [El]).
 void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
-  require_flat(c);
+  require_layout(c);
   Tensor& x = c.in(0);
   const std::vector<int32_t> rc = host_counts(c, c.in(1));
   const int64_t G = c.shard.ep, El = static_cast<int64_t>(rc.size()) / std::max<int64_t>(1, G);
@@ -624,7 +615,7 @@ void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }
 void op_moe_ep_unsort(OpCall& c) { moe_ep_regroup_op(c, false); }
 
 void op_expert_linear(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& x = c.in(0);
   Tensor& counts = c.in(1);
   const ParamEntry& w = c.param(0);
@@ -636,7 +627,7 @@ void op_expert_linear(OpCall& c) {
 }
 
 void op_expert_linear_dgrad(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& dy = c.in(0);
   Tensor& counts = c.in(1);
   const ParamEntry& w = c.param(0);
@@ -647,7 +638,7 @@ void op_expert_linear_dgrad(OpCall& c) {
 }
 
 void op_expert_linear_wgrad(OpCall& c) {
-  require_flat(c);
+  require_layout(c);
   Tensor& counts = c.in(2);
   ParamEntry& w = c.grad(0);
   const int64_t E = counts.numel(), O = expert_rows(c, w.grad, counts), I = w.grad.dim(1);
@@ -717,6 +708,38 @@ void op_bias_add(OpCall& c) {
   const int64_t N = rows(x), O = cols(x);
   Tensor& y = c.out_new(0, {N, O}, DType::kBF16);
   cuda::bias_add(b16(x), f32(c.param(0).value), b16(y), N, O, st(c));
+}
+
+// The MoE MLP's token slices on the grid (Ops3D.cc's op_grid_rows / op_grid_cols, Lowering3D.cc): each
+// one 2D copy per x piece on the op's stream, in the activations' dtype (bf16 here). grid_rows: from
+// the stream gathered over x ([Gx N, C/Gx], piece x' at rows x' N) to this rank's slice of the plane's
+// tokens with all features, [Ns, C]: rows [xy Ns, (xy+1) Ns) of each piece, the pieces side by side.
+void op_grid_rows(OpCall& c) {
+  require_layout(c);
+  Tensor& g = c.in(0);
+  const int gx = c.shard.gx, plane = c.shard.gx * c.shard.gy;
+  const int64_t Cx = cols(g), N = rows(g) / gx, Ns = N / plane, C = Cx * gx, r0 = int64_t(c.shard.xy) * Ns;
+  DHX_ASSERT(rows(g) == N * gx && N == Ns * plane, "{}: {} is not {} pieces of tokens split over a plane of {}",
+             c.op.name, g.describe(), gx, plane);
+  Tensor& y = c.out_new(0, {Ns, C}, g.dtype());
+  const size_t es = dtype_size(g.dtype());
+  for (int x = 0; x < gx; ++x)
+    DHX_CUDA(cudaMemcpy2DAsync(static_cast<char*>(y.raw()) + static_cast<size_t>(x * Cx) * es, C * es,
+                               static_cast<const char*>(g.raw()) + static_cast<size_t>((x * N + r0) * Cx) * es,
+                               Cx * es, Cx * es, Ns, cudaMemcpyDeviceToDevice, st(c)));
+}
+
+// From the slices gathered over the plane ([N, C]: the tokens in order) to the stream's layout: the
+// features of x, [N, C/Gx].
+void op_grid_cols(OpCall& c) {
+  require_layout(c);
+  Tensor& g = c.in(0);
+  const int64_t N = rows(g), C = cols(g), Cx = C / c.shard.gx, c0 = int64_t(c.shard.x) * Cx;
+  DHX_ASSERT(Cx * c.shard.gx == C, "{}: {} features over tp_x={}", c.op.name, C, c.shard.gx);
+  Tensor& y = c.out_new(0, {N, Cx}, g.dtype());
+  const size_t es = dtype_size(g.dtype());
+  DHX_CUDA(cudaMemcpy2DAsync(y.raw(), Cx * es, static_cast<const char*>(g.raw()) + static_cast<size_t>(c0) * es, C * es,
+                             Cx * es, N, cudaMemcpyDeviceToDevice, st(c)));
 }
 
 // Norms split around the all-reduce over x: per-token sums in double over the local features
@@ -808,6 +831,7 @@ const std::map<std::string, OpFn>& table() {
       {"grad_accum", op_grad_accum}, {"bias_add", op_bias_add}, {"ln_stats", op_ln_stats}, {"ln_apply", op_ln_apply},
       {"ln_bwd_stats", op_ln_bwd_stats}, {"ln_bwd_apply", op_ln_bwd_apply}, {"rms_stats", op_rms_stats},
       {"rms_apply", op_rms_apply}, {"rms_bwd_stats", op_rms_bwd_stats}, {"rms_bwd_apply", op_rms_bwd_apply},
+      {"grid_rows", op_grid_rows}, {"grid_cols", op_grid_cols},
   };
   return t;
 }
@@ -858,8 +882,8 @@ void cuda_ring_bwd_step(const cpu::RingDims& r, int step, const void* q, const v
 const OpFn& cuda_op(const std::string& code) {
   auto it = table().find(code);
   DHX_CHECK(it != table().end(), DeviceError,
-            "op '{}' has no CUDA kernel binding yet (the GPU runs GPT-2 and Llama layers at cp = 1 with tp, MoE "
-            "layers at tp = cp = 1 with ep, so far: the other sharded layers' ops come next); run this layout on cpu",
+            "op '{}' has no CUDA kernel binding yet (the GPT-2, Llama and MoE programs' ops on every layout are "
+            "bound in runtime/CudaOps.cc; this one is not); run it on cpu",
             code);
   return it->second;
 }

@@ -369,11 +369,6 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces the collectives between ranks, and this run has one "
                             "rank (parallel.dp = tp = pp = cp = 1, no 3D grid); set it to 0, or run more ranks",
                             on, c.comm.emulated_link_gbit));
-  const bool grid = p.tp_x * p.tp_y * p.tp_z > 1;
-  if (c.model.is_moe() && grid)
-    e.push_back(fmt::format("{}: MoE models (model.n_experts={}) run on the GPU without the 3D grid so far "
-                            "(parallel.tp_x={} tp_y={} tp_z={}); use Megatron's parallel.tp with parallel.ep, or cpu",
-                            on, c.model.n_experts, p.tp_x, p.tp_y, p.tp_z));
   if (c.training.precision != "bf16")
     e.push_back(fmt::format("{} trains in bf16 mixed precision (bf16 GEMMs and attention, fp32 weights, optimizer "
                             "and loss); training.precision=\"{}\": set it to bf16",

@@ -483,6 +483,29 @@ TEST(TrainerGpuMoe, TensorTimesExpertParallelInterleavingOnOffBitwise) {
   expect_interleaving_bitwise(on, 3);
 }
 
+// MoE on AxoNN's 3D grid on the GPU (session 30): the MoE MLP runs as under sequence parallelism
+// with the x-y plane for the tp group -- the stream all-gathered over x, each plane rank's slice of
+// the tokens with all features taken by grid_rows (2D copies), routed (the statistics summed over the
+// plane) through whole experts, the slices' outputs all-gathered over the plane and each rank's
+// features kept by grid_cols; the router's and experts' gradients summed over the block. Grids
+// 2 x 2 x 1 and 2 x 1 x 1 (z = 1: the batch is not split, so the load-balancing loss is the
+// one-rank run's). Oracle: the one-rank GPU run; the grid test's 1e-2 bound over 4 steps.
+TEST(TrainerGpuMoe, Grid3DRanksSharingTheGpuTrackOneRank) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 89);
+  RunConfig one = tiny_tp_on(dir.path(), "moe");
+  const std::vector<double> ref = one_rank_losses(one, 4);
+  for (const auto& g : {std::pair{2, 2}, std::pair{2, 1}}) {
+    const std::string what = fmt::format("moe 3D x={} y={} z=1", g.first, g.second);
+    SCOPED_TRACE(what);
+    RunConfig grid = one;
+    grid.parallel.tp_x = g.first, grid.parallel.tp_y = g.second;
+    grid.output.dir = fmt::format("{}/x{}y{}", dir.path(), g.first, g.second);
+    expect_tracks(ref, rank_losses(grid, 4), 1e-2, what);
+  }
+}
+
 // MoE with context parallelism on the GPU: cp = 2 ranks sharing it, each routing its two chunks of
 // every sequence, the routing statistics all-reduced over cp (the whole micro-batch's loss; cp
 // rank 0 records them). Oracle: the one-rank GPU run; the cp test's 1e-2 bound (below) over 5 steps.

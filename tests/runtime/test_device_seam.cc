@@ -124,8 +124,8 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     return;
   }
   // A CUDA build binds the GPT-2 / Llama / MoE ops, tensor parallelism's vocabulary-parallel loss,
-  // expert parallelism's regrouping, context parallelism's ring steps and the 3D grid's dense ops to
-  // the CUDA kernels and refuses the rest (the MoE MLP's token slices on the grid) by name.
+  // expert parallelism's regrouping, context parallelism's ring steps and the 3D grid's ops (the
+  // MoE MLP's token slices too) to the CUDA kernels, and refuses an op it has none for by name.
   const KernelRegistry& gpu = kernel_registry(Device::cuda(1));
   EXPECT_TRUE(static_cast<bool>(gpu.find("attention_bwd")));
   EXPECT_TRUE(static_cast<bool>(gpu.find("moe_route")));
@@ -136,7 +136,8 @@ TEST(DeviceSeam, CudaIsRefusedWithoutTheBackend) {
     EXPECT_TRUE(static_cast<bool>(gpu.find(op))) << op;
   for (const char* op : {"linear3d", "linear3d_wgrad", "grad_accum", "ln_stats", "ln_bwd_apply", "rms_apply"})
     EXPECT_TRUE(static_cast<bool>(gpu.find(op))) << op;
-  refused([&] { gpu.find("grid_rows"); }, "op 'grid_rows' has no CUDA kernel binding yet");
+  for (const char* op : {"grid_rows", "grid_cols"}) EXPECT_TRUE(static_cast<bool>(gpu.find(op))) << op;
+  refused([&] { gpu.find("no_such_op"); }, "op 'no_such_op' has no CUDA kernel binding yet");
   refused([] { make_stream(Device::cuda(4096)); }, "cuda:4096");
 }
 
