@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -72,6 +73,18 @@ void expect_tracks(const std::vector<double>& ref, const std::vector<double>& go
 std::vector<double> one_rank_losses(const RunConfig& cfg, int64_t steps) {
   Trainer t(cfg, nullptr, Quiet::kYes);
   return losses_of(t, steps);
+}
+
+// The layout tests' shape: `one`'s one-rank GPU losses are the oracle; `layout` turns a copy into the
+// layout under test (its ranks sharing the GPU, its own output directory), whose losses must track
+// them within `bound` relative, step by step.
+void expect_layout_tracks_one_rank(const RunConfig& one, const std::function<void(RunConfig&)>& layout,
+                                   int64_t steps, double bound, const std::string& what) {
+  const std::vector<double> ref = one_rank_losses(one, steps);
+  RunConfig lay = one;
+  layout(lay);
+  lay.output.dir = one.output.dir + "/layout";
+  expect_tracks(ref, rank_losses(lay, steps), bound, what);
 }
 
 // `on` (SI on, its layout's ranks sharing the GPU) against the same run with SI off: bitwise equal
@@ -307,12 +320,8 @@ TEST_P(GpuFamilies, TensorParallelRanksSharingTheGpuTrackOneRank) {
   DHX_REQUIRE_GPU();
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 11);
-  RunConfig one = tiny_tp_on(dir.path(), GetParam());
-  const std::vector<double> ref = one_rank_losses(one, 5);
-  RunConfig two = one;
-  two.parallel.tp = 2;
-  two.output.dir = dir.path() + "/tp2";
-  expect_tracks(ref, rank_losses(two, 5), 1e-2, fmt::format("{} tp=2", GetParam()));
+  expect_layout_tracks_one_rank(tiny_tp_on(dir.path(), GetParam()), [](RunConfig& c) { c.parallel.tp = 2; }, 5, 1e-2,
+                                fmt::format("{} tp=2", GetParam()));
 }
 
 // Oracle: the sequential schedule at tp = 2 on the shared GPU, with the emulated link on (so the
@@ -433,17 +442,25 @@ TEST(TrainerGpuMoe, ExpertParallelRanksSharingTheGpuTrackOneRank) {
 // reorders whole ops of two micro-batches (M = 3: fwd(mb i) beside bwd(mb i-1), both strands' token
 // exchanges on the one ep group, the link emulated so they are held); every kernel and staged
 // exchange depends only on its inputs: bitwise equal losses, as the CPU's
-// MoeExpertParallel.StrandInterleavingOnOffBitwise.
+// MoeExpertParallel.StrandInterleavingOnOffBitwise. Twice: dp = ep = 2, and (session 30) tp = 2 x
+// ep = 2 (dp = 2: four ranks on the one GPU; the tp collectives and the routing statistics'
+// all-reduce join the all-to-alls).
 TEST(TrainerGpuMoe, ExpertParallelInterleavingOnOffBitwise) {
   DHX_REQUIRE_GPU();
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 29);
-  RunConfig on = tiny_on(dir.path(), "moe", "cuda");
-  on.training.micro_batches = 3;
-  on.parallel.dp = 2;
-  on.parallel.ep = 2;
-  on.comm.emulated_link_gbit = 50;
-  expect_interleaving_bitwise(on, 4);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(fmt::format("tp={}", tp));
+    RunConfig on = tp == 1 ? tiny_on(dir.path(), "moe", "cuda") : tiny_tp_on(dir.path(), "moe");
+    if (tp > 1) on.training.micro_batch_size = 2;
+    on.training.micro_batches = 3;
+    on.parallel.tp = tp;
+    on.parallel.dp = 2;
+    on.parallel.ep = 2;
+    on.comm.emulated_link_gbit = 50;
+    on.output.dir = fmt::format("{}/tp{}", dir.path(), tp);
+    expect_interleaving_bitwise(on, tp == 1 ? 4 : 3);
+  }
 }
 
 // MoE with Megatron's tensor parallelism on the GPU (session 30): two ranks as threads sharing it,
@@ -458,30 +475,8 @@ TEST(TrainerGpuMoe, TensorParallelRanksSharingTheGpuTrackOneRank) {
   DHX_REQUIRE_GPU();
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 73);
-  RunConfig one = tiny_tp_on(dir.path(), "moe");
-  const std::vector<double> ref = one_rank_losses(one, 5);
-  RunConfig two = one;
-  two.parallel.tp = 2;
-  two.output.dir = dir.path() + "/tp2";
-  expect_tracks(ref, rank_losses(two, 5), 1e-2, "moe tp=2");
-}
-
-// MoE at tp = 2 x ep = 2 (dp = 2: four ranks on the one GPU), SI on vs off with the link emulated:
-// the tp collectives, the statistics' all-reduce and the ep all-to-alls are ops of the layer
-// program, so SI only reorders whole ops of two micro-batches. Oracle: SI off; bitwise, as every
-// SI on/off test.
-TEST(TrainerGpuMoe, TensorTimesExpertParallelInterleavingOnOffBitwise) {
-  DHX_REQUIRE_GPU();
-  TempDir dir;
-  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 79);
-  RunConfig on = tiny_tp_on(dir.path(), "moe");
-  on.training.micro_batch_size = 2;
-  on.training.micro_batches = 3;
-  on.parallel.tp = 2;
-  on.parallel.dp = 2;
-  on.parallel.ep = 2;
-  on.comm.emulated_link_gbit = 50;
-  expect_interleaving_bitwise(on, 3);
+  expect_layout_tracks_one_rank(tiny_tp_on(dir.path(), "moe"), [](RunConfig& c) { c.parallel.tp = 2; }, 5, 1e-2,
+                                "moe tp=2");
 }
 
 // MoE on AxoNN's 3D grid on the GPU (session 30): the MoE MLP runs as under sequence parallelism
@@ -514,12 +509,8 @@ TEST(TrainerGpuMoe, ContextParallelRanksSharingTheGpuTrackOneRank) {
   DHX_REQUIRE_GPU();
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 83);
-  RunConfig one = tiny_on(dir.path(), "moe", "cuda");
-  const std::vector<double> ref = one_rank_losses(one, 5);
-  RunConfig two = one;
-  two.parallel.cp = 2;
-  two.output.dir = dir.path() + "/cp2";
-  expect_tracks(ref, rank_losses(two, 5), 1e-2, "moe cp=2");
+  expect_layout_tracks_one_rank(tiny_on(dir.path(), "moe", "cuda"), [](RunConfig& c) { c.parallel.cp = 2; }, 5, 1e-2,
+                                "moe cp=2");
 }
 
 // Context parallelism on the one GPU (issue 39): cp = 2 ranks as threads sharing it, each holding
@@ -535,12 +526,8 @@ TEST_P(GpuFamilies, ContextParallelRanksSharingTheGpuTrackOneRank) {
   DHX_REQUIRE_GPU();
   TempDir dir;
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 37);
-  RunConfig one = tiny_on(dir.path(), GetParam(), "cuda");
-  const std::vector<double> ref = one_rank_losses(one, 5);
-  RunConfig two = one;
-  two.parallel.cp = 2;
-  two.output.dir = dir.path() + "/cp2";
-  expect_tracks(ref, rank_losses(two, 5), 1e-2, fmt::format("{} cp=2", GetParam()));
+  expect_layout_tracks_one_rank(tiny_on(dir.path(), GetParam(), "cuda"), [](RunConfig& c) { c.parallel.cp = 2; }, 5,
+                                1e-2, fmt::format("{} cp=2", GetParam()));
 }
 
 // cp = 2 x tp = 2 (four ranks on the one GPU), SI on with the link emulated: each cp rank's heads
