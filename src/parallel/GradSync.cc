@@ -54,8 +54,9 @@ void order_after(void* waiter, void* s) {
 }
 }  // namespace
 
-// ZeRO-1's chunks live where the gradients do (a GPU run's on its device, allocated in stream
-// order on the backward's stream once that is known; zeroed so that a chunk never reduced reads 0).
+// ZeRO-1's chunks live where the gradients do (a GPU run's on its device; zeroed so that a chunk
+// never reduced reads 0). They are made before the step's streams are set (producer_ null: the
+// legacy default stream), which the executor's blocking streams are ordered with.
 Tensor GradSync::owned_chunk(int64_t n) const {
   if (!on_gpu()) return Tensor::zeros({n}, DType::kF32, tracker_);
   Tensor t = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), producer_);

@@ -143,6 +143,7 @@ void Optimizer::update(double lr, int64_t step, double norm) {
   const double clip = (cfg_.grad_clip > 0 && norm > cfg_.grad_clip) ? cfg_.grad_clip / (norm + 1e-6) : 1.0;
   if (on_gpu()) {
     update_gpu(lr, step, clip);
+    if (zero) gather_updated();  // each rank updated its chunks only
     steps_ = step;
     return;
   }

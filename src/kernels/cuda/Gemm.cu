@@ -28,6 +28,7 @@ struct Blas::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;  // the workspace and the operands' alignments
   cublasLtMatmulAlgo_t algo{};
+  bool timed = false;  // algo is the fastest of the timed answers (Choice::kTimed), not the first
   ~Plan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (desc) cublasLtMatmulDescDestroy(desc);
@@ -80,7 +81,11 @@ void* Blas::workspace_locked(cudaStream_t s) {
 Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = plans_.find(k);
-  if (it != plans_.end()) return *it->second;
+  if (it != plans_.end()) {
+    // A plan made without operands (time_candidates' study) is timed at its first real call.
+    if (choice_ == Choice::kTimed && call && !it->second->timed) time_answers(k, *it->second, kTimedCandidates, *call, 5, true);
+    return *it->second;
+  }
   auto p = std::make_unique<Plan>();
   const cudaDataType_t ct = k.c_f32 ? CUDA_R_32F : CUDA_R_16BF;
   DHX_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -130,12 +135,24 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
                                             std::min(std::max(max, 1), kMaxAnswers), res, &found));
   if (k.bias) DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o.bias, sizeof(o.bias)));
   void* ws = workspace_locked(o.s);
-  void* scratch = nullptr;  // C's stand-in: each candidate writes (and with beta 1 reads) it
-  DHX_CUDA(cudaMallocAsync(&scratch, o.c_bytes, o.s));
+  // C's stand-in (each candidate writes, and with beta 1 reads, it) and the two events, released
+  // however this returns.
+  struct Scratch {
+    void* p = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    cudaStream_t s;
+    ~Scratch() {
+      if (e0) cudaEventDestroy(e0);
+      if (e1) cudaEventDestroy(e1);
+      if (p) cudaFreeAsync(p, s);
+    }
+  } tmp{nullptr, nullptr, nullptr, o.s};
+  DHX_CUDA(cudaMallocAsync(&tmp.p, o.c_bytes, o.s));
+  void* scratch = tmp.p;
   DHX_CUDA(cudaMemcpyAsync(scratch, o.C, o.c_bytes, cudaMemcpyDeviceToDevice, o.s));
-  cudaEvent_t e0, e1;
-  DHX_CUDA(cudaEventCreate(&e0));
-  DHX_CUDA(cudaEventCreate(&e1));
+  DHX_CUDA(cudaEventCreate(&tmp.e0));
+  DHX_CUDA(cudaEventCreate(&tmp.e1));
+  const cudaEvent_t e0 = tmp.e0, e1 = tmp.e1;
   std::vector<double> ms;
   for (int i = 0; i < found; ++i) {
     const cublasLtMatmulAlgo_t* algo = &res[i].algo;
@@ -160,12 +177,10 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
     std::sort(t.begin(), t.end());
     ms.push_back(t[t.size() / 2]);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  DHX_CUDA(cudaFreeAsync(scratch, o.s));
   if (keep_fastest && !ms.empty()) {
     const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
     if (std::isfinite(ms[best])) p.algo = res[best].algo;  // (best < found <= kMaxAnswers)
+    p.timed = true;
   }
   return ms;
 }
