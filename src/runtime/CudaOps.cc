@@ -24,6 +24,7 @@
 #include "kernels/cuda/Gemm.h"
 #include "kernels/cuda/Moe.h"
 #include "kernels/cuda/Ops.h"
+#include "runtime/Ops3D.h"
 
 namespace dhelix {
 namespace {
@@ -710,36 +711,28 @@ void op_bias_add(OpCall& c) {
   cuda::bias_add(b16(x), f32(c.param(0).value), b16(y), N, O, st(c));
 }
 
-// The MoE MLP's token slices on the grid (Ops3D.cc's op_grid_rows / op_grid_cols, Lowering3D.cc): each
-// one 2D copy per x piece on the op's stream, in the activations' dtype (bf16 here). grid_rows: from
-// the stream gathered over x ([Gx N, C/Gx], piece x' at rows x' N) to this rank's slice of the plane's
-// tokens with all features, [Ns, C]: rows [xy Ns, (xy+1) Ns) of each piece, the pieces side by side.
+// The MoE MLP's token slices on the grid (Ops3D.h's geometry, shared with the CPU's bindings): one
+// 2D copy per x piece on the op's stream, in the activations' dtype (bf16 here).
 void op_grid_rows(OpCall& c) {
   require_layout(c);
   Tensor& g = c.in(0);
-  const int gx = c.shard.gx, plane = c.shard.gx * c.shard.gy;
-  const int64_t Cx = cols(g), N = rows(g) / gx, Ns = N / plane, C = Cx * gx, r0 = int64_t(c.shard.xy) * Ns;
-  DHX_ASSERT(rows(g) == N * gx && N == Ns * plane, "{}: {} is not {} pieces of tokens split over a plane of {}",
-             c.op.name, g.describe(), gx, plane);
-  Tensor& y = c.out_new(0, {Ns, C}, g.dtype());
+  const GridRows r = grid_rows_of(c, g);
+  Tensor& y = c.out_new(0, {r.Ns, r.C}, g.dtype());
   const size_t es = dtype_size(g.dtype());
-  for (int x = 0; x < gx; ++x)
-    DHX_CUDA(cudaMemcpy2DAsync(static_cast<char*>(y.raw()) + static_cast<size_t>(x * Cx) * es, C * es,
-                               static_cast<const char*>(g.raw()) + static_cast<size_t>((x * N + r0) * Cx) * es,
-                               Cx * es, Cx * es, Ns, cudaMemcpyDeviceToDevice, st(c)));
+  for (int x = 0; x < r.gx; ++x)
+    DHX_CUDA(cudaMemcpy2DAsync(static_cast<char*>(y.raw()) + static_cast<size_t>(x * r.Cx) * es, r.C * es,
+                               static_cast<const char*>(g.raw()) + static_cast<size_t>((x * r.N + r.r0) * r.Cx) * es,
+                               r.Cx * es, r.Cx * es, r.Ns, cudaMemcpyDeviceToDevice, st(c)));
 }
 
-// From the slices gathered over the plane ([N, C]: the tokens in order) to the stream's layout: the
-// features of x, [N, C/Gx].
 void op_grid_cols(OpCall& c) {
   require_layout(c);
   Tensor& g = c.in(0);
-  const int64_t N = rows(g), C = cols(g), Cx = C / c.shard.gx, c0 = int64_t(c.shard.x) * Cx;
-  DHX_ASSERT(Cx * c.shard.gx == C, "{}: {} features over tp_x={}", c.op.name, C, c.shard.gx);
-  Tensor& y = c.out_new(0, {N, Cx}, g.dtype());
+  const GridCols k = grid_cols_of(c, g);
+  Tensor& y = c.out_new(0, {k.N, k.Cx}, g.dtype());
   const size_t es = dtype_size(g.dtype());
-  DHX_CUDA(cudaMemcpy2DAsync(y.raw(), Cx * es, static_cast<const char*>(g.raw()) + static_cast<size_t>(c0) * es, C * es,
-                             Cx * es, N, cudaMemcpyDeviceToDevice, st(c)));
+  DHX_CUDA(cudaMemcpy2DAsync(y.raw(), k.Cx * es, static_cast<const char*>(g.raw()) + static_cast<size_t>(k.c0) * es,
+                             k.C * es, k.Cx * es, k.N, cudaMemcpyDeviceToDevice, st(c)));
 }
 
 // Norms split around the all-reduce over x: per-token sums in double over the local features

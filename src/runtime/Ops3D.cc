@@ -95,32 +95,46 @@ void op_bias_add(OpCall& c) {
 
 // ---- the MoE MLP's token slices on the grid (Lowering3D.cc) ---------------------------------------
 
+}  // namespace
+
+GridRows grid_rows_of(const OpCall& c, const Tensor& g) {
+  const int gx = c.shard.gx, plane = c.shard.gx * c.shard.gy;
+  const int64_t Cx = cols(g), N = rows(g) / gx, Ns = N / plane;
+  DHX_ASSERT(rows(g) == N * gx && N == Ns * plane, "{}: {} is not {} pieces of tokens split over a plane of {}",
+             c.op.name, g.describe(), gx, plane);
+  return {gx, Cx, N, Ns, Cx * gx, int64_t(c.shard.xy) * Ns};
+}
+
+GridCols grid_cols_of(const OpCall& c, const Tensor& g) {
+  const int64_t N = rows(g), C = cols(g), Cx = C / c.shard.gx;
+  DHX_ASSERT(Cx * c.shard.gx == C, "{}: {} features over tp_x={}", c.op.name, C, c.shard.gx);
+  return {N, C, Cx, int64_t(c.shard.x) * Cx};
+}
+
+namespace {
+
 // From the stream gathered over x ([Gx N, C/Gx], piece x' at rows x' N) to this rank's slice of the
 // plane's tokens with all features: rows [xy Ns, (xy+1) Ns) of each piece, the pieces side by side.
 void op_grid_rows(OpCall& c) {
   Tensor& g = c.in(0);
-  const int gx = c.shard.gx, plane = c.shard.gx * c.shard.gy;
-  const int64_t Cx = cols(g), N = rows(g) / gx, Ns = N / plane, C = Cx * gx, r0 = int64_t(c.shard.xy) * Ns;
-  DHX_ASSERT(rows(g) == N * gx && N == Ns * plane, "{}: {} is not {} pieces of tokens split over a plane of {}",
-             c.op.name, g.describe(), gx, plane);
-  Tensor& y = c.out_new(0, {Ns, C});
+  const GridRows r = grid_rows_of(c, g);
+  Tensor& y = c.out_new(0, {r.Ns, r.C});
   const float* pg = g.f32();
   float* py = y.f32();
-  for (int x = 0; x < gx; ++x)
-    for (int64_t i = 0; i < Ns; ++i)
-      std::copy_n(pg + (x * N + r0 + i) * Cx, Cx, py + i * C + x * Cx);
+  for (int x = 0; x < r.gx; ++x)
+    for (int64_t i = 0; i < r.Ns; ++i)
+      std::copy_n(pg + (x * r.N + r.r0 + i) * r.Cx, r.Cx, py + i * r.C + x * r.Cx);
 }
 
 // From the slices gathered over the plane ([N, C]: the tokens in order) to the stream's layout: the
 // features of x, [N, C/Gx].
 void op_grid_cols(OpCall& c) {
   Tensor& g = c.in(0);
-  const int64_t N = rows(g), C = cols(g), Cx = C / c.shard.gx, c0 = int64_t(c.shard.x) * Cx;
-  DHX_ASSERT(Cx * c.shard.gx == C, "{}: {} features over tp_x={}", c.op.name, C, c.shard.gx);
-  Tensor& y = c.out_new(0, {N, Cx});
+  const GridCols k = grid_cols_of(c, g);
+  Tensor& y = c.out_new(0, {k.N, k.Cx});
   const float* pg = g.f32();
   float* py = y.f32();
-  for (int64_t n = 0; n < N; ++n) std::copy_n(pg + n * C + c0, Cx, py + n * Cx);
+  for (int64_t n = 0; n < k.N; ++n) std::copy_n(pg + n * k.C + k.c0, k.Cx, py + n * k.Cx);
 }
 
 // ---- norms split around an all-reduce over x ----------------------------------------------------

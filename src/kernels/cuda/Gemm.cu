@@ -56,6 +56,13 @@ size_t Blas::cached_algorithms() const {
   return plans_.size();
 }
 
+namespace {
+// Bytes of a row-major C[M, N] with row stride ldc: (M - 1) ldc + N elements.
+size_t c_extent(int64_t M, int64_t N, int64_t ldc, bool c_f32) {
+  return static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16));
+}
+}  // namespace
+
 struct Blas::Operands {
   const bf16* A;
   const bf16* B;
@@ -194,8 +201,7 @@ std::vector<double> Blas::time_candidates(Op op_a, Op op_b, int64_t M, int64_t N
   const Key key{M, N, K, lda, ldb, ldc, op_a == Op::kT, op_b == Op::kT, c_f32, false, beta == 0.0f,
                 alignment(A), alignment(B), alignment(C)};
   Plan& p = plan(key);
-  const Operands o{A, B, C, nullptr, 1.0f, beta,
-                   static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16)), s};
+  const Operands o{A, B, C, nullptr, 1.0f, beta, c_extent(M, N, ldc, c_f32), s};
   std::lock_guard<std::mutex> g(mu_);
   return time_answers(key, p, max, o, reps, false);
 }
@@ -208,8 +214,7 @@ void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, 
   DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
   const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f,
                 alignment(A), alignment(B), alignment(C)};
-  const Operands call{A, B, C, bias, alpha, beta,
-                      static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16)), s};
+  const Operands call{A, B, C, bias, alpha, beta, c_extent(M, N, ldc, c_f32), s};
   Plan& p = plan(key, &call);
   if (bias)
     DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
