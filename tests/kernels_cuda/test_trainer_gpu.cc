@@ -35,6 +35,23 @@ std::vector<double> losses_of(Trainer& t, int64_t steps) {
   return out;
 }
 
+// k steps of `cfg`, a checkpoint saved, a fresh trainer loading it and k more steps: the 2k losses
+// (this rank's; `comm` null for one rank).
+std::vector<double> losses_resumed_at(const RunConfig& cfg, CommContext* comm, int64_t k) {
+  std::vector<double> out;
+  std::string ck;
+  {
+    Trainer a(cfg, comm, Quiet::kYes);
+    out = losses_of(a, k);
+    ck = a.save_checkpoint();
+  }
+  Trainer b(cfg, comm, Quiet::kYes);
+  b.load_checkpoint(ck);
+  EXPECT_EQ(b.step(), k);
+  for (double l : losses_of(b, k)) out.push_back(l);
+  return out;
+}
+
 // The losses of `steps` steps of `cfg` on its layout (parallel.dp/tp/pp/cp/ep, the 3D grid), the ranks as threads of
 // this process sharing the GPU. Every rank must report the same loss bit for bit (it is all-reduced);
 // rank 0's are returned.
@@ -135,17 +152,7 @@ TEST_P(GpuFamilies, ResumeOnTheGpuContinuesBitwise) {
     Trainer t(cfg, nullptr, Quiet::kYes);
     straight = losses_of(t, 2 * k);
   }
-  std::string ck;
-  std::vector<double> resumed;
-  {
-    Trainer a(cfg, nullptr, Quiet::kYes);
-    resumed = losses_of(a, k);
-    ck = a.save_checkpoint();
-  }
-  Trainer b(cfg, nullptr, Quiet::kYes);
-  b.load_checkpoint(ck);
-  EXPECT_EQ(b.step(), k);
-  for (double l : losses_of(b, k)) resumed.push_back(l);
+  const std::vector<double> resumed = losses_resumed_at(cfg, nullptr, k);
   for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
   EXPECT_LT(straight.back(), straight.front()) << "the GPU run did not learn";
 }
@@ -650,17 +657,7 @@ TEST_P(GpuFamilies, ZeroOneResumeOnTheGpuContinuesBitwise) {
   std::vector<std::vector<double>> resumed(2);
   cfg.output.dir = dir.path() + "/resumed";
   run_local_ranks(lay, [&](CommContext& comm) {
-    std::vector<double>& mine = resumed[static_cast<size_t>(comm.rank())];
-    std::string ck;
-    {
-      Trainer a(cfg, &comm, Quiet::kYes);
-      mine = losses_of(a, k);
-      ck = a.save_checkpoint();
-    }
-    Trainer b(cfg, &comm, Quiet::kYes);
-    b.load_checkpoint(ck);
-    EXPECT_EQ(b.step(), k);
-    for (double l : losses_of(b, k)) mine.push_back(l);
+    resumed[static_cast<size_t>(comm.rank())] = losses_resumed_at(cfg, &comm, k);
   });
   EXPECT_EQ(resumed[1], resumed[0]) << "the ranks disagree on the loss";
   EXPECT_EQ(resumed[0], straight);
