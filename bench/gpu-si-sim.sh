@@ -6,9 +6,12 @@
 # threads sharing one GPU, the link between them emulated at a known rate), SI off and on?
 #   bench/gpu-si-sim.sh GPU_SI_JSON     (the bench's last line; e.g. bench/results/gpu-si-<date>-h100.json)
 # The simulated cluster is h100-measured with two changes, both stated, neither fitted to the runs:
-#   - each rank has half the device (peak_flops_bf16 and mem_bw halved): the two ranks' kernels
-#     share the SMs and the memory (an assumption; the bench's compute-only time C is printed beside
-#     the simulated compute to check it);
+#   - each rank has its share of the device: peak_flops_bf16 scaled by its SMs over the device's
+#     when the bench ran each rank in its own SM partition (sm_split "ranks": a fact of the run),
+#     else halved (sm_split "off": the two ranks' kernels share every SM -- an assumption); mem_bw
+#     halved either way (the partitions split SMs, not the memory the ranks stream from: an
+#     assumption). The bench's compute-only time C is printed beside the simulated compute to
+#     check both;
 #   - the tp (ep) link is the emulated one: intra_bw = the bench's link rate (the staged group holds
 #     each op until its bytes at that rate have passed, as the simulator prices them) and
 #     intra_latency 50 us per op (assumed: the staging copies' and the host op's fixed cost).
@@ -37,7 +40,7 @@ meas_file, work, bin_ = sys.argv[1], sys.argv[2], sys.argv[3]
 meas = json.load(open(meas_file))
 base = open("configs/clusters/h100-measured.toml").read()
 
-def preset(link_bytes_per_s, path):
+def preset(link_bytes_per_s, flops_share, path):
     t = base
     def scale(key, f):
         nonlocal t
@@ -47,12 +50,13 @@ def preset(link_bytes_per_s, path):
         nonlocal t
         m = re.search(rf"^{key} = ([^ #\n]+)", t, re.M)
         t = t[:m.start(1)] + value + t[m.end(1):]
-    scale("peak_flops_bf16", 0.5)
+    scale("peak_flops_bf16", flops_share)
     scale("mem_bw", 0.5)
     put("intra_bw", f"{link_bytes_per_s:g}")
     put("intra_latency", "50e-6")
     put('name', '"h100-measured-shared-by-2"')
-    open(path, "w").write("# derived by bench/gpu-si-sim.sh: h100-measured, half the device per rank, the emulated link\n" + t)
+    open(path, "w").write(f"# derived by bench/gpu-si-sim.sh: h100-measured, {flops_share:.3f} of the SMs and half the "
+                          "memory bandwidth per rank, the emulated link\n" + t)
 
 gpt2 = ["--config", "configs/gpt2-124m.toml", "--model.vocab_size", "50257"]
 llama = ["--config", "configs/demo.toml", "--model.seq_len", "1024", "--model.vocab_size", "32000",
@@ -71,7 +75,10 @@ for m in meas["models"]:
         print(f"{m['model']}: skipped, {row['skipped']}")
         continue
     p = f"{work}/{m['model'].replace('/', '_')}.toml"
-    preset(m["link_gbit"] * 1e9 / 8, p)
+    split = m.get("sm_split", meas.get("sm_split", "off")) == "ranks"
+    share = m["sms_per_rank"] / meas["device_sms"] if split else 0.5
+    row["flops_share"] = share
+    preset(m["link_gbit"] * 1e9 / 8, share, p)
     is_moe, is_cp = m.get("axis") == "ep", m.get("axis") == "cp"
     model_keys = moe if is_moe else gpt2 if m["model"].startswith("gpt2-124m") else llama
     layout = "dp=2 ep=2" if is_moe else "cp=2" if is_cp else "tp=2"

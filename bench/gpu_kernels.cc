@@ -5,7 +5,8 @@
 // that bound, not a training run's figure. Per op class (GEMM, attention, the rest) it says where
 // the time goes, beside cuBLAS's rate on the same GEMMs (bench/gpu_torch.py) and PyTorch's step.
 //   dhelix_bench_gpu_kernels [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
-// Prints a table and, last, one JSON object.
+// Then two studies: grouped expert GEMMs against dense ones, and SM partitions (one GEMM on the
+// whole GPU, on half of its SMs, on both halves at once). Prints a table and, last, one JSON object.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -13,19 +14,24 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <exception>
 #include <functional>
+#include <latch>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "BenchMain.h"
+#include "base/Clock.h"
 #include "base/Error.h"
 #include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Cuda.h"
 #include "kernels/cuda/Gemm.h"
 #include "kernels/cuda/Moe.h"
 #include "kernels/cuda/Ops.h"
+#include "kernels/cuda/SmPartition.h"
 
 namespace dhelix::cuda {
 namespace {
@@ -360,6 +366,81 @@ std::string grouped_gemm_study(Blas& blas, cudaStream_t s) {
   return fmt::format("{{\"shape\":\"E={} I={} O={}\",\"cases\":[{}]}}", E, I, O, rows);
 }
 
+// SM partitions (issue 39 item 3: the means Hopper has against SM contention; kernels/cuda/
+// SmPartition.h): one large bf16 GEMM (8192^3) timed on the whole GPU; on one half partition
+// alone (its rate over the whole GPU's should be about its share of the SMs); on both halves at
+// once, each a thread with its own stream and cuBLASLt handle (against the half alone: what the
+// halves still share -- memory, L2 -- costs each other); and on two streams of the whole GPU at
+// once without partitions (the same pair, the SMs shared by the block scheduler). Per-GEMM times
+// by the host clock over `reps` back-to-back GEMMs, the slower thread's, median of 3 runs.
+std::string sm_partition_study(const DeviceInfo& info) {
+  const int64_t n = 8192;
+  const double f = 2.0 * static_cast<double>(n) * n * n;
+  const int reps = 20;
+  Buf x(n * n * 2, 61), w(n * n * 2, 62), y0(n * n * 2, 63), y1(n * n * 2, 64);
+  bf16* ys[2] = {y0.as<bf16>(), y1.as<bf16>()};
+  // Seconds per GEMM of `threads` threads at once, thread k in parts[k] (none: the whole GPU).
+  auto per_gemm = [&](int threads, const std::vector<std::unique_ptr<SmPartition>>* parts) {
+    std::vector<double> runs;
+    for (int run = 0; run < 3; ++run) {
+      std::latch ready(threads + 1), go(1);
+      std::vector<double> secs(static_cast<size_t>(threads));
+      std::vector<std::exception_ptr> errs(static_cast<size_t>(threads));
+      std::vector<std::thread> ts;
+      for (int k = 0; k < threads; ++k)
+        ts.emplace_back([&, k] {
+          bool arrived = false;
+          try {
+            SmPartitionScope in(parts ? (*parts)[static_cast<size_t>(k)].get() : nullptr);
+            cudaStream_t s = nullptr;
+            DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+            {
+              Blas blas(0);
+              auto gemm = [&] { blas.linear_fwd(x.as<bf16>(), w.as<bf16>(), nullptr, ys[k], n, n, n, s); };
+              gemm();
+              gemm();
+              DHX_CUDA(cudaStreamSynchronize(s));
+              arrived = true;
+              ready.arrive_and_wait();
+              go.wait();
+              const double t0 = now_seconds();
+              for (int i = 0; i < reps; ++i) gemm();
+              DHX_CUDA(cudaStreamSynchronize(s));
+              secs[static_cast<size_t>(k)] = (now_seconds() - t0) / reps;
+            }
+            DHX_CUDA(cudaStreamDestroy(s));
+          } catch (...) {  // the others must not wait for this thread at the start line
+            errs[static_cast<size_t>(k)] = std::current_exception();
+            if (!arrived) ready.count_down();
+          }
+        });
+      ready.arrive_and_wait();
+      go.count_down();
+      for (auto& t : ts) t.join();
+      for (const std::exception_ptr& e : errs)
+        if (e) std::rethrow_exception(e);
+      runs.push_back(*std::max_element(secs.begin(), secs.end()));
+    }
+    std::sort(runs.begin(), runs.end());
+    return runs[1];
+  };
+  auto parts = SmPartition::split(0, 2);
+  const double full = per_gemm(1, nullptr), half = per_gemm(1, &parts), pair = per_gemm(2, &parts),
+               shared = per_gemm(2, nullptr);
+  const double share = static_cast<double>(parts[0]->sms()) / info.sms;
+  std::printf("  SM partitions: %dx%d SMs of %d; GEMM %ld^3: whole GPU %.1f TFLOP/s, one half alone %.1f (%.2f of "
+              "the whole, SM share %.2f), both halves at once %.1f each (%.2f of alone), two streams sharing the "
+              "whole GPU %.1f each\n",
+              2, parts[0]->sms(), info.sms, static_cast<long>(n), f / full / 1e12, f / half / 1e12, full / half, share,
+              f / pair / 1e12, half / pair, f / shared / 1e12);
+  return fmt::format("{{\"gemm\":\"{}^3 bf16\",\"device_sms\":{},\"partition_sms\":{},\"whole_tflops\":{:.4g},"
+                     "\"half_alone_tflops\":{:.4g},\"half_over_whole\":{:.4g},\"sm_share\":{:.4g},"
+                     "\"halves_together_tflops_each\":{:.4g},\"together_over_alone\":{:.4g},"
+                     "\"two_streams_whole_tflops_each\":{:.4g}}}",
+                     n, info.sms, parts[0]->sms(), f / full / 1e12, f / half / 1e12, full / half, share,
+                     f / pair / 1e12, half / pair, f / shared / 1e12);
+}
+
 int run(int argc, char** argv) {
   std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
   int64_t T = 1024;
@@ -384,8 +465,9 @@ int run(int argc, char** argv) {
   }
   const std::string grouped = grouped_gemm_study(blas, s);
   DHX_CUDA(cudaStreamDestroy(s));
-  std::printf("{\"device\":\"%s\",\"models\":[%s],\"grouped_gemm\":%s}\n", info.name.c_str(), out.c_str(),
-              grouped.c_str());
+  const std::string partitions = sm_partition_study(info);
+  std::printf("{\"device\":\"%s\",\"models\":[%s],\"grouped_gemm\":%s,\"sm_partitions\":%s}\n", info.name.c_str(),
+              out.c_str(), grouped.c_str(), partitions.c_str());
   return 0;
 }
 

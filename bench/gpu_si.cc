@@ -5,7 +5,10 @@
 // the MoE model, and context parallelism at a long sequence ("NAME/cp": cp ranks, each with two
 // chunks of every sequence, the keys and values going round the ring), on the one lent GPU: the
 // ranks are threads of this process sharing it, each with its own strand streams and cuBLASLt
-// handle, their collectives staged through host memory (comm/StagedGroup.h) over the threads' CPU
+// handle (by default each in its own SM partition of the GPU, cuda::SmPartition: the SMs split
+// evenly between the ranks, so that a rank waiting for a collective cannot lend its SMs to the
+// other and each rank is a smaller GPU of its own; --sm-split off lets them share the whole GPU),
+// their collectives staged through host memory (comm/StagedGroup.h) over the threads' CPU
 // groups, with the link of the measured axis (tp, ep or cp) emulated: each collective is held until
 // its bytes at the link's rate have passed (an emulation, like the CPU cluster's `tc`; the rate is
 // chosen per model so that communication is a set share of the step without SI). Under ep and cp
@@ -41,6 +44,7 @@
 //   dhelix_bench_gpu_si [--models gpt2-124m,llama-1b,moe-0.6b,llama-1b/cp] [--tp 2] [--ep 2] [--cp 2]
 //                       [--batch gpt2-124m=4,llama-1b=2,moe-0.6b=4,llama-1b/cp=1] [--seq 1024]
 //                       [--cp-seq 8192] [--micro-batches 4] [--comm-fraction 0.45] [--rounds 4] [--steps 3]
+//                       [--sm-split ranks|off]
 // Prints a line per round and, last, one JSON object: speedup, ideal_speedup, overlap_efficiency,
 // extra_memory_fraction, device, per model. (sim_abs_error: the simulator's prediction of these
 // runs is not in this bench yet.)
@@ -62,6 +66,7 @@
 #include "comm/LocalBackend.h"
 #include "comm/StagedGroup.h"
 #include "kernels/cuda/Cuda.h"
+#include "kernels/cuda/SmPartition.h"
 #include "runtime/StepBuilder.h"
 #include "schedule/Pipelines.h"
 
@@ -74,6 +79,7 @@ struct Options {
   int tp = 2, ep = 2, cp = 2, micro_batches = 4, rounds = 4, steps = 3;
   int64_t T = 1024, cp_T = 8192;  // the sequence of the tp and ep runs; of the cp runs
   double comm_fraction = 0.45;
+  bool sm_split = true;  // --sm-split ranks (default): each rank thread in its own SM partition; off: the whole GPU
 };
 
 enum Variant { kCompute, kExposed, kOff, kOn, kVariants };
@@ -246,7 +252,11 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
                                   : fmt::format("tp={} (sp)", o.tp);
   std::string json;
   std::mutex mu;
+  std::vector<std::unique_ptr<cuda::SmPartition>> parts;
+  if (o.sm_split) parts = cuda::SmPartition::split(0, lay.world());
+  const int sms_per_rank = parts.empty() ? cuda::device_info(0).sms : parts[0]->sms();
   run_local_ranks(lay, [&](CommContext& comm) {
+    cuda::SmPartitionScope own(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
     Rank rank(model, mb, o.micro_batches, comm, axis);
     const bool lead = comm.rank() == 0;
     // Calibration (no link emulated): warm-up, then C0, S0 and the bytes per step.
@@ -263,9 +273,11 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
     const double C0 = median(c0), S0 = median(e0) - C0, M_target = C0 * o.comm_fraction / (1 - o.comm_fraction);
     const double rate = S0 < M_target ? bytes / M_target : 0;  // 0: the staging alone is slower than the target
     if (lead)
-      std::printf("%s %s B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
+      std::printf("%s %s (%s) B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
                   "per step -> %s (target comm %.2f ms, %.0f%% of the SI-off step)\n",
-                  name.c_str(), layout.c_str(), static_cast<long>(B), static_cast<long>(T), o.micro_batches, C0 * 1e3, S0 * 1e3,
+                  name.c_str(), layout.c_str(),
+                  parts.empty() ? "ranks share the whole GPU" : fmt::format("{} SMs per rank", sms_per_rank).c_str(),
+                  static_cast<long>(B), static_cast<long>(T), o.micro_batches, C0 * 1e3, S0 * 1e3,
                   bytes / 1048576.0,
                   rate > 0 ? fmt::format("link {:.2f} Gbit/s", rate * 8 / 1e9).c_str() : "no link emulated",
                   M_target * 1e3, o.comm_fraction * 100);
@@ -307,14 +319,15 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
                 static_cast<double>(st_on.peak_activation_bytes) / 1048576.0, extra * 100);
     std::lock_guard lk(mu);
     json = fmt::format(
-        "{{\"model\":\"{}\",\"layout\":\"{}, ranks as threads on one GPU\",\"axis\":\"{}\",\"batch\":{},\"seq\":{},"
+        "{{\"model\":\"{}\",\"layout\":\"{}, ranks as threads on one GPU\",\"sm_split\":\"{}\",\"sms_per_rank\":{},"
+        "\"axis\":\"{}\",\"batch\":{},\"seq\":{},"
         "\"micro_batches\":{},\"link_gbit\":{:.4g},\"comm_fraction_target\":{},\"staging_only_s\":{:.6g},"
         "\"bytes_per_step\":{:.6g},\"compute_s\":{:.6g},\"compute_spread\":{},\"exposed_s\":{:.6g},"
         "\"comm_s\":{:.6g},\"comm_fraction\":{:.4g},\"si_off_s\":{:.6g},\"si_off_spread\":{},\"si_on_s\":{:.6g},"
         "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
         "\"overlap_efficiency\":{:.4g},\"overlap_ceiling\":{:.4g},\"peak_activation_bytes_si_off\":{},"
         "\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},\"sim_abs_error\":null}}",
-        name, layout, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
+        name, layout, parts.empty() ? "off" : "ranks", sms_per_rank, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
         Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
         Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra);
   });
@@ -338,9 +351,13 @@ int run(int argc, char** argv) {
     else if (k == "--comm-fraction") o.comm_fraction = std::stod(v);
     else if (k == "--rounds") o.rounds = std::stoi(v);
     else if (k == "--steps") o.steps = std::stoi(v);
-    else
+    else if (k == "--sm-split") {
+      DHX_CHECK(v == "ranks" || v == "off", ConfigError,
+                "--sm-split {}: expected ranks (each rank its own SM partition) or off (ranks share the whole GPU)", v);
+      o.sm_split = v == "ranks";
+    } else
       throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --tp, --ep, --cp, --seq, "
-                                    "--cp-seq, --micro-batches, --comm-fraction, --rounds, --steps)",
+                                    "--cp-seq, --micro-batches, --comm-fraction, --rounds, --steps, --sm-split)",
                                     k));
   }
   DHX_CHECK(o.tp >= 2 && o.ep >= 2 && o.cp >= 2 && o.micro_batches >= 2 && o.rounds >= 1 && o.steps >= 1,
@@ -375,8 +392,8 @@ int run(int argc, char** argv) {
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::string out;
   for (const auto& [name, B] : runs) out += (out.empty() ? "" : ",") + run_model(o, name, B);
-  std::printf("{\"device\":\"%s\",\"tp\":%d,\"ep\":%d,\"cp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
-              info.name.c_str(), o.tp, o.ep, o.cp, o.comm_fraction, out.c_str());
+  std::printf("{\"device\":\"%s\",\"device_sms\":%d,\"sm_split\":\"%s\",\"tp\":%d,\"ep\":%d,\"cp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
+              info.name.c_str(), info.sms, o.sm_split ? "ranks" : "off", o.tp, o.ep, o.cp, o.comm_fraction, out.c_str());
   return 0;
 }
 

@@ -94,9 +94,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 class NcclGroup final : public ProcessGroup {
  public:
   NcclGroup(const std::string& role, int rank, int size, int world_rank, double timeout_s, const NcclId& id,
-            int device)
+            int device, int max_ctas)
       : ProcessGroup(role, rank, size, world_rank, timeout_s), device_(device) {
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    DHX_CHECK(max_ctas >= 0, ConfigError, "{}: an NCCL group's CTA cap must be >= 0 (0: NCCL's choice), got {}", name(),
+              max_ctas);
+    use_device(Device::cuda(device));
     // The group's stream at the device's highest priority (PyTorch's is_high_priority_stream, the
     // streams of Megatron's tp overlap): while the strands' kernels fill the SMs, the block scheduler
     // starts a collective's blocks before their next ones, so one strand's collective does not wait
@@ -112,6 +114,10 @@ class NcclGroup final : public ProcessGroup {
     // Non-blocking: a communicator whose peer never arrives can be aborted by the watchdog.
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
+    if (max_ctas > 0) {
+      cfg.maxCTAs = max_ctas;
+      cfg.minCTAs = 1;  // NCCL refuses a minimum above the maximum: the least, so it never is
+    }
     ncclResult_t r = nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg);
     const double t0 = now_seconds();
     while (r == ncclInProgress || (r == ncclSuccess && async_error() == ncclInProgress)) {
@@ -253,7 +259,7 @@ class NcclGroup final : public ProcessGroup {
         st->fail(fmt::format("{}: the NCCL communicator was aborted by an earlier op's failure", st->describe()));
         return true;
       }
-      cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+      use_device(Device::cuda(device_));
       if (ready) cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
       ncclResult_t r = call();
       if (r == ncclInProgress) r = ncclSuccess;  // non-blocking communicator: enqueued
@@ -367,8 +373,8 @@ NcclId nccl_unique_id() {
 }
 
 std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank, int size, int world_rank,
-                                              double timeout_s, const NcclId& id, int device) {
-  return std::make_unique<NcclGroup>(role, rank, size, world_rank, timeout_s, id, device);
+                                              double timeout_s, const NcclId& id, int device, int max_ctas) {
+  return std::make_unique<NcclGroup>(role, rank, size, world_rank, timeout_s, id, device, max_ctas);
 }
 
 void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream) {
@@ -407,11 +413,11 @@ NcclId nccl_id_over(ProcessGroup& host) {
   return id;
 }
 
-std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device) {
+std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device, int max_ctas) {
   const std::string& n = host.name();
   const std::string role = n.substr(0, n.find('['));  // "tp[1/2]" -> "tp"
   const NcclId id = nccl_id_over(host);
-  auto g = make_nccl_group(role, host.rank(), host.size(), host.world_rank(), host.timeout_s(), id, device);
+  auto g = make_nccl_group(role, host.rank(), host.size(), host.world_rank(), host.timeout_s(), id, device, max_ctas);
   nccl_set_host_group(*g, &host);
   return g;
 }
@@ -426,7 +432,9 @@ namespace {
 
 bool nccl_available() { return false; }
 NcclId nccl_unique_id() { no_cuda(); }
-std::unique_ptr<ProcessGroup> make_nccl_group(const std::string&, int, int, int, double, const NcclId&, int) { no_cuda(); }
+std::unique_ptr<ProcessGroup> make_nccl_group(const std::string&, int, int, int, double, const NcclId&, int, int) {
+  no_cuda();
+}
 void nccl_set_producer_stream(ProcessGroup&, StreamHandle) { no_cuda(); }
 void nccl_set_host_group(ProcessGroup&, ProcessGroup*) { no_cuda(); }
 StreamHandle nccl_stream(ProcessGroup&) { no_cuda(); }

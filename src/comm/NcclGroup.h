@@ -30,8 +30,11 @@ NcclId nccl_unique_id();
 // same id. Tensors must live on that GPU; f32, bf16, f64, i32 and i64 travel. Point-to-point ops
 // match in issue order per peer (NCCL has no tags: both sides must issue a peer's sends and
 // receives in one order). transport() is "nccl".
+// `max_ctas` > 0 caps the thread blocks (CTAs) each of the group's collective kernels occupies
+// (ncclConfig_t::maxCTAs; 0: NCCL's own choice): the SMs a collective takes from the strands'
+// kernels beside it -- what DHeLlam caps with libsmctrl, which Hopper does not allow.
 std::unique_ptr<ProcessGroup> make_nccl_group(const std::string& role, int rank, int size, int world_rank,
-                                              double timeout_s, const NcclId& id, int device);
+                                              double timeout_s, const NcclId& id, int device, int max_ctas = 0);
 // The bootstrap, as c10d's store does it over TCP: `host` is a group over a CPU transport (MPI,
 // Gloo, threads) with the same members in the same order; its rank 0 makes the id and broadcasts
 // it over `host`, so every member returns the same id. A collective over `host`: every member calls
@@ -41,7 +44,7 @@ NcclId nccl_id_over(ProcessGroup& host);
 // This member's NCCL group with `host`'s role, rank and size on GPU `device`, its id bootstrapped
 // over `host` (nccl_id_over), its timeout `host`'s; host tensors given to its all-reduce,
 // all-gather and broadcast pass through to `host` (nccl_set_host_group), which must outlive it.
-std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device);
+std::unique_ptr<ProcessGroup> make_nccl_group_over(ProcessGroup& host, int device, int max_ctas = 0);
 // The compute stream whose kernels write the tensors the group's later ops read: each op waits for
 // an event recorded on it when the op is issued (null: none, the caller synchronises).
 void nccl_set_producer_stream(ProcessGroup& group, StreamHandle stream);

@@ -37,7 +37,7 @@ class StagedGroup final : public ProcessGroup {
         device_(device),
         link_bytes_per_s_(o.link_bytes_per_s) {
     check_rate(o.link_bytes_per_s);
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    use_device(Device::cuda(device));
     cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate (staged group)");
     start_stream(kDefaultCommNice, [this] { return poll(); });
   }
@@ -202,7 +202,7 @@ class StagedGroup final : public ProcessGroup {
       if (ready) cudaEventDestroy(ready);
       return t;
     }
-    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    use_device(Device::cuda(device_));
     if (ready) {
       const cudaError_t e = cudaStreamWaitEvent(copy_, ready, 0);
       cudaEventDestroy(ready);
@@ -219,7 +219,7 @@ class StagedGroup final : public ProcessGroup {
       if (h.raw() != d.raw()) Tensor(d).copy_from(h);  // a handle on the same storage
       return;
     }
-    cuda_check(cudaSetDevice(device_), "cudaSetDevice");  // (poll may copy before any op staged in)
+    use_device(Device::cuda(device_));  // (poll may copy before any op staged in)
     if (ready) cuda_check(cudaStreamWaitEvent(copy_, ready, 0), "cudaStreamWaitEvent (producer)");
     device_copy(d.raw(), d.device(), h.raw(), Device::host(), h.nbytes(), copy_);  // returns when copied
   }

@@ -52,7 +52,7 @@ Step::Step(const StepSpec& spec) {
         // (NCCL's bootstrap is a collective over `host`: every member reaches it in this same role
         // order.)
         if (spec.nccl && r != GroupRole::kPP)
-          staged.push_back(make_nccl_group_over(*host, spec.device.index));
+          staged.push_back(make_nccl_group_over(*host, spec.device.index, spec.nccl_max_ctas));
         else
           staged.push_back(make_staged_group(*host, spec.device.index, StagedOptions{spec.emulated_link_bytes_per_s}));
         it = wrapped.emplace(host, staged.back().get()).first;

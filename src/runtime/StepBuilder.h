@@ -49,6 +49,7 @@ struct StepSpec {
   // share a GPU) or NCCL communicators bootstrapped over them (a GPU per rank; the pp group stays
   // staged: NCCL's point-to-point ops have no tags, and the schedule posts receives ahead).
   bool nccl = false;
+  int nccl_max_ctas = 0;  // with nccl: the CTAs each NCCL collective may occupy (0: NCCL's choice)
   // A GPU step's GEMM algorithms: cuBLASLt's heuristic's first answer (false: reproducible run to
   // run), or the fastest of its first answers timed on the first step (training.gemm_algo = timed).
   bool timed_gemms = false;

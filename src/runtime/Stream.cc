@@ -70,7 +70,7 @@ class CudaEvent final : public Event {
 class CudaStream final : public Stream {
  public:
   explicit CudaStream(Device d) : d_(d) {
-    check(cudaSetDevice(d.index), "cudaSetDevice", d);
+    use_device(d);
     // A blocking stream: work on the default stream (the parameter store's zeroing and copies, a
     // step's results read back) is ordered against it, so nothing outside the executor races a
     // step's kernels; two blocking streams (two strands) still run concurrently.

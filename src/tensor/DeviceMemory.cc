@@ -178,6 +178,13 @@ DeviceMemoryStats device_memory_stats(Device d) {
   return out;
 }
 
+void use_device(Device d) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == d.index) return;
+  (void)cudaGetLastError();
+  check(cudaSetDevice(d.index), "cudaSetDevice", d);
+}
+
 void reset_device_peak(Device d) {
   Pool& p = Pools::get().of(d);
   p.peak.store(p.in_use.load());
@@ -215,6 +222,7 @@ void device_copy(void*, Device dd, const void*, Device sd, size_t, StreamHandle)
 void device_zero(Device d, void*, size_t, StreamHandle) { no_cuda(d); }
 DeviceMemoryStats device_memory_stats(Device d) { no_cuda(d); }
 void reset_device_peak(Device d) { no_cuda(d); }
+void use_device(Device d) { no_cuda(d); }
 
 #endif
 

@@ -48,6 +48,11 @@ size_t held_device_frees();
 // done when either end is host memory (a host buffer may be reused at once), else asynchronous.
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);
 void device_zero(Device d, void* p, size_t bytes, StreamHandle s);
+// Makes GPU d.index the calling thread's device (cudaSetDevice) unless the thread's current context
+// is already on that GPU: an SM partition entered on this thread (kernels/cuda/SmPartition.h) is
+// such a context, and cudaSetDevice would replace it with the device's primary context (all SMs).
+// DeviceError as cudaSetDevice's. Every CUDA layer sets its device through this.
+void use_device(Device d);
 
 struct DeviceMemoryStats {
   int64_t in_use = 0, peak_in_use = 0;  // bytes handed out by device_alloc, now and at most

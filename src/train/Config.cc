@@ -133,6 +133,7 @@ const std::vector<Field>& table() {
       DHX_F("comm", "max_message_bytes", comm.max_message_bytes, kInt, 1, 2147483647, "gloo: the largest single message an op hands to Gloo; larger ones are split into pieces (results unchanged)"),
       DHX_F("comm", "gloo_host", comm.gloo_host, kString, 0, 0, "gloo: the address this rank listens on; empty = loopback when all ranks share one host, else its first non-loopback IPv4 address (may differ between ranks)"),
       DHX_F("comm", "gpu_transport", comm.gpu_transport, kString, 0, 0, "GPU runs: how the ranks' device tensors move: staged (each collective copied to host memory and run over comm.transport; ranks may share one GPU) or nccl (NCCL communicators over the same groups, bootstrapped over them, each op on a stream of its own and its readers ordered after it on the GPU; one GPU per rank: rank i of a host takes the GPU training.device names plus i; pipeline messages stay staged)"),
+      DHX_F("comm", "nccl_max_ctas", comm.nccl_max_ctas, kInt, 0, 64, "comm.gpu_transport = nccl: the most thread blocks (CTAs) each NCCL collective kernel occupies (NCCL's maxCTAs): the SMs a collective takes from the other strand's kernels beside it, DHeLlam's SM cap for communication (its libsmctrl does not work on Hopper); 0 = NCCL's own choice"),
       DHX_F("comm", "emulated_link_gbit", comm.emulated_link_gbit, kFloat, 0, 1e6, "GPU runs (training.device = cuda): an emulated link of this many Gbit/s per rank under the staged collectives of ranks sharing a GPU (each op held until its ring bytes at this rate have passed, as the CPU cluster's tc does to a NIC), so that how much of the communication Strand Interleaving hides can be measured on one GPU; 0 = none (the staging copies and the host transport only)"),
       DHX_F("sim", "clusters_dir", sim.clusters_dir, kString, 0, 0, "directory where a cluster preset name (--cluster, --cost-model) is looked up as <name>.toml; empty = <exe>/../configs/clusters, then ./configs/clusters"),
       DHX_F("checkpoint", "dir", checkpoint.dir, kString, 0, 0, "checkpoint directory; empty = <output.dir>/checkpoints"),
@@ -350,6 +351,10 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
       e.push_back(fmt::format("comm.gpu_transport=\"nccl\" moves GPU tensors; training.device=\"{}\" trains on the "
                               "CPU (its ranks move their bytes over comm.transport); set it to staged, or use cuda",
                               text));
+    if (c.comm.nccl_max_ctas > 0)
+      e.push_back(fmt::format("comm.nccl_max_ctas={} caps NCCL's kernels on a GPU; training.device=\"{}\" trains on the "
+                              "CPU; set it to 0, or use cuda with comm.gpu_transport=\"nccl\"",
+                              c.comm.nccl_max_ctas, text));
     if (c.comm.emulated_link_gbit > 0)
       e.push_back(fmt::format("comm.emulated_link_gbit={} paces a GPU run's staged collectives; training.device=\"{}\" "
                               "moves its bytes over the real transport (emulate a CPU cluster's links with "
@@ -361,6 +366,10 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   if (!why.empty()) e.push_back(fmt::format("training.device=\"{}\": {}; use cpu", text, why));
   const ParallelConfig& p = c.parallel;
   const std::string on = fmt::format("training.device=\"{}\"", text);
+  if (gt != "nccl" && c.comm.nccl_max_ctas > 0)
+    e.push_back(fmt::format("{}: comm.nccl_max_ctas={} caps NCCL's collective kernels, and comm.gpu_transport=\"{}\" "
+                            "moves the bytes with copies (no kernels to cap); set it to 0, or use the nccl transport",
+                            on, c.comm.nccl_max_ctas, gt));
   if (gt == "nccl" && c.comm.emulated_link_gbit > 0)
     e.push_back(fmt::format("{}: comm.emulated_link_gbit={} paces staged collectives, and comm.gpu_transport=\"nccl\" "
                             "moves them over the real links; set it to 0, or use the staged transport",

@@ -84,6 +84,7 @@ struct CommConfig {
   std::string gloo_host;           // Gloo's listening address; empty = loopback or first external IPv4
   double emulated_link_gbit = 0;   // GPU runs: each rank's staged collectives paced to this link (0 = none)
   std::string gpu_transport = "staged";  // GPU runs: "staged" (ranks may share a GPU) | "nccl" (a GPU per rank)
+  int64_t nccl_max_ctas = 0;       // gpu_transport = nccl: the CTAs an NCCL collective may occupy (0 = NCCL's choice)
 };
 
 struct SimConfig {

@@ -160,6 +160,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
                            cfg_.training.weight_decay, cfg_.training.grad_clip};
   spec.grad_wire = cfg_.comm.grad_precision == "bf16" ? DType::kBF16 : DType::kF32;
   spec.emulated_link_bytes_per_s = cfg_.comm.emulated_link_gbit * 1e9 / 8;
+  spec.nccl_max_ctas = static_cast<int>(cfg_.comm.nccl_max_ctas);
   const std::string& wire = cfg_.comm.precision == "auto" ? cfg_.training.precision : cfg_.comm.precision;
   spec.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
   spec.bf16_saved_activations = cfg_.training.precision == "bf16" && cfg_.training.bf16_activations;

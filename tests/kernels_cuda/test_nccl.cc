@@ -41,6 +41,25 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
+// comm.nccl_max_ctas: a communicator whose kernels are capped at one CTA forms and still moves the
+// bytes. Oracle: at world size 1 an all-reduce and an all-gather are the identity, bit for bit (the
+// cap changes how many blocks a kernel uses, never what it computes). A negative cap is a
+// ConfigError naming it. (Whether the cap frees SMs for the other strand needs two GPUs.)
+TEST(NcclGroup, ACappedCommunicatorStillMovesTheBytes) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  const Device gpu = Device::cuda(0);
+  EXPECT_THROW(make_nccl_group("tp", 0, 1, 0, 60.0, nccl_unique_id(), 0, -1), ConfigError);
+  auto g = make_nccl_group("tp", 0, 1, 0, 60.0, nccl_unique_id(), 0, 1);
+  const Tensor x = host_random({1024, 8}, DType::kBF16, 9);
+  Tensor t = x.to(gpu);
+  g->all_reduce(t).wait();
+  EXPECT_TRUE(same_bytes(t, x));
+  Tensor out = Tensor::empty({1024, 8}, DType::kBF16, nullptr, gpu);
+  g->all_gather(t, out).wait();
+  EXPECT_TRUE(same_bytes(out, x));
+}
+
 TEST(NcclGroup, EveryCollectiveAtWorldSizeOneIsTheIdentity) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());

@@ -21,6 +21,7 @@
 #include "TinyRun.h"
 #include "comm/LocalBackend.h"
 #include "comm/NcclGroup.h"
+#include "kernels/cuda/SmPartition.h"
 #include "train/Trainer.h"
 
 namespace dhelix {
@@ -54,8 +55,10 @@ std::vector<double> losses_resumed_at(const RunConfig& cfg, CommContext* comm, i
 
 // The losses of `steps` steps of `cfg` on its layout (parallel.dp/tp/pp/cp/ep, the 3D grid), the ranks as threads of
 // this process sharing the GPU. Every rank must report the same loss bit for bit (it is all-reduced);
-// rank 0's are returned.
-std::vector<double> rank_losses(const RunConfig& cfg, int64_t steps) {
+// rank 0's are returned. `own_sms`: each rank thread runs in its own SM partition of the GPU
+// (cuda::SmPartition, as bench/gpu_si.cc --sm-split ranks), not on the whole shared device.
+enum class OwnSms { kNo, kYes };
+std::vector<double> rank_losses(const RunConfig& cfg, int64_t steps, OwnSms own_sms = OwnSms::kNo) {
   LayoutConfig lay;
   lay.dp = static_cast<int>(cfg.parallel.dp);
   lay.tp = static_cast<int>(cfg.parallel.tp);
@@ -67,7 +70,10 @@ std::vector<double> rank_losses(const RunConfig& cfg, int64_t steps) {
   lay.tp_z = static_cast<int>(cfg.parallel.tp_z);
   lay.sequence_parallel = lay.tp > 1;
   std::vector<std::vector<double>> got(static_cast<size_t>(lay.world()));
+  std::vector<std::unique_ptr<cuda::SmPartition>> parts;
+  if (own_sms == OwnSms::kYes) parts = cuda::SmPartition::split(0, lay.world());
   run_local_ranks(lay, [&](CommContext& comm) {
+    cuda::SmPartitionScope in(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
     Trainer t(cfg, &comm, Quiet::kYes);
     got[static_cast<size_t>(comm.rank())] = losses_of(t, steps);
   });
@@ -329,6 +335,29 @@ TEST_P(GpuFamilies, TensorParallelRanksSharingTheGpuTrackOneRank) {
   testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 11);
   expect_layout_tracks_one_rank(tiny_tp_on(dir.path(), GetParam()), [](RunConfig& c) { c.parallel.tp = 2; }, 5, 1e-2,
                                 fmt::format("{} tp=2", GetParam()));
+}
+
+// tp = 2 with each rank in its own SM partition (the setting bench/gpu_si.cc measures SI's gain
+// in): the partitions change only where the kernels run, and cuBLASLt may pick other algorithms
+// for a smaller share of SMs, so the oracle and bound are the shared-GPU test's above (the one-rank
+// run on the whole GPU, 1e-2 relative); and SI on vs off inside the partitions is bitwise equal, as
+// on the whole device (the same kernels and algorithms either way, only their order differs).
+TEST_P(GpuFamilies, TensorParallelRanksOnTheirOwnSmPartitionsTrackOneRank) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 11);
+  const RunConfig one = tiny_tp_on(dir.path(), GetParam());
+  const std::vector<double> ref = one_rank_losses(one, 5);
+  RunConfig on = one;
+  on.parallel.tp = 2;
+  on.comm.emulated_link_gbit = 50;
+  on.output.dir = one.output.dir + "/on";
+  const std::vector<double> got = rank_losses(on, 5, OwnSms::kYes);
+  expect_tracks(ref, got, 1e-2, fmt::format("{} tp=2 on SM partitions", GetParam()));
+  RunConfig off = on;
+  off.schedule.strand_interleaving = false;
+  off.output.dir = one.output.dir + "/off";
+  EXPECT_EQ(rank_losses(off, 5, OwnSms::kYes), got);
 }
 
 // Oracle: the sequential schedule at tp = 2 on the shared GPU, with the emulated link on (so the

@@ -235,6 +235,23 @@ TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
                           {"comm.gpu_transport", "nccl"}})
                 .find("gpu_transport"),
             std::string::npos);
+  // comm.nccl_max_ctas caps NCCL's collective kernels: refused on the CPU and with the staged
+  // transport (no kernels to cap), each naming the value; accepted with nccl; out of range by value.
+  EXPECT_EQ(load("").comm.nccl_max_ctas, 0);
+  const std::string ctas_cpu = error_of("", {{"comm.nccl_max_ctas", "4"}});
+  EXPECT_NE(ctas_cpu.find("comm.nccl_max_ctas=4 caps NCCL's kernels on a GPU; training.device=\"cpu\""),
+            std::string::npos)
+      << ctas_cpu;
+  const std::string ctas_staged = error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"},
+                                                {"parallel.tp", "2"}, {"comm.nccl_max_ctas", "4"}});
+  EXPECT_NE(ctas_staged.find("comm.nccl_max_ctas=4 caps NCCL's collective kernels, and comm.gpu_transport=\"staged\""),
+            std::string::npos)
+      << ctas_staged;
+  EXPECT_EQ(error_of("", {{"training.device", "cuda"}, {"training.precision", "bf16"}, {"parallel.tp", "2"},
+                          {"comm.gpu_transport", "nccl"}, {"comm.nccl_max_ctas", "4"}})
+                .find("nccl_max_ctas"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {{"comm.nccl_max_ctas", "65"}}).find("comm.nccl_max_ctas"), std::string::npos);
 }
 
 TEST(Config, FormerEnvironmentKnobsAreKeys) {
@@ -334,7 +351,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 86u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 87u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {

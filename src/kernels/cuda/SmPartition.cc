@@ -1,0 +1,122 @@
+// SM partitions as CUDA green contexts (SmPartition.h), through the driver's entry points looked up
+// by the runtime.
+#include "kernels/cuda/SmPartition.h"
+
+#include <cuda.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "base/Error.h"
+#include "kernels/cuda/Cuda.h"
+#include "tensor/DeviceMemory.h"
+
+namespace dhelix::cuda {
+namespace {
+
+// The driver functions used here, as the driver of this machine provides them for the CUDA version
+// this project was compiled against (so that CUdevResource's layout is the header's).
+#define DHX_GREEN_FNS(X)                                                                              \
+  X(cuDeviceGet) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) \
+  X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
+  X(cuGetErrorString)
+
+struct Driver {
+#define DHX_GREEN_FIELD(f) decltype(&::f) f = nullptr;
+  DHX_GREEN_FNS(DHX_GREEN_FIELD)
+#undef DHX_GREEN_FIELD
+  std::string why;  // empty when every function was found
+};
+
+const Driver& driver() {
+  static std::once_flag once;
+  static Driver d;
+  std::call_once(once, [] {
+#define DHX_GREEN_LOAD(f)                                                                                  \
+  if (d.why.empty()) {                                                                                   \
+    void* p = nullptr;                                                                                   \
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;                              \
+    const cudaError_t e = cudaGetDriverEntryPointByVersion(#f, &p, CUDA_VERSION, cudaEnableDefault, &q); \
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {                                    \
+      (void)cudaGetLastError();                                                                          \
+      d.why = fmt::format("the CUDA driver has no {} for CUDA {}.{} ({}; green contexts need a 12.4+ "     \
+                          "driver)", #f, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10,                  \
+                          e != cudaSuccess ? cudaGetErrorString(e)                                       \
+                          : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"              \
+                                                                         : "symbol not found");          \
+    } else {                                                                                             \
+      d.f = reinterpret_cast<decltype(d.f)>(p);                                                          \
+    }                                                                                                    \
+  }
+    DHX_GREEN_FNS(DHX_GREEN_LOAD)
+#undef DHX_GREEN_LOAD
+  });
+  DHX_CHECK(d.why.empty(), DeviceError, "SM partitions: {}", d.why);
+  return d;
+}
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* s = nullptr;
+  if (driver().cuGetErrorString) driver().cuGetErrorString(r, &s);
+  throw DeviceError(fmt::format("SM partitions: {} failed: error {} ({})", what, static_cast<int>(r), s ? s : "?"));
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int parts) {
+  require_device(device);
+  DHX_CHECK(parts >= 1, ConfigError, "SM partitions: {} parts asked for; need at least 1", parts);
+  const Driver& drv = driver();
+  use_device(Device::cuda(device));
+  DHX_CUDA(cudaFree(nullptr));  // the primary context exists before green contexts retain it
+  CUdevice dev = 0;
+  check(drv.cuDeviceGet(&dev, device), "cuDeviceGet");
+  CUdevResource all{};
+  check(drv.cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource");
+  const int total = static_cast<int>(all.sm.smCount);
+  const int align = std::max(1, static_cast<int>(all.sm.smCoscheduledAlignment));
+  const int least = std::max(1, static_cast<int>(all.sm.minSmPartitionSize));
+  const int each = total / parts / align * align;
+  DHX_CHECK(each >= least, DeviceError,
+            "SM partitions: cuda:{} has {} SMs; {} parts of a multiple of {} SMs each leave {} per part, under the "
+            "driver's minimum of {} (hint: fewer parts)", device, total, parts, align, each, least);
+  std::vector<CUdevResource> groups(static_cast<size_t>(parts));
+  unsigned n = static_cast<unsigned>(parts);
+  CUdevResource rest{};
+  check(drv.cuDevSmResourceSplitByCount(groups.data(), &n, &all, &rest, 0, static_cast<unsigned>(each)),
+        "cuDevSmResourceSplitByCount");
+  DHX_CHECK(n == static_cast<unsigned>(parts), DeviceError,
+            "SM partitions: cuda:{} ({} SMs) split into {} groups of {} SMs, not the {} asked for", device, total, n,
+            each, parts);
+  std::vector<std::unique_ptr<SmPartition>> out;
+  for (CUdevResource& g : groups) {
+    CUdevResourceDesc desc = nullptr;
+    check(drv.cuDevResourceGenerateDesc(&desc, &g, 1), "cuDevResourceGenerateDesc");
+    CUgreenCtx green = nullptr;
+    check(drv.cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
+    CUcontext ctx = nullptr;
+    const CUresult r = drv.cuCtxFromGreenCtx(&ctx, green);
+    if (r != CUDA_SUCCESS) drv.cuGreenCtxDestroy(green);
+    check(r, "cuCtxFromGreenCtx");
+    out.push_back(std::unique_ptr<SmPartition>(new SmPartition(device, static_cast<int>(g.sm.smCount), green, ctx)));
+  }
+  return out;
+}
+
+SmPartition::~SmPartition() {
+  if (green_) driver().cuGreenCtxDestroy(static_cast<CUgreenCtx>(green_));
+}
+
+void SmPartition::enter() const { check(driver().cuCtxPushCurrent(static_cast<CUcontext>(ctx_)), "cuCtxPushCurrent"); }
+
+void SmPartition::leave() const {
+  CUcontext popped = nullptr;
+  check(driver().cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
+  DHX_CHECK(popped == static_cast<CUcontext>(ctx_), InternalError,
+            "SM partition of cuda:{} ({} SMs) left on a thread where it was not the current context", device_, sms_);
+}
+
+}  // namespace dhelix::cuda
