@@ -7,8 +7,10 @@
 #   bench/gpu-si-sim.sh GPU_SI_JSON     (the bench's last line; e.g. bench/results/gpu-si-<date>-h100.json)
 # The simulated cluster is h100-measured with two changes, both stated, neither fitted to the runs:
 #   - each rank has its share of the device: peak_flops_bf16 scaled by its SMs over the device's
-#     when the bench ran each rank in its own SM partition (sm_split "ranks": a fact of the run),
-#     else halved (sm_split "off": the two ranks' kernels share every SM -- an assumption); mem_bw
+#     when the bench ran each rank in its own SM partition (sm_split "ranks": the SM count is the
+#     run's; that the rate scales with it is an assumption, which the kernel bench's sm_partitions
+#     study measures as half_over_whole), else halved (sm_split "off": the two ranks' kernels share
+#     every SM -- an assumption); mem_bw
 #     halved either way (the partitions split SMs, not the memory the ranks stream from: an
 #     assumption). The bench's compute-only time C is printed beside the simulated compute to
 #     check both;

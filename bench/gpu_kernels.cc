@@ -9,6 +9,7 @@
 // whole GPU, on half of its SMs, on both halves at once). Prints a table and, last, one JSON object.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -465,7 +466,14 @@ int run(int argc, char** argv) {
   }
   const std::string grouped = grouped_gemm_study(blas, s);
   DHX_CUDA(cudaStreamDestroy(s));
-  const std::string partitions = sm_partition_study(info);
+  // A failure of the partitions (the driver's green contexts) must not lose the results above.
+  std::string partitions;
+  try {
+    partitions = sm_partition_study(info);
+  } catch (const std::exception& e) {
+    std::printf("  SM partitions: failed: %s\n", e.what());
+    partitions = fmt::format("{{\"error\":{}}}", nlohmann::json(std::string(e.what())).dump());
+  }
   std::printf("{\"device\":\"%s\",\"models\":[%s],\"grouped_gemm\":%s,\"sm_partitions\":%s}\n", info.name.c_str(),
               out.c_str(), grouped.c_str(), partitions.c_str());
   return 0;

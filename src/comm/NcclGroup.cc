@@ -116,7 +116,7 @@ class NcclGroup final : public ProcessGroup {
     cfg.blocking = 0;
     if (max_ctas > 0) {
       cfg.maxCTAs = max_ctas;
-      cfg.minCTAs = 1;  // NCCL refuses a minimum above the maximum: the least, so it never is
+      cfg.minCTAs = 1;  // a minimum above the cap would override it (NCCL sets both to one value)
     }
     ncclResult_t r = nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg);
     const double t0 = now_seconds();

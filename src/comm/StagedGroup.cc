@@ -37,8 +37,6 @@ class StagedGroup final : public ProcessGroup {
         device_(device),
         link_bytes_per_s_(o.link_bytes_per_s) {
     check_rate(o.link_bytes_per_s);
-    use_device(Device::cuda(device));
-    cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate (staged group)");
     start_stream(kDefaultCommNice, [this] { return poll(); });
   }
   ~StagedGroup() override {
@@ -47,7 +45,7 @@ class StagedGroup final : public ProcessGroup {
     // the host buffers and end with the CPU group.
     for (Posted& p : posted_)
       if (p.ready) cudaEventDestroy(p.ready);
-    cudaStreamDestroy(copy_);
+    if (copy_) cudaStreamDestroy(copy_);
   }
 
   std::string transport() const override { return "staged over " + host_.transport(); }
@@ -204,12 +202,12 @@ class StagedGroup final : public ProcessGroup {
     }
     use_device(Device::cuda(device_));
     if (ready) {
-      const cudaError_t e = cudaStreamWaitEvent(copy_, ready, 0);
+      const cudaError_t e = cudaStreamWaitEvent(copy_stream(), ready, 0);
       cudaEventDestroy(ready);
       cuda_check(e, "cudaStreamWaitEvent (producer)");
     }
     Tensor h = Tensor::empty(t.shape(), t.dtype());
-    device_copy(h.raw(), Device::host(), t.raw(), t.device(), t.nbytes(), copy_);  // returns when copied
+    device_copy(h.raw(), Device::host(), t.raw(), t.device(), t.nbytes(), copy_stream());  // returns when copied
     return h;
   }
   void stage_out(const Tensor& h, const Tensor& d, cudaEvent_t ready = nullptr) {
@@ -220,8 +218,17 @@ class StagedGroup final : public ProcessGroup {
       return;
     }
     use_device(Device::cuda(device_));  // (poll may copy before any op staged in)
-    if (ready) cuda_check(cudaStreamWaitEvent(copy_, ready, 0), "cudaStreamWaitEvent (producer)");
-    device_copy(d.raw(), d.device(), h.raw(), Device::host(), h.nbytes(), copy_);  // returns when copied
+    if (ready) cuda_check(cudaStreamWaitEvent(copy_stream(), ready, 0), "cudaStreamWaitEvent (producer)");
+    device_copy(d.raw(), d.device(), h.raw(), Device::host(), h.nbytes(), copy_stream());  // returns when copied
+  }
+
+  // On the comm thread: the copy stream, made there at its first use, in the comm thread's context
+  // (the device's primary one): the issuing rank's thread may be inside an SM partition
+  // (cuda::SmPartition), whose streams only one thread may drive; the copies run on the copy engines
+  // either way, and waiting on the issuing stream's events across contexts is allowed.
+  cudaStream_t copy_stream() {
+    if (!copy_) cuda_check(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate (staged group)");
+    return copy_;
   }
 
   // Holds the op until `bytes` at the emulated link's rate have passed since t0.
@@ -270,7 +277,7 @@ class StagedGroup final : public ProcessGroup {
   ProcessGroup& host_;
   int device_;
   std::atomic<double> link_bytes_per_s_;  // StagedOptions::link_bytes_per_s; read by the comm thread
-  cudaStream_t copy_ = nullptr;
+  cudaStream_t copy_ = nullptr;  // copy_stream(); the comm thread's alone
   ProducerStream producer_;
   std::deque<Posted> posted_;  // the comm thread's alone
 };

@@ -41,10 +41,12 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
-// comm.nccl_max_ctas: a communicator whose kernels are capped at one CTA forms and still moves the
-// bytes. Oracle: at world size 1 an all-reduce and an all-gather are the identity, bit for bit (the
-// cap changes how many blocks a kernel uses, never what it computes). A negative cap is a
-// ConfigError naming it. (Whether the cap frees SMs for the other strand needs two GPUs.)
+// comm.nccl_max_ctas: a communicator configured with a cap of one CTA forms and still moves the
+// bytes. Oracle: at world size 1 an all-reduce and an all-gather are the identity, bit for bit. What
+// this covers is only that NCCL accepts the configuration: at world size 1 NCCL takes its one-rank
+// path, where the cap never applies, so neither the capped kernels' results nor whether the cap
+// frees SMs for the other strand is tested here (both need two GPUs). A negative cap is a
+// ConfigError naming it.
 TEST(NcclGroup, ACappedCommunicatorStillMovesTheBytes) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <string>
 
@@ -21,7 +22,7 @@ namespace {
 #define DHX_GREEN_FNS(X)                                                                              \
   X(cuDeviceGet) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) \
   X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
-  X(cuGetErrorString)
+  X(cuCtxSynchronize) X(cuGetErrorString)
 
 struct Driver {
 #define DHX_GREEN_FIELD(f) decltype(&::f) f = nullptr;
@@ -41,8 +42,8 @@ const Driver& driver() {
     const cudaError_t e = cudaGetDriverEntryPointByVersion(#f, &p, CUDA_VERSION, cudaEnableDefault, &q); \
     if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {                                    \
       (void)cudaGetLastError();                                                                          \
-      d.why = fmt::format("the CUDA driver has no {} for CUDA {}.{} ({}; green contexts need a 12.4+ "     \
-                          "driver)", #f, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10,                  \
+      d.why = fmt::format("the CUDA driver has no {} for CUDA {}.{} ({}; green contexts came with "      \
+                          "CUDA 12.4)", #f, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10,                  \
                           e != cudaSuccess ? cudaGetErrorString(e)                                       \
                           : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"              \
                                                                          : "symbol not found");          \
@@ -107,16 +108,40 @@ std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int par
 }
 
 SmPartition::~SmPartition() {
-  if (green_) driver().cuGreenCtxDestroy(static_cast<CUgreenCtx>(green_));
+  if (!green_) return;
+  // The destroy does not wait: the work, stream destructions and stream-ordered frees issued in the
+  // partition finish first.
+  const Driver& drv = driver();
+  if (drv.cuCtxPushCurrent(static_cast<CUcontext>(ctx_)) == CUDA_SUCCESS) {
+    (void)drv.cuCtxSynchronize();
+    CUcontext popped = nullptr;
+    (void)drv.cuCtxPopCurrent(&popped);
+  }
+  drv.cuGreenCtxDestroy(static_cast<CUgreenCtx>(green_));
 }
 
 void SmPartition::enter() const { check(driver().cuCtxPushCurrent(static_cast<CUcontext>(ctx_)), "cuCtxPushCurrent"); }
 
-void SmPartition::leave() const {
+std::string SmPartition::try_leave() const noexcept {
   CUcontext popped = nullptr;
-  check(driver().cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
-  DHX_CHECK(popped == static_cast<CUcontext>(ctx_), InternalError,
-            "SM partition of cuda:{} ({} SMs) left on a thread where it was not the current context", device_, sms_);
+  const CUresult r = driver().cuCtxPopCurrent(&popped);
+  if (r != CUDA_SUCCESS) return fmt::format("cuCtxPopCurrent failed: error {}", static_cast<int>(r));
+  if (popped != static_cast<CUcontext>(ctx_))
+    return fmt::format("SM partition of cuda:{} ({} SMs) left on a thread where it was not the current context "
+                       "(something replaced it: a bare cudaSetDevice, or another partition entered and not left)",
+                       device_, sms_);
+  return "";
+}
+
+void SmPartition::leave() const {
+  const std::string why = try_leave();
+  DHX_CHECK(why.empty(), InternalError, "{}", why);
+}
+
+SmPartitionScope::~SmPartitionScope() {
+  if (!p_) return;
+  const std::string why = p_->try_leave();
+  if (!why.empty()) std::fprintf(stderr, "dhelix: leaving an SM partition: %s\n", why.c_str());
 }
 
 }  // namespace dhelix::cuda

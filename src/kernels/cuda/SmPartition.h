@@ -12,9 +12,12 @@
 //   rank 1 thread: enter(p1) -> ... on p1's SMs
 //
 // Memory is the device's: a pointer allocated under any partition (or none) is valid under every
-// other, and events and streams order work across partitions as across streams. What a thread
-// creates while inside a partition (streams, events, handles) belongs to it; destroy those before
-// the partition. The driver's functions are looked up at run time (cudaGetDriverEntryPointByVersion),
+// other, and a stream may wait for an event of any partition. What a thread creates while inside a
+// partition (streams, events, handles) belongs to that partition: only that thread drives it (a
+// green context is current to one thread at a time), an event is recorded only on its own
+// partition's streams, and it is destroyed before the partition (whose destructor waits for its
+// work first). So a helper thread of a rank (a staged group's comm thread) keeps its own streams
+// in the device's primary context; NCCL groups are not made inside partitions (one GPU per rank). The driver's functions are looked up at run time (cudaGetDriverEntryPointByVersion),
 // so the project links no driver library and a driver without green contexts is a DeviceError that
 // names what is missing.
 #pragma once
@@ -22,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace dhelix::cuda {
@@ -44,6 +48,8 @@ class SmPartition {
   void enter() const;
   // Pops it; InternalError when it is not the calling thread's current context.
   void leave() const;
+  // leave() without throwing: "" when it was left, else why not.
+  std::string try_leave() const noexcept;
 
  private:
   SmPartition(int device, int sms, void* green, void* ctx) : device_(device), sms_(sms), green_(green), ctx_(ctx) {}
@@ -52,15 +58,14 @@ class SmPartition {
   void* ctx_ = nullptr;    // its CUcontext (cuCtxFromGreenCtx)
 };
 
-// enter() for a scope.
+// enter() for a scope (null: none). Its end leaves the partition without throwing (a destructor):
+// a failure to leave is printed to stderr; call leave() yourself to have it thrown.
 class SmPartitionScope {
  public:
   explicit SmPartitionScope(const SmPartition* p) : p_(p) {
     if (p_) p_->enter();
   }
-  ~SmPartitionScope() {
-    if (p_) p_->leave();
-  }
+  ~SmPartitionScope();
   SmPartitionScope(const SmPartitionScope&) = delete;
   SmPartitionScope& operator=(const SmPartitionScope&) = delete;
 
