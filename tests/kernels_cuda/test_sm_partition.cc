@@ -17,6 +17,7 @@
 #include "CudaTest.h"
 #include "comm/LocalBackend.h"
 #include "comm/StagedGroup.h"
+#include "kernels/cuda/Gemm.h"
 #include "kernels/cuda/SmPartition.h"
 #include "tensor/Tensor.h"
 
@@ -102,6 +103,46 @@ TEST(CudaSmPartition, StagedCollectivesBetweenPartitionsEqualTheCpuGroupsBitwise
     EXPECT_EQ(std::memcmp(bg.raw(), hg.raw(), hg.nbytes()), 0) << "all_gather";
     g->barrier();
   });
+}
+
+// cuBLASLt inside a partition plans for the partition's SMs (Blas::sm_count_target), outside for
+// the device's (0), and its GEMM is still exact. Oracle: small integer operands (|x|, |w| <= 2, K =
+// 64), whose products and sums (|sum| <= 256) are exact in fp32 and in bf16 (integers up to 256
+// have 8 significant bits), so any algorithm must give exactly the CPU's integer product.
+TEST(CudaSmPartition, BlasInsideAPartitionPlansForItsSmsAndStaysExact) {
+  DHX_REQUIRE_GPU();
+  const int64_t N = 48, I = 64, O = 40;
+  std::vector<float> x(N * I), w(O * I);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i * 7 % 5) - 2);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>(i * 3 % 5) - 2);
+  std::vector<float> want(N * O, 0.f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t i = 0; i < I; ++i) want[n * O + o] += x[n * I + i] * w[o * I + i];
+  {
+    cuda::Blas whole(0);
+    EXPECT_EQ(whole.sm_count_target(), 0);
+  }
+  auto parts = SmPartition::split(0, 2);
+  std::thread t([&] {
+    SmPartitionScope in(parts[0].get());
+    cuda::Blas blas(0);
+    EXPECT_EQ(blas.sm_count_target(), parts[0]->sms());
+    EXPECT_EQ(cuda::current_sm_count(0), parts[0]->sms());
+    cudaStream_t s = nullptr;
+    DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    {
+      cuda::test::DevBuf<cuda::bf16> dx(cuda::test::to_bf16(x)), dw(cuda::test::to_bf16(w)), dy(N * O);
+      dy.poison();
+      blas.linear_fwd(dx.get(), dw.get(), nullptr, dy.get(), N, I, O, s);
+      DHX_CUDA(cudaStreamSynchronize(s));
+      const std::vector<float> got = cuda::test::to_f32(dy.download());
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+    }
+    DHX_CUDA(cudaStreamDestroy(s));
+  });
+  t.join();
+  EXPECT_EQ(cuda::current_sm_count(0), cuda::device_info(0).sms);
 }
 
 // Bad input: no parts, or more parts than the device has SM groups -- DeviceError / ConfigError naming

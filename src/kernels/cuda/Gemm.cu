@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cuda/SmPartition.h"
+
 namespace dhelix::cuda {
 
 namespace {
@@ -40,6 +42,8 @@ struct Blas::Plan {
 
 Blas::Blas(int device) : device_(device) {
   require_device(device);
+  const int sms = current_sm_count(device);
+  if (sms < device_info(device).sms) sm_target_ = sms;
   cublasLtHandle_t h;
   DHX_CUBLAS(cublasLtCreate(&h));
   handle_ = h;
@@ -99,6 +103,10 @@ Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
   const cublasOperation_t opa = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  if (sm_target_ > 0) {
+    const int32_t target = sm_target_;
+    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
+  }
   if (k.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));

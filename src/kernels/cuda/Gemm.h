@@ -44,6 +44,10 @@ class Blas {
             int64_t ldb, float beta, void* C, int64_t ldc, Out out, const bf16* bias, cudaStream_t s);
 
   size_t cached_algorithms() const;
+  // The SM count cuBLASLt's heuristic is told to plan for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET):
+  // the SMs of the SM partition the constructing thread was in (cuda::SmPartition), so that a rank
+  // on half the GPU gets the algorithms for half the GPU; 0 (outside a partition): the device's own.
+  int sm_count_target() const { return sm_target_; }
 
   // How a new shape's algorithm is chosen. kHeuristic (the default): cuBLASLt's heuristic's first
   // answer -- the same on every run, so results are reproducible run to run. kTimed: the fastest of
@@ -86,6 +90,7 @@ class Blas {
   void* workspace_locked(cudaStream_t s);  // the caller holds mu_
 
   int device_;
+  int sm_target_ = 0;
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;

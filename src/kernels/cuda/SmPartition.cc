@@ -22,7 +22,7 @@ namespace {
 #define DHX_GREEN_FNS(X)                                                                              \
   X(cuDeviceGet) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) \
   X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
-  X(cuCtxSynchronize) X(cuGetErrorString)
+  X(cuCtxSynchronize) X(cuCtxGetCurrent) X(cuCtxGetDevResource) X(cuGetErrorString)
 
 struct Driver {
 #define DHX_GREEN_FIELD(f) decltype(&::f) f = nullptr;
@@ -31,7 +31,8 @@ struct Driver {
   std::string why;  // empty when every function was found
 };
 
-const Driver& driver() {
+// The functions as far as found (why says what is missing); never throws.
+const Driver& loaded() {
   static std::once_flag once;
   static Driver d;
   std::call_once(once, [] {
@@ -54,6 +55,11 @@ const Driver& driver() {
     DHX_GREEN_FNS(DHX_GREEN_LOAD)
 #undef DHX_GREEN_LOAD
   });
+  return d;
+}
+
+const Driver& driver() {
+  const Driver& d = loaded();
   DHX_CHECK(d.why.empty(), DeviceError, "SM partitions: {}", d.why);
   return d;
 }
@@ -66,6 +72,18 @@ void check(CUresult r, const char* what) {
 }
 
 }  // namespace
+
+int current_sm_count(int device) {
+  const int whole = device_info(device).sms;
+  const Driver& d = loaded();
+  if (!d.why.empty()) return whole;
+  CUcontext ctx = nullptr;
+  CUdevResource r{};
+  if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+      d.cuCtxGetDevResource(ctx, &r, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS || r.sm.smCount == 0)
+    return whole;
+  return std::min(whole, static_cast<int>(r.sm.smCount));
+}
 
 std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int parts) {
   require_device(device);

@@ -73,6 +73,11 @@ class SmPartitionScope {
   const SmPartition* p_;
 };
 
+// The SMs the calling thread's kernels may use on GPU `device`: those of the SM partition it is in,
+// else the device's. Never throws for want of green contexts (a driver without them has no
+// partitions: the device's count).
+int current_sm_count(int device);
+
 // Launches `blocks` blocks of `threads` threads on `stream`, each block spinning for about `spin_us`
 // microseconds (so that the blocks are resident together and spread over every SM they may use)
 // and writing the SM it ran on (%smid) to out[block] (device memory, `blocks` int32s). A diagnostic:
