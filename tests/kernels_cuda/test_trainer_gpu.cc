@@ -338,9 +338,9 @@ TEST_P(GpuFamilies, TensorParallelRanksSharingTheGpuTrackOneRank) {
 }
 
 // tp = 2 with each rank in its own SM partition (the setting bench/gpu_si.cc measures SI's gain
-// in): the partitions change only where the kernels run (cuBLASLt's heuristic is expected to see
-// the whole device's SM count and pick the same algorithms, but nothing promises it), so the oracle
-// and bound are the shared-GPU test's above (the one-rank run on the whole GPU, 1e-2 relative); and
+// in): the partitions change where the kernels run and which algorithms cuBLASLt picks (it plans
+// for the partition's SMs: Blas::sm_count_target), so the oracle and bound are the shared-GPU
+// test's above (the one-rank run on the whole GPU, 1e-2 relative); and
 // SI on vs off inside the partitions is bitwise equal, as on the whole device (the same kernels and
 // algorithms either way, only their order differs).
 TEST_P(GpuFamilies, TensorParallelRanksOnTheirOwnSmPartitionsTrackOneRank) {
