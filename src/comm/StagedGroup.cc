@@ -68,7 +68,7 @@ class StagedGroup final : public ProcessGroup {
     check_like(in, out, "all_gather");
     const double bytes = static_cast<double>(size() - 1) * static_cast<double>(in.nbytes());
     return collective(in, [this, out](Tensor h) {
-      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      Tensor ho = Tensor::empty_pinned(out.shape(), out.dtype());
       host_.all_gather(h, ho).wait();
       return std::make_pair(ho, out);
     }, bytes);
@@ -77,7 +77,7 @@ class StagedGroup final : public ProcessGroup {
     check_like(in, out, "reduce_scatter");
     const double bytes = static_cast<double>(size() - 1) / size() * static_cast<double>(in.nbytes());
     return collective(in, [this, out, op](Tensor h) {
-      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      Tensor ho = Tensor::empty_pinned(out.shape(), out.dtype());
       host_.reduce_scatter(h, ho, op).wait();
       return std::make_pair(ho, out);
     }, bytes);
@@ -86,7 +86,7 @@ class StagedGroup final : public ProcessGroup {
     check_like(in, out, "all_to_all");
     const double bytes = static_cast<double>(size() - 1) / size() * static_cast<double>(in.nbytes());
     return collective(in, [this, out](Tensor h) {
-      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      Tensor ho = Tensor::empty_pinned(out.shape(), out.dtype());
       host_.all_to_all(h, ho).wait();
       return std::make_pair(ho, out);
     }, bytes);
@@ -103,7 +103,7 @@ class StagedGroup final : public ProcessGroup {
       return v;
     };
     return collective(in, [this, out, s = rows(std::move(send)), r = rows(std::move(recv))](Tensor h) {
-      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      Tensor ho = Tensor::empty_pinned(out.shape(), out.dtype());
       host_.all_to_all_v(h, s, ho, r).wait();
       return std::make_pair(ho, out);
     }, bytes);
@@ -112,7 +112,7 @@ class StagedGroup final : public ProcessGroup {
     check_like(in, out, "ring_shift");
     const double bytes = static_cast<double>(in.nbytes());
     return collective(in, [this, out](Tensor h) {
-      Tensor ho = Tensor::empty(out.shape(), out.dtype());
+      Tensor ho = Tensor::empty_pinned(out.shape(), out.dtype());
       host_.ring_shift(h, ho).wait();
       return std::make_pair(ho, out);
     }, bytes);
@@ -151,7 +151,7 @@ class StagedGroup final : public ProcessGroup {
     const bool host = t.device().is_host();
     cudaEvent_t ready = host ? nullptr : producer_point();
     return [this, t, peer, tag, ready, host](const std::shared_ptr<WorkState>& st) {
-      Tensor h = host ? t : Tensor::empty(t.shape(), t.dtype());
+      Tensor h = host ? t : Tensor::empty_pinned(t.shape(), t.dtype());
       Posted p{st, host_.recv(h, peer, tag), h, host ? Tensor() : t, ready};
       posted_.push_back(std::move(p));
       return false;
@@ -206,7 +206,7 @@ class StagedGroup final : public ProcessGroup {
       cudaEventDestroy(ready);
       cuda_check(e, "cudaStreamWaitEvent (producer)");
     }
-    Tensor h = Tensor::empty(t.shape(), t.dtype());
+    Tensor h = Tensor::empty_pinned(t.shape(), t.dtype());
     device_copy(h.raw(), Device::host(), t.raw(), t.device(), t.nbytes(), copy_stream());  // returns when copied
     return h;
   }

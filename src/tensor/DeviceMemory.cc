@@ -4,7 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -178,6 +181,75 @@ DeviceMemoryStats device_memory_stats(Device d) {
   return out;
 }
 
+namespace {
+
+// Freed page-locked blocks by capacity (the host block cache's rule, Tensor.cc): page-locking costs
+// about as much as the copy it speeds up, so blocks are kept for the next op of a similar size.
+class PinnedCache {
+ public:
+  static constexpr size_t kCapBytes = size_t{1} << 30;
+  static PinnedCache& get() {
+    static PinnedCache* c = new PinnedCache;  // never destroyed: tensors may outlive statics
+    return *c;
+  }
+  void* take(size_t bytes, size_t* capacity) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first - bytes <= it->first / 8) {
+        void* p = it->second;
+        *capacity = it->first;
+        stats_.cached_bytes -= it->first;
+        ++stats_.hits;
+        free_.erase(it);
+        return p;
+      }
+      ++stats_.misses;
+    }
+    const size_t cap = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, cap, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    *capacity = cap;
+    return p;
+  }
+  void give(void* p, size_t capacity) {
+    std::lock_guard<std::mutex> g(mu_);
+    free_.emplace(capacity, p);
+    stats_.cached_bytes += capacity;
+    while (stats_.cached_bytes > kCapBytes) {
+      auto last = std::prev(free_.end());
+      stats_.cached_bytes -= last->first;
+      cudaFreeHost(last->second);
+      free_.erase(last);
+    }
+  }
+  PinnedStats stats() {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  PinnedStats stats_;
+};
+
+}  // namespace
+
+void* pinned_alloc(size_t bytes, size_t* capacity) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return PinnedCache::get().take(bytes, capacity);
+}
+void pinned_free(void* p, size_t capacity) { PinnedCache::get().give(p, capacity); }
+PinnedStats pinned_stats() { return PinnedCache::get().stats(); }
+
 void use_device(Device d) {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current == d.index) return;
@@ -223,6 +295,9 @@ void device_zero(Device d, void*, size_t, StreamHandle) { no_cuda(d); }
 DeviceMemoryStats device_memory_stats(Device d) { no_cuda(d); }
 void reset_device_peak(Device d) { no_cuda(d); }
 void use_device(Device d) { no_cuda(d); }
+void* pinned_alloc(size_t, size_t*) { return nullptr; }
+void pinned_free(void*, size_t) {}
+PinnedStats pinned_stats() { return {}; }
 
 #endif
 

@@ -54,6 +54,21 @@ void device_zero(Device d, void* p, size_t bytes, StreamHandle s);
 // DeviceError as cudaSetDevice's. Every CUDA layer sets its device through this.
 void use_device(Device d);
 
+// Page-locked (pinned) host memory for staging copies (a GPU copies it by DMA, at the link's full
+// rate, where pageable memory goes through the driver's bounce buffers): at least `bytes`, its
+// capacity in *capacity, from a cache of freed blocks (the smallest that wastes at most an eighth;
+// beyond 1 GiB of free blocks the largest are released), portable to every context of the process.
+// nullptr when it cannot be had (a build without CUDA, a machine without a GPU, the driver out of
+// page-locked memory): the caller uses ordinary memory instead. Give the block back with
+// pinned_free(p, capacity).
+void* pinned_alloc(size_t bytes, size_t* capacity);
+void pinned_free(void* p, size_t capacity);
+struct PinnedStats {
+  int64_t hits = 0, misses = 0;  // blocks served from the cache / newly page-locked
+  size_t cached_bytes = 0;       // free blocks held now
+};
+PinnedStats pinned_stats();
+
 struct DeviceMemoryStats {
   int64_t in_use = 0, peak_in_use = 0;  // bytes handed out by device_alloc, now and at most
   int64_t reserved = 0;                 // bytes the pool holds from the driver (in use + cached)

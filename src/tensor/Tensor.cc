@@ -127,7 +127,22 @@ Storage::Storage(size_t bytes, MemoryTracker* tracker, Device device, StreamHand
   if (tracker_) tracker_->add(static_cast<int64_t>(bytes_));
 }
 
+Storage::Storage(size_t bytes, Pinned) : bytes_(bytes) {
+  data_ = pinned_alloc(bytes == 0 ? 1 : bytes, &capacity_);
+  if (data_ != nullptr) {
+    pinned_ = true;
+    return;
+  }
+  capacity_ = bytes == 0 ? 64 : ((bytes + 63) / 64) * 64;
+  data_ = std::aligned_alloc(64, capacity_);
+  DHX_CHECK(data_ != nullptr, Error, "out of host memory allocating {} bytes", bytes);
+}
+
 Storage::~Storage() {
+  if (pinned_) {
+    pinned_free(data_, capacity_);
+    return;
+  }
   if (!device_.is_host()) {
     try {
       device_free(device_, data_, stream_, capacity_);
@@ -150,6 +165,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemoryTracker* tracker, De
   t.dtype_ = dtype;
   t.storage_ =
       std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), tracker, device, stream);
+  return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) DHX_CHECK(d >= 0, InternalError, "negative extent in shape {}", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), Storage::Pinned{});
   return t;
 }
 

@@ -58,6 +58,9 @@ class MemoryTracker {
 class Storage {
  public:
   Storage(size_t bytes, MemoryTracker* tracker, Device device = Device::host(), StreamHandle stream = nullptr);
+  // Host bytes, page-locked where pinned_alloc can give them (pinned() says), else ordinary.
+  struct Pinned {};
+  Storage(size_t bytes, Pinned);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -65,6 +68,7 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   StreamHandle stream() const { return stream_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_ = nullptr;
@@ -72,6 +76,7 @@ class Storage {
   MemoryTracker* tracker_ = nullptr;
   Device device_;
   StreamHandle stream_ = nullptr;
+  bool pinned_ = false;  // data_ is pinned_alloc's
 };
 
 // The host block cache's figures, for tests and benchmarks.
@@ -89,6 +94,10 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr,
                       Device device = Device::host(), StreamHandle stream = nullptr);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, MemoryTracker* tracker = nullptr);
+  // A host tensor for staging copies to and from a GPU: page-locked where the machine allows
+  // (pinned_alloc; is_pinned()), else an ordinary host tensor. Not charged to a tracker.
+  static Tensor empty_pinned(const Shape& shape, DType dtype);
+  bool is_pinned() const { return storage_ && storage_->pinned(); }
 
   bool defined() const { return storage_ != nullptr; }
   Device device() const { return storage_ ? storage_->device() : Device::host(); }

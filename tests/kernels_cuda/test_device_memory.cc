@@ -1,8 +1,10 @@
 // Tensors on the GPU through the caching device allocator (tensor/DeviceMemory.h). Oracles: a
 // host -> device -> host round trip returns the same bits; the trackers count exactly the bytes
 // asked for; a freed block is reused (the pool's reserved bytes do not grow when the same sizes are
-// allocated again); without a GPU, asking for one is a DeviceError that says so.
+// allocated again); without a GPU, asking for one is a DeviceError that says so; pinned host
+// tensors (below).
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "CudaTest.h"
@@ -19,6 +21,34 @@ TEST(DeviceMemory, WithoutAGpuAskingForOneSaysSo) {
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("no GPU"), std::string::npos) << e.what();
   }
+}
+
+// Tensor::empty_pinned, the staged groups' host buffers. Without a GPU: an ordinary host tensor
+// (is_pinned() false) that holds its values. With one: page-locked (the runtime's own record,
+// cudaPointerGetAttributes, says host memory it registered), a device round trip through it is
+// bitwise, and a block freed is the next one of that size (the cache: pinned_stats' hit).
+TEST(DeviceMemory, PinnedHostTensorsArePageLockedAndReused) {
+  Tensor h = Tensor::empty_pinned({1000, 3}, DType::kF32);
+  for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = 0.5f * static_cast<float>(i) - 7.f;
+  for (int64_t i = 0; i < h.numel(); ++i) ASSERT_EQ(h.f32()[i], 0.5f * static_cast<float>(i) - 7.f);
+  if (probe().devices == 0) {
+    EXPECT_FALSE(h.is_pinned());
+    return;
+  }
+  ASSERT_TRUE(h.is_pinned());
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, h.raw()), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeHost);
+  const Tensor d = h.to(Device::cuda(0));
+  Tensor back = Tensor::empty_pinned({1000, 3}, DType::kF32);
+  back.copy_from(d);
+  EXPECT_EQ(std::memcmp(back.raw(), h.raw(), h.nbytes()), 0);
+  const void* first = h.raw();
+  h = Tensor();
+  const int64_t hits = pinned_stats().hits;
+  Tensor again = Tensor::empty_pinned({1000, 3}, DType::kF32);
+  EXPECT_EQ(again.raw(), first);
+  EXPECT_EQ(pinned_stats().hits, hits + 1);
 }
 
 TEST(DeviceMemory, RoundTripIsBitwiseAndTrackersCountDeviceBytes) {
