@@ -6,12 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <iterator>
-#include <map>
 #include <mutex>
 #include <vector>
 
 #include "base/Error.h"
+#include "tensor/BlockCache.h"
 
 #if DHELIX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -183,59 +182,12 @@ DeviceMemoryStats device_memory_stats(Device d) {
 
 namespace {
 
-// Freed page-locked blocks by capacity (the host block cache's rule, Tensor.cc): page-locking costs
-// about as much as the copy it speeds up, so blocks are kept for the next op of a similar size.
-class PinnedCache {
- public:
-  static constexpr size_t kCapBytes = size_t{1} << 30;
-  static PinnedCache& get() {
-    static PinnedCache* c = new PinnedCache;  // never destroyed: tensors may outlive statics
-    return *c;
-  }
-  void* take(size_t bytes, size_t* capacity) {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto it = free_.lower_bound(bytes);
-      if (it != free_.end() && it->first - bytes <= it->first / 8) {
-        void* p = it->second;
-        *capacity = it->first;
-        stats_.cached_bytes -= it->first;
-        ++stats_.hits;
-        free_.erase(it);
-        return p;
-      }
-      ++stats_.misses;
-    }
-    const size_t cap = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, cap, cudaHostAllocPortable) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    *capacity = cap;
-    return p;
-  }
-  void give(void* p, size_t capacity) {
-    std::lock_guard<std::mutex> g(mu_);
-    free_.emplace(capacity, p);
-    stats_.cached_bytes += capacity;
-    while (stats_.cached_bytes > kCapBytes) {
-      auto last = std::prev(free_.end());
-      stats_.cached_bytes -= last->first;
-      cudaFreeHost(last->second);
-      free_.erase(last);
-    }
-  }
-  PinnedStats stats() {
-    std::lock_guard<std::mutex> g(mu_);
-    return stats_;
-  }
-
- private:
-  std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  PinnedStats stats_;
-};
+// Freed page-locked blocks by capacity (BlockCache.h), 1 GiB of them at most.
+FreeBlocks<void (*)(void*)>& pinned_blocks() {
+  // Never destroyed: tensors may outlive statics.
+  static auto* c = new FreeBlocks<void (*)(void*)>(size_t{1} << 30, [](void* p) { cudaFreeHost(p); });
+  return *c;
+}
 
 }  // namespace
 
@@ -245,10 +197,18 @@ void* pinned_alloc(size_t bytes, size_t* capacity) {
     (void)cudaGetLastError();
     return nullptr;
   }
-  return PinnedCache::get().take(bytes, capacity);
+  if (void* p = pinned_blocks().take(bytes, capacity)) return p;
+  const size_t cap = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, cap, cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  *capacity = cap;
+  return p;
 }
-void pinned_free(void* p, size_t capacity) { PinnedCache::get().give(p, capacity); }
-PinnedStats pinned_stats() { return PinnedCache::get().stats(); }
+void pinned_free(void* p, size_t capacity) { pinned_blocks().give(p, capacity); }
+PinnedStats pinned_stats() { return pinned_blocks().stats(); }
 
 void use_device(Device d) {
   int current = -1;

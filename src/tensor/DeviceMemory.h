@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tensor/BlockCache.h"
 #include "tensor/Device.h"
 
 namespace dhelix {
@@ -63,10 +64,7 @@ void use_device(Device d);
 // pinned_free(p, capacity).
 void* pinned_alloc(size_t bytes, size_t* capacity);
 void pinned_free(void* p, size_t capacity);
-struct PinnedStats {
-  int64_t hits = 0, misses = 0;  // blocks served from the cache / newly page-locked
-  size_t cached_bytes = 0;       // free blocks held now
-};
+using PinnedStats = BlockCacheStats;  // hits: blocks served from the cache; misses: newly page-locked
 PinnedStats pinned_stats();
 
 struct DeviceMemoryStats {

@@ -58,9 +58,9 @@ class HostBlockCache {
  public:
   static constexpr size_t kMinBytes = size_t{1} << 20;
   static constexpr size_t kCapBytes = size_t{2} << 30;
-
-  static HostBlockCache& get() {
-    static HostBlockCache* c = new HostBlockCache;  // never destroyed: tensors may outlive statics
+  static FreeBlocks<void (*)(void*)>& get() {
+    // Never destroyed: tensors may outlive statics.
+    static auto* c = new FreeBlocks<void (*)(void*)>(kCapBytes, [](void* p) { std::free(p); });
     return *c;
   }
   static bool enabled() {
@@ -70,42 +70,6 @@ class HostBlockCache {
     return true;
 #endif
   }
-
-  // A cached block for `bytes` (its capacity in *capacity), or nullptr.
-  void* take(size_t bytes, size_t* capacity) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.lower_bound(bytes);
-    if (it == free_.end() || it->first - bytes > it->first / 8) {
-      ++stats_.misses;
-      return nullptr;
-    }
-    void* p = it->second;
-    *capacity = it->first;
-    stats_.cached_bytes -= it->first;
-    ++stats_.hits;
-    free_.erase(it);
-    return p;
-  }
-  void give(void* p, size_t capacity) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.emplace(capacity, p);
-    stats_.cached_bytes += capacity;
-    while (stats_.cached_bytes > kCapBytes) {
-      auto last = std::prev(free_.end());
-      stats_.cached_bytes -= last->first;
-      std::free(last->second);
-      free_.erase(last);
-    }
-  }
-  HostCacheStats stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-
- private:
-  std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  HostCacheStats stats_;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "base/Error.h"
 #include "tensor/Device.h"
+#include "tensor/BlockCache.h"
 #include "tensor/DeviceMemory.h"
 
 namespace dhelix {
@@ -80,10 +81,8 @@ class Storage {
 };
 
 // The host block cache's figures, for tests and benchmarks.
-struct HostCacheStats {
-  int64_t hits = 0, misses = 0;  // allocations of >= 1 MiB served from the cache / from malloc
-  size_t cached_bytes = 0;       // held now, free
-};
+// (hits, misses: allocations of >= 1 MiB served from the cache / from malloc; cached_bytes: free.)
+using HostCacheStats = BlockCacheStats;
 HostCacheStats host_cache_stats();
 
 class Tensor {
