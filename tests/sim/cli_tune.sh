@@ -107,7 +107,7 @@ then ok confirm_with_traces; else fail confirm_with_traces; echo "exit $rc"; ech
 
 # --recompute auto: layouts that need more memory than the device has without recomputation come
 # back with the least recompute that fits (GPT-2 124M, 256 sequences of 1024 per micro-batch on 4 A100
-# 40 GB: 16 of the 19 layouts need more without it), each named; with none they are excluded.
+# 40 GB: 19 of the 25 layouts need more without it), each named; with none they are excluded.
 out=$("$bin" tune --model gpt2-124m --gpus 4 --cluster perlmutter-a100 --global-batch 1024 --micro-batch-size 256 \
       --json "$tmp/rc_none.json" 2>&1) && out2=$("$bin" tune --model gpt2-124m --gpus 4 --cluster perlmutter-a100 \
       --global-batch 1024 --micro-batch-size 256 --recompute auto --json "$tmp/rc_auto.json" 2>&1)
