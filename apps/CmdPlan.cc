@@ -208,6 +208,37 @@ ConfigOverrides layout_overrides(const std::string& spec, int gpus) {
   return o;
 }
 
+// "124.4M", "41.87B": a parameter count for a header line.
+std::string parameter_count(double n) { return n < 1e9 ? fmt::format("{:.1f}M", n / 1e6) : fmt::format("{:.2f}B", n / 1e9); }
+
+// Whether the config's model is its preset's (model.preset's extents, not reshaped by model.* keys;
+// the context length aside, which the run sets).
+bool has_preset_shape(const RunConfig& cfg) {
+  const ModelConfig p = model_preset(cfg.model_preset), &m = cfg.model;
+  return p.family == m.family && p.vocab_size == m.vocab_size && p.d_model == m.d_model && p.n_layers == m.n_layers &&
+         p.n_heads == m.n_heads && p.n_kv_heads == m.n_kv_heads && p.ffn_hidden == m.ffn_hidden &&
+         p.tie_embeddings == m.tie_embeddings && (!m.is_moe() || (p.n_experts == m.n_experts && p.top_k == m.top_k));
+}
+
+// The simulated model as the config shapes it: family, parameters and extents, named after its
+// preset only when it has that preset's shape ("gpt2-124m: gpt of 124.4M parameters (12 layers,
+// ...)"); a config without model.preset starts from "demo"'s keys, whose name would misdescribe
+// it, and a preset reshaped by the config's keys says so.
+std::string describe_simulated_model(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  std::string s = fmt::format("{} of {} parameters ({} layers, d_model {}, heads {}/{}, ffn {}, vocab {}",
+                              family_name(m.family), parameter_count(double(m.num_params())), m.n_layers, m.d_model,
+                              m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab_size);
+  if (m.is_moe()) {  // each token's MLP is top_k of the n_experts experts (3 C F each per layer)
+    const double idle = double(m.n_layers) * double(m.n_experts - m.top_k) * 3 * double(m.d_model) * double(m.ffn_hidden);
+    s += fmt::format(", {} experts, top-{}: {} active", m.n_experts, m.top_k,
+                     parameter_count(double(m.num_params()) - idle));
+  }
+  s += ")";
+  if (has_preset_shape(cfg)) return cfg.model_preset + ": " + s;
+  return cfg.model_preset == "demo" ? s : s + fmt::format(" (preset {} reshaped by the config)", cfg.model_preset);
+}
+
 }  // namespace
 
 int cmd_simulate(int argc, char** argv) {
@@ -314,7 +345,7 @@ int cmd_simulate(int argc, char** argv) {
             cluster.name, r.memory.total() / gib, r.memory.params / gib, r.memory.grads / gib, r.memory.optimizer / gib,
             r.memory.gathered / gib, r.memory.activations / gib, cluster.memory_bytes / gib);
   fmt::print("simulate: {} | {} | B={} T={} x {} micro-batches | SI {}{} | {} | {}{} | cluster {}\n",
-             describe_model(cfg.model), describe_layout(lay), batch.micro_batch, batch.seq, r.micro_batches,
+             describe_simulated_model(cfg), describe_layout(lay), batch.micro_batch, batch.seq, r.micro_batches,
              cfg.schedule.strand_interleaving ? "on" : "off",
              cfg.schedule.plan.empty() ? "" : " (plan " + cfg.schedule.plan + ")", so.zero == Zero::kZero1 ? "ZeRO-1" : "no ZeRO",
              precision_name(so.precision), prec == "native" ? " (the preset's)" : "", cluster.name);
@@ -374,7 +405,8 @@ int cmd_simulate(int argc, char** argv) {
                  g.compute_s, g.bubble_s, g.exposed_s, static_cast<int>(i) == r.critical_stage ? "  (sets the step)" : "");
     }
   }
-  fmt::print("simulated in {:.3f} s ({} ranks, {} simulated ops)\n", sim_s, lay.world(), r.events.size());
+  fmt::print("simulated in {:.3f} s ({} ranks as {} rank class{}, {} simulated ops)\n", sim_s, lay.world(),
+             r.rank_classes, r.rank_classes == 1 ? "" : "es", r.events.size());
   if (trace_path) {
     Trace t(0);
     for (const StepSimEvent& e : r.events) t.add(e.lane.ends_with("compute") ? e.lane : "comm " + e.lane, e.name, e.begin_s, e.end_s);
@@ -400,6 +432,14 @@ int cmd_simulate(int argc, char** argv) {
                         {"fits", !oom},
                         {"precision", precision_name(so.precision)},
                         {"recompute", recompute_name(lay.recompute)},
+                        {"recompute_layers", lay.recompute_layers},  // 0: every layer of each chunk
+                        {"model", {{"preset", has_preset_shape(cfg) ? nlohmann::json(cfg.model_preset) : nlohmann::json()},
+                                   {"family", family_name(cfg.model.family)},
+                                   {"layers", cfg.model.n_layers},
+                                   {"d_model", cfg.model.d_model},
+                                   {"parameters", cfg.model.num_params()}}},
+                        {"ranks", lay.world()},
+                        {"rank_classes", r.rank_classes},
                         {"memory", {{"params", r.memory.params},
                                     {"grads", r.memory.grads},
                                     {"optimizer", r.memory.optimizer},

@@ -333,6 +333,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     r.replica_classes.push_back({"with the straggler", slow_replicas, slow_end, std::max(0.0, others_end - slow_end)});
     r.replica_classes.push_back({"the others", lay.dp - slow_replicas, others_end, std::max(0.0, slow_end - others_end)});
   }
+  r.rank_classes = lay.pp * static_cast<int>(r.replica_classes.size());
   for (const RankStats& st : ranks) r.events.insert(r.events.end(), st.events.begin(), st.events.end());
   const double tokens = double(batch.global_batch) * double(batch.seq);
   r.tokens_per_s = tokens / r.step_s;

@@ -121,6 +121,9 @@ struct StepSimResult {
     double wait_s = 0;  // its ranks idle at the gradient reduction, waiting for the slowest class
   };
   std::vector<ReplicaClass> replica_classes;
+  // The rank classes simulated: one representative rank per pipeline stage of each replica class
+  // (pp x replica_classes.size()), standing for all of the layout's ranks.
+  int rank_classes = 0;
   int critical_stage = 0;
   std::vector<StepSimEvent> events;  // passes and gradient tails of every stage, on one clock
 };

@@ -174,4 +174,49 @@ expect_bad moe_imbalance_dense "--moe-imbalance 2 must be in 1..ep=1" "model.fam
 expect_bad moe_imbalance_range "--moe-imbalance 3 must be in 1..ep=2" -- --config configs/moe-demo.toml \
   --cluster cpu-emulated --parallel.dp 2 --parallel.ep 2 --moe-imbalance 3
 
+# 8. What the step is of (issue 38): the header describes the model the config shapes, so a config
+#    without model.preset is not called "demo" (oracle: the GPT parameter count by hand, tied head:
+#    L (4C + 3C^2 + 3C + C^2 + C + 2CF + F + C) + V C + T C + 2C); "N ranks as K rank classes", K the
+#    pipeline stages times the replica classes (2 stages; with a straggler, its replica and the
+#    others'); the JSON says ranks, rank_classes and recompute_layers (0: every layer).
+cat > "$tmp/gpt.toml" <<'TOML'
+[model]
+family = "gpt"
+vocab_size = 1000
+seq_len = 128
+d_model = 512
+n_layers = 6
+n_heads = 8
+n_kv_heads = 8
+ffn_hidden = 2048
+TOML
+gpt=(--config "$tmp/gpt.toml" --cluster cpu-emulated --parallel.pp 2 --parallel.dp 4 --schedule.pipeline 1f1b
+     --training.micro_batches 4 --training.micro_batch_size 1)
+out=$("$bin" simulate "${gpt[@]}" --json "$tmp/h1.json" 2>&1); rc=$?
+out2=$("$bin" simulate "${gpt[@]}" --straggler 3:1.1 --training.recompute full --training.recompute_layers 2 \
+       --json "$tmp/h2.json" 2>&1); rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && ! grep -q "demo" <<<"$out" && grep -q "8 ranks as 2 rank classes" <<<"$out" \
+   && grep -q "8 ranks as 4 rank classes" <<<"$out2" && /usr/bin/python3 -c "
+import json, sys
+L, C, F, V, T = 6, 512, 2048, 1000, 128
+n = L * (4*C + 3*C*C + 3*C + C*C + C + 2*C*F + F + C) + V*C + T*C + 2*C
+head = sys.argv[3].splitlines()[0]
+assert f'simulate: gpt of {n / 1e6:.1f}M parameters (6 layers, d_model 512, heads 8/8, ffn 2048, vocab 1000)' in head, head
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert a['model'] == {'preset': None, 'family': 'gpt', 'layers': 6, 'd_model': 512, 'parameters': n}, a['model']
+assert (a['ranks'], a['rank_classes'], b['ranks'], b['rank_classes']) == (8, 2, 8, 4)
+assert len(b['replica_classes']) == 2 and b['rank_classes'] == len(b['stages']) * len(b['replica_classes'])
+assert (a['recompute'], a['recompute_layers'], b['recompute'], b['recompute_layers']) == ('none', 0, 'full', 2)" \
+  "$tmp/h1.json" "$tmp/h2.json" "$out"; then
+  ok header_model_rank_classes
+else fail header_model_rank_classes; echo "$out" | head -2; echo "$out2" | tail -2; fi
+# A preset is named when the model has its shape (GPT-2 124M: 124,439,808 parameters), and said to
+# be reshaped when the config's keys changed it (configs/gpt2-124m.toml's 8,192-piece vocabulary).
+out=$("$bin" simulate --config configs/gpt2-124m.toml --model.vocab_size 50257 --cluster h100-8gpu 2>&1)
+out2=$("$bin" simulate --config configs/gpt2-124m.toml --cluster h100-8gpu 2>&1)
+if grep -q "^simulate: gpt2-124m: gpt of 124.4M parameters (12 layers, d_model 768" <<<"$out" \
+   && grep -q "^simulate: gpt of 92.1M parameters (.*vocab 8192) (preset gpt2-124m reshaped by the config)" <<<"$out2"; then
+  ok header_preset_named
+else fail header_preset_named; echo "$out" | head -1; echo "$out2" | head -1; fi
+
 summary

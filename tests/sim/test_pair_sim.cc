@@ -565,6 +565,9 @@ TEST(StepSim, ReplicaClassesWaitForTheStraggler) {
   EXPECT_NEAR(with.passes_end_s, 2 * passes, 1e-12);
   EXPECT_NEAR(others.wait_s, passes, 1e-12);
   EXPECT_NEAR(slow.step_s, 2 * passes + slow.tail_s, 1e-12);
+  // The rank classes `simulate` reports: one representative rank per stage of each replica class.
+  EXPECT_EQ(plain.rank_classes, 1);
+  EXPECT_EQ(slow.rank_classes, 2);
 }
 
 // The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
