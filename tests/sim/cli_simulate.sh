@@ -219,4 +219,44 @@ if grep -q "^simulate: gpt2-124m: gpt of 124.4M parameters (12 layers, d_model 7
   ok header_preset_named
 else fail header_preset_named; echo "$out" | head -1; echo "$out2" | head -1; fi
 
+# 9. The out-of-memory refusal's threshold. Oracle: simulate's own per-rank figure (memory_bytes,
+#    an integer of bytes): on the h100-8gpu preset with memory_bytes set to that figure less one byte
+#    it exits 2; at the figure, or a byte more, it fits (the rule: needed <= the device's memory).
+"$bin" simulate --config configs/demo.toml --cluster h100-8gpu --json "$tmp/e.json" >/dev/null 2>&1
+peak=$(/usr/bin/python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['memory_bytes']; assert m == int(m); print(int(m))" "$tmp/e.json")
+for d in -1 0 1; do
+  sed "s/^memory_bytes = [0-9e.]*/memory_bytes = $((peak + d))/" configs/clusters/h100-8gpu.toml > "$tmp/edge$d.toml"
+done
+expect_bad oom_by_one_byte "does not fit the device memory" -- --config configs/demo.toml --cluster "$tmp/edge-1.toml"
+if "$bin" simulate --config configs/demo.toml --cluster "$tmp/edge0.toml" --json "$tmp/e0.json" >/dev/null 2>&1 \
+   && "$bin" simulate --config configs/demo.toml --cluster "$tmp/edge1.toml" --json "$tmp/e1.json" >/dev/null 2>&1 \
+   && /usr/bin/python3 -c "
+import json, sys
+p = int(sys.argv[3])
+for path, limit in ((sys.argv[1], p), (sys.argv[2], p + 1)):
+    j = json.load(open(path))
+    assert j['fits'] and j['memory_bytes'] == p and j['memory_limit_bytes'] == limit, (path, j['memory_bytes'], j['memory_limit_bytes'])" \
+  "$tmp/e0.json" "$tmp/e1.json" "$peak"; then
+  ok oom_threshold_fits
+else fail oom_threshold_fits; fi
+
+# 10. simulate and plan --cost-model agree by default (issue 38): plan prices each candidate by the
+#     whole step simulated on the preset in its native precision; simulate with the plan it kept, in
+#     its default precision, gives that step exactly (the same figures, summed in the same order),
+#     and in fp32 it does not (the comparison can fail).
+mkdir -p "$tmp/plan"
+if "$bin" plan --config configs/demo.toml --parallel.tp 2 --cost-model h100-8gpu --top-k 3 --out "$tmp/plan/plan.json" \
+     --json "$tmp/plan/pj.json" >/dev/null 2>&1 \
+   && "$bin" simulate --config configs/demo.toml --parallel.tp 2 --cluster h100-8gpu --schedule.plan "$tmp/plan/plan.json" \
+     --json "$tmp/ps.json" >/dev/null 2>&1 \
+   && "$bin" simulate --config configs/demo.toml --parallel.tp 2 --cluster h100-8gpu --schedule.plan "$tmp/plan/plan.json" \
+     --precision fp32 --json "$tmp/pf.json" >/dev/null 2>&1 && /usr/bin/python3 -c "
+import json, sys
+p, s, f = (json.load(open(x)) for x in sys.argv[1:])
+kept = p['candidates'][p['chosen']]['simulated_s']
+assert s['precision'] == 'bf16' and abs(s['step_s'] - kept) <= 1e-12 * kept, (s['step_s'], kept)
+assert f['step_s'] > 1.5 * kept, (f['step_s'], kept)" "$tmp/plan/pj.json" "$tmp/ps.json" "$tmp/pf.json"; then
+  ok plan_and_simulate_agree
+else fail plan_and_simulate_agree; fi
+
 summary

@@ -570,6 +570,139 @@ TEST(StepSim, ReplicaClassesWaitForTheStraggler) {
   EXPECT_EQ(slow.rank_classes, 2);
 }
 
+// A straggler on a data-parallel ring whose collectives cost what the preset says (cpu-emulated's
+// dp link), closed form. dp = 2, tp = 1, SI off, a stand-in timer for compute only (every compute
+// op and the optimizer step 10 ms; collectives priced by the preset). With no collective in the
+// passes, the slow replica (factor F) ends every unit's last backward at F times the even run's
+// time r_u, and every bucket's all-reduce completes when the slow replica's copy arrives. The dp
+// channel runs the buckets FIFO, done_k = max(ready_k, done_{k-1}) + c_k, with c_k the ring's cost
+// (unchanged by F: links are not slowed). A unit's buckets queue only behind each other: its first
+// begins at its ready time (the units' backwards take tens of 10 ms ops, the buckets of the unit
+// before far less), and the slow run's gaps are F times wider, so the same holds there. So every
+// bucket of unit u begins and ends (F - 1) r_u later, for every replica (one ring), c_k unchanged:
+// each completion is delayed by exactly (F - 1) r_u. The
+// fast replica waits (F - 1) P for it (P its passes), and the step is the last bucket's end plus
+// the slow rank's optimizer step, F times the even one's.
+TEST(StepSim, StragglerDelaysEveryBucketOfARealRing) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(2);
+  LayoutConfig lay;
+  lay.dp = 2;
+  const BatchSpec batch{8, 128, 2};  // M = 2 per replica
+  const double F = 1.5;
+  StepSimOptions o;
+  o.si = StrandInterleaving::kOff;
+  o.op_timer = [](const Op& op) { return op.is_collective() ? -1.0 : 10e-3; };
+  const StepSimResult even = simulate_step(m, lay, batch, cluster, o);
+  o.slow_stage = 0, o.slow_factor = F;
+  const StepSimResult slow = simulate_step(m, lay, batch, cluster, o);
+  auto buckets = [](const StepSimResult& r) {
+    std::map<std::string, std::pair<double, double>> b;  // name -> (begin, end)
+    for (const StepSimEvent& e : r.events)
+      if (e.lane == "dp") b[e.name] = {e.begin_s, e.end_s};
+    return b;
+  };
+  const auto a = buckets(even), b = buckets(slow);
+  ASSERT_GT(a.size(), 1u);
+  ASSERT_EQ(a.size(), b.size());
+  std::map<int, double> ready;  // the even run's last backward of each unit
+  for (const StepSimEvent& e : even.events)
+    if (e.strand == StrandKind::kBackward && e.mb == 1) ready[e.unit] = std::max(ready[e.unit], e.end_s);
+  double last_end = 0;
+  std::map<int, std::pair<double, double>> first_begin;  // unit -> its first bucket's begin, even and slow
+  for (const auto& [name, span] : a) {
+    const int u = std::stoi(name.substr(name.rfind('u') + 1));
+    ASSERT_TRUE(ready.count(u)) << name;
+    const auto& [sb, se] = b.at(name);
+    const double c = span.second - span.first;
+    EXPECT_GT(c, 0) << name << ": a real collective cost";
+    EXPECT_NEAR(se - sb, c, 1e-12) << name;
+    EXPECT_NEAR(se - span.second, (F - 1) * ready[u], 1e-12) << name;
+    first_begin.try_emplace(u, std::pair{1e30, 1e30});
+    first_begin[u] = {std::min(first_begin[u].first, span.first), std::min(first_begin[u].second, sb)};
+    last_end = std::max(last_end, se);
+  }
+  for (const auto& [u, begins] : first_begin) {  // a unit's first bucket goes as its backward ends
+    EXPECT_NEAR(begins.first, ready[u], 1e-12) << "unit " << u;
+    EXPECT_NEAR(begins.second, F * ready[u], 1e-12) << "unit " << u;
+  }
+  const double P = even.body_s;
+  ASSERT_EQ(slow.replica_classes.size(), 2u);
+  EXPECT_NEAR(slow.replica_classes[1].passes_end_s, P, 1e-12);
+  EXPECT_NEAR(slow.replica_classes[1].wait_s, (F - 1) * P, 1e-12);
+  EXPECT_NEAR(slow.optimizer_s, F * even.optimizer_s, 1e-15);
+  EXPECT_NEAR(slow.step_s, last_end + F * even.optimizer_s, 1e-12);
+}
+
+// Recomputation's time in the simulator, closed form. One rank, SI off, no collective: the step is
+// its compute (StepSim.SiOffEqualsTheStepModelAndOneRankIsItsCompute). Full recomputation puts
+// copies of the forward ops the backward needs ("<op>.recompute", add_recompute in plan/Program.h)
+// at the head of each layer's backward and changes nothing else, so it adds M x L x R, with R the
+// recompute ops' own prices (op_time at the preset's rates): the layer's forward less the ops whose
+// outputs no backward op reads, here two of the Llama layer's eleven: the MLP's down projection
+// (its backward reads its input and weight, not its output) and the residual add after it (its
+// output is the next layer's input, which that layer keeps). So full recomputation as dhelix runs
+// it re-runs less than the whole forward (Megatron's checkpointed layer re-runs all of it).
+// recompute_layers = k: only k of the L layers run those ops, k/L of it.
+TEST(StepSim, RecomputeAddsTheRecomputedForwardOps) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ModelConfig m = small_llama(4);
+  const BatchSpec batch{4, 128, 2};  // M = 2 micro-batches of 2 sequences
+  LayoutConfig none, full, first;
+  full.recompute = first.recompute = Recompute::kFull;
+  first.recompute_layers = 1;
+  StepSimOptions o;
+  o.si = StrandInterleaving::kOff;
+  const StepSimResult a = simulate_step(m, none, batch, cluster, o), b = simulate_step(m, full, batch, cluster, o),
+                      c = simulate_step(m, first, batch, cluster, o);
+  const LayerProgram block = build_programs(m, full, {batch.micro_batch, batch.seq}).block;
+  const LayerProgram plain = build_programs(m, none, {batch.micro_batch, batch.seq}).block;
+  const auto groups = group_links(full, cluster);
+  const DeviceRates rates = device_rates(cluster, o.precision);
+  double R = 0, fwd = 0, left_out = 0;
+  std::set<std::string> copied;
+  for (const Op& op : block.bwd)
+    if (op.attrs.count("recompute")) {
+      ASSERT_FALSE(op.is_collective()) << op.name;  // one rank
+      R += op_time(op, groups, rates);
+      copied.insert(op.name.substr(0, op.name.size() - std::string(".recompute").size()));
+    }
+  std::vector<std::string> not_copied;
+  for (const Op& op : plain.fwd) {
+    fwd += op_time(op, groups, rates);
+    if (!copied.count(op.name)) not_copied.push_back(op.name), left_out += op_time(op, groups, rates);
+  }
+  EXPECT_EQ(copied.size() + not_copied.size(), plain.fwd.size()) << "every copy is of a forward op";
+  EXPECT_EQ(not_copied, (std::vector<std::string>{"mlp.proj", "mlp.residual"}));
+  EXPECT_NEAR(R, fwd - left_out, 1e-12 * fwd);
+  const double M = 2, L = double(m.n_layers);
+  EXPECT_NEAR(b.step_s - a.step_s, M * L * R, 1e-9 * a.step_s);
+  EXPECT_NEAR(c.step_s - a.step_s, M * 1 * R, 1e-9 * a.step_s);
+  EXPECT_NEAR(b.compute_s - a.compute_s, M * L * R, 1e-9 * a.step_s);
+}
+
+// `plan --cost-model PRESET` and `simulate --cluster PRESET` price every op alike by default: the
+// block pricer's configuration from a preset (cost_model_config, in the preset's native precision:
+// what plan uses) gives each op of a tp x dp layer program the step simulator's op_time in the
+// precision simulate defaults to (the preset's native one), on every GPU preset and the CPU one.
+TEST(StepSim, PlanCostModelPricesEveryOpAsSimulateDoes) {
+  for (const char* name : {"a40-pcie", "a100-80gb-8gpu", "h100-8gpu", "h100-measured", "cpu-emulated"}) {
+    SCOPED_TRACE(name);
+    const ClusterPreset cl = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/" + name + ".toml");
+    LayoutConfig lay;
+    lay.tp = 2, lay.dp = 2;
+    const LayerProgram prog = build_programs(small_llama(2), lay, {2, 128}).block;
+    const CostModel plan(prog, cost_model_config(cl, lay, cl.native_precision()));
+    const auto groups = group_links(lay, cl);
+    const DeviceRates rates = device_rates(cl, cl.native_precision());
+    for (const auto& [strand, ops] : {std::pair{StrandKind::kForward, &prog.fwd}, std::pair{StrandKind::kBackward, &prog.bwd}})
+      for (size_t i = 0; i < ops->size(); ++i) {
+        const double t = op_time((*ops)[i], groups, rates);
+        EXPECT_NEAR(plan.op_time(strand, static_cast<int>(i)), t, 1e-12 * t) << (*ops)[i].name;
+      }
+  }
+}
+
 // The step schedule path. Oracles: at pp = 1 the 1F1B schedule (co-execution on and off) gives
 // exactly the built-in single-stage order's step; at pp = 2 (1F1B, SI off, no tp or dp) the step is
 // the schedule's own timeline (simulate_timeline) with each pass priced as its units run alone and

@@ -5,6 +5,8 @@
 // fraction (p-1)/(M+p-1), and a brute-force count of the layouts of n ranks.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "base/Error.h"
 #include "model/Params.h"
 #include "sim/LayoutSearch.h"
@@ -312,6 +314,25 @@ TEST(StepModel, StagesSharingACoreFillEachOthersBubbles) {
   EXPECT_LT(shared.step_s, alone.step_s);
 }
 
+// The memory rule of tune's exclusion (and simulate's refusal, tests/sim/cli_simulate.sh):
+// a layout fits when its per-rank figure is at most the device's memory_bytes. Oracle: the model's
+// own figure T (an integer of bytes: element counts times element sizes): a device of T - 1 bytes
+// does not hold it, one of T or T + 1 does, and only the figure decides (the prediction is the same).
+TEST(StepModel, FitsUpToTheDeviceMemoryByTheByte) {
+  const ModelConfig m = small_gpt();
+  LayoutConfig lay;
+  lay.dp = 2;
+  ClusterPreset c = cpu();
+  const double T = predict(m, lay, {2, 32, 1}, c, {}).memory.total();
+  ASSERT_EQ(T, std::floor(T));
+  for (const double d : {-1.0, 0.0, 1.0}) {
+    c.memory_bytes = T + d;
+    const StepPrediction p = predict(m, lay, {2, 32, 1}, c, {});
+    EXPECT_EQ(p.memory.total(), T);
+    EXPECT_EQ(p.fits, d >= 0) << "device memory T" << (d < 0 ? "-1" : d > 0 ? "+1" : "");
+  }
+}
+
 TEST(StepModel, IllegalLayoutsNameTheReason) {
   const ModelConfig m = small_gpt();
   LayoutConfig lay;
@@ -365,6 +386,29 @@ TEST(FlopConventions, EqualThePublishedFormulas) {
   EXPECT_NEAR(m.flops_per_token(1024, FlopConvention::kAxonn), axonn, 1e-12 * axonn);
   EXPECT_NEAR(m.flops_per_token(1024, FlopConvention::kDhelix), dhelix, 1e-12 * dhelix);
   EXPECT_EQ(m.flops_per_token(1024, FlopConvention::kDhelix), m.flops_per_token(1024));
+  // Llama-3.1 8B (GQA, SwiGLU, untied head) at T = 8192, counted by hand. C 4096, L 32, 32 heads of
+  // D 128, 8 kv heads, F 14336, V 128256. Per layer: q 4096 x 4096 = 16,777,216; k, v 2 x 4096 x 1024
+  // = 8,388,608; o 16,777,216; SwiGLU gate, up, down 3 x 4096 x 14336 = 176,160,768: 218,103,808;
+  // x 32 = M_l 6,979,321,856; head V C = 525,336,576 (the input table is a lookup, no matmul); M =
+  // 7,504,658,432. L T C = 32 x 8192 x 4096 = 1,073,741,824. dhelix 6 M + 6 LTC = 51,470,401,536;
+  // megatron 6 M + 12 LTC = 57,912,852,480; axonn 8 M_l + 6 V C + 16 LTC = 76,166,463,488. Every
+  // figure an integer below 2^53, so exact in double.
+  const ModelConfig llama = model_preset("llama-8b");
+  EXPECT_EQ(llama.flops_per_token(8192, FlopConvention::kDhelix), 51470401536.0);
+  EXPECT_EQ(llama.flops_per_token(8192, FlopConvention::kMegatron), 57912852480.0);
+  EXPECT_EQ(llama.flops_per_token(8192, FlopConvention::kAxonn), 76166463488.0);
+  // Phi-3.5-MoE (16 SwiGLU experts of F 6400, top-2; GQA 32/8 heads; untied head) at T = 4096: only
+  // the top-2 experts a token is routed to count, and the router. Per layer: attention q + o 2 x
+  // 16,777,216 + k, v 8,388,608 = 41,943,040; 2 experts x 3 x 4096 x 6400 = 157,286,400; router
+  // 16 x 4096 = 65,536: 199,294,976; x 32 = M_l 6,377,439,232; head 32064 x 4096 = 131,334,144; M =
+  // 6,508,773,376. LTC = 32 x 4096 x 4096 = 536,870,912. dhelix 6 M + 6 LTC = 42,273,865,728;
+  // megatron 6 M + 12 LTC = 45,495,091,200; axonn 8 M_l + 6 V C + 16 LTC = 60,397,453,312.
+  const ModelConfig phi = model_preset("phi-3.5-moe");
+  ASSERT_EQ(phi.n_experts, 16);
+  ASSERT_EQ(phi.top_k, 2);
+  EXPECT_EQ(phi.flops_per_token(4096, FlopConvention::kDhelix), 42273865728.0);
+  EXPECT_EQ(phi.flops_per_token(4096, FlopConvention::kMegatron), 45495091200.0);
+  EXPECT_EQ(phi.flops_per_token(4096, FlopConvention::kAxonn), 60397453312.0);
   FlopConvention c;
   EXPECT_TRUE(parse_flop_convention("axonn", c));
   EXPECT_EQ(c, FlopConvention::kAxonn);
