@@ -397,12 +397,15 @@ int cmd_simulate(int argc, char** argv) {
   fmt::print("  {:<44} {:>12}\n", "  gathered blocks / activations (peak)",
              fmt::format("{:.3f} / {:.3f}", r.memory.gathered / gib, r.memory.activations / gib));
   if (lay.pp > 1) {
-    fmt::print("  per stage (s): {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "stage", "passes", "tail", "compute", "bubble",
-               "exposed");
+    fmt::print("  per stage (s): {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "stage", "passes", "tail", "compute",
+               "bubble", "exposed", "mem (GiB)");
     for (size_t i = 0; i < r.stages.size(); ++i) {
       const StepSimStage& g = r.stages[i];
-      fmt::print("                 {:>5} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f}{}\n", i, g.end_s, g.tail_s,
-                 g.compute_s, g.bubble_s, g.exposed_s, static_cast<int>(i) == r.critical_stage ? "  (sets the step)" : "");
+      const double mem = i < r.stage_memory.size() ? r.stage_memory[i].total() / gib : 0;
+      fmt::print("                 {:>5} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>10.3f}{}{}\n", i, g.end_s,
+                 g.tail_s, g.compute_s, g.bubble_s, g.exposed_s, mem,
+                 static_cast<int>(i) == r.critical_stage ? "  (sets the step)" : "",
+                 cluster.memory_bytes > 0 && mem * gib > cluster.memory_bytes ? "  (does not fit)" : "");
     }
   }
   fmt::print("simulated in {:.3f} s ({} ranks as {} rank class{}, {} simulated ops)\n", sim_s, lay.world(),
@@ -440,6 +443,11 @@ int cmd_simulate(int argc, char** argv) {
                                    {"parameters", cfg.model.num_params()}}},
                         {"ranks", lay.world()},
                         {"rank_classes", r.rank_classes},
+                        {"memory_per_stage_bytes", [&] {
+                           nlohmann::json a = nlohmann::json::array();
+                           for (const MemoryUse& mu : r.stage_memory) a.push_back(mu.total());
+                           return a;
+                         }()},
                         {"memory", {{"params", r.memory.params},
                                     {"grads", r.memory.grads},
                                     {"optimizer", r.memory.optimizer},

@@ -504,11 +504,11 @@ std::vector<Op> folding_variant(const std::vector<Op>& ops) {
 
 namespace {
 
-// memory_per_rank of a legal layout `lay` (as the engine runs it: tp with sequence parallelism)
+// memory_per_stage of a legal layout `lay` (as the engine runs it: tp with sequence parallelism)
 // whose programs and units are built already; predict() passes its own.
-MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
-                    const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision, Zero zero,
-                    StrandInterleaving si, std::vector<std::string>* notes) {
+std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
+                                       const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision,
+                                       Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
   const double elem = element_bytes(precision);
   const ActDims dims = act_dims(m, lay, batch);
@@ -527,7 +527,7 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
     if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather)
       gathered = std::max(gathered, 2 * op.cost.comm_bytes * elem / 4.0);
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
-  MemoryUse worst;
+  std::vector<MemoryUse> out;
   for (int s = 0; s < p; ++s) {
     const std::vector<int> mine = stage_units(L, p, s);
     double elems = 0, experts = 0;
@@ -556,21 +556,35 @@ MemoryUse memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPr
                                    (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
                       (si == StrandInterleaving::kOn ? std::max(act_block, act_plain) : 0) +
                       (recomputing > 0 ? act_remade : 0);
-    if (mem.total() > worst.total()) worst = mem;  // the largest any stage needs is the limit
+    out.push_back(mem);
   }
+  return out;
+}
+
+// The largest any stage needs: the limit.
+MemoryUse worst_of(const std::vector<MemoryUse>& stages) {
+  MemoryUse worst;
+  for (const MemoryUse& mem : stages)
+    if (mem.total() > worst.total()) worst = mem;
   return worst;
 }
 
 }  // namespace
 
-MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
-                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+std::vector<MemoryUse> memory_per_stage(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                        Precision precision, Zero zero, StrandInterleaving si,
+                                        std::vector<std::string>* notes) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
   DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
   LayoutConfig plain = lay;
   plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
-  return memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp}), model_units(m, plain, 0),
-                   batch, precision, zero, si, notes);
+  return stage_memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp}),
+                         model_units(m, plain, 0), batch, precision, zero, si, notes);
+}
+
+MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+  return worst_of(memory_per_stage(m, lay, batch, precision, zero, si, notes));
 }
 
 bool sparse_embedding_applies(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
@@ -838,7 +852,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     // The slowest stage sets the step.
     if (st.step_s > worst) r = st, worst = st.step_s;
   }
-  r.memory = memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, opt.si, &notes);
+  r.memory = worst_of(stage_memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, opt.si, &notes));
   r.notes = notes;
   for (const auto& [unit, t] : {std::pair<const char*, const UnitTimes*>{"embed", &embed}, {"block", &block},
                                 {"head", &head}}) {

@@ -142,6 +142,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
 // buffers without a size rule are counted as residual rows and named in `notes`.
 MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
                           Zero zero, StrandInterleaving si, std::vector<std::string>* notes = nullptr);
+// The same per pipeline stage (every rank of a stage needs the same bytes: its units' states, its
+// micro-batches in flight), stage 0 first; memory_per_rank is the largest of them.
+std::vector<MemoryUse> memory_per_stage(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                        Precision precision, Zero zero, StrandInterleaving si,
+                                        std::vector<std::string>* notes = nullptr);
 
 // ---- the pieces, for tests and the future whole-step simulator ----
 

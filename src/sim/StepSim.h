@@ -107,7 +107,8 @@ struct StepSimResult {
   double tokens_per_s = 0, model_flops_per_s_per_rank = 0;
   std::map<std::string, double> channel_busy_s;  // per group, passes only (the critical rank's)
   std::map<std::string, AxisCost> tail_axes;
-  MemoryUse memory;
+  MemoryUse memory;                      // the stage that needs most (the limit)
+  std::vector<MemoryUse> stage_memory;   // each pipeline stage's ranks, stage 0 first
   std::vector<StepSimStage> stages;  // per pipeline stage; the step ends with the latest (critical)
   // The data replicas simulated (rank classes: every rank of a replica's stage runs alike, so one
   // stands for it): without a straggler one class, every dp replica; with one, the replicas holding

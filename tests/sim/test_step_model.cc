@@ -333,6 +333,34 @@ TEST(StepModel, FitsUpToTheDeviceMemoryByTheByte) {
   }
 }
 
+// memory_per_stage (simulate's per-stage column): the stages' model states partition the model's.
+// Oracle: with an untied head, the parameters, gradients and optimizer states summed over the pp = 2
+// stages equal the pp = 1 rank's exactly (every unit lives on one stage); with GPT-2's tied table,
+// the last stage also holds the token embedding's copy, so the sum exceeds by at least its V x d
+// parameters' bytes. The largest stage is memory_per_rank.
+TEST(StepModel, StagesPartitionTheModelStatesAndTheLargestIsPerRank) {
+  ModelConfig m = small_gpt();
+  m.n_layers = 4;
+  const BatchSpec batch{4, 32, 1};
+  LayoutConfig one, two;
+  two.pp = 2;
+  auto states = [](const MemoryUse& u) { return u.params + u.grads + u.optimizer; };
+  for (const bool tied : {false, true}) {
+    m.tie_embeddings = tied;
+    const std::vector<MemoryUse> whole =
+        memory_per_stage(m, one, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff);
+    const std::vector<MemoryUse> st =
+        memory_per_stage(m, two, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff);
+    ASSERT_EQ(whole.size(), 1u);
+    ASSERT_EQ(st.size(), 2u);
+    const double sum = states(st[0]) + states(st[1]);
+    if (!tied) EXPECT_DOUBLE_EQ(sum, states(whole[0]));
+    else EXPECT_GE(sum - states(whole[0]), double(m.vocab_size * m.d_model) * 2);
+    const MemoryUse worst = memory_per_rank(m, two, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff);
+    EXPECT_EQ(worst.total(), std::max(st[0].total(), st[1].total())) << (tied ? "tied" : "untied");
+  }
+}
+
 TEST(StepModel, IllegalLayoutsNameTheReason) {
   const ModelConfig m = small_gpt();
   LayoutConfig lay;
