@@ -401,11 +401,11 @@ int cmd_simulate(int argc, char** argv) {
                "bubble", "exposed", "mem (GiB)");
     for (size_t i = 0; i < r.stages.size(); ++i) {
       const StepSimStage& g = r.stages[i];
-      const double mem = i < r.stage_memory.size() ? r.stage_memory[i].total() / gib : 0;
+      const double bytes = i < r.stage_memory.size() ? r.stage_memory[i].total() : 0;
       fmt::print("                 {:>5} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>10.3f}{}{}\n", i, g.end_s,
-                 g.tail_s, g.compute_s, g.bubble_s, g.exposed_s, mem,
+                 g.tail_s, g.compute_s, g.bubble_s, g.exposed_s, bytes / gib,
                  static_cast<int>(i) == r.critical_stage ? "  (sets the step)" : "",
-                 cluster.memory_bytes > 0 && mem * gib > cluster.memory_bytes ? "  (does not fit)" : "");
+                 cluster.memory_bytes > 0 && bytes > cluster.memory_bytes ? "  (does not fit)" : "");
     }
   }
   fmt::print("simulated in {:.3f} s ({} ranks as {} rank class{}, {} simulated ops)\n", sim_s, lay.world(),

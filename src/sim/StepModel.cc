@@ -324,6 +324,16 @@ double unit_elems(const UnitSpec& u) {
   return n;
 }
 
+// The tied head's copy on the last stage (p > 1): the token table alone (the embedding unit's
+// vocabulary-sharded parameter; GPT's learned positions stay on the first stage), as the trainer's
+// ParamStore::tied_copy holds it.
+double tied_copy_elems(const UnitSpec& embed) {
+  double n = 0;
+  for (const ParamSpec& p : embed.params)
+    if (p.role == ShardRole::kVocab) n += double(shape_numel(p.shard));
+  return n;
+}
+
 // The units stage s of p owns under 1F1B (embed with the first, head with the last); with tied
 // embeddings and p > 1 the last stage also holds the embedding matrix for its head.
 std::vector<int> stage_units(int L, int p, int s) {
@@ -537,7 +547,7 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
         for (const ParamSpec& q : units[u].params)
           if (q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
     }
-    if (s == p - 1 && p > 1 && m.tie_embeddings) elems += unit_elems(units[0]);
+    if (s == p - 1 && p > 1 && m.tie_embeddings) elems += tied_copy_elems(units[0]);
     MemoryUse mem;
     // ZeRO-1 shards over the weights' replicas: dp x cp, and the experts' over edp x cp = dp / ep x cp.
     add_states(mem, elems - experts, elem, lay.dp * lay.cp, zero);
@@ -771,7 +781,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       g.expert_bytes.push_back(experts * opt.grad_wire_bytes);
       g.elems += unit_elems(units[u]);
     }
-    if (s == p - 1 && p > 1 && m.tie_embeddings) g.elems += unit_elems(units[0]);
+    if (s == p - 1 && p > 1 && m.tie_embeddings) g.elems += tied_copy_elems(units[0]);
     AxisCost& pa = g.axes["pp"];
     if (s < p - 1) g.Ff += p2p_s, pa.bytes += p2p_bytes, pa.seconds += p2p_s, pa.exposed_s += p2p_s;
     if (s > 0) g.Bb += p2p_s, pa.bytes += p2p_bytes, pa.seconds += p2p_s, pa.exposed_s += p2p_s;

@@ -643,7 +643,9 @@ TEST(StepSim, StragglerDelaysEveryBucketOfARealRing) {
 // (its backward reads its input and weight, not its output) and the residual add after it (its
 // output is the next layer's input, which that layer keeps). So full recomputation as dhelix runs
 // it re-runs less than the whole forward (Megatron's checkpointed layer re-runs all of it).
-// recompute_layers = k: only k of the L layers run those ops, k/L of it.
+// recompute_layers = k: only k of the L layers run those ops, k/L of it. (What this covers: time,
+// on one rank, where no recompute op is a collective; the recomputed collectives of a tp layout
+// and recompute's memory are StepModelRecompute's and cli_simulate's.)
 TEST(StepSim, RecomputeAddsTheRecomputedForwardOps) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
   const ModelConfig m = small_llama(4);
