@@ -192,11 +192,13 @@ FreeBlocks<void (*)(void*)>& pinned_blocks() {
 }  // namespace
 
 void* pinned_alloc(size_t bytes, size_t* capacity) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+  static const bool gpu = [] {  // asked once: every staged op allocates here
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return true;
     (void)cudaGetLastError();
-    return nullptr;
-  }
+    return false;
+  }();
+  if (!gpu) return nullptr;
   if (void* p = pinned_blocks().take(bytes, capacity)) return p;
   const size_t cap = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
   void* p = nullptr;

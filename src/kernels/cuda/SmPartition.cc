@@ -31,27 +31,28 @@ struct Driver {
   std::string why;  // empty when every function was found
 };
 
+// Driver function `name` at the compiled CUDA version, or nullptr with *why saying why not.
+void* entry_point(const char* name, std::string* why) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &q);
+  if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && p) return p;
+  (void)cudaGetLastError();
+  *why = fmt::format("the CUDA driver has no {} for CUDA {}.{} ({}; green contexts came with CUDA 12.4)", name,
+                     CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10,
+                     e != cudaSuccess                                ? cudaGetErrorString(e)
+                     : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"
+                                                                     : "symbol not found");
+  return nullptr;
+}
+
 // The functions as far as found (why says what is missing); never throws.
 const Driver& loaded() {
   static std::once_flag once;
   static Driver d;
   std::call_once(once, [] {
-#define DHX_GREEN_LOAD(f)                                                                                  \
-  if (d.why.empty()) {                                                                                   \
-    void* p = nullptr;                                                                                   \
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;                              \
-    const cudaError_t e = cudaGetDriverEntryPointByVersion(#f, &p, CUDA_VERSION, cudaEnableDefault, &q); \
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {                                    \
-      (void)cudaGetLastError();                                                                          \
-      d.why = fmt::format("the CUDA driver has no {} for CUDA {}.{} ({}; green contexts came with "      \
-                          "CUDA 12.4)", #f, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10,                  \
-                          e != cudaSuccess ? cudaGetErrorString(e)                                       \
-                          : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"              \
-                                                                         : "symbol not found");          \
-    } else {                                                                                             \
-      d.f = reinterpret_cast<decltype(d.f)>(p);                                                          \
-    }                                                                                                    \
-  }
+#define DHX_GREEN_LOAD(f) \
+  if (d.why.empty()) d.f = reinterpret_cast<decltype(d.f)>(entry_point(#f, &d.why));
     DHX_GREEN_FNS(DHX_GREEN_LOAD)
 #undef DHX_GREEN_LOAD
   });
