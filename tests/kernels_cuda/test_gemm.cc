@@ -2,6 +2,7 @@
 // bf16-rounded inputs, so the difference is the GPU's own error: the bf16 rounding of the output
 // (at most u = 2^-8 relative per element, so at most u in the relative norm) plus fp32 summation in
 // another order (about sqrt(K) * 2^-24, under 1e-5 for these K). Outputs poisoned before each call.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -36,6 +37,31 @@ TEST(CudaGemm, LinearForwardWithAndWithoutBiasMatchesCpu) {
     }
   }
   EXPECT_GT(blas.cached_algorithms(), 0u);
+}
+
+// A bias that starts at an odd element of the flat bf16 store (2-byte aligned, as a tp shard of an
+// odd width leaves the next parameter): Blas copies it to an aligned buffer for cuBLASLt's
+// epilogue. Oracle: the same GEMM with the bias 16-byte aligned, bitwise (the plan and so the
+// algorithm are the same: the bias's alignment is not part of the key, A's, B's and C's are).
+TEST(CudaGemm, AMisalignedBiasGivesTheAlignedBiasBits) {
+  DHX_REQUIRE_GPU();
+  Blas blas(0);
+  uint64_t seed = 50;
+  for (const Dims& d : kShapes) {
+    const auto x = round_bf16(randn(d.N * d.I, seed++)), w = round_bf16(randn(d.O * d.I, seed++, 0.05f)),
+               b = round_bf16(randn(d.O, seed++));
+    std::vector<float> shifted(d.O + 1, 0.0f);
+    std::copy(b.begin(), b.end(), shifted.begin() + 1);
+    DevBuf<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gb(to_bf16(b)), gb1(to_bf16(shifted)), gy(d.N * d.O),
+        gy1(d.N * d.O);
+    gy.poison();
+    gy1.poison();
+    blas.linear_fwd(gx.get(), gw.get(), gb.get(), gy.get(), d.N, d.I, d.O, nullptr);
+    blas.linear_fwd(gx.get(), gw.get(), gb1.get() + 1, gy1.get(), d.N, d.I, d.O, nullptr);
+    const auto y = gy.download(), y1 = gy1.download();
+    EXPECT_EQ(0, std::memcmp(y.data(), y1.data(), y.size() * sizeof(bf16))) << "N=" << d.N << " I=" << d.I
+                                                                            << " O=" << d.O;
+  }
 }
 
 TEST(CudaGemm, LinearBackwardDataWrittenAndAccumulatedMatchesCpu) {

@@ -222,6 +222,22 @@ void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, 
   DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
   const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f,
                 alignment(A), alignment(B), alignment(C)};
+  // cuBLASLt's bias epilogue wants a 16-byte aligned bias (a less aligned one fails or faults on
+  // some GPUs), but a parameter in the flat bf16 store starts at any element: such a bias is copied
+  // to a stream-ordered aligned buffer first (the same epilogue, so the same bits).
+  struct StagedBias {
+    void* p = nullptr;
+    cudaStream_t s;
+    ~StagedBias() {
+      if (p) cudaFreeAsync(p, s);
+    }
+  } staged{nullptr, s};
+  if (bias && alignment(bias) < 16) {
+    const size_t bytes = static_cast<size_t>(N) * sizeof(bf16);
+    DHX_CUDA(cudaMallocAsync(&staged.p, bytes, s));
+    DHX_CUDA(cudaMemcpyAsync(staged.p, bias, bytes, cudaMemcpyDeviceToDevice, s));
+    bias = static_cast<const bf16*>(staged.p);
+  }
   const Operands call{A, B, C, bias, alpha, beta, c_extent(M, N, ldc, c_f32), s};
   Plan& p = plan(key, &call);
   if (bias)
