@@ -37,6 +37,7 @@ namespace {
 struct NcclApi {
 #define DHX_NCCL_FNS(X)                                                                                        \
   X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommGetAsyncError) X(ncclCommAbort) X(ncclCommDestroy) \
+  X(ncclCommFinalize) \
   X(ncclGetErrorString) X(ncclAllReduce) X(ncclAllGather) X(ncclReduceScatter) X(ncclBroadcast) X(ncclSend)  \
   X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
 #define DHX_NCCL_PTR(f) decltype(&::f) f = nullptr;
@@ -108,39 +109,46 @@ class NcclGroup final : public ProcessGroup {
     cuda_check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
                "cudaStreamCreateWithPriority (NCCL group)");
     cuda_check(cudaMalloc(&scratch_, sizeof(int32_t)), "cudaMalloc (NCCL barrier word)");
+    try {
+      form(size, rank, id, max_ctas);
+    } catch (...) {  // no destructor runs: release what was made
+      if (comm_) nccl().ncclCommAbort(comm_);
+      cudaFree(scratch_);
+      cudaStreamDestroy(stream_);
+      throw;
+    }
+    start_stream(kDefaultCommNice, [this] { return poll(); });
+  }
+
+  // The communicator (non-blocking: a communicator whose peer never arrives can be aborted by the
+  // watchdog), formed within the group's timeout.
+  void form(int size, int rank, const NcclId& id, int max_ctas) {
     ncclUniqueId uid;
     static_assert(sizeof uid == sizeof id.bytes, "ncclUniqueId is 128 bytes");
     std::memcpy(&uid, id.bytes.data(), sizeof uid);
-    // Non-blocking: a communicator whose peer never arrives can be aborted by the watchdog.
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     if (max_ctas > 0) {
       cfg.maxCTAs = max_ctas;
       cfg.minCTAs = 1;  // a minimum above the cap would override it (NCCL sets both to one value)
     }
-    ncclResult_t r = nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg);
-    const double t0 = now_seconds();
-    while (r == ncclInProgress || (r == ncclSuccess && async_error() == ncclInProgress)) {
-      if (now_seconds() - t0 > timeout_s) {
-        nccl().ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw CommError(fmt::format("{}: NCCL communicator of {} ranks not formed within {} s (a member never "
-                                    "joined)", name(), size, timeout_s));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      r = ncclSuccess;
-    }
-    DHX_CHECK(r == ncclSuccess && async_error() == ncclSuccess, CommError, "{}: ncclCommInitRank: {}", name(),
-              nccl().ncclGetErrorString(r != ncclSuccess ? r : async_error()));
-    start_stream(kDefaultCommNice, [this] { return poll(); });
+    const ncclResult_t r = settle(nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg));
+    if (r == ncclInProgress)
+      throw CommError(fmt::format("{}: NCCL communicator of {} ranks not formed within {} s (a member never "
+                                  "joined)", name(), size, timeout_s()));
+    DHX_CHECK(r == ncclSuccess, CommError, "{}: ncclCommInitRank: {}", name(), nccl().ncclGetErrorString(r));
   }
 
   ~NcclGroup() override {
     stop_stream();
     if (comm_) {
-      // Anything still posted (a failed or abandoned op) would hang a destroy: abort instead.
-      if (!posted_.empty() || aborted_) nccl().ncclCommAbort(comm_);
-      else nccl().ncclCommDestroy(comm_);
+      // A non-blocking communicator is finalized (its queued work flushed) before it is destroyed.
+      // Anything still posted (a failed or abandoned op), or a finalize that does not settle within
+      // the timeout, would hang a destroy: abort instead.
+      if (posted_.empty() && !aborted_ && settle(nccl().ncclCommFinalize(comm_)) == ncclSuccess)
+        nccl().ncclCommDestroy(comm_);
+      else
+        nccl().ncclCommAbort(comm_);
     }
     for (Posted& p : posted_) release(p);
     cudaFree(scratch_);
@@ -229,6 +237,22 @@ class NcclGroup final : public ProcessGroup {
     return e;
   }
 
+  // A call's result on the non-blocking communicator once NCCL has finished it: ncclInProgress
+  // means NCCL's own thread is still at it (forming the communicator, connecting peers, launching a
+  // grouped op's kernels: nothing is on the stream yet, and the communicator takes no other call
+  // until then), so its state is polled until it is something else; ncclInProgress still after the
+  // group's timeout.
+  ncclResult_t settle(ncclResult_t r) const {
+    const double t0 = now_seconds();
+    for (int polls = 0; r == ncclInProgress || (r == ncclSuccess && async_error() == ncclInProgress); ++polls) {
+      if (now_seconds() - t0 > timeout_s()) return ncclInProgress;
+      if (polls < 1000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
+      r = async_error();
+    }
+    return r;
+  }
+
   // On the issuing thread: the producer stream's point the op must follow (null without one).
   cudaEvent_t producer_point() { return producer_.point(); }
 
@@ -261,12 +285,17 @@ class NcclGroup final : public ProcessGroup {
       }
       use_device(Device::cuda(device_));
       if (ready) cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
-      ncclResult_t r = call();
-      if (r == ncclInProgress) r = ncclSuccess;  // non-blocking communicator: enqueued
+      // The end event is recorded only once the op's kernels are on the stream (settle): before,
+      // it would pass at once and the op's buffers be released while NCCL still moves them.
+      const ncclResult_t r = settle(call());
       if (r != ncclSuccess) {
+        const std::string why = r == ncclInProgress
+                                    ? fmt::format("NCCL still enqueuing the op after {} s (a peer stalled or died)",
+                                                  timeout_s())
+                                    : fmt::format("NCCL: {}", nccl().ncclGetErrorString(r));
         release(p);
-        abort_all(fmt::format("{}: {}", st->describe(), nccl().ncclGetErrorString(r)));
-        st->fail(fmt::format("{}: NCCL: {}", st->describe(), nccl().ncclGetErrorString(r)));
+        abort_all(fmt::format("{}: {}", st->describe(), why));
+        st->fail(fmt::format("{}: {}", st->describe(), why));
         return true;
       }
       cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate");
