@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -22,7 +23,7 @@ namespace {
 #define DHX_GREEN_FNS(X)                                                                              \
   X(cuDeviceGet) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) \
   X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
-  X(cuCtxSynchronize) X(cuCtxGetCurrent) X(cuCtxGetDevResource) X(cuGetErrorString)
+  X(cuCtxSynchronize) X(cuCtxGetCurrent) X(cuGetErrorString)
 
 struct Driver {
 #define DHX_GREEN_FIELD(f) decltype(&::f) f = nullptr;
@@ -72,6 +73,18 @@ void check(CUresult r, const char* what) {
   throw DeviceError(fmt::format("SM partitions: {} failed: error {} ({})", what, static_cast<int>(r), s ? s : "?"));
 }
 
+// The live partitions' contexts and SM counts, so that a thread's current context says which
+// partition it is in (the driver does not document what cuCtxGetDevResource reports for a context
+// made by cuCtxFromGreenCtx; the split's own count is the one the partition was made with).
+struct Live {
+  std::mutex mu;
+  std::map<CUcontext, int> sms;
+};
+Live& live() {
+  static Live l;
+  return l;
+}
+
 }  // namespace
 
 int current_sm_count(int device) {
@@ -79,11 +92,10 @@ int current_sm_count(int device) {
   const Driver& d = loaded();
   if (!d.why.empty()) return whole;
   CUcontext ctx = nullptr;
-  CUdevResource r{};
-  if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-      d.cuCtxGetDevResource(ctx, &r, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS || r.sm.smCount == 0)
-    return whole;
-  return std::min(whole, static_cast<int>(r.sm.smCount));
+  if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return whole;
+  std::lock_guard<std::mutex> g(live().mu);
+  const auto it = live().sms.find(ctx);
+  return it == live().sms.end() ? whole : std::min(whole, it->second);
 }
 
 std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int parts) {
@@ -122,12 +134,18 @@ std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int par
     if (r != CUDA_SUCCESS) drv.cuGreenCtxDestroy(green);
     check(r, "cuCtxFromGreenCtx");
     out.push_back(std::unique_ptr<SmPartition>(new SmPartition(device, static_cast<int>(g.sm.smCount), green, ctx)));
+    std::lock_guard<std::mutex> lock(live().mu);
+    live().sms[ctx] = static_cast<int>(g.sm.smCount);
   }
   return out;
 }
 
 SmPartition::~SmPartition() {
   if (!green_) return;
+  {
+    std::lock_guard<std::mutex> g(live().mu);
+    live().sms.erase(static_cast<CUcontext>(ctx_));
+  }
   // The destroy does not wait: the work, stream destructions and stream-ordered frees issued in the
   // partition finish first.
   const Driver& drv = driver();
