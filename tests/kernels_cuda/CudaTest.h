@@ -21,11 +21,23 @@
 
 #include "base/Error.h"
 #include "kernels/cuda/Cuda.h"
+#include "kernels/cuda/SmPartition.h"
 #include "tensor/Tensor.h"
 
 namespace dhelix::cuda::test {
 
 constexpr double kBf16U = 1.0 / 256;  // unit roundoff of bf16: 2^-8
+
+// Keeps stream `s` busy for at least `spin_us` microseconds (one block spinning on the SM clock:
+// sm_ids_of_blocks; the clock runs at most at its rated rate, so never shorter), so that work
+// queued behind it on `s` is that late: the ordering tests' delay, far longer than any host
+// thread's wake-up (a copy of a few hundred MiB is only a tenth of a millisecond at HBM rates).
+inline void hold_stream(cudaStream_t s, int spin_us) {
+  int32_t* d = nullptr;
+  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(int32_t), s));
+  sm_ids_of_blocks(d, 1, 32, spin_us, s);
+  DHX_CUDA(cudaFreeAsync(d, s));
+}
 
 #define DHX_REQUIRE_GPU()                                                               \
   do {                                                                                  \

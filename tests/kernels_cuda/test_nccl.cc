@@ -110,7 +110,7 @@ TEST(NcclGroup, ItsStreamHasTheHighestPriority) {
 }
 
 // The producer stream: an op issued after a kernel on the compute stream sees that kernel's write.
-// A memset of zeros is queued behind a long spin on the producer stream; without the event the
+// A memset of zeros is queued behind a 50 ms spin on the producer stream; without the event the
 // group's stream would reduce the old values.
 TEST(NcclGroup, OpsFollowTheProducerStream) {
   DHX_REQUIRE_GPU();
@@ -120,9 +120,8 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
   nccl_set_producer_stream(*g, producer);
   Tensor t = host_random({1 << 20}, DType::kF32, 3).to(gpu);
-  // A large device-to-device copy first keeps the producer stream busy, then the zeros.
-  Tensor big = Tensor::zeros({1 << 26}).to(gpu), big2 = Tensor::empty({1 << 26}, DType::kF32, nullptr, gpu);
-  ASSERT_EQ(cudaMemcpyAsync(big2.raw(), big.raw(), big.nbytes(), cudaMemcpyDeviceToDevice, producer), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cuda::test::hold_stream(producer, 50000);  // then the zeros
   ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
   g->all_reduce(t).wait();
   const Tensor h = t.to(Device::host());
@@ -134,12 +133,12 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
 }
 
 // Work::wait_on: a consumer stream ordered after an NCCL op on the GPU, the host not waiting. The
-// producer stream is held by four 512 MiB device-to-device copies (4 GiB moved: milliseconds at HBM
-// rates), then writes zeros into t; the all-reduce follows it (the producer point), and the consumer
-// stream waits on the op's end event (wait_on) and copies t out. Oracles: wait_on returned while the
-// op was still pending (the host was not held; the comm thread enqueues and publishes in tens of
-// microseconds, the copies take milliseconds), and the consumer's copy holds the zeros (without the
-// device wait it would copy t's random values from before the memset).
+// producer stream is held by a 50 ms spin (hold_stream), then writes zeros into t; the all-reduce
+// follows it (the producer point), and the consumer stream waits on the op's end event (wait_on)
+// and copies t out. Oracles: wait_on returned while the op was still pending (the host was not
+// held; the comm thread enqueues and publishes in tens of microseconds, the spin takes 50 ms), and
+// the consumer's copy holds the zeros (without the device wait it would copy t's random values
+// from before the memset).
 TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   DHX_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
@@ -149,10 +148,8 @@ TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
   nccl_set_producer_stream(*g, producer);
   Tensor t = host_random({1 << 20}, DType::kF32, 5).to(gpu);
-  Tensor big = Tensor::zeros({1 << 27}).to(gpu), big2 = Tensor::empty({1 << 27}, DType::kF32, nullptr, gpu);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int i = 0; i < 4; ++i)
-    ASSERT_EQ(cudaMemcpyAsync(big2.raw(), big.raw(), big.nbytes(), cudaMemcpyDeviceToDevice, producer), cudaSuccess);
+  cuda::test::hold_stream(producer, 50000);
   ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
   Work w = g->all_reduce(t);
   w.wait_on(consumer);
