@@ -55,12 +55,17 @@ void order_after(void* waiter, void* s) {
 }  // namespace
 
 // ZeRO-1's chunks live where the gradients do (a GPU run's on its device; zeroed so that a chunk
-// never reduced reads 0). They are made before the step's streams are set (producer_ null: the
-// legacy default stream), which the executor's blocking streams are ordered with.
+// never reduced reads 0). A chunk's first writer is a group's stream (the staged copy stream, the
+// NCCL stream: non-blocking, so not ordered after the zeroing's stream), so the host waits for the
+// zeros here (a 4-byte read on that stream is synchronous): once per step built.
 Tensor GradSync::owned_chunk(int64_t n) const {
   if (!on_gpu()) return Tensor::zeros({n}, DType::kF32, tracker_);
   Tensor t = Tensor::empty({n}, DType::kF32, tracker_, params_.device(), producer_);
   t.zero_();
+  if (n > 0) {
+    float first = 0;
+    device_copy(&first, Device::host(), t.raw(), t.device(), sizeof first, producer_);
+  }
   return t;
 }
 

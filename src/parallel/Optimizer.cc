@@ -183,6 +183,9 @@ void Optimizer::gather_updated() {
       sends.push_back(mine.clone());
     }
     works.push_back(g->all_gather(sends.back(), flat.narrow0(b.begin, b.end - b.begin)));
+    // The producer point was taken at the issue: the group is left as found (no producer stream),
+    // not ordering some later op after the optimizer's stream.
+    if (on_gpu()) g->set_producer_stream(nullptr);
   }
   for (auto& w : works) w.wait();
   if (on_gpu()) refresh_gathered_bf16();
