@@ -1,4 +1,4 @@
-// The benchmark programs' main(): runs `run`, and turns a ConfigError (or a DeviceError: no such
+// The benchmark programs' main(): stdout line-buffered; runs `run`, and turns a ConfigError (or a DeviceError: no such
 // GPU here) into its message and exit 2;
 // any other error prints and either returns 1 (one process) or aborts the MPI world (multi-rank
 // benchmarks, so no rank is left waiting in a collective).
@@ -15,6 +15,9 @@ enum class OnFailure { kReturn, kAbortWorld };
 
 template <typename Run>
 int bench_main(const char* name, Run run, OnFailure on_failure) {
+  // Each line reaches a log file as it is printed: a benchmark stopped by a timeout keeps what it
+  // measured (stdout into a file is otherwise fully buffered and lost with the process).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     return run();
   } catch (const ConfigError& e) {

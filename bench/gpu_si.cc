@@ -45,11 +45,14 @@
 //                       [--batch gpt2-124m=4,llama-1b=2,moe-0.6b=4,llama-1b/cp=1] [--seq 1024]
 //                       [--cp-seq 8192] [--micro-batches 4] [--comm-fraction 0.45] [--rounds 4] [--steps 3]
 //                       [--sm-split ranks|off]
-// Prints a line per round and, last, one JSON object: speedup, ideal_speedup, overlap_efficiency,
-// extra_memory_fraction, device, per model. (sim_abs_error: the simulator's prediction of these
-// runs is not in this bench yet.)
+// Prints a line per round, a line {"model_result":{...}} as each model is done (speedup,
+// ideal_speedup, overlap_efficiency, extra_memory_fraction; a model that failed: its error, and the
+// others still run: exit 1), and last one JSON object {"device":...,"models":[...]} of them all.
+// (sim_abs_error is null here: bench/gpu-si-sim.sh prices these runs with the simulator.) Where SM
+// partitions cannot be made, a model runs without them and says so (sm_split off, sm_split_error).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -253,7 +256,15 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
   std::string json;
   std::mutex mu;
   std::vector<std::unique_ptr<cuda::SmPartition>> parts;
-  if (o.sm_split) parts = cuda::SmPartition::split(0, lay.world());
+  std::string split_error;  // why the asked-for partitions could not be made (the model then runs without)
+  if (o.sm_split) {
+    try {
+      parts = cuda::SmPartition::split(0, lay.world());
+    } catch (const DeviceError& e) {
+      split_error = e.what();
+      std::printf("%s: no SM partitions (%s): its ranks share the whole GPU\n", name.c_str(), e.what());
+    }
+  }
   const int sms_per_rank = parts.empty() ? cuda::device_info(0).sms : parts[0]->sms();
   run_local_ranks(lay, [&](CommContext& comm) {
     cuda::SmPartitionScope own(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
@@ -269,6 +280,14 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
       const double b0 = rank.axis_bytes();
       e0.push_back(rank.timed(kExposed));
       bytes += (rank.axis_bytes() - b0) / o.steps;
+    }
+    // The busiest rank's bytes set the link for all (an expert-parallel rank's all-to-all traffic
+    // follows its routing), so every rank emulates the same link.
+    {
+      Tensor b = Tensor::zeros({1}, DType::kF64);
+      b.data<double>()[0] = bytes;
+      comm.world().all_reduce(b, ReduceOp::kMax).wait();
+      bytes = b.data<double>()[0];
     }
     const double C0 = median(c0), S0 = median(e0) - C0, M_target = C0 * o.comm_fraction / (1 - o.comm_fraction);
     const double rate = S0 < M_target ? bytes / M_target : 0;  // 0: the staging alone is slower than the target
@@ -326,10 +345,11 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
         "\"comm_s\":{:.6g},\"comm_fraction\":{:.4g},\"si_off_s\":{:.6g},\"si_off_spread\":{},\"si_on_s\":{:.6g},"
         "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
         "\"overlap_efficiency\":{:.4g},\"overlap_ceiling\":{:.4g},\"peak_activation_bytes_si_off\":{},"
-        "\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},\"sim_abs_error\":null}}",
+        "\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},\"sim_abs_error\":null{}}}",
         name, layout, parts.empty() ? "off" : "ranks", sms_per_rank, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
         Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
-        Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra);
+        Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra,
+        split_error.empty() ? std::string() : fmt::format(",\"sm_split_error\":{}", nlohmann::json(split_error).dump()));
   });
   return json;
 }
@@ -390,11 +410,28 @@ int run(int argc, char** argv) {
   }
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
+  // Each model's JSON is printed as soon as it is done (a later model's failure or a timeout keeps
+  // it); a model that fails is an error object, and the others still run.
   std::string out;
-  for (const auto& [name, B] : runs) out += (out.empty() ? "" : ",") + run_model(o, name, B);
-  std::printf("{\"device\":\"%s\",\"device_sms\":%d,\"sm_split\":\"%s\",\"tp\":%d,\"ep\":%d,\"cp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
-              info.name.c_str(), info.sms, o.sm_split ? "ranks" : "off", o.tp, o.ep, o.cp, o.comm_fraction, out.c_str());
-  return 0;
+  int failed = 0;
+  for (const auto& [name, B] : runs) {
+    std::string one;
+    try {
+      one = run_model(o, name, B);
+    } catch (const ConfigError&) {
+      throw;  // bad input: exit 2, as before anything ran
+    } catch (const std::exception& e) {
+      ++failed;
+      std::fprintf(stderr, "dhelix_bench_gpu_si: model %s failed: %s\n", name.c_str(), e.what());
+      one = fmt::format("{{\"model\":{},\"error\":{}}}", nlohmann::json(name).dump(), nlohmann::json(e.what()).dump());
+    }
+    std::printf("{\"model_result\":%s}\n", one.c_str());
+    out += (out.empty() ? "" : ",") + one;
+  }
+  std::printf("{\"device\":%s,\"device_sms\":%d,\"sm_split\":\"%s\",\"tp\":%d,\"ep\":%d,\"cp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
+              nlohmann::json(info.name).dump().c_str(), info.sms, o.sm_split ? "ranks" : "off", o.tp, o.ep, o.cp,
+              o.comm_fraction, out.c_str());
+  return failed ? 1 : 0;
 }
 
 }  // namespace

@@ -120,9 +120,12 @@ void expect_interleaving_bitwise(const RunConfig& on, int64_t steps) {
 }
 
 // tiny_config (TinyRun.h) with head size 32 (two heads of d_model 64: the GPU attention has no
-// D = 16 kernel) on `device`, bf16 on the GPU (its only precision), fp32 on the CPU.
+// D = 16 kernel) on `device`, bf16 on the GPU (its only precision), fp32 on the CPU. Collectives
+// time out after 30 s, not the default 120: a tiny step takes milliseconds, and a layout test that
+// hangs should cost the device session 30 s, not two minutes (tests that need their own set it).
 RunConfig tiny_on(const std::string& dir, const std::string& family, const std::string& device) {
   RunConfig c = testing::tiny_config(dir, family);
+  c.comm.timeout_s = 30;
   c.model.n_heads = 2;
   c.model.n_kv_heads = family == "gpt" ? 2 : 1;
   c.training.device = device;
