@@ -23,12 +23,22 @@
 # bench step leaves out the gradients' dp (dp x cp) all-reduce, the passes alone (step_s - tail_s:
 # the simulated step up to its last backward). Last line: one JSON object
 # with sim_abs_error, the largest |simulated / measured - 1| over the models and SI off / on.
-# Runs here or on the GPU machine (scripts/gpu-device run): the simulator needs no GPU.
+# On an H200 (the bench's device names it) the memory bandwidth is the H200's 4.8 TB/s (NVIDIA H200
+# datasheet) instead of the H100 SXM's 3.35 TB/s; the compute figures stay h100-measured's (the H200
+# datasheet's dense bf16 rate is the H100 SXM's, 989 TFLOP/s). The JSON's "preset" says which preset
+# and bandwidth were used.
+# Models the bench could not run (an "error" object) and runs without a known link rate or SM share
+# are skipped with the reason; a model that simulate refuses is skipped with its message, the
+# others still priced.
+# Runs here or on the GPU machine (scripts/gpu-device run): the simulator needs no GPU. There
+# scripts/gpu-device sets DHELIX_BIN (and DHELIX_BIN_LD_LIBRARY_PATH, the bundle's libraries, for it
+# alone); here, without DHELIX_BIN, build/dhelix is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 measured=${1:?usage: bench/gpu-si-sim.sh GPU_SI_JSON}
 bin=${DHELIX_BIN:-}
 if [ -z "$bin" ]; then
+  command -v cmake > /dev/null || { echo "bench/gpu-si-sim.sh: no cmake here to build dhelix: set DHELIX_BIN" >&2; exit 2; }
   build=${DHELIX_BUILD:-build}
   cmake --build "$build" --target dhelix >/dev/null
   bin="$PWD/$build/dhelix"
@@ -37,10 +47,23 @@ work=$(mktemp -d /tmp/dhelix_bench_gpusisim.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 /usr/bin/env python3 - "$measured" "$work" "$bin" <<'EOF'
-import json, re, subprocess, sys
+import json, os, re, subprocess, sys
 meas_file, work, bin_ = sys.argv[1], sys.argv[2], sys.argv[3]
 meas = json.load(open(meas_file))
 base = open("configs/clusters/h100-measured.toml").read()
+env = dict(os.environ)
+if os.environ.get("DHELIX_BIN_LD_LIBRARY_PATH"):
+    env["LD_LIBRARY_PATH"] = os.environ["DHELIX_BIN_LD_LIBRARY_PATH"]
+# The device's HBM bandwidth: h100-measured's (H100 SXM, 3.35 TB/s), or the H200's.
+device = meas.get("device") or ""
+h100_bw = float(re.search(r"^mem_bw = ([0-9.e+]+)", base, re.M).group(1))
+if "H200" in device:
+    mem_bw, preset_name = 4.8e12, "h200-from-h100-measured"
+    mem_bw_source = "NVIDIA H200 datasheet: 4.8 TB/s (the rest h100-measured's)"
+else:
+    mem_bw, preset_name = h100_bw, "h100-measured"
+    mem_bw_source = "h100-measured.toml: H100 SXM 3.35 TB/s (NVIDIA H100 datasheet)" + (
+        "" if device else "; the device is unknown, an H100 assumed")
 
 def preset(link_bytes_per_s, flops_share, path):
     t = base
@@ -53,12 +76,12 @@ def preset(link_bytes_per_s, flops_share, path):
         m = re.search(rf"^{key} = ([^ #\n]+)", t, re.M)
         t = t[:m.start(1)] + value + t[m.end(1):]
     scale("peak_flops_bf16", flops_share)
-    scale("mem_bw", 0.5)
+    scale("mem_bw", mem_bw / h100_bw * 0.5)
     put("intra_bw", f"{link_bytes_per_s:g}")
     put("intra_latency", "50e-6")
-    put('name', '"h100-measured-shared-by-2"')
-    open(path, "w").write(f"# derived by bench/gpu-si-sim.sh: h100-measured, {flops_share:.3f} of the SMs and half the "
-                          "memory bandwidth per rank, the emulated link\n" + t)
+    put('name', f'"{preset_name}-shared-by-2"')
+    open(path, "w").write(f"# derived by bench/gpu-si-sim.sh: {preset_name}, {flops_share:.3f} of the SMs and half the "
+                          f"memory bandwidth ({mem_bw:g} B/s) per rank, the emulated link\n" + t)
 
 gpt2 = ["--config", "configs/gpt2-124m.toml", "--model.vocab_size", "50257"]
 llama = ["--config", "configs/demo.toml", "--model.seq_len", "1024", "--model.vocab_size", "32000",
@@ -67,17 +90,30 @@ llama = ["--config", "configs/demo.toml", "--model.seq_len", "1024", "--model.vo
 moe = ["--config", "configs/moe-demo.toml", "--model.vocab_size", "32000", "--model.d_model", "1024",
        "--model.n_layers", "8", "--model.n_heads", "16", "--model.n_kv_heads", "4", "--model.ffn_hidden", "2816",
        "--model.n_experts", "8", "--model.top_k", "2"]
-out = {"measured_file": meas_file, "device": meas.get("device"), "models": []}
+out = {"measured_file": meas_file, "device": meas.get("device"),
+       "preset": {"base": "configs/clusters/h100-measured.toml", "name": preset_name, "mem_bw_device": mem_bw,
+                  "mem_bw_source": mem_bw_source, "mem_bw_per_rank": mem_bw / 2},
+       "models": []}
 errs = []
+def skip(row, why):
+    row["skipped"] = why
+    out["models"].append(row)
+    print(f"{row['model']}: skipped, {why}")
 for m in meas["models"]:
-    row = {"model": m["model"], "link_gbit": m["link_gbit"]}
+    row = {"model": m.get("model")}
+    if "error" in m:
+        skip(row, "the bench's run of this model failed")
+        continue
+    row["link_gbit"] = m["link_gbit"]
     if m["link_gbit"] <= 0:
-        row["skipped"] = "no link emulated (the staging alone was slower than the target share)"
-        out["models"].append(row)
-        print(f"{m['model']}: skipped, {row['skipped']}")
+        skip(row, "no link emulated (the staging alone was slower than the target share)")
         continue
     p = f"{work}/{m['model'].replace('/', '_')}.toml"
     split = m.get("sm_split", meas.get("sm_split", "off")) == "ranks"
+    if split and not meas.get("device_sms"):
+        skip(row, "the device's SM count is unknown (the bench's final line is missing): the partition's share of "
+                  "the SMs is not known")
+        continue
     share = m["sms_per_rank"] / meas["device_sms"] if split else 0.5
     row["flops_share"] = share
     preset(m["link_gbit"] * 1e9 / 8, share, p)
@@ -88,16 +124,25 @@ for m in meas["models"]:
         "--training.micro_batch_size", str(m["batch"]), "--training.micro_batches", str(m["micro_batches"]),
         "--model.seq_len", str(m["seq"]), "--layout", layout, "--gpus", "2",
         "--cluster", p]
+    refused = None
     for si, key in (("off", "si_off_s"), ("on", "si_on_s")):
         j = f"{work}/{m['model'].replace('/', '_')}-{si}.json"
-        subprocess.run([bin_, "simulate", *keys, "--schedule.strand_interleaving", si, "--json", j],
-                       check=True, stdout=subprocess.DEVNULL)
+        r = subprocess.run([bin_, "simulate", *keys, "--schedule.strand_interleaving", si, "--json", j],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        if r.returncode != 0:
+            refused = f"dhelix simulate (SI {si}) exit {r.returncode}: " + " ".join(r.stderr.split())[-300:]
+            break
         s = json.load(open(j))
         sim = s["step_s"] - (s["tail_s"] if is_moe or is_cp else s["optimizer_s"])
         err = sim / m[key] - 1
-        errs.append(abs(err))
         row[f"si_{si}"] = {"measured_s": m[key], "simulated_s": sim, "error": err,
                            "simulated_compute_s": s["compute_s"], "simulated_exposed_s": s["exposed_s"]}
+    if refused:
+        row.pop("si_off", None)
+        skip(row, refused)
+        continue
+    row["sim_abs_error"] = max(abs(row["si_off"]["error"]), abs(row["si_on"]["error"]))
+    errs.append(row["sim_abs_error"])
     row["measured_compute_s"] = m["compute_s"]
     out["models"].append(row)
     print(f"{m['model']:10s} link {m['link_gbit']:.2f} Gbit/s: SI off {m['si_off_s']*1e3:.2f} ms measured, "

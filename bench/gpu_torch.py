@@ -13,11 +13,13 @@ wgrad, timed with events, rotating inputs) and on 8192^3; the time per op class 
 the rest) from torch.profiler over eager steps; peak GPU memory.
 Model FLOPs per token: dhelix's one formula (ModelConfig::flops_per_token): 6 * (matmul parameters
 including the LM head) + 6 * n_layers * T * d_model (causal attention, fwd+bwd).
-Prints a table and, last, one JSON object.
+Prints a table and, last, one JSON object; --out's file is rewritten after each model (a timeout
+keeps the models already done).
 """
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
@@ -306,16 +308,22 @@ def main():
     out["cublas_8192_flops"] = 2 * 8192 ** 3 * 10 / (s.elapsed_time(e) / 1e3)
     del x, y
     out["models"] = []
+
+    def save():
+        if a.out:
+            with open(a.out + ".tmp", "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(a.out + ".tmp", a.out)
+
+    save()
     for name in a.models.split(","):
         r = bench_model(name, int(batch[name]), a.seq, a.rounds, a.steps, a.warmup)
         out["models"].append(r)
+        save()
         print(f"{name:10s} B={r['batch']:3d} T={r['seq']} | eager {r['torch_eager_tokens_per_s']:10.0f} tok/s "
               f"(mfu {r['torch_eager_mfu']:.3f}) | compile {r['torch_compile_tokens_per_s']:10.0f} tok/s "
               f"(mfu {r['torch_compile_mfu']:.3f}) | cuBLAS on its shapes {r['cublas_model_shapes_flops'] / 1e12:6.1f} "
               f"TFLOP/s | peak {r['peak_bytes'] / 2**30:.1f} GiB | setup {r['setup_s']:.0f} s", flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
     print(f"cuBLAS 8192^3: {out['cublas_8192_flops'] / 1e12:.0f} TFLOP/s on {out['device']}")
     print(json.dumps({k: v for k, v in out.items() if k != "models"} |
                      {"models": [{k: v for k, v in r.items() if k != "cublas_shapes"} for r in out["models"]]}))
