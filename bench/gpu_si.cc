@@ -230,6 +230,11 @@ class Rank {
   std::vector<MicroBatch> mbs_;
 };
 
+// A JSON string of `v` (bytes that are not UTF-8 replaced, never a throw: an error's text).
+std::string json_text(const std::string& v) {
+  return nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string run_model(const Options& o, const std::string& name, int64_t B) {
   const bool cp = name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0;
   const int64_t T = cp ? o.cp_T : o.T;
@@ -349,7 +354,7 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
         name, layout, parts.empty() ? "off" : "ranks", sms_per_rank, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
         Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
         Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra,
-        split_error.empty() ? std::string() : fmt::format(",\"sm_split_error\":{}", nlohmann::json(split_error).dump()));
+        split_error.empty() ? std::string() : fmt::format(",\"sm_split_error\":{}", json_text(split_error)));
   });
   return json;
 }
@@ -402,10 +407,13 @@ int run(int argc, char** argv) {
     int64_t B = 2;
     for (const std::string& kv : items(o.batch))
       if (kv.rfind(name + "=", 0) == 0) B = std::stoll(kv.substr(name.size() + 1));
-    bench::gpu_model_named(name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0
-                               ? name.substr(0, name.size() - 3)
-                               : name,
-                           o.T);  // an unknown name is a ConfigError before anything runs
+    // Bad input is a ConfigError before anything runs: an unknown name, a cp sequence that does
+    // not cut into 2 cp chunks, MoE under cp (run_model checks the same).
+    const bool cp = name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0;
+    const ModelConfig m = bench::gpu_model_named(cp ? name.substr(0, name.size() - 3) : name, cp ? o.cp_T : o.T);
+    DHX_CHECK(!cp || o.cp_T % (2 * o.cp) == 0, ConfigError,
+              "--cp-seq {}: context parallelism cuts each sequence into 2 x --cp {} chunks", o.cp_T, o.cp);
+    DHX_CHECK(!(cp && m.is_moe()), ConfigError, "model '{}': MoE runs on the GPU at cp = 1", name);
     runs.emplace_back(name, B);
   }
   cuda::require_device(0);
@@ -418,12 +426,10 @@ int run(int argc, char** argv) {
     std::string one;
     try {
       one = run_model(o, name, B);
-    } catch (const ConfigError&) {
-      throw;  // bad input: exit 2, as before anything ran
     } catch (const std::exception& e) {
       ++failed;
       std::fprintf(stderr, "dhelix_bench_gpu_si: model %s failed: %s\n", name.c_str(), e.what());
-      one = fmt::format("{{\"model\":{},\"error\":{}}}", nlohmann::json(name).dump(), nlohmann::json(e.what()).dump());
+      one = fmt::format("{{\"model\":{},\"error\":{}}}", json_text(name), json_text(e.what()));
     }
     std::printf("{\"model_result\":%s}\n", one.c_str());
     out += (out.empty() ? "" : ",") + one;

@@ -111,32 +111,13 @@ class NcclGroup final : public ProcessGroup {
     cuda_check(cudaMalloc(&scratch_, sizeof(int32_t)), "cudaMalloc (NCCL barrier word)");
     try {
       form(size, rank, id, max_ctas);
+      start_stream(kDefaultCommNice, [this] { return poll(); });
     } catch (...) {  // no destructor runs: release what was made
       if (comm_) nccl().ncclCommAbort(comm_);
       cudaFree(scratch_);
       cudaStreamDestroy(stream_);
       throw;
     }
-    start_stream(kDefaultCommNice, [this] { return poll(); });
-  }
-
-  // The communicator (non-blocking: a communicator whose peer never arrives can be aborted by the
-  // watchdog), formed within the group's timeout.
-  void form(int size, int rank, const NcclId& id, int max_ctas) {
-    ncclUniqueId uid;
-    static_assert(sizeof uid == sizeof id.bytes, "ncclUniqueId is 128 bytes");
-    std::memcpy(&uid, id.bytes.data(), sizeof uid);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    if (max_ctas > 0) {
-      cfg.maxCTAs = max_ctas;
-      cfg.minCTAs = 1;  // a minimum above the cap would override it (NCCL sets both to one value)
-    }
-    const ncclResult_t r = settle(nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg));
-    if (r == ncclInProgress)
-      throw CommError(fmt::format("{}: NCCL communicator of {} ranks not formed within {} s (a member never "
-                                  "joined)", name(), size, timeout_s()));
-    DHX_CHECK(r == ncclSuccess, CommError, "{}: ncclCommInitRank: {}", name(), nccl().ncclGetErrorString(r));
   }
 
   ~NcclGroup() override {
@@ -221,6 +202,25 @@ class NcclGroup final : public ProcessGroup {
   }
 
  private:
+  // The communicator (non-blocking: a communicator whose peer never arrives can be aborted by the
+  // watchdog), formed within the group's timeout.
+  void form(int size, int rank, const NcclId& id, int max_ctas) {
+    ncclUniqueId uid;
+    static_assert(sizeof uid == sizeof id.bytes, "ncclUniqueId is 128 bytes");
+    std::memcpy(&uid, id.bytes.data(), sizeof uid);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    if (max_ctas > 0) {
+      cfg.maxCTAs = max_ctas;
+      cfg.minCTAs = 1;  // a minimum above the cap would override it (NCCL sets both to one value)
+    }
+    const ncclResult_t r = settle(nccl().ncclCommInitRankConfig(&comm_, size, uid, rank, &cfg));
+    if (r == ncclInProgress)
+      throw CommError(fmt::format("{}: NCCL communicator of {} ranks not formed within {} s (a member never "
+                                  "joined)", name(), size, timeout_s()));
+    DHX_CHECK(r == ncclSuccess, CommError, "{}: ncclCommInitRank: {}", name(), nccl().ncclGetErrorString(r));
+  }
+
   struct Posted {
     std::shared_ptr<WorkState> st;
     cudaEvent_t ready = nullptr, done = nullptr;

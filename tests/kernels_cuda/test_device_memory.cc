@@ -26,10 +26,11 @@ TEST(DeviceMemory, WithoutAGpuAskingForOneSaysSo) {
 // Tensor::empty_pinned, the staged groups' host buffers. Without a GPU: an ordinary host tensor
 // (is_pinned() false) that holds its values. With one: page-locked (the runtime's own record,
 // cudaPointerGetAttributes, says host memory it registered), a device round trip through it is
-// bitwise, and a block freed is the next one of that size (the cache: pinned_stats' hit; a size no
-// other test asks for, so no earlier test's freed block of that capacity is handed out first).
+// bitwise, and a block freed is the next one of that size (the cache: pinned_stats' hit). The size,
+// 9.5 MB, is one no other test stages: the cache hands out the smallest free block of at least the
+// request and at most 8/7 of it, so an earlier test's free block in [9.5, 10.9] MB would come first.
 TEST(DeviceMemory, PinnedHostTensorsArePageLockedAndReused) {
-  Tensor h = Tensor::empty_pinned({333667, 3}, DType::kF32);
+  Tensor h = Tensor::empty_pinned({791667, 3}, DType::kF32);
   for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = 0.5f * static_cast<float>(i) - 7.f;
   for (int64_t i = 0; i < h.numel(); ++i) ASSERT_EQ(h.f32()[i], 0.5f * static_cast<float>(i) - 7.f);
   if (probe().devices == 0) {
@@ -41,13 +42,13 @@ TEST(DeviceMemory, PinnedHostTensorsArePageLockedAndReused) {
   ASSERT_EQ(cudaPointerGetAttributes(&a, h.raw()), cudaSuccess);
   EXPECT_EQ(a.type, cudaMemoryTypeHost);
   const Tensor d = h.to(Device::cuda(0));
-  Tensor back = Tensor::empty_pinned({333667, 3}, DType::kF32);
+  Tensor back = Tensor::empty_pinned({791667, 3}, DType::kF32);
   back.copy_from(d);
   EXPECT_EQ(std::memcmp(back.raw(), h.raw(), h.nbytes()), 0);
   const void* first = h.raw();
   h = Tensor();
   const int64_t hits = pinned_stats().hits;
-  Tensor again = Tensor::empty_pinned({333667, 3}, DType::kF32);
+  Tensor again = Tensor::empty_pinned({791667, 3}, DType::kF32);
   EXPECT_EQ(again.raw(), first);
   EXPECT_EQ(pinned_stats().hits, hits + 1);
 }

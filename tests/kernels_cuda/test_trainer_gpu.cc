@@ -57,6 +57,14 @@ std::vector<double> losses_resumed_at(const RunConfig& cfg, CommContext* comm, i
 // this process sharing the GPU. Every rank must report the same loss bit for bit (it is all-reduced);
 // rank 0's are returned. `own_sms`: each rank thread runs in its own SM partition of the GPU
 // (cuda::SmPartition, as bench/gpu_si.cc --sm-split ranks), not on the whole shared device.
+// The in-process ranks' groups time out as the run's config says (comm.timeout_s; run_local_ranks'
+// own default is 120 s).
+CommOptions comm_options_of(const RunConfig& cfg) {
+  CommOptions o;
+  o.timeout_s = cfg.comm.timeout_s;
+  return o;
+}
+
 enum class OwnSms { kNo, kYes };
 std::vector<double> rank_losses(const RunConfig& cfg, int64_t steps, OwnSms own_sms = OwnSms::kNo) {
   LayoutConfig lay;
@@ -76,7 +84,7 @@ std::vector<double> rank_losses(const RunConfig& cfg, int64_t steps, OwnSms own_
     cuda::SmPartitionScope in(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
     Trainer t(cfg, &comm, Quiet::kYes);
     got[static_cast<size_t>(comm.rank())] = losses_of(t, steps);
-  });
+  }, comm_options_of(cfg));
   for (size_t r = 1; r < got.size(); ++r) EXPECT_EQ(got[r], got[0]) << "rank " << r << " disagrees on the loss";
   return got[0];
 }
@@ -691,7 +699,7 @@ TEST_P(GpuFamilies, ZeroOneResumeOnTheGpuContinuesBitwise) {
   cfg.output.dir = dir.path() + "/resumed";
   run_local_ranks(lay, [&](CommContext& comm) {
     resumed[static_cast<size_t>(comm.rank())] = losses_resumed_at(cfg, &comm, k);
-  });
+  }, comm_options_of(cfg));
   EXPECT_EQ(resumed[1], resumed[0]) << "the ranks disagree on the loss";
   EXPECT_EQ(resumed[0], straight);
 }
@@ -774,7 +782,7 @@ TEST(TrainerGpuFailure, ARankFailingMidStepEndsEveryRank) {
         if (comm.rank() == 0) rank0_error = e.what();
         throw;
       }
-    });
+    }, comm_options_of(cfg));
   } catch (const std::exception& e) {
     rethrown = e.what();
   }
