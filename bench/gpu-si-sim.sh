@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# bench/gpu-si-sim.sh: issue 39's last speed item -- does `dhelix simulate` with the H100 preset
-# measured on the lent GPU (configs/clusters/h100-measured.toml) predict the emulated runs of
+# bench/gpu-si-sim.sh: issue 39's last speed item -- does `dhelix simulate` with the preset
+# measured on the lent GPU (configs/clusters/h100-measured.toml, or h200-measured.toml when the
+# bench's device is an H200) predict the emulated runs of
 # bench/gpu_si.cc (tp = 2 for the dense models, dp = ep = 2 for the MoE model, cp = 2 for a
 # "NAME/cp" run at its long sequence; the two ranks as
 # threads sharing one GPU, the link between them emulated at a known rate), SI off and on?
 #   bench/gpu-si-sim.sh GPU_SI_JSON     (the bench's last line; e.g. bench/results/gpu-si-<date>-h100.json)
-# The simulated cluster is h100-measured with two changes, both stated, neither fitted to the runs:
+# The simulated cluster is that measured preset with two changes, both stated, neither fitted to the runs:
 #   - each rank has its share of the device: peak_flops_bf16 scaled by its SMs over the device's
 #     when the bench ran each rank in its own SM partition (sm_split "ranks": the SM count is the
 #     run's; that the rate scales with it is an assumption, which the kernel bench's sm_partitions
@@ -23,10 +24,9 @@
 # bench step leaves out the gradients' dp (dp x cp) all-reduce, the passes alone (step_s - tail_s:
 # the simulated step up to its last backward). Last line: one JSON object
 # with sim_abs_error, the largest |simulated / measured - 1| over the models and SI off / on.
-# On an H200 (the bench's device names it) the memory bandwidth is the H200's 4.8 TB/s (NVIDIA H200
-# datasheet) instead of the H100 SXM's 3.35 TB/s; the compute figures stay h100-measured's (the H200
-# datasheet's dense bf16 rate is the H100 SXM's, 989 TFLOP/s). The JSON's "preset" says which preset
-# and bandwidth were used.
+# On an H200 (the bench's device names it) the preset is h200-measured: its compute figures measured
+# on the lent H200 and the H200's 4.8 TB/s (NVIDIA H200 datasheet); else h100-measured (an unknown
+# device: an H100 assumed). The JSON's "preset" says which preset and bandwidth were used.
 # Models the bench could not run (an "error" object) and runs without a known link rate or SM share
 # are skipped with the reason; a model that simulate refuses is skipped with its message, the
 # others still priced.
@@ -50,20 +50,19 @@ trap 'rm -rf "$work"' EXIT
 import json, os, re, subprocess, sys
 meas_file, work, bin_ = sys.argv[1], sys.argv[2], sys.argv[3]
 meas = json.load(open(meas_file))
-base = open("configs/clusters/h100-measured.toml").read()
 env = dict(os.environ)
 if os.environ.get("DHELIX_BIN_LD_LIBRARY_PATH"):
     env["LD_LIBRARY_PATH"] = os.environ["DHELIX_BIN_LD_LIBRARY_PATH"]
-# The device's HBM bandwidth: h100-measured's (H100 SXM, 3.35 TB/s), or the H200's.
+# The measured preset of the bench's device: h200-measured (the lent H200's kernels, 4.8 TB/s), or
+# h100-measured (the lent H100's, 3.35 TB/s).
 device = meas.get("device") or ""
-h100_bw = float(re.search(r"^mem_bw = ([0-9.e+]+)", base, re.M).group(1))
-if "H200" in device:
-    mem_bw, preset_name = 4.8e12, "h200-from-h100-measured"
-    mem_bw_source = "NVIDIA H200 datasheet: 4.8 TB/s (the rest h100-measured's)"
-else:
-    mem_bw, preset_name = h100_bw, "h100-measured"
-    mem_bw_source = "h100-measured.toml: H100 SXM 3.35 TB/s (NVIDIA H100 datasheet)" + (
-        "" if device else "; the device is unknown, an H100 assumed")
+preset_name = "h200-measured" if "H200" in device else "h100-measured"
+base_path = f"configs/clusters/{preset_name}.toml"
+base = open(base_path).read()
+mem_bw = float(re.search(r"^mem_bw = ([0-9.e+]+)", base, re.M).group(1))
+mem_bw_source = (f"{preset_name}.toml: " + ("H200 SXM 4.8 TB/s (NVIDIA H200 datasheet)" if "H200" in device
+                                            else "H100 SXM 3.35 TB/s (NVIDIA H100 datasheet)")
+                 + ("" if device else "; the device is unknown, an H100 assumed"))
 
 def preset(link_bytes_per_s, flops_share, path):
     t = base
@@ -76,7 +75,7 @@ def preset(link_bytes_per_s, flops_share, path):
         m = re.search(rf"^{key} = ([^ #\n]+)", t, re.M)
         t = t[:m.start(1)] + value + t[m.end(1):]
     scale("peak_flops_bf16", flops_share)
-    scale("mem_bw", mem_bw / h100_bw * 0.5)
+    scale("mem_bw", 0.5)
     put("intra_bw", f"{link_bytes_per_s:g}")
     put("intra_latency", "50e-6")
     put('name', f'"{preset_name}-shared-by-2"')
@@ -91,7 +90,7 @@ moe = ["--config", "configs/moe-demo.toml", "--model.vocab_size", "32000", "--mo
        "--model.n_layers", "8", "--model.n_heads", "16", "--model.n_kv_heads", "4", "--model.ffn_hidden", "2816",
        "--model.n_experts", "8", "--model.top_k", "2"]
 out = {"measured_file": meas_file, "device": meas.get("device"),
-       "preset": {"base": "configs/clusters/h100-measured.toml", "name": preset_name, "mem_bw_device": mem_bw,
+       "preset": {"base": base_path, "name": preset_name, "mem_bw_device": mem_bw,
                   "mem_bw_source": mem_bw_source, "mem_bw_per_rank": mem_bw / 2},
        "models": []}
 errs = []

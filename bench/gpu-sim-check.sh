@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# bench/gpu-sim-check.sh: issue 39, item 5 -- does `dhelix simulate` with the H100 preset measured
-# on the lent GPU (configs/clusters/h100-measured.toml, from bench/gpu_preset.py on the kernel
-# bench's JSON) predict dhelix's own measured one-GPU training steps? The measured steps:
-# bench/results/gpu-train-2026-11-27-h100.json (bench/gpu_train.cc: one micro-batch's forward and
-# backward, the gradient norm, one AdamW launch; GPT-2 124M B=16 and Llama ~1.1B B=4, T=1024). The
-# same steps simulated on h100-measured and, beside it, on h100-8gpu (the published systems' preset).
+# bench/gpu-sim-check.sh: issue 39, item 5 -- does `dhelix simulate` with the preset measured on the
+# lent GPU (configs/clusters/h100-measured.toml or h200-measured.toml, from bench/gpu_preset.py on
+# the kernel bench's JSON of that device) predict dhelix's own measured one-GPU training steps? The
+# measured steps: a bench/results/gpu-train-<date>-<device>.json (bench/gpu_train.cc: one
+# micro-batch's forward and backward, the gradient norm, one AdamW launch; GPT-2 124M B=16 and Llama
+# ~1.1B B=4, T=1024; default the H100's of 2026-11-27). The same steps simulated on the measured
+# preset of the file's device (h200-measured for an H200, else h100-measured) and, beside it, on
+# h100-8gpu (the published systems' preset).
 # Nothing is fitted to the steps: the preset's figures come from single-kernel timings. A one-GPU
 # step has no communication, so this checks the compute side only. Last line: one JSON object.
 set -euo pipefail
@@ -20,23 +22,25 @@ one=(--gpus 1 --sim.clusters_dir configs/clusters --training.micro_batches 1 --s
 gpt2=(--config configs/gpt2-124m.toml --model.vocab_size 50257 --training.micro_batch_size 16)
 llama=(--config configs/demo.toml --model.seq_len 1024 --model.vocab_size 32000 --model.d_model 2048 --model.n_layers 16
        --model.n_heads 32 --model.n_kv_heads 8 --model.ffn_hidden 8192 --training.micro_batch_size 4)
-for c in h100-measured h100-8gpu; do
+preset=$(/usr/bin/python3 -c "import json, sys; print('h200-measured' if 'H200' in json.load(open(sys.argv[1]))['device'] else 'h100-measured')" "$measured")
+for c in "$preset" h100-8gpu; do
   "$bin" simulate "${gpt2[@]}" "${one[@]}" --cluster $c --json "$work/gpt2-124m-$c.json" > "$work/gpt2-$c.log"
   "$bin" simulate "${llama[@]}" "${one[@]}" --cluster $c --json "$work/llama-1b-$c.json" > "$work/llama-$c.log"
 done
-/usr/bin/python3 - "$measured" "$work" <<'EOF'
+/usr/bin/python3 - "$measured" "$work" "$preset" <<'EOF'
 import json, sys
 meas = json.load(open(sys.argv[1]))
-out = {"measured_file": sys.argv[1], "device": meas["device"], "models": []}
-print(f"{'model':10s} {'measured':>10s} {'h100-measured':>14s} {'err':>7s} {'h100-8gpu':>10s} {'err':>7s}")
+p = sys.argv[3]
+out = {"measured_file": sys.argv[1], "device": meas["device"], "measured_preset": p, "models": []}
+print(f"{'model':10s} {'measured':>10s} {p:>14s} {'err':>7s} {'h100-8gpu':>10s} {'err':>7s}")
 for m in meas["models"]:
     row = {"model": m["model"], "measured_step_s": m["step_s"]}
-    for c in ("h100-measured", "h100-8gpu"):
+    for c in (p, "h100-8gpu"):
         s = json.load(open(f"{sys.argv[2]}/{m['model']}-{c}.json"))["step_s"]
         row[c] = {"step_s": s, "error": s / m["step_s"] - 1}
     out["models"].append(row)
-    print(f"{m['model']:10s} {m['step_s']*1e3:9.2f}ms {row['h100-measured']['step_s']*1e3:12.2f}ms "
-          f"{row['h100-measured']['error']*100:+6.1f}% {row['h100-8gpu']['step_s']*1e3:8.2f}ms {row['h100-8gpu']['error']*100:+6.1f}%")
-out["max_abs_error_measured_preset"] = max(abs(r["h100-measured"]["error"]) for r in out["models"])
+    print(f"{m['model']:10s} {m['step_s']*1e3:9.2f}ms {row[p]['step_s']*1e3:12.2f}ms "
+          f"{row[p]['error']*100:+6.1f}% {row['h100-8gpu']['step_s']*1e3:8.2f}ms {row['h100-8gpu']['error']*100:+6.1f}%")
+out["max_abs_error_measured_preset"] = max(abs(r[p]["error"]) for r in out["models"])
 print(json.dumps(out))
 EOF

@@ -688,7 +688,7 @@ TEST(StepSim, RecomputeAddsTheRecomputedForwardOps) {
 // what plan uses) gives each op of a tp x dp layer program the step simulator's op_time in the
 // precision simulate defaults to (the preset's native one), on every GPU preset and the CPU one.
 TEST(StepSim, PlanCostModelPricesEveryOpAsSimulateDoes) {
-  for (const char* name : {"a40-pcie", "a100-80gb-8gpu", "h100-8gpu", "h100-measured", "cpu-emulated"}) {
+  for (const char* name : {"a40-pcie", "a100-80gb-8gpu", "h100-8gpu", "h100-measured", "h200-measured", "cpu-emulated"}) {
     SCOPED_TRACE(name);
     const ClusterPreset cl = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/" + name + ".toml");
     LayoutConfig lay;
