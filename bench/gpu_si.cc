@@ -235,16 +235,27 @@ std::string json_text(const std::string& v) {
   return nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// "NAME/cp": NAME under context parallelism, at --cp-seq.
+bool is_cp_run(const std::string& name) { return name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0; }
+
+// The model a --models entry names, at its sequence length; a ConfigError for an unknown name, a cp
+// sequence that does not cut into 2 x cp chunks, or MoE under cp (run() asks before anything runs).
+ModelConfig model_of_run(const Options& o, const std::string& name) {
+  const bool cp = is_cp_run(name);
+  const ModelConfig m = bench::gpu_model_named(cp ? name.substr(0, name.size() - 3) : name, cp ? o.cp_T : o.T);
+  DHX_CHECK(!cp || o.cp_T % (2 * o.cp) == 0, ConfigError,
+            "--cp-seq {}: context parallelism cuts each sequence into 2 x --cp {} chunks", o.cp_T, o.cp);
+  DHX_CHECK(!(cp && m.is_moe()), ConfigError, "model '{}': MoE runs on the GPU at cp = 1", name);
+  return m;
+}
+
 std::string run_model(const Options& o, const std::string& name, int64_t B) {
-  const bool cp = name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0;
+  const bool cp = is_cp_run(name);
   const int64_t T = cp ? o.cp_T : o.T;
-  const ModelConfig model = bench::gpu_model_named(cp ? name.substr(0, name.size() - 3) : name, T);
-  DHX_CHECK(!cp || T % (2 * o.cp) == 0, ConfigError, "--cp-seq {}: context parallelism cuts each sequence into "
-            "2 x --cp {} chunks", T, o.cp);
+  const ModelConfig model = model_of_run(o, name);
   const MicroBatchShape mb{B, cp ? T / o.cp : T};  // a cp rank's local rows: its two chunks of each sequence
   LayoutConfig lay;
   const bool moe = model.is_moe();
-  DHX_CHECK(!(moe && cp), ConfigError, "model '{}': MoE runs on the GPU at cp = 1", name);
   const GroupRole axis = moe ? GroupRole::kEP : cp ? GroupRole::kCP : GroupRole::kTP;
   if (moe) {
     lay.dp = o.ep;
@@ -407,13 +418,7 @@ int run(int argc, char** argv) {
     int64_t B = 2;
     for (const std::string& kv : items(o.batch))
       if (kv.rfind(name + "=", 0) == 0) B = std::stoll(kv.substr(name.size() + 1));
-    // Bad input is a ConfigError before anything runs: an unknown name, a cp sequence that does
-    // not cut into 2 cp chunks, MoE under cp (run_model checks the same).
-    const bool cp = name.size() > 3 && name.compare(name.size() - 3, 3, "/cp") == 0;
-    const ModelConfig m = bench::gpu_model_named(cp ? name.substr(0, name.size() - 3) : name, cp ? o.cp_T : o.T);
-    DHX_CHECK(!cp || o.cp_T % (2 * o.cp) == 0, ConfigError,
-              "--cp-seq {}: context parallelism cuts each sequence into 2 x --cp {} chunks", o.cp_T, o.cp);
-    DHX_CHECK(!(cp && m.is_moe()), ConfigError, "model '{}': MoE runs on the GPU at cp = 1", name);
+    (void)model_of_run(o, name);  // bad input is a ConfigError before anything runs
     runs.emplace_back(name, B);
   }
   cuda::require_device(0);
@@ -435,7 +440,7 @@ int run(int argc, char** argv) {
     out += (out.empty() ? "" : ",") + one;
   }
   std::printf("{\"device\":%s,\"device_sms\":%d,\"sm_split\":\"%s\",\"tp\":%d,\"ep\":%d,\"cp\":%d,\"comm_fraction_target\":%g,\"models\":[%s]}\n",
-              nlohmann::json(info.name).dump().c_str(), info.sms, o.sm_split ? "ranks" : "off", o.tp, o.ep, o.cp,
+              json_text(info.name).c_str(), info.sms, o.sm_split ? "ranks" : "off", o.tp, o.ep, o.cp,
               o.comm_fraction, out.c_str());
   return failed ? 1 : 0;
 }
