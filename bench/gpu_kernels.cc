@@ -221,6 +221,11 @@ void rest_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
     b.time("rmsnorm bwd", "rest", 2 * Ld + 1, 0, [&] {
       rmsnorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), y.as<bf16>(), dg.as<float>(), N, C, s);
     });
+    // The backward's two-kernel form (what rmsnorm_bwd ran before the fused pass, 2026-11-28).
+    b.time("rmsnorm bwd two-kernel", "study", 2 * Ld + 1, 0, [&] {
+      norm_bwd_two_kernel(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), nullptr, stat.as<float>(), y.as<bf16>(),
+                          dg.as<float>(), nullptr, N, C, false, s);
+    });
   } else {
     layernorm_fwd(x.as<bf16>(), g.as<float>(), bb.as<float>(), y.as<bf16>(), stat.as<float>(), stat2.as<float>(), N, C,
                   1e-5f, s);
@@ -231,6 +236,10 @@ void rest_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
     b.time("layernorm bwd", "rest", 2 * Ld + 1, 0, [&] {
       layernorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), stat2.as<float>(), y.as<bf16>(),
                     dg.as<float>(), db.as<float>(), N, C, s);
+    });
+    b.time("layernorm bwd two-kernel", "study", 2 * Ld + 1, 0, [&] {
+      norm_bwd_two_kernel(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), stat2.as<float>(),
+                          y.as<bf16>(), dg.as<float>(), db.as<float>(), N, C, true, s);
     });
   }
   // Residual adds: two per layer forward, two per layer backward (the residual stream's gradient).

@@ -6,8 +6,12 @@
 // Bounds: a bf16 output (y, dx) is rounded once, within u = 2^-8 relative, plus fp32 noise from the
 // row sums in another order (C <= 4096 terms: ~sqrt(C) 2^-24 < 1e-5); fp32 statistics (mean, rstd)
 // carry only that noise. The parameter gradients sum N <= 5000 rows in another order than the CPU's
-// (chunks of 128 rows vs threads' row ranges): ~sqrt(N) 2^-24 relative, 4.2e-6 at N = 5000,
-// under 1e-5.
+// (the GPU's blocks of rows or chunks of 128 rows vs the CPU threads' row ranges): ~sqrt(N) 2^-24
+// relative, 4.2e-6 at N = 5000, under 1e-5.
+// Which backward a shape takes (Norm.cu): C % 8 == 0 and C <= 1024 (RMSNorm 2048) the fused pass --
+// here C = 768, 8, 1000 and RMSNorm's 2048 -- else the two-kernel form (C = 100, 33, 4096,
+// LayerNorm's 2048). Both forms are also run on every shape by TwoKernelFormMatchesCpu, and the
+// fused pass's runs of several rows a warp (N >= 8192) by ManyRowsAWarpMatchDoubleCpu.
 #include <cstring>
 
 #include "CudaTest.h"
@@ -142,6 +146,87 @@ TEST(CudaOpsNorm, RmsNormBackwardMatchesCpuAndIsDeterministic) {
         EXPECT_TRUE(same_bits(got_dx, first_dx) && same_bits(got_dg, first_dg))
             << "rmsnorm_bwd run twice differs, N=" << d.N << " C=" << d.C;
       }
+    }
+  }
+}
+
+// The two-kernel backward (norm_bwd_two_kernel, the kernel bench's comparison) on every shape, both
+// norms: the CPU twin's result within the same bounds as above.
+TEST(CudaOpsNorm, TwoKernelFormMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 400;
+  for (const Shape& d : kShapes) {
+    for (bool layer : {true, false}) {
+      const auto x = rows_with_means(d.N, d.C, seed++), g = around_one(d.C, seed++);
+      const auto dy = round_bf16(randn(d.N * d.C, seed++));
+      std::vector<float> y(d.N * d.C), mean(d.N), rstd(d.N);
+      if (layer) cpu::layernorm_fwd<float>(x.data(), g.data(), nullptr, y.data(), mean.data(), rstd.data(), d.N, d.C, kEps);
+      else cpu::rmsnorm_fwd<float>(x.data(), g.data(), y.data(), rstd.data(), d.N, d.C, kEps);
+      const auto dg0 = randn(d.C, seed++), db0 = randn(d.C, seed++);
+      std::vector<float> dx(d.N * d.C), dg = dg0, db = db0;
+      if (layer)
+        cpu::layernorm_bwd<float>(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+                                  db.data(), d.N, d.C);
+      else cpu::rmsnorm_bwd<float>(dy.data(), x.data(), g.data(), rstd.data(), dx.data(), dg.data(), d.N, d.C);
+      DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x)), gdx(d.N * d.C);
+      DevBuf<float> gg(g), gmean(mean), grstd(rstd), gdg(dg0), gdb(db0);
+      gdx.poison();
+      norm_bwd_two_kernel(gdy.get(), gx.get(), gg.get(), layer ? gmean.get() : nullptr, grstd.get(), gdx.get(),
+                          gdg.get(), layer ? gdb.get() : nullptr, d.N, d.C, layer, nullptr);
+      const std::string at = std::string(layer ? "LayerNorm" : "RMSNorm") + " N=" + std::to_string(d.N) + " C=" +
+                             std::to_string(d.C);
+      EXPECT_LE(rel_err(to_f32(gdx.download()), dx), kBf16OutBound) << "dx, " << at;
+      EXPECT_LE(rel_err(gdg.download(), dg), kF32Bound) << "dg, " << at;
+      if (layer) {
+        EXPECT_LE(rel_err(gdb.download(), db), kF32Bound) << "db, " << at;
+      } else {
+        EXPECT_TRUE(same_bits(gdb.download(), db0)) << "RMSNorm wrote db, " << at;
+      }
+    }
+  }
+}
+
+// The fused backward where each warp takes several rows (Norm.cu's fused_rows: N / 4096, at most
+// 16) and the last block is ragged: N = 20001 (4 rows a warp, C = 256, one unit a lane), 40000 (9,
+// GPT-2's C = 768), 70001 (16, C = 64), and RMSNorm's N = 9000, C = 2048 (2, eight units a lane).
+// Oracle: the CPU twin in double on the same bf16-rounded x, dy and the same fp32 g, mean, rstd.
+// Bounds: dx one bf16 rounding (kBf16OutBound); dg, db the GPU's own fp32 error: each sum is at
+// most ~100 adds deep (16 rows, 8 warps, <= 70 partials a group, 8 groups), ~sqrt(100) 2^-24 =
+// 6e-7 relative for terms of random sign, under kF32Bound = 1e-5 (the double oracle adds none).
+TEST(CudaOpsNorm, ManyRowsAWarpMatchDoubleCpu) {
+  DHX_REQUIRE_GPU();
+  struct Case { int64_t N, C; bool layer; };
+  const Case cases[] = {{20001, 256, true}, {40000, 768, true}, {70001, 64, true},
+                        {20001, 256, false}, {9000, 2048, false}};
+  uint64_t seed = 500;
+  for (const Case& d : cases) {
+    const auto x = rows_with_means(d.N, d.C, seed++), g = around_one(d.C, seed++);
+    const auto dy = round_bf16(randn(d.N * d.C, seed++));
+    std::vector<float> y(d.N * d.C), mean(d.N), rstd(d.N);
+    if (d.layer) cpu::layernorm_fwd<float>(x.data(), g.data(), nullptr, y.data(), mean.data(), rstd.data(), d.N, d.C, kEps);
+    else cpu::rmsnorm_fwd<float>(x.data(), g.data(), y.data(), rstd.data(), d.N, d.C, kEps);
+    auto wide = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+    const auto dg0 = randn(d.C, seed++), db0 = randn(d.C, seed++);
+    std::vector<double> dx(d.N * d.C), dg = wide(dg0), db = wide(db0);
+    const auto xd = wide(x), dyd = wide(dy), gd = wide(g), meand = wide(mean), rstdd = wide(rstd);
+    if (d.layer)
+      cpu::layernorm_bwd<double>(dyd.data(), xd.data(), gd.data(), meand.data(), rstdd.data(), dx.data(), dg.data(),
+                                 db.data(), d.N, d.C);
+    else cpu::rmsnorm_bwd<double>(dyd.data(), xd.data(), gd.data(), rstdd.data(), dx.data(), dg.data(), d.N, d.C);
+    auto narrow = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+    DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x)), gdx(d.N * d.C);
+    DevBuf<float> gg(g), gmean(mean), grstd(rstd), gdg(dg0), gdb(db0);
+    gdx.poison();
+    if (d.layer)
+      layernorm_bwd(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), gdx.get(), gdg.get(), gdb.get(), d.N, d.C,
+                    nullptr);
+    else rmsnorm_bwd(gdy.get(), gx.get(), gg.get(), grstd.get(), gdx.get(), gdg.get(), d.N, d.C, nullptr);
+    const std::string at = std::string(d.layer ? "LayerNorm" : "RMSNorm") + " N=" + std::to_string(d.N) + " C=" +
+                           std::to_string(d.C);
+    EXPECT_LE(rel_err(to_f32(gdx.download()), narrow(dx)), kBf16OutBound) << "dx, " << at;
+    EXPECT_LE(rel_err(gdg.download(), narrow(dg)), kF32Bound) << "dg, " << at;
+    if (d.layer) {
+      EXPECT_LE(rel_err(gdb.download(), narrow(db)), kF32Bound) << "db, " << at;
     }
   }
 }

@@ -2,13 +2,15 @@
 // One warp per row (8 rows a block of 256 threads), lanes striding over 8-bf16 (16-byte) units when
 // C % 8 == 0 and the pointers are 16-byte aligned, else single elements; row sums by a fixed warp
 // butterfly; two-pass variance as on the CPU (the row's re-reads hit L1). RMSNorm is the same code
-// with the mean fixed at 0. The fp32 parameter gradients take two deterministic stages, as
-// bias_grad (Gemm.cu): chunks of kColRows rows summed per column into partials, then the partials
-// summed per column in chunk order and added to dg/db. Bytes moved: forward 4NC (+ 8N stats);
-// backward 6NC for dx and 4NC again for the partials (+ 8 C N / kColRows). Measured on the H100
-// (2026-11-27, bench/gpu_kernels) at 111 us for GPT-2's LayerNorm backward (N = 16384, C = 768:
-// ~75 MB, 25 us at 3 TB/s): the partial sums' row loop was bound by one load latency per row; its
-// threads now load kBatch rows before adding them (the same order of adds). Not yet re-timed.
+// with the mean fixed at 0. The fp32 parameter gradients are sums in an order fixed by (N, C):
+//   - rows that fit a lane's registers (norm_bwd_fused_kernel): one pass writes dx and each block's
+//     column sums of a run of rows (warps in row order, then the block's warps in warp order);
+//   - other rows: the dx kernel, then chunks of kColRows rows summed per column (the partial kernel);
+// then the partials summed per column in a fixed grouping (column_final_kernel) and added to dg/db.
+// Bytes moved: forward 4NC (+ 8N stats); backward 6NC fused (+ the partials), else 6NC for dx and 4NC
+// again for the partials. Measured on the H100 (2026-11-27, bench/gpu_kernels) at 111 us for GPT-2's
+// LayerNorm backward in the two-kernel form (N = 16384, C = 768: ~75 MB, 25 us at 3 TB/s). The fused
+// pass (2026-11-28) is not yet timed; the kernel bench times both (norm_bwd_two_kernel).
 #include "kernels/cuda/Ops.h"
 
 namespace dhelix::cuda {
@@ -102,29 +104,19 @@ __global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restr
   }
 }
 
-// dx of row n (warp per row), the CPU twin's algebra. LayerNorm, xh = (x - mean) rstd, dxh = dy g:
-// dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)). RMSNorm: dx = rstd dy g - x rstd^3 mean(dy g x).
-// Units as the forward's (K > 0: x's and dy's in registers).
+// dx of row n (one warp, lane `lane`), the CPU twin's algebra. LayerNorm, xh = (x - mean) rstd,
+// dxh = dy g: dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)). RMSNorm: dx = rstd dy g - x rstd^3
+// mean(dy g x). xs, ds: the row's x and dy units (K > 0: in registers; K = 0: read from xr, dyr).
 template <int W, int K, bool kLayer>
-__global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
-                                   const float* __restrict__ mean, const float* __restrict__ rstd,
-                                   bf16* __restrict__ dx, int64_t N, int64_t C) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const BfVec<W>* xr = reinterpret_cast<const BfVec<W>*>(x + n * C);
-  const BfVec<W>* dyr = reinterpret_cast<const BfVec<W>*>(dy + n * C);
-  BfVec<W>* dxr = reinterpret_cast<BfVec<W>*>(dx + n * C);
-  const int64_t units = C / W;
-  LaneUnits<W, K> xs, ds;
-  xs.load(xr, lane, units);
-  ds.load(dyr, lane, units);
+__device__ __forceinline__ void row_dx(const LaneUnits<W, K>& xs, const LaneUnits<W, K>& ds,
+                                       const BfVec<W>* xr, const BfVec<W>* dyr, BfVec<W>* dxr,
+                                       const float* __restrict__ g, float mu, float rs, int lane, int64_t units,
+                                       int64_t C) {
   // Unit u's dy (slot k of the lane's), from registers or memory.
   auto dy_unit = [&](int64_t u, int k) -> BfVec<W> {
     if constexpr (K > 0) return ds.v[k];
     else return dyr[u];
   };
-  const float mu = kLayer ? mean[n] : 0.0f, rs = rstd[n];
   float a = 0.0f, bb = 0.0f;  // LayerNorm: sum dxh, sum dxh xh; RMSNorm: a = sum dy g x
   xs.each(xr, lane, units, [&](int64_t u, int k, const BfVec<W>& xv) {
     const BfVec<W> dv = dy_unit(u, k);
@@ -159,6 +151,108 @@ __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __re
     }
     dxr[u] = o;
   });
+}
+
+// dx of row n = blockIdx.x * kNormWarps + warp (row_dx). Units as the forward's (K > 0: x's and
+// dy's in registers).
+template <int W, int K, bool kLayer>
+__global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   bf16* __restrict__ dx, int64_t N, int64_t C) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const BfVec<W>* xr = reinterpret_cast<const BfVec<W>*>(x + n * C);
+  const BfVec<W>* dyr = reinterpret_cast<const BfVec<W>*>(dy + n * C);
+  const int64_t units = C / W;
+  LaneUnits<W, K> xs, ds;
+  xs.load(xr, lane, units);
+  ds.load(dyr, lane, units);
+  row_dx<W, K, kLayer>(xs, ds, xr, dyr, reinterpret_cast<BfVec<W>*>(dx + n * C), g, kLayer ? mean[n] : 0.0f, rstd[n],
+                       lane, units, C);
+}
+
+// The whole backward in one pass over x and dy (K > 0: the row in registers, C <= 256 K): each warp
+// takes `rows` consecutive rows, from (blockIdx.x * kNormWarps + warp) * rows, writing each row's dx
+// as norm_bwd_dx_kernel does (the same bits) and adding the row's share of the parameter gradients
+// to its lanes' fp32 column sums (a lane's columns are the same in every row: units lane, lane + 32,
+// ...), in row order. LayerNorm: sums of dy xh (xh = (x - mean) rstd) and of dy; RMSNorm: of
+// dy x rstd (the CPU's product order). At the end the block's 8 warps' sums are added per column in
+// warp order through shared memory (one parameter at a time: kNormWarps x C floats) into
+// part[blockIdx.x][p][col]; column_final_kernel adds the blocks' partials in block order. Every sum
+// has an order fixed by (N, C) alone. Bytes: x, dy read once, dx written (6NC) + the partials.
+// Replaces 10 NC of the two-kernel form (dx, then chunk partials re-reading x and dy by columns:
+// 111 us on the H100 for GPT-2's N = 16384, C = 768, 2026-11-27). Not yet timed on a GPU.
+template <int K, bool kLayer>
+__global__ void __launch_bounds__(kNormWarps * 32, K <= 4 ? 2 : 1)
+    norm_bwd_fused_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
+                          const float* __restrict__ mean, const float* __restrict__ rstd, bf16* __restrict__ dx,
+                          float* __restrict__ part, int64_t N, int64_t C, int rows) {
+  constexpr int W = 8, kParts = kLayer ? 2 : 1;
+  extern __shared__ __align__(16) float red[];  // [kNormWarps][C]
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t units = C / W;
+  float acc[kParts][K][W];
+#pragma unroll
+  for (int p = 0; p < kParts; ++p)
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc[p][k][j] = 0.0f;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kNormWarps + warp) * rows;
+  for (int i = 0; i < rows; ++i) {
+    const int64_t n = first + i;
+    if (n >= N) break;  // this warp's share only: the barriers below are outside the loop
+    const BfVec<W>* xr = reinterpret_cast<const BfVec<W>*>(x + n * C);
+    const BfVec<W>* dyr = reinterpret_cast<const BfVec<W>*>(dy + n * C);
+    LaneUnits<W, K> xs, ds;
+    xs.load(xr, lane, units);
+    ds.load(dyr, lane, units);
+    const float mu = kLayer ? mean[n] : 0.0f, rs = rstd[n];
+    row_dx<W, K, kLayer>(xs, ds, xr, dyr, reinterpret_cast<BfVec<W>*>(dx + n * C), g, mu, rs, lane, units, C);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (lane + 32 * k >= units) continue;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const float d = __bfloat162float(ds.v[k].v[j]), xc = __bfloat162float(xs.v[k].v[j]);
+        if constexpr (kLayer) {
+          acc[0][k][j] += d * ((xc - mu) * rs);
+          acc[1][k][j] += d;
+        } else {
+          acc[0][k][j] += d * xc * rs;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t u = lane + 32 * k;
+      if (u >= units) continue;
+      float4* dst = reinterpret_cast<float4*>(red + warp * C + u * W);
+      dst[0] = make_float4(acc[p][k][0], acc[p][k][1], acc[p][k][2], acc[p][k][3]);
+      dst[1] = make_float4(acc[p][k][4], acc[p][k][5], acc[p][k][6], acc[p][k][7]);
+    }
+    __syncthreads();  // every warp's sums of parameter p are in red
+    for (int64_t col = threadIdx.x; col < C; col += blockDim.x) {
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kNormWarps; ++w) s += red[w * C + col];
+      part[(static_cast<int64_t>(blockIdx.x) * kParts + p) * C + col] = s;
+    }
+    __syncthreads();  // red is read before the next parameter's sums overwrite it
+  }
+}
+
+// Rows per warp of norm_bwd_fused_kernel: about 512 blocks of kNormWarps warps once N allows (enough
+// to fill a GPU of 132 SMs a few times over, few partials to add), at most kFusedRowsMax, at least 1.
+// A function of N alone, so the sums' order -- and the bits -- are the same on every GPU.
+constexpr int kFusedRowsMax = 16;
+int fused_rows(int64_t N) {
+  const int64_t r = N / (int64_t{512} * kNormWarps);
+  return static_cast<int>(r < 1 ? 1 : r > kFusedRowsMax ? kFusedRowsMax : r);
 }
 
 // Lanes' units in registers for a row of C (C % 8 == 0): the least K in {1, 2, 4, 8} with
@@ -211,14 +305,38 @@ __global__ void norm_bwd_partial_kernel(const bf16* __restrict__ dy, const bf16*
   if constexpr (kLayer) part[(chunk * kParts + 1) * C + col] = sb;
 }
 
-// out[col] += sum over chunks c = 0, 1, ... of part[c * stride + col].
-__global__ void column_final_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t chunks,
-                                    int64_t stride, int64_t C) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= C) return;
+// out[col] += the sum over chunks c of part[c * stride + col], in a fixed order: a block of 256
+// threads takes kFinalCols columns, its kFinalGroups groups of threads sum chunks grp, grp +
+// kFinalGroups, ... of a column in that order, then the groups' sums are added in group order.
+// (One thread per column walking every chunk left a few SMs walking 512 partials a thread.)
+constexpr int kFinalCols = 32, kFinalGroups = 8;
+__global__ void __launch_bounds__(kFinalCols * kFinalGroups)
+    column_final_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t chunks, int64_t stride,
+                        int64_t C) {
+  __shared__ float sums[kFinalGroups][kFinalCols];
+  const int tc = static_cast<int>(threadIdx.x) % kFinalCols, grp = static_cast<int>(threadIdx.x) / kFinalCols;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kFinalCols + tc;
   float acc = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) acc += part[c * stride + col];
-  out[col] += acc;
+  if (col < C)
+    for (int64_t c = grp; c < chunks; c += kFinalGroups) acc += part[c * stride + col];
+  sums[grp][tc] = acc;
+  __syncthreads();
+  if (grp != 0 || col >= C) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kFinalGroups; ++k) total += sums[k][tc];
+  out[col] += total;
+}
+
+// dg (+)= and, LayerNorm with db, db (+)= the column sums of part[chunks][parts][C].
+void add_partials(const float* part, float* dg, float* db, int64_t chunks, int64_t parts, int64_t C, cudaStream_t s) {
+  const auto grid = static_cast<unsigned>(cdiv(C, kFinalCols));
+  column_final_kernel<<<grid, kFinalCols * kFinalGroups, 0, s>>>(part, dg, chunks, parts * C, C);
+  DHX_CUDA_LAUNCHED(column_final_kernel);
+  if (parts > 1 && db != nullptr) {
+    column_final_kernel<<<grid, kFinalCols * kFinalGroups, 0, s>>>(part + C, db, chunks, parts * C, C);
+    DHX_CUDA_LAUNCHED(column_final_kernel);
+  }
 }
 
 void check_norm(const char* what, int64_t N, int64_t C) {
@@ -245,19 +363,54 @@ void norm_fwd(const char* what, const bf16* x, const float* g, const float* b, b
   DHX_CUDA_LAUNCHED(norm_fwd_kernel);
 }
 
+// The fused backward (norm_bwd_fused_kernel) for K units a lane.
+template <int K, bool kLayer>
+void fused_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd, bf16* dx,
+               float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
+  constexpr int64_t kParts = kLayer ? 2 : 1;
+  const int rows = fused_rows(N);
+  const int64_t blocks = cdiv(N, int64_t{kNormWarps} * rows);
+  const size_t smem = sizeof(float) * kNormWarps * static_cast<size_t>(C);  // 64 KiB at C = 2048
+  DHX_CUDA(cudaFuncSetAttribute(norm_bwd_fused_kernel<K, kLayer>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem)));
+  float* part = nullptr;  // [blocks, parts, C]
+  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), blocks * kParts * C * sizeof(float), s));
+  norm_bwd_fused_kernel<K, kLayer><<<static_cast<unsigned>(blocks), kNormWarps * 32, smem, s>>>(
+      dy, x, g, mean, rstd, dx, part, N, C, rows);
+  DHX_CUDA_LAUNCHED(norm_bwd_fused_kernel);
+  add_partials(part, dg, db, blocks, kParts, C, s);
+  DHX_CUDA(cudaFreeAsync(part, s));
+}
+
 template <bool kLayer>
 void param_grads(const char* what, const bf16* dy, const bf16* x, const float* mean, const float* rstd, float* dg,
                  float* db, int64_t N, int64_t C, cudaStream_t s);
 
+// The fused kernel where a lane's units fit its registers: K = the units a lane has (C / 8 / 32
+// rounded up, so no register is spent on a unit no lane has: GPT-2's C = 768 is 3), up to 4 -- two
+// blocks an SM at <= 128 registers -- and for RMSNorm (half the column sums) 8. Else the dx kernel,
+// then the parameter gradients by column chunks (param_grads).
 template <bool kLayer>
 void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
-              bf16* dx, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
+              bf16* dx, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s, bool fuse = true) {
   check_norm(what, N, C);
   if (N == 0) return;
-  const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
   const bool vec = C % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx);
+  const int64_t lane_units = vec && fuse ? cdiv(C / 8, int64_t{32}) : 0;
+  switch (lane_units) {
+    case 1: return fused_bwd<1, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+    case 2: return fused_bwd<2, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+    case 3: return fused_bwd<3, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+    case 4: return fused_bwd<4, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+    case 5: case 6: case 7: case 8:
+      if constexpr (!kLayer) return fused_bwd<8, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+      break;
+    default: break;
+  }
+  const int K = vec ? reg_units(C) : -1;
+  const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
   const dim3 block(kNormWarps * 32);
-  switch (vec ? reg_units(C) : -1) {
+  switch (K) {
     case 1: norm_bwd_dx_kernel<8, 1, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
     case 2: norm_bwd_dx_kernel<8, 2, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
     case 4: norm_bwd_dx_kernel<8, 4, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
@@ -280,13 +433,7 @@ void param_grads(const char* what, const bf16* dy, const bf16* x, const float* m
       <<<dim3(static_cast<unsigned>(cdiv(C, kColThreads)), static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
           dy, x, mean, rstd, part, N, C);
   DHX_CUDA_LAUNCHED(norm_bwd_partial_kernel);
-  const auto cgrid = static_cast<unsigned>(cdiv(C, 256));
-  column_final_kernel<<<cgrid, 256, 0, s>>>(part, dg, chunks, parts * C, C);
-  DHX_CUDA_LAUNCHED(column_final_kernel);
-  if (kLayer && db != nullptr) {
-    column_final_kernel<<<cgrid, 256, 0, s>>>(part + C, db, chunks, parts * C, C);
-    DHX_CUDA_LAUNCHED(column_final_kernel);
-  }
+  add_partials(part, dg, db, chunks, parts, C, s);
   DHX_CUDA(cudaFreeAsync(part, s));
 }
 
@@ -298,6 +445,12 @@ void norm_param_grads(const bf16* dy, const bf16* x, const float* mean, const fl
   if (N == 0) return;
   if (layer) param_grads<true>("norm_param_grads", dy, x, mean, rstd, dg, db, N, C, s);
   else param_grads<false>("norm_param_grads", dy, x, nullptr, rstd, dg, nullptr, N, C, s);
+}
+
+void norm_bwd_two_kernel(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
+                         bf16* dx, float* dg, float* db, int64_t N, int64_t C, bool layer, cudaStream_t s) {
+  if (layer) norm_bwd<true>("norm_bwd_two_kernel", dy, x, g, mean, rstd, dx, dg, db, N, C, s, false);
+  else norm_bwd<false>("norm_bwd_two_kernel", dy, x, g, nullptr, rstd, dx, dg, nullptr, N, C, s, false);
 }
 
 void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,

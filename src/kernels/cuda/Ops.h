@@ -47,6 +47,9 @@ void position_add(const bf16* e, const bf16* wpe, bf16* y, int64_t rows, int64_t
 void position_grad(const bf16* dy, float* dwpe, int64_t rows, int64_t C, int64_t T, int64_t row0, cudaStream_t s);
 
 // ---- normalisation (one warp per row; parameter gradients in two fixed-order stages) ----
+// The backward of a row that fits a lane's registers (C % 8 == 0, C <= 1024; RMSNorm C <= 2048) is
+// one pass over x and dy (dx and the parameter gradients' partial sums by blocks of rows); other
+// rows take a dx kernel, then the parameter gradients by column chunks (norm_param_grads).
 // y[N,C] = (x - mean) rstd g + b (b may be null); mean[N], rstd[N] = 1/sqrt(var + eps) saved.
 void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,
                    int64_t C, float eps, cudaStream_t s);
@@ -65,6 +68,10 @@ void rmsnorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* rst
 // statistics and these gradients from here.
 void norm_param_grads(const bf16* dy, const bf16* x, const float* mean, const float* rstd, float* dg, float* db,
                       int64_t N, int64_t C, bool layer, cudaStream_t s);
+// Either backward in the two-kernel form for every row width (layer: LayerNorm, else RMSNorm with
+// mean and db unused): the kernel bench's comparison with the fused pass, tested as the others.
+void norm_bwd_two_kernel(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
+                         bf16* dx, float* dg, float* db, int64_t N, int64_t C, bool layer, cudaStream_t s);
 
 // ---- AxoNN's 3D grid: norms split around an all-reduce over x (runtime/Ops3D.cc's twins, one warp
 // per row, the row's sums in double by the warp's fixed butterfly) ----
