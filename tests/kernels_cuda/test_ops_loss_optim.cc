@@ -229,6 +229,47 @@ TEST(CudaOpsOptim, AdamWMatchesCpuWithGradScaleAndBf16Copy) {
                InternalError);  // step is 1-based
 }
 
+// The optimizer cuts its launches by runs of parameters (Optimizer::update_gpu: "how the range is cut
+// changes no bit"). Oracle: one launch over the whole buffer (16-byte accesses from element 0). The
+// same update cut at elements 1 and 38 (each piece with a head of 1-3 single elements before its
+// 16-byte units, and a ragged tail), and one with m and v one element off p's and g's alignment
+// (16-byte accesses impossible: the single-element kernel), must give the same bits in p, m, v and
+// the bf16 copy.
+TEST(CudaOpsOptim, AdamWBitsDoNotDependOnHowTheRangeIsCut) {
+  DHX_REQUIRE_GPU();
+  const AdamWParams a{3e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  const int64_t n = 100003;
+  const auto p0 = randn(n, 11), g = randn(n, 12), m0 = randn(n, 13, 0.1f);
+  auto v0 = randn(n, 14, 0.01f);
+  for (float& x : v0) x = std::abs(x);
+  struct Out { std::vector<float> p, m, v; std::vector<bf16> copy; };
+  auto run = [&](const std::vector<int64_t>& cuts, int64_t state_shift) {
+    std::vector<float> m_in(state_shift, 0.0f), v_in(state_shift, 0.0f);
+    m_in.insert(m_in.end(), m0.begin(), m0.end());
+    v_in.insert(v_in.end(), v0.begin(), v0.end());
+    DevBuf<float> gp(p0), gg(g), gm(m_in), gv(v_in);
+    DevBuf<bf16> gcopy(n);
+    gcopy.poison();
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const int64_t lo = cuts[k], len = cuts[k + 1] - lo;
+      adamw_step(gp.get() + lo, gg.get() + lo, gm.get() + state_shift + lo, gv.get() + state_shift + lo,
+                 gcopy.get() + lo, len, a, 0.5f, nullptr);
+    }
+    Out o{gp.download(), gm.download(), gv.download(), gcopy.download()};
+    o.m.erase(o.m.begin(), o.m.begin() + state_shift);
+    o.v.erase(o.v.begin(), o.v.begin() + state_shift);
+    return o;
+  };
+  const Out whole = run({0, n}, 0);
+  for (const auto& [what, got] : {std::pair<const char*, Out>{"cut at 1 and 38", run({0, 1, 38, n}, 0)},
+                                  {"m, v one element off", run({0, n}, 1)}}) {
+    EXPECT_TRUE(same_bits(got.p, whole.p)) << "p, " << what;
+    EXPECT_TRUE(same_bits(got.m, whole.m)) << "m, " << what;
+    EXPECT_TRUE(same_bits(got.v, whole.v)) << "v, " << what;
+    EXPECT_TRUE(same_bits(got.copy, whole.copy)) << "bf16 copy, " << what;
+  }
+}
+
 TEST(CudaOpsOptim, SumSquaresMatchesCpuIsDeterministicAndAccumulates) {
   DHX_REQUIRE_GPU();
   uint64_t seed = 200;
