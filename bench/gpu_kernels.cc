@@ -9,6 +9,7 @@
 // whole GPU, on half of its SMs, on both halves at once). Prints a table and, last, one JSON object.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -138,15 +139,23 @@ void algo_study(Blas& blas, const std::string& op, Blas::Op ta, Blas::Op tb, int
                                                       Blas::kTimedCandidates, 10, s);
   const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
   const double f = 2.0 * M * N * K;
-  std::string all;
-  for (double m : ms) all += fmt::format("{}{:.5g}", all.empty() ? "" : ",", std::isfinite(m) ? m : -1.0);
+  // ms: the heuristic's answers, then Blas::kSplitKVariants split-K forms of its first (Gemm.h).
+  const size_t answers = ms.size() - Blas::kSplitKVariants;
+  auto list = [](auto first, auto last) {
+    std::string all;
+    for (auto it = first; it != last; ++it) all += fmt::format("{}{:.5g}", all.empty() ? "" : ",", std::isfinite(*it) ? *it : -1.0);
+    return all;
+  };
   std::printf("  algorithms %-22s M=%ld N=%ld K=%ld: heuristic's first %.4f ms (%.0f TFLOP/s), fastest %.4f ms "
-              "(answer %zu of %zu, %.0f TFLOP/s)\n",
+              "(%s %zu, %.0f TFLOP/s)\n",
               op.c_str(), static_cast<long>(M), static_cast<long>(N), static_cast<long>(K), ms[0], f / ms[0] / 1e9,
-              ms[best], best, ms.size(), f / ms[best] / 1e9);
+              ms[best], best < answers ? "answer" : "split-K variant", best < answers ? best : best - answers,
+              f / ms[best] / 1e9);
   g_algo_rows.push_back(fmt::format("{{\"op\":\"{}\",\"m\":{},\"n\":{},\"k\":{},\"first_ms\":{:.5g},"
-                                    "\"fastest_ms\":{:.5g},\"fastest_answer\":{},\"answers_ms\":[{}]}}",
-                                    op, M, N, K, ms[0], ms[best], best, all));
+                                    "\"fastest_ms\":{:.5g},\"fastest_answer\":{},\"answers_ms\":[{}],"
+                                    "\"split_k_parts\":[{}],\"split_k_ms\":[{}]}}",
+                                    op, M, N, K, ms[0], ms[best], best, list(ms.begin(), ms.begin() + answers),
+                                    fmt::join(Blas::kSplitKParts, ","), list(ms.begin() + answers, ms.end())));
 }
 
 // One linear layer of the step: forward, data gradient, weight gradient (+ bias) at N rows.

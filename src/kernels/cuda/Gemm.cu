@@ -168,11 +168,41 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   DHX_CUDA(cudaEventCreate(&tmp.e0));
   DHX_CUDA(cudaEventCreate(&tmp.e1));
   const cudaEvent_t e0 = tmp.e0, e1 = tmp.e1;
+  // The candidates: the heuristic's answers, then the first one split K ways (Gemm.h). A split that
+  // cuBLASLt refuses for this problem, or whose workspace is more than ours, stays a candidate that
+  // cannot run (ok false: infinite time), so the list's layout is the same for every shape.
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo;
+    bool ok;
+  };
+  std::vector<Candidate> cand;
+  for (int i = 0; i < found; ++i) cand.push_back({res[i].algo, res[i].state == CUBLAS_STATUS_SUCCESS});
+  for (int parts : kSplitKParts) {
+    Candidate c{found > 0 ? res[0].algo : cublasLtMatmulAlgo_t{}, false};
+    int32_t own = 1;
+    size_t got = 0;
+    if (found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoConfigGetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &own, sizeof(own), &got) ==
+            CUBLAS_STATUS_SUCCESS &&
+        own == 1) {
+      const int32_t split = parts;
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      cublasLtMatmulHeuristicResult_t check{};
+      c.ok = cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                  sizeof(scheme)) == CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulAlgoCheck(lt(handle_), p.desc, p.a, p.b, p.c, p.c, &c.algo, &check) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes;
+    }
+    cand.push_back(c);
+  }
   std::vector<double> ms;
-  for (int i = 0; i < found; ++i) {
-    const cublasLtMatmulAlgo_t* algo = &res[i].algo;
+  for (const Candidate& c : cand) {
+    const cublasLtMatmulAlgo_t* algo = &c.algo;
     // An answer that refuses these operands is skipped (infinite time), as is any that fails.
-    if (res[i].state != CUBLAS_STATUS_SUCCESS ||
+    if (!c.ok ||
         cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, scratch, p.c, scratch, p.c, algo, ws,
                        kWorkspaceBytes, o.s) != CUBLAS_STATUS_SUCCESS) {
       ms.push_back(std::numeric_limits<double>::infinity());
@@ -194,7 +224,7 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   }
   if (keep_fastest && !ms.empty()) {
     const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
-    if (std::isfinite(ms[best])) p.algo = res[best].algo;  // (best < found <= kMaxAnswers)
+    if (std::isfinite(ms[best])) p.algo = cand[best].algo;  // (ms and cand in the same order)
     p.timed = true;
   }
   return ms;

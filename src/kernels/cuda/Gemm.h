@@ -51,18 +51,27 @@ class Blas {
 
   // How a new shape's algorithm is chosen. kHeuristic (the default): cuBLASLt's heuristic's first
   // answer -- the same on every run, so results are reproducible run to run. kTimed: the fastest of
-  // the heuristic's first kTimedCandidates answers, each timed on the first call's own operands
-  // (writing a scratch copy of C) -- faster where the heuristic misjudges a shape, but the choice can
-  // differ between runs (timings are noisy), so results repeat only within a run. The first call
-  // of each shape then waits for its timings (a host sync).
+  // the heuristic's first kTimedCandidates answers and kSplitKVariants split-K forms of its first
+  // answer (kSplitKParts), each timed on the first call's own operands (writing a scratch copy of C)
+  // -- faster where the heuristic misjudges a shape, but the choice can differ between runs (timings
+  // are noisy), so results repeat only within a run. The first call of each shape then waits for its
+  // timings (a host sync). Why split-K: a weight gradient's few output tiles (GPT-2's 768 x 2304 is
+  // ~54 tiles of 128 x 256 for 132 SMs) leave most SMs idle, and the heuristic's first answer for an
+  // fp32 C accumulated into (beta 1) is not split (150-440 TFLOP/s on an H200, 2026-11-27); split-K
+  // spreads the token dimension over more CTAs, the parts reduced in fp32 in the workspace by a
+  // separate step (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE: a fixed order, no atomics).
   enum class Choice { kHeuristic, kTimed };
   static constexpr int kTimedCandidates = 8;
+  static constexpr int kSplitKVariants = 3;
+  static constexpr int kSplitKParts[kSplitKVariants] = {2, 3, 4};
   void set_choice(Choice c) { choice_ = c; }
   Choice choice() const { return choice_; }
 
   // Study (bench/gpu_kernels.cc): each algorithm cuBLASLt's heuristic offers for this GEMM (at most
-  // `max`, in its order: index 0 is what kHeuristic runs), timed on these operands into a scratch
-  // copy of C (C itself unchanged): median milliseconds of `reps` calls after a warm-up.
+  // `max`, in its order: index 0 is what kHeuristic runs), then always kSplitKVariants entries, the
+  // first answer split kSplitKParts ways (infinite where cuBLASLt refuses that split), timed on these
+  // operands into a scratch copy of C (C itself unchanged): median milliseconds of `reps` calls
+  // after a warm-up (infinite for an answer that fails).
   std::vector<double> time_candidates(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda,
                                       const bf16* B, int64_t ldb, float beta, const void* C, int64_t ldc, Out out,
                                       int max, int reps, cudaStream_t s);
@@ -83,8 +92,9 @@ class Blas {
   // k's plan, made on first use with the heuristic's first answer; with Choice::kTimed and the
   // call's operands, the fastest of its first kTimedCandidates answers instead.
   Plan& plan(const Key& k, const Operands* call = nullptr);
-  // The heuristic's first `max` answers for k timed on o (median ms of `reps`, the heuristic's
-  // order); with keep_fastest, p runs the fastest from then on. Caller holds mu_.
+  // The heuristic's first `max` answers for k, then the first answer's split-K variants
+  // (time_candidates' order), timed on o (median ms of `reps`); with keep_fastest, p runs the fastest
+  // from then on. Caller holds mu_.
   std::vector<double> time_answers(const Key& k, Plan& p, int max, const Operands& o, int reps, bool keep_fastest);
   void* workspace(cudaStream_t s);
   void* workspace_locked(cudaStream_t s);  // the caller holds mu_
