@@ -163,7 +163,8 @@ TEST(CudaGemm, RepeatedCallsAreBitwiseEqual) {
 // gradient accumulated and the weight gradient accumulated: with beta = 1 a timing that wrote C
 // itself would have added the product seven more times, far past the bound; (2) the chosen
 // algorithm sticks: a second call gives the first call's bits; (3) the study (time_candidates)
-// returns the heuristic's answers with the first one timed (finite) and leaves C bit for bit.
+// returns the heuristic's answers with the first one timed (finite), then the kSplitKVariants split
+// forms, and leaves C bit for bit.
 TEST(CudaGemm, TimedChoiceMatchesCpuAndSticks) {
   DHX_REQUIRE_GPU();
   Blas blas(0);
@@ -208,11 +209,46 @@ TEST(CudaGemm, TimedChoiceMatchesCpuAndSticks) {
   DevBuf<float> gc(c0);
   const std::vector<double> ms = blas.time_candidates(Blas::Op::kT, Blas::Op::kN, d.O, d.I, d.N, gdy.get(), d.O,
                                                       gx.get(), d.I, 1.0f, gc.get(), d.I, Blas::Out::kF32, 8, 3, nullptr);
-  ASSERT_FALSE(ms.empty());
-  EXPECT_LE(ms.size(), 8u);
+  ASSERT_GE(ms.size(), 1u + Blas::kSplitKVariants);  // at least the first answer, always the split forms
+  EXPECT_LE(ms.size(), 8u + Blas::kSplitKVariants);
   EXPECT_TRUE(std::isfinite(ms[0]) && ms[0] > 0) << ms[0];
   const auto c1 = gc.download();
   EXPECT_EQ(0, std::memcmp(c0.data(), c1.data(), c0.size() * sizeof(float))) << "the study wrote C";
+}
+
+// The split-K forms the timed choice may keep (Gemm.h), forced (Choice::kSplitK) for each of
+// kSplitKParts: the weight gradient accumulated into fp32 (beta 1: the split's fp32 parts are reduced
+// and added to C) and the forward with bias. Oracle: the CPU's fp32 layers, with the bounds above (a
+// split changes only the fp32 summation order). K = N = 4096 tokens at GPT-2's qkv shape, where a
+// split has work to spread; whether cuBLASLt accepts a split is its call, so the test also requires
+// that the weight gradient's shape ran split for at least one of the parts (else it checks nothing
+// it claims to).
+TEST(CudaGemm, SplitKFormsMatchCpu) {
+  DHX_REQUIRE_GPU();
+  const Dims d{4096, 768, 2304};
+  uint64_t seed = 1000;
+  const auto x = round_bf16(randn(d.N * d.I, seed++)), w = round_bf16(randn(d.O * d.I, seed++, 0.05f)),
+             b = round_bf16(randn(d.O, seed++)), dy = round_bf16(randn(d.N * d.O, seed++));
+  std::vector<float> ref(d.N * d.O);
+  cpu::linear_fwd<float>(x.data(), w.data(), b.data(), ref.data(), d.N, d.I, d.O);
+  const auto dw0 = randn(d.O * d.I, seed++), db0 = randn(d.O, seed++);
+  auto dw = dw0, db = db0;
+  cpu::linear_bwd_weight<float>(dy.data(), x.data(), dw.data(), db.data(), d.N, d.I, d.O);
+  DevBuf<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gb(to_bf16(b)), gy(d.N * d.O), gdy(to_bf16(dy));
+  size_t ran_split = 0;
+  for (int parts : Blas::kSplitKParts) {
+    Blas blas(0);
+    blas.set_split_k(parts);
+    DevBuf<float> gdw(dw0), gdb(db0);
+    blas.linear_bwd_weight(gdy.get(), gx.get(), gdw.get(), gdb.get(), d.N, d.I, d.O, nullptr);
+    EXPECT_LE(rel_err(gdw.download(), dw), kF32OutBound) << "dw, split " << parts;
+    EXPECT_LE(rel_err(gdb.download(), db), kF32OutBound) << "db, split " << parts;
+    ran_split += blas.split_plans();
+    gy.poison();
+    blas.linear_fwd(gx.get(), gw.get(), gb.get(), gy.get(), d.N, d.I, d.O, nullptr);
+    EXPECT_LE(rel_err(to_f32(gy.download()), ref), kBf16OutBound) << "fwd, split " << parts;
+  }
+  EXPECT_GT(ran_split, 0u) << "cuBLASLt accepted no split of the weight gradient: the split forms went untested";
 }
 
 TEST(CudaGemm, NoGpuIsAClearDeviceError) {

@@ -31,6 +31,7 @@ struct Blas::Plan {
   cublasLtMatmulPreference_t pref = nullptr;  // the workspace and the operands' alignments
   cublasLtMatmulAlgo_t algo{};
   bool timed = false;  // algo is the fastest of the timed answers (Choice::kTimed), not the first
+  int split = 1;       // Choice::kSplitK: the parts algo splits K into (1: cuBLASLt refused the split)
   ~Plan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (desc) cublasLtMatmulDescDestroy(desc);
@@ -58,6 +59,11 @@ Blas::~Blas() {
 size_t Blas::cached_algorithms() const {
   std::lock_guard<std::mutex> g(mu_);
   return plans_.size();
+}
+
+size_t Blas::split_plans() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return static_cast<size_t>(std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second->split > 1; }));
 }
 
 namespace {
@@ -136,9 +142,33 @@ Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
                    ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", bias ", k.bias, "): status ",
                    static_cast<int>(st));
   p->algo = res.algo;
+  if (choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
   Plan& made = *plans_.emplace(k, std::move(p)).first->second;
   if (choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
   return made;
+}
+
+bool Blas::split_k(const Plan& p, void* algo_ptr, int parts) const {
+  cublasLtMatmulAlgo_t& algo = *static_cast<cublasLtMatmulAlgo_t*>(algo_ptr);
+  int32_t own = 1;
+  size_t got = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &own, sizeof(own), &got) !=
+          CUBLAS_STATUS_SUCCESS ||
+      own != 1)
+    return false;  // already split: not the form to vary
+  cublasLtMatmulAlgo_t a = algo;
+  const int32_t split = parts;
+  const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  cublasLtMatmulHeuristicResult_t check{};
+  const bool ok =
+      cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoCheck(lt(handle_), p.desc, p.a, p.b, p.c, p.c, &a, &check) == CUBLAS_STATUS_SUCCESS &&
+      check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes;
+  if (ok) algo = a;
+  return ok;
 }
 
 std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Operands& o, int reps,
@@ -179,23 +209,7 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   for (int i = 0; i < found; ++i) cand.push_back({res[i].algo, res[i].state == CUBLAS_STATUS_SUCCESS});
   for (int parts : kSplitKParts) {
     Candidate c{found > 0 ? res[0].algo : cublasLtMatmulAlgo_t{}, false};
-    int32_t own = 1;
-    size_t got = 0;
-    if (found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoConfigGetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &own, sizeof(own), &got) ==
-            CUBLAS_STATUS_SUCCESS &&
-        own == 1) {
-      const int32_t split = parts;
-      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      cublasLtMatmulHeuristicResult_t check{};
-      c.ok = cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)) ==
-                 CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                                  sizeof(scheme)) == CUBLAS_STATUS_SUCCESS &&
-             cublasLtMatmulAlgoCheck(lt(handle_), p.desc, p.a, p.b, p.c, p.c, &c.algo, &check) ==
-                 CUBLAS_STATUS_SUCCESS &&
-             check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes;
-    }
+    c.ok = found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS && split_k(p, &c.algo, parts);
     cand.push_back(c);
   }
   std::vector<double> ms;

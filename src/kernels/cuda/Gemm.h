@@ -60,11 +60,19 @@ class Blas {
   // fp32 C accumulated into (beta 1) is not split (150-440 TFLOP/s on an H200, 2026-11-27); split-K
   // spreads the token dimension over more CTAs, the parts reduced in fp32 in the workspace by a
   // separate step (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE: a fixed order, no atomics).
-  enum class Choice { kHeuristic, kTimed };
+  // kSplitK (tests of the split forms, not a config value): the first answer split set_split_k's
+  // parts ways where cuBLASLt accepts that for the shape, else the first answer (split_plans counts
+  // the shapes that run split).
+  enum class Choice { kHeuristic, kTimed, kSplitK };
   static constexpr int kTimedCandidates = 8;
   static constexpr int kSplitKVariants = 3;
   static constexpr int kSplitKParts[kSplitKVariants] = {2, 3, 4};
   void set_choice(Choice c) { choice_ = c; }
+  void set_split_k(int parts) {
+    choice_ = Choice::kSplitK;
+    split_parts_ = parts;
+  }
+  size_t split_plans() const;
   Choice choice() const { return choice_; }
 
   // Study (bench/gpu_kernels.cc): each algorithm cuBLASLt's heuristic offers for this GEMM (at most
@@ -96,11 +104,15 @@ class Blas {
   // (time_candidates' order), timed on o (median ms of `reps`); with keep_fastest, p runs the fastest
   // from then on. Caller holds mu_.
   std::vector<double> time_answers(const Key& k, Plan& p, int max, const Operands& o, int reps, bool keep_fastest);
+  // *algo (a cublasLtMatmulAlgo_t for p's problem) split K `parts` ways, the parts reduced in fp32
+  // in the workspace, where cuBLASLt accepts that within our workspace; false (unchanged) otherwise.
+  bool split_k(const Plan& p, void* algo, int parts) const;
   void* workspace(cudaStream_t s);
   void* workspace_locked(cudaStream_t s);  // the caller holds mu_
 
   int device_;
   int sm_target_ = 0;
+  int split_parts_ = 1;
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
