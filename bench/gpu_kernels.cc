@@ -283,6 +283,11 @@ void rest_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
       cross_entropy_fwd_bwd_strided(logits.as<bf16>(), tok.as<int32_t>(), losses.as<float>(), logits.as<bf16>(),
                                     1.0f / static_cast<float>(N), N, m.V, Vp, s);
     });
+    // The rows held in registers instead of shared memory (the step's kernel before 2026-11-28).
+    b.time("cross-entropy rows in registers", "study", 1, 0, [&] {
+      cross_entropy_rows_in_registers(logits.as<bf16>(), tok.as<int32_t>(), losses.as<float>(), logits.as<bf16>(),
+                                      1.0f / static_cast<float>(N), N, m.V, Vp, s);
+    });
   }
   {
     // AdamW over every parameter (one launch) and the gradient norm before it.

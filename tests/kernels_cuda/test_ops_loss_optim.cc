@@ -63,10 +63,11 @@ TEST(CudaOpsLoss, CrossEntropyMatchesCpuWrittenAliasedAndLossOnly) {
   }
 }
 
-// The strided form (a padded LM head's logits [N, ld], ld >= V): both kernels -- rows in registers
-// (ld a multiple of 8 from 2048 to 57344 columns: GPT-2's 50304, the widest 57344, a target in the
-// last vector) and the general one (ld = 104). Oracle: the CPU twin on the V vocabulary columns
-// (same bounds as above); the padding columns' gradient exactly 0, whatever they held (poison).
+// The strided form (a padded LM head's logits [N, ld], ld >= V): every kernel -- rows in shared
+// memory (the default) and in registers (cross_entropy_rows_in_registers) for ld a multiple of 8
+// from 2048 to 57344 columns (GPT-2's 50304, the widest 57344, a target in the last vector), and the
+// general one (ld = 104, both entry points). Oracle: the CPU twin on the V vocabulary columns (same
+// bounds as above); the padding columns' gradient exactly 0, whatever they held (poison).
 TEST(CudaOpsLoss, CrossEntropyStridedMatchesCpuOnTheVocabularyPaddingZero) {
   DHX_REQUIRE_GPU();
   struct Shape { int64_t N, V, ld; };
@@ -88,20 +89,23 @@ TEST(CudaOpsLoss, CrossEntropyStridedMatchesCpuOnTheVocabularyPaddingZero) {
     DevBuf<bf16> glogits(to_bf16(padded)), gd(d.N * d.ld);
     DevBuf<int32_t> gtargets(targets);
     DevBuf<float> glosses(d.N);
-    gd.poison(), glosses.poison();
-    cross_entropy_fwd_bwd_strided(glogits.get(), gtargets.get(), glosses.get(), gd.get(), dloss, d.N, d.V, d.ld,
-                                  nullptr);
-    const std::string at = "N=" + std::to_string(d.N) + " V=" + std::to_string(d.V) + " ld=" + std::to_string(d.ld);
-    EXPECT_LE(rel_err(glosses.download(), losses), kLossBound) << "losses, " << at;
-    const auto got = to_f32(gd.download());
-    std::vector<float> vocab(d.N * d.V);
-    bool pad_zero = true;
-    for (int64_t n = 0; n < d.N; ++n) {
-      std::memcpy(&vocab[n * d.V], &got[n * d.ld], d.V * sizeof(float));
-      for (int64_t v = d.V; v < d.ld; ++v) pad_zero = pad_zero && got[n * d.ld + v] == 0.0f;
+    for (bool registers : {false, true}) {
+      gd.poison(), glosses.poison();
+      (registers ? cross_entropy_rows_in_registers : cross_entropy_fwd_bwd_strided)(
+          glogits.get(), gtargets.get(), glosses.get(), gd.get(), dloss, d.N, d.V, d.ld, nullptr);
+      const std::string at = "N=" + std::to_string(d.N) + " V=" + std::to_string(d.V) + " ld=" + std::to_string(d.ld) +
+                             (registers ? " (rows in registers)" : "");
+      EXPECT_LE(rel_err(glosses.download(), losses), kLossBound) << "losses, " << at;
+      const auto got = to_f32(gd.download());
+      std::vector<float> vocab(d.N * d.V);
+      bool pad_zero = true;
+      for (int64_t n = 0; n < d.N; ++n) {
+        std::memcpy(&vocab[n * d.V], &got[n * d.ld], d.V * sizeof(float));
+        for (int64_t v = d.V; v < d.ld; ++v) pad_zero = pad_zero && got[n * d.ld + v] == 0.0f;
+      }
+      EXPECT_LE(rel_err(vocab, dlogits), kDlogitsBound) << "dlogits, " << at;
+      EXPECT_TRUE(pad_zero) << "padding columns' gradient, " << at;
     }
-    EXPECT_LE(rel_err(vocab, dlogits), kDlogitsBound) << "dlogits, " << at;
-    EXPECT_TRUE(pad_zero) << "padding columns' gradient, " << at;
   }
 }
 
@@ -172,7 +176,7 @@ TEST(CudaOpsLoss, VocabParallelCrossEntropyMatchesTheWholeRow) {
 }
 
 // A target >= V cannot throw on the device: NaN loss and NaN gradient row (loud), other rows fine.
-// Both kernels: V = 10 (general), V = 4096 (rows in registers).
+// Both kernels: V = 10 (general), V = 4096 (rows in shared memory).
 TEST(CudaOpsLoss, CrossEntropyTargetOutOfRangeIsNan) {
   DHX_REQUIRE_GPU();
   const int64_t N = 3;

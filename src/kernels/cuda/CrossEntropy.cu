@@ -1,14 +1,15 @@
-// Fused softmax cross-entropy over the vocabulary on the GPU (Ops.h), two kernels, one block per
-// row, probabilities never stored.
+// Fused softmax cross-entropy over the vocabulary on the GPU (Ops.h), one block per row,
+// probabilities never stored.
 //
-// Rows in registers (rows_kernel), where each row starts 16-byte aligned and 2048 <= ld <= 57344
-// (a padded LM head's logits: GPT-2's 50304 columns): 1024 threads load the row once with 16-byte
-// loads (8 bf16 each, at most 7 per thread) and keep it in registers; the row max, then the sum of
-// e^(x - max), are reduced by each warp to its lane 0 and then by every thread over the 32 warps'
-// values in warp order (the same bits in every thread and on every run); the gradient
-// (softmax - onehot) * dloss is written from the registers with 16-byte stores. Bytes moved: 2NV
-// forward only, 4NV with the gradient -- one read and one write, the least a fused kernel can.
-// Measured on the H100 at GPT-2's shapes: bench/gpu_kernels.
+// Rows of 16-byte vectors (each row 16-byte aligned, 2048 <= ld <= 57344: a padded LM head's
+// logits, GPT-2's 50304 columns) are read once and written once (2NV bytes forward only, 4NV with
+// the gradient -- the least a fused kernel can): by default into shared memory (rows_smem_kernel,
+// two rows an SM, below); or (cross_entropy_rows_in_registers, the kernel bench's comparison: the
+// form before 2026-11-28) into registers, 1024 threads with at most 7 16-byte loads each. Either way
+// the row max, then the sum of e^(x - max), are reduced by each warp to its lane 0 and then by every
+// thread over the warps' values in warp order (the same bits in every thread and on every run), and
+// the gradient (softmax - onehot) * dloss is written with 16-byte stores. Measured on the H100 at
+// GPT-2's shapes: bench/gpu_kernels.
 //
 // Otherwise (unaligned rows: GPT-2's V = 50257 unpadded; small or very wide rows) the general
 // kernel, llm.c's fused classifier: 512 threads, an online (max, sum) per thread over columns
@@ -169,6 +170,89 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   }
 }
 
+// Rows in shared memory (rows_smem_kernel; the default for rows the registers kernel takes, since
+// 2026-11-28): the registers kernel's 1024 threads at 64 registers leave one block, so one row, an
+// SM, whose load, two block reductions and store run one after another (1.43 ms for GPT-2's 16384
+// rows of 50304 on an H200: ~2.3 TB/s). Here a block of 512 threads copies its row into shared memory
+// (cp.async, 16 bytes a piece; at most 57344 columns = 112 KiB) and two blocks share an SM, so one
+// row's reductions run while the other's bytes move. The same expressions as the registers kernel;
+// each thread visits vectors t, t + 512, ... (another order of the row's sum: other last bits, still
+// fixed run to run). Not yet timed.
+constexpr int kSmemThreads = 512;
+constexpr int64_t kSmemRowMaxCols = 57344;  // 112 KiB of bf16: two blocks an SM within its 228 KiB
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src));
+}
+
+// No __restrict__ on logits and dlogits (they may alias): the row is in shared memory (every copy
+// waited for, then a barrier) before anything is stored.
+__global__ void __launch_bounds__(kSmemThreads, 2)
+    rows_smem_kernel(const bf16* logits, const int32_t* __restrict__ targets, float* __restrict__ losses,
+                     bf16* dlogits, float dloss, int64_t V, int64_t ld) {
+  extern __shared__ __align__(16) unsigned char smem_row[];  // ld bf16
+  __shared__ float red_max[kSmemThreads / 32], red_sum[kSmemThreads / 32];
+  uint4* row = reinterpret_cast<uint4*>(smem_row);
+  const int t = threadIdx.x;
+  const int64_t n = blockIdx.x;
+  const bf16* x = logits + n * ld;
+  bf16* d = dlogits != nullptr ? dlogits + n * ld : nullptr;
+  const int64_t tgt = targets[n];
+  if (tgt < 0 || tgt >= V) {  // the whole block: ignored (loss 0, gradient 0), or out of range (NaN)
+    const float fill = tgt < 0 ? 0.0f : __int_as_float(0x7fc00000);
+    if (t == 0) losses[n] = fill;
+    if (d != nullptr)
+      for (int64_t v = t; v < ld; v += kSmemThreads) d[v] = __float2bfloat16(v < V ? fill : 0.0f);
+    return;
+  }
+  const int Vi = static_cast<int>(V), nv = static_cast<int>(ld / 8), ti = static_cast<int>(tgt);  // < 2^16
+  for (int i = t; i < nv; i += kSmemThreads) cp_async16(row + i, x + 8 * static_cast<int64_t>(i));
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncthreads();  // every thread's pieces landed
+  // Column 8 i + j of the row: vector i's word j / 2, low (j even) or high half.
+  auto each = [&](auto fn) {
+    for (int i = t; i < nv; i += kSmemThreads) {
+      const uint4 r = row[i];
+      const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+      const int c = 8 * i;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (c + j < Vi) fn(j % 2 ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]));
+    }
+  };
+  float m = -INFINITY;
+  each([&](float v) { m = fmaxf(m, v); });
+  const float M = block_fold<kSmemThreads>(m, red_max, [](float a, float b) { return fmaxf(a, b); });
+  const float mb = M == -INFINITY ? 0.0f : M * kLog2e;  // e^(x - M) = 2^(x log2e - M log2e)
+  float sum = 0.0f;
+  each([&](float v) { sum += exp2f(fmaf(v, kLog2e, -mb)); });
+  const float S = block_fold<kSmemThreads>(sum, red_sum, [](float a, float b) { return a + b; });
+  if (t == 0) losses[n] = M + logf(S) - __bfloat162float(reinterpret_cast<const bf16*>(smem_row)[ti]);
+  if (d == nullptr) return;
+  const float k = dloss / S;
+  for (int i = t; i < nv; i += kSmemThreads) {
+    const uint4 r = row[i];
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    const int c = 8 * i;
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      float g[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int v = c + j + h;
+        const float xv = h ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]);
+        g[h] = v >= Vi ? 0.0f : exp2f(fmaf(xv, kLog2e, -mb)) * k - (v == ti ? dloss : 0.0f);
+      }
+      const __nv_bfloat162 b2 = __floats2bfloat162_rn(g[0], g[1]);
+      o[j / 2] = *reinterpret_cast<const uint32_t*>(&b2);
+    }
+    *reinterpret_cast<uint4*>(d + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
 template <int VECS>
 void launch_rows(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss, int64_t N,
                  int64_t V, int64_t ld, cudaStream_t s) {
@@ -264,15 +348,29 @@ void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* lo
   cross_entropy_fwd_bwd_strided(logits, targets, losses, dlogits, dloss, N, V, V, s);
 }
 
-void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
-                                   float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s) {
+namespace {
+// Which kernel a row takes: rows of 16-byte vectors (ld % 8 == 0, both pointers 16-byte aligned)
+// from 2048 to 57344 columns go to shared memory (or, registers: the registers kernel, the kernel
+// bench's comparison); the rest to the general kernel.
+void xent_dispatch(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits, float dloss, int64_t N,
+                   int64_t V, int64_t ld, bool registers, cudaStream_t s) {
   DHX_CUDA_ASSERT(N >= 0 && N < (int64_t{1} << 31) && V >= 1 && ld >= V, "cross_entropy_fwd_bwd: N=", N, " V=", V,
                   " ld=", ld, " (need 0 <= N < 2^31, 1 <= V <= ld)");
   if (N == 0) return;
   const bool aligned = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(dlogits) % 16 == 0;
   const int64_t vecs = (ld / 8 + kRowThreads - 1) / kRowThreads;
+  static_assert(kSmemRowMaxCols == int64_t{kRowMaxVecs} * 8 * kRowThreads, "the two row kernels take the same rows");
   if (aligned && ld >= 2048 && vecs <= kRowMaxVecs) {
+    if (!registers) {
+      const size_t smem = static_cast<size_t>(ld) * sizeof(bf16);
+      DHX_CUDA(cudaFuncSetAttribute(rows_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+      rows_smem_kernel<<<static_cast<unsigned>(N), kSmemThreads, smem, s>>>(logits, targets, losses, dlogits, dloss,
+                                                                            V, ld);
+      DHX_CUDA_LAUNCHED(rows_smem_kernel);
+      return;
+    }
     switch (vecs) {
       case 1: return launch_rows<1>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
       case 2: return launch_rows<2>(logits, targets, losses, dlogits, dloss, N, V, ld, s);
@@ -286,6 +384,17 @@ void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, f
   cross_entropy_kernel<<<static_cast<unsigned>(N), kCeThreads, 0, s>>>(logits, targets, losses, dlogits, dloss, V,
                                                                        ld);
   DHX_CUDA_LAUNCHED(cross_entropy_kernel);
+}
+}  // namespace
+
+void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
+                                   float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s) {
+  xent_dispatch(logits, targets, losses, dlogits, dloss, N, V, ld, false, s);
+}
+
+void cross_entropy_rows_in_registers(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
+                                     float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s) {
+  xent_dispatch(logits, targets, losses, dlogits, dloss, N, V, ld, true, s);
 }
 
 }  // namespace dhelix::cuda

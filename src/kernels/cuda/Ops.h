@@ -151,6 +151,11 @@ void cross_entropy_fwd_bwd(const bf16* logits, const int32_t* targets, float* lo
 // vocabulary: left out of the softmax, their dlogits written 0).
 void cross_entropy_fwd_bwd_strided(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
                                    float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s);
+// The same with rows of 16-byte vectors (ld % 8 == 0, 2048 <= ld <= 57344, aligned) held in registers
+// (one block of 1024 threads a row) instead of shared memory: the form before 2026-11-28, for the
+// kernel bench's comparison; other rows as above.
+void cross_entropy_rows_in_registers(const bf16* logits, const int32_t* targets, float* losses, bf16* dlogits,
+                                     float dloss, int64_t N, int64_t V, int64_t ld, cudaStream_t s);
 
 // ---- vocabulary-parallel cross-entropy (Megatron's, tp > 1: sharding/'s xent_max, xent_stats, xent_finish) ----
 // This rank's logits are rows of stride ld whose first `valid` columns are vocabulary ids
