@@ -11,7 +11,8 @@
 // Which backward a shape takes (Norm.cu): C % 8 == 0 and C <= 1024 (RMSNorm 2048) the fused pass --
 // here C = 768, 8, 1000 and RMSNorm's 2048 -- else the two-kernel form (C = 100, 33, 4096,
 // LayerNorm's 2048). Both forms are also run on every shape by TwoKernelFormMatchesCpu, and the
-// fused pass's runs of several rows a warp (N >= 8192) by ManyRowsAWarpMatchDoubleCpu.
+// fused pass's runs of several rows a warp (N >= 8192) by ManyRowsAWarpMatchDoubleCpu; its dx
+// against the two-kernel form's, bit for bit, by FusedPassWritesTheTwoKernelDxBitForBit.
 #include <cstring>
 
 #include "CudaTest.h"
@@ -227,6 +228,43 @@ TEST(CudaOpsNorm, ManyRowsAWarpMatchDoubleCpu) {
     EXPECT_LE(rel_err(gdg.download(), narrow(dg)), kF32Bound) << "dg, " << at;
     if (d.layer) {
       EXPECT_LE(rel_err(gdb.download(), narrow(db)), kF32Bound) << "db, " << at;
+    }
+  }
+}
+
+// The fused pass writes dx with the dx kernel's own code (Norm.cu's row_dx), so its dx must be the
+// two-kernel form's bit for bit; its parameter gradients only within the fp32 order bound (their sums
+// are grouped differently). Oracle: norm_bwd_two_kernel on the same inputs. Widths cover every lane
+// unit count the fused pass is built for: C = 256 (1 unit a lane), 512 (2), 768 (3), 1000 (4), and
+// RMSNorm's 2048 (8); N = 9000 (2 rows a warp, a ragged last block).
+TEST(CudaOpsNorm, FusedPassWritesTheTwoKernelDxBitForBit) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 600;
+  const int64_t N = 9000;
+  for (int64_t C : {int64_t{256}, int64_t{512}, int64_t{768}, int64_t{1000}, int64_t{2048}}) {
+    for (bool layer : {true, false}) {
+      if (layer && C == 2048) continue;  // LayerNorm's 2048 takes the two-kernel form itself
+      const auto x = rows_with_means(N, C, seed++), g = around_one(C, seed++);
+      const auto dy = round_bf16(randn(N * C, seed++));
+      std::vector<float> y(N * C), mean(N), rstd(N);
+      if (layer) cpu::layernorm_fwd<float>(x.data(), g.data(), nullptr, y.data(), mean.data(), rstd.data(), N, C, kEps);
+      else cpu::rmsnorm_fwd<float>(x.data(), g.data(), y.data(), rstd.data(), N, C, kEps);
+      const std::vector<float> zeros(C, 0.0f);
+      DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x)), dx_fused(N * C), dx_two(N * C);
+      DevBuf<float> gg(g), gmean(mean), grstd(rstd), dg_fused(zeros), db_fused(zeros), dg_two(zeros), db_two(zeros);
+      dx_fused.poison(), dx_two.poison();
+      if (layer)
+        layernorm_bwd(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), dx_fused.get(), dg_fused.get(),
+                      db_fused.get(), N, C, nullptr);
+      else rmsnorm_bwd(gdy.get(), gx.get(), gg.get(), grstd.get(), dx_fused.get(), dg_fused.get(), N, C, nullptr);
+      norm_bwd_two_kernel(gdy.get(), gx.get(), gg.get(), layer ? gmean.get() : nullptr, grstd.get(), dx_two.get(),
+                          dg_two.get(), layer ? db_two.get() : nullptr, N, C, layer, nullptr);
+      const std::string at = std::string(layer ? "LayerNorm" : "RMSNorm") + " C=" + std::to_string(C);
+      EXPECT_TRUE(same_bits(dx_fused.download(), dx_two.download())) << "dx, " << at;
+      EXPECT_LE(rel_err(dg_fused.download(), dg_two.download()), kF32Bound) << "dg, " << at;
+      if (layer) {
+        EXPECT_LE(rel_err(db_fused.download(), db_two.download()), kF32Bound) << "db, " << at;
+      }
     }
   }
 }
