@@ -202,11 +202,13 @@ double Optimizer::grad_norm_gpu() {
   double* slot = parts.data<double>();
   const ParamEntry* copy = params_.tied_copy();
   std::vector<const ParamEntry*> replicated;
+  std::vector<cuda::SumSquaresItem> items;  // every owned range, summed in two launches
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t) {
     if (&e == copy) return;
-    cuda::sum_squares(grad_ptr(bi, s), t - s, slot + e.global_index, cuda::Accumulate::kYes, st);
+    items.push_back({grad_ptr(bi, s), t - s, e.global_index});
     if (e.spec.replicas > 1) replicated.push_back(&e);
   });
+  cuda::sum_squares_many(items, slot, st);
   norm_parts_ = parts.to(Device::host(), nullptr, stream_);  // waits for the sums
   double* pt = norm_parts_.data<double>();
   // As on the host: an element held by `replicas` ranks of the tensor-parallel block (the norms

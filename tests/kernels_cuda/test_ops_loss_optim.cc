@@ -302,5 +302,56 @@ TEST(CudaOpsOptim, SumSquaresMatchesCpuIsDeterministicAndAccumulates) {
   EXPECT_THROW(sum_squares(nullptr, -1, out.get(), Accumulate::kNo, nullptr), InternalError);
 }
 
+// sum_squares_many, the gradient norm's parts in two launches. Items: sizes 0 (adds nothing), 1,
+// 768, one chunk exactly (65536), a chunk and one (65537), 2^21 + 7 (33 chunks); two items sharing a
+// slot (added in item order); and 300 small items (more than one batch of 256, the slot shared
+// across the batches' boundary). Oracles: each item's exact sum of squares (cpu::sum_squares in
+// double: within (n - 1) 2^-53 relative, as above, so 5e-10 for the GPU's other order) added to the
+// slot's start value; a second run gives the same bits; and an item's sum does not depend on its
+// neighbours (the same x alone in a call: the same bits), the claim that its order is fixed by n.
+TEST(CudaOpsOptim, SumSquaresManyMatchesCpuPerSlotInItemOrder) {
+  DHX_REQUIRE_GPU();
+  const std::vector<int64_t> sizes{0, 1, 768, 65536, 65537, (int64_t{1} << 21) + 7};
+  std::vector<std::vector<float>> xs;
+  std::vector<DevBuf<float>> gxs;
+  uint64_t seed = 300;
+  for (int64_t n : sizes) xs.push_back(randn(n, seed++));
+  for (int k = 0; k < 300; ++k) xs.push_back(randn(1 + (k * 37) % 200, seed++));
+  for (const auto& x : xs) gxs.emplace_back(x);
+  // Slots: items 0-5 slots 0-5, except item 4 shares item 2's slot; the 300 small ones slots 6.. with
+  // every 7th sharing slot 6 (items in both batches).
+  std::vector<SumSquaresItem> items;
+  std::vector<int64_t> slot_of;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    int64_t sl = k < 6 ? static_cast<int64_t>(k) : 6 + static_cast<int64_t>(k - 6);
+    if (k == 4) sl = 2;
+    if (k >= 6 && (k - 6) % 7 == 0) sl = 6;
+    items.push_back({gxs[k].get(), static_cast<int64_t>(xs[k].size()), sl});
+    slot_of.push_back(sl);
+  }
+  const size_t nslots = 6 + 300;
+  const auto start = randn(static_cast<int64_t>(nslots), seed++);
+  std::vector<double> want(start.begin(), start.end());
+  for (size_t k = 0; k < xs.size(); ++k)
+    want[static_cast<size_t>(slot_of[k])] += cpu::sum_squares<float>(xs[k].data(), static_cast<int64_t>(xs[k].size()));
+  std::vector<double> start_d(start.begin(), start.end());
+  DevBuf<double> out(start_d);
+  sum_squares_many(items, out.get(), nullptr);
+  const auto got = out.download();
+  for (size_t j = 0; j < nslots; ++j) {
+    const double scale = std::max(std::abs(want[j]), 1.0);
+    EXPECT_LE(std::abs(got[j] - want[j]), 5e-10 * scale) << "slot " << j << " got " << got[j] << " want " << want[j];
+  }
+  DevBuf<double> again(start_d);
+  sum_squares_many(items, again.get(), nullptr);
+  EXPECT_TRUE(same_bits(again.download(), got)) << "sum_squares_many twice differs";
+  // Item 5 alone, from 0: its share of slot 5 (which no other item uses), bit for bit.
+  DevBuf<double> alone(std::vector<double>{0.0});
+  sum_squares_many({{gxs[5].get(), static_cast<int64_t>(xs[5].size()), 0}}, alone.get(), nullptr);
+  EXPECT_EQ(alone.download()[0] + start_d[5], got[5]) << "an item's sum depends on its neighbours";
+  DevBuf<double> bad(1);
+  EXPECT_THROW(sum_squares_many({{gxs[1].get(), -1, 0}}, bad.get(), nullptr), InternalError);
+}
+
 }  // namespace
 }  // namespace dhelix::cuda::test

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/Cuda.h"
 
@@ -139,6 +140,20 @@ void cast_bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);   // 
 // gradient norm of several buffers is a sequence of calls on one stream (a fixed order). out is a
 // device pointer; scratch from the stream's memory pool.
 void sum_squares(const float* x, int64_t n, double* out, Accumulate acc, cudaStream_t s);
+// Many sums of squares in two launches (the gradient norm's per-parameter parts: one sum_squares per
+// parameter was two launches of 1024 + 1 blocks each, ~150 times a GPT-2 step, however small the
+// parameter). For each item in order: out[slot] += sum_i x[i]^2 in double; items with one slot add
+// in item order. Each item's sum has an order fixed by its n alone (chunks of kSumSquaresChunk
+// elements from its start, each a block's fixed tree; the chunks' sums by a fixed warp tree), so
+// the same bits for the same n on every run and GPU (not sum_squares' bits: another order). Items
+// with n = 0 add nothing. out: device; x: device pointers.
+struct SumSquaresItem {
+  const float* x;
+  int64_t n;
+  int64_t slot;
+};
+constexpr int64_t kSumSquaresChunk = 65536;
+void sum_squares_many(const std::vector<SumSquaresItem>& items, double* out, cudaStream_t s);
 
 // ---- fused softmax cross-entropy (one block per row; probabilities never stored) ----
 // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]]; when dlogits is non-null also
