@@ -223,17 +223,17 @@ void Optimizer::update_gpu(double lr, int64_t step, double clip) {
   float* p = params_.flat_values().f32();
   auto* p16 = static_cast<cuda::bf16*>(params_.flat_bf16().raw());
   // Runs of entries adjacent in the flat values, in the state (m, v) and in the gradient (one
-  // bucket's chunk with ZeRO-1), with the same weight decay, share one launch (the kernel is
-  // elementwise: how the range is cut changes no bit).
+  // bucket's chunk with ZeRO-1), with the same weight decay; adamw_step_many updates them, the large
+  // ones a launch each and the small ones together (the kernels are elementwise with one per-element
+  // formula: how the range is cut changes no bit).
   int64_t lo = -1, hi = -1, state = 0;
   size_t bucket = 0;
   bool decay = false;
   const bool zero = sync_.zero() == ZeroStage::kOne;
+  std::vector<cuda::AdamWRun> runs;  // updated by adamw_step_many: the small runs share launches
   auto flush = [&] {
     if (lo < 0 || hi <= lo) return;
-    const cuda::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0, step};
-    cuda::adamw_step(p + lo, grad_ptr(bucket, lo), m_.f32() + state, v_.f32() + state, p16 + lo, hi - lo, a,
-                     static_cast<float>(clip), st);
+    runs.push_back({p + lo, grad_ptr(bucket, lo), m_.f32() + state, v_.f32() + state, p16 + lo, hi - lo, decay});
   };
   for_each_owned([&](ParamEntry& e, size_t bi, int64_t s, int64_t t, int64_t o) {
     if (s == hi && o == state + (hi - lo) && e.spec.weight_decay == decay && (!zero || bi == bucket)) {
@@ -244,6 +244,8 @@ void Optimizer::update_gpu(double lr, int64_t step, double clip) {
     lo = s, hi = t, state = o, bucket = bi, decay = e.spec.weight_decay;
   });
   flush();
+  const cuda::AdamWParams a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step};
+  cuda::adamw_step_many(runs, a, static_cast<float>(clip), st);
 }
 
 // The bf16 copies of the values other ranks updated (each bucket's range outside this rank's

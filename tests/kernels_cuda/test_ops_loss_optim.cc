@@ -302,6 +302,50 @@ TEST(CudaOpsOptim, SumSquaresMatchesCpuIsDeterministicAndAccumulates) {
   EXPECT_THROW(sum_squares(nullptr, -1, out.get(), Accumulate::kNo, nullptr), InternalError);
 }
 
+// adamw_step_many (the optimizer's runs, small ones sharing launches) against adamw_step on each run
+// alone, bit for bit (oracle: the same per-element formula, so any difference is a run updated
+// twice, skipped, with the other run's scalars or past its end). Runs: 300 small ones (more than
+// a batch of 256), odd sizes and offsets, decayed and not, with and without the bf16 copy; a
+// 65536-element run (launched alone) and an empty one; gaps between runs that must stay untouched.
+TEST(CudaOpsOptim, AdamWManyRunsEqualsEachRunAlone) {
+  DHX_REQUIRE_GPU();
+  const AdamWParams a{2e-3, 0.9, 0.95, 1e-8, 0.1, 5};
+  AdamWParams plain = a;
+  plain.weight_decay = 0.0;
+  struct Span { int64_t off, n; bool decay, copy; };
+  std::vector<Span> spans;
+  int64_t off = 3;
+  for (int k = 0; k < 300; ++k) {
+    const int64_t n = 1 + (k * 53) % 700;
+    spans.push_back({off, n, k % 3 != 0, k % 5 != 0});
+    off += n + (k % 4);  // 0-3 untouched elements between runs
+  }
+  spans.push_back({off, 65536, true, true});
+  off += 65536 + 1;
+  spans.push_back({off, 0, true, true});
+  const int64_t total = off + 8;
+  const auto p0 = randn(total, 21), g = randn(total, 22), m0 = randn(total, 23, 0.1f);
+  auto v0 = randn(total, 24, 0.01f);
+  for (float& x : v0) x = std::abs(x);
+  DevBuf<float> p1(p0), m1(m0), v1(v0), p2(p0), m2(m0), v2(v0), gg(g);
+  DevBuf<bf16> c1(total), c2(total);
+  c1.poison(), c2.poison();
+  std::vector<AdamWRun> runs;
+  for (const Span& sp : spans) {
+    runs.push_back({p1.get() + sp.off, gg.get() + sp.off, m1.get() + sp.off, v1.get() + sp.off,
+                    sp.copy ? c1.get() + sp.off : nullptr, sp.n, sp.decay});
+    adamw_step(p2.get() + sp.off, gg.get() + sp.off, m2.get() + sp.off, v2.get() + sp.off,
+               sp.copy ? c2.get() + sp.off : nullptr, sp.n, sp.decay ? a : plain, 0.7f, nullptr);
+  }
+  adamw_step_many(runs, a, 0.7f, nullptr);
+  EXPECT_TRUE(same_bits(p1.download(), p2.download())) << "p";
+  EXPECT_TRUE(same_bits(m1.download(), m2.download())) << "m";
+  EXPECT_TRUE(same_bits(v1.download(), v2.download())) << "v";
+  EXPECT_TRUE(same_bits(c1.download(), c2.download())) << "bf16 copy (poison where no run writes)";
+  const auto p_after = p1.download();
+  EXPECT_TRUE(std::equal(p0.begin(), p0.begin() + 3, p_after.begin())) << "the elements before the first run";
+}
+
 // sum_squares_many, the gradient norm's parts in two launches. Items: sizes 0 (adds nothing), 1,
 // 768, one chunk exactly (65536), a chunk and one (65537), 2^21 + 7 (33 chunks); two items sharing a
 // slot (added in item order); and 300 small items (more than one batch of 256, the slot shared

@@ -200,6 +200,23 @@ struct AdamWParams {
 // fp32 once. p_bf16[n] (the step's bf16 copy of the weights), when non-null, = bf16(new p).
 void adamw_step(float* p, const float* g, float* m, float* v, bf16* p_bf16, int64_t n, const AdamWParams& a,
                 float grad_scale, cudaStream_t s);
+// Many runs of parameters updated alike, in few launches (the optimizer's runs alternate between
+// weights, decayed, and biases and norms, not: ~100 launches a GPT-2 step, most over a few thousand
+// elements). Each run: adamw_step(p, g, m, v, p_bf16, n, a with weight_decay 0 unless decay,
+// grad_scale) -- the same bits element for element (both use one adamw_one). Runs of at least
+// kAdamWManyAlone elements are launched alone (adamw_step's 16-byte accesses); the rest share one
+// launch per batch of up to 256 runs, passed by value.
+struct AdamWRun {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  bf16* p_bf16;  // may be null
+  int64_t n;
+  bool decay;
+};
+constexpr int64_t kAdamWManyAlone = 65536;
+void adamw_step_many(const std::vector<AdamWRun>& runs, const AdamWParams& a, float grad_scale, cudaStream_t s);
 
 }  // namespace dhelix::cuda
 

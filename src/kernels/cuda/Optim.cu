@@ -6,6 +6,7 @@
 // (adamw_vec_kernel, 2026-11-28, not yet timed).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cuda/Ops.h"
 
@@ -18,8 +19,9 @@ struct AdamWScalars {
 };
 
 // One element: cpu::adamw_step's expressions in its order, each rounding spelled out (the _rn
-// intrinsics are never contracted or reordered by the compiler), so an element gets the same bits in
-// either kernel below and wherever a launch's range starts.
+// intrinsics are never contracted or reordered by the compiler; the two moments' updates are written
+// as fused multiply-adds, one rounding each), so an element gets the same bits in every kernel below
+// and wherever a launch's range starts.
 __device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v, const AdamWScalars& a) {
   const float gi = __fmul_rn(g, a.grad_scale);
   const float mi = __fmaf_rn(a.one_m_b1, __fsub_rn(gi, m), m);                     // m + (1 - b1)(g - m)
@@ -83,6 +85,51 @@ __global__ void adamw_vec_kernel(float* __restrict__ p, const float* __restrict_
   }
 }
 
+// ---- adamw_step_many's shared launch: up to kManyRuns runs passed by value ----
+constexpr int kManyRuns = 256;
+constexpr int kManyThreads = 256;
+constexpr int64_t kManyChunk = 4096;  // elements a block: 16 a thread
+struct ManyRuns {
+  float* p[kManyRuns];
+  const float* g[kManyRuns];
+  float* m[kManyRuns];
+  float* v[kManyRuns];
+  bf16* p_bf16[kManyRuns];
+  int64_t n[kManyRuns];
+  int64_t chunk0[kManyRuns + 1];  // run k's chunks: [chunk0[k], chunk0[k + 1])
+  uint8_t decay[kManyRuns];
+  int runs;
+};
+static_assert(sizeof(ManyRuns) < 32000, "kernel parameters are at most 32764 bytes");
+
+// Block b: chunk b of the batch (its run by binary search of chunk0), one element a thread a step.
+__global__ void __launch_bounds__(kManyThreads) adamw_many_kernel(const __grid_constant__ ManyRuns r,
+                                                                  AdamWScalars decayed, AdamWScalars plain) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = r.runs;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (r.chunk0[mid] <= b) lo = mid;
+    else hi = mid;
+  }
+  const AdamWScalars& a = r.decay[lo] ? decayed : plain;
+  const int64_t c0 = (b - r.chunk0[lo]) * kManyChunk;
+  const int64_t end = c0 + kManyChunk < r.n[lo] ? c0 + kManyChunk : r.n[lo];
+  float* p = r.p[lo];
+  const float* g = r.g[lo];
+  float* m = r.m[lo];
+  float* v = r.v[lo];
+  bf16* p16 = r.p_bf16[lo];
+  for (int64_t i = c0 + threadIdx.x; i < end; i += kManyThreads) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_one(pi, g[i], mi, vi, a);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (p16 != nullptr) p16[i] = __float2bfloat16(pi);
+  }
+}
+
 // The float index of a pointer modulo 4 (its 4-byte word within a 16-byte line); bf16: 2-byte units
 // modulo 4 within 8 bytes.
 int phase4(const void* ptr, int unit) {
@@ -91,19 +138,26 @@ int phase4(const void* ptr, int unit) {
 
 }  // namespace
 
+namespace {
+// The update's fp32 scalars, formed in double and rounded once (as on the CPU).
+AdamWScalars scalars(const AdamWParams& a, float grad_scale) {
+  return AdamWScalars{static_cast<float>(1.0 - a.lr * a.weight_decay),
+                      static_cast<float>(1.0 - a.beta1),
+                      static_cast<float>(a.beta2),
+                      static_cast<float>(1.0 - a.beta2),
+                      static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step)))),
+                      static_cast<float>(std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)))),
+                      static_cast<float>(a.eps),
+                      grad_scale};
+}
+}  // namespace
+
 void adamw_step(float* p, const float* g, float* m, float* v, bf16* p_bf16, int64_t n, const AdamWParams& a,
                 float grad_scale, cudaStream_t s) {
   DHX_CUDA_ASSERT(n >= 0 && a.step >= 1, "adamw_step: n=", n, " step=", a.step,
                   " (need n >= 0 and a 1-based step)");
   if (n == 0) return;
-  const AdamWScalars k{static_cast<float>(1.0 - a.lr * a.weight_decay),
-                       static_cast<float>(1.0 - a.beta1),
-                       static_cast<float>(a.beta2),
-                       static_cast<float>(1.0 - a.beta2),
-                       static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, static_cast<double>(a.step)))),
-                       static_cast<float>(std::sqrt(1.0 - std::pow(a.beta2, static_cast<double>(a.step)))),
-                       static_cast<float>(a.eps),
-                       grad_scale};
+  const AdamWScalars k = scalars(a, grad_scale);
   constexpr int kThreads = 256;
   // 16-byte accesses when p, g, m, v (and the copy) sit at the same offset within their lines, as
   // the flat buffers' runs do: a head of 0-3 elements brings them to a line's start together.
@@ -121,6 +175,39 @@ void adamw_step(float* p, const float* g, float* m, float* v, bf16* p_bf16, int6
   }
   adamw_kernel<<<ops_detail::stride_grid(n, kThreads), kThreads, 0, s>>>(p, g, m, v, p_bf16, n, k);
   DHX_CUDA_LAUNCHED(adamw_kernel);
+}
+
+void adamw_step_many(const std::vector<AdamWRun>& runs, const AdamWParams& a, float grad_scale, cudaStream_t s) {
+  DHX_CUDA_ASSERT(a.step >= 1, "adamw_step_many: step=", a.step, " (need a 1-based step)");
+  AdamWParams plain_params = a;
+  plain_params.weight_decay = 0.0;
+  const AdamWScalars decayed = scalars(a, grad_scale), plain = scalars(plain_params, grad_scale);
+  ManyRuns batch{};
+  int64_t chunks = 0;
+  auto launch = [&] {
+    if (batch.runs == 0) return;
+    batch.chunk0[batch.runs] = chunks;
+    adamw_many_kernel<<<static_cast<unsigned>(chunks), kManyThreads, 0, s>>>(batch, decayed, plain);
+    DHX_CUDA_LAUNCHED(adamw_many_kernel);
+    batch = ManyRuns{};
+    chunks = 0;
+  };
+  for (const AdamWRun& r : runs) {
+    DHX_CUDA_ASSERT(r.n >= 0, "adamw_step_many: a run of n=", r.n, " elements");
+    if (r.n == 0) continue;
+    if (r.n >= kAdamWManyAlone) {  // alone, with adamw_step's 16-byte accesses (the same bits)
+      adamw_step(r.p, r.g, r.m, r.v, r.p_bf16, r.n, r.decay ? a : plain_params, grad_scale, s);
+      continue;
+    }
+    const int k = batch.runs;
+    batch.p[k] = r.p, batch.g[k] = r.g, batch.m[k] = r.m, batch.v[k] = r.v, batch.p_bf16[k] = r.p_bf16;
+    batch.n[k] = r.n;
+    batch.decay[k] = r.decay ? 1 : 0;
+    batch.chunk0[k] = chunks;
+    chunks += cdiv(r.n, kManyChunk);
+    if (++batch.runs == kManyRuns) launch();
+  }
+  launch();
 }
 
 }  // namespace dhelix::cuda
