@@ -364,8 +364,10 @@ void xent_dispatch(const bf16* logits, const int32_t* targets, float* losses, bf
   if (aligned && ld >= 2048 && vecs <= kRowMaxVecs) {
     if (!registers) {
       const size_t smem = static_cast<size_t>(ld) * sizeof(bf16);
+      // The kernel's most, the same on every call (two threads with different ld cannot race the
+      // limit below either's need).
       DHX_CUDA(cudaFuncSetAttribute(rows_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
+                                    static_cast<int>(kSmemRowMaxCols * sizeof(bf16))));
       rows_smem_kernel<<<static_cast<unsigned>(N), kSmemThreads, smem, s>>>(logits, targets, losses, dlogits, dloss,
                                                                             V, ld);
       DHX_CUDA_LAUNCHED(rows_smem_kernel);

@@ -371,8 +371,12 @@ void fused_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean,
   const int rows = fused_rows(N);
   const int64_t blocks = cdiv(N, int64_t{kNormWarps} * rows);
   const size_t smem = sizeof(float) * kNormWarps * static_cast<size_t>(C);  // 64 KiB at C = 2048
-  DHX_CUDA(cudaFuncSetAttribute(norm_bwd_fused_kernel<K, kLayer>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem)));
+  // The kernel's most (C = 256 K), the same on every call: two threads launching it with different C
+  // cannot leave the limit below either's need.
+  constexpr size_t kMostSmem = sizeof(float) * kNormWarps * 256 * K;
+  if constexpr (kMostSmem > 48 * 1024)
+    DHX_CUDA(cudaFuncSetAttribute(norm_bwd_fused_kernel<K, kLayer>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kMostSmem)));
   float* part = nullptr;  // [blocks, parts, C]
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), blocks * kParts * C * sizeof(float), s));
   norm_bwd_fused_kernel<K, kLayer><<<static_cast<unsigned>(blocks), kNormWarps * 32, smem, s>>>(
