@@ -1,5 +1,5 @@
-// Pointwise activations of the GPU step (Ops.h): GELU (tanh form), SwiGLU and RoPE, forward and
-// backward, bf16 in and out with fp32 math and one rounding per output. GELU and SwiGLU are
+// Pointwise activations of the GPU step (Ops.h): GELU (tanh form, computed as x sigmoid(2u)), SwiGLU
+// and RoPE, forward and backward, bf16 in and out with fp32 math and one rounding per output. GELU and SwiGLU are
 // grid-stride loops with 16-byte accesses (8 bf16) when the row length is a multiple of 8 and the
 // pointers are 16-byte aligned, else 2-byte ones. RoPE: a thread per (row, pair i) computes the
 // angle's cos/sin once in double and rotates that pair in all H heads (coalesced along i).
@@ -19,18 +19,24 @@ constexpr int kThreads = 256;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
+// The tanh form of GELU, x/2 (1 + tanh u) with u = k0 (x + k1 x^3), written as x sigmoid(2u) = x / (1 +
+// e^-2u) (the same function: (1 + tanh u)/2 = sigmoid(2u)): one exponential and one reciprocal
+// (CUDA's tanhf is a longer sequence, and 1 + tanh u cancels for very negative x, where this form
+// keeps full relative precision). e = inf (x very negative) gives s = 0 and y = -0; e = 0 gives s = 1.
+__device__ __forceinline__ float gelu_sigmoid(float x) {
+  const float u2 = 2.0f * kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return __frcp_rn(1.0f + __expf(-u2));
+}
 struct GeluFwdOp {
-  __device__ float operator()(float x, float) const {
-    const float t = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
-    return 0.5f * x * (1.0f + t);
-  }
+  __device__ float operator()(float x, float) const { return x * gelu_sigmoid(x); }
 };
-// d/dx [x/2 (1 + tanh u)] = (1 + t)/2 + x/2 (1 - t^2) du/dx,  u = k0 (x + k1 x^3), du/dx = k0 (1 + 3 k1 x^2).
+// d/dx [x s(2u)] = s + x 2 s (1 - s) du/dx,  s = sigmoid(2u) = (1 + t)/2, 2 s (1 - s) = (1 - t^2)/2,
+// du/dx = k0 (1 + 3 k1 x^2): the tanh form's (1 + t)/2 + x/2 (1 - t^2) du/dx.
 struct GeluBwdOp {
   __device__ float operator()(float dy, float x) const {
-    const float t = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    const float sg = gelu_sigmoid(x);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    return dy * (sg + x * (2.0f * sg * (1.0f - sg)) * du);
   }
 };
 
