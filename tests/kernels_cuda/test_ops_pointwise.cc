@@ -4,10 +4,10 @@
 // of 8, aligned), ragged ones and misaligned pointers (the 2-byte path).
 //
 // Bounds: every output is rounded once to bf16 (u = 2^-8 relative) from an fp32 value that differs
-// from the CPU's by fp32 noise only (the GPU's GELU as x sigmoid(2u) with __expf and a reciprocal
-// against the CPU's tanh form: ~1e-6 relative, __expf's error growing with |2u| ~ 10; expf vs the
-// CPU's polynomial exp elsewhere, ~2e-7; RoPE's cos and sin are the same double values rounded to
-// fp32): u + 1e-5. An add is
+// from the CPU's by fp32 noise only (the GPU's GELU as x sigmoid(2u) and SwiGLU's sigmoid, each with
+// __expf and a reciprocal, against the CPU's tanh form and polynomial exp: ~1e-6 relative, __expf's
+// error growing with its argument's size ~ 10; RoPE's cos and sin are the same double values
+// rounded to fp32): u + 1e-5. An add is
 // the CPU's fp32 add then a round to nearest even (to_bf16's rule), and a cast that rounding alone,
 // so those must match bit for bit.
 #include <cstring>
