@@ -56,7 +56,10 @@ check_point sample "stopped by SIGTERM while sampling" step_00000004
 "$bin" sample --config configs/demo.toml --model.n_layers 2 --model.seq_len 32 --output.dir "$tmp/full" \
   --checkpoint.dir "$tmp/full/checkpoints" --tokens 100000 >"$tmp/sample.log" 2>"$tmp/sample.err" &
 pid=$!
-sleep 2
+# Sent once the text has begun (the sampler flushes each piece), not after a fixed sleep: on a loaded
+# machine two seconds were not always enough to load the checkpoint, and a signal before the handler
+# is installed ends the process without the message (a CI run of 2026-11-28 failed so).
+for _ in $(seq 1 1200); do [ -s "$tmp/sample.log" ] && break; sleep 0.1; done
 kill -TERM $pid; wait $pid; rc=$?
 if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM: the text above is cut short" "$tmp/sample.err" && [ -s "$tmp/sample.log" ]; then
   ok sample_sigterm
