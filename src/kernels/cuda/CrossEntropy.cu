@@ -100,6 +100,26 @@ template <int THREADS, typename F> __device__ __forceinline__ float block_fold(f
   return all;
 }
 
+// The gradient of columns c .. c + 7 (the 16-byte vector x8, bf16 in its four words) written to d + c:
+// (softmax - onehot) * dloss = 2^(x log2e - mb) k - [v == ti] dloss, 0 past the vocabulary (Vi).
+__device__ __forceinline__ void write_grad8(bf16* d, int c, uint4 x8, int Vi, int ti, float mb, float k, float dloss) {
+  const uint32_t w[4] = {x8.x, x8.y, x8.z, x8.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    float g[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int v = c + j + h;
+      const float xv = h ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]);
+      g[h] = v >= Vi ? 0.0f : exp2f(fmaf(xv, kLog2e, -mb)) * k - (v == ti ? dloss : 0.0f);
+    }
+    const __nv_bfloat162 b2 = __floats2bfloat162_rn(g[0], g[1]);
+    o[j / 2] = *reinterpret_cast<const uint32_t*>(&b2);
+  }
+  *reinterpret_cast<uint4*>(d + c) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // No __restrict__ on logits and dlogits (they may alias): every load of the row and thread 0's
 // read of x[tgt] come before the first barrier, every store after the last.
 template <int VECS>
@@ -152,21 +172,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   for (int i = 0; i < VECS; ++i) {
     const int c = (i * kRowThreads + t) * 8;
     if (c >= ldi) continue;
-    const uint32_t w[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
-    uint32_t o[4];
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      float g[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int v = c + j + h;
-        const float xv = h ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]);
-        g[h] = v >= Vi ? 0.0f : exp2f(fmaf(xv, kLog2e, -mb)) * k - (v == ti ? dloss : 0.0f);
-      }
-      const __nv_bfloat162 b2 = __floats2bfloat162_rn(g[0], g[1]);
-      o[j / 2] = *reinterpret_cast<const uint32_t*>(&b2);
-    }
-    *reinterpret_cast<uint4*>(d + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    write_grad8(d, c, r[i], Vi, ti, mb, k, dloss);
   }
 }
 
@@ -232,25 +238,7 @@ __global__ void __launch_bounds__(kSmemThreads, 2)
   if (t == 0) losses[n] = M + logf(S) - __bfloat162float(reinterpret_cast<const bf16*>(smem_row)[ti]);
   if (d == nullptr) return;
   const float k = dloss / S;
-  for (int i = t; i < nv; i += kSmemThreads) {
-    const uint4 r = row[i];
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-    const int c = 8 * i;
-    uint32_t o[4];
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      float g[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int v = c + j + h;
-        const float xv = h ? bf_hi(w[j / 2]) : bf_lo(w[j / 2]);
-        g[h] = v >= Vi ? 0.0f : exp2f(fmaf(xv, kLog2e, -mb)) * k - (v == ti ? dloss : 0.0f);
-      }
-      const __nv_bfloat162 b2 = __floats2bfloat162_rn(g[0], g[1]);
-      o[j / 2] = *reinterpret_cast<const uint32_t*>(&b2);
-    }
-    *reinterpret_cast<uint4*>(d + c) = make_uint4(o[0], o[1], o[2], o[3]);
-  }
+  for (int i = t; i < nv; i += kSmemThreads) write_grad8(d, 8 * i, row[i], Vi, ti, mb, k, dloss);
 }
 
 template <int VECS>

@@ -32,16 +32,22 @@ __device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v,
   v = vi;
 }
 
+// Element i of the buffers updated in place (and its bf16 copy written when there is one).
+__device__ __forceinline__ void adamw_at(float* p, const float* g, float* m, float* v, bf16* p_bf16, int64_t i,
+                                         const AdamWScalars& a) {
+  float pi = p[i], mi = m[i], vi = v[i];
+  adamw_one(pi, g[i], mi, vi, a);
+  p[i] = pi;
+  m[i] = mi;
+  v[i] = vi;
+  if (p_bf16 != nullptr) p_bf16[i] = __float2bfloat16(pi);
+}
+
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                              float* __restrict__ v, bf16* __restrict__ p_bf16, int64_t n, AdamWScalars a) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float pi = p[i], mi = m[i], vi = v[i];
-    adamw_one(pi, g[i], mi, vi, a);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (p_bf16 != nullptr) p_bf16[i] = __float2bfloat16(pi);
+    adamw_at(p, g, m, v, p_bf16, i, a);
   }
 }
 
@@ -76,12 +82,7 @@ __global__ void adamw_vec_kernel(float* __restrict__ p, const float* __restrict_
   const int64_t tail = n - head - 4 * units;
   if (first < head + tail) {
     const int64_t i = first < head ? first : head + 4 * units + (first - head);
-    float pi = p[i], mi = m[i], vi = v[i];
-    adamw_one(pi, g[i], mi, vi, a);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (p_bf16 != nullptr) p_bf16[i] = __float2bfloat16(pi);
+    adamw_at(p, g, m, v, p_bf16, i, a);
   }
 }
 
@@ -121,12 +122,7 @@ __global__ void __launch_bounds__(kManyThreads) adamw_many_kernel(const __grid_c
   float* v = r.v[lo];
   bf16* p16 = r.p_bf16[lo];
   for (int64_t i = c0 + threadIdx.x; i < end; i += kManyThreads) {
-    float pi = p[i], mi = m[i], vi = v[i];
-    adamw_one(pi, g[i], mi, vi, a);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (p16 != nullptr) p16[i] = __float2bfloat16(pi);
+    adamw_at(p, g, m, v, p16, i, a);
   }
 }
 
