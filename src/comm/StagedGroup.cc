@@ -261,15 +261,21 @@ class StagedGroup final : public ProcessGroup {
     while (!posted_.empty()) {
       Posted& p = posted_.front();
       if (!p.host_work.is_completed()) return true;
+      std::string error;
       try {
         p.host_work.wait();  // finished: throws its failure, if any
         if (p.device.defined()) stage_out(p.host, p.device, p.ready);
-        p.st->complete();
       } catch (const std::exception& e) {
-        p.st->fail(fmt::format("{}: {}", p.st->describe(), e.what()));
+        error = fmt::format("{}: {}", p.st->describe(), e.what());
       }
       if (p.ready) cudaEventDestroy(p.ready);
+      // The op's tensors go before its issuer can see it finish (CommStream::loop's rule): once it
+      // does, it may free what they are charged to (the step's activation tracker) and the stream
+      // their device memory is ordered on.
+      const std::shared_ptr<WorkState> st = std::move(p.st);
       posted_.pop_front();
+      if (error.empty()) st->complete();
+      else st->fail(error);
     }
     return false;
   }

@@ -108,6 +108,11 @@ Executor::~Executor() {
     } catch (...) {  // the run failed already; the buffer must still outlive the transfer
     }
   }
+  // (A transfer that did not finish holds its own reference: its group's task keeps the buffer.)
+  // Their device memory is ordered on streams_, which go next: given back while they exist (a step
+  // that threw leaves unadopted prefetches and 3D block sums behind).
+  prefetched_.clear();
+  block_sums_.clear();
 }
 
 // Cross-layer prefetch (AxoNN's OAG across layers): the op names, in attrs, the neighbouring unit

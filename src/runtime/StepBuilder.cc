@@ -107,6 +107,22 @@ Step::Step(const StepSpec& spec) {
   }
 }
 
-Step::~Step() = default;
+// Not the members' reverse order alone: a step that threw leaves ops in its groups (a staged pp
+// group's receive posted a slot ahead, a queued collective) holding device tensors charged to
+// parts->act_mem and ordered on the runner's strand streams, and GradSync's bf16 buckets are
+// ordered on the backward strand's stream. The groups go first (their comm threads joined, what they
+// hold given back while the tracker and streams exist), after the executor's prefetches were waited
+// for on them; then what allocates on the runner's streams; then the runner.
+Step::~Step() {
+  if (runner) {
+    try {
+      runner->executor().drain_prefetches();
+    } catch (const std::exception&) {  // the run failed already; its error is the one reported
+    }
+  }
+  staged.clear();
+  opt.reset();
+  sync.reset();
+}
 
 }  // namespace dhelix

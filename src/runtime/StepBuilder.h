@@ -75,8 +75,8 @@ class Step {
   std::shared_ptr<cuda::Blas> blas;  // a GPU step's (shared_ptr: complete only in a CUDA build)
   // A GPU step's process groups: each of spec.groups wrapped in a staged group (comm/StagedGroup.h:
   // device tensors through host memory over the CPU group) or, with StepSpec::nccl, an NCCL group
-  // over it (but pp), which the step's parts use instead. Destroyed after everything issuing on them
-  // (declared before).
+  // over it (but pp), which the step's parts use instead. Destroyed first (~Step): what their
+  // unfinished ops hold needs the parts' trackers and the runner's streams.
   std::vector<std::unique_ptr<ProcessGroup>> staged;
   std::unique_ptr<StepParts> parts;
   std::optional<SIPlan> plan;
