@@ -751,21 +751,17 @@ TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
 // "a killed rank ends the job on every rank"; the in-process form -- two ranks as threads sharing the
 // GPU over staged groups on the threads backend -- since the lent machine has no MPI; the process
 // form is the CPU's mpi_train_failure_test.sh). The fault: the trainer's test hook
-// DHELIX_FAULT_INJECT=1:3:throw, rank 1 throwing in step 3's backward with dp buckets in flight.
+// DHELIX_FAULT_INJECT=1:3:throw, rank 1 throwing in step 3's backward: at dp = 2 with dp buckets in
+// flight; at pp = 2 (1F1B, SI on) as the last stage, with its receives posted a slot ahead and rank
+// 0 waiting for its gradients -- the teardown of a step whose groups still hold posted receives
+// (their buffers charged to the step's tracker, ordered on its strand streams: ~Step gives them
+// back first since 2026-11-28, a review's find), which the dp case never reaches.
 // Oracles: run_local_ranks rethrows rank 1's error, which names the fault; rank 0's own step fails
-// too (its pending staged collective is stopped, a CommError naming rank 1), not a hang and not a
-// finished run;
-// and it all ends within 30 s, well under comm.timeout_s (60), so the failure path ended it.
-TEST(TrainerGpuFailure, ARankFailingMidStepEndsEveryRank) {
-  DHX_REQUIRE_GPU();
-  TempDir dir;
-  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 97);
-  RunConfig cfg = tiny_on(dir.path(), "llama", "cuda");
-  cfg.parallel.dp = 2;
-  cfg.training.micro_batch_size = 2;
+// too (its pending staged op is stopped, a CommError naming rank 1), not a hang and not a finished
+// run; and it all ends within 30 s, well under comm.timeout_s (60), so the failure path ended it.
+void expect_failing_rank_ends_every_rank(RunConfig cfg, const LayoutConfig& lay, const std::string& what) {
+  SCOPED_TRACE(what);
   cfg.comm.timeout_s = 60;
-  LayoutConfig lay;
-  lay.dp = 2;
   ASSERT_EQ(setenv("DHELIX_FAULT_INJECT", "1:3:throw", 1), 0);
   std::string rank0_error, rethrown;
   int rank0_steps = 0;
@@ -788,14 +784,39 @@ TEST(TrainerGpuFailure, ARankFailingMidStepEndsEveryRank) {
   }
   unsetenv("DHELIX_FAULT_INJECT");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[ info ] rank 1 failed; the job ended after %.1f s. rethrown: %s\n[ info ] rank 0: %s\n", secs,
-              rethrown.c_str(), rank0_error.c_str());
+  std::printf("[ info ] %s: rank 1 failed; the job ended after %.1f s. rethrown: %s\n[ info ] rank 0: %s\n",
+              what.c_str(), secs, rethrown.c_str(), rank0_error.c_str());
   EXPECT_NE(rethrown.find("DHELIX_FAULT_INJECT: failing in step 3"), std::string::npos) << rethrown;
   EXPECT_FALSE(rank0_error.empty()) << "rank 0 went on after rank 1 failed";
   // The threads backend's abort names the failed rank and its error (LocalBackend.cc).
   EXPECT_NE(rank0_error.find("rank 1 failed"), std::string::npos) << rank0_error;
   EXPECT_LE(rank0_steps, 2) << "rank 0 finished a step rank 1 never did";
   EXPECT_LT(secs, 30.0) << "the failure took longer than the bound to end the job";
+}
+
+TEST(TrainerGpuFailure, ARankFailingMidStepEndsEveryRank) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 97);
+  RunConfig cfg = tiny_on(dir.path(), "llama", "cuda");
+  cfg.parallel.dp = 2;
+  cfg.training.micro_batch_size = 2;
+  LayoutConfig lay;
+  lay.dp = 2;
+  expect_failing_rank_ends_every_rank(cfg, lay, "dp=2");
+}
+
+TEST(TrainerGpuFailure, APipelineStageFailingMidStepEndsEveryRank) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 98);
+  RunConfig cfg = tiny_pp_on(dir.path(), "llama");
+  cfg.parallel.pp = 2;
+  cfg.schedule.pipeline = "1f1b";
+  cfg.schedule.strand_interleaving = true;
+  LayoutConfig lay;
+  lay.pp = 2;
+  expect_failing_rank_ends_every_rank(cfg, lay, "pp=2 1f1b si=on");
 }
 
 // comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device):
