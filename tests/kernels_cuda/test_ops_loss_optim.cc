@@ -305,8 +305,9 @@ TEST(CudaOpsOptim, SumSquaresMatchesCpuIsDeterministicAndAccumulates) {
 // adamw_step_many (the optimizer's runs, small ones sharing launches) against adamw_step on each run
 // alone, bit for bit (oracle: the same per-element formula, so any difference is a run updated
 // twice, skipped, with the other run's scalars or past its end). Runs: 300 small ones (more than
-// a batch of 256), odd sizes and offsets, decayed and not, with and without the bf16 copy; a
-// 65536-element run (launched alone) and an empty one; gaps between runs that must stay untouched.
+// a batch of 256), odd sizes and offsets, decayed and not, with and without the bf16 copy; runs of
+// 4097, 12289 and 65535 elements (several chunks of one run in the shared launch); a 65536-element
+// run (launched alone) and an empty one; gaps between runs that must stay untouched.
 TEST(CudaOpsOptim, AdamWManyRunsEqualsEachRunAlone) {
   DHX_REQUIRE_GPU();
   const AdamWParams a{2e-3, 0.9, 0.95, 1e-8, 0.1, 5};
@@ -319,6 +320,10 @@ TEST(CudaOpsOptim, AdamWManyRunsEqualsEachRunAlone) {
     const int64_t n = 1 + (k * 53) % 700;
     spans.push_back({off, n, k % 3 != 0, k % 5 != 0});
     off += n + (k % 4);  // 0-3 untouched elements between runs
+  }
+  for (int64_t n : {int64_t{4097}, int64_t{12289}, int64_t{65535}}) {  // several 4096-element chunks, shared launch
+    spans.push_back({off, n, n != 12289, true});
+    off += n + 2;
   }
   spans.push_back({off, 65536, true, true});
   off += 65536 + 1;
