@@ -80,12 +80,7 @@ static_assert(sizeof(ManyBatch) < 32000, "kernel parameters are at most 32764 by
 __global__ void __launch_bounds__(kManyThreads) sum_squares_many_partial(const __grid_constant__ ManyBatch m,
                                                                           double* __restrict__ part) {
   const int64_t b = blockIdx.x;
-  int lo = 0, hi = m.items;  // the item k with chunk0[k] <= b < chunk0[k + 1]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (m.chunk0[mid] <= b) lo = mid;
-    else hi = mid;
-  }
+  const int lo = ops_detail::chunk_owner(m.chunk0, m.items, b);
   const int64_t c0 = (b - m.chunk0[lo]) * kSumSquaresChunk;
   const int64_t end = c0 + kSumSquaresChunk < m.n[lo] ? c0 + kSumSquaresChunk : m.n[lo];
   const float* x = m.x[lo];

@@ -237,6 +237,19 @@ inline unsigned stride_grid(int64_t units, int threads) {
   return static_cast<unsigned>(b < 1 ? 1 : b > (int64_t{1} << 20) ? (int64_t{1} << 20) : b);
 }
 
+// The owner of chunk b in a batch whose item k has chunks [chunk0[k], chunk0[k + 1]) (chunk0
+// strictly increasing, items >= 1, chunk0[0] <= b < chunk0[items]): a binary search. The
+// multi-tensor kernels (sum_squares_many, adamw_step_many) find a block's item with it.
+__device__ __forceinline__ int chunk_owner(const int64_t* chunk0, int items, int64_t b) {
+  int lo = 0, hi = items;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (chunk0[mid] <= b) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 // Sum over a warp's 32 lanes, a fixed butterfly: every lane gets the same bits.
 template <typename F> __device__ __forceinline__ F warp_sum(F v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

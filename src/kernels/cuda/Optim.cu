@@ -46,9 +46,8 @@ __device__ __forceinline__ void adamw_at(float* p, const float* g, float* m, flo
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                              float* __restrict__ v, bf16* __restrict__ p_bf16, int64_t n, AdamWScalars a) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     adamw_at(p, g, m, v, p_bf16, i, a);
-  }
 }
 
 // The same update with 16-byte accesses: elements [head, head + 4 units) four at a time (p, g, m, v
@@ -107,12 +106,7 @@ static_assert(sizeof(ManyRuns) < 32000, "kernel parameters are at most 32764 byt
 __global__ void __launch_bounds__(kManyThreads) adamw_many_kernel(const __grid_constant__ ManyRuns r,
                                                                   AdamWScalars decayed, AdamWScalars plain) {
   const int64_t b = blockIdx.x;
-  int lo = 0, hi = r.runs;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (r.chunk0[mid] <= b) lo = mid;
-    else hi = mid;
-  }
+  const int lo = ops_detail::chunk_owner(r.chunk0, r.runs, b);
   const AdamWScalars& a = r.decay[lo] ? decayed : plain;
   const int64_t c0 = (b - r.chunk0[lo]) * kManyChunk;
   const int64_t end = c0 + kManyChunk < r.n[lo] ? c0 + kManyChunk : r.n[lo];
@@ -121,9 +115,7 @@ __global__ void __launch_bounds__(kManyThreads) adamw_many_kernel(const __grid_c
   float* m = r.m[lo];
   float* v = r.v[lo];
   bf16* p16 = r.p_bf16[lo];
-  for (int64_t i = c0 + threadIdx.x; i < end; i += kManyThreads) {
-    adamw_at(p, g, m, v, p16, i, a);
-  }
+  for (int64_t i = c0 + threadIdx.x; i < end; i += kManyThreads) adamw_at(p, g, m, v, p16, i, a);
 }
 
 // The float index of a pointer modulo 4 (its 4-byte word within a 16-byte line); bf16: 2-byte units
@@ -132,9 +124,6 @@ int phase4(const void* ptr, int unit) {
   return static_cast<int>(reinterpret_cast<uintptr_t>(ptr) / static_cast<uintptr_t>(unit) % 4);
 }
 
-}  // namespace
-
-namespace {
 // The update's fp32 scalars, formed in double and rounded once (as on the CPU).
 AdamWScalars scalars(const AdamWParams& a, float grad_scale) {
   return AdamWScalars{static_cast<float>(1.0 - a.lr * a.weight_decay),
