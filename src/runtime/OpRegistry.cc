@@ -91,6 +91,45 @@ std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E)
                                (Ng * double(c.model.top_k)));
   return dp;
 }
+namespace {
+Op part_of(const OpCall& c, const char* code, std::vector<std::string> in, std::vector<std::string> out,
+           std::vector<std::string> params) {
+  Op o = c.op;
+  o.code = code;
+  o.inputs = std::move(in);
+  o.outputs = std::move(out);
+  o.params = std::move(params);
+  o.frees.clear();
+  return o;
+}
+void run_part(const OpCall& c, const Op& o, const OpFn& fn) {
+  OpCall part = c.with(o);
+  fn(part);
+}
+}  // namespace
+
+void unfused_linear_gelu(OpCall& c, const OpFn& linear, const OpFn& gelu) {
+  const std::string &act = c.op.outputs.at(0), &pre = c.op.outputs.at(1);
+  run_part(c, part_of(c, "linear", {c.op.inputs.at(0)}, {pre}, c.op.params), linear);
+  run_part(c, part_of(c, "gelu", {pre}, {act}, {}), gelu);
+}
+
+void unfused_linear_dgrad_gelu(OpCall& c, const OpFn& linear_dgrad, const OpFn& gelu_bwd) {
+  const std::string link = c.op.name + "#link";
+  run_part(c, part_of(c, "linear_dgrad", {c.op.inputs.at(0)}, {link}, c.op.params), linear_dgrad);
+  run_part(c, part_of(c, "gelu_bwd", {link, c.op.inputs.at(1)}, {c.op.outputs.at(0)}, {}), gelu_bwd);
+  c.env.bufs.erase(link);
+}
+
+void unfused_linear_residual(OpCall& c, const OpFn& linear, const OpFn& residual_add) {
+  const std::string link = c.op.name + "#link";
+  DHX_ASSERT(!c.op.params.empty(), "{}: linear_residual without a weight", c.op.name);
+  run_part(c, part_of(c, "linear", {c.op.inputs.at(0)}, {link}, {c.op.params[0]}), linear);
+  run_part(c, part_of(c, "residual_add", {c.op.inputs.at(1), link}, {c.op.outputs.at(0)},
+                      {c.op.params.begin() + 1, c.op.params.end()}),
+           residual_add);
+  c.env.bufs.erase(link);
+}
 }  // namespace op
 
 namespace {
@@ -362,6 +401,10 @@ void op_residual_add(OpCall& c) {
     add_bias<float>(x.f32(), r.f32(), c.param(0).value.f32(), y.f32(), N, C);
 }
 
+void op_linear_gelu(OpCall& c) { op::unfused_linear_gelu(c, op_linear, op_gelu); }
+void op_linear_dgrad_gelu(OpCall& c) { op::unfused_linear_dgrad_gelu(c, op_linear_dgrad, op_gelu_bwd); }
+void op_linear_residual(OpCall& c) { op::unfused_linear_residual(c, op_linear, op_residual_add); }
+
 void op_bias_grad(OpCall& c) {
   Tensor& dy = c.in(0);
   bias_grad<float>(dy.f32(), c.grad(0).grad.f32(), rows(dy), cols(dy));
@@ -608,7 +651,9 @@ std::map<std::string, OpFn> make_registry() {
       {"rmsnorm_bwd", op_rmsnorm_bwd}, {"rope", op_rope},               {"rope_bwd", op_rope_bwd},
       {"attention", op_attention},   {"attention_bwd", op_attention_bwd}, {"gelu", op_gelu},
       {"gelu_bwd", op_gelu_bwd},     {"swiglu", op_swiglu},             {"swiglu_bwd", op_swiglu_bwd},
-      {"residual_add", op_residual_add}, {"bias_grad", op_bias_grad},   {"embed", op_embed},
+      {"residual_add", op_residual_add}, {"bias_grad", op_bias_grad},
+      {"linear_gelu", op_linear_gelu}, {"linear_dgrad_gelu", op_linear_dgrad_gelu},
+      {"linear_residual", op_linear_residual},   {"embed", op_embed},
       {"embed_bwd", op_embed_bwd},   {"pos_embed", op_pos_embed},       {"pos_embed_bwd", op_pos_embed_bwd},
       {"cross_entropy", op_cross_entropy}, {"xent_max", op_xent_max},   {"xent_stats", op_xent_stats},
       {"xent_finish", op_xent_finish},

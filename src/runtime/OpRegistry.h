@@ -65,6 +65,17 @@ struct OpCall {
   // parallelism the position in the chunk this rank holds (cpu::cp_position).
   int64_t seq_pos(int64_t t) const;
 
+  // The same call running op `o` instead (a fused op's parts; every field above but the op is
+  // copied, so a field added to OpCall must be added here too).
+  OpCall with(const Op& o) const {
+    OpCall c{o,      env,   unit,   params,  model,        mb,       tp_rank, tp,     act_mem,
+             dloss,  shard, router, cp_rank, cp,           bf16_weights, precision};
+    c.device = device;
+    c.stream = stream;
+    c.blas = blas;
+    return c;
+  }
+
   Tensor& in(size_t i) const { return env.at(op.inputs.at(i)); }
   // A new output tensor on the op's device (ordered on its stream), charged to the activations.
   Tensor& out_new(size_t i, const Shape& shape, DType dt = DType::kF32) const;
@@ -92,6 +103,12 @@ int64_t vocab_valid(const OpCall& c, int64_t shard_rows);
 // empty when the loss is off).
 void moe_record_aux(OpCall& c, const float* stats, int64_t E);
 std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E);
+// The fused GEMM-epilogue codes (sharding/Epilogues.h) run as the two ops they replace, with the
+// bindings given (a backend's own): the same bits as the unfused program. An intermediate the
+// fused op does not write lives in the environment only between the two ("<op name>#link").
+void unfused_linear_gelu(OpCall& c, const OpFn& linear, const OpFn& gelu);
+void unfused_linear_dgrad_gelu(OpCall& c, const OpFn& linear_dgrad, const OpFn& gelu_bwd);
+void unfused_linear_residual(OpCall& c, const OpFn& linear, const OpFn& residual_add);
 }  // namespace op
 
 // Throws InternalError naming the code when no binding exists.

@@ -86,9 +86,10 @@ std::vector<MicroBatch> random_micro_batches(const ModelConfig& m, const MicroBa
 }
 
 ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device,
-                           Recompute recompute, int recompute_layers)
+                           Recompute recompute, int recompute_layers, bool fuse_epilogues)
     : model_(m), mb_(mb), micro_batches_(micro_batches) {
   StepPartsSpec ps;
+  ps.fuse_epilogues = fuse_epilogues;
   ps.model = model_;
   ps.layout.recompute = recompute;
   ps.layout.recompute_layers = recompute_layers;

@@ -43,8 +43,9 @@ class ModelHarness {
   // On a GPU (`device` cuda:N, a CUDA build) the parameters move there and the steps run there.
   // `recompute`: the transformer layers' activation recomputation (layout/Layout.h).
   // `recompute_layers`: only the first N layers recompute (0: all).
+  // `fuse_epilogues`: the programs after the epilogue-fusion rewrite (sharding/Epilogues.h).
   ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int micro_batches, Device device = Device::host(),
-               Recompute recompute = Recompute::kNone, int recompute_layers = 0);
+               Recompute recompute = Recompute::kNone, int recompute_layers = 0, bool fuse_epilogues = false);
   ~ModelHarness();
   ModelHarness(const ModelHarness&) = delete;
   ModelHarness& operator=(const ModelHarness&) = delete;

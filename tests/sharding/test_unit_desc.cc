@@ -6,6 +6,7 @@
 //    the backward from the forward's buffers and the gradient arriving from the unit above), so the
 //    walk's gradient names ("d<buffer>", passed through residuals and the positional add) connect;
 //  - model_params is the concatenation of the steps' parameters, per layer;
+//  - the dataflow and freed-buffer walks hold as well after the epilogue-fusion rewrite;
 //  - activation recomputation (layout.recompute): the freed-buffer walk (no op reads a buffer its
 //    lifetime already ended), and what the forward keeps: the layer's input alone under full
 //    recompute (Megatron's full granularity), everything but the attention core's outputs under
@@ -19,6 +20,7 @@
 
 #include "model/Params.h"
 #include "model/UnitDesc.h"
+#include "sharding/Epilogues.h"
 #include "sharding/ModelPrograms.h"
 
 namespace dhelix {
@@ -68,8 +70,17 @@ std::vector<Case> cases() {
   return out;
 }
 
-std::string what(const Case& c, bool tied, const std::string& unit) {
-  return std::string(c.name) + " " + family_name(c.family) + (tied ? " tied " : " untied ") + unit;
+std::string what(const Case& c, bool tied, const std::string& unit, bool fused = false) {
+  return std::string(c.name) + " " + family_name(c.family) + (tied ? " tied " : " untied ") + unit +
+         (fused ? " (epilogues fused)" : "");
+}
+
+// The programs, and with `fuse` after the epilogue-fusion rewrite (sharding/Epilogues.h), which the
+// dataflow and lifetime walks below check as they check what the lowerings make.
+ModelPrograms programs(const ModelConfig& m, const LayoutConfig& lay, bool fuse) {
+  ModelPrograms p = build_programs(m, lay, MicroBatchShape{2, 16});
+  if (fuse) fuse_epilogues(p);
+  return p;
 }
 
 TEST(UnitDesc, EachUnitReadsAndUpdatesExactlyTheParametersItDescribes) {
@@ -103,15 +114,16 @@ TEST(UnitDesc, EachUnitReadsAndUpdatesExactlyTheParametersItDescribes) {
 // also from everything the forward wrote and from the gradient of the unit's output.
 TEST(UnitDesc, EveryBufferIsWrittenBeforeItIsRead) {
   for (const Case& c : cases())
-    for (bool tied : {false, true}) {
+    for (bool tied : {false, true})
+      for (bool fuse : {false, true}) {
       const ModelConfig m = model(c.family, tied);
-      const ModelPrograms progs = build_programs(m, c.lay, MicroBatchShape{2, 16});
+      const ModelPrograms progs = programs(m, c.lay, fuse);
       for (const LayerProgram* prog : {&progs.embed, &progs.block, &progs.head}) {
         std::set<std::string> have = {"x", "tokens", "targets"};
         auto walk = [&](const std::vector<Op>& ops, const char* strand) {
           for (const Op& op : ops) {
             for (const std::string& in : op.inputs)
-              EXPECT_TRUE(have.count(in)) << what(c, tied, prog->name) << ": " << strand << " op " << op.name
+              EXPECT_TRUE(have.count(in)) << what(c, tied, prog->name, fuse) << ": " << strand << " op " << op.name
                                           << " reads '" << in << "' before anything writes it";
             have.insert(op.outputs.begin(), op.outputs.end());
           }
@@ -121,7 +133,7 @@ TEST(UnitDesc, EveryBufferIsWrittenBeforeItIsRead) {
         walk(prog->bwd, "backward");
         // The backward ends in the input gradient the unit below reads (the embedding has none).
         if (prog->name != "embed") {
-          EXPECT_TRUE(have.count("dx")) << what(c, tied, prog->name) << " writes no dx";
+          EXPECT_TRUE(have.count("dx")) << what(c, tied, prog->name, fuse) << " writes no dx";
         }
       }
     }
@@ -132,13 +144,14 @@ TEST(UnitDesc, EveryBufferIsWrittenBeforeItIsRead) {
 // the buffers left at the end are the unit's boundary buffers only (nothing leaks).
 TEST(UnitDesc, LifetimesKeepEveryBufferUntilItsReadsUnderEveryRecompute) {
   for (const Case& c : cases())
-    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+      for (bool fuse : {false, true}) {
       LayoutConfig lay = c.lay;
       lay.recompute = rc;
       const ModelConfig m = model(c.family, false);
-      const ModelPrograms progs = build_programs(m, lay, MicroBatchShape{2, 16});
+      const ModelPrograms progs = programs(m, lay, fuse);
       for (const LayerProgram* prog : {&progs.embed, &progs.block, &progs.head}) {
-        const std::string ctx = what(c, false, prog->name) + " recompute=" + recompute_name(rc);
+        const std::string ctx = what(c, false, prog->name, fuse) + " recompute=" + recompute_name(rc);
         std::set<std::string> live = {"x", "tokens", "targets", "dy"};
         for (const std::vector<Op>* ops : {&prog->fwd, &prog->bwd})
           for (const Op& op : *ops) {
