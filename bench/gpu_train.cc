@@ -8,9 +8,12 @@
 // loader and the loss's all-reduce (host work of microseconds on one GPU). optimizer_s: the median
 // of the optimizer's share alone (gradient norm, read back, AdamW), timed inside the same steps.
 // (Until 2026-11-27 this bench ran one AdamW launch over all parameters without the mask or
-// clipping; its figures of 2026-11-26 and -27 are of that form.)
+// clipping; its figures of 2026-11-26 and -27 are of that form.) Variants, stepped alternately:
+// each GEMM algorithm choice with the epilogues fused (training.fuse_epilogues = auto on a GPU:
+// sharding/Epilogues.h), then the first choice without (fuse_epilogues false: the plain programs,
+// what ran before 2026-11-28), so one call measures what the fusion gains.
 //   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
-//                          [--steps 10] [--warmup 3]
+//                          [--steps 10] [--warmup 3] [--gemm-algo heuristic,timed] [--plain on|off]
 // Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -36,11 +39,15 @@ namespace {
 
 constexpr double kPeak = 989e12;  // H100/H200 SXM dense bf16
 
-// One model's step timed for each GEMM algorithm choice in `algos` ("heuristic", "timed":
-// training.gemm_algo): one Step per choice, built side by side and stepped alternately (the same
-// data), so both see the same machine state; a JSON object per choice.
+struct Variant {
+  std::string algo;  // training.gemm_algo: heuristic or timed
+  bool fuse = true;  // training.fuse_epilogues
+};
+
+// One model's step timed for each variant: one Step per variant, built side by side and stepped
+// alternately (the same data), so all see the same machine state; a JSON object per variant.
 std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, int warmup,
-                      const std::vector<std::string>& algos) {
+                      const std::vector<Variant>& variants) {
   const Device gpu = Device::cuda(0);
   StepSpec spec;
   StepPartsSpec& ps = spec.parts;
@@ -61,8 +68,8 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     data.push_back(mbt);
   }
   std::vector<std::unique_ptr<Step>> built;
-  std::vector<std::vector<double>> times(algos.size()), opt_times(algos.size());
-  std::vector<double> loss(algos.size(), 0.0);
+  std::vector<std::vector<double>> times(variants.size()), opt_times(variants.size());
+  std::vector<double> loss(variants.size(), 0.0);
   auto one_step = [&](size_t k, int s) {
     Step& step = *built[k];
     DHX_CUDA(cudaDeviceSynchronize());
@@ -88,9 +95,10 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
   // Each Step is built and warmed up alone (the first one's peak is one step's memory: the model
   // states and its activations), then the measured steps alternate between them.
   int64_t peak_one = 0;
-  for (size_t k = 0; k < algos.size(); ++k) {
+  for (size_t k = 0; k < variants.size(); ++k) {
     if (k == 0) reset_device_peak(gpu);
-    spec.timed_gemms = algos[k] == "timed";
+    spec.timed_gemms = variants[k].algo == "timed";
+    ps.fuse_epilogues = variants[k].fuse;
     built.push_back(std::make_unique<Step>(spec));
     built.back()->runner->add_observer(built.back()->sync.get());
     for (int s = 0; s < warmup; ++s) one_step(k, s);
@@ -107,15 +115,17 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     std::sort(opt.begin(), opt.end());
     const double opt_med = opt[opt.size() / 2];
     const double tok = static_cast<double>(B * T) / med, fpt = ps.model.flops_per_token(T);
-    std::printf("%-10s B=%ld T=%ld gemm_algo %-9s: step %.2f ms (min %.2f, max %.2f; optimizer %.2f) -> %.0f tok/s, "
+    std::printf("%-10s B=%ld T=%ld gemm_algo %-9s %-5s: step %.2f ms (min %.2f, max %.2f; optimizer %.2f) -> %.0f tok/s, "
                 "MFU %.3f, loss %.3f, peak %.1f GiB (one step)\n",
-                name.c_str(), static_cast<long>(B), static_cast<long>(T), algos[k].c_str(), med * 1e3,
+                name.c_str(), static_cast<long>(B), static_cast<long>(T), variants[k].algo.c_str(),
+                variants[k].fuse ? "fused" : "plain", med * 1e3,
                 sorted.front() * 1e3, sorted.back() * 1e3, opt_med * 1e3, tok, tok * fpt / kPeak, loss[k],
                 static_cast<double>(peak_one) / (1 << 30));
-    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
+    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
                        "\"spread\":[{:.6g},{:.6g}],\"optimizer_s\":{:.6g},\"tokens_per_s\":{:.6g},"
                        "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
-                       out.empty() ? "" : ",", name, algos[k], B, T, med, sorted.front(), sorted.back(), opt_med, tok,
+                       out.empty() ? "" : ",", name, variants[k].algo, variants[k].fuse,
+                       built[k]->parts->fusions.total(), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
                        fpt, tok * fpt / kPeak, loss[k], peak_one);
   }
   return out;
@@ -125,7 +135,7 @@ int run(int argc, char** argv) {
   std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
   int64_t T = 1024;
   int steps = 10, warmup = 3;
-  std::string gemm_algo = "heuristic,timed";
+  std::string gemm_algo = "heuristic,timed", plain = "on";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--models") models = v;
@@ -134,9 +144,12 @@ int run(int argc, char** argv) {
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--gemm-algo") gemm_algo = v;
+    else if (k == "--plain") plain = v;
     else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --steps, --warmup, "
-                                       "--gemm-algo)", k));
+                                       "--gemm-algo, --plain)", k));
   }
+  if (plain != "on" && plain != "off")
+    throw ConfigError(fmt::format("--plain {}: on (also time the first GEMM choice unfused) or off", plain));
   std::vector<std::string> algos;
   for (size_t a = 0; a <= gemm_algo.size();) {
     const size_t b = std::min(gemm_algo.find(',', a), gemm_algo.size());
@@ -147,6 +160,9 @@ int run(int argc, char** argv) {
     algos.push_back(one);
     a = b + 1;
   }
+  std::vector<Variant> variants;
+  for (const std::string& a : algos) variants.push_back({a, true});
+  if (plain == "on") variants.push_back({algos.front(), false});
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::string out;
@@ -154,7 +170,7 @@ int run(int argc, char** argv) {
     if (models.find(name) == std::string::npos) continue;
     const size_t at = batch.find(name + "=");
     const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + name.size() + 1));
-    out += (out.empty() ? "" : ",") + run_model(name, B, T, steps, warmup, algos);
+    out += (out.empty() ? "" : ",") + run_model(name, B, T, steps, warmup, variants);
   }
   std::printf("{\"device\":\"%s\",\"models\":[%s]}\n", info.name.c_str(), out.c_str());
   return 0;

@@ -38,10 +38,16 @@ double rel(const Tensor& a, const Tensor& ref) {
   return rel_err(x, r);
 }
 
-void one_step_matches_cpu(ModelFamily family) {
+// `fuse`: the GPU runs the epilogue-fused programs (sharding/Epilogues.h: cuBLASLt's GELU_AUX,
+// DGELU and residual-as-C epilogues); the CPU oracle the plain ones. A fused op rounds to bf16 once
+// where its pair rounded twice, so the path has fewer roundings and the bound above holds as it is.
+void one_step_matches_cpu(ModelFamily family, bool fuse = false) {
   const ModelConfig m = gpu_config(family);
   const MicroBatchShape mb{2, 64};
-  ModelHarness cpu(m, mb, 2), gpu(m, mb, 2, Device::cuda(0));
+  ModelHarness cpu(m, mb, 2), gpu(m, mb, 2, Device::cuda(0), Recompute::kNone, 0, fuse);
+  int fused_ops = 0;
+  for (const Op& op : gpu.programs().block.fwd) fused_ops += op.code.starts_with("linear_") && op.code != "linear_wgrad";
+  EXPECT_EQ(fused_ops > 0, fuse) << "the GPU's programs are not what the test asked for";
   const auto values = dhelix::test::random_full_values(m, 7);
   cpu.set_values(values);
   gpu.set_values(values);
@@ -67,10 +73,11 @@ void one_step_matches_cpu(ModelFamily family) {
 }
 
 // Strand Interleaving on one GPU against the sequential step: the same loss and gradients, bit for bit.
-void si_matches_sequential(ModelFamily family, uint64_t seed) {
+void si_matches_sequential(ModelFamily family, uint64_t seed, bool fuse = false) {
   const ModelConfig m = gpu_config(family);
   const MicroBatchShape mb{2, 64};
-  ModelHarness a(m, mb, 2, Device::cuda(0)), b(m, mb, 2, Device::cuda(0));
+  ModelHarness a(m, mb, 2, Device::cuda(0), Recompute::kNone, 0, fuse),
+      b(m, mb, 2, Device::cuda(0), Recompute::kNone, 0, fuse);
   const auto mbs = dhelix::test::random_micro_batches(m, mb, 2, seed);
   const StepStats sa = a.step(mbs, single_stage(CoExecute::kOff));
   const StepStats sb = b.step(mbs, single_stage(CoExecute::kOn));
@@ -82,6 +89,24 @@ void si_matches_sequential(ModelFamily family, uint64_t seed) {
 TEST(CudaModel, GptStepLossAndGradientsMatchTheCpu) {
   DHX_REQUIRE_GPU();
   one_step_matches_cpu(ModelFamily::kGPT);
+}
+
+// GPT-2 with its GELU pair and both residuals in cuBLASLt's epilogues (the trainer's default on a
+// GPU), and Llama with its residuals there: against the CPU's plain step, the bound above.
+TEST(CudaModel, GptStepWithFusedEpiloguesMatchesTheCpu) {
+  DHX_REQUIRE_GPU();
+  one_step_matches_cpu(ModelFamily::kGPT, true);
+}
+
+TEST(CudaModel, LlamaStepWithFusedEpiloguesMatchesTheCpu) {
+  DHX_REQUIRE_GPU();
+  one_step_matches_cpu(ModelFamily::kLlama, true);
+}
+
+// Strand Interleaving over the fused programs: bitwise the sequential fused step.
+TEST(CudaModel, FusedStrandInterleavingIsBitwiseTheSequentialStep) {
+  DHX_REQUIRE_GPU();
+  si_matches_sequential(ModelFamily::kGPT, 19, true);
 }
 
 TEST(CudaModel, LlamaStepLossAndGradientsMatchTheCpu) {
