@@ -1,5 +1,8 @@
 // cuBLASLt linear layers (Gemm.h). Row-major C = op(A) op(B) is cuBLAS's column-major
-// C^T = op(B)^T op(A)^T: the operands swap places and keep their transposes.
+// C^T = op(B)^T op(A)^T: the operands swap places and keep their transposes. So cuBLAS's m' is our
+// N (a row's width) and its n' our M (the rows): an epilogue's bias, one value per cuBLAS row m', is
+// one per column of our row-major output, and the GELU aux matrix, laid out as D (leading dimension
+// m' = our row stride), is our row-major [M, N] buffer.
 #include "kernels/cuda/Gemm.h"
 
 #include <cublasLt.h>
@@ -9,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cuda/Ops.h"
 #include "kernels/cuda/SmPartition.h"
 
 namespace dhelix::cuda {
@@ -27,9 +31,10 @@ int alignment(const void* p) {
 
 struct Blas::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // c: C's and D's (the same layout)
   cublasLtMatmulPreference_t pref = nullptr;  // the workspace and the operands' alignments
   cublasLtMatmulAlgo_t algo{};
+  bool found = true;   // false: cuBLASLt has no algorithm for this key (a fused form falls back)
   bool timed = false;  // algo is the fastest of the timed answers (Choice::kTimed), not the first
   int split = 1;       // Choice::kSplitK: the parts algo splits K into (1: cuBLASLt refused the split)
   ~Plan() {
@@ -58,7 +63,7 @@ Blas::~Blas() {
 
 size_t Blas::cached_algorithms() const {
   std::lock_guard<std::mutex> g(mu_);
-  return plans_.size();
+  return static_cast<size_t>(std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second->found; }));
 }
 
 size_t Blas::split_plans() const {
@@ -71,22 +76,54 @@ namespace {
 size_t c_extent(int64_t M, int64_t N, int64_t ldc, bool c_f32) {
   return static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16));
 }
+
+// cuBLASLt's epilogue for ours (Gemm.h's Blas::Epilogue), and which pointers it reads.
+cublasLtEpilogue_t lt_epilogue(int e) {
+  constexpr cublasLtEpilogue_t map[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX,
+                                        CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU};
+  return map[e];
+}
+const char* epilogue_name(int e) {
+  constexpr const char* names[] = {"none", "bias", "gelu_aux", "gelu_aux_bias", "dgelu"};
+  return names[e];
+}
+
+// A bias under 16-byte alignment copied to a stream-ordered aligned buffer, freed (stream-ordered)
+// when this goes. cuBLASLt's bias epilogue wants a 16-byte aligned bias (a less aligned one fails or
+// faults on some GPUs), but a parameter in the flat bf16 store starts at any element; the copy runs
+// the same epilogue, so it gives the same bits.
+struct StagedBias {
+  void* p = nullptr;
+  cudaStream_t s;
+  StagedBias(const bf16*& bias, int64_t n, cudaStream_t stream) : s(stream) {
+    if (!bias || alignment(bias) >= 16) return;
+    const size_t bytes = static_cast<size_t>(n) * sizeof(bf16);
+    DHX_CUDA(cudaMallocAsync(&p, bytes, s));
+    DHX_CUDA(cudaMemcpyAsync(p, bias, bytes, cudaMemcpyDeviceToDevice, s));
+    bias = static_cast<const bf16*>(p);
+  }
+  ~StagedBias() {
+    if (p) cudaFreeAsync(p, s);
+  }
+  StagedBias(const StagedBias&) = delete;
+  StagedBias& operator=(const StagedBias&) = delete;
+};
 }  // namespace
 
+// One call's operands. C is read (beta != 0) and D written; they are the same buffer except for the
+// residual form. aux: the GELU epilogues' pre-activation matrix (written by kGeluAux*, read by
+// kDGelu), laid out as D.
 struct Blas::Operands {
   const bf16* A;
   const bf16* B;
   const void* C;
+  void* D;
   const bf16* bias;
+  const bf16* aux;
   float alpha, beta;
-  size_t c_bytes;  // C's extent: (M - 1) ldc + N elements
+  size_t c_bytes;  // C's (and D's) extent: (M - 1) ldc + N elements
   cudaStream_t s;
 };
-
-void* Blas::workspace(cudaStream_t s) {
-  std::lock_guard<std::mutex> g(mu_);
-  return workspace_locked(s);
-}
 
 void* Blas::workspace_locked(cudaStream_t s) {
   void*& w = workspaces_[s];
@@ -94,14 +131,35 @@ void* Blas::workspace_locked(cudaStream_t s) {
   return w;
 }
 
+void Blas::set_pointers(const Key& k, Plan& p, const Operands& o) {
+  if (k.epi == Epilogue::kBias || k.epi == Epilogue::kGeluAuxBias)
+    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o.bias, sizeof(o.bias)));
+  if (k.align_aux > 0)
+    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o.aux, sizeof(o.aux)));
+}
+
+namespace {
+template <typename Key> std::string describe(const Key& k) {
+  return cat("M=", k.m, " N=", k.n, " K=", k.k, " (trans_a=", k.ta, ", trans_b=", k.tb, ", lda=", k.lda, ", ldb=", k.ldb,
+             ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", epilogue ", epilogue_name(static_cast<int>(k.epi)),
+             ", alignments A ", k.align_a, " B ", k.align_b, " C ", k.align_c, " D ", k.align_d, " aux ", k.align_aux,
+             ")");
+}
+}  // namespace
+
 // Column-major problem: m' = N, n' = M; A' = B (op = trans_b), B' = A (op = trans_a).
-Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
+Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = plans_.find(k);
   if (it != plans_.end()) {
+    Plan& p = *it->second;
+    if (!p.found) {
+      DHX_CUDA_REQUIRE(missing == Missing::kNull, "cuBLASLt has no algorithm for the GEMM ", describe(k));
+      return nullptr;
+    }
     // A plan made without operands (time_candidates' study) is timed at its first real call.
-    if (choice_ == Choice::kTimed && call && !it->second->timed) time_answers(k, *it->second, kTimedCandidates, *call, 5, true);
-    return *it->second;
+    if (choice_ == Choice::kTimed && call && !p.timed) time_answers(k, p, kTimedCandidates, *call, 5, true);
+    return &p;
   }
   auto p = std::make_unique<Plan>();
   const cudaDataType_t ct = k.c_f32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -113,11 +171,20 @@ Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
     const int32_t target = sm_target_;
     DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
   }
-  if (k.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  if (k.epi != Epilogue::kNone) {
+    const cublasLtEpilogue_t epi = lt_epilogue(static_cast<int>(k.epi));
     DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   }
-  // Stored shapes (column-major rows x cols) of A' = B, B' = A, C.
+  // The bias's type is left at its default, D's (bf16): cublasLt.h's CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+  // allows another type only for IMMA and fp8 kernels. The aux matrix's type likewise stays D's
+  // (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE's default: "the same as the type of elements of the
+  // output matrix"), bf16; its leading dimension is D's (EPILOGUE_AUX_LD: a multiple of 8, at least
+  // D's rows m' -- the callers check the 8).
+  if (k.align_aux > 0) {
+    const int64_t ld = k.ldc;
+    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+  }
+  // Stored shapes (column-major rows x cols) of A' = B, B' = A, C (and D).
   const int64_t m = k.n, n = k.m;
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k.tb ? k.k : m, k.tb ? m : k.k, k.ldb));
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k.ta ? n : k.k, k.ta ? k.k : n, k.lda));
@@ -126,26 +193,33 @@ Blas::Plan& Blas::plan(const Key& k, const Operands* call) {
   cublasLtMatmulPreference_t pref = p->pref;
   const size_t ws = kWorkspaceBytes;
   DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  // cuBLAS's A is our B and its B our A (the swap above); C and D are the same buffer.
+  // cuBLAS's A is our B and its B our A (the swap above).
   const uint32_t al_a = static_cast<uint32_t>(k.align_b), al_b = static_cast<uint32_t>(k.align_a),
-                 al_c = static_cast<uint32_t>(k.align_c);
+                 al_c = static_cast<uint32_t>(k.align_c), al_d = static_cast<uint32_t>(k.align_d);
   DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
-  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  DHX_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+  // The heuristic judges the bias's and aux's alignment from their pointers (cublasLt.h, BIAS_POINTER
+  // and EPILOGUE_AUX_POINTER): set them from the first call (the aux's alignment is in the key; a
+  // bias is staged to 16 bytes or more).
+  if (call) set_pointers(k, *p, *call);
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
-  DHX_CUDA_REQUIRE(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for the GEMM M=", k.m,
-                   " N=", k.n, " K=", k.k, " (trans_a=", k.ta, ", trans_b=", k.tb, ", lda=", k.lda, ", ldb=", k.ldb,
-                   ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", bias ", k.bias, "): status ",
-                   static_cast<int>(st));
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    DHX_CUDA_REQUIRE(missing == Missing::kNull, "cuBLASLt has no algorithm for the GEMM ", describe(k), ": status ",
+                     static_cast<int>(st));
+    p->found = false;  // remembered: the fused form falls back at once from now on
+    plans_.emplace(k, std::move(p));
+    return nullptr;
+  }
   p->algo = res.algo;
   if (choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
   Plan& made = *plans_.emplace(k, std::move(p)).first->second;
   if (choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
-  return made;
+  return &made;
 }
 
 bool Blas::split_k(const Plan& p, void* algo_ptr, int parts) const {
@@ -176,12 +250,14 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   constexpr int kMaxAnswers = 32;
   cublasLtMatmulHeuristicResult_t res[kMaxAnswers];
   int found = 0;
+  set_pointers(k, p, o);
   DHX_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.desc, p.a, p.b, p.c, p.c, p.pref,
                                             std::min(std::max(max, 1), kMaxAnswers), res, &found));
-  if (k.bias) DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o.bias, sizeof(o.bias)));
   void* ws = workspace_locked(o.s);
-  // C's stand-in (each candidate writes, and with beta 1 reads, it) and the two events, released
-  // however this returns.
+  // D's stand-in (each candidate writes it; with beta 1 and C the same buffer as D, reads it: a copy
+  // of C) and the two events, released however this returns. A C apart from D (the residual form)
+  // is read where it is and never written. A GELU forward's aux output is written where it is: the
+  // call's pre, which the call itself writes after the timing. DGELU's aux is only read.
   struct Scratch {
     void* p = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -195,6 +271,7 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   DHX_CUDA(cudaMallocAsync(&tmp.p, o.c_bytes, o.s));
   void* scratch = tmp.p;
   DHX_CUDA(cudaMemcpyAsync(scratch, o.C, o.c_bytes, cudaMemcpyDeviceToDevice, o.s));
+  const void* c_in = o.C == o.D ? scratch : o.C;
   DHX_CUDA(cudaEventCreate(&tmp.e0));
   DHX_CUDA(cudaEventCreate(&tmp.e1));
   const cudaEvent_t e0 = tmp.e0, e1 = tmp.e1;
@@ -217,7 +294,7 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
     const cublasLtMatmulAlgo_t* algo = &c.algo;
     // An answer that refuses these operands is skipped (infinite time), as is any that fails.
     if (!c.ok ||
-        cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, scratch, p.c, scratch, p.c, algo, ws,
+        cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, c_in, p.c, scratch, p.c, algo, ws,
                        kWorkspaceBytes, o.s) != CUBLAS_STATUS_SUCCESS) {
       ms.push_back(std::numeric_limits<double>::infinity());
       continue;
@@ -225,7 +302,7 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) {
       DHX_CUDA(cudaEventRecord(e0, o.s));
-      DHX_CUBLAS(cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, scratch, p.c, scratch, p.c,
+      DHX_CUBLAS(cublasLtMatmul(lt(handle_), p.desc, &o.alpha, o.B, p.a, o.A, p.b, &o.beta, c_in, p.c, scratch, p.c,
                                 algo, ws, kWorkspaceBytes, o.s));
       DHX_CUDA(cudaEventRecord(e1, o.s));
       DHX_CUDA(cudaEventSynchronize(e1));
@@ -250,12 +327,36 @@ std::vector<double> Blas::time_candidates(Op op_a, Op op_b, int64_t M, int64_t N
   const bool c_f32 = out == Out::kF32;
   DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0 && max > 0 && reps > 0, "time_candidates M=", M, " N=", N, " K=", K,
                   " max=", max, " reps=", reps, ": every size must be positive");
-  const Key key{M, N, K, lda, ldb, ldc, op_a == Op::kT, op_b == Op::kT, c_f32, false, beta == 0.0f,
-                alignment(A), alignment(B), alignment(C)};
-  Plan& p = plan(key);
-  const Operands o{A, B, C, nullptr, 1.0f, beta, c_extent(M, N, ldc, c_f32), s};
+  const Key key{M,     N,         K, lda, ldb, ldc, op_a == Op::kT, op_b == Op::kT, c_f32, Epilogue::kNone,
+                beta == 0.0f, alignment(A), alignment(B), alignment(C), alignment(C), 0};
+  Plan& p = *plan(key, nullptr, Missing::kThrow);
+  // D is C (never written: the study writes a scratch copy of C).
+  const Operands o{A, B, C, const_cast<void*>(C), nullptr, nullptr, 1.0f, beta, c_extent(M, N, ldc, c_f32), s};
   std::lock_guard<std::mutex> g(mu_);
   return time_answers(key, p, max, o, reps, false);
+}
+
+bool Blas::run(const Key& k, const Operands& call, Missing missing) {
+  Operands o = call;
+  const StagedBias staged(o.bias, k.n, o.s);  // the bias has N (cuBLAS's m') elements
+  Plan* p = plan(k, &o, missing);
+  if (!p) return false;
+  // The pointers live in the plan's descriptor, shared by every call of the key: set and used under
+  // the lock, so that two host threads sharing this Blas cannot swap each other's bias or aux (the
+  // matmul only enqueues).
+  std::lock_guard<std::mutex> g(mu_);
+  set_pointers(k, *p, o);
+  void* ws = workspace_locked(o.s);
+  const cublasStatus_t st = cublasLtMatmul(lt(handle_), p->desc, &o.alpha, o.B, p->a, o.A, p->b, &o.beta, o.C, p->c,
+                                           o.D, p->c, &p->algo, ws, kWorkspaceBytes, o.s);
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  // A fused form that cuBLASLt refuses at the call (its checks of the operands, before anything is
+  // enqueued) falls back, now and from now on (the same path every step).
+  if (missing == Missing::kNull && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+    p->found = false;
+    return false;
+  }
+  throw_cublas_error(static_cast<int>(st), cat("cublasLtMatmul ", describe(k)).c_str(), __FILE__, __LINE__);
 }
 
 void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
@@ -264,31 +365,10 @@ void Blas::gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, 
   const bool trans_a = op_a == Op::kT, trans_b = op_b == Op::kT, c_f32 = out == Out::kF32;
   DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0, "gemm M=", M, " N=", N, " K=", K, ": every size must be positive");
   DHX_CUDA_ASSERT(!(bias && c_f32), "gemm: a bias epilogue needs a bf16 output");
-  const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, c_f32, bias != nullptr, beta == 0.0f,
-                alignment(A), alignment(B), alignment(C)};
-  // cuBLASLt's bias epilogue wants a 16-byte aligned bias (a less aligned one fails or faults on
-  // some GPUs), but a parameter in the flat bf16 store starts at any element: such a bias is copied
-  // to a stream-ordered aligned buffer first (the same epilogue, so the same bits).
-  struct StagedBias {
-    void* p = nullptr;
-    cudaStream_t s;
-    ~StagedBias() {
-      if (p) cudaFreeAsync(p, s);
-    }
-  } staged{nullptr, s};
-  if (bias && alignment(bias) < 16) {
-    const size_t bytes = static_cast<size_t>(N) * sizeof(bf16);
-    DHX_CUDA(cudaMallocAsync(&staged.p, bytes, s));
-    DHX_CUDA(cudaMemcpyAsync(staged.p, bias, bytes, cudaMemcpyDeviceToDevice, s));
-    bias = static_cast<const bf16*>(staged.p);
-  }
-  const Operands call{A, B, C, bias, alpha, beta, c_extent(M, N, ldc, c_f32), s};
-  Plan& p = plan(key, &call);
-  if (bias)
-    DHX_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  void* ws = workspace(s);
-  DHX_CUBLAS(cublasLtMatmul(lt(handle_), p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, ws,
-                            kWorkspaceBytes, s));
+  const Key key{M,           N,           K,           lda,         ldb, ldc, trans_a, trans_b, c_f32,
+                bias ? Epilogue::kBias : Epilogue::kNone, beta == 0.0f, alignment(A), alignment(B),
+                alignment(C), alignment(C), 0};
+  run(key, Operands{A, B, C, C, bias, nullptr, alpha, beta, c_extent(M, N, ldc, c_f32), s}, Missing::kThrow);
 }
 
 void Blas::linear_fwd(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t N, int64_t I, int64_t O,
@@ -306,6 +386,77 @@ void Blas::linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db
                              cudaStream_t s) {
   gemm(Op::kT, Op::kN, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, Out::kF32, nullptr, s);
   if (db) bias_grad(dy, db, N, O, s);
+}
+
+// ---- the fused forms ----
+// The aux matrix's rules that we check before asking cuBLASLt: its leading dimension (our row width)
+// a multiple of 8 (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD), and its pointer 16-byte
+// aligned (the bias's rule above; a GELU aux row is read and written in 16-byte vectors).
+namespace {
+bool aux_fits(const bf16* aux, int64_t ld) { return ld % 8 == 0 && alignment(aux) >= 16; }
+void check_sizes(const char* what, int64_t N, int64_t I, int64_t O) {
+  DHX_CUDA_ASSERT(N > 0 && I > 0 && O > 0, what, " N=", N, " I=", I, " O=", O, ": every size must be positive");
+}
+}  // namespace
+
+bool Blas::linear_fwd_gelu(const bf16* x, const bf16* w, const bf16* bias, bf16* act, bf16* pre, int64_t N, int64_t I,
+                           int64_t O, cudaStream_t s) {
+  check_sizes("linear_fwd_gelu", N, I, O);
+  if (fusion_ == Fusion::kUnfused || !aux_fits(pre, O)) return false;
+  // As linear_fwd: row-major act[N,O] = x[N,I] w[O,I]^T, the aux (pre) laid out as act.
+  const Key key{N, O, I, I, I, O, false, true, false, bias ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux, true,
+                alignment(x), alignment(w), alignment(act), alignment(act), alignment(pre)};
+  return run(key, Operands{x, w, act, act, bias, pre, 1.0f, 0.0f, c_extent(N, O, O, false), s}, Missing::kNull);
+}
+
+bool Blas::linear_bwd_data_dgelu(const bf16* dy, const bf16* w, const bf16* pre, bf16* dpre, int64_t N, int64_t I,
+                                 int64_t O, cudaStream_t s) {
+  check_sizes("linear_bwd_data_dgelu", N, I, O);
+  if (fusion_ == Fusion::kUnfused || !aux_fits(pre, I)) return false;
+  // As linear_bwd_data: row-major dpre[N,I] = dy[N,O] w[O,I], the aux (pre) laid out as dpre.
+  const Key key{N, I, O, O, I, I, false, false, false, Epilogue::kDGelu, true,
+                alignment(dy), alignment(w), alignment(dpre), alignment(dpre), alignment(pre)};
+  return run(key, Operands{dy, w, dpre, dpre, nullptr, pre, 1.0f, 0.0f, c_extent(N, I, I, false), s}, Missing::kNull);
+}
+
+bool Blas::linear_fwd_residual(const bf16* x, const bf16* w, const bf16* bias, const bf16* skip, bf16* y, int64_t N,
+                               int64_t I, int64_t O, cudaStream_t s) {
+  check_sizes("linear_fwd_residual", N, I, O);
+  if (fusion_ == Fusion::kUnfused) return false;
+  // D = x w^T + 1 * C (+ bias) with C = skip, D = y: the sum in fp32, rounded once.
+  const Key key{N, O, I, I, I, O, false, true, false, bias ? Epilogue::kBias : Epilogue::kNone, false,
+                alignment(x), alignment(w), alignment(skip), alignment(y), 0};
+  return run(key, Operands{x, w, skip, y, bias, nullptr, 1.0f, 1.0f, c_extent(N, O, O, false), s}, Missing::kNull);
+}
+
+Path linear_gelu(Blas& blas, const bf16* x, const bf16* w, const bf16* bias, bf16* act, bf16* pre, int64_t N,
+                 int64_t I, int64_t O, cudaStream_t s) {
+  if (blas.linear_fwd_gelu(x, w, bias, act, pre, N, I, O, s)) return Path::kFused;
+  blas.linear_fwd(x, w, bias, pre, N, I, O, s);
+  gelu_fwd(pre, act, N * O, s);
+  return Path::kUnfused;
+}
+
+Path linear_dgrad_gelu(Blas& blas, const bf16* dy, const bf16* w, const bf16* pre, bf16* dpre, int64_t N, int64_t I,
+                       int64_t O, cudaStream_t s) {
+  if (blas.linear_bwd_data_dgelu(dy, w, pre, dpre, N, I, O, s)) return Path::kFused;
+  blas.linear_bwd_data(dy, w, dpre, N, I, O, Accumulate::kNo, s);
+  gelu_bwd(dpre, pre, dpre, N * I, s);
+  return Path::kUnfused;
+}
+
+Path linear_residual(Blas& blas, const bf16* x, const bf16* w, const bf16* bias_bf16, const float* bias_f32,
+                     const bf16* skip, bf16* y, int64_t N, int64_t I, int64_t O, cudaStream_t s) {
+  DHX_CUDA_ASSERT((bias_bf16 == nullptr) == (bias_f32 == nullptr),
+                  "linear_residual: the bias's bf16 copy and fp32 value must both be given or both be null");
+  DHX_CUDA_ASSERT(skip != y, "linear_residual: skip must not be y (the fallback's GEMM writes y before reading skip)");
+  if (blas.linear_fwd_residual(x, w, bias_bf16, skip, y, N, I, O, s)) return Path::kFused;
+  blas.linear_fwd(x, w, nullptr, y, N, I, O, s);
+  if (bias_f32)
+    add_bias(skip, y, bias_f32, y, N, O, s);
+  else
+    add(skip, y, y, N * O, s);
+  return Path::kUnfused;
 }
 
 // ---- bias gradient: column sums in two deterministic stages ----

@@ -3,7 +3,9 @@
 // workspace per stream (two strands' GEMMs never share one) and the algorithm chosen once per
 // shape (cuBLASLt's heuristic, first answer, cached by shape, layout, types and epilogue), so a
 // step's GEMMs run the same algorithm every step: deterministic run to run. (Choice::kTimed times
-// the heuristic's first answers instead: deterministic within a run only.)
+// the heuristic's first answers instead: deterministic within a run only.) The fused forms (GELU
+// and its gradient, the residual add, in cuBLASLt's epilogues) say when cuBLASLt cannot run them;
+// linear_gelu / linear_dgrad_gelu / linear_residual below then run the unfused kernels.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -36,8 +38,34 @@ class Blas {
   // order n = 0..N-1 by one thread per column: deterministic) when db is non-null.
   void linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                          cudaStream_t s);
+  // The fused forms (the layer programs' linear_gelu, linear_dgrad_gelu, linear_residual ops), each
+  // one cuBLASLt call with an epilogue. Each returns false, having enqueued nothing, where it cannot
+  // run (set_fusion(kUnfused); cuBLASLt has no algorithm for the epilogue, shape and alignments; an
+  // aux row width not a multiple of 8 or an aux pointer under 16-byte alignment): the caller then
+  // runs the unfused kernels (the free functions below do). Numerics: one rounding to bf16 per
+  // output, where the unfused pair rounds the GEMM's output first and then the pointwise result.
+  //
+  // pre[N,O] = x[N,I] @ w[O,I]^T (+ bias[O], bf16), act[N,O] = gelu(pre) (cuBLASLt's GELU, the tanh
+  // form): CUBLASLT_EPILOGUE_GELU_AUX(_BIAS), pre the epilogue's aux output (bf16, row stride O).
+  [[nodiscard]] bool linear_fwd_gelu(const bf16* x, const bf16* w, const bf16* bias, bf16* act, bf16* pre, int64_t N,
+                                     int64_t I, int64_t O, cudaStream_t s);
+  // dpre[N,I] = gelu'(pre[N,I]) * (dy[N,O] @ w[O,I]): CUBLASLT_EPILOGUE_DGELU, pre its aux input
+  // (bf16, row stride I). Written, never accumulated.
+  [[nodiscard]] bool linear_bwd_data_dgelu(const bf16* dy, const bf16* w, const bf16* pre, bf16* dpre, int64_t N,
+                                           int64_t I, int64_t O, cudaStream_t s);
+  // y[N,O] = skip[N,O] + x[N,I] @ w[O,I]^T (+ bias[O], bf16): beta = 1 with C = skip and D = y
+  // (cuBLASLt's out-of-place result; skip may be y itself).
+  [[nodiscard]] bool linear_fwd_residual(const bf16* x, const bf16* w, const bf16* bias, const bf16* skip, bf16* y,
+                                         int64_t N, int64_t I, int64_t O, cudaStream_t s);
+  // Whether the fused forms above run (kEpilogues, the default) or always answer false (kUnfused: the
+  // tests' and the kernel bench's unfused reference; a switch should an epilogue lose on a GPU).
+  enum class Fusion { kEpilogues, kUnfused };
+  void set_fusion(Fusion f) { fusion_ = f; }
+  Fusion fusion() const { return fusion_; }
+
   // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, bf16 A and B, C of type `out`;
-  // lda/ldb/ldc are row strides in elements. The three calls above are this.
+  // lda/ldb/ldc are row strides in elements. linear_fwd / linear_bwd_data / linear_bwd_weight are
+  // this; the fused forms are this with another epilogue (and, for the residual, D apart from C).
   enum class Op { kN, kT };
   enum class Out { kBf16, kF32 };
   void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda, const bf16* B,
@@ -85,21 +113,40 @@ class Blas {
                                       int max, int reps, cudaStream_t s);
 
  private:
+  // The epilogue (cuBLASLt's, on D = alpha op(A) op(B) + beta C): none, + bias, GELU writing its
+  // input to the aux buffer (with or without bias), GELU's gradient reading the aux buffer.
+  enum class Epilogue { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu };
   // The pointers' alignments (bytes, powers of two up to 256) are part of the key: cuBLASLt's
   // heuristic assumes 256-byte aligned operands unless told, and an algorithm chosen so refuses a
-  // less aligned pointer (an expert's rows start anywhere in a grouped buffer).
+  // less aligned pointer (an expert's rows start anywhere in a grouped buffer). D is C (align_d ==
+  // align_c) except for the residual form; the aux buffer (align_aux, 0 without one) is laid out as
+  // D (leading dimension ldc).
   struct Key {
     int64_t m, n, k, lda, ldb, ldc;
-    bool ta, tb, c_f32, bias, beta0;
-    int align_a, align_b, align_c;
-    auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, bias, beta0, align_a, align_b, align_c); }
+    bool ta, tb, c_f32;
+    Epilogue epi;
+    bool beta0;
+    int align_a, align_b, align_c, align_d, align_aux;
+    auto tie() const {
+      return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, epi, beta0, align_a, align_b, align_c, align_d, align_aux);
+    }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
   };
   struct Plan;
   struct Operands;  // one call's pointers, scalars and stream: what candidates are timed on
+  // What plan() does when cuBLASLt has no algorithm: throw a DeviceError naming the GEMM (the plain
+  // and bias forms, which must run), or return null (the fused forms, which fall back).
+  enum class Missing { kThrow, kNull };
   // k's plan, made on first use with the heuristic's first answer; with Choice::kTimed and the
-  // call's operands, the fastest of its first kTimedCandidates answers instead.
-  Plan& plan(const Key& k, const Operands* call = nullptr);
+  // call's operands, the fastest of its first kTimedCandidates answers instead. A key without an
+  // algorithm is remembered as such (Missing::kNull answers null at once from then on).
+  Plan* plan(const Key& k, const Operands* call, Missing missing);
+  // One GEMM with k's epilogue on o's operands, a bias under 16-byte alignment staged first; false
+  // (nothing enqueued) where the fused forms fall back (Missing::kNull).
+  bool run(const Key& k, const Operands& o, Missing missing);
+  // The call's bias and aux pointers into p's descriptor (cuBLASLt reads them at each matmul, and
+  // its heuristic judges their alignment from them).
+  static void set_pointers(const Key& k, Plan& p, const Operands& o);
   // The heuristic's first `max` answers for k, then the first answer's split-K variants
   // (time_candidates' order), timed on o (median ms of `reps`); with keep_fastest, p runs the fastest
   // from then on. Caller holds mu_.
@@ -107,8 +154,7 @@ class Blas {
   // *algo (a cublasLtMatmulAlgo_t for p's problem) split K `parts` ways, the parts reduced in fp32
   // in the workspace, where cuBLASLt accepts that within our workspace; false (unchanged) otherwise.
   bool split_k(const Plan& p, void* algo, int parts) const;
-  void* workspace(cudaStream_t s);
-  void* workspace_locked(cudaStream_t s);  // the caller holds mu_
+  void* workspace_locked(cudaStream_t s);  // the stream's workspace, made on first use; the caller holds mu_
 
   int device_;
   int sm_target_ = 0;
@@ -118,7 +164,26 @@ class Blas {
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<cudaStream_t, void*> workspaces_;
   Choice choice_ = Choice::kHeuristic;
+  Fusion fusion_ = Fusion::kEpilogues;
 };
+
+// The three fused ops with their unfused fallback, as runtime/CudaOps.cc's bindings run them: the
+// Blas's fused form where it runs, else the unfused kernels in the unfused program's order (so the
+// fallback gives the unfused ops' bits). Which ran is returned (the tests and the bench check it).
+enum class Path { kFused, kUnfused };
+// act, pre [N,O] from x [N,I], w [O,I], bias [O] (bf16, or null). Fallback: linear_fwd into pre,
+// then gelu_fwd(pre) into act.
+Path linear_gelu(Blas& blas, const bf16* x, const bf16* w, const bf16* bias, bf16* act, bf16* pre, int64_t N,
+                 int64_t I, int64_t O, cudaStream_t s);
+// dpre [N,I] from dy [N,O], w [O,I], pre [N,I]. Fallback: linear_bwd_data into dpre, then gelu_bwd
+// in place (dpre = gelu'(pre) * dpre: each element read before it is written, by one thread).
+Path linear_dgrad_gelu(Blas& blas, const bf16* dy, const bf16* w, const bf16* pre, bf16* dpre, int64_t N, int64_t I,
+                       int64_t O, cudaStream_t s);
+// y [N,O] = skip + x @ w^T (+ bias). The bias twice: its bf16 copy for the fused epilogue (cuBLASLt
+// takes a bias of D's type), its fp32 value for the fallback's add_bias (the unfused residual_add's
+// kernel); both null or neither. Fallback: linear_fwd into y, then add / add_bias(skip, y) in place.
+Path linear_residual(Blas& blas, const bf16* x, const bf16* w, const bf16* bias_bf16, const float* bias_f32,
+                     const bf16* skip, bf16* y, int64_t N, int64_t I, int64_t O, cudaStream_t s);
 
 // acc db[O] += sum_n dy[n,:] (fp32), rows in order: deterministic.
 void bias_grad(const bf16* dy, float* db, int64_t N, int64_t O, cudaStream_t s);
