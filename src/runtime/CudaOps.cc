@@ -108,6 +108,58 @@ void op_linear_dgrad(OpCall& c) {
   c.blas->linear_bwd_data(b16(dy), b16(weight_bf16(w)), b16(dx), N, I, O, cuda::Accumulate::kNo, st(c));
 }
 
+// ---- the fused ops (the GPU's epilogue rewrite of the layer programs): each one cuBLASLt GEMM with
+// an epilogue where cuBLASLt runs it, else the unfused pair's kernels in the unfused order (the same
+// bits as the two ops; kernels/cuda/Gemm.h's linear_gelu / linear_dgrad_gelu / linear_residual) ----
+
+// linear + gelu: {x [N,I]} -> {act [N,O], pre [N,O]}, params {w [O,I] (, b [O])}: pre = x w^T (+ b),
+// act = gelu(pre) (the tanh form); both bf16. pre is what gelu_bwd (or linear_dgrad_gelu) reads.
+void op_linear_gelu(OpCall& c) {
+  require_layout(c);
+  Tensor& x = c.in(0);
+  const ParamEntry& w = c.param(0);
+  const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
+  DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  DHX_ASSERT(!fp32_logits(c), "{}: the router's fp32 logits have no GELU", c.op.name);
+  const bf16* bias = c.op.params.size() > 1 ? b16(weight_bf16(c.param(1))) : nullptr;
+  Tensor& act = c.out_new(0, {N, O}, DType::kBF16);
+  Tensor& pre = c.out_new(1, {N, O}, DType::kBF16);
+  cuda::linear_gelu(*c.blas, b16(x), b16(weight_bf16(w)), bias, b16(act), b16(pre), N, I, O, st(c));
+}
+
+// linear_dgrad + gelu_bwd: {dy [N,O], pre [N,I]} -> {dpre [N,I]}, params {w [O,I]}: dpre =
+// gelu'(pre) * (dy w) (the linear's input was gelu(pre), so its width I is pre's).
+void op_linear_dgrad_gelu(OpCall& c) {
+  require_layout(c);
+  const Tensor dy = bf16_operand(c, c.in(0));
+  Tensor& pre = c.in(1);
+  const ParamEntry& w = c.param(0);
+  const int64_t N = rows(dy), O = cols(dy), I = w.value.dim(1);
+  DHX_ASSERT(rows(pre) == N && cols(pre) == I, "{}: pre {} vs dy {} and weight {}", c.op.name, pre.describe(),
+             dy.describe(), w.value.describe());
+  Tensor& dpre = c.out_new(0, {N, I}, DType::kBF16);
+  cuda::linear_dgrad_gelu(*c.blas, b16(dy), b16(weight_bf16(w)), b16(pre), b16(dpre), N, I, O, st(c));
+}
+
+// linear (no bias) + residual_add: {x [N,I], skip [N,O]} -> {y [N,O]}, params {w [O,I] (, bias [O])}:
+// y = skip + x w^T (+ bias). The fused epilogue adds the bias's bf16 copy (cuBLASLt's bias has D's
+// type, bf16: cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); the fallback, as residual_add,
+// its fp32 value.
+void op_linear_residual(OpCall& c) {
+  require_layout(c);
+  Tensor& x = c.in(0);
+  Tensor& skip = c.in(1);
+  const ParamEntry& w = c.param(0);
+  const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
+  DHX_ASSERT(I == w.value.dim(1) && rows(skip) == N && cols(skip) == O, "{}: input {}, skip {} vs weight {}",
+             c.op.name, x.describe(), skip.describe(), w.value.describe());
+  const bool has_bias = c.op.params.size() > 1;
+  const bf16* bias16 = has_bias ? b16(weight_bf16(c.param(1))) : nullptr;
+  const float* bias32 = has_bias ? f32(c.param(1).value) : nullptr;
+  Tensor& y = c.out_new(0, {N, O}, DType::kBF16);
+  cuda::linear_residual(*c.blas, b16(x), b16(weight_bf16(w)), bias16, bias32, b16(skip), b16(y), N, I, O, st(c));
+}
+
 // A whole weight gradient, or rows [lo, hi) of it (a split wgrad); its bias gradient only whole.
 void op_linear_wgrad(OpCall& c) {
   require_layout(c);
@@ -825,6 +877,8 @@ const std::map<std::string, OpFn>& table() {
       {"ln_bwd_stats", op_ln_bwd_stats}, {"ln_bwd_apply", op_ln_bwd_apply}, {"rms_stats", op_rms_stats},
       {"rms_apply", op_rms_apply}, {"rms_bwd_stats", op_rms_bwd_stats}, {"rms_bwd_apply", op_rms_bwd_apply},
       {"grid_rows", op_grid_rows}, {"grid_cols", op_grid_cols},
+      {"linear_gelu", op_linear_gelu}, {"linear_dgrad_gelu", op_linear_dgrad_gelu},
+      {"linear_residual", op_linear_residual},
   };
   return t;
 }
