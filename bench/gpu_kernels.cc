@@ -7,6 +7,8 @@
 //   dhelix_bench_gpu_kernels [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 // Then two studies: grouped expert GEMMs against dense ones, and SM partitions (one GEMM on the
 // whole GPU, on half of its SMs, on both halves at once). Prints a table and, last, one JSON object.
+// GPT-2's rows include the cuBLASLt epilogue study (class "study", outside the sums): each fused
+// op (GEMM + GELU, dgrad + GELU', GEMM + residual add) beside the unfused pair it replaces.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -193,6 +195,60 @@ void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_
   });
 }
 
+// The epilogue study (GPT-2's MLP and residual adds fused into cuBLASLt's epilogues: Gemm.h's
+// linear_gelu, linear_dgrad_gelu, linear_residual), on the step's shapes: each unfused pair as the
+// step runs it (the GEMM, then the pointwise kernel reading its output back) as a row "X", and the
+// fused form as "X fused" (both class "study"). A fused form that cuBLASLt cannot run falls back to
+// the pair (said on a line; its row then times the pair again).
+void epilogue_study(Bench& b, Blas& blas, const Model& m, int64_t N, cudaStream_t s) {
+  const int64_t C = m.C, F = m.F;
+  const double L = static_cast<double>(m.L);
+  Buf x(N * C * 2, 71), wfc(F * C * 2, 72), bfc(F * 2, 73), act(N * F * 2, 74), pre(N * F * 2, 75),
+      wproj(C * F * 2, 76), dy(N * C * 2, 77), dpre(N * F * 2, 78), da(N * F * 2, 79), h(N * F * 2, 80),
+      wout(C * C * 2, 81), b16(C * 2, 82), b32(C * 4, 83), skip(N * C * 2, 84), mo(N * C * 2, 85), y(N * C * 2, 86);
+  auto note = [](const char* what, Path p) {
+    if (p == Path::kUnfused) std::printf("  epilogue study: %s fell back to the unfused pair (no cuBLASLt algorithm)\n", what);
+  };
+  // mlp.fc: pre = x wfc^T + b, act = gelu(pre).
+  const double ffc = 2.0 * N * C * F;
+  b.time("fc fwd+gelu", "study", L, ffc, [&] {
+    blas.linear_fwd(x.as<bf16>(), wfc.as<bf16>(), bfc.as<bf16>(), pre.as<bf16>(), N, C, F, s);
+    gelu_fwd(pre.as<bf16>(), act.as<bf16>(), N * F, s);
+  });
+  note("fc fwd+gelu", linear_gelu(blas, x.as<bf16>(), wfc.as<bf16>(), bfc.as<bf16>(), act.as<bf16>(), pre.as<bf16>(),
+                                  N, C, F, s));
+  b.time("fc fwd+gelu fused", "study", L, ffc, [&] {
+    (void)linear_gelu(blas, x.as<bf16>(), wfc.as<bf16>(), bfc.as<bf16>(), act.as<bf16>(), pre.as<bf16>(), N, C, F, s);
+  });
+  // mlp.proj's data gradient through GELU: dpre = gelu'(pre) (dy wproj), wproj [C, F]. (pre from a
+  // real forward above: finite.)
+  b.time("proj dgrad+gelu bwd", "study", L, ffc, [&] {
+    blas.linear_bwd_data(dy.as<bf16>(), wproj.as<bf16>(), da.as<bf16>(), N, F, C, Accumulate::kNo, s);
+    gelu_bwd(da.as<bf16>(), pre.as<bf16>(), dpre.as<bf16>(), N * F, s);
+  });
+  note("proj dgrad+gelu bwd", linear_dgrad_gelu(blas, dy.as<bf16>(), wproj.as<bf16>(), pre.as<bf16>(), dpre.as<bf16>(),
+                                                N, F, C, s));
+  b.time("proj dgrad+gelu bwd fused", "study", L, ffc, [&] {
+    (void)linear_dgrad_gelu(blas, dy.as<bf16>(), wproj.as<bf16>(), pre.as<bf16>(), dpre.as<bf16>(), N, F, C, s);
+  });
+  // The residual adds after attn.out (I = C) and mlp.proj (I = F): y = skip + x w^T + bias, the
+  // unfused bias fp32 (add_bias), the fused one bf16.
+  auto residual = [&](const std::string& name, const bf16* in, const bf16* w, int64_t I) {
+    const double f = 2.0 * N * I * C;
+    b.time(name + " fwd+residual", "study", L, f, [&] {
+      blas.linear_fwd(in, w, nullptr, mo.as<bf16>(), N, I, C, s);
+      add_bias(skip.as<bf16>(), mo.as<bf16>(), b32.as<float>(), y.as<bf16>(), N, C, s);
+    });
+    note((name + " fwd+residual").c_str(), linear_residual(blas, in, w, b16.as<bf16>(), b32.as<float>(),
+                                                           skip.as<bf16>(), y.as<bf16>(), N, I, C, s));
+    b.time(name + " fwd+residual fused", "study", L, f, [&] {
+      (void)linear_residual(blas, in, w, b16.as<bf16>(), b32.as<float>(), skip.as<bf16>(), y.as<bf16>(), N, I, C, s);
+    });
+  };
+  residual("attn out", x.as<bf16>(), wout.as<bf16>(), C);
+  residual("proj", h.as<bf16>(), wproj.as<bf16>(), F);
+}
+
 void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
   const int64_t D = m.C / m.H, W = (m.H + 2 * m.Hkv) * D, N = B * T;
   Buf qkv(N * W * 2, 7), o(N * m.C * 2, 8), lse(B * m.H * T * 4, 9), dout(N * m.C * 2, 10), dqkv(N * W * 2, 11);
@@ -313,6 +369,7 @@ std::string run_model(const Model& m, int64_t B, int64_t T, Blas& blas, cudaStre
   linear_ops(b, blas, m.llama ? "down" : "proj", N, m.F, m.C, bias, L, s);
   const int64_t Vp = (m.V + 63) / 64 * 64;  // the head's rows padded: an odd row stride halves cuBLAS's rate
   linear_ops(b, blas, "lm head", N, m.C, Vp, false, 1.0, s);
+  if (!m.llama) epilogue_study(b, blas, m, N, s);
   attention_ops(b, m, B, T, s);
   rest_ops(b, m, B, T, s);
 
