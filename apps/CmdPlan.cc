@@ -436,6 +436,7 @@ int cmd_simulate(int argc, char** argv) {
                         {"precision", precision_name(so.precision)},
                         {"recompute", recompute_name(lay.recompute)},
                         {"recompute_layers", lay.recompute_layers},  // 0: every layer of each chunk
+                        {"fuse_epilogues", lay.fuse_epilogues},
                         {"model", {{"preset", has_preset_shape(cfg) ? nlohmann::json(cfg.model_preset) : nlohmann::json()},
                                    {"family", family_name(cfg.model.family)},
                                    {"layers", cfg.model.n_layers},

@@ -98,7 +98,7 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
   for (size_t k = 0; k < variants.size(); ++k) {
     if (k == 0) reset_device_peak(gpu);
     spec.timed_gemms = variants[k].algo == "timed";
-    ps.fuse_epilogues = variants[k].fuse;
+    ps.layout.fuse_epilogues = variants[k].fuse;
     built.push_back(std::make_unique<Step>(spec));
     built.back()->runner->add_observer(built.back()->sync.get());
     for (int s = 0; s < warmup; ++s) one_step(k, s);
@@ -125,7 +125,7 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
                        "\"spread\":[{:.6g},{:.6g}],\"optimizer_s\":{:.6g},\"tokens_per_s\":{:.6g},"
                        "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
                        out.empty() ? "" : ",", name, variants[k].algo, variants[k].fuse,
-                       built[k]->parts->fusions.total(), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
+                       built[k]->parts->progs.fusions.total(), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
                        fpt, tok * fpt / kPeak, loss[k], peak_one);
   }
   return out;

@@ -56,6 +56,10 @@ struct LayoutConfig {
   bool sequence_parallel = true;  // with tp > 1: SP regions (AG before column GEMMs, RS after row GEMMs)
   Recompute recompute = Recompute::kNone;
   int recompute_layers = 0;  // with recompute: only the first N transformer layers of each chunk; 0: all
+  // GEMM epilogue fusion of the layer programs (sharding/Epilogues.h: GELU, its derivative and the
+  // residual adds in their GEMMs' epilogues). Results: the same bits on the CPU; on a GPU one bf16
+  // rounding where the pair made two. training.fuse_epilogues (auto: on a GPU).
+  bool fuse_epilogues = false;
   // AxoNN's 3D tensor parallelism: weights split Gx x Gy, each block flattened and split over Gz;
   // the batch split over Gz x dp. Exclusive with tp > 1.
   int tp_x = 1, tp_y = 1, tp_z = 1;

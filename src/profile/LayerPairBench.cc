@@ -55,8 +55,6 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.owned_units = first == last ? std::vector<int>{first} : std::vector<int>{first, last};
   ps.seed = seed;
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
-  // The programs a training step on this device runs (training.fuse_epilogues = auto: fused on a GPU).
-  ps.fuse_epilogues = !device.is_host();
   parts_ = std::make_unique<StepParts>(ps);
   parts_->ctx.groups = StepGroups::of(comm_);
   blas_ = place_on_device(*parts_, device);  // as a training step's: the weights move, the ops bind to its kernels

@@ -96,6 +96,7 @@ std::string describe_layout(const LayoutConfig& l) {
   if (l.ep > 1) s += fmt::format(",ep={}", l.ep);
   if (l.recompute != Recompute::kNone) s += fmt::format(",recompute={}", recompute_name(l.recompute));
   if (l.recompute != Recompute::kNone && l.recompute_layers > 0) s += fmt::format(",first={}", l.recompute_layers);
+  if (l.fuse_epilogues) s += ",fused-epilogues";
   return s;
 }
 

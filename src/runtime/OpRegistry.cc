@@ -91,45 +91,6 @@ std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E)
                                (Ng * double(c.model.top_k)));
   return dp;
 }
-namespace {
-Op part_of(const OpCall& c, const char* code, std::vector<std::string> in, std::vector<std::string> out,
-           std::vector<std::string> params) {
-  Op o = c.op;
-  o.code = code;
-  o.inputs = std::move(in);
-  o.outputs = std::move(out);
-  o.params = std::move(params);
-  o.frees.clear();
-  return o;
-}
-void run_part(const OpCall& c, const Op& o, const OpFn& fn) {
-  OpCall part = c.with(o);
-  fn(part);
-}
-}  // namespace
-
-void unfused_linear_gelu(OpCall& c, const OpFn& linear, const OpFn& gelu) {
-  const std::string &act = c.op.outputs.at(0), &pre = c.op.outputs.at(1);
-  run_part(c, part_of(c, "linear", {c.op.inputs.at(0)}, {pre}, c.op.params), linear);
-  run_part(c, part_of(c, "gelu", {pre}, {act}, {}), gelu);
-}
-
-void unfused_linear_dgrad_gelu(OpCall& c, const OpFn& linear_dgrad, const OpFn& gelu_bwd) {
-  const std::string link = c.op.name + "#link";
-  run_part(c, part_of(c, "linear_dgrad", {c.op.inputs.at(0)}, {link}, c.op.params), linear_dgrad);
-  run_part(c, part_of(c, "gelu_bwd", {link, c.op.inputs.at(1)}, {c.op.outputs.at(0)}, {}), gelu_bwd);
-  c.env.bufs.erase(link);
-}
-
-void unfused_linear_residual(OpCall& c, const OpFn& linear, const OpFn& residual_add) {
-  const std::string link = c.op.name + "#link";
-  DHX_ASSERT(!c.op.params.empty(), "{}: linear_residual without a weight", c.op.name);
-  run_part(c, part_of(c, "linear", {c.op.inputs.at(0)}, {link}, {c.op.params[0]}), linear);
-  run_part(c, part_of(c, "residual_add", {c.op.inputs.at(1), link}, {c.op.outputs.at(0)},
-                      {c.op.params.begin() + 1, c.op.params.end()}),
-           residual_add);
-  c.env.bufs.erase(link);
-}
 }  // namespace op
 
 namespace {
@@ -401,9 +362,51 @@ void op_residual_add(OpCall& c) {
     add_bias<float>(x.f32(), r.f32(), c.param(0).value.f32(), y.f32(), N, C);
 }
 
-void op_linear_gelu(OpCall& c) { op::unfused_linear_gelu(c, op_linear, op_gelu); }
-void op_linear_dgrad_gelu(OpCall& c) { op::unfused_linear_dgrad_gelu(c, op_linear_dgrad, op_gelu_bwd); }
-void op_linear_residual(OpCall& c) { op::unfused_linear_residual(c, op_linear, op_residual_add); }
+// The fused GEMM-epilogue codes (sharding/Epilogues.h) on the CPU: the two ops they replace, run
+// by their own bindings in the pair's order on the same inputs, so the bits are the unfused
+// program's. An intermediate the fused op does not write lives in the environment only between the
+// two ("<op name>#link"). (The GPU's bindings run cuBLASLt's epilogues: runtime/CudaOps.cc.)
+Op part_of(const OpCall& c, const char* code, std::vector<std::string> in, std::vector<std::string> out,
+           std::vector<std::string> params) {
+  Op o = c.op;
+  o.code = code;
+  o.inputs = std::move(in);
+  o.outputs = std::move(out);
+  o.params = std::move(params);
+  o.frees.clear();
+  return o;
+}
+void run_part(const OpCall& c, const Op& o, const OpFn& fn) {
+  OpCall part = c.with(o);
+  fn(part);
+}
+
+void unfused_linear_gelu(OpCall& c, const OpFn& linear, const OpFn& gelu) {
+  const std::string &act = c.op.outputs.at(0), &pre = c.op.outputs.at(1);
+  run_part(c, part_of(c, "linear", {c.op.inputs.at(0)}, {pre}, c.op.params), linear);
+  run_part(c, part_of(c, "gelu", {pre}, {act}, {}), gelu);
+}
+
+void unfused_linear_dgrad_gelu(OpCall& c, const OpFn& linear_dgrad, const OpFn& gelu_bwd) {
+  const std::string link = c.op.name + "#link";
+  run_part(c, part_of(c, "linear_dgrad", {c.op.inputs.at(0)}, {link}, c.op.params), linear_dgrad);
+  run_part(c, part_of(c, "gelu_bwd", {link, c.op.inputs.at(1)}, {c.op.outputs.at(0)}, {}), gelu_bwd);
+  c.env.bufs.erase(link);
+}
+
+void unfused_linear_residual(OpCall& c, const OpFn& linear, const OpFn& residual_add) {
+  const std::string link = c.op.name + "#link";
+  DHX_ASSERT(!c.op.params.empty(), "{}: linear_residual without a weight", c.op.name);
+  run_part(c, part_of(c, "linear", {c.op.inputs.at(0)}, {link}, {c.op.params[0]}), linear);
+  run_part(c, part_of(c, "residual_add", {c.op.inputs.at(1), link}, {c.op.outputs.at(0)},
+                      {c.op.params.begin() + 1, c.op.params.end()}),
+           residual_add);
+  c.env.bufs.erase(link);
+}
+
+void op_linear_gelu(OpCall& c) { unfused_linear_gelu(c, op_linear, op_gelu); }
+void op_linear_dgrad_gelu(OpCall& c) { unfused_linear_dgrad_gelu(c, op_linear_dgrad, op_gelu_bwd); }
+void op_linear_residual(OpCall& c) { unfused_linear_residual(c, op_linear, op_residual_add); }
 
 void op_bias_grad(OpCall& c) {
   Tensor& dy = c.in(0);

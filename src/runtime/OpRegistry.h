@@ -103,12 +103,6 @@ int64_t vocab_valid(const OpCall& c, int64_t shard_rows);
 // empty when the loss is off).
 void moe_record_aux(OpCall& c, const float* stats, int64_t E);
 std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E);
-// The fused GEMM-epilogue codes (sharding/Epilogues.h) run as the two ops they replace, with the
-// bindings given (a backend's own): the same bits as the unfused program. An intermediate the
-// fused op does not write lives in the environment only between the two ("<op name>#link").
-void unfused_linear_gelu(OpCall& c, const OpFn& linear, const OpFn& gelu);
-void unfused_linear_dgrad_gelu(OpCall& c, const OpFn& linear_dgrad, const OpFn& gelu_bwd);
-void unfused_linear_residual(OpCall& c, const OpFn& linear, const OpFn& residual_add);
 }  // namespace op
 
 // Throws InternalError naming the code when no binding exists.

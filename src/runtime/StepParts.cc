@@ -20,7 +20,6 @@ StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec
   layout.sequence_parallel = layout.tp > 1;
   units = model_units(model, layout, spec.tp_rank);
   progs = build_programs(model, layout, spec.mb);
-  if (spec.fuse_epilogues) fusions = fuse_epilogues(progs);
   PipelineSpec pipe = spec.pipeline;
   pipe.n_layers = static_cast<int>(model.n_layers);
   owned_units = spec.owned_units.empty() ? stage_units(pipe, spec.pp_rank) : spec.owned_units;

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "model/Params.h"
-#include "sharding/Epilogues.h"
 #include "sharding/ModelPrograms.h"
 #include "parallel/ParamStore.h"
 #include "runtime/Executor.h"
@@ -26,9 +25,6 @@ struct StepPartsSpec {
   std::vector<int> owned_units;  // when non-empty, this rank's units instead of the placement's
   uint64_t seed = 1234;          // deterministic init of the full parameters
   double tokens_per_step = 1;    // tokens of one optimizer step over all ranks: dloss = 1 / that
-  // GEMM epilogue fusion (sharding/Epilogues.h): GELU, its derivative and the residual adds run in
-  // their GEMMs' epilogues (on a GPU; the CPU runs the fused codes' two kernels, the same bits).
-  bool fuse_epilogues = false;
 };
 
 class StepParts {
@@ -41,7 +37,6 @@ class StepParts {
   LayoutConfig layout;
   std::vector<UnitSpec> units;   // the whole model, forward order: embed, block 0..L-1, head
   ModelPrograms progs;
-  EpilogueFusions fusions;       // what fuse_epilogues made of progs (none unless the spec asked)
   std::vector<int> owned_units;  // this rank's, ascending
   MemoryTracker state_mem{"states"}, act_mem{"activations"};
   std::unique_ptr<ParamStore> params;

@@ -145,11 +145,9 @@ EpilogueFusions fuse_epilogues(LayerProgram& prog) {
 
 EpilogueFusions fuse_epilogues(ModelPrograms& progs) {
   EpilogueFusions n;
-  for (LayerProgram* p : {&progs.embed, &progs.block, &progs.head, &progs.block_plain}) {
-    if (p->fwd.empty()) continue;
-    n += fuse_epilogues(*p);
-    annotate_lifetimes(*p, boundary_buffers());
-  }
+  for (LayerProgram* p : {&progs.embed, &progs.block, &progs.head, &progs.block_plain})
+    if (!p->fwd.empty()) n += fuse_epilogues(*p);
+  progs.fusions = n;
   return n;
 }
 

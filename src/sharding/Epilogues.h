@@ -17,8 +17,9 @@
 // grid (its own op codes) and SwiGLU (no cuBLASLt epilogue computes it).
 //
 // On the CPU the fused codes run the pair's two kernels (the same bits as the unfused program); the
-// GPU runs them in cuBLASLt's epilogues (one rounding to bf16 where the pair rounded twice). The
-// trainer fuses on a GPU (training.fuse_epilogues).
+// GPU runs them in cuBLASLt's epilogues (one rounding to bf16 where the pair rounded twice).
+// build_programs fuses when LayoutConfig::fuse_epilogues is set (training.fuse_epilogues: auto, on
+// a GPU), so the trainer, the profiler, plan and simulate all see the same programs.
 #pragma once
 #include <string>
 
@@ -27,22 +28,11 @@
 
 namespace dhelix {
 
-struct EpilogueFusions {
-  int gelu = 0;      // linear_gelu ops made
-  int dgelu = 0;     // linear_dgrad_gelu
-  int residual = 0;  // linear_residual
-  int total() const { return gelu + dgelu + residual; }
-  EpilogueFusions& operator+=(const EpilogueFusions& o) {
-    gelu += o.gelu, dgelu += o.dgelu, residual += o.residual;
-    return *this;
-  }
-};
-
 // Fuses every eligible pair of `prog` (its forward, and its backward with any recompute ops). The
 // ops' `frees` are stale afterwards: annotate_lifetimes again.
 EpilogueFusions fuse_epilogues(LayerProgram& prog);
 
-// Every program of `progs`, their lifetimes annotated again; the sum of their fusions.
+// Every program of `progs` (progs.fusions: the sum); their lifetimes need annotating again.
 EpilogueFusions fuse_epilogues(ModelPrograms& progs);
 
 }  // namespace dhelix

@@ -3,6 +3,7 @@
 #include "sharding/ModelPrograms.h"
 
 #include "base/Error.h"
+#include "sharding/Epilogues.h"
 #include "sharding/Lowering1D.h"
 #include "sharding/Lowering3D.h"
 
@@ -16,6 +17,7 @@ ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, cons
     out.block_plain = (lay.is_3d() ? sharding::lower_3d(m, plain, mb) : sharding::lower_1d(m, plain, mb)).block;
     out.block_plain.name = "block_plain";
   }
+  if (lay.fuse_epilogues) fuse_epilogues(out);
   for (LayerProgram* p : {&out.embed, &out.block, &out.head, &out.block_plain})
     if (!p->fwd.empty()) annotate_lifetimes(*p, boundary_buffers());
   return out;

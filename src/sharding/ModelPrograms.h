@@ -25,6 +25,18 @@ struct MicroBatchShape {
   int64_t tokens() const { return B * T; }
 };
 
+// What the epilogue-fusion rewrite (sharding/Epilogues.h) made of a model's programs.
+struct EpilogueFusions {
+  int gelu = 0;      // linear_gelu ops made
+  int dgelu = 0;     // linear_dgrad_gelu
+  int residual = 0;  // linear_residual
+  int total() const { return gelu + dgelu + residual; }
+  EpilogueFusions& operator+=(const EpilogueFusions& o) {
+    gelu += o.gelu, dgelu += o.dgelu, residual += o.residual;
+    return *this;
+  }
+};
+
 struct ModelPrograms {
   LayerProgram embed;
   LayerProgram block;  // identical for every transformer layer (weights differ, program does not)
@@ -34,6 +46,7 @@ struct ModelPrograms {
   // marks those units. Empty plain_unit: every transformer layer runs `block`.
   LayerProgram block_plain;
   std::vector<char> plain_unit;  // [unit] -> 1 when it runs block_plain
+  EpilogueFusions fusions;       // with lay.fuse_epilogues: the fused ops made, over all programs
   // The program unit `unit` of `kind` ("embed", "block", "head") runs.
   const LayerProgram& program(int unit, const std::string& kind) const {
     if (kind == "embed") return embed;
@@ -51,7 +64,8 @@ struct ModelPrograms {
 void select_recompute_layers(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks);
 
 // Megatron's layouts (tp with sequence parallelism, cp, ep: sharding/Lowering1D) or AxoNN's 3D grid
-// (lay.is_3d(): sharding/Lowering3D), lifetimes annotated. Throws ConfigError for a layout the
+// (lay.is_3d(): sharding/Lowering3D), with lay.fuse_epilogues the GEMM epilogues fused
+// (sharding/Epilogues.h), lifetimes annotated. Throws ConfigError for a layout the
 // model cannot run on, naming the fields.
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb);
 

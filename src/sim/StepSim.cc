@@ -75,7 +75,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     return p;
   };
   const ModelPrograms early{folded(progs.embed), folded(progs.block), folded(progs.head), folded(progs.block_plain),
-                            progs.plain_unit};
+                            progs.plain_unit, progs.fusions};
   auto bwd_prog = [&](int u, int mb) -> const LayerProgram& {
     if (mb == M - 1) return prog(u);
     return early.program(u, kind(u));

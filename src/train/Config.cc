@@ -695,6 +695,14 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.sequence_parallel = cfg.parallel.tp > 1;
   parse_recompute(cfg.training.recompute, l.recompute);  // validated: none when unknown
   l.recompute_layers = static_cast<int>(cfg.training.recompute_layers);
+  // auto: fused on a GPU (a device string that does not parse is refused by check_device).
+  const std::string& fe = cfg.training.fuse_epilogues;
+  bool gpu = false;
+  try {
+    gpu = !parse_device(cfg.training.device).is_host();
+  } catch (const ConfigError&) {
+  }
+  l.fuse_epilogues = fe == "on" || (fe == "auto" && gpu);
   l.tp_x = static_cast<int>(cfg.parallel.tp_x);
   l.tp_y = static_cast<int>(cfg.parallel.tp_y);
   l.tp_z = static_cast<int>(cfg.parallel.tp_z);

@@ -140,7 +140,6 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   device_ = parse_device(cfg_.training.device);
   spec.nccl = !device_.is_host() && cfg_.comm.gpu_transport == "nccl";
   spec.timed_gemms = !device_.is_host() && cfg_.training.gemm_algo == "timed";
-  ps.fuse_epilogues = cfg_.training.fuse_epilogues == "on" || (cfg_.training.fuse_epilogues == "auto" && !device_.is_host());
   if (spec.nccl && comm_ && comm_->world_size() > 1) {
     // A GPU per rank: rank i of this host takes the GPU after the named one by i (under mpirun
     // Open MPI's local rank; ranks as threads of one process: the world rank).

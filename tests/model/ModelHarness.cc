@@ -89,7 +89,7 @@ ModelHarness::ModelHarness(const ModelConfig& m, const MicroBatchShape& mb, int 
                            Recompute recompute, int recompute_layers, bool fuse_epilogues)
     : model_(m), mb_(mb), micro_batches_(micro_batches) {
   StepPartsSpec ps;
-  ps.fuse_epilogues = fuse_epilogues;
+  ps.layout.fuse_epilogues = fuse_epilogues;
   ps.model = model_;
   ps.layout.recompute = recompute;
   ps.layout.recompute_layers = recompute_layers;

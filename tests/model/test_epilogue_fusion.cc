@@ -34,6 +34,7 @@ StepRun run_step(const ModelConfig& m, Recompute rc, CoExecute co, bool fuse) {
       r.fusions.dgelu += op.code == "linear_dgrad_gelu";
       r.fusions.residual += op.code == "linear_residual";
     }
+  EXPECT_EQ(r.fusions.total(), h.programs().fusions.total());  // the embedding and head have none
   return r;
 }
 

@@ -87,8 +87,9 @@ TEST(EpilogueFusion, FusesExactlyThePairsTheRuleAllows) {
     lay.recompute = w.rc;
     const ModelConfig m = model(w.family);
     const ModelPrograms plain = build_programs(m, lay, MicroBatchShape{2, 16});
-    ModelPrograms fused = plain;
-    const EpilogueFusions n = fuse_epilogues(fused);
+    lay.fuse_epilogues = true;  // build_programs fuses (what the trainer, profile, plan and simulate get)
+    const ModelPrograms fused = build_programs(m, lay, MicroBatchShape{2, 16});
+    const EpilogueFusions n = fused.fusions;
     const LayerProgram& b = fused.block;
     // Only the block has such pairs (the embedding and the head have no GELU and no residual).
     EXPECT_EQ(count_code(b, "linear_gelu"), w.gelu) << w.name;
@@ -115,9 +116,10 @@ TEST(EpilogueFusion, FusesExactlyThePairsTheRuleAllows) {
 // place, attributes and parameters (then the residual's bias), and the pair's FLOPs.
 TEST(EpilogueFusion, EachFusedOpIsItsPairWithTheGemmsPlaceAndAttributes) {
   const ModelConfig m = model(ModelFamily::kGPT);
-  const ModelPrograms plain = build_programs(m, layout(1, 1), MicroBatchShape{2, 16});
-  ModelPrograms fused = plain;
-  fuse_epilogues(fused);
+  LayoutConfig lay = layout(1, 1);
+  const ModelPrograms plain = build_programs(m, lay, MicroBatchShape{2, 16});
+  lay.fuse_epilogues = true;
+  const ModelPrograms fused = build_programs(m, lay, MicroBatchShape{2, 16});
   const LayerProgram &p = plain.block, &f = fused.block;
 
   const Op& fc = find_name(p.fwd, "mlp.fc");

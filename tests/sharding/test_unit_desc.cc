@@ -77,10 +77,9 @@ std::string what(const Case& c, bool tied, const std::string& unit, bool fused =
 
 // The programs, and with `fuse` after the epilogue-fusion rewrite (sharding/Epilogues.h), which the
 // dataflow and lifetime walks below check as they check what the lowerings make.
-ModelPrograms programs(const ModelConfig& m, const LayoutConfig& lay, bool fuse) {
-  ModelPrograms p = build_programs(m, lay, MicroBatchShape{2, 16});
-  if (fuse) fuse_epilogues(p);
-  return p;
+ModelPrograms programs(const ModelConfig& m, LayoutConfig lay, bool fuse) {
+  lay.fuse_epilogues = fuse;
+  return build_programs(m, lay, MicroBatchShape{2, 16});
 }
 
 TEST(UnitDesc, EachUnitReadsAndUpdatesExactlyTheParametersItDescribes) {

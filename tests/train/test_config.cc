@@ -156,6 +156,26 @@ TEST(Config, GemmAlgoIsHeuristicOrTimedOnAGpu) {
   EXPECT_EQ(gpu.find("gemm_algo"), std::string::npos) << gpu;
 }
 
+// training.fuse_epilogues: auto (the default) fuses the programs' GEMM epilogues on a GPU only, on
+// and off say so on any device, anything else is refused naming the value. Oracle: the layout the
+// config gives every command (layout_config: the trainer, profile, plan and simulate build their
+// programs from it), and the value in the message.
+TEST(Config, FuseEpiloguesIsAutoOnOrOffAndAutoMeansOnAGpu) {
+  RunConfig c = load("");
+  EXPECT_EQ(c.training.fuse_epilogues, "auto");
+  EXPECT_FALSE(layout_config(c).fuse_epilogues);
+  // (The device set after loading: loading cuda here would be refused on a machine without a GPU.)
+  c.training.device = "cuda";
+  EXPECT_TRUE(layout_config(c).fuse_epilogues);
+  c.training.fuse_epilogues = "off";
+  EXPECT_FALSE(layout_config(c).fuse_epilogues);
+  EXPECT_TRUE(layout_config(load("", {{"training.fuse_epilogues", "on"}})).fuse_epilogues);
+  const std::string bad = error_of("", {{"training.fuse_epilogues", "yes"}});
+  EXPECT_NE(bad.find("training.fuse_epilogues=\"yes\" is not a choice; use auto (fused on a GPU), on or off"),
+            std::string::npos) << bad;
+  EXPECT_EQ(error_of("", {{"training.fuse_epilogues", "on"}}), "");
+}
+
 TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
   const std::string msg = error_of("", {{"training.device", "cuda:0"},
                                         {"training.precision", "fp32"},
@@ -351,7 +371,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 87u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 88u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {
