@@ -23,23 +23,31 @@ gpt2=(--config configs/gpt2-124m.toml --model.vocab_size 50257 --training.micro_
 llama=(--config configs/demo.toml --model.seq_len 1024 --model.vocab_size 32000 --model.d_model 2048 --model.n_layers 16
        --model.n_heads 32 --model.n_kv_heads 8 --model.ffn_hidden 8192 --training.micro_batch_size 4)
 preset=$(/usr/bin/python3 -c "import json, sys; print('h200-measured' if 'H200' in json.load(open(sys.argv[1]))['device'] else 'h100-measured')" "$measured")
+# Each measured row ran its programs fused or plain (gpu_train's "fuse_epilogues"; rows before
+# 2026-11-28 have none: plain); each is compared with the simulation of the same programs.
 for c in "$preset" h100-8gpu; do
-  "$bin" simulate "${gpt2[@]}" "${one[@]}" --cluster $c --json "$work/gpt2-124m-$c.json" > "$work/gpt2-$c.log"
-  "$bin" simulate "${llama[@]}" "${one[@]}" --cluster $c --json "$work/llama-1b-$c.json" > "$work/llama-$c.log"
+  for fe in on off; do
+    "$bin" simulate "${gpt2[@]}" "${one[@]}" --training.fuse_epilogues $fe --cluster $c \
+      --json "$work/gpt2-124m-$c-$fe.json" > "$work/gpt2-$c-$fe.log"
+    "$bin" simulate "${llama[@]}" "${one[@]}" --training.fuse_epilogues $fe --cluster $c \
+      --json "$work/llama-1b-$c-$fe.json" > "$work/llama-$c-$fe.log"
+  done
 done
 /usr/bin/python3 - "$measured" "$work" "$preset" <<'EOF'
 import json, sys
 meas = json.load(open(sys.argv[1]))
 p = sys.argv[3]
 out = {"measured_file": sys.argv[1], "device": meas["device"], "measured_preset": p, "models": []}
-print(f"{'model':10s} {'measured':>10s} {p:>14s} {'err':>7s} {'h100-8gpu':>10s} {'err':>7s}")
+print(f"{'model':16s} {'measured':>10s} {p:>14s} {'err':>7s} {'h100-8gpu':>10s} {'err':>7s}")
 for m in meas["models"]:
-    row = {"model": m["model"], "measured_step_s": m["step_s"]}
+    fe = "on" if m.get("fuse_epilogues", False) else "off"
+    row = {"model": m["model"], "gemm_algo": m.get("gemm_algo", "heuristic"), "fuse_epilogues": fe == "on",
+           "measured_step_s": m["step_s"]}
     for c in (p, "h100-8gpu"):
-        s = json.load(open(f"{sys.argv[2]}/{m['model']}-{c}.json"))["step_s"]
+        s = json.load(open(f"{sys.argv[2]}/{m['model']}-{c}-{fe}.json"))["step_s"]
         row[c] = {"step_s": s, "error": s / m["step_s"] - 1}
     out["models"].append(row)
-    print(f"{m['model']:10s} {m['step_s']*1e3:9.2f}ms {row[p]['step_s']*1e3:12.2f}ms "
+    print(f"{m['model'] + (' fused' if fe == 'on' else ''):16s} {m['step_s']*1e3:9.2f}ms {row[p]['step_s']*1e3:12.2f}ms "
           f"{row[p]['error']*100:+6.1f}% {row['h100-8gpu']['step_s']*1e3:8.2f}ms {row['h100-8gpu']['error']*100:+6.1f}%")
 out["max_abs_error_measured_preset"] = max(abs(r[p]["error"]) for r in out["models"])
 print(json.dumps(out))

@@ -90,8 +90,10 @@ std::optional<std::pair<Op, size_t>> fused_at(const LayerProgram& p, const std::
   const size_t j = *at;
   const Op& second = ops[j];
   const double elems = gemm_out_elems(first);
+  // The GEMM's FLOPs only (the epilogue's few per element run inside it; a pricer counts a grouped
+  // GEMM's parts as flops over one part's, CostModel.cc's gemm_groups), its bytes less the link's
+  // traffic the fusion saves.
   Op f = first;
-  f.cost.flops = first.cost.flops + second.cost.flops;
   if (fwd_gemm && second.code == "gelu" && second.inputs == std::vector<std::string>{link} &&
       second.outputs.size() == 1 && movable(p, ops, i, j, link, false)) {
     // act and pre both written (pre: cuBLASLt's GELU_AUX output); pre's read is saved.

@@ -441,6 +441,13 @@ void Trainer::log_run_header() const {
                     layout_.recompute_layers > 0
                         ? fmt::format("the first {} layer(s) of each pipeline chunk", layout_.recompute_layers)
                         : std::string("every layer")));
+  if (layout_.fuse_epilogues) {
+    const EpilogueFusions& f = built_->parts->progs.fusions;
+    log(fmt::format("GEMM epilogues fused (training.fuse_epilogues={}): {} GELU, {} GELU gradient and {} residual "
+                    "add op(s) into their GEMMs, over the distinct layer programs{}",
+                    cfg_.training.fuse_epilogues, f.gelu, f.dgelu, f.residual,
+                    f.total() == 0 ? " -- none in this model and layout" : ""));
+  }
   // parallel.sparse_embed_grad is on by default: where it could pay (dp > 1) but this layout keeps the
   // dense exchange, say why once.
   if (cfg_.parallel.sparse_embed_grad && layout_.dp > 1 && !sparse_rows_) {

@@ -326,6 +326,9 @@ TEST(PairSim, EveryProgramOpHasAPrice) {
   cases.push_back({"moe-demo", lay(2, 2, 1, 2, 1, 1, 1)});
   cases.push_back({"moe-demo", lay(2, 1, 1, 2, 2, 2, 1)});  // the MoE MLP on the grid (grid_rows, grid_cols)
   cases.push_back({"llama-8b", lay(1, 1, 4, 1, 1, 1, 1)});  // cp >= 3: the dK/dV relay adds (cp_dkv_add)
+  LayoutConfig fused = lay(1, 1, 1, 1, 1, 1, 1);
+  fused.fuse_epilogues = true;  // GPT-2's GELU and residuals in their GEMMs' epilogues (sharding/Epilogues.h)
+  cases.push_back({"gpt2-124m", fused});
   std::set<std::string> priced;
   for (const Case& c : cases) {
     ModelConfig m = model_preset(c.preset);
