@@ -81,12 +81,24 @@ Tensor bf16_operand(const OpCall& c, const Tensor& t) {
   return r;
 }
 
+// A forward linear's extents from its input (inputs[0]) and weight (params[0]): N rows, I = the
+// weight's input width (checked against x's), O its output rows.
+struct LinearDims {
+  int64_t N, I, O;
+};
+LinearDims linear_dims(const OpCall& c) {
+  const Tensor& x = c.in(0);
+  const ParamEntry& w = c.param(0);
+  const LinearDims d{rows(x), cols(x), linear_out(c, w.value)};
+  DHX_ASSERT(d.I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  return d;
+}
+
 void op_linear(OpCall& c) {
   require_layout(c);
   Tensor& x = c.in(0);
   const ParamEntry& w = c.param(0);
-  const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
-  DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  const auto [N, I, O] = linear_dims(c);
   const bf16* bias = c.op.params.size() > 1 ? b16(weight_bf16(c.param(1))) : nullptr;
   if (fp32_logits(c)) {
     DHX_CHECK(bias == nullptr, InternalError, "{}: the router has no bias", c.op.name);
@@ -118,8 +130,7 @@ void op_linear_gelu(OpCall& c) {
   require_layout(c);
   Tensor& x = c.in(0);
   const ParamEntry& w = c.param(0);
-  const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
-  DHX_ASSERT(I == w.value.dim(1), "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
+  const auto [N, I, O] = linear_dims(c);
   DHX_ASSERT(!fp32_logits(c), "{}: the router's fp32 logits have no GELU", c.op.name);
   const bf16* bias = c.op.params.size() > 1 ? b16(weight_bf16(c.param(1))) : nullptr;
   Tensor& act = c.out_new(0, {N, O}, DType::kBF16);
@@ -150,9 +161,8 @@ void op_linear_residual(OpCall& c) {
   Tensor& x = c.in(0);
   Tensor& skip = c.in(1);
   const ParamEntry& w = c.param(0);
-  const int64_t N = rows(x), I = cols(x), O = linear_out(c, w.value);
-  DHX_ASSERT(I == w.value.dim(1) && rows(skip) == N && cols(skip) == O, "{}: input {}, skip {} vs weight {}",
-             c.op.name, x.describe(), skip.describe(), w.value.describe());
+  const auto [N, I, O] = linear_dims(c);
+  DHX_ASSERT(rows(skip) == N && cols(skip) == O, "{}: skip {} vs output [{}, {}]", c.op.name, skip.describe(), N, O);
   const bool has_bias = c.op.params.size() > 1;
   const bf16* bias16 = has_bias ? b16(weight_bf16(c.param(1))) : nullptr;
   const float* bias32 = has_bias ? f32(c.param(1).value) : nullptr;
