@@ -143,7 +143,7 @@ template <typename Key> std::string describe(const Key& k) {
   return cat("M=", k.m, " N=", k.n, " K=", k.k, " (trans_a=", k.ta, ", trans_b=", k.tb, ", lda=", k.lda, ", ldb=", k.ldb,
              ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", epilogue ", epilogue_name(static_cast<int>(k.epi)),
              ", alignments A ", k.align_a, " B ", k.align_b, " C ", k.align_c, " D ", k.align_d, " aux ", k.align_aux,
-             ")");
+             " bias ", k.align_bias, ")");
 }
 }  // namespace
 
@@ -336,9 +336,11 @@ std::vector<double> Blas::time_candidates(Op op_a, Op op_b, int64_t M, int64_t N
   return time_answers(key, p, max, o, reps, false);
 }
 
-bool Blas::run(const Key& k, const Operands& call, Missing missing) {
+bool Blas::run(const Key& key, const Operands& call, Missing missing) {
   Operands o = call;
-  const StagedBias staged(o.bias, k.n, o.s);  // the bias has N (cuBLAS's m') elements
+  const StagedBias staged(o.bias, key.n, o.s);  // the bias has N (cuBLAS's m') elements
+  Key k = key;
+  k.align_bias = o.bias ? alignment(o.bias) : 0;  // the pointer the heuristic and the matmul see
   Plan* p = plan(k, &o, missing);
   if (!p) return false;
   // The pointers live in the plan's descriptor, shared by every call of the key: set and used under

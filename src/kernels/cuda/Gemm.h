@@ -39,9 +39,10 @@ class Blas {
   void linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                          cudaStream_t s);
   // The fused forms (the layer programs' linear_gelu, linear_dgrad_gelu, linear_residual ops), each
-  // one cuBLASLt call with an epilogue. Each returns false, having enqueued nothing, where it cannot
-  // run (set_fusion(kUnfused); cuBLASLt has no algorithm for the epilogue, shape and alignments; an
-  // aux row width not a multiple of 8 or an aux pointer under 16-byte alignment): the caller then
+  // one cuBLASLt call with an epilogue. Each returns false, having written no output (at most a
+  // misaligned bias's staging copy is enqueued), where it cannot run (set_fusion(kUnfused); cuBLASLt
+  // has no algorithm for the epilogue, shape and alignments; an aux row width not a multiple of 8
+  // or an aux pointer under 16-byte alignment): the caller then
   // runs the unfused kernels (the free functions below do). Numerics: one rounding to bf16 per
   // output, where the unfused pair rounds the GEMM's output first and then the pointwise result.
   //
@@ -120,15 +121,20 @@ class Blas {
   // heuristic assumes 256-byte aligned operands unless told, and an algorithm chosen so refuses a
   // less aligned pointer (an expert's rows start anywhere in a grouped buffer). D is C (align_d ==
   // align_c) except for the residual form; the aux buffer (align_aux, 0 without one) is laid out as
-  // D (leading dimension ldc).
+  // D (leading dimension ldc). align_bias (0 without a bias) is set by run() from the bias it passes
+  // (a staged one at least 16): the heuristic judges the bias's alignment from the pointer it is
+  // shown, so a plan chosen on a 256-byte aligned bias is never run on a 16-byte aligned one (the
+  // flat bf16 store's biases start anywhere).
   struct Key {
     int64_t m, n, k, lda, ldb, ldc;
     bool ta, tb, c_f32;
     Epilogue epi;
     bool beta0;
     int align_a, align_b, align_c, align_d, align_aux;
+    int align_bias = 0;
     auto tie() const {
-      return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, epi, beta0, align_a, align_b, align_c, align_d, align_aux);
+      return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, epi, beta0, align_a, align_b, align_c, align_d, align_aux,
+                      align_bias);
     }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
   };
