@@ -40,9 +40,11 @@ TEST(CudaGemm, LinearForwardWithAndWithoutBiasMatchesCpu) {
 }
 
 // A bias that starts at an odd element of the flat bf16 store (2-byte aligned, as a tp shard of an
-// odd width leaves the next parameter): Blas copies it to an aligned buffer for cuBLASLt's
-// epilogue. Oracle: the same GEMM with the bias 16-byte aligned, bitwise (the plan and so the
-// algorithm are the same: the bias's alignment is not part of the key, A's, B's and C's are).
+// odd width leaves the next parameter): Blas copies it to a 256-byte aligned buffer for cuBLASLt's
+// epilogue. Oracle: the same GEMM with the bias in its own cudaMalloc (256-byte aligned), bitwise
+// (the plan and so the algorithm are the same: the key's alignments, the bias's included, are).
+// Then the same bias at 16- and 32-byte alignments: each gets a plan of its own (the heuristic judges
+// the bias's alignment from its pointer), within the GEMM bound of the first output.
 TEST(CudaGemm, AMisalignedBiasGivesTheAlignedBiasBits) {
   DHX_REQUIRE_GPU();
   Blas blas(0);
@@ -61,6 +63,18 @@ TEST(CudaGemm, AMisalignedBiasGivesTheAlignedBiasBits) {
     const auto y = gy.download(), y1 = gy1.download();
     EXPECT_EQ(0, std::memcmp(y.data(), y1.data(), y.size() * sizeof(bf16))) << "N=" << d.N << " I=" << d.I
                                                                             << " O=" << d.O;
+    // 16 and 32 bytes: elements 8 and 16 of a buffer holding the bias there.
+    for (int at : {8, 16}) {
+      std::vector<float> moved(d.O + at, 0.0f);
+      std::copy(b.begin(), b.end(), moved.begin() + at);
+      DevBuf<bf16> gbm(to_bf16(moved)), gym(d.N * d.O);
+      gym.poison();
+      const size_t plans = blas.cached_algorithms();
+      blas.linear_fwd(gx.get(), gw.get(), gbm.get() + at, gym.get(), d.N, d.I, d.O, nullptr);
+      EXPECT_EQ(blas.cached_algorithms(), plans + 1) << "a bias " << 2 * at << "-byte aligned, N=" << d.N;
+      // Another algorithm may sum in another order: within two bf16 roundings of the first output.
+      EXPECT_LE(rel_err(to_f32(gym.download()), to_f32(y)), 2 * kBf16U + 1e-5) << "bias at " << 2 * at << " bytes";
+    }
   }
 }
 

@@ -88,19 +88,21 @@ const char* epilogue_name(int e) {
   return names[e];
 }
 
-// A bias under 16-byte alignment copied to a stream-ordered aligned buffer, freed (stream-ordered)
-// when this goes. cuBLASLt's bias epilogue wants a 16-byte aligned bias (a less aligned one fails or
-// faults on some GPUs), but a parameter in the flat bf16 store starts at any element; the copy runs
-// the same epilogue, so it gives the same bits.
+// A bias under 16-byte alignment copied to a stream-ordered buffer at a 256-byte boundary (always
+// 256: the plan key's bias alignment is then the same for every staged bias, whatever alignment the
+// pool's blocks have), freed (stream-ordered) when this goes. cuBLASLt's bias epilogue wants a
+// 16-byte aligned bias (a less aligned one fails or faults on some GPUs), but a parameter in the flat
+// bf16 store starts at any element; the copy runs the same epilogue, so it gives the same bits.
 struct StagedBias {
   void* p = nullptr;
   cudaStream_t s;
   StagedBias(const bf16*& bias, int64_t n, cudaStream_t stream) : s(stream) {
     if (!bias || alignment(bias) >= 16) return;
     const size_t bytes = static_cast<size_t>(n) * sizeof(bf16);
-    DHX_CUDA(cudaMallocAsync(&p, bytes, s));
-    DHX_CUDA(cudaMemcpyAsync(p, bias, bytes, cudaMemcpyDeviceToDevice, s));
-    bias = static_cast<const bf16*>(p);
+    DHX_CUDA(cudaMallocAsync(&p, bytes + 256, s));
+    const uintptr_t at = (reinterpret_cast<uintptr_t>(p) + 255) & ~static_cast<uintptr_t>(255);
+    DHX_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(at), bias, bytes, cudaMemcpyDeviceToDevice, s));
+    bias = reinterpret_cast<const bf16*>(at);
   }
   ~StagedBias() {
     if (p) cudaFreeAsync(p, s);
