@@ -259,12 +259,13 @@ int cmd_simulate(int argc, char** argv) {
   }
   const RunConfig cfg = load_config(parsed->config_path, parsed->overrides);
   apply_process_settings(cfg);
-  const LayoutConfig lay = layout_config(cfg);
+  LayoutConfig lay = layout_config(cfg);
   DHX_CHECK(gpus == 0 || gpus == lay.world(), ConfigError,
             "dhelix simulate: --gpus {} but the layout has {} ranks (dp={} pp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); "
             "set parallel.dp to {}", gpus, lay.world(), lay.dp, lay.pp, lay.cp, lay.tp, lay.tp_x, lay.tp_y, lay.tp_z,
             gpus * lay.dp / std::max(1, lay.world()));
   const ClusterPreset cluster = load_cluster(*cluster_arg, cfg.sim.clusters_dir);
+  lay.fuse_epilogues = fuse_epilogues_for(cfg, cluster.is_gpu());  // the run priced is on the preset's devices
   StepSimOptions so = step_sim_options(cfg);
   const std::string prec = fl.text_or_default("--precision");
   so.precision = prec == "native" ? cluster.native_precision() : prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
@@ -504,7 +505,11 @@ int cmd_plan(int argc, char** argv) {
             "dhelix plan: give exactly one of --profile FILE or --cost-model PRESET\n{}", flag_help(plan_flags()));
   RunConfig cfg = load_config(args.config_path, args.overrides);
   apply_process_settings(cfg);
-  const LayoutConfig lay = layout_config(cfg);
+  LayoutConfig lay = layout_config(cfg);
+  // A cluster preset as the cost model prices a run on its devices: auto fuses the GEMM epilogues
+  // on a GPU's, so the plan fits the programs a run there trains.
+  if (cost_arg && !is_cost_model_json(*cost_arg))
+    lay.fuse_epilogues = fuse_epilogues_for(cfg, load_cluster(*cost_arg, cfg.sim.clusters_dir).is_gpu());
   const MicroBatchShape mb = micro_batch_of(cfg);
   // Programs only: no dataset, no parameters, no world (a cost model plans a 70B layer on a laptop).
   const ModelPrograms progs = build_programs(cfg.model, lay, mb);

@@ -31,7 +31,7 @@ const FlagTable& tune_flags() {
       "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
       "                   [--micro-batch-size b] [--precision native|fp32|bf16] [--grad-precision fp32|bf16]\n"
       "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
-      "                   [--recompute none|selective|full|auto]\n"
+      "                   [--recompute none|selective|full|auto] [--fuse-epilogues auto|on|off]\n"
       "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
       "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -64,6 +64,10 @@ const FlagTable& tune_flags() {
            "activation recomputation priced for every layout (training.recompute);\nauto: for each layout the least "
            "of none, selective, full with which it fits",
            "none|selective|full|auto"},
+          {"--fuse-epilogues", FlagType::kChoice, "auto",
+           "price the programs with the GEMM epilogues fused (training.fuse_epilogues):\nauto: on for a preset with a bf16 "
+           "figure (the GPUs, whose runs fuse by\ndefault), off for this machine's; --confirm runs set it alike",
+           "auto|on|off"},
           {"--si", FlagType::kOnOff, "off", "Strand Interleaving", "on|off"},
           {"--sparse-embed-grad", FlagType::kOnOff, "off",
            "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
@@ -201,6 +205,8 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     try {
       req.cluster = load_cluster(*f.text("--cluster"), f.text("--clusters-dir").value_or(""));
       if (prec == "native" && !req.paper) req.opt.precision = req.cluster.native_precision();
+      const std::string fuse = f.text_or_default("--fuse-epilogues");
+      req.opt.fuse_epilogues = fuse == "on" || (fuse == "auto" && req.cluster.is_gpu());
       if (f.ok("--precision")) (void)req.cluster.gemm_rate(req.opt.precision);
     } catch (const ConfigError& e) {
       errors.push_back(e.what());
@@ -340,10 +346,11 @@ int cmd_tune(int argc, char** argv) {
   const std::optional<TuneRequest> req = parse_request(argc, argv);
   if (!req) return 0;
   fmt::print("model {} (L={} C={} heads={}), {} ranks on {} ({} per node), global batch {} x {} tokens, "
-             "micro-batch {}, {}\n",
+             "micro-batch {}, {}{}\n",
              req->model.name, req->model.n_layers, req->model.d_model, req->model.n_heads, req->gpus,
              req->cluster.name, req->cluster.devices_per_node, req->batch.global_batch, req->batch.seq,
-             req->batch.micro_batch, precision_name(req->opt.precision));
+             req->batch.micro_batch, precision_name(req->opt.precision),
+             req->opt.fuse_epilogues && !req->paper ? ", GEMM epilogues fused" : "");
   nlohmann::json j;
   if (req->paper) {
     fmt::print("AxoNN closed form as coded (axonn.md §4.2: bf16, full recompute, GiB over GB/s), "
@@ -432,6 +439,7 @@ int cmd_tune(int argc, char** argv) {
   j["seq"] = req->batch.seq;
   j["micro_batch"] = req->batch.micro_batch;
   j["precision"] = precision_name(req->opt.precision);
+  j["fuse_epilogues"] = req->opt.fuse_epilogues;
   if (req->json_path) {
     write_file_atomic(*req->json_path, j.dump(1) + "\n");
     fmt::print("wrote {}\n", *req->json_path);

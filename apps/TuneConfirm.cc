@@ -67,6 +67,7 @@ std::vector<std::string> train_words(const ModelConfig& m, const BatchSpec& batc
       kv("parallel.ep", lay.ep),                   kv("parallel.cp", lay.cp),
       kv("training.recompute", recompute_name(lay.recompute)),
       kv("schedule.strand_interleaving", opt.si == StrandInterleaving::kOn ? "on" : "off"),
+      kv("training.fuse_epilogues", opt.fuse_epilogues ? "on" : "off"),
       kv("comm.grad_precision", opt.grad_wire_bytes == 2 ? "bf16" : "fp32"),
       kv("parallel.sparse_embed_grad", opt.sparse_embed == SparseEmbedGrad::kOn ? "on" : "off"),
       kv("output.dir", out_dir),                   kv("output.overwrite", "true"),

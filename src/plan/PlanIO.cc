@@ -30,11 +30,13 @@ void check_op_list(const json& j, const char* key, const std::vector<Op>& ops,
             key);
   const json& arr = j[key];
   DHX_CHECK(arr.size() == ops.size(), PlanError,
-            "{}: '{}' lists {} ops, the program has {} (plan made for another program?)", origin,
+            "{}: '{}' lists {} ops, the program has {} (plan made for another program? e.g. with the GEMM "
+            "epilogues fused or not: training.fuse_epilogues, auto = on a GPU or a GPU's preset)", origin,
             key, arr.size(), ops.size());
   for (size_t i = 0; i < ops.size(); ++i)
     DHX_CHECK(arr[i].is_string() && arr[i].get<std::string>() == ops[i].name, PlanError,
-              "{}: '{}'[{}] is {}, the program has '{}' (plan made for another program?)",
+              "{}: '{}'[{}] is {}, the program has '{}' (plan made for another program? e.g. with the GEMM "
+              "epilogues fused or not: training.fuse_epilogues, auto = on a GPU or a GPU's preset)",
               origin, key, i, arr[i].dump(), ops[i].name);
 }
 

@@ -57,8 +57,11 @@ struct ClusterPreset {
   // Attention's rates in `p`: peak x attention_efficiency (forward) and x attention_bwd_efficiency
   // (backward; the forward's when absent); {0, 0} (the GEMM rate) without them.
   AttentionRates attention_rates(Precision p) const;
-  // bf16 when the preset has a bf16 figure (the GPUs: the papers train in 16-bit), else fp32.
-  Precision native_precision() const { return peak_flops_bf16 > 0 || gemm_flops_bf16 > 0 ? Precision::kBf16 : Precision::kFp32; }
+  // A GPU's preset: one with a bf16 tensor-core figure (every GPU preset has one; this machine's
+  // CPU presets have none). What `training.fuse_epilogues = auto` asks of a preset.
+  bool is_gpu() const { return peak_flops_bf16 > 0 || gemm_flops_bf16 > 0; }
+  // bf16 on a GPU's preset (the papers train in 16-bit), else fp32.
+  Precision native_precision() const { return is_gpu() ? Precision::kBf16 : Precision::kFp32; }
   // The vendor's peak FLOP/s in `p` (the MFU denominator); ConfigError when the preset has none.
   double peak_flops(Precision p) const;
 };

@@ -81,6 +81,7 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
       continue;
     }
     LayoutConfig l = lay;
+    l.fuse_epilogues = opt.fuse_epilogues;
     l.recompute = opt.recompute_auto ? Recompute::kNone : opt.recompute;
     StepPrediction p = predict(m, l, batch, cluster, opt);
     for (Recompute more : {Recompute::kSelective, Recompute::kFull}) {  // auto: recompute what it takes to fit

@@ -87,6 +87,9 @@ struct PredictOptions {
   // recompute_auto, the least of none, selective, full with which the layout fits memory.
   Recompute recompute = Recompute::kNone;
   bool recompute_auto = false;
+  // rank_layouts: every layout priced on its programs with the GEMM epilogues fused
+  // (LayoutConfig::fuse_epilogues, training.fuse_epilogues: what a GPU run trains by default).
+  bool fuse_epilogues = false;
 };
 
 // One process-group role's traffic per rank per step.

@@ -685,6 +685,11 @@ std::vector<std::string> config_keys() {
   return keys;
 }
 
+bool fuse_epilogues_for(const RunConfig& cfg, bool gpu) {
+  const std::string& fe = cfg.training.fuse_epilogues;
+  return fe == "on" || (fe == "auto" && gpu);
+}
+
 LayoutConfig layout_config(const RunConfig& cfg) {
   LayoutConfig l;
   l.dp = static_cast<int>(cfg.parallel.dp);
@@ -696,13 +701,12 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   parse_recompute(cfg.training.recompute, l.recompute);  // validated: none when unknown
   l.recompute_layers = static_cast<int>(cfg.training.recompute_layers);
   // auto: fused on a GPU (a device string that does not parse is refused by check_device).
-  const std::string& fe = cfg.training.fuse_epilogues;
   bool gpu = false;
   try {
     gpu = !parse_device(cfg.training.device).is_host();
   } catch (const ConfigError&) {
   }
-  l.fuse_epilogues = fe == "on" || (fe == "auto" && gpu);
+  l.fuse_epilogues = fuse_epilogues_for(cfg, gpu);
   l.tp_x = static_cast<int>(cfg.parallel.tp_x);
   l.tp_y = static_cast<int>(cfg.parallel.tp_y);
   l.tp_z = static_cast<int>(cfg.parallel.tp_z);

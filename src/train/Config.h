@@ -139,7 +139,12 @@ ModelHooks default_model_hooks();
 using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;  // ("training.steps", "10")
 
 // The rank grid a run asks for (sequence parallelism on whenever tp > 1; there is no TP without it).
+// Its GEMM epilogues are fused as fuse_epilogues_for says of the run's device (training.device).
 LayoutConfig layout_config(const RunConfig& cfg);
+// training.fuse_epilogues for a run on a GPU (gpu) or not: on, off, or auto = gpu. The trainer and
+// profile ask it of training.device (layout_config); simulate, tune and plan --cost-model, which
+// price a run on a cluster preset's devices, ask it of the preset (ClusterPreset::is_gpu).
+bool fuse_epilogues_for(const RunConfig& cfg, bool gpu);
 
 // The step schedule a run asks for (kind, pp, virtual stages, layers, micro-batches, co-execution
 // from schedule.strand_interleaving). Call on a validated config (the kind name then parses).

@@ -18,6 +18,26 @@ if [ $rc -eq 0 ] && grep -q "exposed communication" <<<"$out" && [ -s "$tmp/t.js
   ok figures_json_trace
 else fail figures_json_trace; echo "$out" | tail -10; fi
 
+# 1a. training.fuse_epilogues = auto asked of the preset's devices: the demo model (Llama: its
+#     residual adds fuse at tp = 1) is simulated fused on a GPU's preset, plain on this machine's,
+#     and off / on say so. Oracle: the documented rule (JSON fuse_epilogues, the layout text); on a
+#     GPU preset the fused step is shorter (the fused op keeps the GEMM's FLOPs and drops the
+#     residual add's activation passes).
+sim_fused() {  # $1: JSON out; the rest: flags
+  local j=$1; shift
+  "$bin" simulate --config configs/demo.toml --json "$j" "$@" >"$j.log" 2>&1
+}
+if sim_fused "$tmp/fa.json" --cluster h100-8gpu && sim_fused "$tmp/fo.json" --cluster h100-8gpu --training.fuse_epilogues off \
+   && sim_fused "$tmp/fc.json" --cluster cpu-emulated && sim_fused "$tmp/fn.json" --cluster cpu-emulated --training.fuse_epilogues on \
+   && grep -q "fused-epilogues" "$tmp/fa.json.log" && ! grep -q "fused-epilogues" "$tmp/fo.json.log" \
+   && /usr/bin/python3 -c "
+import json, sys
+a, o, c, n = (json.load(open(x)) for x in sys.argv[1:])
+assert (a['fuse_epilogues'], o['fuse_epilogues'], c['fuse_epilogues'], n['fuse_epilogues']) == (True, False, False, True)
+assert a['step_s'] < o['step_s'], (a['step_s'], o['step_s'])" "$tmp/fa.json" "$tmp/fo.json" "$tmp/fc.json" "$tmp/fn.json"; then
+  ok fuse_epilogues_auto_follows_the_preset
+else fail fuse_epilogues_auto_follows_the_preset; tail -3 "$tmp"/f?.json.log; fi
+
 # 1b. A W pipeline over 2 stages with co-execution: the bubble is reported.
 out=$("$bin" simulate --config configs/demo.toml --cluster cpu-emulated --parallel.pp 2 --schedule.pipeline w \
       --training.micro_batches 4 --json "$tmp/w.json" 2>&1); rc=$?
@@ -258,5 +278,18 @@ assert s['precision'] == 'bf16' and abs(s['step_s'] - kept) <= 1e-12 * kept, (s[
 assert f['step_s'] > 1.5 * kept, (f['step_s'], kept)" "$tmp/plan/pj.json" "$tmp/ps.json" "$tmp/pf.json"; then
   ok plan_and_simulate_agree
 else fail plan_and_simulate_agree; fi
+
+# 10b. A plan priced on a GPU's preset is made for the fused programs a run there trains (GPT's GELU
+#      fuses at tp = 2): simulate on that preset takes it; on this machine's preset (plain programs)
+#      it is refused, exit 2, naming training.fuse_epilogues. Oracle: the documented rule and the
+#      plan's op lists (check_op_list).
+g=(--config configs/demo.toml --model.family gpt --model.n_kv_heads 8 --parallel.tp 2)
+if "$bin" plan "${g[@]}" --cost-model h100-8gpu --top-k 2 --out "$tmp/gplan/plan.json" >"$tmp/gplan.log" 2>&1 \
+   && grep -q "fused-epilogues" "$tmp/gplan.log" \
+   && "$bin" simulate "${g[@]}" --cluster h100-8gpu --schedule.plan "$tmp/gplan/plan.json" >/dev/null 2>&1; then
+  out=$("$bin" simulate "${g[@]}" --cluster cpu-emulated --schedule.plan "$tmp/gplan/plan.json" 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -q "training.fuse_epilogues" <<<"$out"; then ok plan_for_fused_programs
+  else fail plan_for_fused_programs; echo "exit $rc"; echo "$out" | tail -3; fi
+else fail plan_for_fused_programs; tail -3 "$tmp/gplan.log"; fi
 
 summary

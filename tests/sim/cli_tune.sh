@@ -53,6 +53,21 @@ expect_bad only_unknown "--only" "not a layout of 4 ranks" -- --model gpt2-124m 
 expect_bad explain_without_only "--explain" "--only" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --explain
 expect_bad sparse_embed_value "--sparse-embed-grad 'maybe' must be on or off" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --sparse-embed-grad maybe
 expect_bad trace_without_confirm "--trace is only for --confirm" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --trace
+expect_bad fuse_epilogues_value "--fuse-epilogues 'yes' is not one of auto, on, off" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated --fuse-epilogues yes
+
+# 4a. --fuse-epilogues auto (training.fuse_epilogues' rule asked of the preset's devices) fuses on a
+# GPU's preset and not on this machine's; on / off say so. Oracle: the documented rule, read back
+# from the JSON's fuse_epilogues and the header line.
+fused_of() {  # prints the JSON's fuse_epilogues and whether the header says fused, or "failed"
+  local o; o=$("$bin" tune --model gpt2-124m --gpus 4 --global-batch 8 --seq 256 --json "$tmp/f.json" "$@" 2>&1) || { echo failed; return; }
+  /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['fuse_epilogues'], end=' ')" "$tmp/f.json"
+  grep -q "GEMM epilogues fused" <<<"$o" && echo header || echo no-header
+}
+a=$(fused_of --cluster perlmutter-a100); b=$(fused_of --cluster cpu-emulated)
+c=$(fused_of --cluster perlmutter-a100 --fuse-epilogues off); d=$(fused_of --cluster cpu-emulated --fuse-epilogues on)
+if [ "$a" = "True header" ] && [ "$b" = "False no-header" ] && [ "$c" = "False no-header" ] && [ "$d" = "True header" ]; then
+  ok fuse_epilogues_auto_follows_the_preset
+else fail fuse_epilogues_auto_follows_the_preset; echo "gpu auto: $a; cpu auto: $b; gpu off: $c; cpu on: $d"; fi
 
 # 4b. --sparse-embed-grad prices the trainer's sparse exchange where the trainer takes it. Oracle: the
 # gating rule (StepModel.h sparse_embedding_applies: dp > 1 and tp = 1; here 256 tokens x dp 4 rows

@@ -5,6 +5,7 @@
 // fraction (p-1)/(M+p-1), and a brute-force count of the layouts of n ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/Error.h"
@@ -227,6 +228,45 @@ TEST(StepModel, ExpertParallelMemoryAndGradientVolumeByHand) {
   bool listed = false;
   for (const StepPrediction& q : r.ranked) listed |= layout_label(q.layout) == "tp=1 pp=1 dp=4 ep=2";
   EXPECT_TRUE(listed);
+}
+
+// Tune with the GEMM epilogues fused (PredictOptions::fuse_epilogues, what a GPU run trains by
+// default) prices each layout's fused programs. Oracle: the fusion rule (sharding/Epilogues.h): every
+// Megatron layout fuses at least GPT's GELU pair (its column linear and GELU are local at any tp),
+// whose fused op keeps the GEMM's FLOPs and drops the pair's link traffic, so its compute is shorter
+// on a GPU preset; the 3D grids fuse nothing (their GEMMs are their own ops), so theirs are
+// unchanged; the saved activations are the same either way (pre and act are kept as the pair kept
+// the GEMM's output and GELU's).
+TEST(StepModel, TuneWithFusedEpiloguesPricesTheFusedPrograms) {
+  const ModelConfig m = small_gpt();
+  const ClusterPreset gpu = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
+  ASSERT_TRUE(gpu.is_gpu());
+  EXPECT_FALSE(cpu().is_gpu());
+  PredictOptions plain_opt, fused_opt;
+  plain_opt.precision = fused_opt.precision = Precision::kBf16;
+  fused_opt.fuse_epilogues = true;
+  const BatchSpec batch{8, 32, 1};
+  const TuneResult plain = rank_layouts(m, 4, batch, gpu, plain_opt), fused = rank_layouts(m, 4, batch, gpu, fused_opt);
+  ASSERT_EQ(plain.ranked.size(), fused.ranked.size());
+  int megatron = 0, grids = 0;
+  for (const StepPrediction& f : fused.ranked) {
+    const std::string label = layout_label(f.layout);
+    const auto p = std::find_if(plain.ranked.begin(), plain.ranked.end(),
+                                [&](const StepPrediction& q) { return layout_label(q.layout) == label; });
+    ASSERT_NE(p, plain.ranked.end()) << label;
+    EXPECT_TRUE(f.layout.fuse_epilogues) << label;
+    EXPECT_FALSE(p->layout.fuse_epilogues) << label;
+    EXPECT_DOUBLE_EQ(f.memory.activations, p->memory.activations) << label;
+    if (f.layout.is_3d()) {
+      ++grids;
+      EXPECT_DOUBLE_EQ(f.compute_s, p->compute_s) << label;
+    } else {
+      ++megatron;
+      EXPECT_LT(f.compute_s, p->compute_s) << label;
+    }
+  }
+  EXPECT_GT(megatron, 0);
+  EXPECT_GT(grids, 0);
 }
 
 // Context parallelism, counted by hand: the small GPT at dp = 2 with ZeRO-1 against cp = 2 of those

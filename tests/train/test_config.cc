@@ -174,6 +174,14 @@ TEST(Config, FuseEpiloguesIsAutoOnOrOffAndAutoMeansOnAGpu) {
   EXPECT_NE(bad.find("training.fuse_epilogues=\"yes\" is not a choice; use auto (fused on a GPU), on or off"),
             std::string::npos) << bad;
   EXPECT_EQ(error_of("", {{"training.fuse_epilogues", "on"}}), "");
+  // The same rule asked of a cluster preset's devices (simulate, tune, plan --cost-model): auto is
+  // the device's kind, on and off are what they say.
+  for (const char* fe : {"auto", "on", "off"}) {
+    c.training.fuse_epilogues = fe;
+    const bool auto_ = std::string(fe) == "auto", on = std::string(fe) == "on";
+    EXPECT_EQ(fuse_epilogues_for(c, true), auto_ || on) << fe;
+    EXPECT_EQ(fuse_epilogues_for(c, false), on) << fe;
+  }
 }
 
 TEST(Config, DeviceCudaRefusesWhatTheGpuPathDoesNotRunYet) {
