@@ -321,9 +321,9 @@ TEST(CudaEpilogue, RaggedOrMisalignedAuxFallsBackAndMatchesCpu) {
   }
 }
 
-// A bias at an odd element of the flat bf16 store (2-byte aligned) is staged to an aligned buffer for
-// the fused forms too. Oracle: the same call with the bias 16-byte aligned, bit for bit (one plan:
-// the bias's alignment is not in the key).
+// A bias at an odd element of the flat bf16 store (2-byte aligned) is staged to a 256-byte aligned
+// buffer for the fused forms too. Oracle: the same call with the bias in its own cudaMalloc (256-byte
+// aligned), bit for bit (one plan: the key's bias alignment is 256 for both).
 TEST(CudaEpilogue, AMisalignedBiasGivesTheAlignedBiasBits) {
   DHX_REQUIRE_GPU();
   Blas blas(0);
