@@ -18,8 +18,10 @@ bin="$PWD/$build/dhelix"
 work=$(mktemp -d /tmp/dhelix_bench_axonn.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
+# GEMM epilogue fusion off (it would be on by default on a GPU's preset): AxoNN and Megatron ran no
+# cuBLASLt epilogues, and the recorded figures were priced without them.
 shape=(--d-model 12288 --layers 42 --heads 96 --seq 2048 --global-batch 1024 --gpus 1024 --cluster perlmutter-a100
-       --precision bf16 --recompute full --top 2000)
+       --precision bf16 --recompute full --top 2000 --fuse-epilogues off)
 "$bin" tune --model gpt-18b "${shape[@]}" --json "$work/tune.json" > "$work/tune.log" 2>&1 ||
   { cat "$work/tune.log" >&2; exit 1; }
 "$bin" tune --model gpt-18b "${shape[@]}" --zero 1 --json "$work/tune_zero.json" > "$work/tune_zero.log" 2>&1 ||
@@ -33,7 +35,7 @@ print(pick(sys.argv[1], 'x='), pick(sys.argv[1], 'tp='), pick(sys.argv[2], 'tp='
 
 model=(--cluster perlmutter-a100 --gpus 1024 --model.preset gpt-18b --model.d_model 12288 --model.n_layers 42
        --model.n_heads 96 --model.n_kv_heads 96 --model.ffn_hidden 49152 --model.seq_len 2048
-       --training.micro_batch_size 1 --training.recompute full --precision bf16)
+       --training.micro_batch_size 1 --training.recompute full --precision bf16 --training.fuse_epilogues off)
 sim() {  # sim NAME LAYOUT ZERO SI
   local spec=${2//_/ } replicas pipe=()
   replicas=$(/usr/bin/python3 -c "import sys; d = dict(w.split('=') for w in sys.argv[1].split()); print(int(d['dp']) * int(d.get('z', 1)))" "$spec")

@@ -48,15 +48,18 @@ rows=(
   "Llama-8B|long|8 4 2 1|59.8 78.0"   "Llama-25B|long|4 8 2 1|38.4 50.0"  "Llama-39B|long|2 8 2 2|51.9 72.0"
   "GPT-6.7B|long|8 4 2 1|57.3 75.1"   "GPT-18B|long|4 8 2 1|28.4 34.6"    "GPT-30B|long|2 8 2 2|41.9 51.4"
 )
+# GEMM epilogue fusion off everywhere (on by default on a GPU's preset): the papers' systems
+# (Megatron-LM, DHelix on it, AxoNN) ran no cuBLASLt epilogues, and the recorded figures were priced
+# without them.
 sim() {  # sim OUT.json overrides... -> runs dhelix simulate, fails loudly
   local out=$1; shift
-  "$bin" simulate --precision bf16 --compute-slowdown "$slowdown" --json "$out" "$@" \
+  "$bin" simulate --precision bf16 --compute-slowdown "$slowdown" --training.fuse_epilogues off --json "$out" "$@" \
     > "${out%.json}.log" 2>&1 || { echo "simulate failed: $*" >&2; cat "${out%.json}.log" >&2; exit 1; }
 }
 
 search() {  # search PLAN.json PRESET config-overrides... -> dhelix plan --cost-model, fails loudly
   local out=$1 preset=$2; shift 2
-  "$bin" plan --cost-model "$preset" --out "$out" --output.dir "$work/plan_out" "$@" \
+  "$bin" plan --cost-model "$preset" --training.fuse_epilogues off --out "$out" --output.dir "$work/plan_out" "$@" \
     > "${out%.json}.log" 2>&1 || { echo "plan failed: $*" >&2; cat "${out%.json}.log" >&2; exit 1; }
 }
 
@@ -93,7 +96,7 @@ done
 
 # AxoNN's 80B GPT on 1,024 A100s: tune's best 4D layout and best Megatron layout on perlmutter-a100.
 "$bin" tune --model gpt-18b --d-model 12288 --layers 42 --heads 96 --seq 2048 --global-batch 1024 --gpus 1024 \
-  --cluster perlmutter-a100 --precision bf16 --top 400 --json "$work/axonn.json" \
+  --cluster perlmutter-a100 --precision bf16 --fuse-epilogues off --top 400 --json "$work/axonn.json" \
   > "$work/axonn.log" 2>&1 || { cat "$work/axonn.log" >&2; exit 1; }
 # ... then both simulated op by op (`dhelix simulate --layout`), 1,024 sequences of 2,048 per step,
 # micro-batch 1: SI off (the paper's comparison; 1F1B where pp > 1) and the 4D layout with SI on.
