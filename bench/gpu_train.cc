@@ -9,9 +9,11 @@
 // of the optimizer's share alone (gradient norm, read back, AdamW), timed inside the same steps.
 // (Until 2026-11-27 this bench ran one AdamW launch over all parameters without the mask or
 // clipping; its figures of 2026-11-26 and -27 are of that form.) Variants, stepped alternately:
-// each GEMM algorithm choice with the epilogues fused (training.fuse_epilogues = auto on a GPU:
-// sharding/Epilogues.h), then the first choice without (fuse_epilogues false: the plain programs,
-// what ran before 2026-11-28), so one call measures what the fusion gains.
+// the first GEMM algorithm choice with the epilogues fused (training.fuse_epilogues = auto on a GPU:
+// sharding/Epilogues.h), the same without (fuse_epilogues false: the plain programs, what ran before
+// 2026-11-28), so one call measures what the fusion gains, then the other choices fused; a variant
+// whose Step would not fit beside the others' is skipped, named (each Step keeps its own model
+// states).
 //   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 //                          [--steps 10] [--warmup 3] [--gemm-algo heuristic,timed] [--plain on|off]
 // Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
@@ -93,16 +95,34 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     loss[k] = st.loss_sum / static_cast<double>(st.tokens);
   };
   // Each Step is built and warmed up alone (the first one's peak is one step's memory: the model
-  // states and its activations), then the measured steps alternate between them.
-  int64_t peak_one = 0;
+  // states and its activations), then the measured steps alternate between them. A Step that would
+  // not fit beside the ones built is left out, named (Llama-1B's three Steps, ~70 GiB, on an 80 GB
+  // H100): the model states stay per Step (in use between steps), the activations come and go, so
+  // one more Step needs the first's states plus the activations' peak, with 10% to spare, within 95%
+  // of the device's memory.
+  int64_t peak_one = 0, states_one = 0;
+  const double device_bytes = static_cast<double>(cuda::device_info(0).global_bytes);
+  std::vector<Variant> kept;
   for (size_t k = 0; k < variants.size(); ++k) {
+    if (k > 0) {
+      const double in_use = static_cast<double>(device_memory_stats(gpu).in_use);
+      const double need = static_cast<double>(states_one) + 1.1 * static_cast<double>(peak_one - states_one);
+      if (in_use + need > 0.95 * device_bytes) {
+        std::printf("%-10s gemm_algo %-9s %-5s: skipped: another Step needs ~%.1f GiB beside the %.1f GiB in use, "
+                    "past 95%% of the device's %.1f GiB\n",
+                    name.c_str(), variants[k].algo.c_str(), variants[k].fuse ? "fused" : "plain", need / (1 << 30),
+                    in_use / (1 << 30), device_bytes / (1 << 30));
+        continue;
+      }
+    }
     if (k == 0) reset_device_peak(gpu);
     spec.timed_gemms = variants[k].algo == "timed";
     ps.layout.fuse_epilogues = variants[k].fuse;
     built.push_back(std::make_unique<Step>(spec));
     built.back()->runner->add_observer(built.back()->sync.get());
-    for (int s = 0; s < warmup; ++s) one_step(k, s);
-    if (k == 0) peak_one = device_memory_stats(gpu).peak_in_use;
+    kept.push_back(variants[k]);
+    for (int s = 0; s < warmup; ++s) one_step(built.size() - 1, s);
+    if (k == 0) peak_one = device_memory_stats(gpu).peak_in_use, states_one = device_memory_stats(gpu).in_use;
   }
   for (int s = warmup; s < warmup + steps; ++s)
     for (size_t k = 0; k < built.size(); ++k) one_step(k, s);
@@ -117,14 +137,14 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     const double tok = static_cast<double>(B * T) / med, fpt = ps.model.flops_per_token(T);
     std::printf("%-10s B=%ld T=%ld gemm_algo %-9s %-5s: step %.2f ms (min %.2f, max %.2f; optimizer %.2f) -> %.0f tok/s, "
                 "MFU %.3f, loss %.3f, peak %.1f GiB (one step)\n",
-                name.c_str(), static_cast<long>(B), static_cast<long>(T), variants[k].algo.c_str(),
-                variants[k].fuse ? "fused" : "plain", med * 1e3,
+                name.c_str(), static_cast<long>(B), static_cast<long>(T), kept[k].algo.c_str(),
+                kept[k].fuse ? "fused" : "plain", med * 1e3,
                 sorted.front() * 1e3, sorted.back() * 1e3, opt_med * 1e3, tok, tok * fpt / kPeak, loss[k],
                 static_cast<double>(peak_one) / (1 << 30));
     out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
                        "\"spread\":[{:.6g},{:.6g}],\"optimizer_s\":{:.6g},\"tokens_per_s\":{:.6g},"
                        "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
-                       out.empty() ? "" : ",", name, variants[k].algo, variants[k].fuse,
+                       out.empty() ? "" : ",", name, kept[k].algo, kept[k].fuse,
                        built[k]->parts->progs.fusions.total(), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
                        fpt, tok * fpt / kPeak, loss[k], peak_one);
   }
@@ -160,9 +180,11 @@ int run(int argc, char** argv) {
     algos.push_back(one);
     a = b + 1;
   }
-  std::vector<Variant> variants;
-  for (const std::string& a : algos) variants.push_back({a, true});
+  // In the order they are kept when memory runs short: the default (the first choice, fused), the
+  // same unfused (the epilogues' gain), then the other GEMM choices fused.
+  std::vector<Variant> variants{{algos.front(), true}};
   if (plain == "on") variants.push_back({algos.front(), false});
+  for (size_t a = 1; a < algos.size(); ++a) variants.push_back({algos[a], true});
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::string out;
