@@ -37,4 +37,43 @@ if [ -n "$(ls -A "$out")" ]; then
   echo "FAIL refused runs wrote into \$OUT: $(ls -A "$out")"
   fail=1
 fi
+
+# A test section whose process crashes reruns what it did not finish (test_section): the helpers
+# that read a crashed part's log. Oracle: the gtest log lines written by hand below -- a part that
+# ran A.One (OK), P/F.Two/0 (FAILED, a parameterized name), A.Skip (SKIPPED), then lost the context
+# in B.Bad (the sticky listener's line, no end line); the rerun's part ended with its own JSON.
+h=$(mktemp -d)
+cat > "$h/part0.log" <<'LOG'
+[==========] Running 6 tests from 3 test suites.
+[ RUN      ] A.One
+[       OK ] A.One (3 ms)
+[ RUN      ] P/F.Two/0
+[  FAILED  ] P/F.Two/0, where GetParam() = 4-byte object <02-00 00-00> (5 ms)
+[ RUN      ] A.Skip
+[  SKIPPED ] A.Skip (0 ms)
+[ RUN      ] B.Bad
+[ STICKY   ] B.Bad: cudaErrorIllegalAddress (an illegal memory access was encountered): the CUDA context is lost; ending the process (exit 86)
+LOG
+cat > "$h/part1.json" <<'JSON'
+{"tests": 2, "failures": 0, "testsuites": [{"name": "B", "tests": 1, "failures": 0, "testsuite": [{"name": "Good", "status": "RUN", "result": "COMPLETED"}]},
+ {"name": "C", "tests": 1, "failures": 0, "testsuite": [{"name": "Fine", "status": "RUN", "result": "COMPLETED"}]}]}
+JSON
+check "unfinished filter (negative)" 0 "-TrainerGpu*:A.One:P/F.Two/0:A.Skip:B.Bad" -- \
+  "$root/scripts/gpu-device" helper unfinished-filter '-TrainerGpu*' "$h/part0.log"
+check "unfinished filter (positive)" 0 "TrainerGpu*-A.One:P/F.Two/0:A.Skip:B.Bad" -- \
+  "$root/scripts/gpu-device" helper unfinished-filter 'TrainerGpu*' "$h/part0.log"
+check "crashers named" 0 "B.Bad (cudaErrorIllegalAddress" -- "$root/scripts/gpu-device" helper crashers "$h/part0.log"
+: > "$h/empty.log"
+check "no progress" 1 "" -- "$root/scripts/gpu-device" helper unfinished-filter '-X*' "$h/empty.log"
+check "merge-tests" 0 "" -- "$root/scripts/gpu-device" helper merge-tests "$h/merged.json" "$h/part0.log:$h/none.json" \
+  "$h/part1.log:$h/part1.json"
+check "merged counts" 0 "" -- /usr/bin/python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))
+cases = {s['name'] + '.' + c['name']: c for s in t['testsuites'] for c in s['testsuite']}
+assert t['tests'] == 6 and t['failures'] == 2, (t['tests'], t['failures'])
+assert 'crashed: cudaErrorIllegalAddress' in cases['B.Bad']['failures'][0]['failure']
+assert cases['P/F.Two/0']['failures'] and cases['A.Skip']['result'] == 'SKIPPED' and not cases['A.One'].get('failures')
+assert 'B.Good' in cases and 'C.Fine' in cases" "$h/merged.json"
+rm -rf "$h"
 exit $fail
