@@ -277,14 +277,22 @@ void rest_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
   const int64_t F = m.F, Vp = (m.V + 63) / 64 * 64;
   const double Ld = static_cast<double>(L);
   Buf x(N * C * 2, 21), y(N * C * 2, 22), dy(N * C * 2, 23), g(C * 4, 24), bb(C * 4, 25), stat(N * 4, 26),
-      stat2(N * 4, 27), dg(C * 4, 28), db(C * 4, 29);
+      stat2(N * 4, 27), dg(C * 4, 28), db(C * 4, 29), res(N * C * 2, 40);
+  // The norms' backward as the step runs it (CudaOps.cc): the residual stream's gradient added in the
+  // same pass (2L of the 2L + 1 calls have one; timed with it), the old form -- the backward, then
+  // the add -- as a study row.
   // Norm statistics from a real forward, so the backward reads finite values.
   if (m.llama) {
     rmsnorm_fwd(x.as<bf16>(), g.as<float>(), y.as<bf16>(), stat.as<float>(), N, C, 1e-5f, s);
     b.time("rmsnorm fwd", "rest", 2 * Ld + 1, 0,
            [&] { rmsnorm_fwd(x.as<bf16>(), g.as<float>(), y.as<bf16>(), stat.as<float>(), N, C, 1e-5f, s); });
     b.time("rmsnorm bwd", "rest", 2 * Ld + 1, 0, [&] {
+      rmsnorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), y.as<bf16>(), dg.as<float>(), N, C, s,
+                  res.as<bf16>());
+    });
+    b.time("rmsnorm bwd, residual added after", "study", 2 * Ld + 1, 0, [&] {
       rmsnorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), y.as<bf16>(), dg.as<float>(), N, C, s);
+      add_inplace(y.as<bf16>(), res.as<bf16>(), N * C, s);
     });
     // The backward's two-kernel form (what rmsnorm_bwd ran before the fused pass, 2026-11-28).
     b.time("rmsnorm bwd two-kernel", "study", 2 * Ld + 1, 0, [&] {
@@ -300,15 +308,21 @@ void rest_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
     });
     b.time("layernorm bwd", "rest", 2 * Ld + 1, 0, [&] {
       layernorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), stat2.as<float>(), y.as<bf16>(),
+                    dg.as<float>(), db.as<float>(), N, C, s, res.as<bf16>());
+    });
+    b.time("layernorm bwd, residual added after", "study", 2 * Ld + 1, 0, [&] {
+      layernorm_bwd(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), stat2.as<float>(), y.as<bf16>(),
                     dg.as<float>(), db.as<float>(), N, C, s);
+      add_inplace(y.as<bf16>(), res.as<bf16>(), N * C, s);
     });
     b.time("layernorm bwd two-kernel", "study", 2 * Ld + 1, 0, [&] {
       norm_bwd_two_kernel(dy.as<bf16>(), x.as<bf16>(), g.as<float>(), stat.as<float>(), stat2.as<float>(),
                           y.as<bf16>(), dg.as<float>(), db.as<float>(), N, C, true, s);
     });
   }
-  // Residual adds: two per layer forward, two per layer backward (the residual stream's gradient).
-  b.time("residual add", "rest", 4 * Ld, 0, [&] { add(x.as<bf16>(), dy.as<bf16>(), y.as<bf16>(), N * C, s); });
+  // Residual adds: two per layer forward (the backward's two are in the norms' backward since
+  // 2026-11-28; the forward's in the GEMM epilogue where fused: the epilogue study).
+  b.time("residual add", "rest", 2 * Ld, 0, [&] { add(x.as<bf16>(), dy.as<bf16>(), y.as<bf16>(), N * C, s); });
   if (m.llama) {
     Buf gu(N * 2 * F * 2, 30), h(N * F * 2, 31), dgu(N * 2 * F * 2, 32), qkv(N * W * 2, 33);
     b.time("swiglu fwd", "rest", Ld, 0, [&] { swiglu_fwd(gu.as<bf16>(), h.as<bf16>(), N, F, s); });

@@ -209,9 +209,10 @@ void op_layernorm_bwd(OpCall& c) {
   Tensor& x = c.in(1);
   const int64_t N = rows(x), C = cols(x);
   Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
+  // The residual stream's gradient added in the same pass (the bits of add_inplace after it).
+  const bf16* add = c.op.attrs.at("residual") ? b16(c.in(4)) : nullptr;
   cuda::layernorm_bwd(b16(dy), b16(x), f32(c.param(0).value), f32(c.in(2)), f32(c.in(3)), b16(dx),
-                      f32(c.grad(0).grad), f32(c.grad(1).grad), N, C, st(c));
-  if (c.op.attrs.at("residual")) cuda::add_inplace(b16(dx), b16(c.in(4)), N * C, st(c));
+                      f32(c.grad(0).grad), f32(c.grad(1).grad), N, C, st(c), add);
 }
 
 void op_rmsnorm(OpCall& c) {
@@ -228,8 +229,9 @@ void op_rmsnorm_bwd(OpCall& c) {
   Tensor& x = c.in(1);
   const int64_t N = rows(x), C = cols(x);
   Tensor& dx = c.out_new(0, {N, C}, DType::kBF16);
-  cuda::rmsnorm_bwd(b16(dy), b16(x), f32(c.param(0).value), f32(c.in(2)), b16(dx), f32(c.grad(0).grad), N, C, st(c));
-  if (c.op.attrs.at("residual")) cuda::add_inplace(b16(dx), b16(c.in(3)), N * C, st(c));
+  const bf16* add = c.op.attrs.at("residual") ? b16(c.in(3)) : nullptr;  // as layernorm_bwd's
+  cuda::rmsnorm_bwd(b16(dy), b16(x), f32(c.param(0).value), f32(c.in(2)), b16(dx), f32(c.grad(0).grad), N, C, st(c),
+                    add);
 }
 
 // RoPE over the q and k heads of the packed [N, (H + 2 Hkv) D] rows (this rank's heads under tp):

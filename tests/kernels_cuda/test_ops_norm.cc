@@ -269,6 +269,57 @@ TEST(CudaOpsNorm, FusedPassWritesTheTwoKernelDxBitForBit) {
   }
 }
 
+// The residual stream's gradient added in the backward's own pass (layernorm_bwd / rmsnorm_bwd's
+// add, the step's norm_bwd ops with residual): dx and the parameter gradients bit for bit those of
+// the backward without it followed by add_inplace(dx, add) (the step before 2026-11-28). Oracle:
+// that two-step run on the same inputs. Shapes: the fused pass (C = 768; RMSNorm's 2048), the
+// two-kernel form's vector path (4096) and its scalar one (ragged C = 100), and an add 2 bytes off
+// 16-byte alignment (the scalar path for an otherwise vector shape; the reference's dx is put 2
+// bytes off too, so that both runs take that path and sum in one order); N = 9000 (several rows a
+// warp).
+TEST(CudaOpsNorm, ResidualAddedInThePassIsTheBackwardThenAddInplace) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 700;
+  struct Case { int64_t N, C; bool misaligned; };
+  for (const Case& k : {Case{9000, 768, false}, Case{300, 2048, false}, Case{64, 4096, false}, Case{37, 100, false},
+                        Case{300, 768, true}}) {
+    for (bool layer : {true, false}) {
+      const int64_t N = k.N, C = k.C;
+      const auto x = rows_with_means(N, C, seed++), g = around_one(C, seed++);
+      const auto dy = round_bf16(randn(N * C, seed++)), res = round_bf16(randn(N * C, seed++));
+      std::vector<float> y(N * C), mean(N), rstd(N);
+      if (layer) cpu::layernorm_fwd<float>(x.data(), g.data(), nullptr, y.data(), mean.data(), rstd.data(), N, C, kEps);
+      else cpu::rmsnorm_fwd<float>(x.data(), g.data(), y.data(), rstd.data(), N, C, kEps);
+      const std::vector<float> zeros(C, 0.0f);
+      std::vector<float> res_off(N * C + 1, 0.0f);  // the add at element 1 when misaligned
+      std::copy(res.begin(), res.end(), res_off.begin() + (k.misaligned ? 1 : 0));
+      const int64_t off = k.misaligned ? 1 : 0;
+      DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x)), gres(to_bf16(res_off)), dx_one(N * C + 1), dx_two(N * C + 1);
+      DevBuf<float> gg(g), gmean(mean), grstd(rstd), dg_one(zeros), db_one(zeros), dg_two(zeros), db_two(zeros);
+      dx_one.poison(), dx_two.poison();
+      const bf16* add = gres.get() + off;
+      bf16 *one = dx_one.get() + off, *two = dx_two.get() + off;
+      if (layer) {
+        layernorm_bwd(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), one, dg_one.get(), db_one.get(), N, C,
+                      nullptr, add);
+        layernorm_bwd(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), two, dg_two.get(), db_two.get(), N, C,
+                      nullptr);
+      } else {
+        rmsnorm_bwd(gdy.get(), gx.get(), gg.get(), grstd.get(), one, dg_one.get(), N, C, nullptr, add);
+        rmsnorm_bwd(gdy.get(), gx.get(), gg.get(), grstd.get(), two, dg_two.get(), N, C, nullptr);
+      }
+      add_inplace(two, add, N * C, nullptr);
+      const std::string at = std::string(layer ? "LayerNorm" : "RMSNorm") + " N=" + std::to_string(N) + " C=" +
+                             std::to_string(C) + (k.misaligned ? " (add misaligned)" : "");
+      EXPECT_TRUE(same_bits(dx_one.download(), dx_two.download())) << "dx, " << at;
+      EXPECT_TRUE(same_bits(dg_one.download(), dg_two.download())) << "dg, " << at;
+      if (layer) {
+        EXPECT_TRUE(same_bits(db_one.download(), db_two.download())) << "db, " << at;
+      }
+    }
+  }
+}
+
 TEST(CudaOpsNorm, BadSizesAreInternalErrors) {
   DHX_REQUIRE_GPU();
   DevBuf<bf16> x(64), y(64);

@@ -7,6 +7,8 @@
 //     column sums of a run of rows (warps in row order, then the block's warps in warp order);
 //   - other rows: the dx kernel, then chunks of kColRows rows summed per column (the partial kernel);
 // then the partials summed per column in a fixed grouping (column_final_kernel) and added to dg/db.
+// The backward adds the residual stream's gradient to dx in its own pass when given one (the step's
+// norm_bwd ops with residual): +2NC read, where the separate add_inplace after it moved 6NC.
 // Bytes moved: forward 4NC (+ 8N stats); backward 6NC fused (+ the partials), else 6NC for dx and 4NC
 // again for the partials. Measured on the H100 (2026-11-27, bench/gpu_kernels) at 111 us for GPT-2's
 // LayerNorm backward in the two-kernel form (N = 16384, C = 768: ~75 MB, 25 us at 3 TB/s). The fused
@@ -107,11 +109,13 @@ __global__ void norm_fwd_kernel(const bf16* __restrict__ x, const float* __restr
 // dx of row n (one warp, lane `lane`), the CPU twin's algebra. LayerNorm, xh = (x - mean) rstd,
 // dxh = dy g: dx = rstd (dxh - mean(dxh) - xh mean(dxh xh)). RMSNorm: dx = rstd dy g - x rstd^3
 // mean(dy g x). xs, ds: the row's x and dy units (K > 0: in registers; K = 0: read from xr, dyr).
+// addr (null, or the row of a gradient to add: the residual stream's): dx rounded to bf16, then
+// the sum rounded again -- the bits of writing dx and then add_inplace(dx, add), one pass fewer.
 template <int W, int K, bool kLayer>
 __device__ __forceinline__ void row_dx(const LaneUnits<W, K>& xs, const LaneUnits<W, K>& ds,
                                        const BfVec<W>* xr, const BfVec<W>* dyr, BfVec<W>* dxr,
-                                       const float* __restrict__ g, float mu, float rs, int lane, int64_t units,
-                                       int64_t C) {
+                                       const BfVec<W>* addr, const float* __restrict__ g, float mu, float rs,
+                                       int lane, int64_t units, int64_t C) {
   // Unit u's dy (slot k of the lane's), from registers or memory.
   auto dy_unit = [&](int64_t u, int k) -> BfVec<W> {
     if constexpr (K > 0) return ds.v[k];
@@ -137,7 +141,8 @@ __device__ __forceinline__ void row_dx(const LaneUnits<W, K>& xs, const LaneUnit
   const float kx = rs * rs * rs * a;  // RMSNorm's x coefficient (a already divided by C)
   xs.each(xr, lane, units, [&](int64_t u, int k, const BfVec<W>& xv) {
     const BfVec<W> dv = dy_unit(u, k);
-    BfVec<W> o;
+    BfVec<W> o, av;
+    if (addr != nullptr) av = addr[u];
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       const int64_t c = u * W + j;
@@ -148,6 +153,7 @@ __device__ __forceinline__ void row_dx(const LaneUnits<W, K>& xs, const LaneUnit
       } else {
         o.v[j] = __float2bfloat16(rs * dyc * g[c] - xc * kx);
       }
+      if (addr != nullptr) o.v[j] = __float2bfloat16(__bfloat162float(o.v[j]) + __bfloat162float(av.v[j]));
     }
     dxr[u] = o;
   });
@@ -158,7 +164,7 @@ __device__ __forceinline__ void row_dx(const LaneUnits<W, K>& xs, const LaneUnit
 template <int W, int K, bool kLayer>
 __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
-                                   bf16* __restrict__ dx, int64_t N, int64_t C) {
+                                   bf16* __restrict__ dx, const bf16* __restrict__ add, int64_t N, int64_t C) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N) return;
@@ -168,8 +174,9 @@ __global__ void norm_bwd_dx_kernel(const bf16* __restrict__ dy, const bf16* __re
   LaneUnits<W, K> xs, ds;
   xs.load(xr, lane, units);
   ds.load(dyr, lane, units);
-  row_dx<W, K, kLayer>(xs, ds, xr, dyr, reinterpret_cast<BfVec<W>*>(dx + n * C), g, kLayer ? mean[n] : 0.0f, rstd[n],
-                       lane, units, C);
+  const BfVec<W>* addr = add != nullptr ? reinterpret_cast<const BfVec<W>*>(add + n * C) : nullptr;
+  row_dx<W, K, kLayer>(xs, ds, xr, dyr, reinterpret_cast<BfVec<W>*>(dx + n * C), addr, g, kLayer ? mean[n] : 0.0f,
+                       rstd[n], lane, units, C);
 }
 
 // The whole backward in one pass over x and dy (K > 0: the row in registers, C <= 256 K): each warp
@@ -187,7 +194,7 @@ template <int K, bool kLayer>
 __global__ void __launch_bounds__(kNormWarps * 32, K <= 4 ? 2 : 1)
     norm_bwd_fused_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const float* __restrict__ g,
                           const float* __restrict__ mean, const float* __restrict__ rstd, bf16* __restrict__ dx,
-                          float* __restrict__ part, int64_t N, int64_t C, int rows) {
+                          const bf16* __restrict__ add, float* __restrict__ part, int64_t N, int64_t C, int rows) {
   constexpr int W = 8, kParts = kLayer ? 2 : 1;
   extern __shared__ __align__(16) float red[];  // [kNormWarps][C]
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -209,7 +216,8 @@ __global__ void __launch_bounds__(kNormWarps * 32, K <= 4 ? 2 : 1)
     xs.load(xr, lane, units);
     ds.load(dyr, lane, units);
     const float mu = kLayer ? mean[n] : 0.0f, rs = rstd[n];
-    row_dx<W, K, kLayer>(xs, ds, xr, dyr, reinterpret_cast<BfVec<W>*>(dx + n * C), g, mu, rs, lane, units, C);
+    const BfVec<W>* addr = add != nullptr ? reinterpret_cast<const BfVec<W>*>(add + n * C) : nullptr;
+    row_dx<W, K, kLayer>(xs, ds, xr, dyr, reinterpret_cast<BfVec<W>*>(dx + n * C), addr, g, mu, rs, lane, units, C);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (lane + 32 * k >= units) continue;
@@ -366,7 +374,7 @@ void norm_fwd(const char* what, const bf16* x, const float* g, const float* b, b
 // The fused backward (norm_bwd_fused_kernel) for K units a lane.
 template <int K, bool kLayer>
 void fused_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd, bf16* dx,
-               float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
+               const bf16* add, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
   constexpr int64_t kParts = kLayer ? 2 : 1;
   const int rows = fused_rows(N);
   const int64_t blocks = cdiv(N, int64_t{kNormWarps} * rows);
@@ -380,7 +388,7 @@ void fused_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean,
   float* part = nullptr;  // [blocks, parts, C]
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), blocks * kParts * C * sizeof(float), s));
   norm_bwd_fused_kernel<K, kLayer><<<static_cast<unsigned>(blocks), kNormWarps * 32, smem, s>>>(
-      dy, x, g, mean, rstd, dx, part, N, C, rows);
+      dy, x, g, mean, rstd, dx, add, part, N, C, rows);
   DHX_CUDA_LAUNCHED(norm_bwd_fused_kernel);
   add_partials(part, dg, db, blocks, kParts, C, s);
   DHX_CUDA(cudaFreeAsync(part, s));
@@ -396,18 +404,19 @@ void param_grads(const char* what, const bf16* dy, const bf16* x, const float* m
 // then the parameter gradients by column chunks (param_grads).
 template <bool kLayer>
 void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
-              bf16* dx, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s, bool fuse = true) {
+              bf16* dx, const bf16* add, float* dg, float* db, int64_t N, int64_t C, cudaStream_t s,
+              bool fuse = true) {
   check_norm(what, N, C);
   if (N == 0) return;
-  const bool vec = C % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx);
+  const bool vec = C % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && (add == nullptr || aligned16(add));
   const int64_t lane_units = vec && fuse ? cdiv(C / 8, int64_t{32}) : 0;
   switch (lane_units) {
-    case 1: return fused_bwd<1, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
-    case 2: return fused_bwd<2, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
-    case 3: return fused_bwd<3, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
-    case 4: return fused_bwd<4, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+    case 1: return fused_bwd<1, kLayer>(dy, x, g, mean, rstd, dx, add, dg, db, N, C, s);
+    case 2: return fused_bwd<2, kLayer>(dy, x, g, mean, rstd, dx, add, dg, db, N, C, s);
+    case 3: return fused_bwd<3, kLayer>(dy, x, g, mean, rstd, dx, add, dg, db, N, C, s);
+    case 4: return fused_bwd<4, kLayer>(dy, x, g, mean, rstd, dx, add, dg, db, N, C, s);
     case 5: case 6: case 7: case 8:
-      if constexpr (!kLayer) return fused_bwd<8, kLayer>(dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+      if constexpr (!kLayer) return fused_bwd<8, kLayer>(dy, x, g, mean, rstd, dx, add, dg, db, N, C, s);
       break;
     default: break;
   }
@@ -415,12 +424,12 @@ void norm_bwd(const char* what, const bf16* dy, const bf16* x, const float* g, c
   const auto grid = static_cast<unsigned>(cdiv(N, kNormWarps));
   const dim3 block(kNormWarps * 32);
   switch (K) {
-    case 1: norm_bwd_dx_kernel<8, 1, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
-    case 2: norm_bwd_dx_kernel<8, 2, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
-    case 4: norm_bwd_dx_kernel<8, 4, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
-    case 8: norm_bwd_dx_kernel<8, 8, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
-    case 0: norm_bwd_dx_kernel<8, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
-    default: norm_bwd_dx_kernel<1, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, N, C); break;
+    case 1: norm_bwd_dx_kernel<8, 1, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, add, N, C); break;
+    case 2: norm_bwd_dx_kernel<8, 2, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, add, N, C); break;
+    case 4: norm_bwd_dx_kernel<8, 4, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, add, N, C); break;
+    case 8: norm_bwd_dx_kernel<8, 8, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, add, N, C); break;
+    case 0: norm_bwd_dx_kernel<8, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, add, N, C); break;
+    default: norm_bwd_dx_kernel<1, 0, kLayer><<<grid, block, 0, s>>>(dy, x, g, mean, rstd, dx, add, N, C); break;
   }
   DHX_CUDA_LAUNCHED(norm_bwd_dx_kernel);
   param_grads<kLayer>(what, dy, x, mean, rstd, dg, db, N, C, s);
@@ -452,9 +461,10 @@ void norm_param_grads(const bf16* dy, const bf16* x, const float* mean, const fl
 }
 
 void norm_bwd_two_kernel(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
-                         bf16* dx, float* dg, float* db, int64_t N, int64_t C, bool layer, cudaStream_t s) {
-  if (layer) norm_bwd<true>("norm_bwd_two_kernel", dy, x, g, mean, rstd, dx, dg, db, N, C, s, false);
-  else norm_bwd<false>("norm_bwd_two_kernel", dy, x, g, nullptr, rstd, dx, dg, nullptr, N, C, s, false);
+                         bf16* dx, float* dg, float* db, int64_t N, int64_t C, bool layer, cudaStream_t s,
+                         const bf16* add) {
+  if (layer) norm_bwd<true>("norm_bwd_two_kernel", dy, x, g, mean, rstd, dx, add, dg, db, N, C, s, false);
+  else norm_bwd<false>("norm_bwd_two_kernel", dy, x, g, nullptr, rstd, dx, add, dg, nullptr, N, C, s, false);
 }
 
 void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,
@@ -463,8 +473,8 @@ void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float
 }
 
 void layernorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd, bf16* dx,
-                   float* dg, float* db, int64_t N, int64_t C, cudaStream_t s) {
-  norm_bwd<true>("layernorm_bwd", dy, x, g, mean, rstd, dx, dg, db, N, C, s);
+                   float* dg, float* db, int64_t N, int64_t C, cudaStream_t s, const bf16* add) {
+  norm_bwd<true>("layernorm_bwd", dy, x, g, mean, rstd, dx, add, dg, db, N, C, s);
 }
 
 void rmsnorm_fwd(const bf16* x, const float* g, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
@@ -473,8 +483,8 @@ void rmsnorm_fwd(const bf16* x, const float* g, bf16* y, float* rstd, int64_t N,
 }
 
 void rmsnorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* rstd, bf16* dx, float* dg, int64_t N,
-                 int64_t C, cudaStream_t s) {
-  norm_bwd<false>("rmsnorm_bwd", dy, x, g, nullptr, rstd, dx, dg, nullptr, N, C, s);
+                 int64_t C, cudaStream_t s, const bf16* add) {
+  norm_bwd<false>("rmsnorm_bwd", dy, x, g, nullptr, rstd, dx, add, dg, nullptr, N, C, s);
 }
 
 }  // namespace dhelix::cuda

@@ -54,15 +54,17 @@ void position_grad(const bf16* dy, float* dwpe, int64_t rows, int64_t C, int64_t
 // y[N,C] = (x - mean) rstd g + b (b may be null); mean[N], rstd[N] = 1/sqrt(var + eps) saved.
 void layernorm_fwd(const bf16* x, const float* g, const float* b, bf16* y, float* mean, float* rstd, int64_t N,
                    int64_t C, float eps, cudaStream_t s);
-// dx[N,C] written; acc dg[C] += sum_n dy xh, acc db[C] += sum_n dy (db may be null).
+// dx[N,C] written; acc dg[C] += sum_n dy xh, acc db[C] += sum_n dy (db may be null). add (null, or
+// [N,C] bf16: the residual stream's gradient): dx = bf16(bf16(dx) + add), the bits of dx written and
+// then add_inplace(dx, add), in the same pass (not aliasing dx).
 void layernorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd, bf16* dx,
-                   float* dg, float* db, int64_t N, int64_t C, cudaStream_t s);
+                   float* dg, float* db, int64_t N, int64_t C, cudaStream_t s, const bf16* add = nullptr);
 // y[N,C] = x rstd g, rstd[N] = 1/sqrt(mean(x^2) + eps) saved.
 void rmsnorm_fwd(const bf16* x, const float* g, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
                  cudaStream_t s);
-// dx[N,C] written; acc dg[C] += sum_n dy x rstd.
+// dx[N,C] written; acc dg[C] += sum_n dy x rstd. add: as layernorm_bwd's.
 void rmsnorm_bwd(const bf16* dy, const bf16* x, const float* g, const float* rstd, bf16* dx, float* dg, int64_t N,
-                 int64_t C, cudaStream_t s);
+                 int64_t C, cudaStream_t s, const bf16* add = nullptr);
 // The parameter gradients of either backward alone, the same two stages and sums: dg += sum_n dy xh
 // (LayerNorm, xh = (x - mean) rstd, and db += sum_n dy) or dg += sum_n dy x rstd (RMSNorm: layer
 // false; mean and db unused). The 3D grid's split norms (below) take their dx from the all-reduced
@@ -72,7 +74,8 @@ void norm_param_grads(const bf16* dy, const bf16* x, const float* mean, const fl
 // Either backward in the two-kernel form for every row width (layer: LayerNorm, else RMSNorm with
 // mean and db unused): the kernel bench's comparison with the fused pass, tested as the others.
 void norm_bwd_two_kernel(const bf16* dy, const bf16* x, const float* g, const float* mean, const float* rstd,
-                         bf16* dx, float* dg, float* db, int64_t N, int64_t C, bool layer, cudaStream_t s);
+                         bf16* dx, float* dg, float* db, int64_t N, int64_t C, bool layer, cudaStream_t s,
+                         const bf16* add = nullptr);
 
 // ---- AxoNN's 3D grid: norms split around an all-reduce over x (runtime/Ops3D.cc's twins, one warp
 // per row, the row's sums in double by the warp's fixed butterfly) ----
