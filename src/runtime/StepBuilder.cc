@@ -4,6 +4,7 @@
 #include <map>
 
 #include "base/Error.h"
+#include "base/Files.h"
 #include "comm/NcclGroup.h"
 #include "comm/StagedGroup.h"
 #include "plan/PlanCheck.h"
@@ -15,19 +16,30 @@
 
 namespace dhelix {
 
-std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms) {
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms,
+                                            const std::string& gemm_choices) {
   if (d.is_host()) return nullptr;
   const std::string why = device_unavailable(d);
   DHX_CHECK(why.empty(), DeviceError, "a step on {}: {}", d.str(), why);
 #if DHELIX_HAVE_CUDA
   auto blas = std::make_shared<cuda::Blas>(d.index);
   if (timed_gemms) blas->set_choice(cuda::Blas::Choice::kTimed);
+  if (!gemm_choices.empty() && file_exists(gemm_choices)) {
+    const cuda::GemmChoices file = cuda::load_gemm_choices(gemm_choices);
+    const std::string differs = cuda::gemm_choices_mismatch(file, blas->choices());
+    DHX_CHECK(differs.empty(), ConfigError,
+              "training.gemm_choices: '{}' was {}: its algorithms are another machine's; remove the file (it is "
+              "written anew) or name another one",
+              gemm_choices, differs);
+    blas->preset(file);
+  }
   parts.ctx.device = d;
   parts.ctx.blas = blas.get();
   parts.params->move_to(d, &parts.state_mem);
   return blas;
 #else
   (void)timed_gemms;
+  (void)gemm_choices;
   throw DeviceError(fmt::format("a step on {}: {}", d.str(), why));  // (why is never empty here)
 #endif
 }
@@ -37,7 +49,8 @@ Step::Step(const StepSpec& spec) {
   const LayoutConfig& layout = parts->layout;
   RunContext& c = parts->ctx;
   // A GPU step: the model states move there before the optimizer allocates its moments beside them.
-  blas = place_on_device(*parts, spec.device, spec.timed_gemms);
+  blas = place_on_device(*parts, spec.device, spec.timed_gemms, spec.gemm_choices);
+  gemm_choices_ = spec.gemm_choices;
   // A GPU step's groups move device tensors: each CPU group is wrapped once in a staged group, the
   // only issuer on it while a step runs (the trainer's own host-tensor reductions on the CPU groups
   // come after a step's staged ops completed, so every member sees the same op order).
@@ -113,6 +126,30 @@ Step::Step(const StepSpec& spec) {
 // ordered on the backward strand's stream. The groups go first (their comm threads joined, what they
 // hold given back while the tracker and streams exist), after the executor's prefetches were waited
 // for on them; then what allocates on the runner's streams; then the runner.
+Step::GemmChoiceCounts Step::save_gemm_choices() {
+  GemmChoiceCounts n;
+#if DHELIX_HAVE_CUDA
+  if (!blas || gemm_choices_.empty()) return n;
+  n.from_file = blas->preset_used();
+  n.unusable = blas->preset_unusable();
+  const size_t fresh = blas->chosen_here();
+  if (fresh <= gemm_choices_written_) return n;
+  cuda::save_gemm_choices(gemm_choices_, blas->choices());
+  n.written = fresh - gemm_choices_written_;
+  gemm_choices_written_ = fresh;
+#endif
+  return n;
+}
+
+std::string gemm_choices_for_rank(const std::string& path, int rank, int world) {
+  if (world <= 1) return path;
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+  const std::string tag = fmt::format(".rank{}", rank);
+  return ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
+}
+
 Step::~Step() {
   if (runner) {
     try {

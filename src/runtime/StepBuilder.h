@@ -53,13 +53,18 @@ struct StepSpec {
   // A GPU step's GEMM algorithms: cuBLASLt's heuristic's first answer (false: reproducible run to
   // run), or the fastest of its first answers timed on the first step (training.gemm_algo = timed).
   bool timed_gemms = false;
+  // A GPU step's GEMM choices file for this rank (training.gemm_choices, kernels/cuda/GemmChoices.h:
+  // gemm_choices_for_rank's name below), "" for none: read when it exists (ConfigError when it was made on
+  // another GPU or cuBLASLt), so its shapes run its recorded algorithms; save_gemm_choices writes it.
+  std::string gemm_choices;
 };
 
 // Moves `parts` to GPU `d` (nothing for the host): the model states go there, and the op programs
 // bind to the GPU's kernels with the returned cuBLASLt handle, which must outlive everything
 // launching on it. DeviceError naming why when this build or machine has no such GPU. Step and the
 // profiler's LayerPairBench both place their parts with it.
-std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms = false);
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms = false,
+                                            const std::string& gemm_choices = "");
 
 class Step {
  public:
@@ -70,6 +75,14 @@ class Step {
 
   ParamStore& params() { return *parts->params; }
   RunContext& ctx() { return parts->ctx; }
+  // StepSpec::gemm_choices rewritten with every GEMM algorithm this step's Blas has chosen (and the
+  // file's other choices) when it chose any since the last write: what a later run reads. Cheap when
+  // nothing is new (call it after every step). Returns the preset's plans used and unusable so far,
+  // and how many choices of this run the write added (0: nothing written; all 0 on a CPU step).
+  struct GemmChoiceCounts {
+    size_t from_file = 0, written = 0, unusable = 0;
+  };
+  GemmChoiceCounts save_gemm_choices();
 
   // Declared in destruction order's reverse: the cuBLASLt handle outlives everything launching on it.
   std::shared_ptr<cuda::Blas> blas;  // a GPU step's (shared_ptr: complete only in a CUDA build)
@@ -83,6 +96,14 @@ class Step {
   std::unique_ptr<GradSync> sync;
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<StepRunner> runner;
+
+ private:
+  std::string gemm_choices_;
+  size_t gemm_choices_written_ = 0;  // chosen_here() at the last write
 };
+
+// A rank's own GEMM choices file: `path` itself in a run of one rank, else `path` with ".rank<r>"
+// before its extension (ranks of a pipeline or a grid have GEMM shapes of their own).
+std::string gemm_choices_for_rank(const std::string& path, int rank, int world);
 
 }  // namespace dhelix

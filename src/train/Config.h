@@ -41,6 +41,7 @@ struct TrainingConfig {
   int64_t recompute_layers = 0;      // with recompute: the first N layers of each pipeline chunk; 0: all
   std::string device = "cpu";        // where the step runs: cpu, or cuda / cuda:N (docs/gpu.md)
   std::string gemm_algo = "heuristic";  // a GPU's cuBLASLt algorithms: heuristic (reproducible) or timed
+  std::string gemm_choices;              // a GPU's cuBLASLt choices file (per rank), read and written; "" none
   std::string fuse_epilogues = "auto";  // GELU and residual adds in GEMM epilogues: auto (on a GPU), on, off
 };
 

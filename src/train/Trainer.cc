@@ -154,6 +154,9 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
     device_ = mine;
   }
   spec.device = device_;
+  if (!device_.is_host() && !cfg_.training.gemm_choices.empty())
+    spec.gemm_choices = gemm_choices_for_rank(cfg_.training.gemm_choices, comm_ ? comm_->rank() : 0,
+                                              comm_ ? comm_->world_size() : 1);
   spec.kernels = kernels;
   spec.zero = p.zero ? ZeroStage::kOne : ZeroStage::kNone;
   spec.adamw = AdamWConfig{cfg_.training.beta1, cfg_.training.beta2, cfg_.training.adam_eps,
@@ -328,6 +331,14 @@ StepReport Trainer::train_step() {
   r.peak_activation_bytes = st.peak_activation_bytes;
   r.peak_bytes = st.peak_activation_bytes + parts_->state_mem.current();
   ++step_;
+  // training.gemm_choices: the algorithms chosen for shapes the file did not hold, written after the
+  // step that first ran them (a no-op when nothing is new).
+  if (const Step::GemmChoiceCounts g = built_->save_gemm_choices(); g.written > 0)
+    log(fmt::format("GEMM choices (training.gemm_choices): {} read from the file and used{}, {} chosen now (gemm_algo={}) "
+                    "and written to {}{}",
+                    g.from_file, g.unusable > 0 ? fmt::format(" ({} no longer offered: chosen anew)", g.unusable) : "",
+                    g.written, cfg_.training.gemm_algo, cfg_.training.gemm_choices,
+                    comm_ && comm_->world_size() > 1 ? " (one file a rank: .rank<r> before the extension)" : ""));
   return r;
 }
 

@@ -179,6 +179,67 @@ TEST(CudaGemm, RepeatedCallsAreBitwiseEqual) {
 // algorithm sticks: a second call gives the first call's bits; (3) the study (time_candidates)
 // returns the heuristic's answers with the first one timed (finite), then the kSplitKVariants split
 // forms, and leaves C bit for bit.
+// The choices file's promise (GemmChoices.h, training.gemm_choices): a Blas given another's choices
+// (timed, or split-K) runs the same algorithms, so its outputs are that Blas's bit for bit, and it
+// times nothing. Oracle: the first Blas's outputs on the same inputs (forward with bias, the weight
+// gradient accumulated into fp32, the accumulating input gradient) at every shape; the counts.
+// Then a choice cuBLASLt cannot honour (answer 7 where fewer are offered, or a split it refuses) is
+// chosen anew and counted, never an error.
+TEST(CudaGemm, ChoicesRepeatTheTimedAlgorithms) {
+  DHX_REQUIRE_GPU();
+  for (bool split : {false, true}) {
+    Blas a(0);
+    if (split) a.set_split_k(2);
+    else a.set_choice(Blas::Choice::kTimed);
+    uint64_t seed = 1300;
+    struct Out {
+      std::vector<bf16> y, dx;
+      std::vector<float> dw;
+    };
+    auto run = [&](Blas& blas, const Dims& d, uint64_t s0) {
+      uint64_t s = s0;
+      const auto x = round_bf16(randn(d.N * d.I, s++)), w = round_bf16(randn(d.O * d.I, s++, 0.05f)),
+                 b = round_bf16(randn(d.O, s++)), dy = round_bf16(randn(d.N * d.O, s++));
+      DevBuf<bf16> gx(to_bf16(x)), gw(to_bf16(w)), gb(to_bf16(b)), gy(d.N * d.O), gdy(to_bf16(dy)),
+          gdx(to_bf16(round_bf16(randn(d.N * d.I, s++))));
+      DevBuf<float> gdw(randn(d.O * d.I, s++));
+      gy.poison();
+      blas.linear_fwd(gx.get(), gw.get(), gb.get(), gy.get(), d.N, d.I, d.O, nullptr);
+      blas.linear_bwd_weight(gdy.get(), gx.get(), gdw.get(), nullptr, d.N, d.I, d.O, nullptr);
+      blas.linear_bwd_data(gdy.get(), gw.get(), gdx.get(), d.N, d.I, d.O, Accumulate::kYes, nullptr);
+      return Out{gy.download(), gdx.download(), gdw.download()};
+    };
+    std::vector<Out> first;
+    for (const Dims& d : kShapes) first.push_back(run(a, d, seed += 10));
+    const GemmChoices c = a.choices();
+    ASSERT_EQ(c.choices.size(), a.cached_algorithms());
+    EXPECT_EQ(c.device, device_info(0).name);
+    Blas b(0);
+    b.set_choice(Blas::Choice::kTimed);  // would time anew without the preset
+    b.preset(c);
+    seed = 1300;
+    for (size_t i = 0; i < std::size(kShapes); ++i) {
+      const Out again = run(b, kShapes[i], seed += 10);
+      const std::string at = std::string(split ? "split-K 2" : "timed") + " N=" + std::to_string(kShapes[i].N);
+      EXPECT_EQ(0, std::memcmp(again.y.data(), first[i].y.data(), again.y.size() * sizeof(bf16))) << "y, " << at;
+      EXPECT_EQ(0, std::memcmp(again.dx.data(), first[i].dx.data(), again.dx.size() * sizeof(bf16))) << "dx, " << at;
+      EXPECT_EQ(again.dw, first[i].dw) << "dw, " << at;
+    }
+    EXPECT_EQ(b.preset_used(), c.choices.size());
+    EXPECT_EQ(b.preset_unusable(), 0u);
+    EXPECT_EQ(b.chosen_here(), 0u);
+    // Unusable choices: chosen anew (the heuristic's first here), counted.
+    GemmChoices bad = c;
+    for (GemmChoice& g : bad.choices) g.answer = Blas::kTimedCandidates - 1, g.split = 64;
+    Blas d(0);
+    d.preset(bad);
+    seed = 1300;
+    for (const Dims& dims : kShapes) (void)run(d, dims, seed += 10);
+    EXPECT_EQ(d.preset_used() + d.preset_unusable(), c.choices.size());
+    EXPECT_GT(d.preset_unusable(), 0u) << "a split of 64 should be refused somewhere";
+  }
+}
+
 TEST(CudaGemm, TimedChoiceMatchesCpuAndSticks) {
   DHX_REQUIRE_GPU();
   Blas blas(0);

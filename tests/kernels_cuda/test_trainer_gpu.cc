@@ -20,7 +20,9 @@
 #include "CudaTest.h"
 #include "TinyRun.h"
 #include "comm/LocalBackend.h"
+#include "base/Files.h"
 #include "comm/NcclGroup.h"
+#include "kernels/cuda/GemmChoices.h"
 #include "kernels/cuda/SmPartition.h"
 #include "train/Trainer.h"
 
@@ -745,6 +747,31 @@ TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
   const std::vector<double> got = one_rank_losses(timed, 5);
   expect_tracks(one_rank_losses(heuristic, 5), got, 1e-2, fmt::format("{} gemm_algo=timed", GetParam()));
   EXPECT_LT(got.back(), got.front()) << "the timed run did not learn";
+}
+
+// training.gemm_choices: a timed run records each shape's algorithm; a second timed run reading the
+// file runs those same algorithms instead of timing anew, so its losses are the first run's bit for
+// bit (the reproducibility the file is for: timed choices alone may differ between runs). Oracle: the
+// first run's losses; the file exists after it and names this GPU; the second run adds nothing.
+TEST_P(GpuFamilies, GemmChoicesFileRepeatsATimedRunBitwise) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 71);
+  RunConfig cfg = tiny_on(dir.path(), GetParam(), "cuda");
+  cfg.training.gemm_algo = "timed";
+  cfg.training.gemm_choices = dir.path() + "/gemm_choices.json";
+  const std::vector<double> first = one_rank_losses(cfg, 4);
+  ASSERT_TRUE(file_exists(cfg.training.gemm_choices)) << "the timed run wrote no choices file";
+  const cuda::GemmChoices written = cuda::load_gemm_choices(cfg.training.gemm_choices);
+  EXPECT_FALSE(written.choices.empty());
+  EXPECT_EQ(written.device, cuda::device_info(0).name);
+  const std::string before = read_file(cfg.training.gemm_choices);
+  cfg.output.dir = dir.path() + "/again";
+  const std::vector<double> again = one_rank_losses(cfg, 4);
+  ASSERT_EQ(first.size(), again.size());
+  for (size_t i = 0; i < first.size(); ++i)
+    EXPECT_EQ(first[i], again[i]) << GetParam() << " step " << i << ": the file's algorithms did not repeat the run";
+  EXPECT_EQ(read_file(cfg.training.gemm_choices), before) << "the second run chose shapes the first had not";
 }
 
 // A rank that fails mid-step ends the job on every rank, each saying why, within a bound (issue 39:

@@ -154,6 +154,16 @@ TEST(Config, GemmAlgoIsHeuristicOrTimedOnAGpu) {
   const std::string gpu = error_of("", {{"training.gemm_algo", "timed"}, {"training.device", "cuda"},
                                         {"training.precision", "bf16"}});
   EXPECT_EQ(gpu.find("gemm_algo"), std::string::npos) << gpu;
+  // training.gemm_choices: empty by default; a file on the CPU is refused naming it and the device,
+  // on a GPU it is not refused for itself.
+  EXPECT_EQ(load("").training.gemm_choices, "");
+  const std::string file_cpu = error_of("", {{"training.gemm_choices", "g.json"}});
+  EXPECT_NE(file_cpu.find("training.gemm_choices=\"g.json\" records cuBLASLt's algorithms on a GPU; "
+                          "training.device=\"cpu\""),
+            std::string::npos) << file_cpu;
+  const std::string file_gpu = error_of("", {{"training.gemm_choices", "g.json"}, {"training.device", "cuda"},
+                                             {"training.precision", "bf16"}});
+  EXPECT_EQ(file_gpu.find("gemm_choices"), std::string::npos) << file_gpu;
 }
 
 // training.fuse_epilogues: auto (the default) fuses the programs' GEMM epilogues on a GPU only, on
@@ -379,7 +389,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 88u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 89u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {

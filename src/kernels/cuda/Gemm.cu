@@ -34,9 +34,13 @@ struct Blas::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // c: C's and D's (the same layout)
   cublasLtMatmulPreference_t pref = nullptr;  // the workspace and the operands' alignments
   cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t first{};  // the heuristic's first answer (a request for one): kHeuristic's, answer 0
   bool found = true;   // false: cuBLASLt has no algorithm for this key (a fused form falls back)
-  bool timed = false;  // algo is the fastest of the timed answers (Choice::kTimed), not the first
-  int split = 1;       // Choice::kSplitK: the parts algo splits K into (1: cuBLASLt refused the split)
+  bool timed = false;  // algo is the fastest of the timed answers (Choice::kTimed) or the preset's: not retimed
+  bool preset = false;  // algo is the preset's choice (Blas::preset)
+  int answer = 0;       // algo is the heuristic's answer at this index (of its first kTimedCandidates) ...
+  int split = 1;        // ... split K this many ways (1: not split)
+  double ms = 0;        // its median time when timed
   ~Plan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (desc) cublasLtMatmulDescDestroy(desc);
@@ -217,10 +221,18 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
     plans_.emplace(k, std::move(p));
     return nullptr;
   }
-  p->algo = res.algo;
-  if (choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
+  p->algo = p->first = res.algo;
+  if (const auto pre = preset_.find(k); pre != preset_.end()) {
+    if (apply_preset(k, *p, pre->second.first, pre->second.second)) {
+      p->preset = p->timed = true;
+      ++preset_used_;
+    } else {
+      ++preset_unusable_;
+    }
+  }
+  if (!p->preset && choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
   Plan& made = *plans_.emplace(k, std::move(p)).first->second;
-  if (choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
+  if (!made.preset && choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
   return &made;
 }
 
@@ -279,16 +291,19 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   const cudaEvent_t e0 = tmp.e0, e1 = tmp.e1;
   // The candidates: the heuristic's answers, then the first one split K ways (Gemm.h). A split that
   // cuBLASLt refuses for this problem, or whose workspace is more than ours, stays a candidate that
-  // cannot run (ok false: infinite time), so the list's layout is the same for every shape.
+  // cannot run (ok false: infinite time), so the list's layout is the same for every shape. Answer 0
+  // is the plan's own first answer (p.first: what kHeuristic runs), so that "answer 0" names one
+  // algorithm in a choices file whichever list it came from; answers 1.. are this request's.
   struct Candidate {
     cublasLtMatmulAlgo_t algo;
     bool ok;
   };
   std::vector<Candidate> cand;
-  for (int i = 0; i < found; ++i) cand.push_back({res[i].algo, res[i].state == CUBLAS_STATUS_SUCCESS});
+  for (int i = 0; i < found; ++i)
+    cand.push_back({i == 0 ? p.first : res[i].algo, i == 0 || res[i].state == CUBLAS_STATUS_SUCCESS});
   for (int parts : kSplitKParts) {
-    Candidate c{found > 0 ? res[0].algo : cublasLtMatmulAlgo_t{}, false};
-    c.ok = found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS && split_k(p, &c.algo, parts);
+    Candidate c{p.first, false};
+    c.ok = found > 0 && split_k(p, &c.algo, parts);
     cand.push_back(c);
   }
   std::vector<double> ms;
@@ -317,7 +332,13 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   }
   if (keep_fastest && !ms.empty()) {
     const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
-    if (std::isfinite(ms[best])) p.algo = cand[best].algo;  // (ms and cand in the same order)
+    if (std::isfinite(ms[best])) {  // (ms and cand in the same order: the answers, then the splits of the first)
+      p.algo = cand[best].algo;
+      const bool split = best >= static_cast<size_t>(found);
+      p.answer = split ? 0 : static_cast<int>(best);
+      p.split = split ? kSplitKParts[best - static_cast<size_t>(found)] : 1;
+      p.ms = ms[best];
+    }
     p.timed = true;
   }
   return ms;
@@ -336,6 +357,94 @@ std::vector<double> Blas::time_candidates(Op op_a, Op op_b, int64_t M, int64_t N
   const Operands o{A, B, C, const_cast<void*>(C), nullptr, nullptr, 1.0f, beta, c_extent(M, N, ldc, c_f32), s};
   std::lock_guard<std::mutex> g(mu_);
   return time_answers(key, p, max, o, reps, false);
+}
+
+bool Blas::apply_preset(const Key& k, Plan& p, int answer, int split) {
+  // The answers as time_answers lists them: answer 0 the plan's first (a request for one), answers
+  // 1.. of a request for the first kTimedCandidates.
+  (void)k;
+  if (answer < 0 || answer >= kTimedCandidates) return false;
+  cublasLtMatmulAlgo_t algo = p.first;
+  if (answer > 0) {
+    cublasLtMatmulHeuristicResult_t res[kTimedCandidates];
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.desc, p.a, p.b, p.c, p.c, p.pref, kTimedCandidates, res,
+                                       &found) != CUBLAS_STATUS_SUCCESS ||
+        found <= answer || res[answer].state != CUBLAS_STATUS_SUCCESS)
+      return false;
+    algo = res[answer].algo;
+  }
+  if (split > 1 && !split_k(p, &algo, split)) return false;
+  p.algo = algo;
+  p.answer = answer;
+  p.split = split;
+  return true;
+}
+
+namespace {
+constexpr const char* kEpilogueNames[] = {"none", "bias", "gelu_aux", "gelu_aux_bias", "dgelu"};
+}  // namespace
+
+Blas::Key Blas::key_of(const GemmChoice& g) {
+  int e = 0;
+  while (e < 5 && g.epilogue != kEpilogueNames[e]) ++e;
+  DHX_CUDA_ASSERT(e < 5, "GEMM choice with an unknown epilogue '", g.epilogue, "'");
+  Key k{g.m,       g.n,       g.k,     g.lda,   g.ldb,   g.ldc,   g.trans_a, g.trans_b, g.c_f32, static_cast<Epilogue>(e),
+        g.beta0,   g.align_a, g.align_b, g.align_c, g.align_d, g.align_aux};
+  k.align_bias = g.align_bias;
+  return k;
+}
+
+GemmChoice Blas::choice_of(const Key& k) {
+  GemmChoice g;
+  g.m = k.m, g.n = k.n, g.k = k.k, g.lda = k.lda, g.ldb = k.ldb, g.ldc = k.ldc;
+  g.trans_a = k.ta, g.trans_b = k.tb, g.c_f32 = k.c_f32, g.beta0 = k.beta0;
+  g.epilogue = kEpilogueNames[static_cast<int>(k.epi)];
+  g.align_a = k.align_a, g.align_b = k.align_b, g.align_c = k.align_c, g.align_d = k.align_d;
+  g.align_aux = k.align_aux, g.align_bias = k.align_bias;
+  return g;
+}
+
+GemmChoices Blas::choices() const {
+  GemmChoices c;
+  const DeviceInfo info = device_info(device_);
+  c.device = info.name;
+  c.sms = info.sms;
+  c.sm_target = sm_target_;
+  c.cublaslt_version = static_cast<int64_t>(cublasLtGetVersion());
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& [k, p] : plans_) {
+    if (!p->found) continue;
+    GemmChoice ch = choice_of(k);
+    ch.answer = p->answer, ch.split = p->split, ch.ms = p->ms;
+    c.choices.push_back(std::move(ch));
+  }
+  for (const auto& [k, as] : preset_) {
+    if (plans_.count(k)) continue;
+    GemmChoice ch = choice_of(k);
+    ch.answer = as.first, ch.split = as.second;
+    c.choices.push_back(std::move(ch));
+  }
+  return c;
+}
+
+void Blas::preset(const GemmChoices& c) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const GemmChoice& ch : c.choices) preset_[key_of(ch)] = {ch.answer, ch.split};
+}
+
+size_t Blas::preset_used() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return preset_used_;
+}
+size_t Blas::preset_unusable() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return preset_unusable_;
+}
+size_t Blas::chosen_here() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return static_cast<size_t>(
+      std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second->found && !kv.second->preset; }));
 }
 
 bool Blas::run(const Key& key, const Operands& call, Missing missing) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/Cuda.h"
+#include "kernels/cuda/GemmChoices.h"
 
 namespace dhelix::cuda {
 
@@ -104,6 +105,19 @@ class Blas {
   size_t split_plans() const;
   Choice choice() const { return choice_; }
 
+  // The choices file (training.gemm_choices, GemmChoices.h). choices(): this machine's header and,
+  // per key planned, the answer and split it runs (with its time when timed), then the preset's keys
+  // not planned (yet), so a file rewritten from it keeps what another run of other shapes chose.
+  // preset(c): from now on a key of c runs c's answer and split when it is planned, timed or not --
+  // the choice of the run that wrote c, so results repeat across runs; a key whose answer cuBLASLt
+  // no longer offers, or whose split it refuses, is chosen as without a preset (counted by
+  // preset_unusable). The caller checks c's header (gemm_choices_mismatch against choices()).
+  GemmChoices choices() const;
+  void preset(const GemmChoices& c);
+  size_t preset_used() const;      // plans made from the preset
+  size_t preset_unusable() const;  // preset keys planned without it
+  size_t chosen_here() const;      // plans chosen by this Blas (not from the preset): news for the file
+
   // Study (bench/gpu_kernels.cc): each algorithm cuBLASLt's heuristic offers for this GEMM (at most
   // `max`, in its order: index 0 is what kHeuristic runs), then always kSplitKVariants entries, the
   // first answer split kSplitKParts ways (infinite where cuBLASLt refuses that split), timed on these
@@ -144,9 +158,15 @@ class Blas {
   // and bias forms, which must run), or return null (the fused forms, which fall back).
   enum class Missing { kThrow, kNull };
   // k's plan, made on first use with the heuristic's first answer; with Choice::kTimed and the
-  // call's operands, the fastest of its first kTimedCandidates answers instead. A key without an
-  // algorithm is remembered as such (Missing::kNull answers null at once from then on).
+  // call's operands, the fastest of its first kTimedCandidates answers instead; with a preset for k,
+  // its answer and split. A key without an algorithm is remembered as such (Missing::kNull answers
+  // null at once from then on).
   Plan* plan(const Key& k, const Operands* call, Missing missing);
+  // The preset's answer and split for k into p (the heuristic's first kTimedCandidates answers, as
+  // time_answers lists them); false (p unchanged) where cuBLASLt no longer gives them. Caller holds mu_.
+  bool apply_preset(const Key& k, Plan& p, int answer, int split);
+  static Key key_of(const GemmChoice& g);
+  static GemmChoice choice_of(const Key& k);
   // One GEMM with k's epilogue on o's operands, a bias under 16-byte alignment staged first; false
   // (nothing enqueued) where the fused forms fall back (Missing::kNull).
   bool run(const Key& k, const Operands& o, Missing missing);
@@ -168,6 +188,8 @@ class Blas {
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, std::pair<int, int>> preset_;  // key -> (answer, split), from preset()
+  size_t preset_used_ = 0, preset_unusable_ = 0;
   std::map<cudaStream_t, void*> workspaces_;
   Choice choice_ = Choice::kHeuristic;
   Fusion fusion_ = Fusion::kEpilogues;
