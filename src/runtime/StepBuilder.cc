@@ -1,6 +1,7 @@
 // StepBuilder: the wiring the trainer and the benchmarks share (StepBuilder.h).
 #include "runtime/StepBuilder.h"
 
+#include <filesystem>
 #include <map>
 
 #include "base/Error.h"
@@ -24,6 +25,14 @@ std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool tim
 #if DHELIX_HAVE_CUDA
   auto blas = std::make_shared<cuda::Blas>(d.index);
   if (timed_gemms) blas->set_choice(cuda::Blas::Choice::kTimed);
+  if (!gemm_choices.empty() && !file_exists(gemm_choices)) {
+    // Written after the first step: a directory that is not there is named now, not then.
+    const std::filesystem::path dir = std::filesystem::path(gemm_choices).parent_path();
+    DHX_CHECK(dir.empty() || std::filesystem::is_directory(dir), ConfigError,
+              "training.gemm_choices: '{}' cannot be written: its directory '{}' does not exist; create it or name "
+              "another file",
+              gemm_choices, dir.string());
+  }
   if (!gemm_choices.empty() && file_exists(gemm_choices)) {
     const cuda::GemmChoices file = cuda::load_gemm_choices(gemm_choices);
     const std::string differs = cuda::gemm_choices_mismatch(file, blas->choices());
