@@ -40,7 +40,7 @@ struct Blas::Plan {
   bool preset = false;  // algo is the preset's choice (Blas::preset)
   int answer = 0;       // algo is the heuristic's answer at this index (of its first kTimedCandidates) ...
   int split = 1;        // ... split K this many ways (1: not split)
-  double ms = 0;        // its median time when timed
+  double ms = 0;        // its median time when timed (a preset's: the file's, kept when it is rewritten)
   ~Plan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (desc) cublasLtMatmulDescDestroy(desc);
@@ -223,8 +223,9 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
   }
   p->algo = p->first = res.algo;
   if (const auto pre = preset_.find(k); pre != preset_.end()) {
-    if (apply_preset(k, *p, pre->second.first, pre->second.second)) {
+    if (apply_preset(k, *p, pre->second.answer, pre->second.split)) {
       p->preset = p->timed = true;
+      p->ms = pre->second.ms;
       ++preset_used_;
     } else {
       ++preset_unusable_;
@@ -422,7 +423,7 @@ GemmChoices Blas::choices() const {
   for (const auto& [k, as] : preset_) {
     if (plans_.count(k)) continue;
     GemmChoice ch = choice_of(k);
-    ch.answer = as.first, ch.split = as.second;
+    ch.answer = as.answer, ch.split = as.split, ch.ms = as.ms;
     c.choices.push_back(std::move(ch));
   }
   return c;
@@ -430,7 +431,7 @@ GemmChoices Blas::choices() const {
 
 void Blas::preset(const GemmChoices& c) {
   std::lock_guard<std::mutex> g(mu_);
-  for (const GemmChoice& ch : c.choices) preset_[key_of(ch)] = {ch.answer, ch.split};
+  for (const GemmChoice& ch : c.choices) preset_[key_of(ch)] = {ch.answer, ch.split, ch.ms};
 }
 
 size_t Blas::preset_used() const {

@@ -188,7 +188,11 @@ class Blas {
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::map<Key, std::pair<int, int>> preset_;  // key -> (answer, split), from preset()
+  struct Preset {
+    int answer, split;
+    double ms;  // the file's time, written back with the choice (a preset plan times nothing)
+  };
+  std::map<Key, Preset> preset_;  // from preset()
   size_t preset_used_ = 0, preset_unusable_ = 0;
   std::map<cudaStream_t, void*> workspaces_;
   Choice choice_ = Choice::kHeuristic;
