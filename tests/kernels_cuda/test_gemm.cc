@@ -170,15 +170,6 @@ TEST(CudaGemm, RepeatedCallsAreBitwiseEqual) {
   }
 }
 
-// Choice::kTimed (training.gemm_algo = timed): each new shape's algorithm the fastest of the
-// heuristic's first answers, timed on the first call's operands into a scratch copy of C. Oracles:
-// (1) the CPU's fp32 layers with the bounds above (any cuBLASLt algorithm accumulates in fp32; only
-// the order differs), for the forward with bias (the epilogue's pointer set while timing), the data
-// gradient accumulated and the weight gradient accumulated: with beta = 1 a timing that wrote C
-// itself would have added the product seven more times, far past the bound; (2) the chosen
-// algorithm sticks: a second call gives the first call's bits; (3) the study (time_candidates)
-// returns the heuristic's answers with the first one timed (finite), then the kSplitKVariants split
-// forms, and leaves C bit for bit.
 // The choices file's promise (GemmChoices.h, training.gemm_choices): a Blas given another's choices
 // (timed, or split-K) runs the same algorithms, so its outputs are that Blas's bit for bit, and it
 // times nothing. Oracle: the first Blas's outputs on the same inputs (forward with bias, the weight
@@ -240,6 +231,15 @@ TEST(CudaGemm, ChoicesRepeatTheTimedAlgorithms) {
   }
 }
 
+// Choice::kTimed (training.gemm_algo = timed): each new shape's algorithm the fastest of the
+// heuristic's first answers, timed on the first call's operands into a scratch copy of C. Oracles:
+// (1) the CPU's fp32 layers with the bounds above (any cuBLASLt algorithm accumulates in fp32; only
+// the order differs), for the forward with bias (the epilogue's pointer set while timing), the data
+// gradient accumulated and the weight gradient accumulated: with beta = 1 a timing that wrote C
+// itself would have added the product seven more times, far past the bound; (2) the chosen
+// algorithm sticks: a second call gives the first call's bits; (3) the study (time_candidates)
+// returns the heuristic's answers with the first one timed (finite), then the kSplitKVariants split
+// forms, and leaves C bit for bit.
 TEST(CudaGemm, TimedChoiceMatchesCpuAndSticks) {
   DHX_REQUIRE_GPU();
   Blas blas(0);
