@@ -274,9 +274,10 @@ TEST(CudaOpsNorm, FusedPassWritesTheTwoKernelDxBitForBit) {
 // the backward without it followed by add_inplace(dx, add) (the step before 2026-11-28). Oracle:
 // that two-step run on the same inputs. Shapes: the fused pass (C = 768; RMSNorm's 2048), the
 // two-kernel form's vector path (4096) and its scalar one (ragged C = 100), and an add 2 bytes off
-// 16-byte alignment (the scalar path for an otherwise vector shape; the reference's dx is put 2
-// bytes off too, so that both runs take that path and sum in one order); N = 9000 (several rows a
-// warp).
+// 16-byte alignment beside an aligned dx (the add alone sends an otherwise vector shape to the
+// scalar path -- were its alignment not checked, the vector path's loads would fault; the
+// reference's dx is put 2 bytes off instead, so that it takes that path too and sums in one order);
+// N = 9000 (several rows a warp).
 TEST(CudaOpsNorm, ResidualAddedInThePassIsTheBackwardThenAddInplace) {
   DHX_REQUIRE_GPU();
   uint64_t seed = 700;
@@ -298,7 +299,7 @@ TEST(CudaOpsNorm, ResidualAddedInThePassIsTheBackwardThenAddInplace) {
       DevBuf<float> gg(g), gmean(mean), grstd(rstd), dg_one(zeros), db_one(zeros), dg_two(zeros), db_two(zeros);
       dx_one.poison(), dx_two.poison();
       const bf16* add = gres.get() + off;
-      bf16 *one = dx_one.get() + off, *two = dx_two.get() + off;
+      bf16 *one = dx_one.get(), *two = dx_two.get() + off;  // dx_one aligned: only the add is off
       if (layer) {
         layernorm_bwd(gdy.get(), gx.get(), gg.get(), gmean.get(), grstd.get(), one, dg_one.get(), db_one.get(), N, C,
                       nullptr, add);
@@ -311,7 +312,10 @@ TEST(CudaOpsNorm, ResidualAddedInThePassIsTheBackwardThenAddInplace) {
       add_inplace(two, add, N * C, nullptr);
       const std::string at = std::string(layer ? "LayerNorm" : "RMSNorm") + " N=" + std::to_string(N) + " C=" +
                              std::to_string(C) + (k.misaligned ? " (add misaligned)" : "");
-      EXPECT_TRUE(same_bits(dx_one.download(), dx_two.download())) << "dx, " << at;
+      const std::vector<bf16> got_one = dx_one.download(), got_two = dx_two.download();
+      EXPECT_TRUE(same_bits(std::vector<bf16>(got_one.begin(), got_one.begin() + N * C),
+                            std::vector<bf16>(got_two.begin() + off, got_two.begin() + off + N * C)))
+          << "dx, " << at;
       EXPECT_TRUE(same_bits(dg_one.download(), dg_two.download())) << "dg, " << at;
       if (layer) {
         EXPECT_TRUE(same_bits(db_one.download(), db_two.download())) << "db, " << at;
