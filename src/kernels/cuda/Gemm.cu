@@ -232,6 +232,7 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
     }
   }
   if (!p->preset && choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
+  if (!p->preset) ++chosen_;
   Plan& made = *plans_.emplace(k, std::move(p)).first->second;
   if (!made.preset && choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
   return &made;
@@ -444,8 +445,7 @@ size_t Blas::preset_unusable() const {
 }
 size_t Blas::chosen_here() const {
   std::lock_guard<std::mutex> g(mu_);
-  return static_cast<size_t>(
-      std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second->found && !kv.second->preset; }));
+  return chosen_;
 }
 
 bool Blas::run(const Key& key, const Operands& call, Missing missing) {

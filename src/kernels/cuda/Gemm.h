@@ -116,7 +116,9 @@ class Blas {
   void preset(const GemmChoices& c);
   size_t preset_used() const;      // plans made from the preset
   size_t preset_unusable() const;  // preset keys planned without it
-  size_t chosen_here() const;      // plans chosen by this Blas (not from the preset): news for the file
+  // Plans chosen by this Blas (not from the preset), ever: news for the file. A count that only grows
+  // (a fused form's plan cuBLASLt refuses later leaves the file's content, not this count).
+  size_t chosen_here() const;
 
   // Study (bench/gpu_kernels.cc): each algorithm cuBLASLt's heuristic offers for this GEMM (at most
   // `max`, in its order: index 0 is what kHeuristic runs), then always kSplitKVariants entries, the
@@ -193,7 +195,7 @@ class Blas {
     double ms;  // the file's time, written back with the choice (a preset plan times nothing)
   };
   std::map<Key, Preset> preset_;  // from preset()
-  size_t preset_used_ = 0, preset_unusable_ = 0;
+  size_t preset_used_ = 0, preset_unusable_ = 0, chosen_ = 0;
   std::map<cudaStream_t, void*> workspaces_;
   Choice choice_ = Choice::kHeuristic;
   Fusion fusion_ = Fusion::kEpilogues;
