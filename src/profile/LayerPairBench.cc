@@ -56,15 +56,25 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.seed = seed;
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
-  parts_->ctx.groups = StepGroups::of(comm_);
   blas_ = place_on_device(*parts_, device);  // as a training step's: the weights move, the ops bind to its kernels
+  // and, on a GPU, its collectives move device tensors over staged groups (CPU groups would read
+  // device memory on the host).
+  parts_->ctx.groups = place_groups_on_device(StepGroups::of(comm_), device, DeviceGroupOptions{}, staged_);
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};
   build_snapshots(seed);
 }
 
-LayerPairBench::~LayerPairBench() = default;
+// A GPU bench's staged groups go first, after the prefetches no unit adopted (as ~Step's).
+LayerPairBench::~LayerPairBench() {
+  if (staged_.empty()) return;
+  try {
+    exec_->drain_prefetches();
+  } catch (const std::exception&) {  // a run failed already; its error is the one reported
+  }
+  staged_.clear();
+}
 
 void LayerPairBench::build_snapshots(uint64_t seed) {
   // The block's input: Megatron's sequence shard [N/tp, C], or 3D's feature shard [N, C/Gx].

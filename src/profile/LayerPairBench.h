@@ -71,6 +71,9 @@ class LayerPairBench {
   CommContext* comm_;
   int tp_rank_ = 0;
   RankCoord coord_;  // this rank's grid coordinates (3D: x, y, z)
+  // A GPU bench's process groups (place_groups_on_device: staged over comm_'s CPU groups), which
+  // parts_->ctx.groups point at; cleared first by the destructor.
+  std::vector<std::unique_ptr<ProcessGroup>> staged_;
   std::unique_ptr<StepParts> parts_;  // the whole model's units; only the first and last block stored
   std::unique_ptr<Executor> exec_;
   UnitEnv fenv_, benv_;

@@ -53,6 +53,28 @@ std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool tim
 #endif
 }
 
+StepGroups place_groups_on_device(const StepGroups& host, Device d, const DeviceGroupOptions& options,
+                                  std::vector<std::unique_ptr<ProcessGroup>>& owned) {
+  if (d.is_host()) return host;
+  StepGroups g = host;
+  std::map<ProcessGroup*, ProcessGroup*> wrapped;
+  for (GroupRole r : all_group_roles()) {
+    ProcessGroup* cpu = g.get(r);
+    if (!cpu) continue;
+    auto it = wrapped.find(cpu);
+    if (it == wrapped.end()) {
+      // (NCCL's bootstrap is a collective over `cpu`: every member reaches it in this same role order.)
+      if (options.nccl && r != GroupRole::kPP)
+        owned.push_back(make_nccl_group_over(*cpu, d.index, options.nccl_max_ctas));
+      else
+        owned.push_back(make_staged_group(*cpu, d.index, StagedOptions{options.emulated_link_bytes_per_s}));
+      it = wrapped.emplace(cpu, owned.back().get()).first;
+    }
+    g.set(r, it->second);
+  }
+  return g;
+}
+
 Step::Step(const StepSpec& spec) {
   parts = std::make_unique<StepParts>(spec.parts);
   const LayoutConfig& layout = parts->layout;
@@ -63,25 +85,9 @@ Step::Step(const StepSpec& spec) {
   // A GPU step's groups move device tensors: each CPU group is wrapped once in a staged group, the
   // only issuer on it while a step runs (the trainer's own host-tensor reductions on the CPU groups
   // come after a step's staged ops completed, so every member sees the same op order).
-  StepGroups g = spec.groups;
-  if (!spec.device.is_host()) {
-    std::map<ProcessGroup*, ProcessGroup*> wrapped;
-    for (GroupRole r : all_group_roles()) {
-      ProcessGroup* host = g.get(r);
-      if (!host) continue;
-      auto it = wrapped.find(host);
-      if (it == wrapped.end()) {
-        // (NCCL's bootstrap is a collective over `host`: every member reaches it in this same role
-        // order.)
-        if (spec.nccl && r != GroupRole::kPP)
-          staged.push_back(make_nccl_group_over(*host, spec.device.index, spec.nccl_max_ctas));
-        else
-          staged.push_back(make_staged_group(*host, spec.device.index, StagedOptions{spec.emulated_link_bytes_per_s}));
-        it = wrapped.emplace(host, staged.back().get()).first;
-      }
-      g.set(r, it->second);
-    }
-  }
+  const StepGroups g = place_groups_on_device(
+      spec.groups, spec.device, DeviceGroupOptions{spec.nccl, spec.nccl_max_ctas, spec.emulated_link_bytes_per_s},
+      staged);
   // Weight gradients are reduced over every replica of the weights: dp, times cp under context
   // parallelism (each cp rank's gradient covers its chunks of the sequences). Partial gradients
   // (ParamSpec::partial_grad) are summed over tp (sequence parallelism) or z (3D: the batch is

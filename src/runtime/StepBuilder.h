@@ -66,6 +66,21 @@ struct StepSpec {
 std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms = false,
                                             const std::string& gemm_choices = "");
 
+// How a GPU run's process groups move device tensors (StepSpec's fields of the same names).
+struct DeviceGroupOptions {
+  bool nccl = false;      // NCCL groups over the CPU ones (but pp), else staged groups
+  int nccl_max_ctas = 0;  // with nccl: the CTAs each NCCL collective may occupy (0: NCCL's choice)
+  double emulated_link_bytes_per_s = 0;  // staged groups: StagedOptions::link_bytes_per_s (0: none)
+};
+
+// The groups a step on `d` uses: `host` itself on the host; on a GPU each distinct CPU group of
+// `host` wrapped once (in role order: NCCL's bootstrap is a collective over the CPU group) in a
+// staged group (comm/StagedGroup.h) or an NCCL one, appended to `owned`, which the caller destroys
+// before the executor's streams and after the ops' last wait. A CPU group given device tensors
+// would read device memory on the host. Step and the profiler's LayerPairBench both wrap with it.
+StepGroups place_groups_on_device(const StepGroups& host, Device d, const DeviceGroupOptions& options,
+                                  std::vector<std::unique_ptr<ProcessGroup>>& owned);
+
 class Step {
  public:
   explicit Step(const StepSpec& spec);

@@ -9,6 +9,7 @@
 
 #include "CudaTest.h"
 #include "ModelHarness.h"
+#include "comm/LocalBackend.h"
 #include "plan/PlanCheck.h"
 #include "profile/PlanValidation.h"
 #include "profile/Profiler.h"
@@ -66,6 +67,49 @@ TEST(CudaProfile, LayerPairProfileOnTheGpuPricesEveryEntryAndFeedsThePlanSearch)
     std::printf("  candidate %-20s measured %.3f ms\n", k.plan.source.c_str(), k.measured_s * 1e3);
   }
   std::printf("kept: %s\n", choice.plan().source.c_str());
+}
+
+// Tensor parallelism on the GPU bench: two ranks as threads sharing the one GPU, tp = 2 with
+// sequence parallelism, so the pair's windows issue all-gathers and reduce-scatters of device
+// tensors. The bench's groups must be staged (LayerPairBench: place_groups_on_device): a CPU group
+// given a device tensor reads device memory on the host (a crash). Oracle: every entry of the
+// program priced (profile_entry_count), each a positive finite time, and the two ranks' profiles
+// equal (agree_max: the slowest rank's median, the same on both).
+TEST(CudaProfile, TensorParallelBenchOnTheGpuMovesItsCollectivesThroughStagedGroups) {
+  DHX_REQUIRE_GPU();
+  ModelConfig m = dhelix::test::reference_config(ModelFamily::kLlama);
+  m.vocab_size = 512;
+  m.seq_len = 128;
+  m.d_model = 256;
+  m.n_heads = 4;  // head size 64; two heads and one kv head per rank
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 704;
+  m.n_layers = 2;
+  LayoutConfig lay;
+  lay.tp = 2;
+  lay.sequence_parallel = true;
+  const MicroBatchShape mb{2, 128};
+  ProfileOptions po;
+  po.timing = {0, 1};
+  po.max_window = 2;
+  nlohmann::json got[2];
+  int64_t want[2] = {0, 0};
+  run_local_ranks(lay, [&](CommContext& comm) {
+    LayerPairBench bench(m, lay, mb, &comm, 7, Device::cuda(0));
+    const Profile p = profile_layer_pair(bench, m, lay, &comm, po);
+    want[comm.rank()] = profile_entry_count(bench.program(), po.windows, po.max_window);
+    got[comm.rank()] = p.to_json();
+  });
+  for (int r = 0; r < 2; ++r) {
+    const nlohmann::json& j = got[r];
+    EXPECT_EQ(static_cast<int64_t>(j.at("solo_fwd").size() + j.at("solo_bwd").size() + j.at("pairs").size()), want[r]);
+    for (const auto& kind : {"solo_fwd", "solo_bwd", "pairs"})
+      for (const auto& e : j.at(kind)) {
+        const double s = e.back().get<double>();
+        EXPECT_TRUE(std::isfinite(s) && s > 0) << "rank " << r << " " << kind << " " << e.dump();
+      }
+  }
+  for (const auto& kind : {"solo_fwd", "solo_bwd", "pairs"}) EXPECT_EQ(got[0].at(kind), got[1].at(kind)) << kind;
 }
 
 }  // namespace
