@@ -54,16 +54,18 @@ check_point sample "stopped by SIGTERM while sampling" step_00000004
 # dhelix sample from the saved run, SIGTERM sent while it generates a long text: exit 143 and the
 # text so far.
 "$bin" sample --config configs/demo.toml --model.n_layers 2 --model.seq_len 32 --output.dir "$tmp/full" \
-  --checkpoint.dir "$tmp/full/checkpoints" --tokens 100000 >"$tmp/sample.log" 2>"$tmp/sample.err" &
+  --checkpoint.dir "$tmp/full/checkpoints" --tokens 100000 >"$tmp/gen.log" 2>"$tmp/gen.err" &
 pid=$!
 # Sent once the text has begun (the sampler flushes each piece), not after a fixed sleep: on a loaded
 # machine two seconds were not always enough to load the checkpoint, and a signal before the handler
-# is installed ends the process without the message (a CI run of 2026-11-28 failed so).
-for _ in $(seq 1 1200); do [ -s "$tmp/sample.log" ] && break; sleep 0.1; done
+# is installed ends the process without the message (a CI run of 2026-11-28 failed so). Its own file
+# names: check_point sample's train log is $tmp/sample.log, and waiting on that (already full) file
+# sent the signal before the sampler had even opened its stderr (CI runs of 2026-11-29 failed so).
+for _ in $(seq 1 1200); do [ -s "$tmp/gen.log" ] && break; sleep 0.1; done
 kill -TERM $pid; wait $pid; rc=$?
-if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM: the text above is cut short" "$tmp/sample.err" && [ -s "$tmp/sample.log" ]; then
+if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM: the text above is cut short" "$tmp/gen.err" && [ -s "$tmp/gen.log" ]; then
   ok sample_sigterm
-else bad "sample_sigterm (exit $rc)" "$(cat "$tmp/sample.err")"; fi
+else bad "sample_sigterm (exit $rc)" "$(cat "$tmp/gen.err")"; fi
 
 # dhelix data prepare, SIGTERM while it tokenizes a corpus (ten copies of the KJV, a few seconds):
 # exit 143 naming the phase, no .bin/.idx written and no temporary .bin left.
