@@ -383,13 +383,9 @@ bool Blas::apply_preset(const Key& k, Plan& p, int answer, int split) {
   return true;
 }
 
-namespace {
-constexpr const char* kEpilogueNames[] = {"none", "bias", "gelu_aux", "gelu_aux_bias", "dgelu"};
-}  // namespace
-
 Blas::Key Blas::key_of(const GemmChoice& g) {
   int e = 0;
-  while (e < 5 && g.epilogue != kEpilogueNames[e]) ++e;
+  while (e < 5 && g.epilogue != epilogue_name(e)) ++e;
   DHX_CUDA_ASSERT(e < 5, "GEMM choice with an unknown epilogue '", g.epilogue, "'");
   Key k{g.m,       g.n,       g.k,     g.lda,   g.ldb,   g.ldc,   g.trans_a, g.trans_b, g.c_f32, static_cast<Epilogue>(e),
         g.beta0,   g.align_a, g.align_b, g.align_c, g.align_d, g.align_aux};
@@ -401,7 +397,7 @@ GemmChoice Blas::choice_of(const Key& k) {
   GemmChoice g;
   g.m = k.m, g.n = k.n, g.k = k.k, g.lda = k.lda, g.ldb = k.ldb, g.ldc = k.ldc;
   g.trans_a = k.ta, g.trans_b = k.tb, g.c_f32 = k.c_f32, g.beta0 = k.beta0;
-  g.epilogue = kEpilogueNames[static_cast<int>(k.epi)];
+  g.epilogue = epilogue_name(static_cast<int>(k.epi));
   g.align_a = k.align_a, g.align_b = k.align_b, g.align_c = k.align_c, g.align_d = k.align_d;
   g.align_aux = k.align_aux, g.align_bias = k.align_bias;
   return g;
