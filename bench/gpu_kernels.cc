@@ -160,6 +160,11 @@ void algo_study(Blas& blas, const std::string& op, Blas::Op ta, Blas::Op tb, int
                                     fmt::join(Blas::kSplitKParts, ","), list(ms.begin() + answers, ms.end())));
 }
 
+// The SMs a Blas plans for (an SM partition's, else the device's): Blas::wgrad_parts's argument.
+int info_sms(const Blas& blas) {
+  return blas.sm_count_target() > 0 ? blas.sm_count_target() : device_info(blas.device()).sms;
+}
+
 // One linear layer of the step: forward, data gradient, weight gradient (+ bias) at N rows.
 void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_t I, int64_t O, bool bias,
                 double per_step, cudaStream_t s) {
@@ -169,9 +174,22 @@ void linear_ops(Bench& b, Blas& blas, const std::string& name, int64_t N, int64_
          [&] { blas.linear_fwd(x.as<bf16>(), w.as<bf16>(), bias ? bb.as<bf16>() : nullptr, y.as<bf16>(), N, I, O, s); });
   b.time(name + " dgrad", "gemm", per_step, f,
          [&] { blas.linear_bwd_data(y.as<bf16>(), w.as<bf16>(), x.as<bf16>(), N, I, O, Accumulate::kNo, s); });
+  // The weight gradient as the step runs it (the partials form where Blas::wgrad_parts cuts it:
+  // training.wgrad_gemm = auto), then the direct form (one GEMM adding into dw: what ran before
+  // 2026-11-29) as a study row, so one call says what the partials gain.
+  const int parts = blas.wgrad() == Blas::Wgrad::kPartials ? Blas::wgrad_parts(N, I, O, info_sms(blas)) : 1;
+  if (parts > 1) std::printf("  %s wgrad: %d partials\n", name.c_str(), parts);
   b.time(name + " wgrad", "gemm", per_step, f, [&] {
     blas.linear_bwd_weight(y.as<bf16>(), x.as<bf16>(), dw.as<float>(), bias ? db.as<float>() : nullptr, N, I, O, s);
   });
+  if (parts > 1) {
+    const Blas::Wgrad was = blas.wgrad();
+    blas.set_wgrad(Blas::Wgrad::kDirect);
+    b.time(name + " wgrad direct", "study", per_step, f, [&] {
+      blas.linear_bwd_weight(y.as<bf16>(), x.as<bf16>(), dw.as<float>(), bias ? db.as<float>() : nullptr, N, I, O, s);
+    });
+    blas.set_wgrad(was);
+  }
   // The weight gradient's GEMM in two other forms (class "study", outside the sums): what cuBLASLt
   // picks for an fp32 output written (beta 0, to be added to the gradient after) and for a bf16
   // output (PyTorch autocast's form, its gradient rounded to bf16 before the fp32 sum). The
@@ -559,6 +577,7 @@ int run(int argc, char** argv) {
   cudaStream_t s;
   DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Blas blas(0);
+  blas.set_wgrad(Blas::Wgrad::kPartials);  // as the trainer's GPU steps run by default (training.wgrad_gemm = auto)
   std::string out;
   for (const Model& m : kModels) {
     if (models.find(m.name) == std::string::npos) continue;

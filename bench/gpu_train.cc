@@ -10,12 +10,14 @@
 // (Until 2026-11-27 this bench ran one AdamW launch over all parameters without the mask or
 // clipping; its figures of 2026-11-26 and -27 are of that form.) Variants, stepped alternately:
 // the first GEMM algorithm choice with the epilogues fused (training.fuse_epilogues = auto on a GPU:
-// sharding/Epilogues.h), the same without (fuse_epilogues false: the plain programs, what ran before
-// 2026-11-28), so one call measures what the fusion gains, then the other choices fused; a variant
-// whose Step would not fit beside the others' is skipped, named (each Step keeps its own model
-// states).
+// sharding/Epilogues.h) and partial weight gradients (training.wgrad_gemm = auto: Blas::Wgrad), the
+// same with direct weight gradients (what ran before 2026-11-29), the same unfused (fuse_epilogues
+// false: the plain programs, what ran before 2026-11-28), so one call measures what each gains, then
+// the other choices; a variant whose Step would not fit beside the others' is skipped, named (each
+// Step keeps its own model states).
 //   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 //                          [--steps 10] [--warmup 3] [--gemm-algo heuristic,timed] [--plain on|off]
+//                          [--wgrad-direct on|off]
 // Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -32,6 +34,7 @@
 #include "GpuModels.h"
 #include "base/Error.h"
 #include "kernels/cuda/Cuda.h"
+#include "kernels/cuda/Gemm.h"
 #include "runtime/StepBuilder.h"
 #include "schedule/Pipelines.h"
 #include "tensor/DeviceMemory.h"
@@ -44,6 +47,8 @@ constexpr double kPeak = 989e12;  // H100/H200 SXM dense bf16
 struct Variant {
   std::string algo;  // training.gemm_algo: heuristic or timed
   bool fuse = true;  // training.fuse_epilogues
+  bool partials = true;  // training.wgrad_gemm: partials (auto's) or direct
+  std::string label() const { return std::string(fuse ? "fused" : "plain") + (partials ? "" : " direct-wgrad"); }
 };
 
 // One model's step timed for each variant: one Step per variant, built side by side and stepped
@@ -94,6 +99,11 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     }
     loss[k] = st.loss_sum / static_cast<double>(st.tokens);
   };
+  // Weight gradients that ran as partials in a step (Blas::partial_wgrads over the steps run): 0
+  // with direct ones, or where cuBLASLt refused the batched GEMMs.
+  auto partials_per_step = [&](size_t k) {
+    return built[k]->blas ? built[k]->blas->partial_wgrads() / static_cast<size_t>(warmup + steps) : size_t{0};
+  };
   // Each Step is built and warmed up alone (the first one's peak is one step's memory: the model
   // states and its activations), then the measured steps alternate between them. A Step that would
   // not fit beside the ones built is left out, named (Llama-1B's three Steps, ~70 GiB, on an 80 GB
@@ -110,13 +120,14 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
       if (in_use + need > 0.95 * device_bytes) {
         std::printf("%-10s gemm_algo %-9s %-5s: skipped: another Step needs ~%.1f GiB beside the %.1f GiB in use, "
                     "past 95%% of the device's %.1f GiB\n",
-                    name.c_str(), variants[k].algo.c_str(), variants[k].fuse ? "fused" : "plain", need / (1 << 30),
+                    name.c_str(), variants[k].algo.c_str(), variants[k].label().c_str(), need / (1 << 30),
                     in_use / (1 << 30), device_bytes / (1 << 30));
         continue;
       }
     }
     if (k == 0) reset_device_peak(gpu);
-    spec.timed_gemms = variants[k].algo == "timed";
+    spec.gemms.timed = variants[k].algo == "timed";
+    spec.gemms.wgrad_partials = variants[k].partials;
     ps.layout.fuse_epilogues = variants[k].fuse;
     built.push_back(std::make_unique<Step>(spec));
     built.back()->runner->add_observer(built.back()->sync.get());
@@ -138,14 +149,15 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     std::printf("%-10s B=%ld T=%ld gemm_algo %-9s %-5s: step %.2f ms (min %.2f, max %.2f; optimizer %.2f) -> %.0f tok/s, "
                 "MFU %.3f, loss %.3f, peak %.1f GiB (one step)\n",
                 name.c_str(), static_cast<long>(B), static_cast<long>(T), kept[k].algo.c_str(),
-                kept[k].fuse ? "fused" : "plain", med * 1e3,
+                kept[k].label().c_str(), med * 1e3,
                 sorted.front() * 1e3, sorted.back() * 1e3, opt_med * 1e3, tok, tok * fpt / kPeak, loss[k],
                 static_cast<double>(peak_one) / (1 << 30));
-    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
+    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"wgrad_gemm\":\"{}\",\"partial_wgrads_per_step\":{},\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
                        "\"spread\":[{:.6g},{:.6g}],\"optimizer_s\":{:.6g},\"tokens_per_s\":{:.6g},"
                        "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
                        out.empty() ? "" : ",", name, kept[k].algo, kept[k].fuse,
-                       built[k]->parts->progs.fusions.total(), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
+                       built[k]->parts->progs.fusions.total(), kept[k].partials ? "partials" : "direct",
+                       partials_per_step(k), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
                        fpt, tok * fpt / kPeak, loss[k], peak_one);
   }
   return out;
@@ -155,7 +167,7 @@ int run(int argc, char** argv) {
   std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
   int64_t T = 1024;
   int steps = 10, warmup = 3;
-  std::string gemm_algo = "heuristic,timed", plain = "on";
+  std::string gemm_algo = "heuristic,timed", plain = "on", direct = "on";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--models") models = v;
@@ -165,11 +177,15 @@ int run(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--gemm-algo") gemm_algo = v;
     else if (k == "--plain") plain = v;
+    else if (k == "--wgrad-direct") direct = v;
     else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --steps, --warmup, "
-                                       "--gemm-algo, --plain)", k));
+                                       "--gemm-algo, --plain, --wgrad-direct)", k));
   }
   if (plain != "on" && plain != "off")
     throw ConfigError(fmt::format("--plain {}: on (also time the first GEMM choice unfused) or off", plain));
+  if (direct != "on" && direct != "off")
+    throw ConfigError(fmt::format("--wgrad-direct {}: on (also time the first GEMM choice with direct weight-gradient "
+                                  "GEMMs) or off", direct));
   std::vector<std::string> algos;
   for (size_t a = 0; a <= gemm_algo.size();) {
     const size_t b = std::min(gemm_algo.find(',', a), gemm_algo.size());
@@ -180,11 +196,13 @@ int run(int argc, char** argv) {
     algos.push_back(one);
     a = b + 1;
   }
-  // In the order they are kept when memory runs short: the default (the first choice, fused), the
-  // same unfused (the epilogues' gain), then the other GEMM choices fused.
-  std::vector<Variant> variants{{algos.front(), true}};
-  if (plain == "on") variants.push_back({algos.front(), false});
-  for (size_t a = 1; a < algos.size(); ++a) variants.push_back({algos[a], true});
+  // In the order they are kept when memory runs short: the default (the first choice, fused, partial
+  // weight gradients), the same with direct weight gradients (the partials' gain), unfused (the
+  // epilogues' gain), then the other GEMM choices fused.
+  std::vector<Variant> variants{{algos.front(), true, true}};
+  if (direct == "on") variants.push_back({algos.front(), true, false});
+  if (plain == "on") variants.push_back({algos.front(), false, true});
+  for (size_t a = 1; a < algos.size(); ++a) variants.push_back({algos[a], true, true});
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
   std::string out;

@@ -17,14 +17,15 @@
 
 namespace dhelix {
 
-std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms,
-                                            const std::string& gemm_choices) {
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, const GemmOptions& gemms) {
   if (d.is_host()) return nullptr;
   const std::string why = device_unavailable(d);
   DHX_CHECK(why.empty(), DeviceError, "a step on {}: {}", d.str(), why);
 #if DHELIX_HAVE_CUDA
   auto blas = std::make_shared<cuda::Blas>(d.index);
-  if (timed_gemms) blas->set_choice(cuda::Blas::Choice::kTimed);
+  if (gemms.timed) blas->set_choice(cuda::Blas::Choice::kTimed);
+  if (gemms.wgrad_partials) blas->set_wgrad(cuda::Blas::Wgrad::kPartials);
+  const std::string& gemm_choices = gemms.choices;
   if (!gemm_choices.empty() && !file_exists(gemm_choices)) {
     // Written after the first step: a directory that is not there is named now, not then.
     const std::filesystem::path dir = std::filesystem::path(gemm_choices).parent_path();
@@ -47,8 +48,7 @@ std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool tim
   parts.params->move_to(d, &parts.state_mem);
   return blas;
 #else
-  (void)timed_gemms;
-  (void)gemm_choices;
+  (void)gemms;
   throw DeviceError(fmt::format("a step on {}: {}", d.str(), why));  // (why is never empty here)
 #endif
 }
@@ -80,8 +80,8 @@ Step::Step(const StepSpec& spec) {
   const LayoutConfig& layout = parts->layout;
   RunContext& c = parts->ctx;
   // A GPU step: the model states move there before the optimizer allocates its moments beside them.
-  blas = place_on_device(*parts, spec.device, spec.timed_gemms, spec.gemm_choices);
-  gemm_choices_ = spec.gemm_choices;
+  blas = place_on_device(*parts, spec.device, spec.gemms);
+  gemm_choices_ = spec.gemms.choices;
   // A GPU step's groups move device tensors: each CPU group is wrapped once in a staged group, the
   // only issuer on it while a step runs (the trainer's own host-tensor reductions on the CPU groups
   // come after a step's staged ops completed, so every member sees the same op order).
@@ -154,6 +154,13 @@ Step::GemmChoiceCounts Step::save_gemm_choices() {
   gemm_choices_written_ = fresh;
 #endif
   return n;
+}
+
+size_t Step::partial_wgrads() const {
+#if DHELIX_HAVE_CUDA
+  if (blas) return blas->partial_wgrads();
+#endif
+  return 0;
 }
 
 std::string gemm_choices_for_rank(const std::string& path, int rank, int world) {

@@ -29,6 +29,20 @@ namespace cuda {
 class Blas;
 }
 
+// How a GPU step's cuBLASLt GEMMs run (its Blas's settings, kernels/cuda/Gemm.h).
+struct GemmOptions {
+  // Algorithms: cuBLASLt's heuristic's first answer (false: reproducible run to run), or the fastest
+  // of its first answers timed on the first step (training.gemm_algo = timed).
+  bool timed = false;
+  // Weight gradients in the partials form where it applies (Blas::Wgrad::kPartials;
+  // training.wgrad_gemm = auto or partials), else direct.
+  bool wgrad_partials = false;
+  // This rank's choices file (training.gemm_choices, kernels/cuda/GemmChoices.h: gemm_choices_for_rank's
+  // name below), "" for none: read when it exists (ConfigError when it was made on another GPU or
+  // cuBLASLt), so its shapes run its recorded algorithms; Step::save_gemm_choices writes it.
+  std::string choices;
+};
+
 struct StepSpec {
   StepPartsSpec parts;                 // model, layout, this rank's coordinates, micro-batch, pipeline, seed
   StepGroups groups;                   // this rank's process groups by role (none: a single process)
@@ -50,21 +64,14 @@ struct StepSpec {
   // staged: NCCL's point-to-point ops have no tags, and the schedule posts receives ahead).
   bool nccl = false;
   int nccl_max_ctas = 0;  // with nccl: the CTAs each NCCL collective may occupy (0: NCCL's choice)
-  // A GPU step's GEMM algorithms: cuBLASLt's heuristic's first answer (false: reproducible run to
-  // run), or the fastest of its first answers timed on the first step (training.gemm_algo = timed).
-  bool timed_gemms = false;
-  // A GPU step's GEMM choices file for this rank (training.gemm_choices, kernels/cuda/GemmChoices.h:
-  // gemm_choices_for_rank's name below), "" for none: read when it exists (ConfigError when it was made on
-  // another GPU or cuBLASLt), so its shapes run its recorded algorithms; save_gemm_choices writes it.
-  std::string gemm_choices;
+  GemmOptions gemms;  // a GPU step's GEMMs
 };
 
 // Moves `parts` to GPU `d` (nothing for the host): the model states go there, and the op programs
 // bind to the GPU's kernels with the returned cuBLASLt handle, which must outlive everything
 // launching on it. DeviceError naming why when this build or machine has no such GPU. Step and the
 // profiler's LayerPairBench both place their parts with it.
-std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, bool timed_gemms = false,
-                                            const std::string& gemm_choices = "");
+std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, const GemmOptions& gemms = {});
 
 // How a GPU run's process groups move device tensors (StepSpec's fields of the same names).
 struct DeviceGroupOptions {
@@ -90,7 +97,7 @@ class Step {
 
   ParamStore& params() { return *parts->params; }
   RunContext& ctx() { return parts->ctx; }
-  // StepSpec::gemm_choices rewritten with every GEMM algorithm this step's Blas has chosen (and the
+  // GemmOptions::choices rewritten with every GEMM algorithm this step's Blas has chosen (and the
   // file's other choices) when it chose any since the last write: what a later run reads. Cheap when
   // nothing is new (call it after every step). Returns the preset's plans used and unusable so far,
   // and how many choices of this run the write added (0: nothing written; all 0 on a CPU step).
@@ -98,6 +105,9 @@ class Step {
     size_t from_file = 0, written = 0, unusable = 0;
   };
   GemmChoiceCounts save_gemm_choices();
+  // Weight gradients this step's Blas ran in the partials form so far (GemmOptions::wgrad_partials;
+  // 0 on a CPU step).
+  size_t partial_wgrads() const;
 
   // Declared in destruction order's reverse: the cuBLASLt handle outlives everything launching on it.
   std::shared_ptr<cuda::Blas> blas;  // a GPU step's (shared_ptr: complete only in a CUDA build)

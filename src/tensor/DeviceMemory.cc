@@ -63,6 +63,16 @@ class Pools {
       check(cudaMemPoolCreate(&p->pool, &props), "cudaMemPoolCreate", d);
       uint64_t keep = UINT64_MAX;  // never give cached blocks back to the driver on a sync
       check(cudaMemPoolSetAttribute(p->pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", d);
+      // The kernels' own scratch (a norm's or bias gradient's partial sums, attention's D_i, a
+      // partial weight gradient: kernels/cuda, cudaMallocAsync) comes from the device's default pool,
+      // whose release threshold is 0: every synchronisation (each step's loss read-back) handed its
+      // blocks back to the driver, and the next step's allocations mapped them again. Kept there too
+      // (the CUDA programming guide's stream-ordered allocator chapter: a threshold keeps reserved
+      // memory across synchronisations). That scratch is outside this pool's counts (stats()): at
+      // most a few tens of MB on GPT-2's shapes.
+      cudaMemPool_t scratch = nullptr;
+      check(cudaDeviceGetDefaultMemPool(&scratch, d.index), "cudaDeviceGetDefaultMemPool", d);
+      check(cudaMemPoolSetAttribute(scratch, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", d);
     }
     return *p;
   }

@@ -101,6 +101,7 @@ const std::vector<Field>& table() {
       DHX_F("training", "gemm_algo", training.gemm_algo, kString, 0, 0, "GPU runs: how cuBLASLt's algorithm is chosen for each GEMM shape: heuristic (its heuristic's first answer: the same every run, results reproducible run to run) or timed (the fastest of its first 8 answers, timed on the first step's operands: faster where the heuristic misjudges a shape, but the choice may differ between runs, so results repeat only within a run)"),
       DHX_F("training", "gemm_choices", training.gemm_choices, kString, 0, 0, "GPU runs: a file of cuBLASLt algorithm choices (kernels/cuda/GemmChoices.h), one a rank (<stem>.rank<r><ext> when there are several): each GEMM shape it holds runs the algorithm recorded there, the others are chosen by gemm_algo and written to it after the step that first runs them, so a timed choice made once repeats on later runs (results reproducible run to run, as with heuristic). Made on another GPU model or cuBLASLt: refused, naming both. Empty (default): none"),
       DHX_F("training", "fuse_epilogues", training.fuse_epilogues, kString, 0, 0, "GEMM epilogue fusion (sharding/Epilogues.h): GELU after its GEMM, its derivative after the next layer's input-gradient GEMM, and a residual add after a row linear whose sum needs no collective run in those GEMMs' epilogues (cuBLASLt's GELU_AUX, DGELU, and the skip as C): auto (on a GPU, where it saves activation passes and launches), on (the CPU runs the same two kernels: the same bits) or off"),
+      DHX_F("training", "wgrad_gemm", training.wgrad_gemm, kString, 0, 0, "GPU runs: how a weight gradient's GEMM runs (kernels/cuda/Gemm.h, Blas::Wgrad): direct (one GEMM adding into the fp32 gradient) or partials (where the gradient has few output tiles for the GPU's SMs, the tokens cut into 2-8 parts, one batched GEMM writing each part's fp32 gradient, then one pass adding them in part order: more SMs busy; the sums in another fixed order, so results stay reproducible run to run); auto = partials on a GPU. The CPU runs its own kernels (direct or auto)"),
       DHX_F("training", "nonfinite_max_skips", training.nonfinite_max_skips, kInt, 1, 1e9, "with nonfinite = skip: this many skipped steps in a row stop the run (exit 3)"),
       DHX_F("data", "prefix", data.prefix, kString, 0, 0, "path prefix of the tokenized <prefix>.bin/.idx"),
       DHX_F("data", "tokenizer", data.tokenizer, kString, 0, 0, "SentencePiece model file"),
@@ -347,11 +348,20 @@ void check_device(const RunConfig& c, std::vector<std::string>& e) {
   const std::string& ga = c.training.gemm_algo;
   if (ga != "heuristic" && ga != "timed")
     e.push_back(fmt::format("training.gemm_algo=\"{}\" is not a way to choose GEMM algorithms; use heuristic or timed", ga));
+  const std::string& wg = c.training.wgrad_gemm;
+  if (wg != "auto" && wg != "direct" && wg != "partials")
+    e.push_back(fmt::format("training.wgrad_gemm=\"{}\" is not a way to run weight-gradient GEMMs; use auto, direct or "
+                            "partials",
+                            wg));
   if (d.is_host()) {
     if (!c.training.gemm_choices.empty())
       e.push_back(fmt::format("training.gemm_choices=\"{}\" records cuBLASLt's algorithms on a GPU; training.device=\"{}\" "
                               "trains on the CPU; leave it empty, or use cuda",
                               c.training.gemm_choices, text));
+    if (wg == "partials")
+      e.push_back(fmt::format("training.wgrad_gemm=\"partials\" runs cuBLASLt's batched GEMMs on a GPU; "
+                              "training.device=\"{}\" trains on the CPU; set it to auto or direct, or use cuda",
+                              text));
     if (ga == "timed")
       e.push_back(fmt::format("training.gemm_algo=\"timed\" chooses cuBLASLt's algorithms on a GPU; training.device=\"{}\" "
                               "trains on the CPU; set it to heuristic, or use cuda",

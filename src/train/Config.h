@@ -43,6 +43,7 @@ struct TrainingConfig {
   std::string gemm_algo = "heuristic";  // a GPU's cuBLASLt algorithms: heuristic (reproducible) or timed
   std::string gemm_choices;              // a GPU's cuBLASLt choices file (per rank), read and written; "" none
   std::string fuse_epilogues = "auto";  // GELU and residual adds in GEMM epilogues: auto (on a GPU), on, off
+  std::string wgrad_gemm = "auto";      // a GPU's weight-gradient GEMMs: auto (partials), direct or partials
 };
 
 struct DataConfig {

@@ -139,7 +139,8 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   // training.device = cuda[:N]: Config refuses what the GPU path does not run yet.
   device_ = parse_device(cfg_.training.device);
   spec.nccl = !device_.is_host() && cfg_.comm.gpu_transport == "nccl";
-  spec.timed_gemms = !device_.is_host() && cfg_.training.gemm_algo == "timed";
+  spec.gemms.timed = !device_.is_host() && cfg_.training.gemm_algo == "timed";
+  spec.gemms.wgrad_partials = !device_.is_host() && cfg_.training.wgrad_gemm != "direct";
   if (spec.nccl && comm_ && comm_->world_size() > 1) {
     // A GPU per rank: rank i of this host takes the GPU after the named one by i (under mpirun
     // Open MPI's local rank; ranks as threads of one process: the world rank).
@@ -155,7 +156,7 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   }
   spec.device = device_;
   if (!device_.is_host() && !cfg_.training.gemm_choices.empty())
-    spec.gemm_choices = gemm_choices_for_rank(cfg_.training.gemm_choices, comm_ ? comm_->rank() : 0,
+    spec.gemms.choices = gemm_choices_for_rank(cfg_.training.gemm_choices, comm_ ? comm_->rank() : 0,
                                               comm_ ? comm_->world_size() : 1);
   spec.kernels = kernels;
   spec.zero = p.zero ? ZeroStage::kOne : ZeroStage::kNone;
@@ -331,6 +332,15 @@ StepReport Trainer::train_step() {
   r.peak_activation_bytes = st.peak_activation_bytes;
   r.peak_bytes = st.peak_activation_bytes + parts_->state_mem.current();
   ++step_;
+  // training.wgrad_gemm: what the first step ran, said once (a GPU run).
+  if (!device_.is_host() && !told_wgrad_) {
+    told_wgrad_ = true;
+    log(fmt::format("weight-gradient GEMMs (training.wgrad_gemm={}): {} call(s) in the first step ran as partials{}",
+                    cfg_.training.wgrad_gemm, built_->partial_wgrads(),
+                    cfg_.training.wgrad_gemm == "direct"
+                        ? ""
+                        : " (where a gradient has few output tiles for the GPU's SMs; the others direct)"));
+  }
   // training.gemm_choices: the algorithms chosen for shapes the file did not hold, written after the
   // step that first ran them (a no-op when nothing is new).
   if (const Step::GemmChoiceCounts g = built_->save_gemm_choices(); g.written > 0)
@@ -423,6 +433,8 @@ std::unique_ptr<MetricsWriter> Trainer::open_metrics() {
 
 // The reference rate MFU is quoted against: sgemm, or in bf16 the bf16 GEMM (gemm_bf16, rounding
 // included) the run uses, or cuBLAS's bf16 GEMM on a GPU.
+size_t Trainer::partial_wgrads() const { return built_->partial_wgrads(); }
+
 const char* Trainer::reference_name() const {
   return !device_.is_host() ? "cuBLAS bf16" : cfg_.training.precision == "bf16" ? "bf16 gemm" : "sgemm";
 }

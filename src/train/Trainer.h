@@ -94,6 +94,8 @@ class Trainer {
   GradSync& grad_sync() { return *sync_; }  // dp_comm_seconds() of the last step (benchmarks)
   Trace* trace() { return trace_.get(); }   // non-null when output.trace is set
   const ModelPrograms& programs() const { return parts_->progs; }
+  // Weight-gradient GEMMs run as partials so far (training.wgrad_gemm; 0 on the CPU).
+  size_t partial_wgrads() const;
   // Full (unsharded, layout-free) internal tensors; collective over tp (and dp for the optimizer).
   std::map<std::string, Tensor> gather_full_params();
   // Full gradients (layout-free) after compute_gradients(); plain dp (no ZeRO) only.
@@ -136,6 +138,7 @@ class Trainer {
   RankCoord coord_;             // this rank's grid coordinates
   MicroBatchShape mb_;
   Device device_;  // training.device: where the model states live and the step runs
+  bool told_wgrad_ = false;  // the weight-gradient GEMMs' form said once, after the first GPU step
   std::unique_ptr<Step> built_;  // the step, wired once (runtime/StepBuilder.h); the four below point into it
   StepParts* parts_ = nullptr;   // units, programs, this stage's parameters, the run context
   GradSync* sync_ = nullptr;

@@ -53,6 +53,34 @@ TEST(DeviceMemory, PinnedHostTensorsArePageLockedAndReused) {
   EXPECT_EQ(pinned_stats().hits, hits + 1);
 }
 
+// The kernels' scratch (cudaMallocAsync on the device's default pool) stays reserved across a
+// synchronisation once the device's tensors are in use: the default pool's release threshold is
+// kept at its maximum. Oracle: CUDA's documented pool semantics (a pool holds reserved memory up to
+// its threshold across synchronisations): 48 MB freed, the stream synchronised, the pool still
+// reserves at least that much, and the same allocation again reserves nothing more.
+TEST(DeviceMemory, KernelScratchStaysReservedAcrossASync) {
+  DHX_REQUIRE_GPU();
+  const Tensor t = Tensor::empty({16}, DType::kF32, nullptr, Device::cuda(0));  // the device's pools set up
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  uint64_t threshold = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), cudaSuccess);
+  EXPECT_EQ(threshold, UINT64_MAX);
+  constexpr size_t kBytes = 48u << 20;
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, kBytes, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  uint64_t reserved = 0, again = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  EXPECT_GE(reserved, kBytes) << "the pool gave its blocks back at the synchronisation";
+  ASSERT_EQ(cudaMallocAsync(&p, kBytes, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &again), cudaSuccess);
+  EXPECT_EQ(again, reserved);
+}
+
 TEST(DeviceMemory, RoundTripIsBitwiseAndTrackersCountDeviceBytes) {
   DHX_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);

@@ -328,6 +328,74 @@ TEST(CudaGemm, SplitKFormsMatchCpu) {
                                "was split already): the split forms went untested";
 }
 
+// The partials rule (Gemm.h, Blas::wgrad_parts), no GPU needed. Oracle: the rule's words worked by
+// hand. GPT-2 at B = 16, T = 1024 (N = 16384) on 132 SMs (2 x 132 = 264 tiles wanted): qkv's
+// 2304 x 768 output is 18 x 6 = 108 tiles, 216 < 264 at 2 parts, 432 at 4: 4; the attention
+// projection's 768 x 768 is 36, 288 at 8: 8; the MLP's 3072 x 768 and 768 x 3072 are 144, 288 at 2: 2;
+// the head's 50304 x 768 is 2358 >= 264: 1 (direct). Fewer rows: 8 parts of the projection over
+// N = 2048 would be 256 rows each, halved to 2 parts of 1024; N = 2047 gives parts of 1023 rows,
+// 896 after the 128-row alignment, under 1024 even at 2 parts: 1.
+TEST(CudaGemmRule, WgradPartsFollowTheTileRule) {
+  EXPECT_EQ(Blas::wgrad_parts(16384, 768, 2304, 132), 4);
+  EXPECT_EQ(Blas::wgrad_parts(16384, 768, 768, 132), 8);
+  EXPECT_EQ(Blas::wgrad_parts(16384, 768, 3072, 132), 2);
+  EXPECT_EQ(Blas::wgrad_parts(16384, 3072, 768, 132), 2);
+  EXPECT_EQ(Blas::wgrad_parts(16384, 768, 50304, 132), 1);
+  EXPECT_EQ(Blas::wgrad_parts(2048, 768, 768, 132), 2);
+  EXPECT_EQ(Blas::wgrad_parts(2047, 768, 768, 132), 1);
+  // Half the SMs (an SM partition of 66): qkv's 108 tiles are already 2 x 66 at 2 parts.
+  EXPECT_EQ(Blas::wgrad_parts(16384, 768, 2304, 66), 2);
+  EXPECT_EQ(Blas::wgrad_parts(16384, 768, 768, 0), 1);  // no SM count: the direct form
+  EXPECT_EQ(Blas::wgrad_parts(0, 768, 768, 132), 1);
+}
+
+// The partials form of the weight gradient (Blas::Wgrad::kPartials): dw and db accumulated onto
+// random values. Oracles: the CPU's fp32 linear_bwd_weight (bound kF32OutBound: the partials change
+// only the fp32 order of the sums), the direct form on the same operands (within two such bounds of
+// it), and itself (a second run from the same values bitwise equal: a fixed algorithm and order).
+// Shapes chosen to cut: a small output on 8192 rows (8 parts of 1024), on 4173 rows (4 parts of 1024
+// and 77 rows by the direct GEMM after), and the attention projection's 768 x 768 on 4096 rows (4
+// parts); then dw at an odd element (the reduction's scalar path). Each call must run as partials
+// (partial_wgrads counts them): a cuBLASLt refusal of the batched GEMM fails here by name.
+TEST(CudaGemm, WgradPartialsMatchTheCpuTheDirectFormAndRepeatBitwise) {
+  DHX_REQUIRE_GPU();
+  struct Case { Dims d; int64_t dw_offset; };
+  const Case cases[] = {{{8192, 96, 160}, 0}, {{4173, 96, 160}, 0}, {{4096, 768, 768}, 0}, {{4173, 96, 160}, 1}};
+  uint64_t seed = 1200;
+  Blas partials(0), direct(0);
+  partials.set_wgrad(Blas::Wgrad::kPartials);
+  size_t calls = 0;
+  for (const Case& c : cases) {
+    const Dims& d = c.d;
+    const std::string at = "N=" + std::to_string(d.N) + " I=" + std::to_string(d.I) + " O=" + std::to_string(d.O) +
+                           " dw offset " + std::to_string(c.dw_offset);
+    ASSERT_GT(Blas::wgrad_parts(d.N, d.I, d.O, partials.sm_count_target() > 0 ? partials.sm_count_target()
+                                                                               : device_info(0).sms), 1) << at;
+    const auto dy = round_bf16(randn(d.N * d.O, seed++)), x = round_bf16(randn(d.N * d.I, seed++));
+    const auto dw0 = randn(d.O * d.I, seed++), db0 = randn(d.O, seed++);
+    auto dw = dw0, db = db0;
+    cpu::linear_bwd_weight<float>(dy.data(), x.data(), dw.data(), db.data(), d.N, d.I, d.O);
+    std::vector<float> padded(c.dw_offset, 0.0f);
+    padded.insert(padded.end(), dw0.begin(), dw0.end());
+    DevBuf<bf16> gdy(to_bf16(dy)), gx(to_bf16(x));
+    DevBuf<float> gdw(padded), gdw2(padded), gdw_direct(padded), gdb(db0), gdb2(db0);
+    partials.linear_bwd_weight(gdy.get(), gx.get(), gdw.get() + c.dw_offset, gdb.get(), d.N, d.I, d.O, nullptr);
+    partials.linear_bwd_weight(gdy.get(), gx.get(), gdw2.get() + c.dw_offset, gdb2.get(), d.N, d.I, d.O, nullptr);
+    direct.linear_bwd_weight(gdy.get(), gx.get(), gdw_direct.get() + c.dw_offset, nullptr, d.N, d.I, d.O, nullptr);
+    calls += 2;
+    EXPECT_EQ(partials.partial_wgrads(), calls) << at << ": the batched GEMM did not run (cuBLASLt refused it?)";
+    auto got = gdw.download(), again = gdw2.download(), ref_direct = gdw_direct.download();
+    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << at << ": not repeatable";
+    for (int64_t i = 0; i < c.dw_offset; ++i) EXPECT_EQ(got[i], 0.0f) << at << ": wrote before dw";
+    got.erase(got.begin(), got.begin() + c.dw_offset);
+    ref_direct.erase(ref_direct.begin(), ref_direct.begin() + c.dw_offset);
+    EXPECT_LE(rel_err(got, dw), kF32OutBound) << at;
+    EXPECT_LE(rel_err(got, ref_direct), 2 * kF32OutBound) << at << " against the direct form";
+    EXPECT_LE(rel_err(gdb.download(), db), kF32OutBound) << at << " db";
+  }
+  EXPECT_EQ(direct.partial_wgrads(), 0u);
+}
+
 TEST(CudaGemm, NoGpuIsAClearDeviceError) {
   if (probe().devices > 0) {
     EXPECT_THROW(require_device(probe().devices), DeviceError);  // one past the last GPU

@@ -26,7 +26,11 @@ GemmChoices sample() {
   GemmChoice b;
   b.m = 768, b.n = 768, b.k = 16384, b.lda = 768, b.ldb = 768, b.ldc = 768, b.trans_a = true, b.c_f32 = true;
   b.epilogue = "none", b.align_a = b.align_b = 256, b.align_c = b.align_d = 128, b.answer = 0, b.split = 3, b.ms = 0.05;
-  c.choices = {a, b};
+  // A weight gradient's partials form (Blas::Wgrad::kPartials): a strided batch of 4.
+  GemmChoice p = b;
+  p.k = 4096, p.beta0 = true, p.batch = 4, p.stride_a = 4096 * 768, p.stride_b = 4096 * 768, p.stride_c = 768 * 768;
+  p.answer = 1, p.split = 1, p.ms = 0.02;
+  c.choices = {a, b, p};
   return c;
 }
 
@@ -52,15 +56,20 @@ TEST(GemmChoicesFile, ReadsBackWhatItWrote) {
   EXPECT_EQ(r.sms, 132);
   EXPECT_EQ(r.sm_target, 66);
   EXPECT_EQ(r.cublaslt_version, 130100);
-  ASSERT_EQ(r.choices.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
+  ASSERT_EQ(r.choices.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
     const GemmChoice &x = c.choices[i], &y = r.choices[i];
     EXPECT_EQ(std::tie(x.m, x.n, x.k, x.lda, x.ldb, x.ldc, x.trans_a, x.trans_b, x.c_f32, x.beta0, x.epilogue),
               std::tie(y.m, y.n, y.k, y.lda, y.ldb, y.ldc, y.trans_a, y.trans_b, y.c_f32, y.beta0, y.epilogue));
     EXPECT_EQ(std::tie(x.align_a, x.align_b, x.align_c, x.align_d, x.align_aux, x.align_bias, x.answer, x.split),
               std::tie(y.align_a, y.align_b, y.align_c, y.align_d, y.align_aux, y.align_bias, y.answer, y.split));
     EXPECT_EQ(x.ms, y.ms);
+    EXPECT_EQ(std::tie(x.batch, x.stride_a, x.stride_b, x.stride_c), std::tie(y.batch, y.stride_a, y.stride_b, y.stride_c))
+        << "choice " << i;
   }
+  // One problem's entry carries no batch fields (files of one-problem choices read as before).
+  const std::string text = read_file(path);
+  EXPECT_EQ(text.find("\"batch\""), text.rfind("\"batch\"")) << "only the batch entry names a batch:\n" << text;
   EXPECT_EQ(gemm_choices_mismatch(r, c), "");
 }
 
@@ -89,6 +98,18 @@ TEST(GemmChoicesFile, RefusesWhatIsNotOneByName) {
   neg.replace(neg.find("\"answer\": 1"), 11, "\"answer\": -2");
   const std::string ng = error_of(head + "\"choices\": [" + neg + R"("epilogue": "none"}]})");
   EXPECT_NE(ng.find("answer=-2"), std::string::npos) << ng;
+  // A batch entry: at least 2 problems, with its 3 strides; strides without a batch refused.
+  EXPECT_EQ(error_of(head + "\"choices\": [" + entry + R"("epilogue": "none", "batch": 2, "strides": [64, 64, 64]}]})"),
+            "");
+  const std::string b1 = error_of(head + "\"choices\": [" + entry + R"("epilogue": "none", "batch": 1, "strides": [0, 0, 0]}]})");
+  EXPECT_NE(b1.find("choice 0: batch = 1 (a batch entry has at least 2 problems"), std::string::npos) << b1;
+  const std::string no_st = error_of(head + "\"choices\": [" + entry + R"("epilogue": "none", "batch": 4}]})");
+  EXPECT_NE(no_st.find("choice 0: a batch needs 'strides'"), std::string::npos) << no_st;
+  const std::string neg_st =
+      error_of(head + "\"choices\": [" + entry + R"("epilogue": "none", "batch": 4, "strides": [1, -1, 1]}]})");
+  EXPECT_NE(neg_st.find("strides[1] is -1, not a whole number >= 0"), std::string::npos) << neg_st;
+  const std::string lone = error_of(head + "\"choices\": [" + entry + R"("epilogue": "none", "strides": [1, 1, 1]}]})");
+  EXPECT_NE(lone.find("'strides' without 'batch'"), std::string::npos) << lone;
   std::string str = entry;
   str.replace(str.find("\"m\": 8"), 6, "\"m\": \"8\"");
   const std::string st = error_of(head + "\"choices\": [" + str + R"("epilogue": "none"}]})");

@@ -749,6 +749,38 @@ TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
   EXPECT_LT(got.back(), got.front()) << "the timed run did not learn";
 }
 
+// training.wgrad_gemm: partial weight gradients (auto's form on a GPU, Blas::Wgrad::kPartials)
+// against direct ones. At micro-batches of 8 x 256 = 2048 tokens each weight gradient is cut in 2
+// (Blas::wgrad_parts: the tiny model's outputs are a tile or two, so 8 parts are wanted, halved to 2
+// for parts of at least 1024 rows). Oracle: the direct run of the same config. Not bitwise: the
+// partials sum the tokens in another fp32 order, and the bf16 weights written from the fp32 ones
+// may then round the other way; bound: the timed test's 1e-2 relative per step over 5 steps. Each
+// run must have run its form: partial_wgrads() > 0 with auto, 0 with direct.
+TEST_P(GpuFamilies, PartialWeightGradientsTrackTheDirectOnes) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 71);
+  RunConfig partials = tiny_on(dir.path(), GetParam(), "cuda");
+  partials.model.seq_len = 256;
+  partials.training.micro_batch_size = 8;
+  RunConfig direct = partials;
+  direct.training.wgrad_gemm = "direct";
+  direct.output.dir = dir.path() + "/direct";
+  std::vector<double> want, got;
+  {
+    Trainer t(direct, nullptr, Quiet::kYes);
+    want = losses_of(t, 5);
+    EXPECT_EQ(t.partial_wgrads(), 0u);
+  }
+  {
+    Trainer t(partials, nullptr, Quiet::kYes);
+    got = losses_of(t, 5);
+    EXPECT_GT(t.partial_wgrads(), 0u) << "no weight gradient ran as partials (cuBLASLt refused the batched GEMM?)";
+  }
+  expect_tracks(want, got, 1e-2, fmt::format("{} wgrad_gemm=auto vs direct", GetParam()));
+  EXPECT_LT(got.back(), got.front()) << "the partials run did not learn";
+}
+
 // training.gemm_choices: a timed run records each shape's algorithm; a second timed run reading the
 // file runs those same algorithms instead of timing anew, so its losses are the first run's bit for
 // bit (the reproducibility the file is for: timed choices alone may differ between runs). Oracle: the

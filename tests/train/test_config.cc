@@ -166,6 +166,24 @@ TEST(Config, GemmAlgoIsHeuristicOrTimedOnAGpu) {
   EXPECT_EQ(file_gpu.find("gemm_choices"), std::string::npos) << file_gpu;
 }
 
+// training.wgrad_gemm: auto (the default), direct or partials; anything else refused naming the
+// value; partials on the CPU (no cuBLASLt) refused naming the device; auto and direct run anywhere.
+// Oracle: the values in the messages.
+TEST(Config, WgradGemmIsAutoDirectOrPartialsOnAGpu) {
+  EXPECT_EQ(load("").training.wgrad_gemm, "auto");
+  const std::string bad = error_of("", {{"training.wgrad_gemm", "split"}});
+  EXPECT_NE(bad.find("training.wgrad_gemm=\"split\" is not a way to run weight-gradient GEMMs; use auto, direct or "
+                     "partials"),
+            std::string::npos) << bad;
+  const std::string cpu = error_of("", {{"training.wgrad_gemm", "partials"}});
+  EXPECT_NE(cpu.find("training.wgrad_gemm=\"partials\" runs cuBLASLt's batched GEMMs on a GPU; training.device=\"cpu\""),
+            std::string::npos) << cpu;
+  EXPECT_EQ(load("", {{"training.wgrad_gemm", "direct"}}).training.wgrad_gemm, "direct");
+  const std::string gpu = error_of("", {{"training.wgrad_gemm", "partials"}, {"training.device", "cuda"},
+                                        {"training.precision", "bf16"}});
+  EXPECT_EQ(gpu.find("wgrad_gemm"), std::string::npos) << gpu;
+}
+
 // training.fuse_epilogues: auto (the default) fuses the programs' GEMM epilogues on a GPU only, on
 // and off say so on any device, anything else is refused naming the value. Oracle: the layout the
 // config gives every command (layout_config: the trainer, profile, plan and simulate build their
@@ -389,7 +407,7 @@ TEST(Config, Bf16IsRefusedOnACpuWithoutBf16) {
 TEST(Config, HelpListsEveryKey) {
   std::string help = help_text();
   for (const auto& k : config_keys()) EXPECT_NE(help.find("--" + k + " "), std::string::npos) << k;
-  EXPECT_EQ(config_keys().size(), 89u);  // the table in Config.cc: update when a key is added
+  EXPECT_EQ(config_keys().size(), 90u);  // the table in Config.cc: update when a key is added
 }
 
 TEST(Config, CliArgsSplitConfigFlagsAndPositional) {

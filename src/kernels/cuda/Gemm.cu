@@ -27,6 +27,16 @@ int alignment(const void* p) {
   while (al > 1 && a % static_cast<uintptr_t>(al) != 0) al /= 2;
   return al;
 }
+// A strided batch's operand: every problem's pointer p + b stride (elements of `size` bytes) has
+// at least this alignment, the least of p's and the stride's.
+int batch_alignment(const void* p, int64_t stride, size_t size) {
+  const int of_p = alignment(p);
+  if (stride == 0) return of_p;
+  const auto bytes = static_cast<uintptr_t>(stride) * size;
+  int al = 256;
+  while (al > 1 && bytes % static_cast<uintptr_t>(al) != 0) al /= 2;
+  return std::min(of_p, al);
+}
 }  // namespace
 
 struct Blas::Plan {
@@ -54,6 +64,7 @@ Blas::Blas(int device) : device_(device) {
   require_device(device);
   const int sms = current_sm_count(device);
   if (sms < device_info(device).sms) sm_target_ = sms;
+  sms_ = sms;
   cublasLtHandle_t h;
   DHX_CUBLAS(cublasLtCreate(&h));
   handle_ = h;
@@ -70,15 +81,21 @@ size_t Blas::cached_algorithms() const {
   return static_cast<size_t>(std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second->found; }));
 }
 
+size_t Blas::partial_wgrads() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return partial_wgrads_;
+}
+
 size_t Blas::split_plans() const {
   std::lock_guard<std::mutex> g(mu_);
   return static_cast<size_t>(std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second->split > 1; }));
 }
 
 namespace {
-// Bytes of a row-major C[M, N] with row stride ldc: (M - 1) ldc + N elements.
-size_t c_extent(int64_t M, int64_t N, int64_t ldc, bool c_f32) {
-  return static_cast<size_t>((M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16));
+// Bytes of a row-major C[M, N] with row stride ldc: (M - 1) ldc + N elements; of a strided batch's
+// `batch` of them stride_c apart, (batch - 1) stride_c more.
+size_t c_extent(int64_t M, int64_t N, int64_t ldc, bool c_f32, int batch = 1, int64_t stride_c = 0) {
+  return static_cast<size_t>((batch - 1) * stride_c + (M - 1) * ldc + N) * (c_f32 ? sizeof(float) : sizeof(bf16));
 }
 
 // cuBLASLt's epilogue for ours (Gemm.h's Blas::Epilogue), and which pointers it reads.
@@ -149,7 +166,10 @@ template <typename Key> std::string describe(const Key& k) {
   return cat("M=", k.m, " N=", k.n, " K=", k.k, " (trans_a=", k.ta, ", trans_b=", k.tb, ", lda=", k.lda, ", ldb=", k.ldb,
              ", ldc=", k.ldc, ", C ", k.c_f32 ? "fp32" : "bf16", ", epilogue ", epilogue_name(static_cast<int>(k.epi)),
              ", alignments A ", k.align_a, " B ", k.align_b, " C ", k.align_c, " D ", k.align_d, " aux ", k.align_aux,
-             " bias ", k.align_bias, ")");
+             " bias ", k.align_bias,
+             k.batch > 1 ? cat(", batch ", k.batch, " strides A ", k.stride_a, " B ", k.stride_b, " C ", k.stride_c)
+                         : std::string(),
+             ")");
 }
 }  // namespace
 
@@ -195,6 +215,16 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k.tb ? k.k : m, k.tb ? m : k.k, k.ldb));
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k.ta ? n : k.k, k.ta ? k.k : n, k.lda));
   DHX_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, ct, m, n, k.ldc));
+  if (k.batch > 1) {  // cuBLAS's A is our B, its B our A (the swap above); C and D share p->c
+    const int32_t count = k.batch;
+    const std::pair<cublasLtMatrixLayout_t, int64_t> strided[] = {{p->a, k.stride_b}, {p->b, k.stride_a},
+                                                                  {p->c, k.stride_c}};
+    for (const auto& [layout, stride] : strided) {
+      DHX_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      DHX_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                  sizeof(stride)));
+    }
+  }
   DHX_CUBLAS(cublasLtMatmulPreferenceCreate(&p->pref));
   cublasLtMatmulPreference_t pref = p->pref;
   const size_t ws = kWorkspaceBytes;
@@ -390,6 +420,7 @@ Blas::Key Blas::key_of(const GemmChoice& g) {
   Key k{g.m,       g.n,       g.k,     g.lda,   g.ldb,   g.ldc,   g.trans_a, g.trans_b, g.c_f32, static_cast<Epilogue>(e),
         g.beta0,   g.align_a, g.align_b, g.align_c, g.align_d, g.align_aux};
   k.align_bias = g.align_bias;
+  k.batch = g.batch, k.stride_a = g.stride_a, k.stride_b = g.stride_b, k.stride_c = g.stride_c;
   return k;
 }
 
@@ -400,6 +431,7 @@ GemmChoice Blas::choice_of(const Key& k) {
   g.epilogue = epilogue_name(static_cast<int>(k.epi));
   g.align_a = k.align_a, g.align_b = k.align_b, g.align_c = k.align_c, g.align_d = k.align_d;
   g.align_aux = k.align_aux, g.align_bias = k.align_bias;
+  g.batch = k.batch, g.stride_a = k.stride_a, g.stride_b = k.stride_b, g.stride_c = k.stride_c;
   return g;
 }
 
@@ -492,9 +524,92 @@ void Blas::linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, i
        s);
 }
 
+bool Blas::gemm_strided_batched(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                                int64_t lda, int64_t stride_a, const bf16* B, int64_t ldb, int64_t stride_b,
+                                float beta, void* C, int64_t ldc, int64_t stride_c, int batch, Out out,
+                                cudaStream_t s) {
+  const bool c_f32 = out == Out::kF32;
+  DHX_CUDA_ASSERT(M > 0 && N > 0 && K > 0 && batch >= 1 && stride_a >= 0 && stride_b >= 0 && stride_c >= 0,
+                  "gemm_strided_batched M=", M, " N=", N, " K=", K, " batch=", batch, " strides ", stride_a, " ",
+                  stride_b, " ", stride_c, ": sizes and the batch must be positive, strides not negative");
+  const size_t c_size = c_f32 ? sizeof(float) : sizeof(bf16);
+  const int align_c = batch_alignment(C, stride_c, c_size);
+  Key key{M,    N,    K,    lda, ldb, ldc, op_a == Op::kT, op_b == Op::kT, c_f32, Epilogue::kNone, beta == 0.0f,
+          batch_alignment(A, stride_a, sizeof(bf16)), batch_alignment(B, stride_b, sizeof(bf16)), align_c, align_c, 0};
+  key.batch = batch, key.stride_a = stride_a, key.stride_b = stride_b, key.stride_c = stride_c;
+  return run(key, Operands{A, B, C, C, nullptr, nullptr, alpha, beta, c_extent(M, N, ldc, c_f32, batch, stride_c), s},
+             Missing::kNull);
+}
+
+int Blas::wgrad_parts(int64_t N, int64_t I, int64_t O, int sms) {
+  if (N <= 0 || I <= 0 || O <= 0 || sms <= 0) return 1;
+  const int64_t tiles = cdiv(O, 128) * cdiv(I, 128), want = 2 * static_cast<int64_t>(sms);
+  int p = 1;
+  while (p < kMaxWgradParts && p * tiles < want) p *= 2;
+  while (p > 1 && N / p / kPartRowAlign * kPartRowAlign < kMinPartRows) p /= 2;
+  return p;
+}
+
+namespace {
+// dw[i] += ((part_0[i] + part_1[i]) + ...) + part_{parts-1}[i], part_p = part + p stride: each element
+// by one thread in part order (bitwise repeatable). vec: four elements a thread (n, stride a
+// multiple of 4, dw and part 16-byte aligned), the same sums.
+__global__ void wgrad_sum_kernel(const float* __restrict__ part, int64_t stride, int parts, float* __restrict__ dw,
+                                 int64_t n, bool vec) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (vec) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; 4 * i < n; i += step) {
+      float4 acc = reinterpret_cast<const float4*>(part)[i];
+      for (int p = 1; p < parts; ++p) {
+        const float4 v = reinterpret_cast<const float4*>(part + p * stride)[i];
+        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+      }
+      float4 d = reinterpret_cast<float4*>(dw)[i];
+      d.x += acc.x, d.y += acc.y, d.z += acc.z, d.w += acc.w;
+      reinterpret_cast<float4*>(dw)[i] = d;
+    }
+    return;
+  }
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    float acc = part[i];
+    for (int p = 1; p < parts; ++p) acc += part[p * stride + i];
+    dw[i] += acc;
+  }
+}
+}  // namespace
+
+bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t N, int64_t I, int64_t O, int parts,
+                          cudaStream_t s) {
+  const int64_t rows = N / parts / kPartRowAlign * kPartRowAlign;  // > 0: wgrad_parts keeps kMinPartRows
+  const int64_t n = O * I, stride = cdiv(n, 64) * 64;              // each partial 256-byte aligned
+  float* part = nullptr;
+  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), static_cast<size_t>(parts * stride) * sizeof(float), s));
+  const bool ran = gemm_strided_batched(Op::kT, Op::kN, O, I, rows, 1.0f, dy, O, rows * O, x, I, rows * I, 0.0f, part,
+                                        I, stride, parts, Out::kF32, s);
+  if (ran) {
+    const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(dw) % 16 == 0;
+    const int64_t items = vec ? n / 4 : n;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(cdiv(items, 256), 8 * static_cast<int64_t>(sms_)));
+    wgrad_sum_kernel<<<blocks, 256, 0, s>>>(part, stride, parts, dw, n, vec);
+    DHX_CUDA_LAUNCHED(wgrad_sum_kernel);
+    const int64_t done = parts * rows;
+    if (done < N)  // the rows past the parts, added last
+      gemm(Op::kT, Op::kN, O, I, N - done, 1.0f, dy + done * O, O, x + done * I, I, 1.0f, dw, I, Out::kF32, nullptr,
+           s);
+  }
+  DHX_CUDA(cudaFreeAsync(part, s));
+  if (ran) {
+    std::lock_guard<std::mutex> g(mu_);
+    ++partial_wgrads_;
+  }
+  return ran;
+}
+
 void Blas::linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                              cudaStream_t s) {
-  gemm(Op::kT, Op::kN, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, Out::kF32, nullptr, s);
+  const int parts = wgrad_ == Wgrad::kPartials ? wgrad_parts(N, I, O, sms_) : 1;
+  if (parts == 1 || !wgrad_partials(dy, x, dw, N, I, O, parts, s))
+    gemm(Op::kT, Op::kN, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, Out::kF32, nullptr, s);
   if (db) bias_grad(dy, db, N, O, s);
 }
 

@@ -23,6 +23,8 @@ namespace dhelix::cuda {
 
 class Blas {
  public:
+  enum class Op { kN, kT };        // a GEMM operand as stored or transposed (gemm below)
+  enum class Out { kBf16, kF32 };  // a GEMM's output type
   explicit Blas(int device);
   ~Blas();
   Blas(const Blas&) = delete;
@@ -36,9 +38,43 @@ class Blas {
   void linear_bwd_data(const bf16* dy, const bf16* w, bf16* dx, int64_t N, int64_t I, int64_t O, Accumulate acc,
                        cudaStream_t s);
   // dw[O,I] += dy[N,O]^T @ x[N,I] into fp32 gradients; db[O] += sum_n dy[n,:] (fp32, rows summed in
-  // order n = 0..N-1 by one thread per column: deterministic) when db is non-null.
+  // order n = 0..N-1 by one thread per column: deterministic) when db is non-null. How the GEMM runs:
+  // set_wgrad below.
   void linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                          cudaStream_t s);
+
+  // How linear_bwd_weight runs a weight gradient (training.wgrad_gemm). kDirect: one GEMM adding
+  // into dw (beta 1). kPartials, where wgrad_parts says the output has too few tiles for the GPU's SMs
+  // (GPT-2's 768 x 768 attention projection is 36 tiles of 128 x 128 for 132 SMs; measured 150-440
+  // TFLOP/s direct on an H200, 2026-11-27, where cuBLAS ran the same shapes at 520-720 with a bf16
+  // output): the N token rows cut into P parts of `rows` (a multiple of kPartRowAlign), one
+  // strided-batched GEMM writing P fp32 partial gradients (beta 0: P times the output tiles, each over
+  // N / P of the sum) into a stream-ordered scratch buffer, then one pass adding them to dw in part
+  // order, dw + (((p0 + p1) + p2) + ...), then the rows past P parts (N not a multiple of P rows) by
+  // a direct GEMM. Deterministic run to run like the direct form (a fixed algorithm per shape, a fixed
+  // order); its fp32 sum order differs from the direct form's. Where cuBLASLt has no algorithm for the
+  // batched GEMM, the direct form runs (and is not counted as partials).
+  enum class Wgrad { kDirect, kPartials };
+  void set_wgrad(Wgrad w) { wgrad_ = w; }
+  Wgrad wgrad() const { return wgrad_; }
+  static constexpr int kMaxWgradParts = 8;
+  static constexpr int64_t kPartRowAlign = 128;   // a part's rows: dy's and x's batch strides stay 256-byte aligned
+  static constexpr int64_t kMinPartRows = 1024;   // the least rows (the GEMM's K) a part sums
+  // The rule: how many parts a weight gradient dw[O,I] over N rows is cut into on a GPU of `sms` SMs
+  // (1: the direct form). Its output's tiles t = ceil(O/128) ceil(I/128); 1 when t >= 2 sms (two
+  // waves already); else the least power of two P <= kMaxWgradParts with P t >= 2 sms, halved while
+  // a part would have under kMinPartRows rows. GPT-2 (N = 16384, 132 SMs): qkv 4, attention
+  // projection 8, MLP 2 and 2, the head 1.
+  static int wgrad_parts(int64_t N, int64_t I, int64_t O, int sms);
+  size_t partial_wgrads() const;  // linear_bwd_weight calls that ran as partials (tests, the bench)
+
+  // gemm (below) over `batch` problems: problem b's A, B and C start stride_a, stride_b, stride_c
+  // elements after problem b - 1's (cuBLASLt's strided batch). No epilogue. false (nothing
+  // enqueued) where cuBLASLt has no algorithm for it (Missing::kNull), so a caller can run another form.
+  [[nodiscard]] bool gemm_strided_batched(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                          const bf16* A, int64_t lda, int64_t stride_a, const bf16* B, int64_t ldb,
+                                          int64_t stride_b, float beta, void* C, int64_t ldc, int64_t stride_c,
+                                          int batch, Out out, cudaStream_t s);
   // The fused forms (the layer programs' linear_gelu, linear_dgrad_gelu, linear_residual ops), each
   // one cuBLASLt call with an epilogue. Each returns false, having written no output (at most a
   // misaligned bias's staging copy is enqueued), where it cannot run (set_fusion(kUnfused); cuBLASLt
@@ -68,8 +104,6 @@ class Blas {
   // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, bf16 A and B, C of type `out`;
   // lda/ldb/ldc are row strides in elements. linear_fwd / linear_bwd_data / linear_bwd_weight are
   // this; the fused forms are this with another epilogue (and, for the residual, D apart from C).
-  enum class Op { kN, kT };
-  enum class Out { kBf16, kF32 };
   void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda, const bf16* B,
             int64_t ldb, float beta, void* C, int64_t ldc, Out out, const bf16* bias, cudaStream_t s);
 
@@ -148,9 +182,13 @@ class Blas {
     bool beta0;
     int align_a, align_b, align_c, align_d, align_aux;
     int align_bias = 0;
+    // A strided batch (gemm_strided_batched): the problems and their operands' strides (elements);
+    // 1 and 0 for one problem.
+    int batch = 1;
+    int64_t stride_a = 0, stride_b = 0, stride_c = 0;
     auto tie() const {
       return std::tie(m, n, k, lda, ldb, ldc, ta, tb, c_f32, epi, beta0, align_a, align_b, align_c, align_d, align_aux,
-                      align_bias);
+                      align_bias, batch, stride_a, stride_b, stride_c);
     }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
   };
@@ -183,9 +221,16 @@ class Blas {
   // in the workspace, where cuBLASLt accepts that within our workspace; false (unchanged) otherwise.
   bool split_k(const Plan& p, void* algo, int parts) const;
   void* workspace_locked(cudaStream_t s);  // the stream's workspace, made on first use; the caller holds mu_
+  // linear_bwd_weight's partials form (set_wgrad) in `parts` parts; false (nothing added to dw) where
+  // cuBLASLt has no algorithm for its batched GEMM.
+  bool wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t N, int64_t I, int64_t O, int parts,
+                      cudaStream_t s);
 
   int device_;
   int sm_target_ = 0;
+  int sms_ = 0;  // the SMs this Blas's GEMMs run on (sm_target_, else the device's): wgrad_parts's
+  Wgrad wgrad_ = Wgrad::kDirect;
+  size_t partial_wgrads_ = 0;
   int split_parts_ = 1;
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;

@@ -81,6 +81,21 @@ GemmChoices load_gemm_choices(const std::string& path) {
       DHX_CHECK(power_of_two_or_zero(*al[a]), ConfigError, "{}: align[{}] = {} is not 0 or a power of two up to 256",
                 where, a, *al[a]);
     }
+    if (e.contains("batch")) {
+      g.batch = field<int>(e, "batch", where);
+      DHX_CHECK(g.batch >= 2, ConfigError, "{}: batch = {} (a batch entry has at least 2 problems; one problem has "
+                "no 'batch')", where, g.batch);
+      DHX_CHECK(e.contains("strides") && e["strides"].is_array() && e["strides"].size() == 3, ConfigError,
+                "{}: a batch needs 'strides', the 3 strides [a, b, c] in elements", where);
+      int64_t* st[] = {&g.stride_a, &g.stride_b, &g.stride_c};
+      for (size_t a = 0; a < 3; ++a) {
+        DHX_CHECK(e["strides"][a].is_number_integer() && e["strides"][a].get<int64_t>() >= 0, ConfigError,
+                  "{}: strides[{}] is {}, not a whole number >= 0", where, a, e["strides"][a].dump());
+        *st[a] = e["strides"][a].get<int64_t>();
+      }
+    } else {
+      DHX_CHECK(!e.contains("strides"), ConfigError, "{}: 'strides' without 'batch'", where);
+    }
     g.answer = field<int>(e, "answer", where), g.split = field<int>(e, "split", where);
     g.ms = field<double>(e, "ms", where);
     DHX_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.lda > 0 && g.ldb > 0 && g.ldc > 0, ConfigError,
@@ -101,12 +116,18 @@ void save_gemm_choices(const std::string& path, const GemmChoices& c) {
             {"sm_target", c.sm_target},
             {"cublaslt_version", c.cublaslt_version},
             {"choices", json::array()}};
-  for (const GemmChoice& g : c.choices)
-    j["choices"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"lda", g.lda}, {"ldb", g.ldb}, {"ldc", g.ldc},
-                            {"trans_a", g.trans_a}, {"trans_b", g.trans_b}, {"c_f32", g.c_f32}, {"beta0", g.beta0},
-                            {"epilogue", g.epilogue},
-                            {"align", {g.align_a, g.align_b, g.align_c, g.align_d, g.align_aux, g.align_bias}},
-                            {"answer", g.answer}, {"split", g.split}, {"ms", g.ms}});
+  for (const GemmChoice& g : c.choices) {
+    json e = {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"lda", g.lda}, {"ldb", g.ldb}, {"ldc", g.ldc},
+              {"trans_a", g.trans_a}, {"trans_b", g.trans_b}, {"c_f32", g.c_f32}, {"beta0", g.beta0},
+              {"epilogue", g.epilogue},
+              {"align", {g.align_a, g.align_b, g.align_c, g.align_d, g.align_aux, g.align_bias}},
+              {"answer", g.answer}, {"split", g.split}, {"ms", g.ms}};
+    if (g.batch > 1) {
+      e["batch"] = g.batch;
+      e["strides"] = {g.stride_a, g.stride_b, g.stride_c};
+    }
+    j["choices"].push_back(std::move(e));
+  }
   write_file_atomic(path, j.dump(1) + "\n");
 }
 

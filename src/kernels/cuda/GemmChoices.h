@@ -18,6 +18,11 @@ struct GemmChoice {
   bool trans_a = false, trans_b = false, c_f32 = false, beta0 = false;
   std::string epilogue = "none";  // none, bias, gelu_aux, gelu_aux_bias, dgelu
   int align_a = 0, align_b = 0, align_c = 0, align_d = 0, align_aux = 0, align_bias = 0;  // bytes; 0: no such pointer
+  // A strided batch (Blas::gemm_strided_batched: the partials form of a weight gradient): its
+  // problems and their operands' strides in elements. In the file only when batch > 1 ("batch",
+  // "strides": [a, b, c]); a choice without them is one problem.
+  int batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   // The choice: the heuristic's answer at this index (of its first kTimedCandidates), split K this
   // many ways (1: not split); ms: its median time when it was timed (0: chosen untimed).
   int answer = 0, split = 1;
