@@ -286,6 +286,15 @@ void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t 
   b.time("attention bwd", "attention", static_cast<double>(m.L), 2.5 * fwd, [&] {
     attention_bwd(q, k, v, o.as<bf16>(), lse.as<float>(), dout.as<bf16>(), dq, dk, dv, sh, scale, s);
   });
+  // The backward in its other form (Attention.h's AttnBwdForm: whole 64-wide tiles, one block an SM at
+  // D = 64; what ran before 2026-11-29), the same bits, as a study row beside the step's (halves).
+  const AttnBwdForm was = attention_bwd_form();
+  set_attention_bwd_form(was == AttnBwdForm::kHalves ? AttnBwdForm::kWholeTiles : AttnBwdForm::kHalves);
+  b.time(was == AttnBwdForm::kHalves ? "attention bwd whole tiles" : "attention bwd halves", "study",
+         static_cast<double>(m.L), 2.5 * fwd, [&] {
+           attention_bwd(q, k, v, o.as<bf16>(), lse.as<float>(), dout.as<bf16>(), dq, dk, dv, sh, scale, s);
+         });
+  set_attention_bwd_form(was);
 }
 
 // The step's other kernels (norms, activations, residual adds, RoPE, embedding, the fused

@@ -177,6 +177,63 @@ TEST(CudaAttention, RepeatedCallsAreBitwiseEqual) {
   EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16))) << "dq, dk, dv";
 }
 
+// The backward's two forms (Attention.h's AttnBwdForm: each 64-wide tile in halves, the default, or
+// whole) on every case above, D = 32, 64 and 128, ragged, GQA, packed. Oracle: the whole-tile form,
+// bitwise (each element's sums run in the same order in both: Attention.cu's accumulate). The
+// forms' closeness to the CPU is BackwardMatchesCpu's (run in the default form); this adds that the
+// two are one function.
+TEST(CudaAttention, BackwardFormsGiveTheSameBits) {
+  DHX_REQUIRE_GPU();
+  ASSERT_EQ(attention_bwd_form(), AttnBwdForm::kHalves) << "the default form";
+  uint64_t seed = 300;
+  for (const Case& c : kCases) {
+    const Problem p = make_problem(c, seed++);
+    const Fwd f = cpu_fwd(p);
+    const std::vector<float> o = round_bf16(f.o);
+    const std::vector<bf16> halves = gpu_bwd(p, o, f.lse);
+    set_attention_bwd_form(AttnBwdForm::kWholeTiles);
+    const std::vector<bf16> whole = gpu_bwd(p, o, f.lse);
+    set_attention_bwd_form(AttnBwdForm::kHalves);
+    ASSERT_EQ(halves.size(), whole.size());
+    EXPECT_EQ(0, std::memcmp(halves.data(), whole.data(), halves.size() * sizeof(bf16))) << name(c);
+  }
+}
+
+// The same for context parallelism's blocks (attention_block_bwd: fp32 gradients added to), a full
+// block of 100 queries against 77 keys (ragged tiles, no causal mask) and a causal one, D = 32 and 64,
+// GQA. Oracle: the whole-tile form, bitwise, from the same random starting gradients.
+TEST(CudaAttention, BlockBackwardFormsGiveTheSameBits) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 400;
+  for (const int64_t D : {32, 64})
+    for (const bool causal : {false, true}) {
+      const int64_t B = 2, Tq = 100, Tk = causal ? 100 : 77, H = 4, Hkv = 2;
+      const AttnBlock blk{B, Tq, Tk, H, Hkv, D, H * D, Hkv * D, H * D, Tq * H * D, Tk * Hkv * D, Tq * H * D, Tq, causal};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      DevBuf<bf16> q(to_bf16(randn(B * Tq * H * D, seed++))), k(to_bf16(randn(B * Tk * Hkv * D, seed++))),
+          v(to_bf16(randn(B * Tk * Hkv * D, seed++))), dout(to_bf16(randn(B * Tq * H * D, seed++)));
+      DevBuf<float> o32(B * Tq * H * D), lse(B * H * Tq);
+      attention_block_fwd(q.get(), k.get(), v.get(), o32.get(), lse.get(), blk, scale, nullptr);
+      const DevBuf<bf16> o(to_bf16(o32.download()));
+      const std::vector<float> dq0 = randn(B * Tq * H * D, seed++), dk0 = randn(B * Tk * Hkv * D, seed++),
+                               dv0 = randn(B * Tk * Hkv * D, seed++);
+      std::vector<std::vector<float>> got[2];
+      for (int form = 0; form < 2; ++form) {
+        set_attention_bwd_form(form == 0 ? AttnBwdForm::kHalves : AttnBwdForm::kWholeTiles);
+        DevBuf<float> dq(dq0), dk(dk0), dv(dv0);
+        attention_block_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), dout.get(), dq.get(), dk.get(), dv.get(),
+                            blk, scale, nullptr);
+        got[form] = {dq.download(), dk.download(), dv.download()};
+      }
+      set_attention_bwd_form(AttnBwdForm::kHalves);
+      for (size_t t = 0; t < 3; ++t) {
+        ASSERT_EQ(got[0][t].size(), got[1][t].size());
+        EXPECT_EQ(0, std::memcmp(got[0][t].data(), got[1][t].data(), got[0][t].size() * sizeof(float)))
+            << "D=" << D << (causal ? " causal" : " full") << " block, " << "dq\0dk\0dv" + 3 * t;
+      }
+    }
+}
+
 // Head sizes other than 32, 64 and 128 have no kernel: a DeviceError naming D, before any launch.
 TEST(CudaAttention, UnsupportedHeadSizeIsADeviceError) {
   DHX_REQUIRE_GPU();

@@ -21,6 +21,11 @@
 //            tiles double-buffered: dQ += dS K.
 //            P = exp(scale S - lse) recomputed, dS = P (dP - D_i), P and dS rounded to bf16 for the
 //            products. No atomics: every output element is summed by one thread in one order.
+//            Since 2026-11-29 (untimed) both walk each 64-wide tile in halves of 32 (AttnBwdForm::
+//            kHalves): half the score registers, 128 a thread at D = 64 (ptxas, sm_90a; 16 bytes
+//            spilled in dK/dV) where whole tiles take 174-230, so two blocks (16 warps) share an SM
+//            instead of one; 8 more ldmatrix.x4 per dK/dV step (the K, V fragments reloaded per half,
+//            80 where whole tiles issue 72 for 128 mma). The same bits: each sum keeps its order.
 // FLOPs (causal, the masked half skipped up to the diagonal tiles): forward 2 products of
 // B H T^2 D each = 2 B H T^2 D; backward 7 (S, dP twice, dV, dK, dQ) = 7 B H T^2 D. GPT-2 (B=16,
 // T=1024, H=12, D=64): 25.8 GFLOP forward, 90 GFLOP backward.
@@ -35,6 +40,7 @@
 // backward 66 TFLOP/s. This version: not measured yet.
 #include "kernels/cuda/Attention.h"
 
+#include <atomic>
 #include <climits>
 #include <utility>
 
@@ -124,20 +130,20 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[D / 16][4], const bf16* X, 
   for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(a[kk], p + kk * 16);
 }
 
-// s[mt][j] = A_mt X^T: MT m-tiles of 16 rows (A in registers, a[mt][kk]) against the 64 rows of the
-// shared [64, D] tile X, fp32 C fragments s[mt][j] (cols 8j..8j+7 = X's rows).
-template <int D, int MT>
-__device__ __forceinline__ void scores(float (&s)[MT][8][4], const uint32_t (&a)[MT][D / 16][4], const bf16* X,
+// s[mt][j] = A_mt X^T: MT m-tiles of 16 rows (A in registers, a[mt][kk]) against the first 8 NJ rows
+// of the shared [., D] tile X, fp32 C fragments s[mt][j] (cols 8j..8j+7 = X's rows).
+template <int D, int MT, int NJ = 8>
+__device__ __forceinline__ void scores(float (&s)[MT][NJ][4], const uint32_t (&a)[MT][D / 16][4], const bf16* X,
                                        int lane) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+    for (int j = 0; j < NJ; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
   const bf16* p = X + lane_bt<D>(lane);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
+    for (int jp = 0; jp < NJ / 2; ++jp) {
       uint32_t b[4];
       ldsm_x4(b, p + jp * 16 * kLd<D> + kk * 16);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -150,10 +156,10 @@ __device__ __forceinline__ void scores(float (&s)[MT][8][4], const uint32_t (&a)
 }
 
 // The same with A = rows a0..a0+15 of the shared tile A (one m-tile, fragments loaded per k-chunk).
-template <int D>
-__device__ __forceinline__ void scores_smem_a(float (&s)[1][8][4], const bf16* A, int a0, const bf16* X, int lane) {
+template <int D, int NJ = 8>
+__device__ __forceinline__ void scores_smem_a(float (&s)[1][NJ][4], const bf16* A, int a0, const bf16* X, int lane) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.0f;
+  for (int j = 0; j < NJ; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.0f;
   const bf16* pa = A + a0 * kLd<D> + lane_a<D>(lane);
   const bf16* p = X + lane_bt<D>(lane);
 #pragma unroll
@@ -161,7 +167,7 @@ __device__ __forceinline__ void scores_smem_a(float (&s)[1][8][4], const bf16* A
     uint32_t a[4];
     ldsm_x4(a, pa + kk * 16);
 #pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
+    for (int jp = 0; jp < NJ / 2; ++jp) {
       uint32_t b[4];
       ldsm_x4(b, p + jp * 16 * kLd<D> + kk * 16);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -171,15 +177,17 @@ __device__ __forceinline__ void scores_smem_a(float (&s)[1][8][4], const bf16* A
   }
 }
 
-// acc[mt][16, D] += bf16(p[mt][16, 64]) X[0..64, 0..D): p in C fragments (cols = X's rows) becomes
-// the A operand in registers (C pair (row, 2c..) of tiles 2kk and 2kk+1 is A's pair (row, 2c..) and
-// (row, 2c+8..) of k-chunk kk); X's fragments by ldmatrix.trans.
-template <int D, int MT>
-__device__ __forceinline__ void accumulate(float (&acc)[MT][D / 8][4], const float (&p)[MT][8][4], const bf16* X,
+// acc[mt][16, D] += bf16(p[mt][16, 16 NKK]) X[0..16 NKK, 0..D): p in C fragments (cols = X's rows)
+// becomes the A operand in registers (C pair (row, 2c..) of tiles 2kk and 2kk+1 is A's pair (row, 2c..)
+// and (row, 2c+8..) of k-chunk kk); X's fragments by ldmatrix.trans. Each acc element sums its
+// products in k-chunk order, so two calls over X's rows [0, 32) and [32, 64) (NKK = 2) sum exactly
+// as one over [0, 64) does.
+template <int D, int MT, int NKK = 4>
+__device__ __forceinline__ void accumulate(float (&acc)[MT][D / 8][4], const float (&p)[MT][2 * NKK][4], const bf16* X,
                                            int lane) {
   const bf16* base = X + lane_a<D>(lane);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < NKK; ++kk) {
     uint32_t a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -258,25 +266,25 @@ __device__ __forceinline__ void store_rows(Out* out, int64_t stride, const float
 
 // Masks a score tile in C fragments: element (mt, j, e) is row q0 + 16 mt + g + 8 (e / 2), column
 // k0 + 8 j + 2 c + e % 2, set to -inf where drop(row, column).
-template <int MT, typename Drop>
-__device__ __forceinline__ void mask_where(float (&s)[MT][8][4], int q0, int k0, int lane, Drop drop) {
+template <int MT, int NJ, typename Drop>
+__device__ __forceinline__ void mask_where(float (&s)[MT][NJ][4], int q0, int k0, int lane, Drop drop) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (drop(q0 + 16 * mt + (lane >> 2) + 8 * (e >> 1), k0 + 8 * j + 2 * (lane & 3) + (e & 1)))
           s[mt][j][e] = -INFINITY;
 }
 // The causal mask: keys after the query.
-template <int MT>
-__device__ __forceinline__ void mask_after(float (&s)[MT][8][4], int q0, int k0, int lane) {
+template <int MT, int NJ>
+__device__ __forceinline__ void mask_after(float (&s)[MT][NJ][4], int q0, int k0, int lane) {
   mask_where(s, q0, k0, lane, [](int row, int col) { return col > row; });
 }
 // Keys past the block (a block without the causal mask, its last key tile ragged): columns >= Tk.
-template <int MT>
-__device__ __forceinline__ void mask_keys_from(float (&s)[MT][8][4], int k0, int Tk, int lane) {
+template <int MT, int NJ>
+__device__ __forceinline__ void mask_keys_from(float (&s)[MT][NJ][4], int k0, int Tk, int lane) {
   mask_where(s, 0, k0, lane, [Tk](int, int col) { return col >= Tk; });
 }
 
@@ -406,14 +414,19 @@ __global__ void dot_kernel(const bf16* __restrict__ o, const bf16* __restrict__ 
   if (lane == 0) Di[n] = sum;
 }
 
+// The backward kernels' forms (Attention.h's AttnBwdForm): each 64-wide tile in kSplit parts (1: whole;
+// 2: halves), and the blocks an SM must fit (__launch_bounds__' minimum: two for halves at D <= 64,
+// where 128 registers a thread hold a half's scores without spilling more than a few words).
+template <int D, int kSplit> constexpr int kBwdMinBlocks = kSplit == 2 && D <= 64 ? 2 : 1;
+
 // dK, dV of one 128-key tile: grid (ceil(Tk/128), Hkv, B), the tiles with the most work first. Each
 // warp owns 16 keys (K, V fragments from shared memory); the block walks (query head of the group,
 // 64-row query tile at or after the key tile -- every query tile without the causal mask), in that
 // order, the Q, dO, lse, D_i tiles double-buffered: S^T = K Q^T, dP^T = V dO^T (keys x queries),
 // P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D_i); dV += P^T dO, dK += dS^T Q (fp32 registers).
-// dk, dv written (bf16) or, kAdd, added to (fp32).
-template <int D, bool kCausal, typename Out, bool kAdd>
-__global__ void __launch_bounds__(kBwdThreads)
+// dk, dv written (bf16) or, kAdd, added to (fp32). Each 64-row query tile in kSplit parts.
+template <int D, bool kCausal, typename Out, bool kAdd, int kSplit>
+__global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D, kSplit>)
     dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                 const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
                 Out* __restrict__ dk, Out* __restrict__ dv, AttnBlock s, float scale_log2, float scale) {
@@ -467,36 +480,43 @@ __global__ void __launch_bounds__(kBwdThreads)
     if (kCausal && t0 + kSmall - 1 < wk0) continue;  // every query before every key of this warp
     const bf16* Qb = Qs + buf * kQ;
     const bf16* dOb = dOs + buf * kQ;
-    float p[1][8][4], ds[1][8][4];
-    scores_smem_a<D>(p, Ks, r0, Qb, lane);
-    scores_smem_a<D>(ds, Vs, r0, dOb, lane);
-    // Element (j, e): key wk0 + g + 8 (e / 2), query t0 + 8 j + 2 c + e % 2. Masked (P = 0): queries
-    // before the key (causal), and query rows past Tq (zero Q, dO, lse, D_i there: finite, so dS = 0
-    // too). Keys past Tk (zero K, V rows) give rows of dK, dV that are never stored.
-    if ((kCausal && t0 < wk0 + 15) || t0 + kSmall > Tq) {
+    constexpr int QP = kSmall / kSplit, NJ = 8 / kSplit;  // a part's queries and their 8-column n-tiles
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+    for (int part = 0; part < kSplit; ++part) {
+      const int tq = t0 + part * QP;
+      const bf16* Qp = Qb + part * QP * kLd<D>;
+      const bf16* dOp = dOb + part * QP * kLd<D>;
+      float p[1][NJ][4], ds[1][NJ][4];
+      scores_smem_a<D, NJ>(p, Ks, r0, Qp, lane);
+      scores_smem_a<D, NJ>(ds, Vs, r0, dOp, lane);
+      // Element (j, e): key wk0 + g + 8 (e / 2), query tq + 8 j + 2 c + e % 2. Masked (P = 0): queries
+      // before the key (causal), and query rows past Tq (zero Q, dO, lse, D_i there: finite, so dS = 0
+      // too). Keys past Tk (zero K, V rows) give rows of dK, dV that are never stored.
+      if ((kCausal && tq < wk0 + 15) || tq + QP > Tq) {
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = wk0 + (lane >> 2) + 8 * (e >> 1), t = tq + 8 * j + 2 * (lane & 3) + (e & 1);
+            if ((kCausal && t < key) || t >= Tq) p[0][j][e] = -INFINITY;
+          }
+      }
+      const float* lb = lse_s + buf * kSmall + part * QP + 2 * (lane & 3);
+      const float* db = di_s + buf * kSmall + part * QP + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const float2 ls = *reinterpret_cast<const float2*>(lb + 8 * j);
+        const float2 dd = *reinterpret_cast<const float2*>(db + 8 * j);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = wk0 + (lane >> 2) + 8 * (e >> 1), t = t0 + 8 * j + 2 * (lane & 3) + (e & 1);
-          if ((kCausal && t < key) || t >= Tq) p[0][j][e] = -INFINITY;
+          const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -(e & 1 ? ls.y : ls.x) * kLog2e));
+          p[0][j][e] = pe;
+          ds[0][j][e] = pe * (ds[0][j][e] - (e & 1 ? dd.y : dd.x));
         }
-    }
-    const float* lb = lse_s + buf * kSmall + 2 * (lane & 3);
-    const float* db = di_s + buf * kSmall + 2 * (lane & 3);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 ls = *reinterpret_cast<const float2*>(lb + 8 * j);
-      const float2 dd = *reinterpret_cast<const float2*>(db + 8 * j);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -(e & 1 ? ls.y : ls.x) * kLog2e));
-        p[0][j][e] = pe;
-        ds[0][j][e] = pe * (ds[0][j][e] - (e & 1 ? dd.y : dd.x));
       }
+      accumulate<D, 1, NJ / 2>(dva, p, dOp, lane);
+      accumulate<D, 1, NJ / 2>(dka, ds, Qp, lane);
     }
-    accumulate<D, 1>(dva, p, dOb, lane);
-    accumulate<D, 1>(dka, ds, Qb, lane);
   }
   store_rows<D, 1, kAdd>(dk + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, dka, r0, keys, scale, lane);
   store_rows<D, 1, kAdd>(dv + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, dva, r0, keys, 1.0f, lane);
@@ -505,9 +525,10 @@ __global__ void __launch_bounds__(kBwdThreads)
 // dQ of one 128-row query tile: grid (ceil(Tq/128), H, B), the tiles with the most key tiles first.
 // Each warp owns 16 query rows (Q, dO fragments in registers); K, V [64, D] tiles double-buffered.
 // Per key tile up to the diagonal (every key tile without the causal mask): S = Q K^T, dP = dO V^T,
-// dS = P (dP - D_i); dQ += dS K. dq written (bf16) or, kAdd, added to (fp32).
-template <int D, bool kCausal, typename Out, bool kAdd>
-__global__ void __launch_bounds__(kBwdThreads)
+// dS = P (dP - D_i); dQ += dS K. dq written (bf16) or, kAdd, added to (fp32). Each 64-key tile in
+// kSplit parts.
+template <int D, bool kCausal, typename Out, bool kAdd, int kSplit>
+__global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D, kSplit>)
     dq_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
               const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
               Out* __restrict__ dq, AttnBlock s, float scale_log2, float scale) {
@@ -557,23 +578,29 @@ __global__ void __launch_bounds__(kBwdThreads)
       cp_async_commit();
     }
     if (kCausal && s0 > wq1) continue;
-    const bf16* Kb = Ks + buf * kKV;
-    float p[1][8][4], ds[1][8][4];
-    scores<D, 1>(p, qf, Kb, lane);
-    scores<D, 1>(ds, df, Vs + buf * kKV, lane);
-    if constexpr (kCausal) {
-      if (s0 + kSmall - 1 > wq0) mask_after(p, wq0, s0, lane);
-    } else {
-      if (s0 + kSmall > Tk) mask_keys_from(p, s0, Tk, lane);  // P = 0 there, so dS = 0
-    }
+    constexpr int KP = kSmall / kSplit, NJ = 8 / kSplit;  // a part's keys and their 8-column n-tiles
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -lse2[e >> 1]));
-        ds[0][j][e] = pe * (ds[0][j][e] - di[e >> 1]);
+    for (int part = 0; part < kSplit; ++part) {
+      const int k0 = s0 + part * KP;
+      const bf16* Kp = Ks + buf * kKV + part * KP * kLd<D>;
+      const bf16* Vp = Vs + buf * kKV + part * KP * kLd<D>;
+      float p[1][NJ][4], ds[1][NJ][4];
+      scores<D, 1, NJ>(p, qf, Kp, lane);
+      scores<D, 1, NJ>(ds, df, Vp, lane);
+      if constexpr (kCausal) {
+        if (k0 + KP - 1 > wq0) mask_after(p, wq0, k0, lane);
+      } else {
+        if (k0 + KP > Tk) mask_keys_from(p, k0, Tk, lane);  // P = 0 there, so dS = 0
       }
-    accumulate<D, 1>(dqa, ds, Kb, lane);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -lse2[e >> 1]));
+          ds[0][j][e] = pe * (ds[0][j][e] - di[e >> 1]);
+        }
+      accumulate<D, 1, NJ / 2>(dqa, ds, Kp, lane);
+    }
   }
   store_rows<D, 1, kAdd>(dq + b * s.q_bstride + t0 * s.q_stride + h * D, s.q_stride, dqa, r0, rows, scale, lane);
 }
@@ -641,7 +668,7 @@ void fwd(const bf16* q, const bf16* k, const bf16* v, Out* o, float* lse, const 
   DHX_CUDA_LAUNCHED(fwd_kernel);
 }
 
-template <int D, bool C, typename Out, bool kAdd>
+template <int D, bool C, typename Out, bool kAdd, int kSplit>
 void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
          Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
   const int64_t rows = s.B * s.H * s.Tq;
@@ -652,17 +679,17 @@ void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float
   DHX_CUDA_LAUNCHED(dot_kernel);
 
   const size_t smem_kv = (2 * kBig + 4 * kSmall) * kRowBytes<D> + 4 * kSmall * sizeof(float);  // K, V, 2 x (Q, dO, lse, D_i)
-  DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem_kv)));
-  dkdv_kernel<D, C, Out, kAdd>
+  dkdv_kernel<D, C, Out, kAdd, kSplit>
       <<<dim3(static_cast<unsigned>(cdiv(s.Tk, kBig)), static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)),
          kBwdThreads, smem_kv, st>>>(q, k, v, dout, lse, Di, dk, dv, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dkdv_kernel);
 
   const size_t smem_q = (2 * kBig + 4 * kSmall) * kRowBytes<D>;  // Q, dO, 2 x (K, V)
-  DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem_q)));
-  dq_kernel<D, C, Out, kAdd>
+  dq_kernel<D, C, Out, kAdd, kSplit>
       <<<dim3(static_cast<unsigned>(cdiv(s.Tq, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)),
          kBwdThreads, smem_q, st>>>(q, k, v, dout, lse, Di, dq, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dq_kernel);
@@ -677,15 +704,27 @@ void fwd_any(const bf16* q, const bf16* k, const bf16* v, Out* o, float* lse, co
   else if (s.D == 64) fwd<64, C, Out>(q, k, v, o, lse, s, scale, st);
   else fwd<128, C, Out>(q, k, v, o, lse, s, scale, st);
 }
+template <bool C, typename Out, bool kAdd, int kSplit>
+void bwd_d(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
+           Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
+  if (s.D == 32) bwd<32, C, Out, kAdd, kSplit>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else if (s.D == 64) bwd<64, C, Out, kAdd, kSplit>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else bwd<128, C, Out, kAdd, kSplit>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+}
+std::atomic<int> g_bwd_form{static_cast<int>(AttnBwdForm::kHalves)};
 template <bool C, typename Out, bool kAdd>
 void bwd_any(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
              Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
-  if (s.D == 32) bwd<32, C, Out, kAdd>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else if (s.D == 64) bwd<64, C, Out, kAdd>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else bwd<128, C, Out, kAdd>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  if (attention_bwd_form() == AttnBwdForm::kHalves)
+    bwd_d<C, Out, kAdd, 2>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else
+    bwd_d<C, Out, kAdd, 1>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
 }
 
 }  // namespace
+
+void set_attention_bwd_form(AttnBwdForm f) { g_bwd_form.store(static_cast<int>(f)); }
+AttnBwdForm attention_bwd_form() { return static_cast<AttnBwdForm>(g_bwd_form.load()); }
 
 void attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const AttnShape& s, float scale,
                    cudaStream_t st) {

@@ -32,6 +32,16 @@ void attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* 
 void attention_bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout,
                    bf16* dq, bf16* dk, bf16* dv, const AttnShape& s, float scale, cudaStream_t st);
 
+// How the backward kernels (attention_bwd, attention_block_bwd) walk each 64-wide tile; both forms
+// give the same bits (every element's sums in the same order). kHalves (the default since 2026-11-29,
+// untimed): 32 queries (dK/dV) or keys (dQ) at a time, half the score registers, so that at D <= 64
+// two blocks of 8 warps fit an SM (128 registers a thread, where the whole-tile form takes 174 and
+// fits one block: ptxas, sm_90a); kWholeTiles: the 64 at once (what ran before; the kernel bench's
+// study row). Process-wide (the tests and the kernel bench switch it).
+enum class AttnBwdForm { kHalves, kWholeTiles };
+void set_attention_bwd_form(AttnBwdForm f);
+AttnBwdForm attention_bwd_form();
+
 // A block of attention, as cpu::AttnBlock: per sequence b, Tq query rows (q at b q_bstride + t
 // q_stride, o and dout likewise with o's strides) against Tk key rows (k, v at b kv_bstride + t
 // kv_stride); lse[(b H + h) lse_stride + t]. causal: key j is seen by query i iff j <= i (Tq == Tk);
