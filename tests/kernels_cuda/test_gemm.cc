@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include "CudaTest.h"
 #include "kernels/cpu/Kernels.h"
@@ -347,6 +350,46 @@ TEST(CudaGemmRule, WgradPartsFollowTheTileRule) {
   EXPECT_EQ(Blas::wgrad_parts(16384, 768, 2304, 66), 2);
   EXPECT_EQ(Blas::wgrad_parts(16384, 768, 768, 0), 1);  // no SM count: the direct form
   EXPECT_EQ(Blas::wgrad_parts(0, 768, 768, 132), 1);
+}
+
+// The partials' layout (Blas::wgrad_split), no GPU needed. Oracle: its contract in Gemm.h, checked
+// over token counts (whole, ragged, just under the least), shapes (GPT-2's, Llama-1B's, tiny) and SM
+// counts (H100/H200's 132, a partition's 66, 114): every row in exactly one part or the rest, parts
+// of a multiple of 128 rows and at least 1024, the rest under one part's alignment per part, the
+// scratch stride the least multiple of 64 floats holding O x I; and GPT-2's qkv worked by hand
+// (4 parts of 4096 rows, no rest, stride 2304 x 768).
+TEST(CudaGemmRule, WgradSplitCoversEveryRowOnce) {
+  const Blas::WgradSplit qkv = Blas::wgrad_split(16384, 768, 2304, 132);
+  EXPECT_EQ(std::tie(qkv.parts, qkv.rows, qkv.rest, qkv.stride), std::make_tuple(4, int64_t{4096}, int64_t{0},
+                                                                                  int64_t{2304 * 768}));
+  const Blas::WgradSplit direct = Blas::wgrad_split(16384, 768, 50304, 132);
+  EXPECT_EQ(std::tie(direct.parts, direct.rows, direct.rest), std::make_tuple(1, int64_t{16384}, int64_t{0}));
+  int split = 0;
+  for (const int64_t N : {int64_t{1}, int64_t{2047}, int64_t{2048}, int64_t{4096}, int64_t{4173}, int64_t{8191},
+                          int64_t{16384}, int64_t{16411}, int64_t{65536}})
+    for (const auto& [I, O] : {std::pair<int64_t, int64_t>{768, 2304}, {768, 768}, {3072, 768}, {2048, 2048},
+                               {96, 160}, {5, 3}, {2048, 11264}})
+      for (const int sms : {132, 66, 114}) {
+        const Blas::WgradSplit sp = Blas::wgrad_split(N, I, O, sms);
+        const std::string at = "N=" + std::to_string(N) + " I=" + std::to_string(I) + " O=" + std::to_string(O) +
+                               " sms=" + std::to_string(sms);
+        EXPECT_EQ(sp.parts, Blas::wgrad_parts(N, I, O, sms)) << at;
+        EXPECT_EQ(sp.parts * sp.rows + sp.rest, N) << at;
+        if (sp.parts == 1) {
+          EXPECT_EQ(sp.rest, 0) << at;
+          continue;
+        }
+        ++split;
+        EXPECT_EQ(sp.rows % Blas::kPartRowAlign, 0) << at;
+        EXPECT_GE(sp.rows, Blas::kMinPartRows) << at;
+        EXPECT_GE(sp.rest, 0) << at;
+        EXPECT_LT(sp.rest, sp.parts * (Blas::kPartRowAlign + 1)) << at;
+        EXPECT_LE(sp.parts, Blas::kMaxWgradParts) << at;
+        EXPECT_EQ(sp.stride % 64, 0) << at;
+        EXPECT_GE(sp.stride, O * I) << at;
+        EXPECT_LT(sp.stride - O * I, 64) << at;
+      }
+  EXPECT_GT(split, 20) << "the grid above should cut many of its cases";
 }
 
 // The partials form of the weight gradient (Blas::Wgrad::kPartials): dw and db accumulated onto

@@ -578,10 +578,23 @@ __global__ void wgrad_sum_kernel(const float* __restrict__ part, int64_t stride,
 }
 }  // namespace
 
-bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t N, int64_t I, int64_t O, int parts,
+Blas::WgradSplit Blas::wgrad_split(int64_t N, int64_t I, int64_t O, int sms) {
+  WgradSplit sp;
+  sp.parts = wgrad_parts(N, I, O, sms);
+  if (sp.parts == 1) {
+    sp.rows = N;
+    return sp;
+  }
+  sp.rows = N / sp.parts / kPartRowAlign * kPartRowAlign;  // >= kMinPartRows: wgrad_parts halves until it is
+  sp.rest = N - sp.parts * sp.rows;
+  sp.stride = cdiv(O * I, 64) * 64;
+  return sp;
+}
+
+bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t I, int64_t O, const WgradSplit& sp,
                           cudaStream_t s) {
-  const int64_t rows = N / parts / kPartRowAlign * kPartRowAlign;  // > 0: wgrad_parts keeps kMinPartRows
-  const int64_t n = O * I, stride = cdiv(n, 64) * 64;              // each partial 256-byte aligned
+  const int parts = sp.parts;
+  const int64_t rows = sp.rows, n = O * I, stride = sp.stride;
   float* part = nullptr;
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), static_cast<size_t>(parts * stride) * sizeof(float), s));
   const bool ran = gemm_strided_batched(Op::kT, Op::kN, O, I, rows, 1.0f, dy, O, rows * O, x, I, rows * I, 0.0f, part,
@@ -593,8 +606,8 @@ bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t N, i
     wgrad_sum_kernel<<<blocks, 256, 0, s>>>(part, stride, parts, dw, n, vec);
     DHX_CUDA_LAUNCHED(wgrad_sum_kernel);
     const int64_t done = parts * rows;
-    if (done < N)  // the rows past the parts, added last
-      gemm(Op::kT, Op::kN, O, I, N - done, 1.0f, dy + done * O, O, x + done * I, I, 1.0f, dw, I, Out::kF32, nullptr,
+    if (sp.rest > 0)  // the rows past the parts, added last
+      gemm(Op::kT, Op::kN, O, I, sp.rest, 1.0f, dy + done * O, O, x + done * I, I, 1.0f, dw, I, Out::kF32, nullptr,
            s);
   }
   DHX_CUDA(cudaFreeAsync(part, s));
@@ -607,8 +620,8 @@ bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t N, i
 
 void Blas::linear_bwd_weight(const bf16* dy, const bf16* x, float* dw, float* db, int64_t N, int64_t I, int64_t O,
                              cudaStream_t s) {
-  const int parts = wgrad_ == Wgrad::kPartials ? wgrad_parts(N, I, O, sms_) : 1;
-  if (parts == 1 || !wgrad_partials(dy, x, dw, N, I, O, parts, s))
+  const WgradSplit sp = wgrad_ == Wgrad::kPartials ? wgrad_split(N, I, O, sms_) : WgradSplit{1, N, 0, 0};
+  if (sp.parts == 1 || !wgrad_partials(dy, x, dw, I, O, sp, s))
     gemm(Op::kT, Op::kN, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, Out::kF32, nullptr, s);
   if (db) bias_grad(dy, db, N, O, s);
 }

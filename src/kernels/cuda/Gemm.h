@@ -66,6 +66,15 @@ class Blas {
   // a part would have under kMinPartRows rows. GPT-2 (N = 16384, 132 SMs): qkv 4, attention
   // projection 8, MLP 2 and 2, the head 1.
   static int wgrad_parts(int64_t N, int64_t I, int64_t O, int sms);
+  // The partials form's layout for those parts: each part's rows (a multiple of kPartRowAlign, at
+  // least kMinPartRows), the rows the direct GEMM adds after them (rest = N - parts rows) and the
+  // scratch stride between partials (floats: O I rounded up to a multiple of 64, so each partial is
+  // 256-byte aligned). parts 1: the direct form (rows N, rest 0, stride 0).
+  struct WgradSplit {
+    int parts = 1;
+    int64_t rows = 0, rest = 0, stride = 0;
+  };
+  static WgradSplit wgrad_split(int64_t N, int64_t I, int64_t O, int sms);
   size_t partial_wgrads() const;  // linear_bwd_weight calls that ran as partials (tests, the bench)
 
   // gemm (below) over `batch` problems: problem b's A, B and C start stride_a, stride_b, stride_c
@@ -223,7 +232,7 @@ class Blas {
   void* workspace_locked(cudaStream_t s);  // the stream's workspace, made on first use; the caller holds mu_
   // linear_bwd_weight's partials form (set_wgrad) in `parts` parts; false (nothing added to dw) where
   // cuBLASLt has no algorithm for its batched GEMM.
-  bool wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t N, int64_t I, int64_t O, int parts,
+  bool wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t I, int64_t O, const WgradSplit& sp,
                       cudaStream_t s);
 
   int device_;
