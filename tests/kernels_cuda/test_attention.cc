@@ -177,6 +177,15 @@ TEST(CudaAttention, RepeatedCallsAreBitwiseEqual) {
   EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16))) << "dq, dk, dv";
 }
 
+// The backward's form set for a scope (the default restored however it ends: a later test runs in it).
+struct FormGuard {
+  explicit FormGuard(AttnBwdForm f) : was(attention_bwd_form()) { set_attention_bwd_form(f); }
+  ~FormGuard() { set_attention_bwd_form(was); }
+  FormGuard(const FormGuard&) = delete;
+  FormGuard& operator=(const FormGuard&) = delete;
+  AttnBwdForm was;
+};
+
 // The backward's two forms (Attention.h's AttnBwdForm: each 64-wide tile in halves, the default, or
 // whole) on every case above, D = 32, 64 and 128, ragged, GQA, packed. Oracle: the whole-tile form,
 // bitwise (each element's sums run in the same order in both: Attention.cu's accumulate). The
@@ -191,9 +200,11 @@ TEST(CudaAttention, BackwardFormsGiveTheSameBits) {
     const Fwd f = cpu_fwd(p);
     const std::vector<float> o = round_bf16(f.o);
     const std::vector<bf16> halves = gpu_bwd(p, o, f.lse);
-    set_attention_bwd_form(AttnBwdForm::kWholeTiles);
-    const std::vector<bf16> whole = gpu_bwd(p, o, f.lse);
-    set_attention_bwd_form(AttnBwdForm::kHalves);
+    std::vector<bf16> whole;
+    {
+      const FormGuard guard(AttnBwdForm::kWholeTiles);
+      whole = gpu_bwd(p, o, f.lse);
+    }
     ASSERT_EQ(halves.size(), whole.size());
     EXPECT_EQ(0, std::memcmp(halves.data(), whole.data(), halves.size() * sizeof(bf16))) << name(c);
   }
@@ -219,13 +230,12 @@ TEST(CudaAttention, BlockBackwardFormsGiveTheSameBits) {
                                dv0 = randn(B * Tk * Hkv * D, seed++);
       std::vector<std::vector<float>> got[2];
       for (int form = 0; form < 2; ++form) {
-        set_attention_bwd_form(form == 0 ? AttnBwdForm::kHalves : AttnBwdForm::kWholeTiles);
+        const FormGuard guard(form == 0 ? AttnBwdForm::kHalves : AttnBwdForm::kWholeTiles);
         DevBuf<float> dq(dq0), dk(dk0), dv(dv0);
         attention_block_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), dout.get(), dq.get(), dk.get(), dv.get(),
                             blk, scale, nullptr);
         got[form] = {dq.download(), dk.download(), dv.download()};
       }
-      set_attention_bwd_form(AttnBwdForm::kHalves);
       for (size_t t = 0; t < 3; ++t) {
         ASSERT_EQ(got[0][t].size(), got[1][t].size());
         EXPECT_EQ(0, std::memcmp(got[0][t].data(), got[1][t].data(), got[0][t].size() * sizeof(float)))

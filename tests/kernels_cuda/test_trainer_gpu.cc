@@ -759,7 +759,9 @@ TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
 TEST_P(GpuFamilies, PartialWeightGradientsTrackTheDirectOnes) {
   DHX_REQUIRE_GPU();
   TempDir dir;
-  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 71);
+  // 1000 documents of 64-127 tokens: the validation split (val_fraction 0.05: 50 documents, >= 3200
+  // tokens) still holds the loader's 8 windows of 257 tokens (300 documents would not: 7 at most).
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 1000, 71);
   RunConfig partials = tiny_on(dir.path(), GetParam(), "cuda");
   partials.model.seq_len = 256;
   partials.training.micro_batch_size = 8;

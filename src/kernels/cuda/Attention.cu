@@ -681,6 +681,14 @@ void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float
   const size_t smem_kv = (2 * kBig + 4 * kSmall) * kRowBytes<D> + 4 * kSmall * sizeof(float);  // K, V, 2 x (Q, dO, lse, D_i)
   DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem_kv)));
+  // Two blocks an SM (kBwdMinBlocks) need ~150 KB of shared memory at D = 64: ask for the largest
+  // shared-memory carveout (a hint the driver otherwise sizes for one block's needs).
+  if constexpr (kBwdMinBlocks<D, kSplit> > 1) {
+    DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+    DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  }
   dkdv_kernel<D, C, Out, kAdd, kSplit>
       <<<dim3(static_cast<unsigned>(cdiv(s.Tk, kBig)), static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)),
          kBwdThreads, smem_kv, st>>>(q, k, v, dout, lse, Di, dk, dv, s, scale * kLog2e, scale);

@@ -316,7 +316,9 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
   } tmp{nullptr, nullptr, nullptr, o.s};
   DHX_CUDA(cudaMallocAsync(&tmp.p, o.c_bytes, o.s));
   void* scratch = tmp.p;
-  DHX_CUDA(cudaMemcpyAsync(scratch, o.C, o.c_bytes, cudaMemcpyDeviceToDevice, o.s));
+  // (beta 0 never reads C: nothing to copy; an uninitialised read would also trip compute-sanitizer's
+  // initcheck.)
+  if (!k.beta0) DHX_CUDA(cudaMemcpyAsync(scratch, o.C, o.c_bytes, cudaMemcpyDeviceToDevice, o.s));
   const void* c_in = o.C == o.D ? scratch : o.C;
   DHX_CUDA(cudaEventCreate(&tmp.e0));
   DHX_CUDA(cudaEventCreate(&tmp.e1));
@@ -595,8 +597,17 @@ bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t I, i
                           cudaStream_t s) {
   const int parts = sp.parts;
   const int64_t rows = sp.rows, n = O * I, stride = sp.stride;
-  float* part = nullptr;
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), static_cast<size_t>(parts * stride) * sizeof(float), s));
+  // The partials' scratch, freed (stream-ordered) however this returns.
+  struct Scratch {
+    float* p = nullptr;
+    cudaStream_t s;
+    ~Scratch() {
+      if (p) cudaFreeAsync(p, s);
+    }
+  } scratch{nullptr, s};
+  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch.p), static_cast<size_t>(parts * stride) * sizeof(float),
+                           s));
+  float* part = scratch.p;
   const bool ran = gemm_strided_batched(Op::kT, Op::kN, O, I, rows, 1.0f, dy, O, rows * O, x, I, rows * I, 0.0f, part,
                                         I, stride, parts, Out::kF32, s);
   if (ran) {
@@ -610,7 +621,6 @@ bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t I, i
       gemm(Op::kT, Op::kN, O, I, sp.rest, 1.0f, dy + done * O, O, x + done * I, I, 1.0f, dw, I, Out::kF32, nullptr,
            s);
   }
-  DHX_CUDA(cudaFreeAsync(part, s));
   if (ran) {
     std::lock_guard<std::mutex> g(mu_);
     ++partial_wgrads_;
