@@ -547,7 +547,7 @@ void op_xent_finish(OpCall& c) {
   const VocabShard v = vocab_shard(c, lg);
   Tensor& loss = c.out_new(0, {v.N});
   cuda::xent_row_finish(b16(lg), i32(c.in(1)), f32(c.in(2)), f32(c.in(3)), f32(loss), b16(lg), c.dloss, v.N, v.valid,
-                        v.ld, v.v0, st(c));
+                        v.ld, v.v0, c.model.vocab_size, st(c));
   c.env.bufs[c.op.outputs.at(1)] = lg;  // dlogits aliases the logits storage
 }
 

@@ -474,55 +474,36 @@ void op_cross_entropy(OpCall& c) {
   c.env.bufs[c.op.outputs.at(1)] = logits;  // dlogits aliases the logits storage
 }
 
-// Vocab-parallel cross-entropy, step 1: local row max over this rank's real vocabulary columns.
+// Vocab-parallel cross-entropy (kernels/cpu's xent_row_*), step 1: local row max over this rank's
+// real vocabulary columns.
 void op_xent_max(OpCall& c) {
   Tensor& lg = c.in(0);
-  int64_t N = rows(lg), V = cols(lg);
+  const int64_t N = rows(lg), V = cols(lg);
   Tensor& m = c.out_new(0, {N});
-  for (int64_t n = 0; n < N; ++n) {
-    float mx = -std::numeric_limits<float>::infinity();
-    const float* r = lg.f32() + n * V;
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, r[j]);
-    m.f32()[n] = mx;
-  }
+  xent_row_max(lg.f32(), m.f32(), N, V);
+}
+
+// The first vocabulary row of this rank's shard of the head.
+int64_t vocab_shard_start(const OpCall& c) {
+  return c.vocab_rank() * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
 }
 
 // Step 2: s[n] = (sum_j exp(l_j - m), target logit if the target is in this shard else 0).
 void op_xent_stats(OpCall& c) {
   Tensor& lg = c.in(0);
-  Tensor& tg = c.in(1);
-  Tensor& m = c.in(2);
-  int64_t N = rows(lg), V = cols(lg);
-  const int64_t v0 = c.vocab_rank() * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  const int64_t N = rows(lg), V = cols(lg);
   Tensor& s = c.out_new(0, {N, 2});
-  for (int64_t n = 0; n < N; ++n) {
-    const float* r = lg.f32() + n * V;
-    double sum = 0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(r[j] - m.f32()[n]));
-    int64_t t = tg.data<int32_t>()[n] - v0;
-    s.f32()[2 * n] = static_cast<float>(sum);
-    s.f32()[2 * n + 1] = (t >= 0 && t < V) ? r[t] : 0.0f;
-  }
+  xent_row_stats(lg.f32(), c.in(1).data<int32_t>(), c.in(2).f32(), s.f32(), N, V, vocab_shard_start(c));
 }
 
-// Step 3: loss = log(S) + m - target_logit; dlogits = (softmax - onehot) * dloss, in place.
+// Step 3: loss = log(S) + m - target_logit; dlogits = (softmax - onehot) * dloss, in place; an
+// ignored target (< 0) gives loss 0 and a zero gradient row, as the whole-vocabulary op does.
 void op_xent_finish(OpCall& c) {
   Tensor lg = c.in(0);
-  Tensor& tg = c.in(1);
-  Tensor& m = c.in(2);
-  Tensor& s = c.in(3);
-  int64_t N = rows(lg), V = cols(lg);
-  const int64_t v0 = c.vocab_rank() * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  const int64_t N = rows(lg), V = cols(lg);
   Tensor& loss = c.out_new(0, {N});
-  for (int64_t n = 0; n < N; ++n) {
-    float S = s.f32()[2 * n], mx = m.f32()[n];
-    loss.f32()[n] = std::log(S) + mx - s.f32()[2 * n + 1];
-    float* r = lg.f32() + n * V;
-    float inv = 1.0f / S;
-    for (int64_t j = 0; j < V; ++j) r[j] = std::exp(r[j] - mx) * inv * c.dloss;
-    int64_t t = tg.data<int32_t>()[n] - v0;
-    if (t >= 0 && t < V) r[t] -= c.dloss;
-  }
+  xent_row_finish(lg.f32(), c.in(1).data<int32_t>(), c.in(2).f32(), c.in(3).f32(), loss.f32(), lg.f32(), c.dloss, N,
+                  V, vocab_shard_start(c), c.model.vocab_size);
   c.env.bufs[c.op.outputs.at(1)] = lg;
 }
 

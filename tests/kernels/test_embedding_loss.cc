@@ -3,7 +3,11 @@
 // the double kernels for float.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+
 #include "Oracle.h"
+#include "base/Error.h"
 #include "kernels/cpu/Kernels.h"
 
 namespace dhelix::test {
@@ -127,6 +131,64 @@ TEST(CrossEntropy, FloatAgreesWithDouble) {
   cpu::cross_entropy_fwd_bwd<float>(xf.data(), tgt.data(), lossf.data(), xf.data(), dlf.data(), N, V);
   expect_close("loss", lossf, loss, 2e-6);
   expect_close("dlogits", xf, dx, 2e-6, 0.0);
+}
+
+// The vocabulary-parallel steps (xent_row_max / _stats / _finish) over k shards of the columns, the
+// group's reductions done here as the tp all-reduces do them (max; sums in rank order, in float as
+// the wire does). Oracle: cross_entropy_fwd_bwd<double> on the whole rows. Bound: 1e-5 normwise on
+// losses and gradients (float logits and stats: the exp-sums rounded to float once per shard and
+// added in float; libm exp, ~1e-7 relative a term). Row 1's target is -1: ignored, loss and
+// gradient row exactly 0 as the whole-row kernel gives (before 2026-11-29 the shards gave it a
+// loss and a softmax gradient). Row 2's target is in the last shard, row 0's in the first.
+TEST(CrossEntropy, VocabParallelStepsMatchTheWholeRow) {
+  std::mt19937 rng(65);
+  const int64_t N = 5, V = 301;
+  Vec x = randn(N * V, rng, 2.0), dloss(N, 1.0 / N), loss(N), dx(N * V);
+  std::vector<int32_t> tgt = {3, -1, 300, 150, 299};
+  cpu::cross_entropy_fwd_bwd<double>(x.data(), tgt.data(), loss.data(), dx.data(), dloss.data(), N, V);
+  for (const int k : {1, 2, 3}) {
+    const int64_t Vl = (V + k - 1) / k;  // the last shard ragged
+    std::vector<std::vector<float>> shard(k);
+    std::vector<float> m(N, -std::numeric_limits<float>::infinity()), stats(2 * N, 0.0f);
+    for (int r = 0; r < k; ++r) {
+      const int64_t v0 = r * Vl, w = std::min(Vl, V - v0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < w; ++j) shard[r].push_back(static_cast<float>(x[n * V + v0 + j]));
+      std::vector<float> mr(N);
+      cpu::xent_row_max(shard[r].data(), mr.data(), N, w);
+      for (int64_t n = 0; n < N; ++n) m[n] = std::max(m[n], mr[n]);
+    }
+    for (int r = 0; r < k; ++r) {
+      const int64_t v0 = r * Vl, w = std::min(Vl, V - v0);
+      std::vector<float> sr(2 * N);
+      cpu::xent_row_stats(shard[r].data(), tgt.data(), m.data(), sr.data(), N, w, v0);
+      for (int64_t i = 0; i < 2 * N; ++i) stats[i] += sr[i];
+    }
+    Vec got(N * V);
+    for (int r = 0; r < k; ++r) {
+      const int64_t v0 = r * Vl, w = std::min(Vl, V - v0);
+      std::vector<float> lr(N);
+      cpu::xent_row_finish(shard[r].data(), tgt.data(), m.data(), stats.data(), lr.data(), shard[r].data(),
+                           static_cast<float>(dloss[0]), N, w, v0, V);  // in place, as the op runs it
+      expect_close(("loss, k=" + std::to_string(k) + " rank " + std::to_string(r)).c_str(), lr, loss, 1e-5);
+      EXPECT_EQ(lr[1], 0.0f) << "k=" << k << " rank " << r;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < w; ++j) got[n * V + v0 + j] = shard[r][n * w + j];
+    }
+    expect_close(("dlogits, k=" + std::to_string(k)).c_str(), got, dx, 1e-5, 0.0);
+    for (int64_t v = 0; v < V; ++v) EXPECT_EQ(got[V + v], 0.0) << "the ignored row, k=" << k << " column " << v;
+  }
+  // A target past the vocabulary: a ConfigError naming it, nothing written.
+  std::vector<float> one(V, 0.5f), mo(1, 0.5f), so{float(V), 0.5f}, lo(1, -3.0f);
+  const std::vector<int32_t> bad{static_cast<int32_t>(V)};
+  try {
+    cpu::xent_row_finish(one.data(), bad.data(), mo.data(), so.data(), lo.data(), one.data(), 1.0f, 1, V, 0, V);
+    FAIL() << "a target past the vocabulary was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("targets[0] = 301 is not below V=301"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(lo[0], -3.0f);
+  EXPECT_EQ(one[0], 0.5f);
 }
 
 }  // namespace

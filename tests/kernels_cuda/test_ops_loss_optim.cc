@@ -114,7 +114,8 @@ TEST(CudaOpsLoss, CrossEntropyStridedMatchesCpuOnTheVocabularyPaddingZero) {
 // or empty), each shard's logits poisoned past its valid columns, the group's reductions done here
 // as the tp all-reduces do them (max; sums in rank order). Oracle: the CPU twin of the whole row,
 // cpu::cross_entropy_fwd_bwd, on the same bf16-rounded logits (bounds as above: the sums run in
-// another order); every shard's padding columns' gradient exactly 0.
+// another order); every shard's padding columns' gradient exactly 0. Row 1's target is -1 (ignored:
+// the oracle gives it loss 0 and a zero gradient row, which the shards must too, exactly).
 TEST(CudaOpsLoss, VocabParallelCrossEntropyMatchesTheWholeRow) {
   DHX_REQUIRE_GPU();
   struct Shape { int64_t N, V; int k; };
@@ -124,6 +125,7 @@ TEST(CudaOpsLoss, VocabParallelCrossEntropyMatchesTheWholeRow) {
     const auto logits = round_bf16(randn(d.N * d.V, seed++, 2.0f));
     auto targets = randint(d.N, seed++, static_cast<int32_t>(d.V));
     targets[0] = static_cast<int32_t>(d.V - 1);  // in the last (ragged) shard
+    targets[1] = -1;                             // ignored
     const float dloss = 1.0f / static_cast<float>(d.N);
     const std::vector<float> dloss_rows(d.N, dloss);
     std::vector<float> losses(d.N), dlogits(d.N * d.V);
@@ -162,8 +164,10 @@ TEST(CudaOpsLoss, VocabParallelCrossEntropyMatchesTheWholeRow) {
       DevBuf<float> gl(d.N);
       gl.poison();
       xent_row_finish(shard[r].get(), gtargets.get(), gm.get(), gstats.get(), gl.get(), shard[r].get(), dloss, d.N,
-                      valid[r], Vl, r * Vl, nullptr);  // in place, as the op runs it
-      EXPECT_LE(rel_err(gl.download(), losses), kLossBound) << "losses on rank " << r << ", " << at;
+                      valid[r], Vl, r * Vl, d.V, nullptr);  // in place, as the op runs it
+      const auto lr = gl.download();
+      EXPECT_LE(rel_err(lr, losses), kLossBound) << "losses on rank " << r << ", " << at;
+      EXPECT_EQ(lr[1], 0.0f) << "the ignored row's loss on rank " << r << ", " << at;
       const auto g = to_f32(shard[r].download());
       for (int64_t n = 0; n < d.N; ++n) {
         for (int64_t j = 0; j < valid[r]; ++j) got[n * d.V + r * Vl + j] = g[n * Vl + j];
@@ -172,6 +176,27 @@ TEST(CudaOpsLoss, VocabParallelCrossEntropyMatchesTheWholeRow) {
     }
     EXPECT_LE(rel_err(got, dlogits), kDlogitsBound) << "dlogits, " << at;
     EXPECT_TRUE(pad_zero) << "padding columns' gradient, " << at;
+    EXPECT_TRUE(std::all_of(got.begin() + d.V, got.begin() + 2 * d.V, [](float g) { return g == 0.0f; }))
+        << "the ignored row's gradient, " << at;
+  }
+  // A target past the vocabulary: NaN loss and gradient row on every shard (loud), the other rows
+  // finite. Two shards of 128 over V = 200; the stats as any (finite) group sums.
+  const int64_t N = 3, V = 200, Vl = 128;
+  DevBuf<int32_t> gtargets(std::vector<int32_t>{5, static_cast<int32_t>(V), 150});
+  DevBuf<float> gm(std::vector<float>(N, 1.0f)), gstats(std::vector<float>{10.f, 0.5f, 10.f, 0.f, 10.f, 0.25f});
+  for (int r = 0; r < 2; ++r) {
+    const int64_t valid = std::min<int64_t>(Vl, V - r * Vl);
+    DevBuf<bf16> shard(to_bf16(randn(N * Vl, 90 + r)));
+    DevBuf<float> gl(N);
+    xent_row_finish(shard.get(), gtargets.get(), gm.get(), gstats.get(), gl.get(), shard.get(), 1.0f, N, valid, Vl,
+                    r * Vl, V, nullptr);
+    const auto l = gl.download();
+    const auto g = to_f32(shard.download());
+    EXPECT_TRUE(std::isfinite(l[0]) && std::isnan(l[1]) && std::isfinite(l[2])) << "rank " << r;
+    bool ok = true;
+    for (int64_t j = 0; j < valid; ++j) ok = ok && std::isnan(g[Vl + j]) && std::isfinite(g[j]) && std::isfinite(g[2 * Vl + j]);
+    for (int64_t j = valid; j < Vl; ++j) ok = ok && g[Vl + j] == 0.0f;  // padding stays 0
+    EXPECT_TRUE(ok) << "rank " << r;
   }
 }
 

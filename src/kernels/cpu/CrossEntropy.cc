@@ -2,6 +2,7 @@
 // one call. Per row: one pass for the max, one pass that writes e = exp(x - max) (into dlogits
 // when wanted) and sums it, and one pass over the cache-resident row that scales e into the
 // gradient. dlogits may alias logits. Rows are independent: OpenMP over rows.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -54,6 +55,49 @@ void cross_entropy_fwd_bwd(const T* logits, const int32_t* targets, T* losses, T
       for (int64_t v = 0; v < V; ++v) s += detail::exp_k<T>(x[v] - m);
     }
     losses[n] = m + std::log(s) - x_tgt;
+  }
+}
+
+void xent_row_max(const float* logits, float* m, int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    float mx = -std::numeric_limits<float>::infinity();
+    const float* r = logits + n * V;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, r[j]);
+    m[n] = mx;
+  }
+}
+
+void xent_row_stats(const float* logits, const int32_t* targets, const float* m, float* stats, int64_t N, int64_t V,
+                    int64_t v0) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* r = logits + n * V;
+    double sum = 0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(r[j] - m[n]));
+    const int64_t t = targets[n] - v0;
+    stats[2 * n] = static_cast<float>(sum);
+    stats[2 * n + 1] = (t >= 0 && t < V) ? r[t] : 0.0f;
+  }
+}
+
+void xent_row_finish(const float* logits, const int32_t* targets, const float* m, const float* stats, float* losses,
+                     float* dlogits, float dloss, int64_t N, int64_t V, int64_t v0, int64_t vocab) {
+  for (int64_t n = 0; n < N; ++n)  // before anything is written (dlogits may alias logits)
+    DHX_CHECK(targets[n] < vocab, ConfigError, "cross_entropy: targets[{}] = {} is not below V={}", n, targets[n],
+              vocab);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    float* d = dlogits + n * V;
+    if (targets[n] < 0) {  // ignored position: no loss, no gradient (cross_entropy_fwd_bwd's rule)
+      losses[n] = 0.0f;
+      std::fill(d, d + V, 0.0f);
+      continue;
+    }
+    const float S = stats[2 * n], mx = m[n];
+    losses[n] = std::log(S) + mx - stats[2 * n + 1];
+    const float inv = 1.0f / S;
+    for (int64_t j = 0; j < V; ++j) d[j] = std::exp(x[j] - mx) * inv * dloss;
+    const int64_t t = targets[n] - v0;
+    if (t >= 0 && t < V) d[t] -= dloss;
   }
 }
 

@@ -164,6 +164,22 @@ template <typename T> void embedding_bwd(const int32_t* tokens, const T* dy, T* 
 // alias logits (in-place, saves one [N,V] buffer). Targets < 0 are ignored (loss 0, grad 0).
 template <typename T> void cross_entropy_fwd_bwd(const T* logits, const int32_t* targets, T* losses, T* dlogits, const T* dloss,
                                                  int64_t N, int64_t V);
+// The same over the vocabulary split across a tensor-parallel group (Megatron's vocabulary-parallel
+// loss), in three steps on one rank's shard -- columns [v0, v0 + V) of the vocabulary, logits [N, V]
+// -- with the caller's group reductions between them (m: max; stats: sum). The twins of
+// kernels/cuda's xent_row_*; the tp ops (sharding/'s vocab_xent_fwd) run them.
+// m[n] = the row's largest logit.
+void xent_row_max(const float* logits, float* m, int64_t N, int64_t V);
+// stats[2n] = sum_v e^(x_v - m[n]) (in double; m: the group's max), stats[2n+1] = the target's
+// logit when targets[n] is in this shard, else 0.
+void xent_row_stats(const float* logits, const int32_t* targets, const float* m, float* stats, int64_t N, int64_t V,
+                    int64_t v0);
+// losses[n] = log(S) + m[n] - t (S, t: the group's summed stats) and dlogits (may alias logits) =
+// e^(x - m) / S * dloss, minus dloss at the target's column. As cross_entropy_fwd_bwd: a target < 0
+// is ignored (loss 0, gradient row 0) and one not below `vocab` (the whole vocabulary) is a
+// ConfigError naming it.
+void xent_row_finish(const float* logits, const int32_t* targets, const float* m, const float* stats, float* losses,
+                     float* dlogits, float dloss, int64_t N, int64_t V, int64_t v0, int64_t vocab);
 
 // ---- Mixture of Experts: dropless top-k routing, grouping by expert, grouped GEMMs ----
 // Routing: probs[N,E] = softmax(logits[N,E]) per row; expert[N,k] the k largest probabilities in

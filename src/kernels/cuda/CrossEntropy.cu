@@ -282,13 +282,21 @@ __global__ void xent_stats_kernel(const bf16* __restrict__ logits, const int32_t
 __global__ void xent_finish_kernel(const bf16* logits, const int32_t* __restrict__ targets,
                                    const float* __restrict__ m, const float* __restrict__ stats,
                                    float* __restrict__ losses, bf16* dlogits, float dloss, int64_t valid, int64_t ld,
-                                   int64_t v0) {
+                                   int64_t v0, int64_t vocab) {
   const int64_t n = blockIdx.x;
   const float S = stats[2 * n], mx = m[n];
+  const int64_t tgt = targets[n];
+  bf16* d = dlogits + n * ld;
+  if (tgt < 0 || tgt >= vocab) {  // ignored (loss 0, gradient 0), or out of range (NaN: loud)
+    const float fill = tgt < 0 ? 0.0f : __int_as_float(0x7fc00000);
+    if (threadIdx.x == 0) losses[n] = fill;
+    const bf16 f = __float2bfloat16(fill);
+    for (int64_t j = threadIdx.x; j < ld; j += kVpThreads) d[j] = j < valid ? f : __float2bfloat16(0.0f);
+    return;
+  }
   if (threadIdx.x == 0) losses[n] = logf(S) + mx - stats[2 * n + 1];
   const bf16* x = logits + n * ld;
-  bf16* d = dlogits + n * ld;
-  const int64_t t = static_cast<int64_t>(targets[n]) - v0;
+  const int64_t t = tgt - v0;
   const float inv = 1.0f / S;
   for (int64_t j = threadIdx.x; j < ld; j += kVpThreads) {
     float g = 0.0f;
@@ -323,11 +331,14 @@ void xent_row_stats(const bf16* logits, const int32_t* targets, const float* m, 
 }
 
 void xent_row_finish(const bf16* logits, const int32_t* targets, const float* m, const float* stats, float* losses,
-                     bf16* dlogits, float dloss, int64_t N, int64_t valid, int64_t ld, int64_t v0, cudaStream_t s) {
+                     bf16* dlogits, float dloss, int64_t N, int64_t valid, int64_t ld, int64_t v0, int64_t vocab,
+                     cudaStream_t s) {
   vp_check(N, valid, ld, "xent_row_finish");
+  DHX_CUDA_ASSERT(vocab >= v0 + valid, "xent_row_finish: vocab=", vocab, " ends before this shard's columns [", v0,
+                  ", ", v0 + valid, ")");
   if (N == 0) return;
   xent_finish_kernel<<<static_cast<unsigned>(N), kVpThreads, 0, s>>>(logits, targets, m, stats, losses, dlogits,
-                                                                     dloss, valid, ld, v0);
+                                                                     dloss, valid, ld, v0, vocab);
   DHX_CUDA_LAUNCHED(xent_finish_kernel);
 }
 

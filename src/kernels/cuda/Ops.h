@@ -187,9 +187,12 @@ void xent_row_max(const bf16* logits, float* m, int64_t N, int64_t valid, int64_
 void xent_row_stats(const bf16* logits, const int32_t* targets, const float* m, float* stats, int64_t N,
                     int64_t valid, int64_t ld, int64_t v0, cudaStream_t s);
 // losses[n] = log(S) + m[n] - t (S, t: the group's summed stats), and dlogits (may alias logits)
-// = e^(x - m) / S * dloss, minus dloss at the target's column; columns [valid, ld) written 0.
+// = e^(x - m) / S * dloss, minus dloss at the target's column; columns [valid, ld) written 0. As
+// cross_entropy_fwd_bwd: a target < 0 is ignored (loss 0, gradient row 0), one not below `vocab`
+// (the whole vocabulary) gives a NaN loss and gradient row (loud: a kernel cannot throw).
 void xent_row_finish(const bf16* logits, const int32_t* targets, const float* m, const float* stats, float* losses,
-                     bf16* dlogits, float dloss, int64_t N, int64_t valid, int64_t ld, int64_t v0, cudaStream_t s);
+                     bf16* dlogits, float dloss, int64_t N, int64_t valid, int64_t ld, int64_t v0, int64_t vocab,
+                     cudaStream_t s);
 
 // ---- optimizer ----
 // cpu::AdamWParams' fields (kernels/cuda does not see kernels/cpu's headers).
