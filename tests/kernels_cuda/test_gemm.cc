@@ -225,12 +225,13 @@ TEST(CudaGemm, ChoicesRepeatTheTimedAlgorithms) {
     // Unusable choices: chosen anew (the heuristic's first here), counted.
     GemmChoices bad = c;
     for (GemmChoice& g : bad.choices) g.answer = Blas::kTimedCandidates - 1, g.split = 64;
+    bad.choices.front().answer = Blas::kTimedCandidates;  // past the answers a preset may name: always refused
     Blas d(0);
     d.preset(bad);
     seed = 1300;
     for (const Dims& dims : kShapes) (void)run(d, dims, seed += 10);
     EXPECT_EQ(d.preset_used() + d.preset_unusable(), c.choices.size());
-    EXPECT_GT(d.preset_unusable(), 0u) << "a split of 64 should be refused somewhere";
+    EXPECT_GT(d.preset_unusable(), 0u) << "an answer past kTimedCandidates must be refused";
   }
 }
 

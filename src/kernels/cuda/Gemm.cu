@@ -445,18 +445,22 @@ GemmChoices Blas::choices() const {
   c.sm_target = sm_target_;
   c.cublaslt_version = static_cast<int64_t>(cublasLtGetVersion());
   std::lock_guard<std::mutex> g(mu_);
+  // One list in key order, the planned keys and the preset's not planned (yet) alike: a file
+  // rewritten holding the same choices has the same bytes, whichever keys this run planned first.
+  std::map<Key, GemmChoice> all;
   for (const auto& [k, p] : plans_) {
     if (!p->found) continue;
     GemmChoice ch = choice_of(k);
     ch.answer = p->answer, ch.split = p->split, ch.ms = p->ms;
-    c.choices.push_back(std::move(ch));
+    all.emplace(k, std::move(ch));
   }
   for (const auto& [k, as] : preset_) {
     if (plans_.count(k)) continue;
     GemmChoice ch = choice_of(k);
     ch.answer = as.answer, ch.split = as.split, ch.ms = as.ms;
-    c.choices.push_back(std::move(ch));
+    all.emplace(k, std::move(ch));
   }
+  for (auto& [k, ch] : all) c.choices.push_back(std::move(ch));
   return c;
 }
 

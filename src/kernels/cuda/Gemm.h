@@ -149,8 +149,9 @@ class Blas {
   Choice choice() const { return choice_; }
 
   // The choices file (training.gemm_choices, GemmChoices.h). choices(): this machine's header and,
-  // per key planned, the answer and split it runs (with its time when timed), then the preset's keys
-  // not planned (yet), so a file rewritten from it keeps what another run of other shapes chose.
+  // per key planned, the answer and split it runs (with its time when timed), and the preset's keys
+  // not planned (yet), so a file rewritten from it keeps what another run of other shapes chose; one
+  // list in key order (the same choices give the same file, whatever order they were planned in).
   // preset(c): from now on a key of c runs c's answer and split when it is planned, timed or not --
   // the choice of the run that wrote c, so results repeat across runs; a key whose answer cuBLASLt
   // no longer offers, or whose split it refuses, is chosen as without a preset (counted by
