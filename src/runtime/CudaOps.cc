@@ -430,7 +430,6 @@ void op_residual_add(OpCall& c) {
 // loud), else this rank's shard, rows [r Vl, (r + 1) Vl), with zeros for the other shards' tokens
 // (the tp group's reduce-scatter, or the y all-reduce under 3D, sums the rows), as the CPU's
 // op_embed. Shards: tp, or tp_y under the 3D grid (whose columns are split over x: C is the table's).
-int64_t vocab_first(const OpCall& c, const Tensor& table) { return c.vocab_rank() * table.dim(0); }
 int vocab_shards(const OpCall& c) { return c.shard.is_3d() ? c.shard.gy : c.tp; }
 
 void op_embed(OpCall& c) {
@@ -442,7 +441,7 @@ void op_embed(OpCall& c) {
   if (vocab_shards(c) == 1)
     cuda::embedding_fwd(i32(tok), b16(weight_bf16(w)), nullptr, b16(y), 1, N, C, V, 0, st(c));
   else
-    cuda::embedding_shard_fwd(i32(tok), b16(weight_bf16(w)), b16(y), N, C, V, vocab_first(c, w.value), st(c));
+    cuda::embedding_shard_fwd(i32(tok), b16(weight_bf16(w)), b16(y), N, C, V, op::vocab_first(c, w.value.dim(0)), st(c));
 }
 
 void op_embed_bwd(OpCall& c) {
@@ -453,7 +452,7 @@ void op_embed_bwd(OpCall& c) {
   if (vocab_shards(c) == 1)
     cuda::embedding_bwd(i32(tok), b16(c.in(1)), f32(w.grad), nullptr, 1, N, C, V, 0, st(c));
   else
-    cuda::embedding_shard_bwd(i32(tok), b16(c.in(1)), f32(w.grad), N, C, V, vocab_first(c, w.grad), st(c));
+    cuda::embedding_shard_bwd(i32(tok), b16(c.in(1)), f32(w.grad), N, C, V, op::vocab_first(c, w.grad.dim(0)), st(c));
 }
 
 // Learned positions: local row i is row row0 + i of the micro-batch's B*T local rows (row0 = 0
@@ -522,7 +521,7 @@ VocabShard vocab_shard(const OpCall& c, const Tensor& logits) {
   const Tensor& head = c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value;
   const int64_t Vl = head.dim(0);
   DHX_ASSERT(cols(logits) == Vl, "{}: logits {} vs the head shard's {} rows", c.op.name, logits.describe(), Vl);
-  return VocabShard{rows(logits), op::vocab_valid(c, Vl), Vl, vocab_first(c, head)};
+  return VocabShard{rows(logits), op::vocab_valid(c, Vl), Vl, op::vocab_first(c, Vl)};
 }
 
 void op_xent_max(OpCall& c) {

@@ -77,9 +77,10 @@ void moe_record_aux(OpCall& c, const float* stats, int64_t E) {
 }
 
 // (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng), per expert e.
+int64_t vocab_first(const OpCall& c, int64_t shard_rows) { return c.vocab_rank() * shard_rows; }
+
 int64_t vocab_valid(const OpCall& c, int64_t shard_rows) {
-  const int64_t start = c.vocab_rank() * shard_rows;
-  return std::clamp<int64_t>(c.model.vocab_size - start, 0, shard_rows);
+  return std::clamp<int64_t>(c.model.vocab_size - vocab_first(c, shard_rows), 0, shard_rows);
 }
 
 std::vector<float> moe_aux_dprob(const OpCall& c, const float* stats, int64_t E) {
@@ -485,7 +486,7 @@ void op_xent_max(OpCall& c) {
 
 // The first vocabulary row of this rank's shard of the head.
 int64_t vocab_shard_start(const OpCall& c) {
-  return c.vocab_rank() * c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0);
+  return op::vocab_first(c, c.params.resolve(c.unit, c.model.tie_embeddings ? "wte" : "lm_head").value.dim(0));
 }
 
 // Step 2: s[n] = (sum_j exp(l_j - m), target logit if the target is in this shard else 0).

@@ -96,6 +96,8 @@ int64_t attr_or(const OpCall& c, const char* key, int64_t fallback);
 // Rows of this rank's LM-head (vocabulary) shard of `shard_rows` rows that are real vocabulary ids:
 // shard r covers ids [r * shard_rows, ...); the padding rows past vocab_size produce nothing.
 int64_t vocab_valid(const OpCall& c, int64_t shard_rows);
+// The first vocabulary id of this rank's shard of `shard_rows` rows: r * shard_rows.
+int64_t vocab_first(const OpCall& c, int64_t shard_rows);
 // MoE's host-side work on a micro-batch's routing statistics (stats: [2E] host floats, counts per
 // expert then each expert's probability sum, summed over tp): moe_record_aux adds the layer's tokens
 // per expert and its load-balancing loss (weighted by the micro-batch's tokens) to the call's

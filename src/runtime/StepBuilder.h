@@ -34,9 +34,9 @@ struct GemmOptions {
   // Algorithms: cuBLASLt's heuristic's first answer (false: reproducible run to run), or the fastest
   // of its first answers timed on the first step (training.gemm_algo = timed).
   bool timed = false;
-  // Weight gradients in the partials form where it applies (Blas::Wgrad::kPartials;
+  // Weight gradients in the partials form where it applies (Blas::Wgrad::kPartials: the default,
   // training.wgrad_gemm = auto or partials), else direct.
-  bool wgrad_partials = false;
+  bool wgrad_partials = true;
   // This rank's choices file (training.gemm_choices, kernels/cuda/GemmChoices.h: gemm_choices_for_rank's
   // name below), "" for none: read when it exists (ConfigError when it was made on another GPU or
   // cuBLASLt), so its shapes run its recorded algorithms; Step::save_gemm_choices writes it.
