@@ -66,6 +66,8 @@ std::vector<std::string> train_words(const ModelConfig& m, const BatchSpec& batc
       kv("parallel.tp_z", lay.tp_z),               kv("parallel.zero", opt.zero == Zero::kZero1 ? 1 : 0),
       kv("parallel.ep", lay.ep),                   kv("parallel.cp", lay.cp),
       kv("training.recompute", recompute_name(lay.recompute)),
+      kv("training.recompute_layers", lay.recompute_layers),
+      kv("parallel.keep_gathered", lay.keep_gathered),
       kv("schedule.strand_interleaving", opt.si == StrandInterleaving::kOn ? "on" : "off"),
       kv("training.fuse_epilogues", opt.fuse_epilogues ? "on" : "off"),
       kv("comm.grad_precision", opt.grad_wire_bytes == 2 ? "bf16" : "fp32"),

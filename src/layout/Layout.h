@@ -65,6 +65,11 @@ struct LayoutConfig {
   int tp_x = 1, tp_y = 1, tp_z = 1;
   std::string tp_order = "xyz";  // the 3D axes from innermost (consecutive ranks) outward
   TP3DOverlaps overlap3d = {};
+  // AxoNN's weight caching (parallel.keep_gathered; needs tp_z > 1): the first N transformer layers
+  // of each chunk keep the weight blocks their forward gathered over z for their backward (and its
+  // recompute), which gathers none; the blocks are then saved buffers of the layer's micro-batch,
+  // from its forward to its backward. 0: every layer gathers its blocks again.
+  int keep_gathered = 0;
   int world() const { return dp * pp * cp * tp * tp_x * tp_y * tp_z; }  // ep divides dp
   bool is_3d() const { return tp_x * tp_y * tp_z > 1; }
   // Ranks that split one layer's weights: tp, or Gx * Gy * Gz.

@@ -64,8 +64,12 @@ void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep
   }
 }
 
-int add_recompute(LayerProgram& prog, const std::vector<bool>& recomputable) {
+int add_recompute(LayerProgram& prog, const std::vector<bool>& recomputable_in) {
   const size_t n = prog.fwd.size();
+  // An op marked "kept" (a weight block gathered for the backward to read: LayoutConfig::keep_gathered)
+  // is never made again: its output stays saved from the forward.
+  std::vector<bool> recomputable(n);
+  for (size_t i = 0; i < n; ++i) recomputable[i] = recomputable_in.at(i) && !prog.fwd[i].flag("kept");
   std::set<std::string> remade;  // buffers a recomputable op writes
   for (size_t i = 0; i < n; ++i)
     if (recomputable.at(i)) remade.insert(prog.fwd[i].outputs.begin(), prog.fwd[i].outputs.end());

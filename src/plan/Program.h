@@ -69,7 +69,8 @@ void annotate_lifetimes(LayerProgram& prog, const std::vector<std::string>& keep
 // Activation recomputation (layout/Layout.h Recompute): the forward ops i with recomputable[i]
 // that write a buffer the backward reads -- directly, or through another such op -- are copied, in
 // forward order, to the front of the backward, named "<name>.recompute" with attr "recompute" = 1
-// (a cross-layer prefetch is never copied: its output is no recompute input). What they read and
+// (a cross-layer prefetch is never copied: its output is no recompute input; nor is an op with attr
+// "kept", a weight block gathered for the backward, which stays saved). What they read and
 // no recomputed op writes (the layer's input, a norm's output under selective) stays saved from the
 // forward; what they write is made again, so annotate_lifetimes ends the forward's copy at its last
 // forward use. Returns the number of ops copied.

@@ -122,8 +122,20 @@ Executor::~Executor() {
 // not a transformer block whose parameters this rank holds (the head, the embedding, a unit of a
 // layer-pair bench): every rank of the group decides alike, so the issue order stays the same.
 void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
-  const int target = s.unit + static_cast<int>(op.attrs.at("prefetch_unit"));
+  const int dir = static_cast<int>(op.attrs.at("prefetch_unit")), target = s.unit + dir;
   if (target < 0 || target >= num_units() || units_.at(target).kind != "block" || !ctx_.params->owns_unit(target))
+    return;
+  std::string adopter = op.outputs.at(0);
+  DHX_ASSERT(adopter.size() > 5 && adopter.ends_with(".next"), "prefetch op {} writes '{}', not '<buffer>.next'",
+             op.name, adopter);
+  adopter.resize(adopter.size() - 5);
+  // Nor when the neighbour's program gathers no such block in that direction (a layer that keeps its
+  // forward's blocks gathers none in its backward: LayoutConfig::keep_gathered). Every rank of the
+  // group runs the same program there, so all decide alike.
+  const std::vector<Op>& there = dir > 0 ? program(target).fwd : program(target).bwd;
+  if (std::none_of(there.begin(), there.end(), [&](const Op& o) {
+        return o.is_collective() && o.coll == CollOp::kAllGather && o.inputs.empty() && o.outputs.at(0) == adopter;
+      }))
     return;
   ProcessGroup& pg = group_of(op);
   if (on_gpu_) pg.set_producer_stream(stream_of(kind).handle());
@@ -135,12 +147,8 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   p.coll.group = pg.name();
   p.coll.name = fmt::format("{} mb{} u{}", op.name, s.mb, target);
   p.coll.issue_s = now_seconds();
-  std::string adopter = op.outputs.at(0);
   // A prefetch for the same (strand, micro-batch, unit, buffer) that nobody adopted (a layer pair
   // run again by a bench): its transfer must end before its buffer goes.
-  DHX_ASSERT(adopter.size() > 5 && adopter.ends_with(".next"), "prefetch op {} writes '{}', not '<buffer>.next'",
-             op.name, adopter);
-  adopter.resize(adopter.size() - 5);
   const auto key = std::make_tuple(static_cast<int>(kind), s.mb, target, adopter);
   if (auto old = prefetched_.find(key); old != prefetched_.end()) old->second.coll.work.wait();
   prefetched_[key] = std::move(p);

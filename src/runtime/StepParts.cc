@@ -23,7 +23,7 @@ StepParts::StepParts(const StepPartsSpec& spec) : model(spec.model), layout(spec
   PipelineSpec pipe = spec.pipeline;
   pipe.n_layers = static_cast<int>(model.n_layers);
   owned_units = spec.owned_units.empty() ? stage_units(pipe, spec.pp_rank) : spec.owned_units;
-  select_recompute_layers(progs, layout, pipeline_chunks(pipe));
+  select_block_variants(progs, layout, pipeline_chunks(pipe));
   std::sort(owned_units.begin(), owned_units.end());
   ShardIndex at = ShardIndex::of(layout, spec.coord);
   at.tp_rank = spec.tp_rank;

@@ -23,8 +23,9 @@ StepRunner::StepRunner(RunContext& ctx, const std::vector<UnitSpec>& units, cons
 }
 
 const SIPlan& StepRunner::pair_plan(int fu, int bu) {
-  // By program: a layer past the first recompute_layers of its chunk runs "block_plain", whose
-  // backward the block plan's windows do not index (the default plan pairs it).
+  // By program: a layer past the first recompute_layers or keep_gathered of its chunk runs another
+  // block ("block_plain", "block_gathering"), whose ops the block plan's windows do not index (the
+  // default plan pairs it).
   const std::string& fk = exec_.program(fu).name;
   const std::string& bk = exec_.program(bu).name;
   if (fk == "block" && bk == "block") return block_plan_;

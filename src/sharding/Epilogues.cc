@@ -147,7 +147,7 @@ EpilogueFusions fuse_epilogues(LayerProgram& prog) {
 
 EpilogueFusions fuse_epilogues(ModelPrograms& progs) {
   EpilogueFusions n;
-  for (LayerProgram* p : {&progs.embed, &progs.block, &progs.head, &progs.block_plain})
+  for (LayerProgram* p : progs.all())
     if (!p->fwd.empty()) n += fuse_epilogues(*p);
   progs.fusions = n;
   return n;

@@ -22,6 +22,7 @@ class Axonn3D final : public UnitLowering {
   explicit Axonn3D(const Grid3D& b)
       : b_(b),
         oag_(b.lay.overlap3d.ag),
+        keep_(b.lay.keep_gathered > 0 && b.gz > 1),
         ring_{b.m, b.lay, b.B, b.T, b.N, b.N, b.C, 1},
         moe_{b.m, b.lay, b.B, b.T, b.N, b.N / (b.gx * b.gy), b.C, b.gx * b.gy, "xy"} {}
 
@@ -40,8 +41,8 @@ class Axonn3D final : public UnitLowering {
     fwd_blocks_.assign(lin_.size(), "");
     bwd_blocks_.assign(lin_.size(), "");
     if (lin_.empty()) return;
-    fwd_blocks_[0] = gather_block(b_, f, lin_[0], "", oag_ ? CollWait::kBackground : CollWait::kBlocking);
-    if (oag_ && lin_.size() > 1) fwd_blocks_[1] = gather_block(b_, f, lin_[1], "", CollWait::kBackground);
+    fwd_blocks_[0] = gather_fwd(f, lin_[0], oag_ ? CollWait::kBackground : CollWait::kBlocking);
+    if (oag_ && lin_.size() > 1) fwd_blocks_[1] = gather_fwd(f, lin_[1], CollWait::kBackground);
   }
 
   // Token embedding: the table's rows (vocabulary) over y and columns over x; a token outside this
@@ -69,7 +70,10 @@ class Axonn3D final : public UnitLowering {
   // OAG: each block is gathered one GEMM ahead of its use, so its all-gather runs under the GEMM
   // before; the unit's first is prefetched by the neighbouring layer (prefetch_block) and adopted
   // here (gathered here only in the first layer). Without OAG: right before its GEMM, waited for
-  // there. Backward walks the linears in reverse with the same rule.
+  // there. Backward walks the linears in reverse with the same rule. With keep_gathered (keep_) the
+  // backward gathers nothing: its GEMMs read the forward's blocks, saved for it (and left out of a
+  // recompute: their gathers are marked "kept", plan/Program.h add_recompute), and it prefetches
+  // nothing for the layer below.
   void linear_fwd(const UnitStep& s, LinearSite at, std::vector<Op>& f) override {
     if (s.role == ShardRole::kVocab) return vocab_head_fwd(s, f);
     gather_ahead(at.index, at.index > 0, +1, "", fwd_blocks_, f);
@@ -79,6 +83,10 @@ class Axonn3D final : public UnitLowering {
                   std::vector<Op>& g) override {
     if (s.role == ShardRole::kVocab) return vocab_head_bwd(s, d_out, d_in, g);
     const int n = at.count, j = n - 1 - at.index;  // position in the backward order
+    if (keep_) {
+      grid_linear_bwd(b_, g, lin_[size_t(at.index)], s.in[0], d_out, d_in, fwd_blocks_[size_t(at.index)], accum_);
+      return;
+    }
     if (j == 0) {
       bwd_blocks_[size_t(n - 1)] = gather_block(b_, g, lin_[size_t(n - 1)], ".bwd", oag_ ? CollWait::kBackground : CollWait::kBlocking);
       if (oag_ && n > 1) bwd_blocks_[size_t(n - 2)] = gather_block(b_, g, lin_[size_t(n - 2)], ".bwd", CollWait::kBackground);
@@ -169,13 +177,24 @@ class Axonn3D final : public UnitLowering {
                     std::vector<Op>& ops) {
     const int n = int(lin_.size());
     auto linear = [&](int j) { return size_t(dir > 0 ? j : n - 1 - j); };  // j-th in this direction
+    auto gather = [&](const GridLinear& l, CollWait wait) {
+      return dir > 0 ? gather_fwd(ops, l, wait) : gather_block(b_, ops, l, suffix, wait);
+    };
     if (here) {
       if (!oag_)
-        blocks[linear(k)] = gather_block(b_, ops, lin_[linear(k)], suffix, CollWait::kBlocking);
+        blocks[linear(k)] = gather(lin_[linear(k)], CollWait::kBlocking);
       else if (k + 1 < n)
-        blocks[linear(k + 1)] = gather_block(b_, ops, lin_[linear(k + 1)], suffix, CollWait::kBackground);
+        blocks[linear(k + 1)] = gather(lin_[linear(k + 1)], CollWait::kBackground);
     }
     if (k == n - 1) prefetch_block(b_, ops, lin_[linear(0)], suffix, dir);
+  }
+
+  // A forward gather of `l`'s block; with keep_ marked "kept": its block is saved for the backward,
+  // never gathered again by a recompute.
+  std::string gather_fwd(std::vector<Op>& ops, const GridLinear& l, CollWait wait) {
+    const std::string buf = gather_block(b_, ops, l, "", wait);
+    if (keep_ && !buf.empty()) ops.back().attrs["kept"] = 1;
+    return buf;
   }
 
   // LM head: logits = a type-A GEMM with the vocabulary over y (all-reduced over x).
@@ -239,6 +258,7 @@ class Axonn3D final : public UnitLowering {
 
   const Grid3D& b_;
   const bool oag_;
+  const bool keep_;  // the backward reads the forward's gathered blocks (LayoutConfig::keep_gathered)
   std::vector<GridLinear> lin_;                        // the unit's column and row linears, forward order
   std::vector<std::string> fwd_blocks_, bwd_blocks_;   // their gathered blocks ("" reads the shard)
   std::vector<Op> accum_;

@@ -9,32 +9,80 @@
 
 namespace dhelix {
 
+namespace {
+
+ModelPrograms lower(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
+  return lay.is_3d() ? sharding::lower_3d(m, lay, mb) : sharding::lower_1d(m, lay, mb);
+}
+
+bool some_recompute(const LayoutConfig& lay) {
+  return lay.recompute != Recompute::kNone && lay.recompute_layers > 0;
+}
+
+}  // namespace
+
+const LayerProgram* ModelPrograms::block_named(const std::string& name) const {
+  if (block.name == name) return &block;
+  for (const LayerProgram& v : variants)
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+std::vector<LayerProgram*> ModelPrograms::all() {
+  std::vector<LayerProgram*> out = {&embed, &block, &head};
+  for (LayerProgram& v : variants) out.push_back(&v);
+  return out;
+}
+
+std::vector<const LayerProgram*> ModelPrograms::all() const {
+  std::vector<const LayerProgram*> out = {&embed, &block, &head};
+  for (const LayerProgram& v : variants) out.push_back(&v);
+  return out;
+}
+
+std::string block_variant_name(const LayoutConfig& lay, int index) {
+  const bool plain = some_recompute(lay) && index >= lay.recompute_layers;
+  const bool gathering = lay.is_3d() && lay.keep_gathered > 0 && index >= lay.keep_gathered;
+  return std::string("block") + (plain ? "_plain" : "") + (gathering ? "_gathering" : "");
+}
+
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
-  ModelPrograms out = lay.is_3d() ? sharding::lower_3d(m, lay, mb) : sharding::lower_1d(m, lay, mb);
-  if (lay.recompute != Recompute::kNone && lay.recompute_layers > 0) {
-    LayoutConfig plain = lay;
-    plain.recompute = Recompute::kNone;
-    out.block_plain = (lay.is_3d() ? sharding::lower_3d(m, plain, mb) : sharding::lower_1d(m, plain, mb)).block;
-    out.block_plain.name = "block_plain";
-  }
+  ModelPrograms out = lower(m, lay, mb);
+  // The variants the per-layer options need: each the block lowered with an option switched off.
+  const bool plain = some_recompute(lay), gathering = lay.is_3d() && lay.keep_gathered > 0;
+  for (int p = 0; p <= int(plain); ++p)
+    for (int g = 0; g <= int(gathering); ++g) {
+      if (p == 0 && g == 0) continue;
+      LayoutConfig v = lay;
+      if (p) v.recompute = Recompute::kNone;
+      if (g) v.keep_gathered = 0;
+      LayerProgram prog = lower(m, v, mb).block;
+      prog.name = std::string("block") + (p ? "_plain" : "") + (g ? "_gathering" : "");
+      out.variants.push_back(std::move(prog));
+    }
   if (lay.fuse_epilogues) fuse_epilogues(out);
-  for (LayerProgram* p : {&out.embed, &out.block, &out.head, &out.block_plain})
+  for (LayerProgram* p : out.all())
     if (!p->fwd.empty()) annotate_lifetimes(*p, boundary_buffers());
   return out;
 }
 
-void select_recompute_layers(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks) {
-  p.plain_unit.clear();
-  if (lay.recompute == Recompute::kNone || lay.recompute_layers <= 0 || chunks.empty()) return;
-  DHX_CHECK(!p.block_plain.fwd.empty(), InternalError, "recompute_layers={} but no block_plain was built",
-            lay.recompute_layers);
+void select_block_variants(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks) {
+  p.unit_variant.clear();
+  if (p.variants.empty() || chunks.empty()) return;
   const int units = chunks.back().unit_end;
-  p.plain_unit.assign(static_cast<size_t>(units), 0);
+  p.unit_variant.assign(static_cast<size_t>(units), -1);
   for (const Chunk& c : chunks) {
-    int blocks = 0;
+    int index = 0;
     for (int u = c.unit_begin; u < c.unit_end; ++u) {
       if (u == 0 || u == units - 1) continue;  // the embedding, the head
-      if (blocks++ >= lay.recompute_layers) p.plain_unit[static_cast<size_t>(u)] = 1;
+      const std::string name = block_variant_name(lay, index++);
+      if (name == p.block.name) continue;
+      int k = 0;
+      while (k < static_cast<int>(p.variants.size()) && p.variants[static_cast<size_t>(k)].name != name) ++k;
+      DHX_CHECK(k < static_cast<int>(p.variants.size()), InternalError,
+                "layer {} should run '{}' (recompute_layers={}, keep_gathered={}) but no such block was built", u, name,
+                lay.recompute_layers, lay.keep_gathered);
+      p.unit_variant[static_cast<size_t>(u)] = k;
     }
   }
 }

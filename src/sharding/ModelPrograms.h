@@ -39,29 +39,46 @@ struct EpilogueFusions {
 
 struct ModelPrograms {
   LayerProgram embed;
-  LayerProgram block;  // identical for every transformer layer (weights differ, program does not)
+  // Identical for every transformer layer (weights differ, program does not), but for the per-layer
+  // options below: the program of each chunk's first layer (recompute as the layout says, weight
+  // blocks kept with keep_gathered > 0).
+  LayerProgram block;
   LayerProgram head;
-  // With recompute and recompute_layers = N > 0: the block without its recompute ops ("block_plain",
-  // the same forward), run by the layers past the first N of each chunk; select_recompute_layers
-  // marks those units. Empty plain_unit: every transformer layer runs `block`.
-  LayerProgram block_plain;
-  std::vector<char> plain_unit;  // [unit] -> 1 when it runs block_plain
-  EpilogueFusions fusions;       // with lay.fuse_epilogues: the fused ops made, over all programs
+  // The per-layer options -- recompute_layers = N > 0 (only the first N layers of each chunk
+  // recompute) and keep_gathered = K > 0 (only the first K keep their gathered weight blocks) --
+  // make the layers past them run another block: "block_plain" (no recompute ops, the same
+  // forward), "block_gathering" (gathers its weight blocks again in its backward) or
+  // "block_plain_gathering" (both). select_block_variants marks which unit runs which; an empty
+  // unit_variant: every transformer layer runs `block`.
+  std::vector<LayerProgram> variants;
+  std::vector<int> unit_variant;  // [unit] -> index into variants; -1: `block`
+  EpilogueFusions fusions;        // with lay.fuse_epilogues: the fused ops made, over all programs
   // The program unit `unit` of `kind` ("embed", "block", "head") runs.
   const LayerProgram& program(int unit, const std::string& kind) const {
     if (kind == "embed") return embed;
     if (kind == "head") return head;
-    return unit >= 0 && static_cast<size_t>(unit) < plain_unit.size() && plain_unit[static_cast<size_t>(unit)]
-               ? block_plain
-               : block;
+    if (unit >= 0 && static_cast<size_t>(unit) < unit_variant.size() && unit_variant[static_cast<size_t>(unit)] >= 0)
+      return variants.at(static_cast<size_t>(unit_variant[static_cast<size_t>(unit)]));
+    return block;
   }
+  // The block variant named `name` ("block" itself too), or null when none was built.
+  const LayerProgram* block_named(const std::string& name) const;
+  // Every program built: embed, block, head, then the variants.
+  std::vector<LayerProgram*> all();
+  std::vector<const LayerProgram*> all() const;
 };
 
-// Megatron's recompute_num_layers ("block" method): with lay.recompute and lay.recompute_layers = N
-// > 0, the first N transformer layers of each chunk (a pipeline stage, or a virtual stage of the
-// interleaved and W schedules; the one chunk of a single stage) recompute, the others run
-// block_plain. Units: 0 the embedding, 1..L the layers, L + 1 the head (chunks in forward order).
-void select_recompute_layers(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks);
+// The block program of a chunk's `index`-th transformer layer (0-based) under the per-layer
+// options: "block", "block_plain", "block_gathering" or "block_plain_gathering".
+std::string block_variant_name(const LayoutConfig& lay, int index);
+
+// Megatron's recompute_num_layers ("block" method) and AxoNN's weight caching by layer: with
+// lay.recompute_layers = N > 0 (and recompute on), the first N transformer layers of each chunk (a
+// pipeline stage, or a virtual stage of the interleaved and W schedules; the one chunk of a single
+// stage) recompute; with lay.keep_gathered = K > 0 the first K keep their gathered weight blocks;
+// the others run the variant block_variant_name names. Units: 0 the embedding, 1..L the layers,
+// L + 1 the head (chunks in forward order).
+void select_block_variants(ModelPrograms& p, const LayoutConfig& lay, const std::vector<Chunk>& chunks);
 
 // Megatron's layouts (tp with sequence parallelism, cp, ep: sharding/Lowering1D) or AxoNN's 3D grid
 // (lay.is_3d(): sharding/Lowering3D), with lay.fuse_epilogues the GEMM epilogues fused

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -288,6 +289,11 @@ std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
 
 // Elements of `b` by saved_elems, noting (and counting as residual-stream rows) a name no rule knows.
 double buffer_elems(const LayerProgram& p, const std::string& b, const ActDims& d, std::vector<std::string>& notes) {
+  // A weight block the forward gathered over z and the backward reads (LayoutConfig::keep_gathered):
+  // the whole block, its all-gather's fp32 bytes over 4.
+  for (const Op& op : p.fwd)
+    if (op.is_collective() && op.coll == CollOp::kAllGather && op.group == "z" && op.outputs == std::vector{b})
+      return op.cost.comm_bytes / 4.0;
   std::optional<double> n = saved_elems(b, d);
   if (!n) notes.push_back(fmt::format("{}: saved buffer '{}' has no size rule; counted as [{:g}, {:g}]", p.name, b,
                                       d.Nres, d.Cres));
@@ -523,14 +529,22 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
   const double elem = element_bytes(precision);
   const ActDims dims = act_dims(m, lay, batch);
   std::vector<std::string> unknown;
-  const double act_block = saved_bytes(progs.block, dims, elem, unknown);
   const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
   const double act_head = saved_bytes(progs.head, dims, elem, unknown);
-  const double act_remade = recompute_bytes(progs.block, dims, elem, unknown);
-  // recompute_layers = N: the first N layers of a stage recompute, the rest keep block_plain's saved
-  // buffers (one chunk per stage counted; interleaved stages hold v chunks, each with its first N).
-  const bool some = lay.recompute != Recompute::kNone && lay.recompute_layers > 0;
-  const double act_plain = some ? saved_bytes(progs.block_plain, dims, elem, unknown) : act_block;
+  // The per-layer options (recompute_layers, keep_gathered): a stage's i-th layer runs the block
+  // block_variant_name names, with that block's saved buffers (one chunk per stage counted;
+  // interleaved stages hold v chunks, each with its own first layers). A recomputing layer's remade
+  // buffers are held one layer at a time: the most any of them makes.
+  auto block_of = [&](int i) -> const LayerProgram& {
+    const LayerProgram* p = progs.block_named(block_variant_name(lay, i));
+    DHX_CHECK(p, InternalError, "layer {} of a stage runs '{}', which was not built", i,
+              block_variant_name(lay, i));
+    return *p;
+  };
+  std::map<std::string, std::pair<double, double>> act_of;  // block name -> saved, remade bytes
+  for (const LayerProgram* p : progs.all())
+    if (p != &progs.embed && p != &progs.head)
+      act_of[p->name] = {saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown)};
   if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
   double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
   for (const Op& op : progs.block.fwd)
@@ -560,12 +574,16 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
           mem.grads += op.cost.comm_bytes;
     mem.gathered = gathered;
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
-    const double layers = double(mine.size()) - (s == 0) - (s == p - 1);
-    const double recomputing = some ? std::min<double>(layers, lay.recompute_layers) : layers;
-    mem.activations = in_flight * (recomputing * act_block + (layers - recomputing) * act_plain +
-                                   (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
-                      (si == StrandInterleaving::kOn ? std::max(act_block, act_plain) : 0) +
-                      (recomputing > 0 ? act_remade : 0);
+    const int layers = static_cast<int>(mine.size()) - (s == 0) - (s == p - 1);
+    double act_layers = 0, act_most = 0, remade = 0;
+    for (int i = 0; i < layers; ++i) {
+      const auto [saved, made] = act_of.at(block_of(i).name);
+      act_layers += saved;
+      act_most = std::max(act_most, saved);
+      remade = std::max(remade, made);
+    }
+    mem.activations = in_flight * (act_layers + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
+                      (si == StrandInterleaving::kOn ? act_most : 0) + remade;
     out.push_back(mem);
   }
   return out;
@@ -724,14 +742,21 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const std::map<std::string, GroupLink> groups = group_links(lay, cluster);
   const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn),
                         price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn)};
-  const UnitTimes block{price_strand(progs.block.fwd, groups, rates, Prefetch::kOn),
-                        price_strand(progs.block.bwd, groups, rates, Prefetch::kOn)};
+  // Each block program (the per-layer options' variants too: ModelPrograms::variants), by name.
+  std::map<std::string, UnitTimes> block_of, block_fold_of;
+  for (const LayerProgram* bp : progs.all()) {
+    if (bp == &progs.embed || bp == &progs.head) continue;
+    const UnitTimes t{price_strand(bp->fwd, groups, rates, Prefetch::kOn),
+                      price_strand(bp->bwd, groups, rates, Prefetch::kOn)};
+    block_of.emplace(bp->name, t);
+    block_fold_of.emplace(bp->name,
+                          UnitTimes{t.fwd, price_strand(folding_variant(bp->bwd), groups, rates, Prefetch::kOn)});
+  }
   const UnitTimes head{price_strand(progs.head.fwd, groups, rates, Prefetch::kOn),
                        price_strand(progs.head.bwd, groups, rates, Prefetch::kOn)};
   // The backward strands as the micro-batches before the last run them (3D z reduce-scatters
   // folded into block sums, LayoutConfig::overlap3d.accumulate_z); the same strands otherwise.
   const UnitTimes embed_fold{embed.fwd, price_strand(folding_variant(progs.embed.bwd), groups, rates, Prefetch::kOn)};
-  const UnitTimes block_fold{block.fwd, price_strand(folding_variant(progs.block.bwd), groups, rates, Prefetch::kOn)};
   const UnitTimes head_fold{head.fwd, price_strand(folding_variant(progs.head.bwd), groups, rates, Prefetch::kOn)};
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
   const int64_t M = r.micro_batches;
@@ -766,9 +791,12 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   for (int v = 0; v < 2; ++v)
   for (int s = 0; s < p; ++s) {
     StageMb& g = (v == 0 ? stages : folding)[s];
+    int layer = 0;  // the stage's transformer layers in order (one chunk: block_variant_name)
     for (int u : stage_units(L, p, s)) {
-      const UnitTimes& t = v == 0 ? (u == 0 ? embed : u == L + 1 ? head : block)
-                                  : (u == 0 ? embed_fold : u == L + 1 ? head_fold : block_fold);
+      const bool is_block = u != 0 && u != L + 1;
+      const std::string bname = is_block ? block_variant_name(lay, layer++) : "";
+      const UnitTimes& t = v == 0 ? (u == 0 ? embed : u == L + 1 ? head : block_of.at(bname))
+                                  : (u == 0 ? embed_fold : u == L + 1 ? head_fold : block_fold_of.at(bname));
       g.Ff += t.fwd.span_s, g.Bb += t.bwd.span_s, g.Cf += t.fwd.compute_s, g.Cb += t.bwd.compute_s;
       add_axes(g.axes, t.fwd.axes, 1);
       add_axes(g.axes, t.bwd.axes, 1);
@@ -864,10 +892,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   }
   r.memory = worst_of(stage_memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, opt.si, &notes));
   r.notes = notes;
-  for (const auto& [unit, t] : {std::pair<const char*, const UnitTimes*>{"embed", &embed}, {"block", &block},
-                                {"head", &head}}) {
-    r.strands[std::string(unit) + " fwd"] = t->fwd.ops;
-    r.strands[std::string(unit) + " bwd"] = t->bwd.ops;
+  std::vector<std::pair<std::string, const UnitTimes*>> strands = {{"embed", &embed}, {"head", &head}};
+  for (const auto& [name, t] : block_of) strands.emplace_back(name, &t);  // "block" and its variants
+  for (const auto& [unit, t] : strands) {
+    r.strands[unit + " fwd"] = t->fwd.ops;
+    r.strands[unit + " bwd"] = t->bwd.ops;
   }
   for (auto it = r.axes.begin(); it != r.axes.end();) it = it->second.bytes > 0 ? std::next(it) : r.axes.erase(it);
   check_fits(r, cluster);

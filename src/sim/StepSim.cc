@@ -51,9 +51,9 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   plain.sequence_parallel = lay.tp > 1;
   ModelPrograms progs = build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp});
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
-  // recompute_layers: which layers run the block without recompute ops (the schedule's chunks, or
-  // the one chunk of a single stage).
-  select_recompute_layers(progs, plain,
+  // recompute_layers, keep_gathered: which layers run which block (the schedule's chunks, or the one
+  // chunk of a single stage).
+  select_block_variants(progs, plain,
                           opt.schedule ? opt.schedule->chunks
                                        : std::vector<Chunk>{Chunk{0, 0, static_cast<int>(m.n_layers) + 2}});
   const auto groups = group_links(lay, cluster);
@@ -74,8 +74,8 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     p.bwd = folding_variant(p.bwd);
     return p;
   };
-  const ModelPrograms early{folded(progs.embed), folded(progs.block), folded(progs.head), folded(progs.block_plain),
-                            progs.plain_unit, progs.fusions};
+  ModelPrograms early = progs;
+  for (LayerProgram* p : early.all()) *p = folded(*p);
   auto bwd_prog = [&](int u, int mb) -> const LayerProgram& {
     if (mb == M - 1) return prog(u);
     return early.program(u, kind(u));

@@ -120,6 +120,7 @@ const std::vector<Field>& table() {
       DHX_F("parallel", "overlap_rs", parallel.overlap_rs, kOnOff, 0, 0, "3D TP: weight-gradient reduce-scatters over z run in the background until the layer's backward ends (off: waited for at once)"),
       DHX_F("parallel", "accumulate_z_grads", parallel.accumulate_z_grads, kOnOff, 0, 0, "3D TP: weight gradients are summed over the step's micro-batches at block size and reduce-scattered over z once, by the last micro-batch (one block of memory per weight; off: a reduce-scatter per micro-batch, as AxoNN)"),
       DHX_F("parallel", "overlap_ag", parallel.overlap_ag, kOnOff, 0, 0, "3D TP: each layer's weight all-gathers over z are issued ahead, at the layer's start (off: each just before its GEMM, waited for at once)"),
+      DHX_F("parallel", "keep_gathered", parallel.keep_gathered, kInt, 0, 1e6, "3D TP with tp_z > 1: the first N transformer layers of each pipeline chunk keep the weight blocks their forward gathered over z for their backward and its recompute, which gather none (AxoNN's weight caching: z traffic per layer and micro-batch 2 blocks instead of 3, or 4 with full recompute; memory: the blocks held from forward to backward); 0 = every layer gathers again"),
       DHX_F("parallel", "zero", parallel.zero, kInt, 0, 1, "0: replicated optimizer; 1: optimizer state sharded over dp"),
       DHX_F("parallel", "sparse_embed_grad", parallel.sparse_embed_grad, kOnOff, 0, 0, "dp > 1, tp = 1: the last micro-batch's token-embedding gradient is all-gathered as rows (when tokens x dp < 2 x vocab) instead of all-reduced whole at the end of backward"),
       DHX_F("schedule", "strand_interleaving", schedule.strand_interleaving, kOnOff, 0, 0, "co-execute fwd and bwd micro-batches"),
@@ -470,6 +471,11 @@ void validate_cross(const RunConfig& c, const ModelHooks& hooks, std::vector<std
     divides("model.n_kv_heads", m.n_kv_heads, "parallel.tp_y (attention heads are split over y)", p.tp_y);
     divides("model.ffn_hidden", m.ffn_hidden, "parallel.tp_y (MLP features are split over y)", p.tp_y);
   }
+  // keep_gathered needs a depth axis: only the 3D grid's z gathers weight blocks
+  if (p.keep_gathered > 0 && p.tp_z == 1)
+    e.push_back(fmt::format("parallel.keep_gathered={} keeps the weight blocks gathered over z, but parallel.tp_z=1 "
+                            "gathers none; set tp_z > 1 (the 3D grid's depth axis), or keep_gathered to 0",
+                            p.keep_gathered));
   if (m.is_moe()) {
     divides("model.n_experts", m.n_experts, "parallel.ep (each expert-parallel rank holds n_experts / ep whole experts)",
             p.ep);
@@ -728,6 +734,7 @@ LayoutConfig layout_config(const RunConfig& cfg) {
   l.tp_order = cfg.parallel.tp_order;
   l.overlap3d = {cfg.parallel.overlap_ar, cfg.parallel.overlap_rs, cfg.parallel.overlap_ag,
                  cfg.parallel.accumulate_z_grads};
+  l.keep_gathered = static_cast<int>(cfg.parallel.keep_gathered);
   return l;
 }
 

@@ -64,6 +64,9 @@ struct ParallelConfig {
   // weight-gradient GEMM, the weight-gradient reduce-scatters in the background, the next weights'
   // all-gather prefetched.
   bool overlap_ar = true, overlap_rs = true, overlap_ag = true, accumulate_z_grads = true;
+  // AxoNN's weight caching: the first N layers of each pipeline chunk keep their forward's gathered
+  // weight blocks for the backward (LayoutConfig::keep_gathered); 0: none.
+  int64_t keep_gathered = 0;
   int64_t zero = 0;  // 0: replicated optimizer state; 1: sharded over dp
   bool sparse_embed_grad = true;  // GradSync::enable_sparse_embedding (when it pays)
 };

@@ -464,6 +464,12 @@ void Trainer::log_run_header() const {
                     layout_.recompute_layers > 0
                         ? fmt::format("the first {} layer(s) of each pipeline chunk", layout_.recompute_layers)
                         : std::string("every layer")));
+  if (layout_.keep_gathered > 0)
+    log(fmt::format("weight blocks kept from forward to backward (parallel.keep_gathered={}): the first {} layer(s) of "
+                    "each pipeline chunk gather their blocks over z once a micro-batch, the others again in their "
+                    "backward{}",
+                    layout_.keep_gathered, layout_.keep_gathered,
+                    layout_.recompute == Recompute::kFull ? " and recompute" : ""));
   if (layout_.fuse_epilogues) {
     const EpilogueFusions& f = built_->parts->progs.fusions;
     log(fmt::format("GEMM epilogues fused (training.fuse_epilogues={}): {} GELU, {} GELU gradient and {} residual "

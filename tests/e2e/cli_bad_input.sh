@@ -40,6 +40,11 @@ expect grid3d_moe_tokens "126 tokens are not divisible by parallel.tp_x x tp_y =
   --model.seq_len 126 --output.dir "$tmp/g4"
 expect grid3d_world "world size 1" "tp_z=2" "mpirun -np 8" -- train --config configs/demo.toml --parallel.tp_x 2 --parallel.tp_y 2 \
   --parallel.tp_z 2 --output.dir "$tmp/g5"
+# AxoNN's weight caching with no depth axis to gather over (and a negative count: the key's range).
+expect grid3d_keep_no_z "parallel.keep_gathered=2" "tp_z=1" "set tp_z > 1" -- train --config configs/demo.toml \
+  --parallel.tp_y 2 --parallel.keep_gathered 2 --output.dir "$tmp/g6"
+expect grid3d_keep_negative "parallel.keep_gathered" "-1" -- train --config configs/demo.toml --parallel.tp_z 2 \
+  --parallel.keep_gathered -1 --output.dir "$tmp/g7"
 
 # 2c. MoE: top_k above the experts, experts not divisible by ep, ep on a dense model, an unknown
 #     family: each named with its values.

@@ -179,8 +179,9 @@ TEST(Recompute, FirstNLayersOnlyRecompute) {
     const PipelineSpec seq = schedule(PipelineKind::k1F1B, CoExecute::kOff);
     const MicroBatchShape mb{kRefB, kRefT};
     ModelHarness some(m, mb, 2, Device::host(), Recompute::kFull, 1);
-    EXPECT_TRUE(some.programs().plain_unit.at(2)) << "layer 2 (unit 2) should run the block without recompute";
-    EXPECT_FALSE(some.programs().plain_unit.at(1)) << "layer 1 (unit 1) should recompute";
+    EXPECT_EQ(some.programs().program(2, "block").name, "block_plain")
+        << "layer 2 (unit 2) should run the block without recompute";
+    EXPECT_EQ(some.programs().program(1, "block").name, "block") << "layer 1 (unit 1) should recompute";
     some.set_values(random_full_values(m, 7));
     StepRun got;
     got.stats = some.step(random_micro_batches(m, mb, 2, 8), seq);

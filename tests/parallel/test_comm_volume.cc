@@ -3,7 +3,8 @@
 // tensors it was issued with) over one step's forward and backward of every micro-batch and the
 // gradient reductions (compute_gradients: program collectives on x, y, z and tp, the partial-
 // gradient all-reduces, the data-parallel buckets; 3D weight gradients reduce-scattered over z once
-// per step or once per micro-batch), against sim's predict() for the same model,
+// per step or once per micro-batch; a layer keeping its gathered blocks: none in its backward), against
+// sim's predict() for the same model,
 // layout and batch. Equality is exact up to double rounding of the byte sums (relative 1e-12): both
 // sides count the same buffers. Not counted on either side: the loss and gradient-norm scalars
 // reduced after compute_gradients. The tiny model's shards are all even, so the dp buckets carry no
@@ -43,6 +44,12 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     RunConfig per_mb = tiny_config_3d(f, 1, 2, 2, 2, prefix, dir / "e");
     per_mb.parallel.accumulate_z_grads = false;  // a z reduce-scatter per micro-batch
     cases.push_back({"3D 2x2x2 reduce-scatter per micro-batch", per_mb});
+    // AxoNN's weight caching on the first layer, with full recompute: the model prices each layer by
+    // the block it runs (the first keeps its blocks, the second gathers them again and recomputes).
+    RunConfig kept = tiny_config_3d(f, 1, 2, 2, 2, prefix, dir / "k");
+    kept.parallel.keep_gathered = 1;
+    kept.training.recompute = "full";
+    cases.push_back({"3D 2x2x2 first layer's blocks kept, full recompute", kept});
     RunConfig mega = tiny_config(f, 2, 2, 0, prefix, dir / "d", 2, 8);
     mega.parallel.sparse_embed_grad = false;  // the model prices the dense embedding all-reduce
     cases.push_back({"Megatron tp2 dp2", mega});
