@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,7 +32,8 @@ const FlagTable& tune_flags() {
       "usage: dhelix tune --model PRESET --gpus N --cluster PRESET [--top K] [--global-batch B] [--seq T]\n"
       "                   [--micro-batch-size b] [--precision native|fp32|bf16] [--grad-precision fp32|bf16]\n"
       "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
-      "                   [--recompute none|selective|full|auto] [--fuse-epilogues auto|on|off]\n"
+      "                   [--recompute none|selective|full|auto] [--keep-gathered K|auto]\n"
+      "                   [--fuse-epilogues auto|on|off]\n"
       "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
       "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -64,6 +66,11 @@ const FlagTable& tune_flags() {
            "activation recomputation priced for every layout (training.recompute);\nauto: for each layout the least "
            "of none, selective, full with which it fits",
            "none|selective|full|auto"},
+          {"--keep-gathered", FlagType::kText, "0",
+           "3D layouts with z > 1: the first K layers of each stage keep the weight\nblocks their forward gathered for "
+           "the backward (parallel.keep_gathered,\nAxoNN's weight caching); auto: the most layers with which the layout "
+           "fits\n(after --recompute's choice)",
+           "K|auto"},
           {"--fuse-epilogues", FlagType::kChoice, "auto",
            "price the programs with the GEMM epilogues fused (training.fuse_epilogues):\nauto: on for a preset with a bf16 "
            "figure (the GPUs, whose runs fuse by\ndefault), off for this machine's; --confirm runs set it alike",
@@ -198,6 +205,20 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   req.opt.zero = f.text_or_default("--zero") == "1" ? Zero::kZero1 : Zero::kNone;
   req.opt.recompute_auto = f.text_or_default("--recompute") == "auto";
   if (!req.opt.recompute_auto) parse_recompute(f.text_or_default("--recompute"), req.opt.recompute);
+  {
+    const std::string keep = f.text_or_default("--keep-gathered");
+    req.opt.keep_gathered_auto = keep == "auto";
+    if (!req.opt.keep_gathered_auto) {
+      char* end = nullptr;
+      const long k = std::strtol(keep.c_str(), &end, 10);
+      if (keep.empty() || *end != '\0' || k < 0 || k > 1000000)
+        errors.push_back(fmt::format("--keep-gathered \"{}\" is not a layer count (0..1000000) or auto; e.g. "
+                                     "--keep-gathered 4 or --keep-gathered auto",
+                                     keep));
+      else
+        req.opt.keep_gathered = static_cast<int>(k);
+    }
+  }
   req.opt.si = f.on("--si") ? StrandInterleaving::kOn : StrandInterleaving::kOff;
   req.opt.sparse_embed = f.on("--sparse-embed-grad") ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
   req.json_path = f.text("--json");
@@ -247,6 +268,7 @@ nlohmann::json to_json(const StepPrediction& p, int rank) {
   return {{"rank", rank},
           {"layout", layout_label(p.layout)},
           {"recompute", recompute_name(p.layout.recompute)},
+          {"keep_gathered", p.layout.keep_gathered},
           {"pricer", pricer_name(p.pricer)},
           {"step_s", p.step_s},
           {"compute_s", p.compute_s},
@@ -379,14 +401,15 @@ int cmd_tune(int argc, char** argv) {
               res.excluded.size(), res.excluded.empty() ? "-" : layout_label(res.excluded[0].layout),
               res.excluded.empty() ? "-" : res.excluded[0].reason);
     j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()}};
-    fmt::print("{:>4}  {:<30} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {}\n", "rank", "layout", "pricer", "step s",
-               "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits", "recompute");
+    fmt::print("{:>4}  {:<30} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {:<9} {}\n", "rank", "layout", "pricer",
+               "step s", "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits", "recompute", "kept");
     for (size_t i = 0; i < res.ranked.size(); ++i) {
       const StepPrediction& p = res.ranked[i];
       if (int(i) < req->top)
-        fmt::print("{:>4}  {:<30} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {}\n", i + 1,
+        fmt::print("{:>4}  {:<30} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {:<9} {}\n", i + 1,
                    layout_label(p.layout), pricer_name(p.pricer), p.step_s, p.compute_s, p.exposed_comm_s,
-                   axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no", recompute_name(p.layout.recompute));
+                   axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no", recompute_name(p.layout.recompute),
+                   p.layout.keep_gathered);
       j["ranked"].push_back(to_json(p, int(i) + 1));
     }
     if (res.ranked.size() > size_t(req->top))

@@ -6,7 +6,8 @@
 # Megatron baseline given its distributed optimizer (ZeRO-1), which the paper's comparison does not
 # say it had. `dhelix tune` picks the best 4D layout and the best Megatron layout (recompute full;
 # the Megatron one again with ZeRO-1); each is then simulated op by op (1F1B where pp > 1, SI off:
-# the paper's comparison; the 4D one with SI on too). Printed per layout: step, MFU under AxoNN's
+# the paper's comparison; the 4D one with SI on too, and with AxoNN's weight caching: the most layers
+# keeping their gathered blocks that fit, `tune --keep-gathered auto`). Printed per layout: step, MFU under AxoNN's
 # and Megatron's conventions, compute / exposed communication / bubble / gradient tail, and the
 # collectives that take the most channel time (simulate --json "collectives"); the gains beside the
 # paper's +26% and 57% of peak. Nothing is fitted. Last line: one JSON object.
@@ -36,25 +37,30 @@ print(pick(sys.argv[1], 'x='), pick(sys.argv[1], 'tp='), pick(sys.argv[2], 'tp='
 model=(--cluster perlmutter-a100 --gpus 1024 --model.preset gpt-18b --model.d_model 12288 --model.n_layers 42
        --model.n_heads 96 --model.n_kv_heads 96 --model.ffn_hidden 49152 --model.seq_len 2048
        --training.micro_batch_size 1 --training.recompute full --precision bf16 --training.fuse_epilogues off)
-sim() {  # sim NAME LAYOUT ZERO SI
+keep=$("$bin" tune --model gpt-18b "${shape[@]}" --only "${best3d//_/ }" --keep-gathered auto --json "$work/keep.json" \
+  >"$work/keep.log" 2>&1 && /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ranked'][0]['keep_gathered'])" \
+  "$work/keep.json") || { cat "$work/keep.log" >&2; exit 1; }
+sim() {  # sim NAME LAYOUT ZERO SI [KEEP]
   local spec=${2//_/ } replicas pipe=()
   replicas=$(/usr/bin/python3 -c "import sys; d = dict(w.split('=') for w in sys.argv[1].split()); print(int(d['dp']) * int(d.get('z', 1)))" "$spec")
   [[ " $spec " == *" pp="[2-9]* || " $spec " == *" pp="[1-9][0-9]* ]] && pipe=(--schedule.pipeline 1f1b)
   for flops in axonn megatron; do
     "$bin" simulate "${model[@]}" --layout "$spec" --training.micro_batches $((1024 / replicas)) \
-      --parallel.zero "$3" --schedule.strand_interleaving "$4" --flops "$flops" "${pipe[@]}" \
+      --parallel.zero "$3" --schedule.strand_interleaving "$4" --parallel.keep_gathered "${5:-0}" --flops "$flops" "${pipe[@]}" \
       --json "$work/$1_$flops.json" > "$work/$1_$flops.log" 2>&1 || { cat "$work/$1_$flops.log" >&2; exit 1; }
   done
 }
 sim axonn4d "$best3d" 0 off
 sim axonn4d_si "$best3d" 0 on
+sim axonn4d_keep "$best3d" 0 off "$keep"
 sim megatron "$bestmeg" 0 off
 sim megatron_zero1 "$bestmegz" 1 off
 
-/usr/bin/python3 - "$work" "$best3d" "$bestmeg" "$bestmegz" <<'PY'
+/usr/bin/python3 - "$work" "$best3d" "$bestmeg" "$bestmegz" "$keep" <<'PY'
 import json, sys
-work, lay4d, laymeg, laymegz = sys.argv[1:5]
-runs = [("axonn4d", "4D, SI off", lay4d), ("axonn4d_si", "4D, SI on", lay4d), ("megatron", "Megatron", laymeg),
+work, lay4d, laymeg, laymegz, keep = sys.argv[1:6]
+runs = [("axonn4d", "4D, SI off", lay4d), ("axonn4d_si", "4D, SI on", lay4d),
+        ("axonn4d_keep", f"4D, {keep} kept", lay4d), ("megatron", "Megatron", laymeg),
         ("megatron_zero1", "Megatron + ZeRO-1", laymegz)]
 out = {}
 print("AxoNN 80B GPT on 1,024 A100 (perlmutter-a100, bf16, full recompute), simulated op by op")
@@ -86,12 +92,15 @@ for key, label, lay in runs:
     print("    busiest collectives: " + ", ".join(f"{c['name']} ({c['group']}) {c['busy_s']:.2f}" for c in top[:4]))
 gain = lambda base: round(100 * (out[base]["step_s"] / out["axonn4d"]["step_s"] - 1), 1)
 summary = {"gain_vs_megatron_pct": gain("megatron"), "gain_vs_megatron_zero1_pct": gain("megatron_zero1"),
-           "paper_gain_pct": 26, "paper_mfu": 0.57, "runs": out}
+           "paper_gain_pct": 26, "paper_mfu": 0.57, "keep_gathered_fitting": int(keep), "runs": out}
 print(f"4D over Megatron: {summary['gain_vs_megatron_pct']:+.1f}% (paper +26%); over Megatron with ZeRO-1: "
       f"{summary['gain_vs_megatron_zero1_pct']:+.1f}%; 4D MFU {out['axonn4d']['mfu_axonn']:.3f} by AxoNN's count "
       f"(paper 0.57), {out['axonn4d']['mfu_megatron']:.3f} by Megatron's")
 if out["axonn4d_si"]["step_s"] == out["axonn4d"]["step_s"]:
     print("SI on equals SI off: 1,024 sequences over 1,024 data replicas (dp x z) is one micro-batch per replica, "
           "so no second strand exists to pair")
+print(f"AxoNN's weight caching: {keep} of 42 layers' gathered blocks fit beside the model states (tune "
+      f"--keep-gathered auto): step {out['axonn4d_keep']['step_s']:.2f} s vs {out['axonn4d']['step_s']:.2f} s, "
+      f"4D MFU {out['axonn4d_keep']['mfu_axonn']:.3f} by AxoNN's count")
 print(json.dumps(summary))
 PY

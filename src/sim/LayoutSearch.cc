@@ -89,6 +89,31 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
       l.recompute = more;
       p = predict(m, l, batch, cluster, opt);
     }
+    if (l.is_3d() && l.tp_z > 1 && (opt.keep_gathered > 0 || opt.keep_gathered_auto)) {
+      // Kept blocks (AxoNN's weight caching): a fixed count, or the most layers of a stage that fit
+      // (memory grows with each kept layer, so the largest that fits is found by bisection).
+      const int layers = static_cast<int>(m.n_layers) / l.pp;
+      if (!opt.keep_gathered_auto) {
+        l.keep_gathered = std::min(opt.keep_gathered, layers);
+        p = predict(m, l, batch, cluster, opt);
+      } else if (p.fits) {
+        int lo = 0, hi = layers;  // lo fits
+        StepPrediction best = p;
+        while (lo < hi) {
+          LayoutConfig k = l;
+          k.keep_gathered = (lo + hi + 1) / 2;
+          StepPrediction q = predict(m, k, batch, cluster, opt);
+          if (q.fits) lo = k.keep_gathered, best = std::move(q);
+          else hi = k.keep_gathered - 1;
+        }
+        l.keep_gathered = lo;
+        p = std::move(best);
+      }
+    }
+    if (!p.fits && l.keep_gathered > 0)
+      p.reason += fmt::format(" with the first {} layer(s) of each stage keeping their gathered weight blocks "
+                              "(--keep-gathered; auto keeps the most that fit)",
+                              l.keep_gathered);
     if (!p.fits) r.excluded.push_back({l, p.reason});
     else r.ranked.push_back(std::move(p));
   }

@@ -28,8 +28,9 @@ struct TuneResult {
   std::vector<ExcludedLayout> excluded;
 };
 
-// Each layout with opt.recompute (or, with opt.recompute_auto, the least recomputation that fits:
-// its prediction's layout says which).
+// Each layout with opt.recompute (or, with opt.recompute_auto, the least recomputation that fits),
+// and the 3D layouts with tp_z > 1 keeping opt.keep_gathered layers' gathered weight blocks (or,
+// with opt.keep_gathered_auto, the most that fit): its prediction's layout says which.
 TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, const ClusterPreset& cluster,
                         const PredictOptions& opt);
 

@@ -87,6 +87,11 @@ struct PredictOptions {
   // recompute_auto, the least of none, selective, full with which the layout fits memory.
   Recompute recompute = Recompute::kNone;
   bool recompute_auto = false;
+  // rank_layouts: every 3D layout with tp_z > 1 keeps the gathered weight blocks of the first
+  // keep_gathered layers of each chunk (LayoutConfig::keep_gathered); with keep_gathered_auto, the
+  // most layers with which it still fits memory (after recompute_auto's choice).
+  int keep_gathered = 0;
+  bool keep_gathered_auto = false;
   // rank_layouts: every layout priced on its programs with the GEMM epilogues fused
   // (LayoutConfig::fuse_epilogues, training.fuse_epilogues: what a GPU run trains by default).
   bool fuse_epilogues = false;

@@ -138,4 +138,27 @@ assert all(r['recompute'] == 'none' for r in a['ranked'])" "$tmp/rc_none.json" "
   ok recompute_auto
 else fail recompute_auto; echo "$out2" | head -8; fi
 
+# --keep-gathered (AxoNN's weight caching) on AxoNN's 80B grid x=1 y=1 z=64 dp=16 (full recompute,
+# 40 GiB A100s): auto keeps the most layers that fit. Oracle: the same layout with one layer more
+# is excluded for memory, naming the kept layers; with none kept it fits with fewer bytes held and
+# more moved over z (each kept layer skips its backward's and its recompute's gathers).
+eighty=(--model gpt-18b --d-model 12288 --layers 42 --heads 96 --seq 2048 --global-batch 1024 --gpus 1024
+        --cluster perlmutter-a100 --precision bf16 --recompute full --fuse-epilogues off --only "x=1 y=1 z=64 dp=16")
+if "$bin" tune "${eighty[@]}" --keep-gathered auto --json "$tmp/keep_auto.json" >/dev/null 2>&1 &&
+   "$bin" tune "${eighty[@]}" --keep-gathered 0 --json "$tmp/keep_0.json" >/dev/null 2>&1 &&
+   k=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ranked'][0]['keep_gathered'])" \
+       "$tmp/keep_auto.json") && [ "$k" -ge 1 ] && [ "$k" -lt 42 ]; then
+  out=$("$bin" tune "${eighty[@]}" --keep-gathered $((k + 1)) 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -q "does not fit memory" <<<"$out" && grep -q "first $((k + 1)) layer(s)" <<<"$out" &&
+     /usr/bin/python3 -c "
+import json,sys
+a,z=(json.load(open(p))['ranked'][0] for p in sys.argv[1:])
+assert a['memory_bytes']['activations'] > z['memory_bytes']['activations'], (a['memory_bytes'], z['memory_bytes'])
+assert a['axes']['z']['bytes'] < z['axes']['z']['bytes'], (a['axes'], z['axes'])" "$tmp/keep_auto.json" "$tmp/keep_0.json"
+  then ok keep_gathered_auto; else fail keep_gathered_auto; echo "exit $rc"; echo "$out" | tail -5; fi
+else fail keep_gathered_auto; echo "auto kept '${k:-?}' layers"; fi
+out=$("$bin" tune --model gpt2-124m --gpus 8 --cluster perlmutter-a100 --keep-gathered x2 2>&1); rc=$?
+if [ $rc -eq 2 ] && grep -q -- '--keep-gathered "x2" is not a layer count' <<<"$out"; then ok keep_gathered_bad
+else fail keep_gathered_bad; echo "exit $rc"; echo "$out" | tail -3; fi
+
 summary
