@@ -658,6 +658,27 @@ TEST_P(GpuFamilies, Grid3DInterleavingOnOffBitwise) {
   expect_interleaving_bitwise(on, 3);
 }
 
+// AxoNN's weight caching on the GPU (parallel.keep_gathered): the 2 x 1 x 2 grid's layers keep the
+// bf16 blocks their forward gathered over z for their backward and its full recompute, under SI.
+// Oracle: the same run gathering them again. The kept block is the bytes a second gather of the
+// same bf16 shard gives, so every kernel sees the same inputs: bitwise equal losses on every rank,
+// as the CPU's Grid3D.KeptWeightBlocksGiveTheGatheredAgainBitsWithoutTheirZBytes.
+TEST_P(GpuFamilies, Grid3DKeptBlocksGiveTheGatheredAgainBits) {
+  DHX_REQUIRE_GPU();
+  TempDir dir;
+  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 57);
+  RunConfig again = tiny_tp_on(dir.path(), GetParam());
+  again.parallel.tp_x = 2, again.parallel.tp_z = 2;
+  again.training.micro_batch_size = 2;
+  again.training.micro_batches = 3;
+  again.training.recompute = "full";
+  again.schedule.strand_interleaving = true;
+  RunConfig kept = again;
+  kept.parallel.keep_gathered = static_cast<int64_t>(again.model.n_layers);
+  kept.output.dir = dir.path() + "/kept";
+  EXPECT_EQ(rank_losses(kept, 3), rank_losses(again, 3));
+}
+
 // ZeRO-1 on the GPU: two ranks as threads sharing it, each updating its chunk of every gradient
 // bucket (reduce-scattered over a staged group into device memory), the updated chunks all-gathered
 // and the other rank's ranges' bf16 weights cast on the optimizer's stream. Oracle: the same dp = 2
