@@ -12,24 +12,10 @@
 # 8 sequences a step, micro-batch 1), Strand Interleaving on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${DHELIX_BUILD:-build}
 rounds=3 steps=4
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --rounds) rounds=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    *) echo "bench/keep-gathered.sh: unknown argument '$1' (use --rounds R --steps S)" >&2; exit 2 ;;
-  esac
-done
-cmake --build "$build" --target dhelix >/dev/null
-bin="$PWD/$build/dhelix"
-work=$(mktemp -d /tmp/dhelix_bench_keep.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-launch="scripts/cluster --hosts 2 --rate 1gbit --np-per-host 2 --map-by slot --cpus ${DHELIX_CLUSTER_CPUS:-auto} \
---mpirun-arg --mca --mpirun-arg mpi_yield_when_idle --mpirun-arg 1 --"
-model=(--model gpt2-124m --d-model 768 --layers 2 --heads 12 --vocab 2048 --seq 128 --global-batch 8
-       --micro-batch-size 1 --gpus 4 --cluster configs/clusters/cpu-emulated.toml --measure-gemm
-       --only "x=2 y=1 z=2 dp=1" --si on)
+source bench/lib/cluster4.sh  # launch, model, cluster4_setup
+cluster4_setup keep-gathered "$@"  # rounds, steps, bin, work
+model+=(--only "x=2 y=1 z=2 dp=1" --si on)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 for r in $(seq 1 "$rounds"); do
   for rc in none full; do

@@ -12,23 +12,9 @@
 # tokenizer has 2,000), T = 128, 8 sequences per step, micro-batch 1: a step of ~1-4 s here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${DHELIX_BUILD:-build}
 rounds=3 steps=3
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --rounds) rounds=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    *) echo "bench/tune.sh: unknown argument '$1' (use --rounds R --steps S)" >&2; exit 2 ;;
-  esac
-done
-cmake --build "$build" --target dhelix >/dev/null
-bin="$PWD/$build/dhelix"
-work=$(mktemp -d /tmp/dhelix_bench_tune.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-launch="scripts/cluster --hosts 2 --rate 1gbit --np-per-host 2 --map-by slot --cpus ${DHELIX_CLUSTER_CPUS:-auto} \
---mpirun-arg --mca --mpirun-arg mpi_yield_when_idle --mpirun-arg 1 --"
-model=(--model gpt2-124m --d-model 768 --layers 2 --heads 12 --vocab 2048 --seq 128 --global-batch 8
-       --micro-batch-size 1 --gpus 4 --cluster configs/clusters/cpu-emulated.toml --measure-gemm)
+source bench/lib/cluster4.sh  # launch, model, cluster4_setup
+cluster4_setup tune "$@"  # rounds, steps, bin, work
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 "$bin" tune "${model[@]}" --top 100 --confirm "$steps" --rounds "$rounds" --config "$PWD/configs/demo.toml" \
   --launch "$launch" --workdir "$work/all" --json "$work/all.json"

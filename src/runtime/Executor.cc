@@ -113,6 +113,7 @@ Executor::~Executor() {
   // that threw leaves unadopted prefetches and 3D block sums behind).
   prefetched_.clear();
   block_sums_.clear();
+  kept_blocks_.clear();
 }
 
 // Cross-layer prefetch (AxoNN's OAG across layers): the op names, in attrs, the neighbouring unit
@@ -133,10 +134,12 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   // forward's blocks gathers none in its backward: LayoutConfig::keep_gathered). Every rank of the
   // group runs the same program there, so all decide alike.
   const std::vector<Op>& there = dir > 0 ? program(target).fwd : program(target).bwd;
-  if (std::none_of(there.begin(), there.end(), [&](const Op& o) {
-        return o.is_collective() && o.coll == CollOp::kAllGather && o.inputs.empty() && o.outputs.at(0) == adopter;
-      }))
-    return;
+  const auto gather = std::find_if(there.begin(), there.end(), [&](const Op& o) {
+    return o.is_collective() && o.coll == CollOp::kAllGather && o.inputs.empty() && o.outputs.at(0) == adopter;
+  });
+  if (gather == there.end()) return;
+  // Nor when that block is kept from this step's micro-batch 0 (reuse_kept_block will bind it).
+  if (gather->flag("kept") && s.mb > 0 && ctx_.micro_batches > 1 && kept_blocks_.count({target, adopter})) return;
   ProcessGroup& pg = group_of(op);
   if (on_gpu_) pg.set_producer_stream(stream_of(kind).handle());
   Tensor in = weight_shard(ctx_.params->resolve(units_.at(target), op.params.at(0)));
@@ -177,6 +180,23 @@ void Executor::drain(UnitEnv& env) {
 void Executor::drain_prefetches() {
   for (auto& [key, p] : prefetched_) p.coll.work.wait();
   prefetched_.clear();
+  kept_blocks_.clear();  // a step that failed part-way left some (a full step takes each out)
+}
+
+bool Executor::reuse_kept_block(StrandSlot& s, const Op& op) {
+  if (s.mb == 0 || ctx_.micro_batches <= 1) return false;
+  auto it = kept_blocks_.find({s.unit, op.outputs.at(0)});
+  DHX_CHECK(it != kept_blocks_.end(), InternalError,
+            "{} of unit {}, micro-batch {}: no block kept from micro-batch 0 of this step", op.name, s.unit, s.mb);
+  // Micro-batch 0's forward through this unit ran before this one's, and its GEMM waited for the
+  // gather (on a GPU: its strand's stream, on which this forward runs too), so the block is complete.
+  s.env->bufs[op.outputs.at(0)] = it->second;
+  if (s.mb == ctx_.micro_batches - 1) kept_blocks_.erase(it);
+  return true;
+}
+
+void Executor::keep_block(StrandSlot& s, const Op& op) {
+  if (s.mb == 0 && ctx_.micro_batches > 1) kept_blocks_[{s.unit, op.outputs.at(0)}] = s.env->at(op.outputs.at(0));
 }
 
 ProcessGroup& Executor::group_of(const Op& op) const {
@@ -392,10 +412,14 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
     // folded: the last micro-batch reduce-scatters the sum
   } else if (op.is_collective() && op.attrs.count("prefetch_unit")) {
     issue_prefetch(kind, s, op);  // waited for by the neighbouring unit that adopts it
+  } else if (op.is_collective() && op.flag("kept") && reuse_kept_block(s, op)) {
+    // kept from micro-batch 0 of this step: nothing moves
   } else if (op.is_collective() && op.coll == CollOp::kAllGather && op.inputs.empty() && adopt_prefetch(kind, s, op)) {
+    if (op.flag("kept")) keep_block(s, op);
     issued.push_back({&env, op.outputs.at(0)});  // gathered already (or in flight): completes with the block
   } else if (op.is_collective()) {
     issue_collective(kind, s, op);
+    if (op.flag("kept")) keep_block(s, op);
     if (ctx_.expose_collectives || op.flag("blocking"))  // an overlap switched off: waited for where issued
       wait_pending(env, op.outputs.at(0));
     else if (!op.flag("background"))

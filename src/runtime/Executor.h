@@ -183,6 +183,13 @@ class Executor {
   // first one starts it) and returns true (not issued); the last adds the sum into its input, drops
   // the sum and returns false (issued as usual).
   bool fold_into_block_sum(StrandKind kind, StrandSlot& s, const Op& op);
+  // A kept weight gather (op attr "kept": LayoutConfig::keep_gathered) of a micro-batch after the
+  // step's first: the block micro-batch 0 gathered, whose weights no update has changed since, is
+  // bound to this micro-batch's buffer and true returned (nothing issued); the step's last takes it
+  // out of kept_blocks_ (its lifetime then ends with that micro-batch's backward). False: gather it
+  // (micro-batch 0, or a run of one micro-batch), and keep_block stores it for the later ones.
+  bool reuse_kept_block(StrandSlot& s, const Op& op);
+  void keep_block(StrandSlot& s, const Op& op);
   // RunContext::bf16_saved_activations: after forward compute op `op` of s.unit, its unit's
   // activations whose last forward use it was and that only weight-gradient GEMMs read later are
   // replaced by their bf16 rounding.
@@ -198,6 +205,9 @@ class Executor {
   // Keyed by (strand, micro-batch, unit, the adopting op's output buffer).
   std::map<std::tuple<int, int, int, std::string>, Prefetched> prefetched_;
   std::map<std::pair<int, std::string>, Tensor> block_sums_;  // (unit, op name) -> sum so far this step
+  // (unit, kept gather's output buffer) -> the block micro-batch 0 gathered this step (AxoNN's cache:
+  // one gather of a kept layer's blocks per step, whatever the micro-batch count).
+  std::map<std::pair<int, std::string>, Tensor> kept_blocks_;
   std::map<const LayerProgram*, std::vector<std::vector<std::string>>> bf16_saves_;  // bf16_saved_buffers, per program
   std::vector<StepObserver*> observers_;
   // Collectives a strand's stream was ordered after on the GPU before they finished (wait_pending),

@@ -73,7 +73,8 @@ class Axonn3D final : public UnitLowering {
   // there. Backward walks the linears in reverse with the same rule. With keep_gathered (keep_) the
   // backward gathers nothing: its GEMMs read the forward's blocks, saved for it (and left out of a
   // recompute: their gathers are marked "kept", plan/Program.h add_recompute), and it prefetches
-  // nothing for the layer below.
+  // nothing for the layer below; the executor runs a kept gather once a step, in the first
+  // micro-batch's forward, and binds its block in the later ones' (Executor::reuse_kept_block).
   void linear_fwd(const UnitStep& s, LinearSite at, std::vector<Op>& f) override {
     if (s.role == ShardRole::kVocab) return vocab_head_fwd(s, f);
     gather_ahead(at.index, at.index > 0, +1, "", fwd_blocks_, f);
@@ -190,7 +191,7 @@ class Axonn3D final : public UnitLowering {
   }
 
   // A forward gather of `l`'s block; with keep_ marked "kept": its block is saved for the backward,
-  // never gathered again by a recompute.
+  // never gathered again by a recompute, and gathered once a step (the first micro-batch's).
   std::string gather_fwd(std::vector<Op>& ops, const GridLinear& l, CollWait wait) {
     const std::string buf = gather_block(b_, ops, l, "", wait);
     if (keep_ && !buf.empty()) ops.back().attrs["kept"] = 1;

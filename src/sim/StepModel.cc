@@ -492,6 +492,13 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
 
 }  // namespace
 
+std::vector<Op> without_kept_gathers(const std::vector<Op>& ops) {
+  std::vector<Op> out;
+  for (const Op& op : ops)
+    if (!(op.is_collective() && op.flag("kept"))) out.push_back(op);
+  return out;
+}
+
 std::vector<Op> folding_variant(const std::vector<Op>& ops) {
   std::vector<Op> out;
   std::set<std::string> deferred;
@@ -534,17 +541,27 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
   // The per-layer options (recompute_layers, keep_gathered): a stage's i-th layer runs the block
   // block_variant_name names, with that block's saved buffers (one chunk per stage counted;
   // interleaved stages hold v chunks, each with its own first layers). A recomputing layer's remade
-  // buffers are held one layer at a time: the most any of them makes.
+  // buffers are held one layer at a time: the most any of them makes. A kept layer's gathered blocks
+  // are held once for the step, from the first micro-batch's forward to the last's backward, however
+  // many micro-batches are in flight (the executor's kept_blocks_).
   auto block_of = [&](int i) -> const LayerProgram& {
     const LayerProgram* p = progs.block_named(block_variant_name(lay, i));
     DHX_CHECK(p, InternalError, "layer {} of a stage runs '{}', which was not built", i,
               block_variant_name(lay, i));
     return *p;
   };
-  std::map<std::string, std::pair<double, double>> act_of;  // block name -> saved, remade bytes
-  for (const LayerProgram* p : progs.all())
-    if (p != &progs.embed && p != &progs.head)
-      act_of[p->name] = {saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown)};
+  struct Act {
+    double saved = 0, remade = 0, kept = 0;  // per micro-batch (kept: once a step), bytes
+  };
+  std::map<std::string, Act> act_of;  // by block name
+  for (const LayerProgram* p : progs.all()) {
+    if (p == &progs.embed || p == &progs.head) continue;
+    Act a{saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown), 0};
+    for (const Op& op : p->fwd)
+      if (op.is_collective() && op.flag("kept")) a.kept += op.cost.comm_bytes / 4.0 * elem;
+    a.saved -= a.kept;
+    act_of[p->name] = a;
+  }
   if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
   double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
   for (const Op& op : progs.block.fwd)
@@ -575,15 +592,16 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
     mem.gathered = gathered;
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
     const int layers = static_cast<int>(mine.size()) - (s == 0) - (s == p - 1);
-    double act_layers = 0, act_most = 0, remade = 0;
+    double act_layers = 0, act_most = 0, remade = 0, kept = 0;
     for (int i = 0; i < layers; ++i) {
-      const auto [saved, made] = act_of.at(block_of(i).name);
-      act_layers += saved;
-      act_most = std::max(act_most, saved);
-      remade = std::max(remade, made);
+      const Act& a = act_of.at(block_of(i).name);
+      act_layers += a.saved;
+      act_most = std::max(act_most, a.saved);
+      remade = std::max(remade, a.remade);
+      kept += a.kept;
     }
     mem.activations = in_flight * (act_layers + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
-                      (si == StrandInterleaving::kOn ? act_most : 0) + remade;
+                      (si == StrandInterleaving::kOn ? act_most : 0) + remade + kept;
     out.push_back(mem);
   }
   return out;
@@ -742,15 +760,20 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const std::map<std::string, GroupLink> groups = group_links(lay, cluster);
   const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn),
                         price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn)};
-  // Each block program (the per-layer options' variants too: ModelPrograms::variants), by name.
-  std::map<std::string, UnitTimes> block_of, block_fold_of;
+  // Each block program (the per-layer options' variants too: ModelPrograms::variants), by name; and
+  // its forward as the micro-batches after a step's first run it, whose kept weight blocks
+  // (LayoutConfig::keep_gathered) the first gathered for the whole step (without_kept_gathers).
+  std::map<std::string, UnitTimes> block_of, block_fold_of, block_cached_of, block_fold_cached_of;
   for (const LayerProgram* bp : progs.all()) {
     if (bp == &progs.embed || bp == &progs.head) continue;
     const UnitTimes t{price_strand(bp->fwd, groups, rates, Prefetch::kOn),
                       price_strand(bp->bwd, groups, rates, Prefetch::kOn)};
+    const StrandPrice folded = price_strand(folding_variant(bp->bwd), groups, rates, Prefetch::kOn);
+    const StrandPrice cached = price_strand(without_kept_gathers(bp->fwd), groups, rates, Prefetch::kOn);
     block_of.emplace(bp->name, t);
-    block_fold_of.emplace(bp->name,
-                          UnitTimes{t.fwd, price_strand(folding_variant(bp->bwd), groups, rates, Prefetch::kOn)});
+    block_fold_of.emplace(bp->name, UnitTimes{t.fwd, folded});
+    block_cached_of.emplace(bp->name, UnitTimes{cached, t.bwd});
+    block_fold_cached_of.emplace(bp->name, UnitTimes{cached, folded});
   }
   const UnitTimes head{price_strand(progs.head.fwd, groups, rates, Prefetch::kOn),
                        price_strand(progs.head.bwd, groups, rates, Prefetch::kOn)};
@@ -787,16 +810,17 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     std::vector<double> bwd_span, grad_bytes;
     std::vector<double> expert_bytes;  // under ep: the experts' gradients (reduced over edp, not dp)
   };
-  std::vector<StageMb> stages(p), folding(p);  // the last micro-batch's strands; the earlier ones'
-  for (int v = 0; v < 2; ++v)
-  for (int s = 0; s < p; ++s) {
-    StageMb& g = (v == 0 ? stages : folding)[s];
+  // One micro-batch's strands on stage s: `fold`, its 3D weight-gradient reduce-scatters folded into
+  // block sums (a micro-batch before the step's last); `cached`, its kept weight blocks not gathered
+  // (a micro-batch after the step's first).
+  auto stage_mb = [&](int s, bool fold, bool cached) {
+    StageMb g;
     int layer = 0;  // the stage's transformer layers in order (one chunk: block_variant_name)
     for (int u : stage_units(L, p, s)) {
       const bool is_block = u != 0 && u != L + 1;
       const std::string bname = is_block ? block_variant_name(lay, layer++) : "";
-      const UnitTimes& t = v == 0 ? (u == 0 ? embed : u == L + 1 ? head : block_of.at(bname))
-                                  : (u == 0 ? embed_fold : u == L + 1 ? head_fold : block_fold_of.at(bname));
+      const auto& blocks = fold ? (cached ? block_fold_cached_of : block_fold_of) : (cached ? block_cached_of : block_of);
+      const UnitTimes& t = u == 0 ? (fold ? embed_fold : embed) : u == L + 1 ? (fold ? head_fold : head) : blocks.at(bname);
       g.Ff += t.fwd.span_s, g.Bb += t.bwd.span_s, g.Cf += t.fwd.compute_s, g.Cb += t.bwd.compute_s;
       add_axes(g.axes, t.fwd.axes, 1);
       add_axes(g.axes, t.bwd.axes, 1);
@@ -813,6 +837,15 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     AxisCost& pa = g.axes["pp"];
     if (s < p - 1) g.Ff += p2p_s, pa.bytes += p2p_bytes, pa.seconds += p2p_s, pa.exposed_s += p2p_s;
     if (s > 0) g.Bb += p2p_s, pa.bytes += p2p_bytes, pa.seconds += p2p_s, pa.exposed_s += p2p_s;
+    return g;
+  };
+  // The last micro-batch's strands, the middle ones', the first's (M > 1; with M = 1 the last is the
+  // first); without kept blocks `first` equals `folding`.
+  std::vector<StageMb> stages, folding, first;
+  for (int s = 0; s < p; ++s) {
+    stages.push_back(stage_mb(s, false, M > 1));
+    folding.push_back(stage_mb(s, true, true));
+    first.push_back(stage_mb(s, M > 1, false));
   }
   // Strand Interleaving: a slot co-executes fwd(mb i) and bwd(mb i-1). Both strands' compute
   // shares one engine and both strands' collectives on a group share its one channel, so a slot
@@ -864,16 +897,26 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     const double si_scale = own_exposed > 0 ? (slot - Cf - Cb) / own_exposed : 0.0;
     double body = 0;
     if (p == 1) {
-      // The last micro-batch as written; the M - 1 before it with their z reduce-scatters folded.
-      const double slot_f = slot_of(gf), own_f = gf.Ff + gf.Bb - gf.Cf - gf.Cb;
-      const double si_scale_f = own_f > 0 ? (slot_f - gf.Cf - gf.Cb) / own_f : 0.0;
-      body = si ? Ff + Bb + double(M - 1) * slot_f : double(M - 1) * (gf.Ff + gf.Bb) + Ff + Bb;
+      // The last micro-batch as written; the M - 1 before it with their z reduce-scatters folded, the
+      // first of them gathering the kept weight blocks for the step.
+      auto scale_of = [&](const StageMb& x) {
+        const double own = x.Ff + x.Bb - x.Cf - x.Cb;
+        return own > 0 ? (slot_of(x) - x.Cf - x.Cb) / own : 0.0;
+      };
+      const StageMb& g1 = first[s];
+      const double middle = M > 1 ? double(M - 2) : 0.0, firsts = M > 1 ? 1.0 : 0.0;
+      body = Ff + Bb + (si ? middle * slot_of(gf) + firsts * slot_of(g1)
+                           : middle * (gf.Ff + gf.Bb) + firsts * (g1.Ff + g1.Bb));
       add_axes(st.axes, axes_mb, 1);
-      add_axes(st.axes, gf.axes, double(M - 1), si ? si_scale_f : 1.0);
+      add_axes(st.axes, gf.axes, middle, si ? scale_of(gf) : 1.0);
+      add_axes(st.axes, g1.axes, firsts, si ? scale_of(g1) : 1.0);
     } else {
+      // Every micro-batch as the last (its reduce-scatters not folded), the first also gathering the
+      // kept blocks: their bytes and channel time once, beside the body the slowest stage sets.
       body = pipe_body;
       st.bubble_s = pipe_bubble;
-      add_axes(st.axes, axes_mb, double(M), si ? si_scale : 1.0);
+      add_axes(st.axes, axes_mb, double(M - 1), si ? si_scale : 1.0);
+      add_axes(st.axes, M > 1 ? stage_mb(s, false, false).axes : axes_mb, 1.0, si ? si_scale : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
     const GradReadiness rd = readiness_after(g.bwd_span);

@@ -251,6 +251,11 @@ double optimizer_time(double elems, int dp, Zero zero, Precision p, const Cluste
 // has none.
 std::vector<Op> folding_variant(const std::vector<Op>& ops);
 
+// A forward strand as a micro-batch after the step's first runs it under LayoutConfig::keep_gathered:
+// the kept weight gathers (op attr "kept") are left out, their blocks kept from the step's first
+// micro-batch (the executor's kept_blocks_). Unchanged when it has none.
+std::vector<Op> without_kept_gathers(const std::vector<Op>& ops);
+
 // Seconds of one op of a layer program: a compute op on the device (FLOPs at the GEMM rate or its
 // bytes at memory bandwidth, whichever is longer; the GEMM timer where set), a collective on its
 // group's link (CostModel::collective_time). ConfigError when the collective's group is not in

@@ -98,7 +98,11 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     DHX_CHECK(!(f && b) || opt.plan_for, InternalError, "simulate_step: a co-executed slot needs a pair planner");
     const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block(f, b);
     const bool slow = rk == slow_stage;
+    // A micro-batch after the step's first binds the kept weight blocks the first gathered
+    // (LayoutConfig::keep_gathered; the executor's kept_blocks_): those gathers take no time.
+    const bool cached = M > 1 && fm > 0;
     const OpTimer stage_time = [&](const Op& o) {
+      if (cached && o.is_collective() && o.flag("kept")) return 0.0;
       double t = time(o);
       if (lay.ep > 1 && opt.expert_imbalance != 1.0 && rides_expert_load(o)) t *= opt.expert_imbalance;
       return slow && !o.is_collective() ? t * opt.slow_factor : t;

@@ -465,9 +465,9 @@ void Trainer::log_run_header() const {
                         ? fmt::format("the first {} layer(s) of each pipeline chunk", layout_.recompute_layers)
                         : std::string("every layer")));
   if (layout_.keep_gathered > 0)
-    log(fmt::format("weight blocks kept from forward to backward (parallel.keep_gathered={}): the first {} layer(s) of "
-                    "each pipeline chunk gather their blocks over z once a micro-batch, the others again in their "
-                    "backward{}",
+    log(fmt::format("weight blocks kept (parallel.keep_gathered={}): the first {} layer(s) of each pipeline chunk "
+                    "gather their blocks over z once a step and keep them for every micro-batch; the others gather "
+                    "them in each forward and again in each backward{}",
                     layout_.keep_gathered, layout_.keep_gathered,
                     layout_.recompute == Recompute::kFull ? " and recompute" : ""));
   if (layout_.fuse_epilogues) {

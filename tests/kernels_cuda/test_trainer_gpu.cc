@@ -642,6 +642,18 @@ TEST_P(GpuFamilies, Grid3DRanksSharingTheGpuTrackOneRank) {
   }
 }
 
+// The 2 x 1 x 2 grid of the tests below: 2 sequences a micro-batch per z replica, 3 micro-batches,
+// the link emulated at 50 Gbit/s.
+RunConfig grid_2x1x2(const std::string& dir, const std::string& family, uint64_t seed) {
+  testing::write_synthetic_dataset(dir + "/data", 200, 300, seed);
+  RunConfig c = tiny_tp_on(dir, family);
+  c.parallel.tp_x = 2, c.parallel.tp_z = 2;
+  c.training.micro_batch_size = 2;
+  c.training.micro_batches = 3;
+  c.comm.emulated_link_gbit = 50;
+  return c;
+}
+
 // Oracle: the same 2 x 1 x 2 grid with SI off, the link emulated (the grid's all-gathers, all-reduces
 // and reduce-scatters held, one strand's waits beside the other's kernels). Every kernel and staged
 // collective depends only on its inputs: bitwise equal losses, as the CPU's
@@ -649,28 +661,20 @@ TEST_P(GpuFamilies, Grid3DRanksSharingTheGpuTrackOneRank) {
 TEST_P(GpuFamilies, Grid3DInterleavingOnOffBitwise) {
   DHX_REQUIRE_GPU();
   TempDir dir;
-  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 53);
-  RunConfig on = tiny_tp_on(dir.path(), GetParam());
-  on.parallel.tp_x = 2, on.parallel.tp_z = 2;
-  on.training.micro_batch_size = 2;
-  on.training.micro_batches = 3;
-  on.comm.emulated_link_gbit = 50;
-  expect_interleaving_bitwise(on, 3);
+  expect_interleaving_bitwise(grid_2x1x2(dir.path(), GetParam(), 53), 3);
 }
 
-// AxoNN's weight caching on the GPU (parallel.keep_gathered): the 2 x 1 x 2 grid's layers keep the
-// bf16 blocks their forward gathered over z for their backward and its full recompute, under SI.
-// Oracle: the same run gathering them again. The kept block is the bytes a second gather of the
-// same bf16 shard gives, so every kernel sees the same inputs: bitwise equal losses on every rank,
-// as the CPU's Grid3D.KeptWeightBlocksGiveTheGatheredAgainBitsWithoutTheirZBytes.
+// AxoNN's weight caching on the GPU (parallel.keep_gathered): the 2 x 1 x 2 grid's layers gather
+// their bf16 blocks over z once a step, in the first of its 3 micro-batches' forwards, and every
+// micro-batch's forward, backward and full recompute reads them (the later forwards on the same
+// strand stream, the backwards on the other), under SI, the link emulated. Oracle: the same run
+// gathering them again. A kept block is the bytes a second gather of the same bf16 shard gives (no
+// update between), so every kernel sees the same inputs: bitwise equal losses on every rank, as
+// the CPU's Grid3D.KeptWeightBlocksGiveTheGatheredAgainBitsWithoutTheirZBytes.
 TEST_P(GpuFamilies, Grid3DKeptBlocksGiveTheGatheredAgainBits) {
   DHX_REQUIRE_GPU();
   TempDir dir;
-  testing::write_synthetic_dataset(dir.path() + "/data", 200, 300, 57);
-  RunConfig again = tiny_tp_on(dir.path(), GetParam());
-  again.parallel.tp_x = 2, again.parallel.tp_z = 2;
-  again.training.micro_batch_size = 2;
-  again.training.micro_batches = 3;
+  RunConfig again = grid_2x1x2(dir.path(), GetParam(), 57);
   again.training.recompute = "full";
   again.schedule.strand_interleaving = true;
   RunConfig kept = again;

@@ -121,17 +121,19 @@ int64_t peak_activation_bytes(const RunConfig& cfg) {
   return peak;
 }
 
-// AxoNN's weight caching (parallel.keep_gathered): a layer that keeps the weight blocks its forward
-// gathered over z reads them in its backward (and its recompute) instead of gathering them again.
-// Oracle for the results: the same run gathering again (keep_gathered = 0). A kept block holds the
-// bytes a second gather of the same shard would, so every kernel sees the same inputs: losses and
-// gradients bitwise equal -- with SI on and off, no and full recompute, every layer kept or only
-// each chunk's first (the others run "block_gathering"), a W pipeline. Oracle for the traffic: the
-// comm layer's count on z (ProcessGroup::traffic, rank 0) drops by exactly the gathers a kept layer
-// no longer makes, from the closed form: per kept layer and micro-batch the backward's gather of
-// each of its four weight blocks and, with full recompute, the recompute's of all but the MLP's
-// down projection (its output feeds only the residual add, which no backward op reads, so the
-// recompute stops before it), each moving (Gz - 1) / Gz of the block's fp32 bytes. A layer's
+// AxoNN's weight caching (parallel.keep_gathered): a layer that keeps its weight blocks gathered over
+// z gathers them once a step -- in the forward of the step's first micro-batch -- and every
+// micro-batch's forward, backward and recompute reads them. Oracle for the results: the same run
+// gathering again (keep_gathered = 0). A kept block holds the bytes a second gather of the same
+// shard would (no update comes between), so every kernel sees the same inputs: losses and gradients
+// bitwise equal -- with SI on and off, no and full recompute, every layer kept or only each chunk's
+// first (the others run "block_gathering"), a W pipeline. Oracle for the traffic: the comm layer's
+// count on z (ProcessGroup::traffic, rank 0) drops by exactly the gathers a kept layer no longer
+// makes, from the closed form: per kept layer, with M micro-batches, the forward's gathers of its
+// four weight blocks but the first micro-batch's (M - 1), the backward's (M) and, with full
+// recompute, the recompute's (M) of all but the MLP's down projection (its output feeds only the
+// residual add, which no backward op reads, so the recompute stops before it), each moving
+// (Gz - 1) / Gz of the block's fp32 bytes. A layer's
 // blocks hold (4 C^2 + 2 C F) / (Gx Gy) elements (GPT: qkv 3C x C, out C x C, fc F x C, proj C x F)
 // or (C (H + 2 Hkv) D + C^2 + 3 C F) / (Gx Gy) (Llama: gate and up fused); the down projection's
 // C F / (Gx Gy).
@@ -180,9 +182,9 @@ TEST(Grid3D, KeptWeightBlocksGiveTheGatheredAgainBitsWithoutTheirZBytes) {
     const int chunks = c.pp > 1 ? 2 : 1;
     const int per_chunk = int(m.n_layers) / (c.pp * chunks);
     const double kept_layers = chunks * std::min(c.keep, per_chunk);
-    const double gathered = c.recompute == Recompute::kFull ? 2 * layer - C * F : layer;  // elements, per kept layer
-    const double saved = kept_layers * double(base.training.micro_batches) * double(c.gz - 1) / double(c.gz) * 4.0 *
-                         gathered / double(c.gx * c.gy);
+    const double M = double(base.training.micro_batches);
+    const double gathered = (M - 1) * layer + M * layer + (c.recompute == Recompute::kFull ? M * (layer - C * F) : 0);
+    const double saved = kept_layers * double(c.gz - 1) / double(c.gz) * 4.0 * gathered / double(c.gx * c.gy);
     const double z_base = counted_step_bytes(base).at("z"), z_kept = counted_step_bytes(kept).at("z");
     fmt::print("[measured] {}: z bytes per step {:.0f} -> {:.0f} (closed form: {:.0f} fewer)\n", c.name, z_base, z_kept,
                saved);

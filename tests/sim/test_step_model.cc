@@ -515,28 +515,30 @@ TEST(StepModelRecompute, FullRecomputeMemoryFollowsTheClosedForm) {
 }
 
 // AxoNN's weight caching (LayoutConfig::keep_gathered) in the memory rule: a layer that keeps its
-// forward's gathered weight blocks holds them as saved buffers until its backward, so at pp = 1 the
-// activations grow by K kept layers times one layer's whole blocks: (4 C^2 + 2 C F) / (Gx Gy)
-// elements for GPT (qkv, out, fc, proj; biases are not gathered) at the simulated element size,
-// with and without full recompute (a kept block is never remade, and a remade one is read only by
-// recompute ops, so the recompute's live buffers do not change). Model states do not change.
+// gathered weight blocks holds them once for the step (the first micro-batch gathers them, the
+// last's backward is their last reader), so the activations grow by K kept layers times one layer's
+// whole blocks: (4 C^2 + 2 C F) / (Gx Gy) elements for GPT (qkv, out, fc, proj; biases are not
+// gathered) at the simulated element size -- with and without full recompute (a kept block is never
+// remade, and a remade one is read only by recompute ops, so the recompute's live buffers do not
+// change), and with Strand Interleaving's second micro-batch in flight too (the blocks are shared,
+// not held per micro-batch). Model states do not change.
 TEST(StepModelKeepGathered, KeptBlocksAreSavedBuffersOfTheirLayers) {
   const ModelConfig m = model_preset("gpt2-124m");
   const BatchSpec batch{8, 1024, 1};
   const double C = double(m.d_model), F = double(m.ffn_hidden), L = double(m.n_layers), elem = 2;
-  for (const Recompute r : {Recompute::kNone, Recompute::kFull}) {
+  for (const auto& [r, si] : {std::pair{Recompute::kNone, StrandInterleaving::kOff},
+                             std::pair{Recompute::kFull, StrandInterleaving::kOff},
+                             std::pair{Recompute::kFull, StrandInterleaving::kOn}}) {
     LayoutConfig gather;
     gather.tp_y = 2, gather.tp_z = 4, gather.dp = 1;
     gather.recompute = r;
     const double blocks = (4 * C * C + 2 * C * F) / double(gather.tp_x * gather.tp_y) * elem;
-    const MemoryUse a =
-        memory_per_rank(m, gather, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
+    const MemoryUse a = memory_per_rank(m, gather, batch, Precision::kBf16, Zero::kNone, si, nullptr);
     for (const int keep : {3, int(L)}) {
       LayoutConfig kept = gather;
       kept.keep_gathered = keep;
       std::vector<std::string> notes;
-      const MemoryUse b =
-          memory_per_rank(m, kept, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, &notes);
+      const MemoryUse b = memory_per_rank(m, kept, batch, Precision::kBf16, Zero::kNone, si, &notes);
       EXPECT_TRUE(notes.empty()) << notes.front();  // every saved buffer has a size rule
       EXPECT_EQ(a.params + a.grads + a.optimizer, b.params + b.grads + b.optimizer);
       EXPECT_NEAR(b.activations - a.activations, keep * blocks, 1e-9 * b.activations)
