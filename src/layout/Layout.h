@@ -68,8 +68,8 @@ struct LayoutConfig {
   // AxoNN's weight caching (parallel.keep_gathered; needs tp_z > 1): the first N transformer layers
   // of each chunk gather their weight blocks over z once a step, in the first micro-batch's forward
   // (ops marked "kept"), and every micro-batch's forward, backward and recompute reads them (the
-  // executor's kept_blocks_); the blocks are held from that forward to the last micro-batch's
-  // backward. 0: every layer gathers its blocks in each forward and again in each backward.
+  // executor's kept_blocks_); the blocks are held from that forward to the step's end. 0: every
+  // layer gathers its blocks in each forward and again in each backward.
   int keep_gathered = 0;
   int world() const { return dp * pp * cp * tp * tp_x * tp_y * tp_z; }  // ep divides dp
   bool is_3d() const { return tp_x * tp_y * tp_z > 1; }

@@ -139,7 +139,12 @@ void Executor::issue_prefetch(StrandKind kind, StrandSlot& s, const Op& op) {
   });
   if (gather == there.end()) return;
   // Nor when that block is kept from this step's micro-batch 0 (reuse_kept_block will bind it).
-  if (gather->flag("kept") && s.mb > 0 && ctx_.micro_batches > 1 && kept_blocks_.count({target, adopter})) return;
+  if (gather->flag("kept") && s.mb > 0 && ctx_.micro_batches > 1) {
+    DHX_CHECK(kept_blocks_.count({target, adopter}), InternalError,
+              "{} (micro-batch {}): unit {}'s kept block '{}' was not gathered by micro-batch 0 of this step", op.name,
+              s.mb, target, adopter);
+    return;
+  }
   ProcessGroup& pg = group_of(op);
   if (on_gpu_) pg.set_producer_stream(stream_of(kind).handle());
   Tensor in = weight_shard(ctx_.params->resolve(units_.at(target), op.params.at(0)));
@@ -191,7 +196,6 @@ bool Executor::reuse_kept_block(StrandSlot& s, const Op& op) {
   // Micro-batch 0's forward through this unit ran before this one's, and its GEMM waited for the
   // gather (on a GPU: its strand's stream, on which this forward runs too), so the block is complete.
   s.env->bufs[op.outputs.at(0)] = it->second;
-  if (s.mb == ctx_.micro_batches - 1) kept_blocks_.erase(it);
   return true;
 }
 

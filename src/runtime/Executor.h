@@ -157,6 +157,9 @@ class Executor {
   // not run: a window timed on its own) and for every prefetch no unit adopted, and forgets those.
   void drain(UnitEnv& env);
   void drain_prefetches();
+  // Drops the weight blocks kept for this step's micro-batches (reuse_kept_block): at the end of a
+  // step or a forward-only pass, before any update changes the weights.
+  void end_kept_blocks() { kept_blocks_.clear(); }
 
  private:
   void run_op(StrandKind kind, StrandSlot& s, const Op& op, std::vector<std::pair<UnitEnv*, std::string>>& issued);
@@ -185,9 +188,9 @@ class Executor {
   bool fold_into_block_sum(StrandKind kind, StrandSlot& s, const Op& op);
   // A kept weight gather (op attr "kept": LayoutConfig::keep_gathered) of a micro-batch after the
   // step's first: the block micro-batch 0 gathered, whose weights no update has changed since, is
-  // bound to this micro-batch's buffer and true returned (nothing issued); the step's last takes it
-  // out of kept_blocks_ (its lifetime then ends with that micro-batch's backward). False: gather it
-  // (micro-batch 0, or a run of one micro-batch), and keep_block stores it for the later ones.
+  // bound to this micro-batch's buffer and true returned (nothing issued). False: gather it
+  // (micro-batch 0, or a run of one micro-batch), and keep_block stores it for the later ones, until
+  // end_kept_blocks at the step's (or the forward-only pass's) end.
   bool reuse_kept_block(StrandSlot& s, const Op& op);
   void keep_block(StrandSlot& s, const Op& op);
   // RunContext::bf16_saved_activations: after forward compute op `op` of s.unit, its unit's

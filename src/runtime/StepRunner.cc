@@ -314,6 +314,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   DHX_ASSERT(live.empty(), "{} micro-batches still hold activations after the step", live.size());
   add_losses(st);  // a GPU's, copied back now that the step's kernels ran
   exec_.finish_device_waits();  // collectives the GPU waited for (NCCL): their failures, if any
+  exec_.end_kept_blocks();      // the optimizer updates the weights next
   exec_.flush_trace();  // a GPU's compute lanes, from its events
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
   st.aux_weighted = ctx_.router.aux_weighted;
@@ -365,6 +366,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   }
   for (Work& w : sends) w.wait();
   exec_.finish_device_waits();
+  exec_.end_kept_blocks();
   exec_.flush_trace();
   st.aux_weighted = ctx_.router.aux_weighted;
   st.expert_tokens = ctx_.router.tokens;

@@ -542,8 +542,10 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
   // block_variant_name names, with that block's saved buffers (one chunk per stage counted;
   // interleaved stages hold v chunks, each with its own first layers). A recomputing layer's remade
   // buffers are held one layer at a time: the most any of them makes. A kept layer's gathered blocks
-  // are held once for the step, from the first micro-batch's forward to the last's backward, however
-  // many micro-batches are in flight (the executor's kept_blocks_).
+  // are held once for the step, from the first micro-batch's forward to the step's end, however many
+  // micro-batches are in flight (the executor's kept_blocks_). One chunk per stage is counted, as
+  // 1F1B runs: the W and interleaved schedules hold 2 or v chunks a rank, each with its own first
+  // recompute_layers and keep_gathered layers, so their figure is low by those chunks' difference.
   auto block_of = [&](int i) -> const LayerProgram& {
     const LayerProgram* p = progs.block_named(block_variant_name(lay, i));
     DHX_CHECK(p, InternalError, "layer {} of a stage runs '{}', which was not built", i,
@@ -552,21 +554,22 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
   };
   struct Act {
     double saved = 0, remade = 0, kept = 0;  // per micro-batch (kept: once a step), bytes
+    double gathered = 0;  // two weight blocks gathered for a GEMM in flight (3D prefetch), not kept ones
   };
   std::map<std::string, Act> act_of;  // by block name
   for (const LayerProgram* p : progs.all()) {
     if (p == &progs.embed || p == &progs.head) continue;
-    Act a{saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown), 0};
+    Act a{saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown), 0, 0};
     for (const Op& op : p->fwd)
       if (op.is_collective() && op.flag("kept")) a.kept += op.cost.comm_bytes / 4.0 * elem;
+    for (const std::vector<Op>* ops : {&p->fwd, &p->bwd})
+      for (const Op& op : *ops)
+        if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather && !op.flag("kept"))
+          a.gathered = std::max(a.gathered, 2 * op.cost.comm_bytes * elem / 4.0);
     a.saved -= a.kept;
     act_of[p->name] = a;
   }
   if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
-  double gathered = 0;  // two gathered weight blocks in flight (3D prefetch)
-  for (const Op& op : progs.block.fwd)
-    if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather)
-      gathered = std::max(gathered, 2 * op.cost.comm_bytes * elem / 4.0);
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
   std::vector<MemoryUse> out;
   for (int s = 0; s < p; ++s) {
@@ -589,17 +592,18 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
       for (const Op& op : (u == 0 ? progs.embed : u == L + 1 ? progs.head : progs.block).bwd)
         if (M > 1 && op.is_collective() && op.flag("last_micro_batch"))
           mem.grads += op.cost.comm_bytes;
-    mem.gathered = gathered;
     const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
     const int layers = static_cast<int>(mine.size()) - (s == 0) - (s == p - 1);
-    double act_layers = 0, act_most = 0, remade = 0, kept = 0;
+    double act_layers = 0, act_most = 0, remade = 0, kept = 0, gathered = 0;
     for (int i = 0; i < layers; ++i) {
       const Act& a = act_of.at(block_of(i).name);
       act_layers += a.saved;
       act_most = std::max(act_most, a.saved);
       remade = std::max(remade, a.remade);
       kept += a.kept;
+      gathered = std::max(gathered, a.gathered);
     }
+    mem.gathered = gathered;
     mem.activations = in_flight * (act_layers + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
                       (si == StrandInterleaving::kOn ? act_most : 0) + remade + kept;
     out.push_back(mem);
@@ -841,11 +845,14 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   };
   // The last micro-batch's strands, the middle ones', the first's (M > 1; with M = 1 the last is the
   // first); without kept blocks `first` equals `folding`.
-  std::vector<StageMb> stages, folding, first;
+  // Under a pipeline (p > 1) every micro-batch is priced as the last; `first_unfolded`, the first's
+  // strands so, with the kept gathers.
+  std::vector<StageMb> stages, folding, first, first_unfolded;
   for (int s = 0; s < p; ++s) {
     stages.push_back(stage_mb(s, false, M > 1));
     folding.push_back(stage_mb(s, true, true));
     first.push_back(stage_mb(s, M > 1, false));
+    first_unfolded.push_back(stage_mb(s, false, false));
   }
   // Strand Interleaving: a slot co-executes fwd(mb i) and bwd(mb i-1). Both strands' compute
   // shares one engine and both strands' collectives on a group share its one channel, so a slot
@@ -879,7 +886,15 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
                            double(M + p - 1) * slowest * cluster.core_share);
       pipe_bubble = pipe_body - double(M) * core_work * cluster.core_share;
     }
+    // The first micro-batch's kept gathers (keep_gathered, M > 1): its warm-up forward passes every
+    // stage in turn, so each stage's extra forward time delays the pipeline once.
+    if (M > 1)
+      for (int s = 0; s < p; ++s) pipe_body += std::max(0.0, first_unfolded[s].Ff - stages[s].Ff);
   }
+  auto scale_of = [&](const StageMb& x) {  // SI's share of a micro-batch's exposed time left exposed
+    const double own = x.Ff + x.Bb - x.Cf - x.Cb;
+    return own > 0 ? (slot_of(x) - x.Cf - x.Cb) / own : 0.0;
+  };
 
   for (const StageMb& g : stages) r.stage_mb_s.push_back(t_mb(g));
   r.stages_per_core = stages_per_core;
@@ -899,10 +914,6 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     if (p == 1) {
       // The last micro-batch as written; the M - 1 before it with their z reduce-scatters folded, the
       // first of them gathering the kept weight blocks for the step.
-      auto scale_of = [&](const StageMb& x) {
-        const double own = x.Ff + x.Bb - x.Cf - x.Cb;
-        return own > 0 ? (slot_of(x) - x.Cf - x.Cb) / own : 0.0;
-      };
       const StageMb& g1 = first[s];
       const double middle = M > 1 ? double(M - 2) : 0.0, firsts = M > 1 ? 1.0 : 0.0;
       body = Ff + Bb + (si ? middle * slot_of(gf) + firsts * slot_of(g1)
@@ -916,7 +927,8 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       body = pipe_body;
       st.bubble_s = pipe_bubble;
       add_axes(st.axes, axes_mb, double(M - 1), si ? si_scale : 1.0);
-      add_axes(st.axes, M > 1 ? stage_mb(s, false, false).axes : axes_mb, 1.0, si ? si_scale : 1.0);
+      const StageMb& g1 = M > 1 ? first_unfolded[s] : g;
+      add_axes(st.axes, g1.axes, 1.0, si ? scale_of(g1) : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
     const GradReadiness rd = readiness_after(g.bwd_span);

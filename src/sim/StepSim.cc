@@ -114,7 +114,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       const Op& op = (fw ? *f : *b)[static_cast<size_t>(o.index)];
       st.events.push_back({o.lane, fmt::format("{} mb{} u{}", op.name, fw ? fm : bm, fw ? fu : bu), at + o.begin_s,
                            at + o.end_s, fw ? fm : bm, fw ? fu : bu, o.strand});
-      if (op.is_collective()) {
+      if (op.is_collective() && !(cached && op.flag("kept"))) {  // a kept block bound, not gathered
         CollectiveUse& c = st.collectives[op.name];
         c.group = o.lane, c.count += 1, c.busy_s += o.end_s - o.begin_s;
       }

@@ -49,6 +49,7 @@ TEST(CommVolume, ModelEqualsCountedBytesPerAxis) {
     RunConfig kept = tiny_config_3d(f, 1, 2, 2, 2, prefix, dir / "k");
     kept.parallel.keep_gathered = 1;
     kept.training.recompute = "full";
+    kept.training.micro_batches = 3;  // the first micro-batch gathers, two more reuse
     cases.push_back({"3D 2x2x2 first layer's blocks kept, full recompute", kept});
     RunConfig mega = tiny_config(f, 2, 2, 0, prefix, dir / "d", 2, 8);
     mega.parallel.sparse_embed_grad = false;  // the model prices the dense embedding all-reduce

@@ -545,6 +545,19 @@ TEST(StepModelKeepGathered, KeptBlocksAreSavedBuffersOfTheirLayers) {
           << recompute_name(r) << " keep_gathered=" << keep;
     }
   }
+  // Under 1F1B at pp = 2 the first stage holds two micro-batches' saved buffers (M = 2 in flight),
+  // but its kept blocks once: 3 of its 6 layers kept add 3 layers' blocks, not 6.
+  LayoutConfig piped;
+  piped.tp_y = 2, piped.tp_z = 4, piped.pp = 2, piped.dp = 1;
+  LayoutConfig kept = piped;
+  kept.keep_gathered = 3;
+  const std::vector<MemoryUse> a =
+      memory_per_stage(m, piped, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
+  const std::vector<MemoryUse> b =
+      memory_per_stage(m, kept, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
+  ASSERT_EQ(a.size(), 2u);
+  const double blocks = (4 * C * C + 2 * C * F) / double(piped.tp_y) * elem;
+  EXPECT_NEAR(b[0].activations - a[0].activations, 3 * blocks, 1e-9 * b[0].activations) << "pp=2 stage 0";
 }
 
 }  // namespace
