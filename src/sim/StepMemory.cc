@@ -1,0 +1,260 @@
+// The step model's memory rule: each stage's model states, saved activations (the layer programs'
+// saved buffers by their names' size rules), kept and in-flight weight blocks (StepMemory.h).
+#include "sim/StepMemory.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "base/Error.h"
+#include "model/Params.h"
+#include "sharding/ParamSharding.h"
+
+namespace dhelix {
+
+namespace sim_detail {
+
+ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch) {
+  const bool gpt = m.family == ModelFamily::kGPT;
+  const double wide = lay.tp * lay.tp_y;
+  const double Hl = m.n_heads / wide, Hkvl = m.n_kv_heads / wide, D = double(m.head_dim());
+  const double Fl = m.ffn_hidden / wide;
+  ActDims d;
+  d.N = double(batch.micro_batch * (batch.seq / lay.cp));  // this rank's rows (its chunks under cp)
+  d.Nres = d.N / lay.tp;
+  d.Cres = double(m.d_model) / lay.tp_x;
+  d.qkv = (Hl + 2 * Hkvl) * D;
+  d.att = Hl * D;
+  d.heads = Hl;
+  d.fc = gpt ? Fl : 2 * Fl;
+  d.act = Fl;
+  const int vshards = lay.is_3d() ? lay.tp_y : lay.tp;  // the vocabulary rows: over tp, or y under 3D
+  d.vocab = double(padded_vocab(m, vshards) / vshards);
+  if (m.is_moe()) d.experts = double(m.n_experts), d.top_k = double(m.top_k), d.expert_ffn = double(m.ffn_hidden);
+  d.ep = double(lay.ep);
+  return d;
+}
+
+namespace {
+
+// Elements of a saved buffer, by the name the programs give it (sharding/Lowering1D.cc, Lowering3D.cc); nullopt when
+// no rule knows the name.
+std::optional<double> saved_elems(const std::string& b, const ActDims& d) {
+  auto ends = [&](const char* s) { return b.size() > std::strlen(s) && b.ends_with(s); };
+  if (ends(".mean") || ends(".rstd")) return d.Nres;
+  if (ends("_g")) return d.N * d.Cres;
+  static const std::set<std::string> stream = {"x", "x2", "y", "e", "h1", "h2", "hf"};
+  if (stream.count(b)) return d.Nres * d.Cres;
+  if (b == "qkv" || b == "qkv_r") return d.N * d.qkv;
+  if (b == "att") return d.N * d.att;
+  if (b == "att.lse") return d.N * d.heads;
+  if (b == "fc") return d.N * d.fc;
+  if (b == "act") return d.N * d.act;
+  if (b == "logits" || b == "dlogits") return d.N * d.vocab;
+  if (b == "xent.m" || b == "tokens" || b == "targets") return d.N;
+  if (b == "xent.s") return 2 * d.N;
+  // MoE (sharding/ExpertDispatch.cc moe_fwd): this rank's Nres tokens, P = Nres k assignments.
+  const double P = d.Nres * d.top_k;
+  if (b == "moe.probs") return d.Nres * d.experts;
+  if (b == "moe.expert" || b == "moe.gate") return P;
+  if (b == "moe.slot") return P;
+  if (b == "moe.counts" || b == "moe.rcounts") return d.experts;
+  if (b == "moe.lcounts") return d.experts / d.ep;
+  if (b == "moe.stats") return 2 * d.experts;
+  // Under ep the rows received for this rank's experts: P with balanced routing.
+  if (b == "moe.xs" || b == "moe.eo" || b == "moe.xg") return P * d.Cres;
+  if (b == "moe.fc") return P * 2 * d.expert_ffn;
+  if (b == "moe.act") return P * d.expert_ffn;
+  return std::nullopt;
+}
+
+// Elements of `b` by saved_elems, noting (and counting as residual-stream rows) a name no rule knows.
+double buffer_elems(const LayerProgram& p, const std::string& b, const ActDims& d, std::vector<std::string>& notes) {
+  // A weight block the forward gathered over z and the backward reads (LayoutConfig::keep_gathered):
+  // the whole block, its all-gather's fp32 bytes over 4.
+  for (const Op& op : p.fwd)
+    if (op.is_collective() && op.coll == CollOp::kAllGather && op.group == "z" && op.outputs == std::vector{b})
+      return op.cost.comm_bytes / 4.0;
+  std::optional<double> n = saved_elems(b, d);
+  if (!n) notes.push_back(fmt::format("{}: saved buffer '{}' has no size rule; counted as [{:g}, {:g}]", p.name, b,
+                                      d.Nres, d.Cres));
+  return n.value_or(d.Nres * d.Cres);
+}
+
+}  // namespace
+
+// Bytes of the buffers the backward strand reads that the forward made or received and the backward
+// does not make again (saved for backward: plan/Program.h saved_for_backward), for one micro-batch;
+// unknown names are counted as residual-stream rows and noted.
+double saved_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes) {
+  double bytes = 0;
+  for (const std::string& b : saved_for_backward(p)) bytes += buffer_elems(p, b, d, notes) * elem;
+  return bytes;
+}
+
+// Under activation recomputation, what a layer's recompute ops make again for its backward (their
+// outputs some other backward op reads), all held at once at the backward's start: one layer's worth
+// on top of the saved buffers while that layer's backward runs. 0 without recompute ops.
+double recompute_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes) {
+  std::set<std::string> made, read;
+  for (const Op& op : p.bwd) {
+    if (op.flag("recompute")) made.insert(op.outputs.begin(), op.outputs.end());
+    else read.insert(op.inputs.begin(), op.inputs.end());
+  }
+  double bytes = 0;
+  for (const std::string& b : made)
+    if (read.count(b)) bytes += buffer_elems(p, b, d, notes) * elem;
+  return bytes;
+}
+
+double unit_elems(const UnitSpec& u) {
+  double n = 0;
+  for (const ParamSpec& p : u.params) n += double(shape_numel(p.shard));
+  return n;
+}
+
+// The tied head's copy on the last stage (p > 1): the token table alone (the embedding unit's
+// vocabulary-sharded parameter; GPT's learned positions stay on the first stage), as the trainer's
+// ParamStore::tied_copy holds it.
+double tied_copy_elems(const UnitSpec& embed) {
+  double n = 0;
+  for (const ParamSpec& p : embed.params)
+    if (p.role == ShardRole::kVocab) n += double(shape_numel(p.shard));
+  return n;
+}
+
+// The units stage s of p owns under 1F1B (embed with the first, head with the last); with tied
+// embeddings and p > 1 the last stage also holds the embedding matrix for its head.
+std::vector<int> stage_units(int L, int p, int s) {
+  std::vector<int> u;
+  if (s == 0) u.push_back(0);
+  for (int l = s * (L / p); l < (s + 1) * (L / p); ++l) u.push_back(1 + l);
+  if (s == p - 1) u.push_back(L + 1);
+  return u;
+}
+
+// States of one rank holding `elems` parameter elements.
+void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero) {
+  mem.params += elems * elem;
+  mem.grads += elems * 4;
+  const double opt = elems * (8 + (elem < 4 ? 4 : 0));
+  mem.optimizer += zero == Zero::kZero1 ? opt / dp : opt;
+}
+
+
+// memory_per_stage of a legal layout `lay` (as the engine runs it: tp with sequence parallelism)
+// whose programs and units are built already; predict() passes its own.
+std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
+                                       const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision,
+                                       Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+  const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
+  const double elem = element_bytes(precision);
+  const ActDims dims = act_dims(m, lay, batch);
+  std::vector<std::string> unknown;
+  const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
+  const double act_head = saved_bytes(progs.head, dims, elem, unknown);
+  // The per-layer options (recompute_layers, keep_gathered): a stage's i-th layer runs the block
+  // block_variant_name names, with that block's saved buffers (one chunk per stage counted;
+  // interleaved stages hold v chunks, each with its own first layers). A recomputing layer's remade
+  // buffers are held one layer at a time: the most any of them makes. A kept layer's gathered blocks
+  // are held once for the step, from the first micro-batch's forward to the step's end, however many
+  // micro-batches are in flight (the executor's kept_blocks_). One chunk per stage is counted, as
+  // 1F1B runs: the W and interleaved schedules hold 2 or v chunks a rank, each with its own first
+  // recompute_layers and keep_gathered layers, so their figure is low by those chunks' difference.
+  auto block_of = [&](int i) -> const LayerProgram& {
+    const LayerProgram* p = progs.block_named(block_variant_name(lay, i));
+    DHX_CHECK(p, InternalError, "layer {} of a stage runs '{}', which was not built", i,
+              block_variant_name(lay, i));
+    return *p;
+  };
+  struct Act {
+    double saved = 0, remade = 0, kept = 0;  // per micro-batch (kept: once a step), bytes
+    double gathered = 0;  // two weight blocks gathered for a GEMM in flight (3D prefetch), not kept ones
+  };
+  std::map<std::string, Act> act_of;  // by block name
+  for (const LayerProgram* p : progs.all()) {
+    if (p == &progs.embed || p == &progs.head) continue;
+    Act a{saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown), 0, 0};
+    for (const Op& op : p->fwd)
+      if (op.is_collective() && op.flag("kept")) a.kept += op.cost.comm_bytes / 4.0 * elem;
+    for (const std::vector<Op>* ops : {&p->fwd, &p->bwd})
+      for (const Op& op : *ops)
+        if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather && !op.flag("kept"))
+          a.gathered = std::max(a.gathered, 2 * op.cost.comm_bytes * elem / 4.0);
+    a.saved -= a.kept;
+    act_of[p->name] = a;
+  }
+  if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
+  const int L = static_cast<int>(m.n_layers), p = lay.pp;
+  std::vector<MemoryUse> out;
+  for (int s = 0; s < p; ++s) {
+    const std::vector<int> mine = stage_units(L, p, s);
+    double elems = 0, experts = 0;
+    for (int u : mine) {
+      elems += unit_elems(units[u]);
+      if (lay.ep > 1)
+        for (const ParamSpec& q : units[u].params)
+          if (q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
+    }
+    if (s == p - 1 && p > 1 && m.tie_embeddings) elems += tied_copy_elems(units[0]);
+    MemoryUse mem;
+    // ZeRO-1 shards over the weights' replicas: dp x cp, and the experts' over edp x cp = dp / ep x cp.
+    add_states(mem, elems - experts, elem, lay.dp * lay.cp, zero);
+    add_states(mem, experts, elem, lay.dp / lay.ep * lay.cp, zero);
+    // Block sums of the z-reduce-scattered weight gradients (fp32, one per weight) while the step's
+    // micro-batches accumulate (M > 1).
+    for (int u : mine)
+      for (const Op& op : (u == 0 ? progs.embed : u == L + 1 ? progs.head : progs.block).bwd)
+        if (M > 1 && op.is_collective() && op.flag("last_micro_batch"))
+          mem.grads += op.cost.comm_bytes;
+    const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
+    const int layers = static_cast<int>(mine.size()) - (s == 0) - (s == p - 1);
+    double act_layers = 0, act_most = 0, remade = 0, kept = 0, gathered = 0;
+    for (int i = 0; i < layers; ++i) {
+      const Act& a = act_of.at(block_of(i).name);
+      act_layers += a.saved;
+      act_most = std::max(act_most, a.saved);
+      remade = std::max(remade, a.remade);
+      kept += a.kept;
+      gathered = std::max(gathered, a.gathered);
+    }
+    mem.gathered = gathered;
+    mem.activations = in_flight * (act_layers + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
+                      (si == StrandInterleaving::kOn ? act_most : 0) + remade + kept;
+    out.push_back(mem);
+  }
+  return out;
+}
+
+// The largest any stage needs: the limit.
+MemoryUse worst_of(const std::vector<MemoryUse>& stages) {
+  MemoryUse worst;
+  for (const MemoryUse& mem : stages)
+    if (mem.total() > worst.total()) worst = mem;
+  return worst;
+}
+
+}  // namespace sim_detail
+
+std::vector<MemoryUse> memory_per_stage(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                                        Precision precision, Zero zero, StrandInterleaving si,
+                                        std::vector<std::string>* notes) {
+  const std::vector<std::string> errs = layout_errors(m, lay, batch);
+  DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
+  LayoutConfig plain = lay;
+  plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
+  return sim_detail::stage_memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp}),
+                         model_units(m, plain, 0), batch, precision, zero, si, notes);
+}
+
+MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+  return sim_detail::worst_of(memory_per_stage(m, lay, batch, precision, zero, si, notes));
+}
+
+}  // namespace dhelix

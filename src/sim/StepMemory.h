@@ -1,0 +1,40 @@
+// The step model's memory rule (StepModel.h memory_per_stage, memory_per_rank) and the activation
+// sizes it and the closed-form pricer share: internal to sim/ (StepModel.cc, StepMemory.cc).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/UnitDesc.h"
+#include "sharding/ModelPrograms.h"
+#include "sim/StepModel.h"
+
+namespace dhelix::sim_detail {
+
+// Extents of the activation buffers one rank holds for one micro-batch of b x T tokens.
+struct ActDims {
+  double N = 0;     // tokens of the micro-batch on this rank's GEMMs
+  double Nres = 0;  // rows of the residual stream (N / tp under sequence parallelism)
+  double Cres = 0;  // columns of the residual stream (C / Gx under 3D)
+  double qkv = 0, att = 0, heads = 0, fc = 0, act = 0, vocab = 0;  // local widths
+  double experts = 0, top_k = 0, expert_ffn = 0;                    // MoE: E, k, each expert's F (whole)
+  double ep = 1;                                                    // MoE: expert-parallel ranks
+};
+
+ActDims act_dims(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch);
+// Bytes of the buffers one micro-batch saves for its backward (unknown names noted, counted as
+// residual-stream rows), and of what a layer's recompute ops make again for its backward.
+double saved_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes);
+double recompute_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes);
+double unit_elems(const UnitSpec& u);          // parameter elements of a unit's shards
+double tied_copy_elems(const UnitSpec& embed);  // the tied head's copy of the token table (p > 1)
+// The units stage s of p owns under 1F1B (embed with the first, head with the last).
+std::vector<int> stage_units(int L, int p, int s);
+// States of one rank holding `elems` parameter elements.
+void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero);
+// memory_per_stage of a legal layout whose programs and units are built already.
+std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
+                                       const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision,
+                                       Zero zero, StrandInterleaving si, std::vector<std::string>* notes);
+MemoryUse worst_of(const std::vector<MemoryUse>& stages);  // the largest any stage needs: the limit
+
+}  // namespace dhelix::sim_detail
