@@ -19,6 +19,11 @@ bool some_recompute(const LayoutConfig& lay) {
   return lay.recompute != Recompute::kNone && lay.recompute_layers > 0;
 }
 
+// The block without its recompute ops (`plain`) and/or gathering its weight blocks again (`gathering`).
+std::string variant_name(bool plain, bool gathering) {
+  return std::string("block") + (plain ? "_plain" : "") + (gathering ? "_gathering" : "");
+}
+
 }  // namespace
 
 const LayerProgram* ModelPrograms::block_named(const std::string& name) const {
@@ -43,7 +48,7 @@ std::vector<const LayerProgram*> ModelPrograms::all() const {
 std::string block_variant_name(const LayoutConfig& lay, int index) {
   const bool plain = some_recompute(lay) && index >= lay.recompute_layers;
   const bool gathering = lay.is_3d() && lay.keep_gathered > 0 && index >= lay.keep_gathered;
-  return std::string("block") + (plain ? "_plain" : "") + (gathering ? "_gathering" : "");
+  return variant_name(plain, gathering);
 }
 
 ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, const MicroBatchShape& mb) {
@@ -57,7 +62,7 @@ ModelPrograms build_programs(const ModelConfig& m, const LayoutConfig& lay, cons
       if (p) v.recompute = Recompute::kNone;
       if (g) v.keep_gathered = 0;
       LayerProgram prog = lower(m, v, mb).block;
-      prog.name = std::string("block") + (p ? "_plain" : "") + (g ? "_gathering" : "");
+      prog.name = variant_name(p, g);
       out.variants.push_back(std::move(prog));
     }
   if (lay.fuse_epilogues) fuse_epilogues(out);
@@ -77,12 +82,11 @@ void select_block_variants(ModelPrograms& p, const LayoutConfig& lay, const std:
       if (u == 0 || u == units - 1) continue;  // the embedding, the head
       const std::string name = block_variant_name(lay, index++);
       if (name == p.block.name) continue;
-      int k = 0;
-      while (k < static_cast<int>(p.variants.size()) && p.variants[static_cast<size_t>(k)].name != name) ++k;
-      DHX_CHECK(k < static_cast<int>(p.variants.size()), InternalError,
+      const LayerProgram* v = p.block_named(name);
+      DHX_CHECK(v, InternalError,
                 "layer {} should run '{}' (recompute_layers={}, keep_gathered={}) but no such block was built", u, name,
                 lay.recompute_layers, lay.keep_gathered);
-      p.unit_variant[static_cast<size_t>(u)] = k;
+      p.unit_variant[static_cast<size_t>(u)] = static_cast<int>(v - p.variants.data());
     }
   }
 }
