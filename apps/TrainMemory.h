@@ -8,9 +8,9 @@
 namespace dhelix {
 
 // Parameters, gradients and AdamW state of this rank's shard (AdamW over dp with ZeRO-1) as
-// `states`; the buffers the layer programs save for backward per micro-batch a stage holds at once
-// (1F1B's warm-up, one more layer under Strand Interleaving) and the gathered 3D weight blocks as
-// `activations`. The batch is the config's: micro-batch size x micro-batches x data replicas.
+// `states`; the most saved-for-backward buffers a stage holds at once over its slots of the config's
+// pipeline schedule (1F1B, interleaved or W; Strand Interleaving's co-executed slots) and the
+// gathered 3D weight blocks as `activations`. The batch is the config's: micro-batch size x micro-batches x data replicas.
 MemoryEstimate estimate_rank_memory(const RunConfig& cfg);
 
 }  // namespace dhelix

@@ -46,7 +46,10 @@ std::vector<Chunk> pipeline_chunks(const PipelineSpec& spec);
 
 // The schedule (throws ConfigError listing pipeline_spec_errors). Phases per rank s:
 //   1f1b:        warm-up w = min(p-s-1, N) forwards; steady N-w x (F, B); cool-down w backwards.
-//                Co-executed: warm-up w+1 forwards, steady {F(w+1+i) || B(i)}, cool-down w+1.
+//                Co-executed: w' = min(2(p-s-1) + 1, N) warm-up forwards (twice the warm-up, so a
+//                slot waiting on both inputs has a slot of slack, and one more), steady
+//                {F(w'+i) || B(i)}, cool-down w' -- so stage s holds up to 2(p-s)-1 micro-batches'
+//                activations, where the plain 1F1B holds p-s.
 //   interleaved: the same over the rank's N*v (micro-batch, chunk) passes in Megatron's order
 //                (micro-batches in groups of p; a group runs all its chunks forward 0..v-1, backward
 //                v-1..0), warm-up min(2(p-s-1) + (v-1)p, N*v).

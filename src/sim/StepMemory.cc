@@ -13,6 +13,7 @@
 
 #include "base/Error.h"
 #include "model/Params.h"
+#include "schedule/Pipelines.h"
 #include "sharding/ParamSharding.h"
 
 namespace dhelix {
@@ -128,8 +129,7 @@ double tied_copy_elems(const UnitSpec& embed) {
   return n;
 }
 
-// The units stage s of p owns under 1F1B (embed with the first, head with the last); with tied
-// embeddings and p > 1 the last stage also holds the embedding matrix for its head.
+// The units stage s of p owns under 1F1B (embed with the first, head with the last).
 std::vector<int> stage_units(int L, int p, int s) {
   std::vector<int> u;
   if (s == 0) u.push_back(0);
@@ -147,53 +147,84 @@ void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero) {
 }
 
 
+// The peak of saved buffers one pp rank holds while it runs its slots of `sch` in order (`saved`:
+// bytes one micro-batch's pass through each unit keeps for its backward). A forward pass keeps its
+// units' buffers one after another, a backward frees them from the last unit down, so a forward-only
+// slot peaks at its end. A co-executed slot runs forward unit begin+i beside backward unit end-1-i
+// (Slot), the longer pass's rest alone after: the pair's forward keeps its unit as its backward frees
+// the mirror unit's, so the walk counts what is held at each pair's end (at the unit boundaries:
+// the working buffers of the units running are not counted).
+double walk_peak(const StepSchedule& sch, int rank, const std::vector<double>& saved) {
+  double live = 0, peak = 0;
+  for (const Slot& sl : sch.ranks[static_cast<size_t>(rank)]) {
+    const Chunk* f = sl.fwd.active() ? &sch.chunks[static_cast<size_t>(sl.fwd.chunk)] : nullptr;
+    const Chunk* b = sl.bwd.active() ? &sch.chunks[static_cast<size_t>(sl.bwd.chunk)] : nullptr;
+    const int nf = f ? f->size() : 0, nb = b ? b->size() : 0;
+    for (int i = 0; i < std::max(nf, nb); ++i) {
+      if (i < nf) live += saved[static_cast<size_t>(f->unit_begin + i)];
+      if (i < nb) live -= saved[static_cast<size_t>(b->unit_end - 1 - i)];
+      peak = std::max(peak, live);
+    }
+  }
+  return peak;
+}
+
 // memory_per_stage of a legal layout `lay` (as the engine runs it: tp with sequence parallelism)
 // whose programs and units are built already; predict() passes its own.
-std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
+std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& built,
                                        const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision,
-                                       Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
+                                       Zero zero, const StepSchedule& sch, std::vector<std::string>* notes) {
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
+  const int L = static_cast<int>(m.n_layers), U = L + 2, p = lay.pp;
+  DHX_CHECK(sch.pp == p && sch.micro_batches == M && sch.num_units == U, InternalError,
+            "the memory rule's schedule ({}: pp={}, {} micro-batches, {} units) is not the layout's (pp={}, {} "
+            "micro-batches, {} units)",
+            sch.name, sch.pp, sch.micro_batches, sch.num_units, p, M, U);
+  // The per-layer options (recompute_layers, keep_gathered): each chunk's first layers run the block
+  // the options name (select_block_variants on the schedule's chunks, as the executor runs them).
+  ModelPrograms progs = built;
+  select_block_variants(progs, lay, sch.chunks);
   const double elem = element_bytes(precision);
   const ActDims dims = act_dims(m, lay, batch);
   std::vector<std::string> unknown;
-  const double act_embed = saved_bytes(progs.embed, dims, elem, unknown);
-  const double act_head = saved_bytes(progs.head, dims, elem, unknown);
-  // The per-layer options (recompute_layers, keep_gathered): a stage's i-th layer runs the block
-  // block_variant_name names, with that block's saved buffers (one chunk per stage counted;
-  // interleaved stages hold v chunks, each with its own first layers). A recomputing layer's remade
-  // buffers are held one layer at a time: the most any of them makes. A kept layer's gathered blocks
-  // are held once for the step, from the first micro-batch's forward to the step's end, however many
-  // micro-batches are in flight (the executor's kept_blocks_). One chunk per stage is counted, as
-  // 1F1B runs: the W and interleaved schedules hold 2 or v chunks a rank, each with its own first
-  // recompute_layers and keep_gathered layers, so their figure is low by those chunks' difference.
-  auto block_of = [&](int i) -> const LayerProgram& {
-    const LayerProgram* p = progs.block_named(block_variant_name(lay, i));
-    DHX_CHECK(p, InternalError, "layer {} of a stage runs '{}', which was not built", i,
-              block_variant_name(lay, i));
-    return *p;
-  };
+  // Per unit, for one micro-batch: saved buffers; remade buffers (a recomputing layer's, held one
+  // layer at a time: the most any of the rank's layers makes); kept weight blocks (held once for the
+  // step, from the first micro-batch's forward to the step's end, however many micro-batches are in
+  // flight: the executor's kept_blocks_); two weight blocks gathered for a GEMM in flight (the 3D
+  // prefetch; not kept ones).
   struct Act {
-    double saved = 0, remade = 0, kept = 0;  // per micro-batch (kept: once a step), bytes
-    double gathered = 0;  // two weight blocks gathered for a GEMM in flight (3D prefetch), not kept ones
+    double saved = 0, remade = 0, kept = 0, gathered = 0;
   };
-  std::map<std::string, Act> act_of;  // by block name
-  for (const LayerProgram* p : progs.all()) {
-    if (p == &progs.embed || p == &progs.head) continue;
-    Act a{saved_bytes(*p, dims, elem, unknown), recompute_bytes(*p, dims, elem, unknown), 0, 0};
-    for (const Op& op : p->fwd)
-      if (op.is_collective() && op.flag("kept")) a.kept += op.cost.comm_bytes / 4.0 * elem;
-    for (const std::vector<Op>* ops : {&p->fwd, &p->bwd})
-      for (const Op& op : *ops)
-        if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather && !op.flag("kept"))
-          a.gathered = std::max(a.gathered, 2 * op.cost.comm_bytes * elem / 4.0);
-    a.saved -= a.kept;
-    act_of[p->name] = a;
+  std::map<std::string, Act> act_of;  // by program name
+  auto kind = [&](int u) { return u == 0 ? "embed" : u == U - 1 ? "head" : "block"; };
+  std::vector<Act> per_unit;
+  for (int u = 0; u < U; ++u) {
+    const LayerProgram& pr = progs.program(u, kind(u));
+    auto it = act_of.find(pr.name);
+    if (it == act_of.end()) {
+      Act a{saved_bytes(pr, dims, elem, unknown), recompute_bytes(pr, dims, elem, unknown), 0, 0};
+      for (const Op& op : pr.fwd)
+        if (op.is_collective() && op.flag("kept")) a.kept += op.cost.comm_bytes / 4.0 * elem;
+      for (const std::vector<Op>* ops : {&pr.fwd, &pr.bwd})
+        for (const Op& op : *ops)
+          if (op.is_collective() && op.group == "z" && op.coll == CollOp::kAllGather && !op.flag("kept"))
+            a.gathered = std::max(a.gathered, 2 * op.cost.comm_bytes * elem / 4.0);
+      a.saved -= a.kept;
+      it = act_of.emplace(pr.name, a).first;
+    }
+    per_unit.push_back(it->second);
   }
   if (notes) notes->insert(notes->end(), unknown.begin(), unknown.end());
-  const int L = static_cast<int>(m.n_layers), p = lay.pp;
+  std::vector<double> saved;
+  for (const Act& a : per_unit) saved.push_back(a.saved);
   std::vector<MemoryUse> out;
   for (int s = 0; s < p; ++s) {
-    const std::vector<int> mine = stage_units(L, p, s);
+    std::vector<int> mine;
+    for (int c : sch.chunks_of(s))
+      for (int u = sch.chunks[static_cast<size_t>(c)].unit_begin; u < sch.chunks[static_cast<size_t>(c)].unit_end; ++u)
+        mine.push_back(u);
+    const bool has_embed = std::find(mine.begin(), mine.end(), 0) != mine.end();
+    const bool has_head = std::find(mine.begin(), mine.end(), U - 1) != mine.end();
     double elems = 0, experts = 0;
     for (int u : mine) {
       elems += unit_elems(units[u]);
@@ -201,7 +232,7 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
         for (const ParamSpec& q : units[u].params)
           if (q.role == ShardRole::kExpert) experts += double(shape_numel(q.shard));
     }
-    if (s == p - 1 && p > 1 && m.tie_embeddings) elems += tied_copy_elems(units[0]);
+    if (has_head && !has_embed && m.tie_embeddings) elems += tied_copy_elems(units[0]);
     MemoryUse mem;
     // ZeRO-1 shards over the weights' replicas: dp x cp, and the experts' over edp x cp = dp / ep x cp.
     add_states(mem, elems - experts, elem, lay.dp * lay.cp, zero);
@@ -209,26 +240,31 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
     // Block sums of the z-reduce-scattered weight gradients (fp32, one per weight) while the step's
     // micro-batches accumulate (M > 1).
     for (int u : mine)
-      for (const Op& op : (u == 0 ? progs.embed : u == L + 1 ? progs.head : progs.block).bwd)
-        if (M > 1 && op.is_collective() && op.flag("last_micro_batch"))
-          mem.grads += op.cost.comm_bytes;
-    const double in_flight = p > 1 ? double(std::min<int64_t>(p - s, M)) : 1.0;
-    const int layers = static_cast<int>(mine.size()) - (s == 0) - (s == p - 1);
-    double act_layers = 0, act_most = 0, remade = 0, kept = 0, gathered = 0;
-    for (int i = 0; i < layers; ++i) {
-      const Act& a = act_of.at(block_of(i).name);
-      act_layers += a.saved;
-      act_most = std::max(act_most, a.saved);
+      for (const Op& op : progs.program(u, kind(u)).bwd)
+        if (M > 1 && op.is_collective() && op.flag("last_micro_batch")) mem.grads += op.cost.comm_bytes;
+    double remade = 0, kept = 0, gathered = 0;
+    for (int u : mine) {
+      const Act& a = per_unit[static_cast<size_t>(u)];
       remade = std::max(remade, a.remade);
       kept += a.kept;
       gathered = std::max(gathered, a.gathered);
     }
     mem.gathered = gathered;
-    mem.activations = in_flight * (act_layers + (s == 0 ? act_embed : 0) + (s == p - 1 ? act_head : 0)) +
-                      (si == StrandInterleaving::kOn ? act_most : 0) + remade + kept;
+    mem.activations = walk_peak(sch, s, saved) + remade + kept;
     out.push_back(mem);
   }
   return out;
+}
+
+// The 1F1B schedule of `lay`'s pipeline (one stage at pp = 1), co-executed with Strand
+// Interleaving: the schedule predict() prices and memory_per_stage walks when given none.
+StepSchedule one_f_one_b(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, StrandInterleaving si) {
+  PipelineSpec spec;
+  spec.pp = lay.pp;
+  spec.n_layers = static_cast<int>(m.n_layers);
+  spec.micro_batches = static_cast<int>(batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch));
+  spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+  return make_schedule(spec);
 }
 
 // The largest any stage needs: the limit.
@@ -243,18 +279,21 @@ MemoryUse worst_of(const std::vector<MemoryUse>& stages) {
 
 std::vector<MemoryUse> memory_per_stage(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                                         Precision precision, Zero zero, StrandInterleaving si,
-                                        std::vector<std::string>* notes) {
+                                        std::vector<std::string>* notes, const StepSchedule* schedule) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
   DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
   LayoutConfig plain = lay;
   plain.sequence_parallel = lay.tp > 1;  // the engine always runs tp with sequence parallelism
+  const StepSchedule own = schedule ? StepSchedule{} : sim_detail::one_f_one_b(m, lay, batch, si);
   return sim_detail::stage_memory_of(m, plain, build_programs(m, plain, {batch.micro_batch, batch.seq / lay.cp}),
-                         model_units(m, plain, 0), batch, precision, zero, si, notes);
+                                     model_units(m, plain, 0), batch, precision, zero, schedule ? *schedule : own,
+                                     notes);
 }
 
 MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
-                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes) {
-  return sim_detail::worst_of(memory_per_stage(m, lay, batch, precision, zero, si, notes));
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes,
+                          const StepSchedule* schedule) {
+  return sim_detail::worst_of(memory_per_stage(m, lay, batch, precision, zero, si, notes, schedule));
 }
 
 }  // namespace dhelix

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/UnitDesc.h"
+#include "plan/StepSchedule.h"
 #include "sharding/ModelPrograms.h"
 #include "sim/StepModel.h"
 
@@ -27,14 +28,21 @@ double saved_bytes(const LayerProgram& p, const ActDims& d, double elem, std::ve
 double recompute_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes);
 double unit_elems(const UnitSpec& u);          // parameter elements of a unit's shards
 double tied_copy_elems(const UnitSpec& embed);  // the tied head's copy of the token table (p > 1)
-// The units stage s of p owns under 1F1B (embed with the first, head with the last).
+// The units stage s of p owns under 1F1B (embed with the first, head with the last): predict()'s.
 std::vector<int> stage_units(int L, int p, int s);
 // States of one rank holding `elems` parameter elements.
 void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero);
-// memory_per_stage of a legal layout whose programs and units are built already.
+// The peak of saved buffers pp rank `rank` holds over its slots of `sch` (saved: bytes per unit
+// and micro-batch).
+double walk_peak(const StepSchedule& sch, int rank, const std::vector<double>& saved);
+// memory_per_stage of a legal layout whose programs and units are built already, its activations
+// walked over `sch` (the layout's pipeline schedule: its chunks select the per-layer blocks, its
+// co-executed slots are Strand Interleaving).
 std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
                                        const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision,
-                                       Zero zero, StrandInterleaving si, std::vector<std::string>* notes);
+                                       Zero zero, const StepSchedule& sch, std::vector<std::string>* notes);
+// The 1F1B schedule of lay's pipeline (one stage at pp = 1), co-executed with Strand Interleaving.
+StepSchedule one_f_one_b(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, StrandInterleaving si);
 MemoryUse worst_of(const std::vector<MemoryUse>& stages);  // the largest any stage needs: the limit
 
 }  // namespace dhelix::sim_detail

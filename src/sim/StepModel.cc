@@ -223,6 +223,11 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
   } else if (lay.tp > 1 && batch.micro_batch * (batch.seq / lay.cp) % lay.tp != 0) {
     e.push_back(fmt::format("micro-batch tokens {} per rank are not divisible by tp={}",
                             batch.micro_batch * (batch.seq / lay.cp), lay.tp));
+  } else if (const int64_t M = batch.global_batch / (replicas * batch.micro_batch); lay.pp > 1 && M < lay.pp) {
+    // The engine's pipelines refuse it too (schedule/Pipelines.h pipeline_spec_errors).
+    e.push_back(fmt::format("{} micro-batches (batch {} / ({} replicas x micro-batch {})) are below pp={}: the "
+                            "pipeline would never fill",
+                            M, batch.global_batch, replicas, batch.micro_batch, lay.pp));
   }
   return e;
 }
@@ -704,7 +709,8 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     // The slowest stage sets the step.
     if (st.step_s > worst) r = st, worst = st.step_s;
   }
-  r.memory = worst_of(stage_memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, opt.si, &notes));
+  r.memory = worst_of(
+      stage_memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, one_f_one_b(m, plain, batch, opt.si), &notes));
   r.notes = notes;
   std::vector<std::pair<std::string, const UnitTimes*>> strands = {{"embed", &embed}, {"head", &head}};
   for (const auto& [name, t] : block_of) strands.emplace_back(name, &t);  // "block" and its variants

@@ -41,9 +41,10 @@
 // Memory per rank (a hard limit against the preset's device memory): parameters (element size),
 // gradients (fp32, 4 bytes; plus the block sums under accumulate_z), AdamW (two fp32 moments, 8 bytes, plus a 4-byte fp32 master copy under
 // bf16; divided by dp under ZeRO-1), gathered 3D weight blocks (two in flight: prefetch), and
-// activations: the programs' saved buffers (forward buffers the backward reads) x layers on the
-// stage x micro-batches in flight (1F1B stage s: min(p - s, M); with Strand Interleaving one more
-// layer).
+// activations: the most of the programs' saved buffers (forward buffers the backward reads) a stage
+// holds at once over its slots of the pipeline schedule (StepMemory.h walk_peak: 1F1B stage s holds
+// min(p - s, M) micro-batches; the W and interleaved schedules more, their chunks' in turn), plus
+// the kept 3D weight blocks and one recomputing layer's remade buffers. predict() walks 1F1B.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -55,6 +56,7 @@
 #include "model/ModelConfig.h"
 #include "model/Params.h"
 #include "plan/Program.h"
+#include "plan/StepSchedule.h"
 #include "sim/ClusterPreset.h"
 
 namespace dhelix {
@@ -147,14 +149,18 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
 
 // Bytes one rank needs (the stage that needs most), as predict() counts them (the memory rule in
 // this header's comment); `dhelix train` refuses a run by it too. ConfigError when illegal. Saved
-// buffers without a size rule are counted as residual rows and named in `notes`.
+// buffers without a size rule are counted as residual rows and named in `notes`. The activations
+// walk `schedule` (the run's pipeline: its pp, micro-batches and units must be the layout's), or
+// without one the 1F1B schedule of the layout, co-executed under Strand Interleaving.
 MemoryUse memory_per_rank(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, Precision precision,
-                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes = nullptr);
+                          Zero zero, StrandInterleaving si, std::vector<std::string>* notes = nullptr,
+                          const StepSchedule* schedule = nullptr);
 // The same per pipeline stage (every rank of a stage needs the same bytes: its units' states, its
 // micro-batches in flight), stage 0 first; memory_per_rank is the largest of them.
 std::vector<MemoryUse> memory_per_stage(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                                         Precision precision, Zero zero, StrandInterleaving si,
-                                        std::vector<std::string>* notes = nullptr);
+                                        std::vector<std::string>* notes = nullptr,
+                                        const StepSchedule* schedule = nullptr);
 
 // ---- the pieces, for tests and the future whole-step simulator ----
 

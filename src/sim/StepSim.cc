@@ -342,7 +342,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
   const double tokens = double(batch.global_batch) * double(batch.seq);
   r.tokens_per_s = tokens / r.step_s;
   r.model_flops_per_s_per_rank = m.flops_per_token(batch.seq) * tokens / r.step_s / double(lay.world());
-  r.stage_memory = memory_per_stage(m, lay, batch, opt.precision, opt.zero, opt.si);
+  r.stage_memory = memory_per_stage(m, lay, batch, opt.precision, opt.zero, opt.si, nullptr, opt.schedule);
   for (const MemoryUse& mu : r.stage_memory)  // the largest stage: memory_per_rank's rule
     if (mu.total() > r.memory.total()) r.memory = mu;
   return r;

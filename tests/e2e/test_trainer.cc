@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <set>
 
 #include "TinyRun.h"
@@ -11,6 +12,7 @@
 #include "sharding/ModelPrograms.h"
 #include "plan/Program.h"
 #include "runtime/Env.h"
+#include "schedule/Pipelines.h"
 #include "sim/LayoutSearch.h"
 #include "sim/StepModel.h"
 #include "TrainMemory.h"
@@ -220,27 +222,39 @@ TEST(Bf16SavedActivations, LinearInputsOnlyTheirWeightGradientReads) {
 // A checkpoint of another shape is rejected with the tensor named, before anything changes.
 // `dhelix train` refuses a run by the memory `dhelix tune` reports (one cost vocabulary). Oracle:
 // the step model's memory_per_rank for the layout, the batch the config implies (micro-batch size x
-// micro-batches x data replicas) and its ZeRO and SI switches; the states and activations
-// figures each equal its parts.
+// micro-batches x data replicas), its ZeRO and SI switches and the config's pipeline schedule; the
+// states and activations figures each equal its parts. The W and interleaved cases are ones whose
+// walk differs from 1F1B's (checked), so an estimate that ignored the schedule would fail.
 TEST(TrainerPreflight, MemoryEstimateIsTheStepModels) {
   TempDir dir;
   RunConfig cfg = tiny_config(dir.path(), "gpt");
+  cfg.model.n_layers = 4;  // two chunks a stage at pp = 2 (the W, interleaved v = 2)
   struct Case {
     int64_t dp, tp, pp, x, z;
     bool zero, si;
+    const char* pipeline = "1f1b";
   };
   for (const Case& k : {Case{1, 1, 1, 1, 1, false, true}, Case{2, 1, 1, 1, 1, true, false},
-                        Case{1, 2, 2, 1, 1, false, true}, Case{1, 1, 1, 2, 2, false, true}}) {
+                        Case{1, 2, 2, 1, 1, false, true}, Case{1, 1, 1, 2, 2, false, true},
+                        Case{1, 1, 2, 1, 1, false, false, "w"}, Case{1, 1, 2, 1, 1, false, false, "interleaved"}}) {
     cfg.parallel.dp = k.dp, cfg.parallel.tp = k.tp, cfg.parallel.pp = k.pp;
     cfg.parallel.tp_x = k.x, cfg.parallel.tp_y = 1, cfg.parallel.tp_z = k.z, cfg.parallel.zero = k.zero;
     cfg.schedule.strand_interleaving = k.si;
+    cfg.schedule.pipeline = k.pipeline;
+    cfg.schedule.virtual_stages = std::string(k.pipeline) == "interleaved" ? 2 : 1;
+    cfg.training.micro_batches = k.pp > 1 ? 4 : 2;
     const LayoutConfig lay = layout_config(cfg);
     const int64_t mb = cfg.training.micro_batch_size;
-    const MemoryUse want =
-        memory_per_rank(cfg.model, lay, {mb * cfg.training.micro_batches * lay.data_replicas(), cfg.model.seq_len, mb},
-                        Precision::kFp32, k.zero ? Zero::kZero1 : Zero::kNone,
-                        k.si ? StrandInterleaving::kOn : StrandInterleaving::kOff);
+    const BatchSpec batch{mb * cfg.training.micro_batches * lay.data_replicas(), cfg.model.seq_len, mb};
+    const StepSchedule sch = make_schedule(pipeline_spec(cfg));
+    const Zero zero = k.zero ? Zero::kZero1 : Zero::kNone;
+    const StrandInterleaving si = k.si ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+    const MemoryUse want = memory_per_rank(cfg.model, lay, batch, Precision::kFp32, zero, si, nullptr, &sch);
     const MemoryEstimate got = estimate_rank_memory(cfg);
+    if (std::string(k.pipeline) != "1f1b") {  // the case tells the schedules apart
+      EXPECT_NE(want.activations, memory_per_rank(cfg.model, lay, batch, Precision::kFp32, zero, si).activations)
+          << k.pipeline;
+    }
     EXPECT_DOUBLE_EQ(got.states, want.params + want.grads + want.optimizer) << layout_label(lay);
     EXPECT_DOUBLE_EQ(got.activations, want.activations + want.gathered) << layout_label(lay);
     EXPECT_GT(want.activations, 0) << layout_label(lay);

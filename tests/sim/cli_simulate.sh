@@ -138,10 +138,10 @@ assert m['step_s'] == n['step_s']" "$tmp/n.json" "$tmp/f.json" "$tmp/m.json"; th
   ok native_precision_and_flops
 else fail native_precision_and_flops; cat "$tmp/n.out" | head -3; fi
 
-# 5. A layout that needs more memory per rank than the device has (GPT-2 124M, 256 sequences of 1024
-# per micro-batch on one H100: ~83 GiB of activations): exit 2 with the figures (as tune excludes
+# 5. A layout that needs more memory per rank than the device has (GPT-2 124M, 272 sequences of 1024
+# per micro-batch on one H100: ~82 GiB of activations): exit 2 with the figures (as tune excludes
 # it), unless --allow-oom, which prints the step and marks it; full recompute makes it fit.
-big=(--config configs/gpt2-124m.toml --training.micro_batch_size 256 --cluster h100-8gpu)
+big=(--config configs/gpt2-124m.toml --training.micro_batch_size 272 --cluster h100-8gpu)
 expect_bad oom "does not fit the device memory of cluster h100-8gpu" "GiB per rank" "--allow-oom" -- "${big[@]}"
 out=$("$bin" simulate "${big[@]}" --allow-oom --json "$tmp/o.json" 2>&1); rc=$?
 if [ $rc -eq 0 ] && grep -q "(does not fit)" <<<"$out" \
