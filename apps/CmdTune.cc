@@ -33,7 +33,8 @@ const FlagTable& tune_flags() {
       "                   [--micro-batch-size b] [--precision native|fp32|bf16] [--grad-precision fp32|bf16]\n"
       "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
       "                   [--recompute none|selective|full|auto] [--keep-gathered K|auto]\n"
-      "                   [--fuse-epilogues auto|on|off]\n"
+      "                   [--fuse-epilogues auto|on|off] [--pipeline 1f1b|interleaved|w|all]\n"
+      "                   [--virtual-stages V]\n"
       "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
       "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -75,6 +76,12 @@ const FlagTable& tune_flags() {
            "price the programs with the GEMM epilogues fused (training.fuse_epilogues):\nauto: on for a preset with a bf16 "
            "figure (the GPUs, whose runs fuse by\ndefault), off for this machine's; --confirm runs set it alike",
            "auto|on|off"},
+          {"--pipeline", FlagType::kChoice, "1f1b",
+           "the schedule layouts with pp > 1 are priced under (schedule.pipeline): its\nchunks' placement, sends, "
+           "bubble and activations in flight; all: a row per\nschedule (--confirm runs set it alike)",
+           "1f1b|interleaved|w|all"},
+          {"--virtual-stages", FlagType::kInt, "2", "chunks a rank for the interleaved schedule (schedule.virtual_stages)",
+           "V", 2, double(1 << 16)},
           {"--si", FlagType::kOnOff, "off", "Strand Interleaving", "on|off"},
           {"--sparse-embed-grad", FlagType::kOnOff, "off",
            "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
@@ -220,6 +227,14 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
     }
   }
   req.opt.si = f.on("--si") ? StrandInterleaving::kOn : StrandInterleaving::kOff;
+  {
+    const std::string pipe = f.text_or_default("--pipeline");
+    if (pipe == "all") req.opt.pipelines = {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW};
+    else req.opt.pipeline = parse_pipeline_kind(pipe).value_or(PipelineKind::k1F1B);
+    req.opt.virtual_stages = static_cast<int>(f.integer("--virtual-stages"));
+    if (f.given("--virtual-stages") && pipe != "interleaved" && pipe != "all")
+      errors.push_back(fmt::format("--virtual-stages applies to --pipeline interleaved (or all), not {}", pipe));
+  }
   req.opt.sparse_embed = f.on("--sparse-embed-grad") ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
   req.json_path = f.text("--json");
   if (f.given("--cluster")) {
@@ -267,6 +282,8 @@ nlohmann::json to_json(const StepPrediction& p, int rank) {
     axes[g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
   return {{"rank", rank},
           {"layout", layout_label(p.layout)},
+          {"pipeline", p.layout.pp > 1 ? nlohmann::json(pipeline_kind_name(p.pipeline)) : nlohmann::json(nullptr)},
+          {"virtual_stages", p.virtual_stages},
           {"recompute", recompute_name(p.layout.recompute)},
           {"keep_gathered", p.layout.keep_gathered},
           {"pricer", pricer_name(p.pricer)},
@@ -291,8 +308,11 @@ nlohmann::json to_json(const StepPrediction& p, int rank) {
 void print_excluded(const std::vector<ExcludedLayout>& ex, nlohmann::json& j) {
   if (!ex.empty()) fmt::print("\nexcluded ({}):\n", ex.size());
   for (const ExcludedLayout& e : ex) {
-    fmt::print("  {:<30} {}\n", layout_label(e.layout), e.reason);
-    j["excluded"].push_back({{"layout", layout_label(e.layout)}, {"reason", e.reason}});
+    fmt::print("  {:<30} {}\n", row_label(e.layout, e.pipeline, e.virtual_stages), e.reason);
+    j["excluded"].push_back(
+        {{"layout", layout_label(e.layout)},
+         {"pipeline", e.layout.pp > 1 ? nlohmann::json(pipeline_kind_name(e.pipeline)) : nlohmann::json(nullptr)},
+         {"reason", e.reason}});
   }
 }
 
@@ -382,13 +402,19 @@ int cmd_tune(int argc, char** argv) {
     TuneResult res = rank_layouts(req->model, req->gpus, req->batch, req->cluster, req->opt);
     if (!req->only.empty()) {
       std::vector<std::string> unknown = req->only;
-      auto listed = [&](const LayoutConfig& l) {
-        const std::string label = layout_label(l);
-        unknown.erase(std::remove(unknown.begin(), unknown.end(), label), unknown.end());
-        return std::find(req->only.begin(), req->only.end(), label) != req->only.end();
+      // A layout's label lists it under every schedule; "... w" (row_label) under that one.
+      auto listed = [&](const LayoutConfig& l, PipelineKind k, int v) {
+        bool hit = false;
+        for (const std::string& label : {layout_label(l), row_label(l, k, v)}) {
+          unknown.erase(std::remove(unknown.begin(), unknown.end(), label), unknown.end());
+          hit = hit || std::find(req->only.begin(), req->only.end(), label) != req->only.end();
+        }
+        return hit;
       };
-      std::erase_if(res.ranked, [&](const StepPrediction& p) { return !listed(p.layout); });
-      std::erase_if(res.excluded, [&](const ExcludedLayout& e) { return !listed(e.layout); });
+      std::erase_if(res.ranked,
+                    [&](const StepPrediction& p) { return !listed(p.layout, p.pipeline, p.virtual_stages); });
+      std::erase_if(res.excluded,
+                    [&](const ExcludedLayout& e) { return !listed(e.layout, e.pipeline, e.virtual_stages); });
       DHX_CHECK(unknown.empty(), ConfigError,
                 "--only: '{}' is not a layout of {} ranks; labels look like \"tp=2 pp=1 dp=2\" or \"x=2 y=1 z=2 dp=1\"",
                 fmt::join(unknown, "', '"), req->gpus);
@@ -407,7 +433,8 @@ int cmd_tune(int argc, char** argv) {
       const StepPrediction& p = res.ranked[i];
       if (int(i) < req->top)
         fmt::print("{:>4}  {:<30} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {:<9} {}\n", i + 1,
-                   layout_label(p.layout), pricer_name(p.pricer), p.step_s, p.compute_s, p.exposed_comm_s,
+                   row_label(p.layout, p.pipeline, p.virtual_stages), pricer_name(p.pricer), p.step_s, p.compute_s,
+                   p.exposed_comm_s,
                    axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no", recompute_name(p.layout.recompute),
                    p.layout.keep_gathered);
       j["ranked"].push_back(to_json(p, int(i) + 1));
@@ -434,16 +461,23 @@ int cmd_tune(int argc, char** argv) {
       for (size_t i = 0; i < conf.size(); ++i) {
         const Confirmed& c = conf[i];
         if (!c.ok) {
-          fmt::print("{:>4}  {:<30} {:>11.3f} {:>11}   {}\n", i + 1, layout_label(c.layout), c.predicted_s, "failed",
-                     c.error);
-          j["confirmed"].push_back({{"layout", layout_label(c.layout)}, {"predicted_s", c.predicted_s}, {"error", c.error}});
+          fmt::print("{:>4}  {:<30} {:>11.3f} {:>11}   {}\n", i + 1, row_label(c.layout, c.pipeline, c.virtual_stages),
+                     c.predicted_s, "failed", c.error);
+          j["confirmed"].push_back({{"layout", layout_label(c.layout)},
+                                    {"pipeline", pipeline_kind_name(c.pipeline)},
+                                    {"predicted_s", c.predicted_s},
+                                    {"error", c.error}});
           continue;
         }
         const auto [lo, hi] = std::minmax_element(c.step_s.begin(), c.step_s.end());
-        fmt::print("{:>4}  {:<30} {:>11.3f} {:>11.3f} {:>8.3f}-{:<8.3f} {:>+7.1f}%\n", i + 1, layout_label(c.layout),
+        fmt::print("{:>4}  {:<30} {:>11.3f} {:>11.3f} {:>8.3f}-{:<8.3f} {:>+7.1f}%\n", i + 1,
+                   row_label(c.layout, c.pipeline, c.virtual_stages),
                    c.predicted_s, c.measured_s, *lo, *hi, 100 * (c.predicted_s - c.measured_s) / c.measured_s);
-        j["confirmed"].push_back({{"layout", layout_label(c.layout)}, {"predicted_s", c.predicted_s},
-                                  {"measured_s", c.measured_s}, {"step_s", c.step_s}});
+        j["confirmed"].push_back({{"layout", layout_label(c.layout)},
+                                  {"pipeline", pipeline_kind_name(c.pipeline)},
+                                  {"predicted_s", c.predicted_s},
+                                  {"measured_s", c.measured_s},
+                                  {"step_s", c.step_s}});
       }
       const RankAgreement a = agreement(conf);
       fmt::print("agreement over {} layouts: Kendall tau {:.3f}, top-1 regret {:.1f}%, median |error| {:.1f}%\n",

@@ -47,7 +47,8 @@ std::vector<std::string> split_words(const std::string& s) {
 
 // The `dhelix train` words of one layout: the model and batch the prediction priced.
 std::vector<std::string> train_words(const ModelConfig& m, const BatchSpec& batch, const PredictOptions& opt,
-                                     const LayoutConfig& lay, const ConfirmOptions& o, const std::string& out_dir) {
+                                     const Confirmed& c, const ConfirmOptions& o, const std::string& out_dir) {
+  const LayoutConfig& lay = c.layout;
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
   auto kv = [](const std::string& k, auto v) { return std::vector<std::string>{"--" + k, fmt::format("{}", v)}; };
   std::vector<std::vector<std::string>> pairs = {
@@ -69,6 +70,8 @@ std::vector<std::string> train_words(const ModelConfig& m, const BatchSpec& batc
       kv("training.recompute_layers", lay.recompute_layers),
       kv("parallel.keep_gathered", lay.keep_gathered),
       kv("schedule.strand_interleaving", opt.si == StrandInterleaving::kOn ? "on" : "off"),
+      kv("schedule.pipeline", pipeline_kind_name(c.pipeline)),
+      kv("schedule.virtual_stages", c.virtual_stages),
       kv("training.fuse_epilogues", opt.fuse_epilogues ? "on" : "off"),
       kv("comm.grad_precision", opt.grad_wire_bytes == 2 ? "bf16" : "fp32"),
       kv("parallel.sparse_embed_grad", opt.sparse_embed == SparseEmbedGrad::kOn ? "on" : "off"),
@@ -138,14 +141,15 @@ std::vector<Confirmed> confirm_layouts(const ModelConfig& m, const BatchSpec& ba
   DHX_CHECK(!o.config_path.empty() && file_exists(o.config_path), ConfigError,
             "tune --confirm needs --config FILE for the runs' data and training settings (got '{}')", o.config_path);
   std::vector<Confirmed> out;
-  for (const StepPrediction& p : layouts) out.push_back(Confirmed{p.layout, p.step_s, {}, 0, true, ""});
+  for (const StepPrediction& p : layouts)
+    out.push_back(Confirmed{p.layout, p.pipeline, p.virtual_stages, p.step_s, {}, 0, true, ""});
   const size_t n = out.size();
   std::filesystem::create_directories(o.workdir);
   for (int r = 0; r < o.rounds; ++r)
     for (size_t k = 0; k < n; ++k) {
       Confirmed& c = out[(k + size_t(r)) % n];  // round r starts r layouts later
       if (!c.ok) continue;
-      const std::string label = layout_label(c.layout);
+      const std::string label = row_label(c.layout, c.pipeline, c.virtual_stages);
       std::string slug = label;
       for (char& ch : slug)
         if (ch == ' ' || ch == '=') ch = '_';
@@ -155,7 +159,7 @@ std::vector<Confirmed> confirm_layouts(const ModelConfig& m, const BatchSpec& ba
         if (const size_t at = w.find("{np}"); at != std::string::npos) w.replace(at, 4, std::to_string(c.layout.world()));
         argv.push_back(w);
       }
-      const std::vector<std::string> train = train_words(m, batch, opt, c.layout, o, dir);
+      const std::vector<std::string> train = train_words(m, batch, opt, c, o, dir);
       argv.insert(argv.end(), train.begin(), train.end());
       const std::string log = o.workdir + "/" + slug + ".log";
       const int rc = run_logged(argv, log);

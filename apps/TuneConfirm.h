@@ -22,6 +22,8 @@ struct ConfirmOptions {
 
 struct Confirmed {
   LayoutConfig layout;
+  PipelineKind pipeline = PipelineKind::k1F1B;  // the schedule predicted (schedule.pipeline)
+  int virtual_stages = 1;
   double predicted_s = 0;
   std::vector<double> step_s;  // every counted step of every round
   double measured_s = 0;       // their median

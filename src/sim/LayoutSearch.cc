@@ -54,6 +54,67 @@ std::string layout_label(const LayoutConfig& l) {
   return fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
 }
 
+std::string schedule_label(PipelineKind kind, int virtual_stages) {
+  if (kind == PipelineKind::kInterleaved) return fmt::format("interleaved v={}", virtual_stages);
+  return pipeline_kind_name(kind);
+}
+
+std::string row_label(const LayoutConfig& lay, PipelineKind kind, int virtual_stages) {
+  if (lay.pp == 1 || kind == PipelineKind::k1F1B) return layout_label(lay);
+  return layout_label(lay) + " " + schedule_label(kind, virtual_stages);
+}
+
+namespace {
+
+// One legal layout under o's schedule: its least recompute that fits (recompute_auto), its kept
+// layers (keep_gathered), ranked or excluded with the reason.
+void rank_one(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, const ClusterPreset& cluster,
+            const PredictOptions& opt, TuneResult& r) {
+  LayoutConfig l = lay;
+  l.fuse_epilogues = opt.fuse_epilogues;
+  l.recompute = opt.recompute_auto ? Recompute::kNone : opt.recompute;
+  StepPrediction p = predict(m, l, batch, cluster, opt);
+  for (Recompute more : {Recompute::kSelective, Recompute::kFull}) {  // auto: recompute what it takes to fit
+    if (!opt.recompute_auto || p.fits) break;
+    l.recompute = more;
+    p = predict(m, l, batch, cluster, opt);
+  }
+  if (l.is_3d() && l.tp_z > 1 && (opt.keep_gathered > 0 || opt.keep_gathered_auto)) {
+    // Kept blocks (AxoNN's weight caching): a fixed count, or the most layers of a stage that fit
+    // (memory grows with each kept layer, so the largest that fits is found by bisection).
+    // (per chunk: a stage holds 2 under the W, v interleaved)
+    const int chunks = l.pp == 1                                     ? 1
+                       : opt.pipeline == PipelineKind::kW            ? 2
+                       : opt.pipeline == PipelineKind::kInterleaved ? opt.virtual_stages
+                                                                    : 1;
+    const int layers = static_cast<int>(m.n_layers) / (l.pp * chunks);
+    if (!opt.keep_gathered_auto) {
+      l.keep_gathered = std::min(opt.keep_gathered, layers);
+      p = predict(m, l, batch, cluster, opt);
+    } else if (p.fits) {
+      int lo = 0, hi = layers;  // lo fits
+      StepPrediction best = p;
+      while (lo < hi) {
+        LayoutConfig k = l;
+        k.keep_gathered = (lo + hi + 1) / 2;
+        StepPrediction q = predict(m, k, batch, cluster, opt);
+        if (q.fits) lo = k.keep_gathered, best = std::move(q);
+        else hi = k.keep_gathered - 1;
+      }
+      l.keep_gathered = lo;
+      p = std::move(best);
+    }
+  }
+  if (!p.fits && l.keep_gathered > 0)
+    p.reason += fmt::format(" with the first {} layer(s) of each chunk keeping their gathered weight blocks "
+                            "(--keep-gathered; auto keeps the most that fit)",
+                            l.keep_gathered);
+  if (!p.fits) r.excluded.push_back({l, p.reason, p.pipeline, p.virtual_stages});
+  else r.ranked.push_back(std::move(p));
+}
+
+}  // namespace
+
 TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, const ClusterPreset& cluster,
                         const PredictOptions& opt) {
   TuneResult r;
@@ -80,42 +141,25 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
       r.excluded.push_back({lay, fmt::format("{}", fmt::join(errs, "; "))});
       continue;
     }
-    LayoutConfig l = lay;
-    l.fuse_epilogues = opt.fuse_epilogues;
-    l.recompute = opt.recompute_auto ? Recompute::kNone : opt.recompute;
-    StepPrediction p = predict(m, l, batch, cluster, opt);
-    for (Recompute more : {Recompute::kSelective, Recompute::kFull}) {  // auto: recompute what it takes to fit
-      if (!opt.recompute_auto || p.fits) break;
-      l.recompute = more;
-      p = predict(m, l, batch, cluster, opt);
-    }
-    if (l.is_3d() && l.tp_z > 1 && (opt.keep_gathered > 0 || opt.keep_gathered_auto)) {
-      // Kept blocks (AxoNN's weight caching): a fixed count, or the most layers of a stage that fit
-      // (memory grows with each kept layer, so the largest that fits is found by bisection).
-      const int layers = static_cast<int>(m.n_layers) / l.pp;
-      if (!opt.keep_gathered_auto) {
-        l.keep_gathered = std::min(opt.keep_gathered, layers);
-        p = predict(m, l, batch, cluster, opt);
-      } else if (p.fits) {
-        int lo = 0, hi = layers;  // lo fits
-        StepPrediction best = p;
-        while (lo < hi) {
-          LayoutConfig k = l;
-          k.keep_gathered = (lo + hi + 1) / 2;
-          StepPrediction q = predict(m, k, batch, cluster, opt);
-          if (q.fits) lo = k.keep_gathered, best = std::move(q);
-          else hi = k.keep_gathered - 1;
+    // A pipeline under each schedule asked for (one row each), else the one of opt.pipeline.
+    std::vector<PipelineKind> kinds = {opt.pipeline};
+    if (lay.pp > 1 && !opt.pipelines.empty()) kinds = opt.pipelines;
+    for (PipelineKind kind : kinds) {
+      PredictOptions o = opt;
+      o.pipeline = kind;
+      if (lay.pp > 1) {
+        PipelineSpec spec;
+        spec.kind = kind, spec.pp = lay.pp, spec.n_layers = static_cast<int>(m.n_layers);
+        spec.virtual_stages = kind == PipelineKind::kInterleaved ? opt.virtual_stages : 1;
+        spec.micro_batches = static_cast<int>(batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch));
+        const std::vector<std::string> perrs = pipeline_spec_errors(spec);
+        if (!perrs.empty()) {
+          r.excluded.push_back({lay, fmt::format("{}", fmt::join(perrs, "; ")), kind, spec.virtual_stages});
+          continue;
         }
-        l.keep_gathered = lo;
-        p = std::move(best);
       }
+      rank_one(m, lay, batch, cluster, o, r);
     }
-    if (!p.fits && l.keep_gathered > 0)
-      p.reason += fmt::format(" with the first {} layer(s) of each stage keeping their gathered weight blocks "
-                              "(--keep-gathered; auto keeps the most that fit)",
-                              l.keep_gathered);
-    if (!p.fits) r.excluded.push_back({l, p.reason});
-    else r.ranked.push_back(std::move(p));
   }
   std::stable_sort(r.ranked.begin(), r.ranked.end(),
                    [](const StepPrediction& a, const StepPrediction& b) { return a.step_s < b.step_s; });

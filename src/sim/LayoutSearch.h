@@ -18,9 +18,17 @@ std::vector<LayoutConfig> enumerate_layouts(int n);
 // cp and ep only when not 1).
 std::string layout_label(const LayoutConfig& lay);
 
+// "1f1b", "w", "interleaved v=2".
+std::string schedule_label(PipelineKind kind, int virtual_stages);
+// A ranked row's label: layout_label, with the schedule after it for a pipeline not run as 1F1B
+// ("tp=1 pp=2 dp=2 w", "tp=1 pp=2 dp=2 interleaved v=2").
+std::string row_label(const LayoutConfig& lay, PipelineKind kind, int virtual_stages);
+
 struct ExcludedLayout {
   LayoutConfig layout;
   std::string reason;
+  PipelineKind pipeline = PipelineKind::k1F1B;  // the schedule it was priced under (pp > 1)
+  int virtual_stages = 1;
 };
 
 struct TuneResult {
@@ -30,7 +38,9 @@ struct TuneResult {
 
 // Each layout with opt.recompute (or, with opt.recompute_auto, the least recomputation that fits),
 // and the 3D layouts with tp_z > 1 keeping opt.keep_gathered layers' gathered weight blocks (or,
-// with opt.keep_gathered_auto, the most that fit): its prediction's layout says which.
+// with opt.keep_gathered_auto, the most that fit): its prediction's layout says which. A layout
+// with pp > 1 is priced under each schedule of opt.pipelines (a row each; empty: opt.pipeline),
+// one a schedule cannot run (layers not divisible by its chunks) excluded with the reason.
 TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, const ClusterPreset& cluster,
                         const PredictOptions& opt);
 

@@ -552,6 +552,45 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
   const int64_t M = r.micro_batches;
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
+  // The pipeline's schedule: its chunks place the units on the stages, its slots hold the
+  // activations the memory rule walks (one stage at pp = 1: 1F1B's).
+  PipelineSpec spec;
+  spec.kind = p > 1 ? opt.pipeline : PipelineKind::k1F1B;
+  spec.pp = p;
+  spec.virtual_stages = spec.kind == PipelineKind::kInterleaved ? opt.virtual_stages : 1;
+  spec.n_layers = L;
+  spec.micro_batches = static_cast<int>(M);
+  spec.co_execute = opt.si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+  {
+    const std::vector<std::string> perrs = pipeline_spec_errors(spec);
+    DHX_CHECK(perrs.empty(), ConfigError, "{} cannot run this layout: {}", pipeline_kind_name(spec.kind),
+              fmt::join(perrs, "; "));
+  }
+  const StepSchedule sch = make_schedule(spec);
+  r.pipeline = spec.kind, r.virtual_stages = spec.virtual_stages;
+  // Stage s's units in forward order with the block each layer runs (the per-layer options count
+  // each chunk's layers from its first), and its sends a micro-batch: an activation where the next
+  // chunk lives on another rank, a gradient where the previous one does.
+  struct StageUnits {
+    std::vector<int> units;
+    std::vector<std::string> blocks;  // per unit: the block variant ("" for the embedding and head)
+    int fwd_sends = 0, bwd_sends = 0;
+  };
+  std::vector<StageUnits> placed(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    StageUnits& su = placed[static_cast<size_t>(s)];
+    for (int c : sch.chunks_of(s)) {
+      const Chunk& ch = sch.chunks[static_cast<size_t>(c)];
+      int layer = 0;
+      for (int u = ch.unit_begin; u < ch.unit_end; ++u) {
+        su.units.push_back(u);
+        su.blocks.push_back(u != 0 && u != L + 1 ? block_variant_name(lay, layer++) : "");
+      }
+      const size_t next = static_cast<size_t>(c) + 1;
+      su.fwd_sends += next < sch.chunks.size() && sch.chunks[next].rank != s;
+      su.bwd_sends += c > 0 && sch.chunks[static_cast<size_t>(c) - 1].rank != s;
+    }
+  }
   const GroupLink& pp_link = groups.at("pp");
   // Activation (forward) or gradient (backward) of one micro-batch crossing a stage boundary.
   const double p2p_bytes = double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) * elem;
@@ -583,10 +622,10 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   // (a micro-batch after the step's first).
   auto stage_mb = [&](int s, bool fold, bool cached) {
     StageMb g;
-    int layer = 0;  // the stage's transformer layers in order (one chunk: block_variant_name)
-    for (int u : stage_units(L, p, s)) {
-      const bool is_block = u != 0 && u != L + 1;
-      const std::string bname = is_block ? block_variant_name(lay, layer++) : "";
+    const StageUnits& su = placed[static_cast<size_t>(s)];
+    for (size_t k = 0; k < su.units.size(); ++k) {
+      const int u = su.units[k];
+      const std::string& bname = su.blocks[k];
       const auto& blocks = fold ? (cached ? block_fold_cached_of : block_fold_of) : (cached ? block_cached_of : block_of);
       const UnitTimes& t = u == 0 ? (fold ? embed_fold : embed) : u == L + 1 ? (fold ? head_fold : head) : blocks.at(bname);
       g.Ff += t.fwd.span_s, g.Bb += t.bwd.span_s, g.Cf += t.fwd.compute_s, g.Cb += t.bwd.compute_s;
@@ -601,10 +640,14 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       g.expert_bytes.push_back(experts * opt.grad_wire_bytes);
       g.elems += unit_elems(units[u]);
     }
-    if (s == p - 1 && p > 1 && m.tie_embeddings) g.elems += tied_copy_elems(units[0]);
+    const bool has_embed = std::find(su.units.begin(), su.units.end(), 0) != su.units.end();
+    const bool has_head = std::find(su.units.begin(), su.units.end(), L + 1) != su.units.end();
+    if (has_head && !has_embed && m.tie_embeddings) g.elems += tied_copy_elems(units[0]);
     AxisCost& pa = g.axes["pp"];
-    if (s < p - 1) g.Ff += p2p_s, pa.bytes += p2p_bytes, pa.seconds += p2p_s, pa.exposed_s += p2p_s;
-    if (s > 0) g.Bb += p2p_s, pa.bytes += p2p_bytes, pa.seconds += p2p_s, pa.exposed_s += p2p_s;
+    const double sent_f = su.fwd_sends * p2p_s, sent_b = su.bwd_sends * p2p_s;
+    g.Ff += sent_f, g.Bb += sent_b;
+    pa.bytes += (su.fwd_sends + su.bwd_sends) * p2p_bytes, pa.seconds += sent_f + sent_b;
+    pa.exposed_s += sent_f + sent_b;
     return g;
   };
   // The last micro-batch's strands, the middle ones', the first's (M > 1; with M = 1 the last is the
@@ -630,15 +673,22 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   };
   const bool si = opt.si == StrandInterleaving::kOn;
   auto t_mb = [&](const StageMb& g) { return si ? slot_of(g) : g.Ff + g.Bb; };
-  // The pipeline's body (p > 1): (M + p - 1) x the slowest stage per micro-batch; with stages
-  // sharing a core, the most of that and the core's work -- M micro-batches of each of its stages,
-  // at the core's whole rate (the programs are priced at core_share of it).
+  // The pipeline's body (p > 1): M x the slowest stage per micro-batch over the schedule's busy
+  // fraction (1F1B: (M + p - 1) x it); with stages sharing a core, the most of that and the core's
+  // work -- M micro-batches of each of its stages, at the core's whole rate (the programs are priced
+  // at core_share of it).
   double pipe_body = 0, pipe_bubble = 0;  // the bubble: the body less the busiest stage's (core's) work
   if (p > 1) {
-    double slowest = 0;
-    for (const StageMb& g : stages) slowest = std::max(slowest, t_mb(g));
-    pipe_body = double(M + p - 1) * slowest;
-    pipe_bubble = double(p - 1) * slowest;
+    const StageMb* slow = &stages[0];
+    for (const StageMb& g : stages)
+      if (t_mb(g) > t_mb(*slow)) slow = &g;
+    const double slowest = t_mb(*slow);
+    auto body_of = [&](double t) {
+      if (spec.kind == PipelineKind::k1F1B) return double(M + p - 1) * t;
+      return double(M) * t / (1 - bubble_formula(spec, slow->Ff > 0 ? slow->Bb / slow->Ff : 2.0));
+    };
+    pipe_body = body_of(slowest);
+    pipe_bubble = pipe_body - double(M) * slowest;
     if (stages_per_core > 1) {
       double core_work = 0;  // the busiest core's stages, consecutive stages of the pipeline
       for (int s0 = 0; s0 < p; s0 += stages_per_core) {
@@ -646,8 +696,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
         for (int s = s0; s < std::min(p, s0 + stages_per_core); ++s) w += t_mb(stages[s]);
         core_work = std::max(core_work, w);
       }
-      pipe_body = std::max(double(M) * core_work * cluster.core_share,
-                           double(M + p - 1) * slowest * cluster.core_share);
+      pipe_body = std::max(double(M) * core_work * cluster.core_share, body_of(slowest) * cluster.core_share);
       pipe_bubble = pipe_body - double(M) * core_work * cluster.core_share;
     }
     // The first micro-batch's kept gathers (keep_gathered, M > 1): its warm-up forward passes every
@@ -666,7 +715,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   for (int s = 0; s < p; ++s) {
     StepPrediction st = r;
     st.axes.clear(), st.bubble_s = 0;
-    const std::vector<int> mine = stage_units(L, p, s);
+    const std::vector<int>& mine = placed[static_cast<size_t>(s)].units;
     const StageMb& g = stages[s];
     const StageMb& gf = folding[s];
     const double Ff = g.Ff, Bb = g.Bb, Cf = g.Cf, Cb = g.Cb, elems = g.elems;
@@ -710,7 +759,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     if (st.step_s > worst) r = st, worst = st.step_s;
   }
   r.memory = worst_of(
-      stage_memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, one_f_one_b(m, plain, batch, opt.si), &notes));
+      stage_memory_of(m, plain, progs, units, batch, opt.precision, opt.zero, sch, &notes));
   r.notes = notes;
   std::vector<std::pair<std::string, const UnitTimes*>> strands = {{"embed", &embed}, {"head", &head}};
   for (const auto& [name, t] : block_of) strands.emplace_back(name, &t);  // "block" and its variants

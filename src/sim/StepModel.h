@@ -27,12 +27,15 @@
 //     channel as soon as that unit's backward of the last micro-batch ends; what runs past the end of
 //     backward is exposed (so all but the last buckets hide). ZeRO-1's parameter all-gather after
 //     the optimizer step is exposed;
-//   - pipeline 1F1B: step = (M + p - 1) x the slowest stage's time per micro-batch (the bubble
-//     (p-1)/(M+p-1) of the step), each stage's activation send and gradient send priced on the pp
-//     link and exposed. Stages whose ranks share one core (a node holding k stages of a pipeline,
+//   - pipelines (PredictOptions::pipeline): each stage holds the units of its chunks (1F1B one, the
+//     W two -- layer l beside L+1-l, the embedding and head on stage 0 --, the interleaved v);
+//     step = M x the slowest stage's time per micro-batch / (1 - the schedule's bubble fraction)
+//     (bubble_formula; 1F1B: (M + p - 1) x it), each activation and gradient that crosses to
+//     another rank priced on the pp link and exposed (1F1B one each way a micro-batch, the W two, the
+//     interleaved v). Stages whose ranks share one core (a node holding k stages of a pipeline,
 //     core_share = 1/k) fill each other's bubbles: the body is the most of the core's work,
 //     M x the sum of its stages' times x core_share, and the critical path at the whole core,
-//     (M + p - 1) x the slowest stage x core_share.
+//     the body above x core_share.
 // 3D layouts whose programs build_programs does not yet write (no op on x, y or z) are priced by the
 // corrected closed form (AxonnModel.h) with compute from the single-rank program's FLOPs divided over
 // the grid; StepPrediction::pricer says which.
@@ -57,6 +60,7 @@
 #include "model/Params.h"
 #include "plan/Program.h"
 #include "plan/StepSchedule.h"
+#include "schedule/Pipelines.h"
 #include "sim/ClusterPreset.h"
 
 namespace dhelix {
@@ -97,6 +101,13 @@ struct PredictOptions {
   // rank_layouts: every layout priced on its programs with the GEMM epilogues fused
   // (LayoutConfig::fuse_epilogues, training.fuse_epilogues: what a GPU run trains by default).
   bool fuse_epilogues = false;
+  // The pipeline schedule (pp > 1; schedule.pipeline, schedule.virtual_stages: v chunks a rank for
+  // the interleaved one): where its chunks put the units, how many activations cross ranks, the
+  // bubble (schedule/Pipelines.h bubble_formula) and the activations in flight (the memory walk).
+  PipelineKind pipeline = PipelineKind::k1F1B;
+  int virtual_stages = 2;  // interleaved only
+  // rank_layouts: each layout with pp > 1 priced under each of these schedules (empty: `pipeline`).
+  std::vector<PipelineKind> pipelines;
 };
 
 // One process-group role's traffic per rank per step.
@@ -121,6 +132,8 @@ struct OpPrice {
 struct StepPrediction {
   LayoutConfig layout;
   PricerKind pricer = PricerKind::kPrograms;
+  PipelineKind pipeline = PipelineKind::k1F1B;  // pp > 1: the schedule priced (1F1B at pp = 1)
+  int virtual_stages = 1;                       // its chunks a rank, for the interleaved one
   int64_t micro_batches = 0;  // per step per data replica
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
   double optimizer_s = 0;  // the (slowest) stage's optimizer step, in step_s and compute_s (optimizer_time)

@@ -161,4 +161,37 @@ out=$("$bin" tune --model gpt2-124m --gpus 8 --cluster perlmutter-a100 --keep-ga
 if [ $rc -eq 2 ] && grep -q -- '--keep-gathered "x2" is not a layer count' <<<"$out"; then ok keep_gathered_bad
 else fail keep_gathered_bad; echo "exit $rc"; echo "$out" | tail -3; fi
 
+# --pipeline all: each layout with pp > 1 priced under 1F1B, interleaved (v = 2) and the W, a row
+# or an exclusion each (GPT-2's 12 layers: pp = 2 runs all three; pp = 4's 8 chunks do not divide
+# them, so its W and interleaved rows are excluded naming the rule); the JSON names the schedule
+# (null without a pipeline). Oracle: the chunk rule of schedule/Pipelines.h and the W's own sends
+# (2 a micro-batch at pp = 2, 1F1B's 1). Then --confirm runs a W row with `dhelix train` (the run's
+# config carries schedule.pipeline = w: its resolved config says so), and --virtual-stages without an
+# interleaved schedule exits 2.
+out=$("$bin" tune --model gpt2-124m --gpus 4 --cluster cpu-emulated --global-batch 8 --seq 256 --top 60 \
+      --pipeline all --json "$tmp/pa.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "tp=1 pp=2 dp=2 w " <<<"$out" && /usr/bin/python3 - "$tmp/pa.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = {(r["layout"], r["pipeline"]): r for r in j["ranked"]}
+assert {("tp=1 pp=2 dp=2", k) for k in ("1f1b", "interleaved", "w")} <= set(rows), sorted(rows)
+assert rows[("tp=1 pp=1 dp=4", None)]["virtual_stages"] == 1
+w, f = rows[("tp=1 pp=2 dp=2", "w")], rows[("tp=1 pp=2 dp=2", "1f1b")]
+assert abs(w["axes"]["pp"]["bytes"] - 2 * f["axes"]["pp"]["bytes"]) < 1e-6 * f["axes"]["pp"]["bytes"], (w["axes"], f["axes"])
+ex = {(e["layout"], e["pipeline"]): e["reason"] for e in j["excluded"]}
+assert "is not divisible by 2 x parallel.pp = 8" in ex[("tp=1 pp=4 dp=1", "w")], ex
+assert "parallel.pp x schedule.virtual_stages = 4 x 2 = 8" in ex[("tp=1 pp=4 dp=1", "interleaved")], ex
+PY
+then ok pipeline_all; else fail pipeline_all; echo "exit $rc"; echo "$out" | tail -8; fi
+out=$("$bin" tune --model gpt2-124m --d-model 64 --layers 4 --heads 4 --vocab 2000 --seq 32 --gpus 2 --global-batch 4 \
+      --cluster cpu-emulated --pipeline w --only "tp=1 pp=2 dp=1 w" --confirm 3 --config configs/demo.toml \
+      --workdir "$tmp/w" --json "$tmp/w.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q '^pipeline = "w"' "$tmp/w/tp_1_pp_2_dp_1_w/config.toml" && /usr/bin/python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))['confirmed']
+assert len(c) == 1 and c[0]['pipeline'] == 'w' and len(c[0]['step_s']) == 2, c" "$tmp/w.json"; then ok confirm_w
+else fail confirm_w; echo "exit $rc"; echo "$out" | tail -8; fi
+expect_bad virtual_stages_not_interleaved "--virtual-stages applies to --pipeline interleaved" -- --model gpt2-124m \
+  --gpus 4 --cluster cpu-emulated --pipeline w --virtual-stages 3
+
 summary

@@ -429,6 +429,67 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
   EXPECT_THROW(simulate_step(m, [] { LayoutConfig l; l.pp = 2; return l; }(), {4, 128, 1}, cluster, off), ConfigError);
 }
 
+// The step model prices each pipeline schedule (PredictOptions::pipeline): the W puts two chunks on
+// a stage (the embedding and head on stage 0), the interleaved v, each sending its chunks'
+// activations; the memory walks the schedule. Oracle: the op-by-op simulator on the same schedule
+// (make_schedule, the default pair plans under SI). Both price every stage's passes from the same
+// op prices and the same gradient tail; they differ only in how the passes fill the schedule --
+// the step model by the schedule's bubble formula on the slowest stage (uniform stages), the
+// simulator slot by slot -- so the two steps differ by less than the bubble the step model adds,
+// and the memory is the same walk (equal). GPT-2's width with a small vocabulary on H100s, pp = 2
+// and 4, SI off and on; the steps printed.
+TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
+  ModelConfig m = model_preset("gpt2-124m");
+  m.vocab_size = 8192, m.n_layers = 8;
+  for (const int pp : {2, 4}) {
+    LayoutConfig lay;
+    lay.pp = pp;
+    const BatchSpec batch{16, 1024, 1};  // 16 micro-batches
+    for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
+      for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
+        PredictOptions po;
+        po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
+        const StepPrediction p = predict(m, lay, batch, cluster, po);
+        PipelineSpec spec;
+        spec.kind = kind, spec.pp = pp, spec.n_layers = 8, spec.micro_batches = 16;
+        spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
+        spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+        const StepSchedule sch = make_schedule(spec);
+        StepSimOptions o;
+        o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
+        o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
+        const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
+        const std::string label = fmt::format("pp={} {} si {}", pp, pipeline_kind_name(kind),
+                                              si == StrandInterleaving::kOn ? "on" : "off");
+        std::printf("[ info ] %s: step model %.5f s (bubble %.5f), simulator %.5f s\n", label.c_str(), p.step_s,
+                    p.bubble_s, s.step_s);
+        EXPECT_EQ(p.pipeline, kind) << label;
+        EXPECT_GT(p.bubble_s, 0) << label;
+        EXPECT_LE(std::abs(p.step_s - s.step_s), p.bubble_s) << label;
+        EXPECT_DOUBLE_EQ(p.memory.total(), s.memory.total()) << label;
+      }
+  }
+  // Sends a micro-batch at pp = 2, by hand from the chunk placement (Pipelines.h): 1F1B's stages one
+  // each (stage 0 its activation, stage 1 its gradient); the W's two (stage 0's first chunk hands its
+  // activation to stage 1, its last chunk the gradient back; stage 1's two chunks meet, handing one
+  // activation up and one gradient down); interleaved v = 2's three (stage 0: chunk 0's activation,
+  // chunk 2's activation and gradient; stage 1: chunk 1's both, chunk 3's gradient). So the pp bytes
+  // are 2 and 3 times 1F1B's.
+  LayoutConfig two;
+  two.pp = 2;
+  PredictOptions po;
+  po.precision = Precision::kBf16;
+  std::map<PipelineKind, double> bytes;
+  for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW}) {
+    po.pipeline = kind;
+    bytes[kind] = predict(m, two, {16, 1024, 1}, cluster, po).axes.at("pp").bytes;
+  }
+  EXPECT_GT(bytes[PipelineKind::k1F1B], 0);
+  EXPECT_DOUBLE_EQ(bytes[PipelineKind::kW], 2 * bytes[PipelineKind::k1F1B]);
+  EXPECT_DOUBLE_EQ(bytes[PipelineKind::kInterleaved], 3 * bytes[PipelineKind::k1F1B]);
+}
+
 // The per-collective breakdown (simulate --json "collectives"). Oracle: the simulator's own
 // accounting: on each group, the collectives of the passes sum to the channel's busy time, the
 // tail's (named by gradient_tail) to its axis seconds; the tp layout's program collectives appear
