@@ -276,13 +276,18 @@ std::string axes_text(const std::map<std::string, AxisCost>& axes) {
   return s.empty() ? "-" : s;
 }
 
+// The JSON's "pipeline": the schedule's name, null without a pipeline.
+nlohmann::json pipeline_json(const LayoutConfig& lay, PipelineKind kind) {
+  return lay.pp > 1 ? nlohmann::json(pipeline_kind_name(kind)) : nlohmann::json(nullptr);
+}
+
 nlohmann::json to_json(const StepPrediction& p, int rank) {
   nlohmann::json axes = nlohmann::json::object();
   for (const auto& [g, a] : p.axes)
     axes[g] = {{"bytes", a.bytes}, {"seconds", a.seconds}, {"exposed_s", a.exposed_s}};
   return {{"rank", rank},
           {"layout", layout_label(p.layout)},
-          {"pipeline", p.layout.pp > 1 ? nlohmann::json(pipeline_kind_name(p.pipeline)) : nlohmann::json(nullptr)},
+          {"pipeline", pipeline_json(p.layout, p.pipeline)},
           {"virtual_stages", p.virtual_stages},
           {"recompute", recompute_name(p.layout.recompute)},
           {"keep_gathered", p.layout.keep_gathered},
@@ -311,7 +316,8 @@ void print_excluded(const std::vector<ExcludedLayout>& ex, nlohmann::json& j) {
     fmt::print("  {:<30} {}\n", row_label(e.layout, e.pipeline, e.virtual_stages), e.reason);
     j["excluded"].push_back(
         {{"layout", layout_label(e.layout)},
-         {"pipeline", e.layout.pp > 1 ? nlohmann::json(pipeline_kind_name(e.pipeline)) : nlohmann::json(nullptr)},
+         {"pipeline", pipeline_json(e.layout, e.pipeline)},
+         {"virtual_stages", e.virtual_stages},
          {"reason", e.reason}});
   }
 }
@@ -405,7 +411,8 @@ int cmd_tune(int argc, char** argv) {
       // A layout's label lists it under every schedule; "... w" (row_label) under that one.
       auto listed = [&](const LayoutConfig& l, PipelineKind k, int v) {
         bool hit = false;
-        for (const std::string& label : {layout_label(l), row_label(l, k, v)}) {
+        const std::string named = layout_label(l) + " " + schedule_label(k, v);  // "... 1f1b" too
+        for (const std::string& label : {layout_label(l), row_label(l, k, v), named}) {
           unknown.erase(std::remove(unknown.begin(), unknown.end(), label), unknown.end());
           hit = hit || std::find(req->only.begin(), req->only.end(), label) != req->only.end();
         }
@@ -427,16 +434,19 @@ int cmd_tune(int argc, char** argv) {
               res.excluded.size(), res.excluded.empty() ? "-" : layout_label(res.excluded[0].layout),
               res.excluded.empty() ? "-" : res.excluded[0].reason);
     j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()}};
-    fmt::print("{:>4}  {:<30} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {:<9} {}\n", "rank", "layout", "pricer",
-               "step s", "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits", "recompute", "kept");
+    size_t width = 30;  // the layout column: the widest label shown ("x=2 y=1 z=2 pp=2 dp=1 interleaved v=2")
+    for (size_t i = 0; i < res.ranked.size() && int(i) < req->top; ++i)
+      width = std::max(width, row_label(res.ranked[i].layout, res.ranked[i].pipeline, res.ranked[i].virtual_stages).size());
+    fmt::print("{:>4}  {:<{}} {:<11} {:>9} {:>9} {:>9}  {:<32} {:>8} {:>4}  {:<9} {}\n", "rank", "layout", width,
+               "pricer", "step s", "compute s", "exposed s", "comm MiB per axis (per rank)", "mem GiB", "fits",
+               "recompute", "kept");
     for (size_t i = 0; i < res.ranked.size(); ++i) {
       const StepPrediction& p = res.ranked[i];
       if (int(i) < req->top)
-        fmt::print("{:>4}  {:<30} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {:<9} {}\n", i + 1,
-                   row_label(p.layout, p.pipeline, p.virtual_stages), pricer_name(p.pricer), p.step_s, p.compute_s,
-                   p.exposed_comm_s,
-                   axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no", recompute_name(p.layout.recompute),
-                   p.layout.keep_gathered);
+        fmt::print("{:>4}  {:<{}} {:<11} {:>9.4f} {:>9.4f} {:>9.4f}  {:<32} {:>8.2f} {:>4}  {:<9} {}\n", i + 1,
+                   row_label(p.layout, p.pipeline, p.virtual_stages), width, pricer_name(p.pricer), p.step_s,
+                   p.compute_s, p.exposed_comm_s, axes_text(p.axes), p.memory.total() / kGiB, p.fits ? "yes" : "no",
+                   recompute_name(p.layout.recompute), p.layout.keep_gathered);
       j["ranked"].push_back(to_json(p, int(i) + 1));
     }
     if (res.ranked.size() > size_t(req->top))
@@ -464,7 +474,7 @@ int cmd_tune(int argc, char** argv) {
           fmt::print("{:>4}  {:<30} {:>11.3f} {:>11}   {}\n", i + 1, row_label(c.layout, c.pipeline, c.virtual_stages),
                      c.predicted_s, "failed", c.error);
           j["confirmed"].push_back({{"layout", layout_label(c.layout)},
-                                    {"pipeline", pipeline_kind_name(c.pipeline)},
+                                    {"pipeline", pipeline_json(c.layout, c.pipeline)},
                                     {"predicted_s", c.predicted_s},
                                     {"error", c.error}});
           continue;
@@ -474,7 +484,8 @@ int cmd_tune(int argc, char** argv) {
                    row_label(c.layout, c.pipeline, c.virtual_stages),
                    c.predicted_s, c.measured_s, *lo, *hi, 100 * (c.predicted_s - c.measured_s) / c.measured_s);
         j["confirmed"].push_back({{"layout", layout_label(c.layout)},
-                                  {"pipeline", pipeline_kind_name(c.pipeline)},
+                                  {"pipeline", pipeline_json(c.layout, c.pipeline)},
+                                  {"virtual_stages", c.virtual_stages},
                                   {"predicted_s", c.predicted_s},
                                   {"measured_s", c.measured_s},
                                   {"step_s", c.step_s}});

@@ -74,6 +74,8 @@ void rank_one(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& ba
   l.fuse_epilogues = opt.fuse_epilogues;
   l.recompute = opt.recompute_auto ? Recompute::kNone : opt.recompute;
   StepPrediction p = predict(m, l, batch, cluster, opt);
+  // The 3D closed form prices no schedule: its one row is the 1F1B one.
+  if (p.pricer == PricerKind::kClosedForm3D && opt.pipeline != PipelineKind::k1F1B && l.pp > 1) return;
   for (Recompute more : {Recompute::kSelective, Recompute::kFull}) {  // auto: recompute what it takes to fit
     if (!opt.recompute_auto || p.fits) break;
     l.recompute = more;

@@ -129,15 +129,6 @@ double tied_copy_elems(const UnitSpec& embed) {
   return n;
 }
 
-// The units stage s of p owns under 1F1B (embed with the first, head with the last).
-std::vector<int> stage_units(int L, int p, int s) {
-  std::vector<int> u;
-  if (s == 0) u.push_back(0);
-  for (int l = s * (L / p); l < (s + 1) * (L / p); ++l) u.push_back(1 + l);
-  if (s == p - 1) u.push_back(L + 1);
-  return u;
-}
-
 // States of one rank holding `elems` parameter elements.
 void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero) {
   mem.params += elems * elem;
@@ -176,7 +167,8 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
                                        Zero zero, const StepSchedule& sch, std::vector<std::string>* notes) {
   const int64_t M = batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch);
   const int L = static_cast<int>(m.n_layers), U = L + 2, p = lay.pp;
-  DHX_CHECK(sch.pp == p && sch.micro_batches == M && sch.num_units == U, InternalError,
+  // The schedule's own micro-batches, or walk_schedule's fewer with the same peak.
+  DHX_CHECK(sch.pp == p && sch.micro_batches <= M && sch.num_units == U, InternalError,
             "the memory rule's schedule ({}: pp={}, {} micro-batches, {} units) is not the layout's (pp={}, {} "
             "micro-batches, {} units)",
             sch.name, sch.pp, sch.micro_batches, sch.num_units, p, M, U);
@@ -256,15 +248,29 @@ std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig&
   return out;
 }
 
+// The micro-batches a memory walk needs: every schedule's warm-up is at most 2(p-1) + (v-1)p forwards
+// (interleaved, grown by at most a group where the last group would deadlock), after which the slots
+// repeat, so M' = 4pv + p + (M mod p) reaches the same peak as M (the same shape of last group).
+int walk_micro_batches(const PipelineSpec& spec) {
+  const int64_t p = spec.pp, v = spec.kind == PipelineKind::kInterleaved ? spec.virtual_stages : 1;
+  const int64_t cap = 4 * p * v + p + spec.micro_batches % p;
+  return static_cast<int>(std::min<int64_t>(spec.micro_batches, cap));
+}
+
+StepSchedule walk_schedule(PipelineSpec spec) {
+  spec.micro_batches = walk_micro_batches(spec);
+  return make_schedule(spec);
+}
+
 // The 1F1B schedule of `lay`'s pipeline (one stage at pp = 1), co-executed with Strand
-// Interleaving: the schedule predict() prices and memory_per_stage walks when given none.
+// Interleaving, shortened for the walk: what memory_per_stage walks when given no schedule.
 StepSchedule one_f_one_b(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, StrandInterleaving si) {
   PipelineSpec spec;
   spec.pp = lay.pp;
   spec.n_layers = static_cast<int>(m.n_layers);
   spec.micro_batches = static_cast<int>(batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch));
   spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
-  return make_schedule(spec);
+  return walk_schedule(spec);
 }
 
 // The largest any stage needs: the limit.

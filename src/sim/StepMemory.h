@@ -6,6 +6,7 @@
 
 #include "model/UnitDesc.h"
 #include "plan/StepSchedule.h"
+#include "schedule/Pipelines.h"
 #include "sharding/ModelPrograms.h"
 #include "sim/StepModel.h"
 
@@ -28,8 +29,6 @@ double saved_bytes(const LayerProgram& p, const ActDims& d, double elem, std::ve
 double recompute_bytes(const LayerProgram& p, const ActDims& d, double elem, std::vector<std::string>& notes);
 double unit_elems(const UnitSpec& u);          // parameter elements of a unit's shards
 double tied_copy_elems(const UnitSpec& embed);  // the tied head's copy of the token table (p > 1)
-// The units stage s of p owns under 1F1B (embed with the first, head with the last): predict()'s.
-std::vector<int> stage_units(int L, int p, int s);
 // States of one rank holding `elems` parameter elements.
 void add_states(MemoryUse& mem, double elems, double elem, int dp, Zero zero);
 // The peak of saved buffers pp rank `rank` holds over its slots of `sch` (saved: bytes per unit
@@ -41,7 +40,12 @@ double walk_peak(const StepSchedule& sch, int rank, const std::vector<double>& s
 std::vector<MemoryUse> stage_memory_of(const ModelConfig& m, const LayoutConfig& lay, const ModelPrograms& progs,
                                        const std::vector<UnitSpec>& units, const BatchSpec& batch, Precision precision,
                                        Zero zero, const StepSchedule& sch, std::vector<std::string>* notes);
-// The 1F1B schedule of lay's pipeline (one stage at pp = 1), co-executed with Strand Interleaving.
+// The micro-batches a walk of spec's schedule needs for its peak: M, or 4pv + p + (M mod p) when
+// fewer (the slots repeat after the warm-up), so a step of many micro-batches walks few slots.
+int walk_micro_batches(const PipelineSpec& spec);
+StepSchedule walk_schedule(PipelineSpec spec);  // make_schedule of spec with walk_micro_batches
+// The 1F1B schedule of lay's pipeline (one stage at pp = 1), co-executed with Strand Interleaving,
+// as walk_schedule shortens it.
 StepSchedule one_f_one_b(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, StrandInterleaving si);
 MemoryUse worst_of(const std::vector<MemoryUse>& stages);  // the largest any stage needs: the limit
 

@@ -223,11 +223,14 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
   } else if (lay.tp > 1 && batch.micro_batch * (batch.seq / lay.cp) % lay.tp != 0) {
     e.push_back(fmt::format("micro-batch tokens {} per rank are not divisible by tp={}",
                             batch.micro_batch * (batch.seq / lay.cp), lay.tp));
-  } else if (const int64_t M = batch.global_batch / (replicas * batch.micro_batch); lay.pp > 1 && M < lay.pp) {
+  }
+  if (batch.micro_batch >= 1 && batch.global_batch >= 1 && lay.pp > 1 &&
+      batch.global_batch / (replicas * batch.micro_batch) < lay.pp) {
     // The engine's pipelines refuse it too (schedule/Pipelines.h pipeline_spec_errors).
     e.push_back(fmt::format("{} micro-batches (batch {} / ({} replicas x micro-batch {})) are below pp={}: the "
                             "pipeline would never fill",
-                            M, batch.global_batch, replicas, batch.micro_batch, lay.pp));
+                            batch.global_batch / (replicas * batch.micro_batch), batch.global_batch, replicas,
+                            batch.micro_batch, lay.pp));
   }
   return e;
 }
@@ -566,7 +569,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     DHX_CHECK(perrs.empty(), ConfigError, "{} cannot run this layout: {}", pipeline_kind_name(spec.kind),
               fmt::join(perrs, "; "));
   }
-  const StepSchedule sch = make_schedule(spec);
+  const StepSchedule sch = walk_schedule(spec);  // its chunks as the run's; its slots enough for the walk
   r.pipeline = spec.kind, r.virtual_stages = spec.virtual_stages;
   // Stage s's units in forward order with the block each layer runs (the per-layer options count
   // each chunk's layers from its first), and its sends a micro-batch: an activation where the next

@@ -47,7 +47,8 @@
 // activations: the most of the programs' saved buffers (forward buffers the backward reads) a stage
 // holds at once over its slots of the pipeline schedule (StepMemory.h walk_peak: 1F1B stage s holds
 // min(p - s, M) micro-batches; the W and interleaved schedules more, their chunks' in turn), plus
-// the kept 3D weight blocks and one recomputing layer's remade buffers. predict() walks 1F1B.
+// the kept 3D weight blocks and one recomputing layer's remade buffers. predict() walks the schedule
+// of PredictOptions::pipeline.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -433,26 +433,28 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
 // a stage (the embedding and head on stage 0), the interleaved v, each sending its chunks'
 // activations; the memory walks the schedule. Oracle: the op-by-op simulator on the same schedule
 // (make_schedule, the default pair plans under SI). Both price every stage's passes from the same
-// op prices and the same gradient tail; they differ only in how the passes fill the schedule --
-// the step model by the schedule's bubble formula on the slowest stage (uniform stages), the
-// simulator slot by slot -- so the two steps differ by less than the bubble the step model adds,
-// and the memory is the same walk (equal). GPT-2's width with a small vocabulary on H100s, pp = 2
-// and 4, SI off and on; the steps printed.
+// op prices; they differ in how the passes fill the schedule -- the step model by the schedule's
+// bubble formula on the slowest stage (uniform stages), the simulator slot by slot -- and, with
+// dp > 1, in when the gradient buckets are ready: the step model takes a stage's last backward as
+// one pass over its units, where under the W and interleaved schedules a later chunk's last
+// backward ends slots before the first's (an over-estimate of the tail). Bound: the bubble the step
+// model adds (measured within it for these cases, printed). The memory is the same walk (equal).
+// GPT-2's width with a small vocabulary on H100s, pp = 2 and 4, dp = 1 and 2, SI off and on.
 TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
   ModelConfig m = model_preset("gpt2-124m");
   m.vocab_size = 8192, m.n_layers = 8;
-  for (const int pp : {2, 4}) {
+  for (const auto& [pp, dp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
     LayoutConfig lay;
-    lay.pp = pp;
-    const BatchSpec batch{16, 1024, 1};  // 16 micro-batches
+    lay.pp = pp, lay.dp = dp;
+    const BatchSpec batch{16, 1024, 1};  // 16 / dp micro-batches
     for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
       for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
         PredictOptions po;
         po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
         const StepPrediction p = predict(m, lay, batch, cluster, po);
         PipelineSpec spec;
-        spec.kind = kind, spec.pp = pp, spec.n_layers = 8, spec.micro_batches = 16;
+        spec.kind = kind, spec.pp = pp, spec.n_layers = 8, spec.micro_batches = 16 / dp;
         spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
         spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
         const StepSchedule sch = make_schedule(spec);
@@ -460,7 +462,7 @@ TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) 
         o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
         o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
         const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
-        const std::string label = fmt::format("pp={} {} si {}", pp, pipeline_kind_name(kind),
+        const std::string label = fmt::format("pp={} dp={} {} si {}", pp, dp, pipeline_kind_name(kind),
                                               si == StrandInterleaving::kOn ? "on" : "off");
         std::printf("[ info ] %s: step model %.5f s (bubble %.5f), simulator %.5f s\n", label.c_str(), p.step_s,
                     p.bubble_s, s.step_s);

@@ -11,6 +11,7 @@
 #include "base/Error.h"
 #include "model/Params.h"
 #include "sim/LayoutSearch.h"
+#include "sim/StepMemory.h"
 #include "sim/StepModel.h"
 
 namespace dhelix {
@@ -512,6 +513,37 @@ TEST(StepModelRecompute, FullRecomputeMemoryFollowsTheClosedForm) {
   six.recompute_layers = 6;
   const MemoryUse c = memory_per_rank(m, six, batch, Precision::kBf16, Zero::kNone, StrandInterleaving::kOff, nullptr);
   EXPECT_NEAR(a.activations - c.activations, 5 * (S - x), 1e-9 * a.activations);
+}
+
+// The memory walk of a long step walks a shortened schedule (sim_detail::walk_schedule: the slots
+// repeat after the warm-up). Oracle: the walk of the whole schedule, for every schedule (1F1B,
+// interleaved v = 2 and 3, W), co-execution off and on, p = 1..4 and every M from p to 6pv + 2p,
+// with units of unequal saved bytes; the peak per rank must be exactly equal.
+TEST(StepModelMemoryWalk, AShortenedScheduleReachesTheWholeStepsPeak) {
+  int checked = 0, shortened = 0;
+  for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
+    for (const int v : {1, 2, 3})
+      for (const CoExecute co : {CoExecute::kOff, CoExecute::kOn})
+        for (int p = 1; p <= 4; ++p) {
+          if ((kind == PipelineKind::kInterleaved) != (v > 1)) continue;
+          PipelineSpec spec;
+          spec.kind = kind, spec.pp = p, spec.virtual_stages = v, spec.co_execute = co;
+          spec.n_layers = p * (kind == PipelineKind::kW ? 2 : v) * 2;
+          std::vector<double> saved;
+          for (int u = 0; u < spec.n_layers + 2; ++u) saved.push_back(1 + (u * 7) % 5);
+          for (int M = p; M <= 6 * p * v + 2 * p; ++M) {
+            spec.micro_batches = M;
+            if (!pipeline_spec_errors(spec).empty()) continue;
+            const StepSchedule whole = make_schedule(spec), walked = sim_detail::walk_schedule(spec);
+            shortened += walked.micro_batches < M;
+            for (int r = 0; r < p; ++r, ++checked)
+              EXPECT_EQ(sim_detail::walk_peak(walked, r, saved), sim_detail::walk_peak(whole, r, saved))
+                  << pipeline_kind_name(kind) << " v=" << v << " co=" << int(co) << " p=" << p << " M=" << M
+                  << " rank " << r << " (walked " << walked.micro_batches << ")";
+          }
+        }
+  EXPECT_GT(shortened, 0);
+  EXPECT_GT(checked, 500);
 }
 
 // AxoNN's weight caching (LayoutConfig::keep_gathered) in the memory rule: a layer that keeps its
