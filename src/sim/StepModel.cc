@@ -617,7 +617,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   struct StageMb {
     double Ff = 0, Bb = 0, Cf = 0, Cb = 0, elems = 0;
     std::map<std::string, AxisCost> axes;  // one micro-batch, forward and backward
-    std::vector<double> bwd_span, grad_bytes;
+    std::vector<double> fwd_span, bwd_span, grad_bytes;  // per unit of the stage, in placed[s] order
     std::vector<double> expert_bytes;  // under ep: the experts' gradients (reduced over edp, not dp)
   };
   // One micro-batch's strands on stage s: `fold`, its 3D weight-gradient reduce-scatters folded into
@@ -634,6 +634,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       g.Ff += t.fwd.span_s, g.Bb += t.bwd.span_s, g.Cf += t.fwd.compute_s, g.Cb += t.bwd.compute_s;
       add_axes(g.axes, t.fwd.axes, 1);
       add_axes(g.axes, t.bwd.axes, 1);
+      g.fwd_span.push_back(t.fwd.span_s);
       g.bwd_span.push_back(t.bwd.span_s);
       double experts = 0;  // expert shards, when ep > 1 puts them on their own channel
       if (lay.ep > 1)
@@ -712,6 +713,41 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     return own > 0 ? (slot_of(x) - x.Cf - x.Cb) / own : 0.0;
   };
 
+  // When the stage's gradients are ready for the data-parallel tail: its last backward pass, on a
+  // clock ending when the stage's last backward ends. One chunk: one pass over its units, the last
+  // unit first (readiness_after). Several (the W, interleaved): each chunk's backward of the step's
+  // last micro-batch ends as many seconds before the stage's last as the stage's slots after it take
+  // (each slot priced as its passes: forward and backward summed, or the longer of the two under
+  // SI; waits for a neighbour not counted, so the chunk is ready no later than this says).
+  auto readiness_of = [&](int s, const StageMb& g) {
+    const std::vector<int> chunks = sch.chunks_of(s);
+    if (chunks.size() == 1) return readiness_after(g.bwd_span);
+    std::map<int, size_t> first;  // chunk -> its first unit's index in the stage's units
+    std::map<int, double> cf, cb;  // chunk -> one micro-batch's forward, backward seconds
+    for (size_t k = 0; int c : chunks) {
+      first[c] = k;
+      for (int i = 0; i < sch.chunks[static_cast<size_t>(c)].size(); ++i, ++k)
+        cf[c] += g.fwd_span[k], cb[c] += g.bwd_span[k];
+    }
+    const std::vector<Slot>& slots = sch.ranks[static_cast<size_t>(s)];
+    std::map<int, double> after;  // chunk -> seconds from its last backward's end to the stage's last
+    double t = 0;
+    for (size_t i = slots.size(); i-- > 0;) {
+      const Slot& sl = slots[i];
+      if (sl.bwd.active() && sl.bwd.mb == sch.micro_batches - 1) after.emplace(sl.bwd.chunk, t);
+      const double f = sl.fwd.active() ? cf[sl.fwd.chunk] : 0.0, b = sl.bwd.active() ? cb[sl.bwd.chunk] : 0.0;
+      t += si ? std::max(f, b) : f + b;
+    }
+    GradReadiness rd;
+    rd.ready_s.assign(g.bwd_span.size(), 0.0);
+    for (int c : chunks) rd.end_s = std::max(rd.end_s, after.at(c) + cb[c]);
+    for (int c : chunks) {
+      double t_unit = rd.end_s - after.at(c) - cb[c];  // the chunk's backward starts here, its last unit first
+      for (size_t k = first[c] + static_cast<size_t>(sch.chunks[static_cast<size_t>(c)].size()); k-- > first[c];)
+        rd.ready_s[k] = t_unit += g.bwd_span[k];
+    }
+    return rd;
+  };
   for (const StageMb& g : stages) r.stage_mb_s.push_back(t_mb(g));
   r.stages_per_core = stages_per_core;
   double worst = -1;
@@ -747,7 +783,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(st.axes, g1.axes, 1.0, si ? scale_of(g1) : 1.0);
     }
     st.compute_s = p == 1 ? double(M - 1) * (gf.Cf + gf.Cb) + Cf + Cb : double(M) * (Cf + Cb);
-    const GradReadiness rd = readiness_after(g.bwd_span);
+    const GradReadiness rd = readiness_of(s, g);
     std::vector<double> grad_bytes = g.grad_bytes;
     std::optional<SparseEmbedTail> sparse;  // the last backward starts at 0 on the readiness clock
     if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed))
