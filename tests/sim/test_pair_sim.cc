@@ -435,10 +435,10 @@ TEST(StepSim, SiOffEqualsTheStepModelAndOneRankIsItsCompute) {
 // (make_schedule, the default pair plans under SI). Both price every stage's passes from the same
 // op prices; they differ in how the passes fill the schedule -- the step model by the schedule's
 // bubble formula on the slowest stage (uniform stages), the simulator slot by slot -- and, with
-// dp > 1, in when the gradient buckets are ready: the step model takes a stage's last backward as
-// one pass over its units, where under the W and interleaved schedules a later chunk's last
-// backward ends slots before the first's (an over-estimate of the tail). Bound: the bubble the step
-// model adds (measured within it for these cases, printed). The memory is the same walk (equal).
+// dp > 1, in when the gradient buckets are ready (the step model from the slots after each chunk's
+// last backward, priced as their passes without waits; the simulator from its events). Bound: the
+// bubble the step model adds (measured within it for these cases, printed). The memory is the same
+// walk (equal).
 // GPT-2's width with a small vocabulary on H100s, pp = 2 and 4, dp = 1 and 2, SI off and on.
 TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) {
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
