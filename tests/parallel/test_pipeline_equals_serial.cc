@@ -301,7 +301,7 @@ TEST(PipelineTiedEmbedding, CopiesStayEqualWithPlainDpAndZero1) {
 // buffers of the unit running, which come to less than that unit's own saved buffers -- so the
 // measured peak lies within one transformer layer's saved bytes of one micro-batch above it (measured
 // 0.05-0.81 of a layer over these 114 stages). The rule before the walk counted every schedule as
-// 1F1B: 26% low on the W's largest stage and 31% low on the interleaved one (pp = 4).
+// 1F1B: 26% low on the W's largest stage (pp = 2) and 31% low on the interleaved one (pp = 4).
 // combination: 1f1b si
 // combination: interleaved si
 // combination: w si
