@@ -84,12 +84,9 @@ void rank_one(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& ba
   if (l.is_3d() && l.tp_z > 1 && (opt.keep_gathered > 0 || opt.keep_gathered_auto)) {
     // Kept blocks (AxoNN's weight caching): a fixed count, or the most layers of a stage that fit
     // (memory grows with each kept layer, so the largest that fits is found by bisection).
-    // (per chunk: a stage holds 2 under the W, v interleaved)
-    const int chunks = l.pp == 1                                     ? 1
-                       : opt.pipeline == PipelineKind::kW            ? 2
-                       : opt.pipeline == PipelineKind::kInterleaved ? opt.virtual_stages
-                                                                    : 1;
-    const int layers = static_cast<int>(m.n_layers) / (l.pp * chunks);
+    // (per chunk of the schedule priced: a stage holds 2 under the W, v interleaved)
+    const int layers =
+        static_cast<int>(m.n_layers / int64_t(pipeline_chunks(pipeline_spec_of(m, l, batch, opt)).size()));
     if (!opt.keep_gathered_auto) {
       l.keep_gathered = std::min(opt.keep_gathered, layers);
       p = predict(m, l, batch, cluster, opt);
@@ -149,16 +146,10 @@ TuneResult rank_layouts(const ModelConfig& m, int n, const BatchSpec& batch, con
     for (PipelineKind kind : kinds) {
       PredictOptions o = opt;
       o.pipeline = kind;
-      if (lay.pp > 1) {
-        PipelineSpec spec;
-        spec.kind = kind, spec.pp = lay.pp, spec.n_layers = static_cast<int>(m.n_layers);
-        spec.virtual_stages = kind == PipelineKind::kInterleaved ? opt.virtual_stages : 1;
-        spec.micro_batches = static_cast<int>(batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch));
-        const std::vector<std::string> perrs = pipeline_spec_errors(spec);
-        if (!perrs.empty()) {
-          r.excluded.push_back({lay, fmt::format("{}", fmt::join(perrs, "; ")), kind, spec.virtual_stages});
-          continue;
-        }
+      const PipelineSpec spec = pipeline_spec_of(m, lay, batch, o);
+      if (const std::vector<std::string> perrs = pipeline_spec_errors(spec); !perrs.empty()) {
+        r.excluded.push_back({lay, fmt::format("{}", fmt::join(perrs, "; ")), kind, spec.virtual_stages});
+        continue;
       }
       rank_one(m, lay, batch, cluster, o, r);
     }

@@ -265,12 +265,9 @@ StepSchedule walk_schedule(PipelineSpec spec) {
 // The 1F1B schedule of `lay`'s pipeline (one stage at pp = 1), co-executed with Strand
 // Interleaving, shortened for the walk: what memory_per_stage walks when given no schedule.
 StepSchedule one_f_one_b(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, StrandInterleaving si) {
-  PipelineSpec spec;
-  spec.pp = lay.pp;
-  spec.n_layers = static_cast<int>(m.n_layers);
-  spec.micro_batches = static_cast<int>(batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch));
-  spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
-  return walk_schedule(spec);
+  PredictOptions opt;  // pipeline 1F1B
+  opt.si = si;
+  return walk_schedule(pipeline_spec_of(m, lay, batch, opt));
 }
 
 // The largest any stage needs: the limit.

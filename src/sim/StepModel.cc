@@ -513,6 +513,18 @@ double optimizer_time(double elems, int dp, Zero zero, Precision p, const Cluste
   return t;
 }
 
+PipelineSpec pipeline_spec_of(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                              const PredictOptions& opt) {
+  PipelineSpec spec;
+  spec.kind = lay.pp > 1 ? opt.pipeline : PipelineKind::k1F1B;
+  spec.pp = lay.pp;
+  spec.virtual_stages = spec.kind == PipelineKind::kInterleaved ? opt.virtual_stages : 1;
+  spec.n_layers = static_cast<int>(m.n_layers);
+  spec.micro_batches = static_cast<int>(batch.global_batch / (int64_t{lay.data_replicas()} * batch.micro_batch));
+  spec.co_execute = opt.si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+  return spec;
+}
+
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
@@ -557,13 +569,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
   // The pipeline's schedule: its chunks place the units on the stages, its slots hold the
   // activations the memory rule walks (one stage at pp = 1: 1F1B's).
-  PipelineSpec spec;
-  spec.kind = p > 1 ? opt.pipeline : PipelineKind::k1F1B;
-  spec.pp = p;
-  spec.virtual_stages = spec.kind == PipelineKind::kInterleaved ? opt.virtual_stages : 1;
-  spec.n_layers = L;
-  spec.micro_batches = static_cast<int>(M);
-  spec.co_execute = opt.si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+  const PipelineSpec spec = pipeline_spec_of(m, lay, batch, opt);
   {
     const std::vector<std::string> perrs = pipeline_spec_errors(spec);
     DHX_CHECK(perrs.empty(), ConfigError, "{} cannot run this layout: {}", pipeline_kind_name(spec.kind),

@@ -157,6 +157,11 @@ struct StepPrediction {
 // micro-batch, cp / ep (not priced).
 std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch);
 
+// The pipeline predict() prices `lay` under: opt.pipeline at pp > 1 (1F1B at pp = 1), v chunks a
+// rank for the interleaved one only, the batch's micro-batches, co-executed under Strand Interleaving.
+PipelineSpec pipeline_spec_of(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
+                              const PredictOptions& opt);
+
 // ConfigError with layout_errors' reasons when the layout is illegal.
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt);
