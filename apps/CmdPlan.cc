@@ -270,6 +270,7 @@ int cmd_simulate(int argc, char** argv) {
   const std::string prec = fl.text_or_default("--precision");
   so.precision = prec == "native" ? cluster.native_precision() : prec == "bf16" ? Precision::kBf16 : Precision::kFp32;
   (void)cluster.gemm_rate(so.precision);  // the preset must have that precision's rate
+  so.compute_slowdown = cluster.compute_slowdown, so.comm_slowdown = cluster.comm_slowdown;  // 1 where it has none
   for (const auto& [flag, k] : {std::pair{"--compute-slowdown", &so.compute_slowdown},
                                 std::pair{"--comm-slowdown", &so.comm_slowdown}}) {
     if (!fl.given(flag)) continue;
@@ -357,6 +358,11 @@ int cmd_simulate(int argc, char** argv) {
                *profile_path, fit->compute_slowdown, fit->comm_slowdown, fit->calibration_pairs, fit->held_back_pairs,
                100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
                100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
+  else if (so.compute_slowdown > 1 || so.comm_slowdown > 1)
+    fmt::print("interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute ({})\n",
+               so.compute_slowdown, so.comm_slowdown,
+               fl.given("--compute-slowdown") || fl.given("--comm-slowdown") ? "--compute/comm-slowdown"
+                                                                            : "the preset's");
   if (measure_gemm) fmt::print("GEMMs timed for their shapes on this machine (core share {})\n", cluster.core_share);
   if (slow_rank >= 0)
     fmt::print("straggler: rank {} computes {:g}x slower; its pipeline stage {} waits for it at every collective\n",

@@ -34,7 +34,7 @@ const FlagTable& tune_flags() {
       "                   [--zero 0|1] [--si on|off] [--sparse-embed-grad on|off]\n"
       "                   [--recompute none|selective|full|auto] [--keep-gathered K|auto]\n"
       "                   [--fuse-epilogues auto|on|off] [--pipeline 1f1b|interleaved|w|all]\n"
-      "                   [--virtual-stages V]\n"
+      "                   [--virtual-stages V] [--compute-slowdown K] [--comm-slowdown K]\n"
       "                   [--d-model C] [--layers L] [--heads H] [--vocab V] [--only LAYOUTS]\n"
       "                   [--paper-compat] [--json FILE] [--clusters-dir DIR]\n"
       "                   [--confirm STEPS --config C.toml [--rounds R] [--launch CMD] [--workdir DIR]\n"
@@ -83,6 +83,14 @@ const FlagTable& tune_flags() {
           {"--virtual-stages", FlagType::kInt, "2", "chunks a rank for the interleaved schedule (schedule.virtual_stages)",
            "V", 2, double(1 << 16)},
           {"--si", FlagType::kOnOff, "off", "Strand Interleaving", "on|off"},
+          {"--compute-slowdown", FlagType::kNumber, "",
+           "co-execution interference: a compute op beside a collective runs K times\nslower (default: the "
+           "preset's device.compute_slowdown, else 1; `dhelix\nsimulate --profile` fits it on a profile)",
+           "K", 1, 100},
+          {"--comm-slowdown", FlagType::kNumber, "",
+           "a collective in flight while its rank computes runs K times slower\n(default: the preset's "
+           "device.comm_slowdown, else 1)",
+           "K", 1, 100},
           {"--sparse-embed-grad", FlagType::kOnOff, "off",
            "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
            "all-gathered instead of the whole table\nall-reduced (--confirm runs set it alike)",
@@ -236,6 +244,8 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
       errors.push_back(fmt::format("--virtual-stages applies to --pipeline interleaved (or all), not {}", pipe));
   }
   req.opt.sparse_embed = f.on("--sparse-embed-grad") ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
+  if (f.given("--compute-slowdown")) req.opt.compute_slowdown = f.number("--compute-slowdown");
+  if (f.given("--comm-slowdown")) req.opt.comm_slowdown = f.number("--comm-slowdown");
   req.json_path = f.text("--json");
   if (f.given("--cluster")) {
     try {
@@ -296,6 +306,7 @@ nlohmann::json to_json(const StepPrediction& p, int rank) {
           {"compute_s", p.compute_s},
           {"exposed_comm_s", p.exposed_comm_s},
           {"bubble_s", p.bubble_s},
+          {"interference_s", p.interference_s},
           {"micro_batches", p.micro_batches},
           {"axes", axes},
           {"memory_bytes",
@@ -399,6 +410,13 @@ int cmd_tune(int argc, char** argv) {
              req->cluster.name, req->cluster.devices_per_node, req->batch.global_batch, req->batch.seq,
              req->batch.micro_batch, precision_name(req->opt.precision),
              req->opt.fuse_epilogues && !req->paper ? ", GEMM epilogues fused" : "");
+  const double ks = req->opt.compute_slowdown > 0 ? req->opt.compute_slowdown : req->cluster.compute_slowdown;
+  const double kc = req->opt.comm_slowdown > 0 ? req->opt.comm_slowdown : req->cluster.comm_slowdown;
+  if ((ks > 1 || kc > 1) && !req->paper)
+    fmt::print("co-execution interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute "
+               "({}; the closed-form 3D pricer charges none)\n",
+               ks, kc, req->opt.compute_slowdown > 0 || req->opt.comm_slowdown > 0 ? "--compute/comm-slowdown"
+                                                                                   : "the preset's");
   nlohmann::json j;
   if (req->paper) {
     fmt::print("AxoNN closed form as coded (axonn.md §4.2: bf16, full recompute, GiB over GB/s), "
@@ -433,7 +451,8 @@ int cmd_tune(int argc, char** argv) {
               req->gpus, req->model.name, req->batch.global_batch, req->batch.micro_batch, req->cluster.name,
               res.excluded.size(), res.excluded.empty() ? "-" : layout_label(res.excluded[0].layout),
               res.excluded.empty() ? "-" : res.excluded[0].reason);
-    j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()}};
+    j = {{"mode", "step-model"}, {"ranked", nlohmann::json::array()}, {"excluded", nlohmann::json::array()},
+         {"interference", {{"compute_slowdown", ks}, {"comm_slowdown", kc}}}};
     size_t width = 30;  // the layout column: the widest label shown ("x=2 y=1 z=2 pp=2 dp=1 interleaved v=2")
     for (size_t i = 0; i < res.ranked.size() && int(i) < req->top; ++i)
       width = std::max(width, row_label(res.ranked[i].layout, res.ranked[i].pipeline, res.ranked[i].virtual_stages).size());

@@ -85,11 +85,13 @@ const FlagTable& simulate_flags() {
            "the preset's GEMM rate and element size; native (the default): the preset's\nown (bf16 where it has a bf16 rate, "
            "as every GPU preset), as `plan --cost-model`",
            "native|fp32|bf16"},
-          {"--compute-slowdown", FlagType::kNumber, "1",
-           "a compute op beside a collective runs K times slower\n(`dhelix plan --profile` fits it on this machine)",
+          {"--compute-slowdown", FlagType::kNumber, "",
+           "a compute op beside a collective runs K times slower (default: the preset's\ndevice.compute_slowdown, "
+           "else 1; `dhelix plan --profile` fits it on this machine)",
            "K", 1, 100},
-          {"--comm-slowdown", FlagType::kNumber, "1",
-           "a collective in flight while its rank computes runs K times slower\n(fitted alike)", "K", 1, 100},
+          {"--comm-slowdown", FlagType::kNumber, "",
+           "a collective in flight while its rank computes runs K times slower\n(default: the preset's "
+           "device.comm_slowdown, else 1; fitted alike)", "K", 1, 100},
           {"--profile", FlagType::kText, "",
            "fit both slowdowns from a `dhelix profile` of this config's layer pair\n(its pairs timed alone and "
            "together; excludes the two flags above)",

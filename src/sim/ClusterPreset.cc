@@ -161,6 +161,13 @@ ClusterPreset parse_cluster(const std::string& text, const std::string& origin) 
   c.gemm_flops_bf16 = dev.number("gemm_flops_bf16", false, "measured bf16 GEMM FLOP/s per device");
   c.core_share = dev.number("core_share", false, "share of one core each rank computes with (presets of this machine)");
   c.optimizer_elems_per_s = dev.number("optimizer_elems_per_s", false, "measured AdamW elements per second per device");
+  for (auto [key, k] : {std::pair{"compute_slowdown", &c.compute_slowdown}, std::pair{"comm_slowdown", &c.comm_slowdown}}) {
+    const double v = dev.number(key, false, "co-execution interference factor, >= 1 (1: none)");  // 0: absent
+    DHX_CHECK(v == 0 || (v >= 1 && v <= 100), ConfigError,
+              "{}: device.{}={} must be in [1, 100]\nhint: 1 is no interference; a measured figure is the fit "
+              "`dhelix simulate --profile` prints", origin, key, v);
+    if (v > 0) *k = v;
+  }
   c.gemm_tiling.units = static_cast<int>(dev.number("gemm_units", false, "streaming multiprocessors a GEMM's tiles run on"));
   if (const toml::array* tile = dev.array("gemm_tile", "two integers [tm, tn]")) {
     DHX_CHECK(tile->size() == 2 && tile->get(0)->value<int64_t>() && tile->get(1)->value<int64_t>() &&

@@ -43,6 +43,11 @@ struct ClusterPreset {
   // AdamW elements per second one device updates, measured (presets of this machine, where the
   // update's square roots and divisions, not memory, bound it); 0: absent (memory-bound price).
   double optimizer_elems_per_s = 0;
+  // Co-execution interference (PairSim.h PairSimOptions), measured: a compute op runs
+  // compute_slowdown times slower while a collective of its rank is in flight, a collective
+  // comm_slowdown times slower while its rank computes (a profile's fit, Interference.h). 1: none
+  // (absent). What `predict`, `tune` and `simulate` charge when no flag or profile sets them.
+  double compute_slowdown = 1.0, comm_slowdown = 1.0;
   GemmTiling gemm_tiling;      // size-dependent GEMM efficiency (GPUs); absent: every GEMM at gemm_rate
   LinkSpec intra_node;         // bus bandwidth and per-step latency inside a node
   LinkSpec inter_node;         // per-node injection bandwidth and per-step latency across nodes

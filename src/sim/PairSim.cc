@@ -10,13 +10,16 @@
 
 namespace dhelix {
 
-namespace {
-
 using Intervals = std::vector<std::pair<double, double>>;  // sorted, disjoint [begin, end)
 
-// When a collective of `t` seconds issued at `begin` ends, progressing 1/k as fast inside the
-// rank's compute intervals `busy` and at full speed outside them.
-double stretched_end(double begin, double t, double k, const Intervals& busy) {
+double compute_end_beside_comm(double begin, double t, double k, double comm_busy_until) {
+  const double busy = comm_busy_until;
+  if (k == 1.0 || busy <= begin) return begin + t;
+  return begin + t * k <= busy ? begin + t * k : busy + (t - (busy - begin) / k);
+}
+
+double comm_end_beside_compute(double begin, double t, double k, const Intervals& busy) {
+  if (k == 1.0) return begin + t;
   double cur = begin, left = t;
   for (const auto& [s, e] : busy) {
     if (e <= cur) continue;
@@ -29,6 +32,8 @@ double stretched_end(double begin, double t, double k, const Intervals& busy) {
   }
   return cur + left;
 }
+
+namespace {
 
 struct Sim {
   Sim(const OpTimer& t, const PairSimOptions& o, const Intervals& c) : time(t), opt(o), computing(c) {}
@@ -88,9 +93,7 @@ struct Sim {
       // the rank's channels are busy without a gap from `begin` to the latest end, `busy`.
       double busy = begin;
       for (const auto& [g, free] : channel_free) busy = std::max(busy, free);
-      const double k = opt.compute_slowdown;
-      double end = begin + t;
-      if (k != 1.0 && busy > begin) end = begin + t * k <= busy ? begin + t * k : busy + (t - (busy - begin) / k);
+      const double end = compute_end_beside_comm(begin, t, opt.compute_slowdown, busy);
       engine = end;
       r.compute_s += end - begin;
       r.ops.push_back({kind, i, "compute", begin, engine});
@@ -108,7 +111,7 @@ struct Sim {
     DHX_CHECK(t >= 0, InternalError, "collective {}: negative time {}", op.name, t);
     double& free = channel_free[op.group];
     const double begin = std::max(engine, free);
-    free = opt.comm_slowdown == 1.0 ? begin + t : stretched_end(begin, t, opt.comm_slowdown, computing);
+    free = comm_end_beside_compute(begin, t, opt.comm_slowdown, computing);
     r.channel_busy_s[op.group] += free - begin;
     r.ops.push_back({kind, i, op.group, begin, free});
     channel_last[op.group] = op.name;

@@ -63,6 +63,15 @@ struct PairSimOptions {
   double comm_slowdown = 1.0;
 };
 
+// The two rules above for one op, which the step model's strand pricer (price_strand) shares:
+// when a compute op of `t` seconds begun at `begin` ends, progressing 1/k as fast until
+// `comm_busy_until` (the latest end of the collectives in flight when it begins: they keep the
+// rank's channels busy without a gap till then); and when a collective of `t` seconds issued at
+// `begin` ends, progressing 1/k as fast inside the compute intervals `computing` (sorted, disjoint).
+double compute_end_beside_comm(double begin, double t, double k, double comm_busy_until);
+double comm_end_beside_compute(double begin, double t, double k,
+                               const std::vector<std::pair<double, double>>& computing);
+
 // `fwd` / `bwd` may be null (a strand idle in this pair); `plan.blocks` index into them. The timer
 // is called with references into `*fwd` / `*bwd` (so it may look an op up by address).
 PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,

@@ -102,13 +102,20 @@ double op_time(const Op& op, const std::map<std::string, GroupLink>& groups, con
   return CostModel::collective_time(op.coll, op.cost.comm_bytes * rates.byte_scale, g->second.size, g->second.link);
 }
 
-// Timeline of one strand (times from the strand's start; a prefetched all-gather may start at
-// -credit, under the previous layer):
-//   engine : [op0][op1]......[op3 waits for AR]....
-//   tp     :      [AR of op1's output]
-// A compute op's wait is charged to the group of the collective that produced its latest input.
-StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
-                         const DeviceRates& rates, Prefetch prefetch) {
+double co_executed_span(double compute_s, double comm_s, const PairSimOptions& io) {
+  const double C = compute_s, X = comm_s, ks = io.compute_slowdown, kc = io.comm_slowdown;
+  return ks * C <= kc * X ? ks * C + X - ks * C / kc : kc * X + C - kc * X / ks;
+}
+
+namespace {
+
+using Intervals = std::vector<std::pair<double, double>>;
+
+// One pass of price_strand's list schedule; under `io` a compute op slows beside the collectives
+// issued before it and a collective beside `computing` (the previous pass's compute intervals).
+StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
+                        const DeviceRates& rates, Prefetch prefetch, const PairSimOptions& io,
+                        const Intervals& computing) {
   StrandPrice p;
   for (const Op& op : ops)
     if (!op.is_collective()) p.compute_s += compute_time(op, rates);
@@ -136,7 +143,9 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
     if (!op.is_collective()) {
       const double start = std::max(engine, in_ready);
       if (in_ready > engine && !waited_on.empty()) p.axes[waited_on].exposed_s += in_ready - engine;
-      engine = start + compute_time(op, rates);
+      double comm_busy = start;  // the collectives in flight keep the channels busy till the latest ends
+      for (const auto& [g, free] : channel_free) comm_busy = std::max(comm_busy, free);
+      engine = compute_end_beside_comm(start, compute_time(op, rates), io.compute_slowdown, comm_busy);
       p.ops.push_back({op.name, op.code, "", start, engine - start});
       for (const std::string& b : op.outputs) produced.insert(b), ready[b] = {engine, ""};
       continue;
@@ -146,15 +155,16 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
     auto g = groups.find(op.group);
     AxisCost& axis = p.axes[op.group];
     axis.bytes += ring_bytes(op.coll, bytes, g->second.size);
-    axis.seconds += t;
-    busy[op.group] += t;
     // Issued by the compute thread when it reaches the op (after the compute before it in program
     // order) and its inputs are ready; a prefetchable one (parameters only) a layer early.
     const double earliest = only_unproduced && prefetch == Prefetch::kOn ? -credit : std::max(engine, in_ready);
     auto [cf, fresh] = channel_free.emplace(op.group, -credit);
-    const double end = std::max(earliest, cf->second) + t;
+    const double begin = std::max(earliest, cf->second);
+    const double end = comm_end_beside_compute(begin, t, io.comm_slowdown, computing);
     cf->second = end;
-    p.ops.push_back({op.name, op.code, op.group, end - t, t});
+    axis.seconds += t;  // the link's time; its channel is occupied for the slowed time
+    busy[op.group] += end - begin;
+    p.ops.push_back({op.name, op.code, op.group, begin, end - begin});
     bool read_later = false;
     for (const std::string& b : op.outputs) {
       produced.insert(b), ready[b] = {end, op.group};
@@ -177,6 +187,34 @@ StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string,
   for (const auto& [g, b] : busy)
     if (b > span) p.axes[g].exposed_s += b - span, span = b;
   p.span_s = span;
+  return p;
+}
+
+}  // namespace
+
+// Timeline of one strand (times from the strand's start; a prefetched all-gather may start at
+// -credit, under the previous layer):
+//   engine : [op0][op1]......[op3 waits for AR]....
+//   tp     :      [AR of op1's output]
+// A compute op's wait is charged to the group of the collective that produced its latest input.
+// Under interference, the pair simulator's op rules (PairSim.h), and its fixed point when
+// collectives slow: each pass stretches them by the previous pass's compute intervals.
+StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
+                         const DeviceRates& rates, Prefetch prefetch, const PairSimOptions& interference) {
+  StrandPrice p = strand_pass(ops, groups, rates, prefetch, {}, {});
+  if (interference.compute_slowdown == 1.0 && interference.comm_slowdown == 1.0) return p;
+  const double alone = p.span_s;
+  Intervals computing;
+  for (int pass = 0; pass < 16; ++pass) {  // PairSim's bound on the passes
+    StrandPrice next = strand_pass(ops, groups, rates, prefetch, interference, computing);
+    const bool settled = pass > 0 && std::abs(next.span_s - p.span_s) <= 1e-12 * std::max(1e-9, p.span_s);
+    p = std::move(next);
+    if (settled || interference.comm_slowdown == 1.0) break;
+    computing.clear();
+    for (const OpPrice& o : p.ops)
+      if (o.group.empty() && o.seconds > 0) computing.push_back({o.start_s, o.start_s + o.seconds});
+  }
+  p.interference_s = p.span_s - alone;
   return p;
 }
 
@@ -541,29 +579,35 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   const double elem = element_bytes(opt.precision);
   const DeviceRates rates = device_rates(cluster, opt.precision, opt.gemm_timer);
   const std::map<std::string, GroupLink> groups = group_links(lay, cluster);
-  const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn),
-                        price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn)};
+  const PairSimOptions io{opt.compute_slowdown > 0 ? opt.compute_slowdown : cluster.compute_slowdown,
+                          opt.comm_slowdown > 0 ? opt.comm_slowdown : cluster.comm_slowdown};
+  DHX_CHECK(io.compute_slowdown >= 1 && io.comm_slowdown >= 1, ConfigError,
+            "predict: compute_slowdown={} comm_slowdown={} must be >= 1 (1: no interference)", io.compute_slowdown,
+            io.comm_slowdown);
+  r.interference = io;
+  const UnitTimes embed{price_strand(progs.embed.fwd, groups, rates, Prefetch::kOn, io),
+                        price_strand(progs.embed.bwd, groups, rates, Prefetch::kOn, io)};
   // Each block program (the per-layer options' variants too: ModelPrograms::variants), by name; and
   // its forward as the micro-batches after a step's first run it, whose kept weight blocks
   // (LayoutConfig::keep_gathered) the first gathered for the whole step (without_kept_gathers).
   std::map<std::string, UnitTimes> block_of, block_fold_of, block_cached_of, block_fold_cached_of;
   for (const LayerProgram* bp : progs.all()) {
     if (bp == &progs.embed || bp == &progs.head) continue;
-    const UnitTimes t{price_strand(bp->fwd, groups, rates, Prefetch::kOn),
-                      price_strand(bp->bwd, groups, rates, Prefetch::kOn)};
-    const StrandPrice folded = price_strand(folding_variant(bp->bwd), groups, rates, Prefetch::kOn);
-    const StrandPrice cached = price_strand(without_kept_gathers(bp->fwd), groups, rates, Prefetch::kOn);
+    const UnitTimes t{price_strand(bp->fwd, groups, rates, Prefetch::kOn, io),
+                      price_strand(bp->bwd, groups, rates, Prefetch::kOn, io)};
+    const StrandPrice folded = price_strand(folding_variant(bp->bwd), groups, rates, Prefetch::kOn, io);
+    const StrandPrice cached = price_strand(without_kept_gathers(bp->fwd), groups, rates, Prefetch::kOn, io);
     block_of.emplace(bp->name, t);
     block_fold_of.emplace(bp->name, UnitTimes{t.fwd, folded});
     block_cached_of.emplace(bp->name, UnitTimes{cached, t.bwd});
     block_fold_cached_of.emplace(bp->name, UnitTimes{cached, folded});
   }
-  const UnitTimes head{price_strand(progs.head.fwd, groups, rates, Prefetch::kOn),
-                       price_strand(progs.head.bwd, groups, rates, Prefetch::kOn)};
+  const UnitTimes head{price_strand(progs.head.fwd, groups, rates, Prefetch::kOn, io),
+                       price_strand(progs.head.bwd, groups, rates, Prefetch::kOn, io)};
   // The backward strands as the micro-batches before the last run them (3D z reduce-scatters
   // folded into block sums, LayoutConfig::overlap3d.accumulate_z); the same strands otherwise.
-  const UnitTimes embed_fold{embed.fwd, price_strand(folding_variant(progs.embed.bwd), groups, rates, Prefetch::kOn)};
-  const UnitTimes head_fold{head.fwd, price_strand(folding_variant(progs.head.bwd), groups, rates, Prefetch::kOn)};
+  const UnitTimes embed_fold{embed.fwd, price_strand(folding_variant(progs.embed.bwd), groups, rates, Prefetch::kOn, io)};
+  const UnitTimes head_fold{head.fwd, price_strand(folding_variant(progs.head.bwd), groups, rates, Prefetch::kOn, io)};
   const int L = static_cast<int>(m.n_layers), p = lay.pp;
   const int64_t M = r.micro_batches;
   const std::vector<UnitSpec> units = model_units(m, plain, 0);
@@ -676,10 +720,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   // lasts at least the busiest of them (measured: 3D x=2 z=2 on the emulated cluster, whose z
   // channel carries 2.8 s of a 3.4-3.8 s step, ran slower with SI, not the 25% faster the
   // engine-and-strands bound alone predicted).
-  auto slot_of = [](const StageMb& g) {
+  // With interference, the engine's compute beside the busiest channel's: co_executed_span.
+  auto slot_of = [&io](const StageMb& g) {
     double channel = 0;
     for (const auto& [grp, a] : g.axes) channel = std::max(channel, a.seconds);
-    return std::max({g.Cf + g.Cb, g.Ff, g.Bb, channel});
+    return std::max({co_executed_span(g.Cf + g.Cb, channel, io), g.Ff, g.Bb});
   };
   const bool si = opt.si == StrandInterleaving::kOn;
   auto t_mb = [&](const StageMb& g) { return si ? slot_of(g) : g.Ff + g.Bb; };
@@ -814,6 +859,12 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   }
   for (auto it = r.axes.begin(); it != r.axes.end();) it = it->second.bytes > 0 ? std::next(it) : r.axes.erase(it);
   check_fits(r, cluster);
+  if (io.compute_slowdown > 1 || io.comm_slowdown > 1) {
+    PredictOptions none = opt;
+    none.compute_slowdown = none.comm_slowdown = 1;
+    r.interference_s = std::max(0.0, r.step_s - predict(m, lay, batch, cluster, none).step_s);
+    r.exposed_comm_s = std::max(0.0, r.exposed_comm_s - r.interference_s);
+  }
   return r;
 }
 

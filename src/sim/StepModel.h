@@ -36,6 +36,12 @@
 //     core_share = 1/k) fill each other's bubbles: the body is the most of the core's work,
 //     M x the sum of its stages' times x core_share, and the critical path at the whole core,
 //     the body above x core_share.
+// Interference (PredictOptions::compute_slowdown / comm_slowdown, else the preset's; none by default):
+// the co-execution interference the step simulator charges op by op (PairSimOptions), here as a
+// strand by the pair simulator's op rules (price_strand), and a Strand Interleaving slot's both
+// strands' compute beside its busiest channel's time as a fluid (co_executed_span) in place of
+// max(Cf + Cb, channel) above. The
+// gradient tail and the closed-form 3D pricer charge none (as the simulator's tail).
 // 3D layouts whose programs build_programs does not yet write (no op on x, y or z) are priced by the
 // corrected closed form (AxonnModel.h) with compute from the single-rank program's FLOPs divided over
 // the grid; StepPrediction::pricer says which.
@@ -63,6 +69,7 @@
 #include "plan/StepSchedule.h"
 #include "schedule/Pipelines.h"
 #include "sim/ClusterPreset.h"
+#include "sim/PairSim.h"
 
 namespace dhelix {
 
@@ -109,6 +116,10 @@ struct PredictOptions {
   int virtual_stages = 2;  // interleaved only
   // rank_layouts: each layout with pp > 1 priced under each of these schedules (empty: `pipeline`).
   std::vector<PipelineKind> pipelines;
+  // Co-execution interference (PairSimOptions: compute beside a collective, a collective beside
+  // compute), charged as the interference rule above says; 0: the preset's (ClusterPreset's
+  // compute_slowdown, comm_slowdown; 1 where it has none).
+  double compute_slowdown = 0, comm_slowdown = 0;
 };
 
 // One process-group role's traffic per rank per step.
@@ -138,6 +149,10 @@ struct StepPrediction {
   int64_t micro_batches = 0;  // per step per data replica
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
   double optimizer_s = 0;  // the (slowest) stage's optimizer step, in step_s and compute_s (optimizer_time)
+  // What the co-execution interference adds to step_s (the step less the same prediction priced
+  // without it; not in compute_s or exposed_comm_s), and the factors charged.
+  double interference_s = 0;
+  PairSimOptions interference;
   std::map<std::string, AxisCost> axes;  // "tp", "x", "y", "z", "xy", "pp", "dp"
   MemoryUse memory;
   double memory_limit = 0;
@@ -293,14 +308,26 @@ double ring_bytes(CollOp coll, double bytes, int n);
 
 struct StrandPrice {
   double compute_s = 0;  // sum of compute ops
-  double span_s = 0;     // the strand's time per layer, overlaps applied
+  double span_s = 0;     // the strand's time per layer, overlaps and interference applied
+  double interference_s = 0;  // what the interference adds to span_s (0 without)
   std::map<std::string, AxisCost> axes;
   std::vector<OpPrice> ops;  // program order
 };
 // Prices one strand of one unit (the overlap rule above). `prefetch` = kOn lets parameter-only
 // collectives start one strand-compute early.
 enum class Prefetch { kOff, kOn };
+// With `interference`, each op slows as the pair simulator's rules say (PairSim.h
+// compute_end_beside_comm, comm_end_beside_compute, the fixed point over passes when collectives
+// slow); compute_s stays the ops' own time, the ops' seconds and span_s include the slowdown.
 StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
-                         const DeviceRates& rates, Prefetch prefetch);
+                         const DeviceRates& rates, Prefetch prefetch, const PairSimOptions& interference = {});
+
+// Seconds for `compute_s` of compute and `comm_s` of communication of one rank run side by side
+// from a common start under the interference (PairSimOptions' rule, as a fluid: while both run,
+// compute progresses 1/compute_slowdown, communication 1/comm_slowdown as fast; the one left runs
+// alone at full speed): with ks = compute_slowdown, kc = comm_slowdown, if ks C <= kc X it is
+// ks C + X - ks C / kc, else kc X + C - kc X / ks. max(C, X) without interference; at most C + X
+// when ks, kc <= 2.
+double co_executed_span(double compute_s, double comm_s, const PairSimOptions& interference);
 
 }  // namespace dhelix

@@ -214,6 +214,20 @@ TEST(ClusterPreset, BadFilesNameFileFieldAndHint) {
   attn.insert(attn.find(dev_end) + dev_end.size(), "attention_bwd_efficiency = 0.1\n");
   e = error_of(attn);
   EXPECT_NE(e.find("the backward's only with the forward's"), std::string::npos) << e;
+  // The co-execution interference factors: 1 when absent, read when given, in [1, 100].
+  const ClusterPreset plain = parse_cluster(good, "good.toml");
+  EXPECT_EQ(plain.compute_slowdown, 1.0);
+  EXPECT_EQ(plain.comm_slowdown, 1.0);
+  std::string slow = good;
+  slow.insert(slow.find(dev_end) + dev_end.size(), "compute_slowdown = 1.4\ncomm_slowdown = 1.1\n");
+  const ClusterPreset measured = parse_cluster(slow, "slow.toml");
+  EXPECT_EQ(measured.compute_slowdown, 1.4);
+  EXPECT_EQ(measured.comm_slowdown, 1.1);
+  slow = good;
+  slow.insert(slow.find(dev_end) + dev_end.size(), "compute_slowdown = 0.5\n");
+  e = error_of(slow);
+  EXPECT_NE(e.find("device.compute_slowdown=0.5 must be in [1, 100]"), std::string::npos) << e;
+  EXPECT_NE(e.find("hint"), std::string::npos) << e;
 }
 
 // Attention's rates from the preset: peak x each efficiency; the backward's defaults to the

@@ -132,6 +132,40 @@ TEST(PriceStrand, IndependentComputeHidesReduceScatter) {
   EXPECT_DOUBLE_EQ(p.axes.at("tp").exposed_s, 2);
 }
 
+// Co-execution interference in a strand (price_strand under PairSimOptions), on the strand above:
+// engine [c1 1][c3 3][c4 1], tp [RS 2] from 1 to 3, c4 reading RS's output. Oracle: by hand with
+// the pair simulator's rules (PairSim.h). Compute x2: c3 runs at half speed while RS is in flight
+// (1 to 3: 1 s of its work), its other 2 s after: c3 ends at 5, c4 at 6. Collectives x2: RS
+// progresses half as fast beside c3 (1 to 4: 1.5 s of its 2), its last 0.5 s alone after c3, and
+// c4 waits for it: span 5.5 (the fixed point; the first pass, RS stretched over c4's old interval
+// too, overshoots to 6). The ops' own compute stays 5 s.
+TEST(PriceStrand, InterferenceSlowsOpsAsThePairSimulatorDoes) {
+  const std::vector<Op> ops = {comp("c1", 1, {"x"}, {"a"}), coll("rs", CollOp::kReduceScatter, 2, {"a"}, "b"),
+                               comp("c3", 3, {"a"}, {"c"}), comp("c4", 1, {"b", "c"}, {"y"})};
+  const StrandPrice ks = price_strand(ops, kTp2, kRates, Prefetch::kOff, {2.0, 1.0});
+  EXPECT_DOUBLE_EQ(ks.span_s, 6);
+  EXPECT_DOUBLE_EQ(ks.interference_s, 1);
+  EXPECT_DOUBLE_EQ(ks.compute_s, 5);
+  const StrandPrice kc = price_strand(ops, kTp2, kRates, Prefetch::kOff, {1.0, 2.0});
+  EXPECT_DOUBLE_EQ(kc.span_s, 5.5);
+  EXPECT_DOUBLE_EQ(kc.interference_s, 0.5);
+  EXPECT_DOUBLE_EQ(kc.axes.at("tp").seconds, 2);  // the link's time; the channel is held 3.5 s
+  EXPECT_DOUBLE_EQ(price_strand(ops, kTp2, kRates, Prefetch::kOff, {1.0, 1.0}).interference_s, 0);
+}
+
+// A Strand Interleaving slot's compute beside its channel as a fluid (co_executed_span). Oracle: by
+// hand, 3 s of compute beside 2 s of communication. None: max = 3. Compute x2: both run until the
+// communication ends at 2 (1 s of compute done), 2 s of compute after: 4. Collectives x2: compute
+// runs 3 s at full speed, the communication does 1.5 s of its 2 meanwhile, 0.5 s after: 3.5.
+TEST(PriceStrand, CoExecutedSpanIsTheFluidOfBothSlowdowns) {
+  EXPECT_DOUBLE_EQ(co_executed_span(3, 2, {}), 3);
+  EXPECT_DOUBLE_EQ(co_executed_span(2, 3, {}), 3);
+  EXPECT_DOUBLE_EQ(co_executed_span(3, 2, {2.0, 1.0}), 4);
+  EXPECT_DOUBLE_EQ(co_executed_span(3, 2, {1.0, 2.0}), 3.5);
+  EXPECT_DOUBLE_EQ(co_executed_span(1, 4, {2.0, 1.0}), 4);  // compute hidden even at half speed
+  EXPECT_DOUBLE_EQ(co_executed_span(0, 4, {3.0, 3.0}), 4);
+}
+
 TEST(PriceStrand, BackgroundCollectiveCostsOnlyPastTheLayer) {
   // A reduce-scatter nobody reads (ORS): 5 s on the channel against a 2 s layer -> 3 s exposed.
   const StrandPrice p = price_strand({comp("c1", 1, {"x"}, {"a"}), coll("rs", CollOp::kReduceScatter, 5, {"a"}, "g"),
