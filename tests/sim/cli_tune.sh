@@ -194,4 +194,21 @@ else fail confirm_w; echo "exit $rc"; echo "$out" | tail -8; fi
 expect_bad virtual_stages_not_interleaved "--virtual-stages applies to --pipeline interleaved" -- --model gpt2-124m \
   --gpus 4 --cluster cpu-emulated --pipeline w --virtual-stages 3
 
+# Co-execution interference: --compute-slowdown prices the SI step slower (never faster) and says so,
+# the JSON carries the factors and each row's interference_s; a factor below 1 exits 2 naming it.
+out=$("$bin" tune --model gpt2-124m --d-model 256 --layers 4 --heads 4 --gpus 4 --cluster cpu-emulated --si on \
+      --only "tp=2 pp=1 dp=2" --json "$tmp/i0.json" 2>&1) &&
+out=$("$bin" tune --model gpt2-124m --d-model 256 --layers 4 --heads 4 --gpus 4 --cluster cpu-emulated --si on \
+      --only "tp=2 pp=1 dp=2" --compute-slowdown 2 --json "$tmp/i2.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "co-execution interference: compute x2.00" <<<"$out" && /usr/bin/python3 -c "
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert b['interference'] == {'compute_slowdown': 2.0, 'comm_slowdown': 1.0}, b['interference']
+ra, rb = a['ranked'][0], b['ranked'][0]
+assert rb['step_s'] > ra['step_s'] and rb['interference_s'] > 0 and ra['interference_s'] == 0, (ra, rb)
+assert abs(rb['step_s'] - ra['step_s'] - rb['interference_s']) < 1e-9 * rb['step_s'], (ra, rb)" "$tmp/i0.json" "$tmp/i2.json"
+then ok interference; else fail interference; echo "exit $rc"; echo "$out" | tail -8; fi
+expect_bad interference_below_one "--compute-slowdown" "0.5" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated \
+  --compute-slowdown 0.5
+
 summary
