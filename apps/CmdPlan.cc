@@ -468,6 +468,11 @@ int cmd_simulate(int argc, char** argv) {
                         {"compute_slowdown", so.compute_slowdown},
                         {"comm_slowdown", so.comm_slowdown},
                         {"peak_flops", peak}};
+    if (fit)
+      j["interference_fit"] = {{"calibration_pairs", fit->calibration_pairs},
+                               {"held_back_pairs", fit->held_back_pairs},
+                               {"held_back_median_error", fit->held_back_median_error},
+                               {"held_back_median_error_without", fit->held_back_median_error_without}};
     for (const StepSimStage& g : r.stages)
       j["stages"].push_back({{"end_s", g.end_s}, {"tail_s", g.tail_s}, {"compute_s", g.compute_s}, {"bubble_s", g.bubble_s},
                              {"exposed_s", g.exposed_s}, {"channel_busy_s", g.channel_busy_s}});
