@@ -283,25 +283,33 @@ class NcclGroup final : public ProcessGroup {
         st->fail(fmt::format("{}: the NCCL communicator was aborted by an earlier op's failure", st->describe()));
         return true;
       }
-      use_device(Device::cuda(device_));
-      if (ready) cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
-      // The end event is recorded only once the op's kernels are on the stream (settle): before,
-      // it would pass at once and the op's buffers be released while NCCL still moves them.
-      const ncclResult_t r = settle(call());
-      if (r != ncclSuccess) {
-        const std::string why = r == ncclInProgress
-                                    ? fmt::format("NCCL still enqueuing the op after {} s (a peer stalled or died)",
-                                                  timeout_s())
-                                    : fmt::format("NCCL: {}", nccl().ncclGetErrorString(r));
+      // Any failure here (a CUDA call, a dtype NCCL has no type for, NCCL itself) aborts the
+      // communicator: this rank would otherwise skip a collective its peers entered, and every later
+      // op would pair with the wrong one. The op's tensors go before it fails (poll's rule).
+      auto give_up = [&](const std::string& why) {
         release(p);
+        p.keep.clear();
         abort_all(fmt::format("{}: {}", st->describe(), why));
         st->fail(fmt::format("{}: {}", st->describe(), why));
         return true;
+      };
+      try {
+        use_device(Device::cuda(device_));
+        if (ready) cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+        // The end event is recorded only once the op's kernels are on the stream (settle): before,
+        // it would pass at once and the op's buffers be released while NCCL still moves them.
+        const ncclResult_t r = settle(call());
+        if (r != ncclSuccess)
+          return give_up(r == ncclInProgress
+                             ? fmt::format("NCCL still enqueuing the op after {} s (a peer stalled or died)", timeout_s())
+                             : fmt::format("NCCL: {}", nccl().ncclGetErrorString(r)));
+        cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate");
+        cuda_check(cudaEventRecord(p.done, stream_), "cudaEventRecord (NCCL stream)");
+        publish_end(*st);
+      } catch (const std::exception& e) {
+        return give_up(e.what());
       }
-      cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate");
-      cuda_check(cudaEventRecord(p.done, stream_), "cudaEventRecord (NCCL stream)");
-      publish_end(*st);
-      posted_.push_back(p);
+      posted_.push_back(std::move(p));
       return false;
     };
   }
@@ -326,9 +334,13 @@ class NcclGroup final : public ProcessGroup {
       Posted& p = posted_.front();
       const cudaError_t q = cudaEventQuery(p.done);
       if (q == cudaSuccess) {
-        p.st->complete();
-        release(p);
+        // The op's tensors and events go before its issuer can see it finish (StagedGroup::poll's
+        // rule): once it does, it may free what they are charged to and the stream they are on.
+        Posted done = std::move(p);
         posted_.pop_front();
+        release(done);
+        done.keep.clear();
+        done.st->complete();
         continue;
       }
       const ncclResult_t e = async_error();
@@ -352,15 +364,17 @@ class NcclGroup final : public ProcessGroup {
     if (comm_ && !aborted_) nccl().ncclCommAbort(comm_);
     comm_ = nullptr;
     aborted_ = true;
+    // The ops' tensors and events go first, then each op fails (poll's rule).
+    std::deque<Posted> failed;
+    failed.swap(posted_);
+    for (Posted& p : failed) release(p), p.keep.clear();
     bool first = true;
-    for (Posted& p : posted_) {
+    for (Posted& p : failed) {
       p.st->fail(first ? fmt::format("{}: {}; the NCCL communicator of {} was aborted", p.st->describe(), why, name())
                        : fmt::format("{}: aborted with the NCCL communicator of {} ({})", p.st->describe(), name(),
-                                     posted_.front().st->describe()));
+                                     failed.front().st->describe()));
       first = false;
     }
-    for (Posted& p : posted_) release(p);
-    posted_.clear();
   }
 
   static void release(Posted& p) {

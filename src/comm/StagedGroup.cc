@@ -151,8 +151,16 @@ class StagedGroup final : public ProcessGroup {
     const bool host = t.device().is_host();
     cudaEvent_t ready = host ? nullptr : producer_point();
     return [this, t, peer, tag, ready, host](const std::shared_ptr<WorkState>& st) {
+      use_device(Device::cuda(device_));  // the pinned buffer in this GPU's context (stage_in)
       Tensor h = host ? t : Tensor::empty_pinned(t.shape(), t.dtype());
-      Posted p{st, host_.recv(h, peer, tag), h, host ? Tensor() : t, ready};
+      Work w;
+      try {
+        w = host_.recv(h, peer, tag);
+      } catch (...) {
+        if (ready) cudaEventDestroy(ready);
+        throw;
+      }
+      Posted p{st, std::move(w), h, host ? Tensor() : t, ready};
       posted_.push_back(std::move(p));
       return false;
     };
@@ -196,11 +204,13 @@ class StagedGroup final : public ProcessGroup {
   // On the comm thread: after the producer's point, the device tensor's bytes in a host tensor (a
   // host tensor as it is).
   Tensor stage_in(const Tensor& t, cudaEvent_t ready) {
+    // The group's GPU first, for a host tensor's op too: its pinned result buffer (cudaHostAlloc)
+    // would otherwise make GPU 0's context current on this thread (a process on another GPU).
+    use_device(Device::cuda(device_));
     if (t.device().is_host()) {
       if (ready) cudaEventDestroy(ready);
       return t;
     }
-    use_device(Device::cuda(device_));
     if (ready) {
       const cudaError_t e = cudaStreamWaitEvent(copy_stream(), ready, 0);
       cudaEventDestroy(ready);

@@ -102,6 +102,7 @@ TEST(NcclGroup, EveryCollectiveAtWorldSizeOneIsTheIdentity) {
 // scheduled before queued compute blocks). Oracle: cudaDeviceGetStreamPriorityRange's greatest.
 TEST(NcclGroup, ItsStreamHasTheHighestPriority) {
   DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
   auto g = make_nccl_group("tp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
   int least = 0, greatest = 0, got = 1;
   ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
@@ -114,6 +115,7 @@ TEST(NcclGroup, ItsStreamHasTheHighestPriority) {
 // group's stream would reduce the old values.
 TEST(NcclGroup, OpsFollowTheProducerStream) {
   DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
   const Device gpu = Device::cuda(0);
   auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
   cudaStream_t producer = nullptr;
@@ -133,14 +135,15 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
 }
 
 // Work::wait_on: a consumer stream ordered after an NCCL op on the GPU, the host not waiting. The
-// producer stream is held by a 50 ms spin (hold_stream), then writes zeros into t; the all-reduce
+// producer stream is held by a 200 ms spin (hold_stream), then writes zeros into t; the all-reduce
 // follows it (the producer point), and the consumer stream waits on the op's end event (wait_on)
 // and copies t out. Oracles: wait_on returned while the op was still pending (the host was not
-// held; the comm thread enqueues and publishes in tens of microseconds, the spin takes 50 ms), and
+// held; the comm thread enqueues and publishes in tens of microseconds, the spin takes 200 ms), and
 // the consumer's copy holds the zeros (without the device wait it would copy t's random values
 // from before the memset).
 TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
   const Device gpu = Device::cuda(0);
   auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
   cudaStream_t producer = nullptr, consumer = nullptr;
@@ -149,7 +152,7 @@ TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   nccl_set_producer_stream(*g, producer);
   Tensor t = host_random({1 << 20}, DType::kF32, 5).to(gpu);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cuda::test::hold_stream(producer, 50000);
+  cuda::test::hold_stream(producer, 200000);  // 200 ms: longer than a first launch in a fresh process takes
   ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
   Work w = g->all_reduce(t);
   w.wait_on(consumer);
