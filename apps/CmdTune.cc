@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "Commands.h"
+#include "VerbFlags.h"
 #include "FlagTable.h"
 #include "base/Error.h"
 #include "base/Files.h"
@@ -83,14 +84,8 @@ const FlagTable& tune_flags() {
           {"--virtual-stages", FlagType::kInt, "2", "chunks a rank for the interleaved schedule (schedule.virtual_stages)",
            "V", 2, double(1 << 16)},
           {"--si", FlagType::kOnOff, "off", "Strand Interleaving", "on|off"},
-          {"--compute-slowdown", FlagType::kNumber, "",
-           "co-execution interference: a compute op beside a collective runs K times\nslower (default: the "
-           "preset's device.compute_slowdown, else 1; `dhelix\nsimulate --profile` fits it on a profile)",
-           "K", 1, 100},
-          {"--comm-slowdown", FlagType::kNumber, "",
-           "a collective in flight while its rank computes runs K times slower\n(default: the preset's "
-           "device.comm_slowdown, else 1)",
-           "K", 1, 100},
+          compute_slowdown_flag(),
+          comm_slowdown_flag(),
           {"--sparse-embed-grad", FlagType::kOnOff, "off",
            "price parallel.sparse_embed_grad: with dp > 1 and tp = 1 the last\nmicro-batch's token-embedding rows "
            "all-gathered instead of the whole table\nall-reduced (--confirm runs set it alike)",

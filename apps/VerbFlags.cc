@@ -3,6 +3,20 @@
 
 namespace dhelix {
 
+FlagSpec compute_slowdown_flag() {
+  return {"--compute-slowdown", FlagType::kNumber, "",
+          "co-execution interference: a compute op beside a collective runs K times\nslower (default: the "
+          "preset's device.compute_slowdown, else 1; `dhelix\nsimulate --profile` fits it on a profile)",
+          "K", 1, 100};
+}
+
+FlagSpec comm_slowdown_flag() {
+  return {"--comm-slowdown", FlagType::kNumber, "",
+          "a collective in flight while its rank computes runs K times slower\n(default: the preset's "
+          "device.comm_slowdown, else 1; fitted alike)",
+          "K", 1, 100};
+}
+
 const FlagTable& profile_flags() {
   static const FlagTable t{
       "profile",
@@ -85,13 +99,8 @@ const FlagTable& simulate_flags() {
            "the preset's GEMM rate and element size; native (the default): the preset's\nown (bf16 where it has a bf16 rate, "
            "as every GPU preset), as `plan --cost-model`",
            "native|fp32|bf16"},
-          {"--compute-slowdown", FlagType::kNumber, "",
-           "a compute op beside a collective runs K times slower (default: the preset's\ndevice.compute_slowdown, "
-           "else 1; `dhelix plan --profile` fits it on this machine)",
-           "K", 1, 100},
-          {"--comm-slowdown", FlagType::kNumber, "",
-           "a collective in flight while its rank computes runs K times slower\n(default: the preset's "
-           "device.comm_slowdown, else 1; fitted alike)", "K", 1, 100},
+          compute_slowdown_flag(),
+          comm_slowdown_flag(),
           {"--profile", FlagType::kText, "",
            "fit both slowdowns from a `dhelix profile` of this config's layer pair\n(its pairs timed alone and "
            "together; excludes the two flags above)",

@@ -8,5 +8,8 @@ namespace dhelix {
 const FlagTable& profile_flags();
 const FlagTable& plan_flags();
 const FlagTable& simulate_flags();
+// --compute-slowdown K and --comm-slowdown K (co-execution interference; simulate's and tune's).
+FlagSpec compute_slowdown_flag();
+FlagSpec comm_slowdown_flag();
 
 }  // namespace dhelix
