@@ -122,6 +122,17 @@ class NcclGroup final : public ProcessGroup {
 
   ~NcclGroup() override {
     stop_stream();
+    // Ops still posted (issued, ordered by Work::wait_on and never waited for, or left by a step
+    // that threw) complete or fail here, within the group's timeout (poll's watchdog), so no Work
+    // waits past the group and no kernel of ours still runs when the communicator goes.
+    if (!posted_.empty()) {
+      try {
+        use_device(Device::cuda(device_));
+        while (poll()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } catch (const std::exception& e) {
+        abort_all(fmt::format("the group was destroyed with ops in flight ({})", e.what()));
+      }
+    }
     if (comm_) {
       // A non-blocking communicator is finalized (its queued work flushed) before it is destroyed.
       // Anything still posted (a failed or abandoned op), or a finalize that does not settle within
@@ -150,7 +161,12 @@ class NcclGroup final : public ProcessGroup {
     }, {t});
   }
   Task all_gather_task(Tensor in, Tensor out) override {
-    if (in.defined() && in.device().is_host()) return on_host(in, "all_gather", [this, in, out] { host_->all_gather(in, out).wait(); });
+    if (in.defined() && in.device().is_host()) {
+      DHX_CHECK(!out.defined() || out.device().is_host(), CommError,
+                "all_gather on {}: the input {} is in host memory and the output {} is not; give both on the host "
+                "(the host group's) or both on GPU {} (NCCL's)", name(), in.describe(), out.describe(), device_);
+      return on_host(in, "all_gather", [this, in, out] { host_->all_gather(in, out).wait(); });
+    }
     return post(in, [this, in, out] {
       return nccl().ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"), comm_, stream_);
     }, {in, out});
@@ -273,6 +289,12 @@ class NcclGroup final : public ProcessGroup {
   // the group's stream; the op is posted (false) and poll() completes it.
   template <typename Call>
   Task post(const Tensor& t, Call call, std::vector<Tensor> keep = {}) {
+    // Every tensor of the op on this group's GPU: NCCL given host memory or another GPU's would
+    // fault the context instead of failing the op.
+    for (const Tensor& x : keep)
+      DHX_CHECK(!x.defined() || (!x.device().is_host() && x.device().index == device_), CommError,
+                "{}: an NCCL group moves tensors on its GPU ({}); {} is {}", name(), device_, x.describe(),
+                x.device().is_host() ? "in host memory" : fmt::format("on GPU {}", x.device().index));
     DHX_CHECK(!t.defined() || !t.device().is_host(), CommError,
               "{}: an NCCL group moves GPU tensors; {} is in host memory", name(), t.describe());
     cudaEvent_t ready = producer_point();

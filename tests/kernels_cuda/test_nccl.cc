@@ -169,6 +169,36 @@ TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   cudaStreamDestroy(consumer);
 }
 
+// A group destroyed with an op still posted (issued behind a 200 ms spin on the producer stream,
+// never waited for) settles it first: the op completes with its result, instead of the
+// communicator being aborted under its kernel and its Work left pending (a later wait() would block
+// for the group's whole timeout). Oracle: the Work is complete when the destructor returns, its
+// wait() does not throw, and t holds the all-reduce's result at world size 1 (the producer's zeros).
+TEST(NcclGroup, DestroyingAGroupSettlesItsPostedOps) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  const Device gpu = Device::cuda(0);
+  auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
+  cudaStream_t producer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  nccl_set_producer_stream(*g, producer);
+  Tensor t = host_random({1 << 20}, DType::kF32, 6).to(gpu);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cuda::test::hold_stream(producer, 200000);
+  ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
+  Work w = g->all_reduce(t);
+  EXPECT_FALSE(w.is_completed()) << "the op finished before the producer's 200 ms spin";
+  g.reset();
+  EXPECT_TRUE(w.is_completed()) << "the group was destroyed and its posted op left pending";
+  EXPECT_NO_THROW(w.wait());
+  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  const Tensor h = t.to(Device::host());
+  double sum = 0;
+  for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
+  EXPECT_EQ(sum, 0.0) << "t does not hold the all-reduce of the producer's zeros";
+  cudaStreamDestroy(producer);
+}
+
 // The bootstrap: rank 0 of a CPU group makes the id and broadcasts it. Oracle: the 128 bytes rank 0
 // made, which every member must hold after the call (three ranks as threads over the local
 // backend: no GPU is needed to exchange an id, but NCCL's library is, found where the device
