@@ -166,6 +166,36 @@ TEST(StagedGroup, OpsFollowTheProducerStream) {
   });
 }
 
+// A receive into device memory the producer stream still writes: rank 1's destination is zeroed
+// behind a 200 ms spin on its producer stream when it posts the receive, and the copy of the
+// arrived bytes into it must follow that memset (the receive's producer point, waited for on the
+// copy stream before the copy-in). Oracle: the destination holds rank 0's values; copied in before
+// the memset, it would hold zeros. Rank 0 sends at once, so the bytes arrive during the spin.
+TEST(StagedGroup, AReceiveLandsAfterTheProducersWrites) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  run_local_ranks(dp_layout(2), [&](CommContext& comm) {
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
+    const Tensor sent = host_values({1 << 18}, DType::kF32, 11);
+    if (comm.rank() == 0) {
+      g->send(sent.to(gpu), 1, 5).wait();
+      return;
+    }
+    cudaStream_t producer = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    staged_set_producer_stream(*g, producer);
+    Tensor t = host_values({1 << 18}, DType::kF32, 12).to(gpu);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cuda::test::hold_stream(producer, 200000);
+    ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
+    g->recv(t, 0, 5).wait();
+    ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+    EXPECT_TRUE(same_bytes(t, sent)) << "the received bytes were copied in before the producer's memset";
+    staged_set_producer_stream(*g, nullptr);
+    cudaStreamDestroy(producer);
+  });
+}
+
 // A peer that never issues its half: the op fails within the groups' timeout (1 s here), naming
 // the staged op's group and sequence number and that it did not complete (the CPU group's timeout,
 // or the staged op's own wait: both bound it by comm.timeout_s).
