@@ -30,7 +30,8 @@
 //   - pipelines (PredictOptions::pipeline): each stage holds the units of its chunks (1F1B one, the
 //     W two -- layer l beside L+1-l, the embedding and head on stage 0 --, the interleaved v);
 //     step = M x the slowest stage's time per micro-batch / (1 - the schedule's bubble fraction)
-//     (bubble_formula; 1F1B: (M + p - 1) x it), each activation and gradient that crosses to
+//     (bubble_formula; 1F1B: (M + p - 1) x it; the interleaved schedule, whose formula holds for M a
+//     multiple of p only, walked slot by slot with each chunk's passes), each activation and gradient that crosses to
 //     another rank priced on the pp link and exposed (1F1B one each way a micro-batch, the W two, the
 //     interleaved v). Stages whose ranks share one core (a node holding k stages of a pipeline,
 //     core_share = 1/k) fill each other's bubbles: the body is the most of the core's work,

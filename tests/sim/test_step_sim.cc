@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -162,17 +164,23 @@ TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) 
   const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
   ModelConfig m = model_preset("gpt2-124m");
   m.vocab_size = 8192, m.n_layers = 8;
-  for (const auto& [pp, dp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+  // (pp, dp, sequences a step): 16 / dp micro-batches; 3 and 6 (not multiples of pp: the
+  // interleaved schedule's bubble formula misses by 9% and 22% there, so the step model walks it;
+  // with the formula these two were 9-15% fast, outside the bound); 42 and 45, past the walk's
+  // shortened schedule (18 and 37 micro-batches), the rest priced at the steady rate.
+  for (const auto& [pp, dp, seqs] : {std::tuple{2, 1, 16}, std::tuple{4, 1, 16}, std::tuple{2, 2, 16},
+                                     std::tuple{2, 1, 3}, std::tuple{4, 1, 6}, std::tuple{2, 1, 42},
+                                     std::tuple{4, 1, 45}}) {
     LayoutConfig lay;
     lay.pp = pp, lay.dp = dp;
-    const BatchSpec batch{16, 1024, 1};  // 16 / dp micro-batches
+    const BatchSpec batch{seqs, 1024, 1};  // seqs / dp micro-batches
     for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
       for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
         PredictOptions po;
         po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
         const StepPrediction p = predict(m, lay, batch, cluster, po);
         PipelineSpec spec;
-        spec.kind = kind, spec.pp = pp, spec.n_layers = 8, spec.micro_batches = 16 / dp;
+        spec.kind = kind, spec.pp = pp, spec.n_layers = 8, spec.micro_batches = seqs / dp;
         spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
         spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
         const StepSchedule sch = make_schedule(spec);
@@ -180,13 +188,18 @@ TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) 
         o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
         o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
         const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
-        const std::string label = fmt::format("pp={} dp={} {} si {}", pp, dp, pipeline_kind_name(kind),
+        const std::string label = fmt::format("pp={} dp={} M={} {} si {}", pp, dp, seqs / dp, pipeline_kind_name(kind),
                                               si == StrandInterleaving::kOn ? "on" : "off");
-        std::printf("[ info ] %s: step model %.5f s (bubble %.5f), simulator %.5f s\n", label.c_str(), p.step_s,
-                    p.bubble_s, s.step_s);
+        // Long steps: the step model charges every message a stage sends as exposed in its pass, the
+        // simulator sends it while the next slot runs, so over many micro-batches the two may also
+        // differ by the step's pp seconds (at M = 42 the W and interleaved without SI by 1.0 ms,
+        // past their 0.6-1.0 ms bubbles).
+        const double sends = seqs > 16 ? p.axes.at("pp").seconds : 0.0;
+        std::printf("[ info ] %s: step model %.5f s (bubble %.5f, sends %.5f), simulator %.5f s\n", label.c_str(),
+                    p.step_s, p.bubble_s, sends, s.step_s);
         EXPECT_EQ(p.pipeline, kind) << label;
         EXPECT_GT(p.bubble_s, 0) << label;
-        EXPECT_LE(std::abs(p.step_s - s.step_s), p.bubble_s) << label;
+        EXPECT_LE(std::abs(p.step_s - s.step_s), p.bubble_s + sends) << label;
         EXPECT_DOUBLE_EQ(p.memory.total(), s.memory.total()) << label;
       }
   }
