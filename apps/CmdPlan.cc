@@ -359,10 +359,9 @@ int cmd_simulate(int argc, char** argv) {
                100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
                100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
   else if (so.compute_slowdown > 1 || so.comm_slowdown > 1)
-    fmt::print("interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute ({})\n",
-               so.compute_slowdown, so.comm_slowdown,
-               fl.given("--compute-slowdown") || fl.given("--comm-slowdown") ? "--compute/comm-slowdown"
-                                                                            : "the preset's");
+    fmt::print("interference: compute x{:.2f} beside a collective ({}), collectives x{:.2f} beside compute ({})\n",
+               so.compute_slowdown, fl.given("--compute-slowdown") ? "--compute-slowdown" : "the preset's",
+               so.comm_slowdown, fl.given("--comm-slowdown") ? "--comm-slowdown" : "the preset's");
   if (measure_gemm) fmt::print("GEMMs timed for their shapes on this machine (core share {})\n", cluster.core_share);
   if (slow_rank >= 0)
     fmt::print("straggler: rank {} computes {:g}x slower; its pipeline stage {} waits for it at every collective\n",
@@ -591,6 +590,7 @@ int cmd_plan(int argc, char** argv) {
       preset = load_cluster(*cost_arg, cfg.sim.clusters_dir);
       step_schedule = make_schedule(pipeline_spec(cfg));
       step_opt.precision = preset->native_precision();
+      step_opt.compute_slowdown = preset->compute_slowdown, step_opt.comm_slowdown = preset->comm_slowdown;
       step_opt.si = StrandInterleaving::kOn;
       step_opt.schedule = &*step_schedule;
       simulate = [&](const SIPlan& p) {

@@ -241,6 +241,9 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   req.opt.sparse_embed = f.on("--sparse-embed-grad") ? SparseEmbedGrad::kOn : SparseEmbedGrad::kOff;
   if (f.given("--compute-slowdown")) req.opt.compute_slowdown = f.number("--compute-slowdown");
   if (f.given("--comm-slowdown")) req.opt.comm_slowdown = f.number("--comm-slowdown");
+  if (req.paper && (f.given("--compute-slowdown") || f.given("--comm-slowdown")))
+    errors.push_back("--compute-slowdown and --comm-slowdown price the step model's ranking; --paper-compat ranks "
+                     "by AxoNN's closed form, which charges no interference: drop one");
   req.json_path = f.text("--json");
   if (f.given("--cluster")) {
     try {
@@ -408,10 +411,10 @@ int cmd_tune(int argc, char** argv) {
   const double ks = req->opt.compute_slowdown > 0 ? req->opt.compute_slowdown : req->cluster.compute_slowdown;
   const double kc = req->opt.comm_slowdown > 0 ? req->opt.comm_slowdown : req->cluster.comm_slowdown;
   if ((ks > 1 || kc > 1) && !req->paper)
-    fmt::print("co-execution interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute "
-               "({}; the closed-form 3D pricer charges none)\n",
-               ks, kc, req->opt.compute_slowdown > 0 || req->opt.comm_slowdown > 0 ? "--compute/comm-slowdown"
-                                                                                   : "the preset's");
+    fmt::print("co-execution interference: compute x{:.2f} beside a collective ({}), collectives x{:.2f} beside "
+               "compute ({}); the closed-form 3D pricer charges none\n",
+               ks, req->opt.compute_slowdown > 0 ? "--compute-slowdown" : "the preset's", kc,
+               req->opt.comm_slowdown > 0 ? "--comm-slowdown" : "the preset's");
   nlohmann::json j;
   if (req->paper) {
     fmt::print("AxoNN closed form as coded (axonn.md §4.2: bf16, full recompute, GiB over GB/s), "

@@ -112,7 +112,8 @@ struct PredictOptions {
   bool fuse_epilogues = false;
   // The pipeline schedule (pp > 1; schedule.pipeline, schedule.virtual_stages: v chunks a rank for
   // the interleaved one): where its chunks put the units, how many activations cross ranks, the
-  // bubble (schedule/Pipelines.h bubble_formula) and the activations in flight (the memory walk).
+  // bubble (schedule/Pipelines.h bubble_formula; the interleaved schedule's walked slot by slot) and
+  // the activations in flight (the memory walk).
   PipelineKind pipeline = PipelineKind::k1F1B;
   int virtual_stages = 2;  // interleaved only
   // rank_layouts: each layout with pp > 1 priced under each of these schedules (empty: `pipeline`).
@@ -151,7 +152,8 @@ struct StepPrediction {
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
   double optimizer_s = 0;  // the (slowest) stage's optimizer step, in step_s and compute_s (optimizer_time)
   // What the co-execution interference adds to step_s (the step less the same prediction priced
-  // without it; not in compute_s or exposed_comm_s), and the factors charged.
+  // without it; the part that lengthens a pipeline's bubble is also in bubble_s, the rest in neither
+  // compute_s nor exposed_comm_s), and the factors charged ({1, 1} by the closed-form 3D pricer).
   double interference_s = 0;
   PairSimOptions interference;
   std::map<std::string, AxisCost> axes;  // "tp", "x", "y", "z", "xy", "pp", "dp"

@@ -210,5 +210,7 @@ assert abs(rb['step_s'] - ra['step_s'] - rb['interference_s']) < 1e-9 * rb['step
 then ok interference; else fail interference; echo "exit $rc"; echo "$out" | tail -8; fi
 expect_bad interference_below_one "--compute-slowdown" "0.5" -- --model gpt2-124m --gpus 4 --cluster cpu-emulated \
   --compute-slowdown 0.5
+expect_bad interference_paper_compat "--paper-compat ranks by AxoNN's closed form" -- --model gpt2-124m --gpus 4 \
+  --cluster perlmutter-a100 --paper-compat --comm-slowdown 2
 
 summary

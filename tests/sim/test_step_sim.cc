@@ -135,11 +135,16 @@ TEST(StepSim, SiSlotUnderInterferenceTracksTheSimulator) {
       PredictOptions po = none;
       po.compute_slowdown = io.compute_slowdown, po.comm_slowdown = io.comm_slowdown;
       const StepPrediction p = predict(m, lay, batch, cluster, po);
+      // A preset's measured factors are predict's when the options give none.
+      ClusterPreset measured = cluster;
+      measured.compute_slowdown = io.compute_slowdown, measured.comm_slowdown = io.comm_slowdown;
+      EXPECT_EQ(predict(m, lay, batch, measured, none).step_s, p.step_s);
       const std::string label =
           fmt::format("tp={} dp={} x{}/x{}", tp, dp, io.compute_slowdown, io.comm_slowdown);
       std::printf("[ info ] %s SI on: step model %.5f s (without interference %.5f), simulator %.5f s: %+.1f%%\n",
                   label.c_str(), p.step_s, without, s.step_s, 100 * (p.step_s / s.step_s - 1));
       EXPECT_GE(p.step_s, without) << label;
+      EXPECT_LE(p.step_s, s.step_s * (1 + 1e-12)) << label << ": the fluid slot above the simulator";
       EXPECT_LE(std::abs(p.step_s - s.step_s), std::abs(without - s.step_s) + 1e-12 * s.step_s) << label;
       EXPECT_LE(std::abs(p.step_s - s.step_s), 0.10 * s.step_s) << label;
       if (tp == 1) {
@@ -168,11 +173,13 @@ TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) 
   // interleaved schedule's bubble formula misses by 9% and 22% there, so the step model walks it;
   // with the formula these two were 9-15% fast, outside the bound); 42 and 45, past the walk's
   // shortened schedule (18 and 37 micro-batches), the rest priced at the steady rate.
-  for (const auto& [pp, dp, seqs] : {std::tuple{2, 1, 16}, std::tuple{4, 1, 16}, std::tuple{2, 2, 16},
-                                     std::tuple{2, 1, 3}, std::tuple{4, 1, 6}, std::tuple{2, 1, 42},
-                                     std::tuple{4, 1, 45}}) {
+  // tp = 2 at M = 42: SI's co-executed pairs cost less than the warm-up's lone passes, which the
+  // steady rate past the shortened schedule must leave out.
+  for (const auto& [pp, dp, tp, seqs] : {std::tuple{2, 1, 1, 16}, std::tuple{4, 1, 1, 16}, std::tuple{2, 2, 1, 16},
+                                         std::tuple{2, 1, 1, 3}, std::tuple{4, 1, 1, 6}, std::tuple{2, 1, 1, 42},
+                                         std::tuple{4, 1, 1, 45}, std::tuple{2, 1, 2, 42}}) {
     LayoutConfig lay;
-    lay.pp = pp, lay.dp = dp;
+    lay.pp = pp, lay.dp = dp, lay.tp = tp;
     const BatchSpec batch{seqs, 1024, 1};  // seqs / dp micro-batches
     for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
       for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
@@ -188,18 +195,26 @@ TEST(StepSim, StepModelPricesEachPipelineScheduleWithinItsBubbleOfTheSimulator) 
         o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
         o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
         const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
-        const std::string label = fmt::format("pp={} dp={} M={} {} si {}", pp, dp, seqs / dp, pipeline_kind_name(kind),
-                                              si == StrandInterleaving::kOn ? "on" : "off");
+        const std::string label = fmt::format("pp={} dp={} tp={} M={} {} si {}", pp, dp, tp, seqs / dp,
+                                              pipeline_kind_name(kind), si == StrandInterleaving::kOn ? "on" : "off");
         // Long steps: the step model charges every message a stage sends as exposed in its pass, the
         // simulator sends it while the next slot runs, so over many micro-batches the two may also
         // differ by the step's pp seconds (at M = 42 the W and interleaved without SI by 1.0 ms,
         // past their 0.6-1.0 ms bubbles).
         const double sends = seqs > 16 ? p.axes.at("pp").seconds : 0.0;
+        // Long steps with tp collectives under SI: the step model prices a co-executed pair at the
+        // most of its engine's compute, each strand's span and each channel, the simulator op by op,
+        // waiting on each collective's inputs, so the step model may also be low by that much a
+        // micro-batch: 5% of the step (measured 1.8-3.8% here at tp = 2, M = 42; 2.5% at tp = 4 in
+        // SiSlotUnderInterferenceTracksTheSimulator).
+        const bool si_pairs = si == StrandInterleaving::kOn && tp > 1 && seqs > 16;
+        const double low = si_pairs ? 0.05 * s.step_s : 0.0;
         std::printf("[ info ] %s: step model %.5f s (bubble %.5f, sends %.5f), simulator %.5f s\n", label.c_str(),
                     p.step_s, p.bubble_s, sends, s.step_s);
         EXPECT_EQ(p.pipeline, kind) << label;
         EXPECT_GT(p.bubble_s, 0) << label;
-        EXPECT_LE(std::abs(p.step_s - s.step_s), p.bubble_s + sends) << label;
+        EXPECT_LE(p.step_s - s.step_s, p.bubble_s + sends) << label;
+        EXPECT_LE(s.step_s - p.step_s, p.bubble_s + sends + low) << label;
         EXPECT_DOUBLE_EQ(p.memory.total(), s.memory.total()) << label;
       }
   }
