@@ -408,8 +408,8 @@ int cmd_tune(int argc, char** argv) {
              req->cluster.name, req->cluster.devices_per_node, req->batch.global_batch, req->batch.seq,
              req->batch.micro_batch, precision_name(req->opt.precision),
              req->opt.fuse_epilogues && !req->paper ? ", GEMM epilogues fused" : "");
-  const double ks = req->opt.compute_slowdown > 0 ? req->opt.compute_slowdown : req->cluster.compute_slowdown;
-  const double kc = req->opt.comm_slowdown > 0 ? req->opt.comm_slowdown : req->cluster.comm_slowdown;
+  const PairSimOptions io = interference_of(req->opt, req->cluster);
+  const double ks = io.compute_slowdown, kc = io.comm_slowdown;
   if ((ks > 1 || kc > 1) && !req->paper)
     fmt::print("co-execution interference: compute x{:.2f} beside a collective ({}), collectives x{:.2f} beside "
                "compute ({}); the closed-form 3D pricer charges none\n",

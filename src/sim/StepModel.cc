@@ -412,12 +412,16 @@ PipelineSpec pipeline_spec_of(const ModelConfig& m, const LayoutConfig& lay, con
   return spec;
 }
 
+PairSimOptions interference_of(const PredictOptions& opt, const ClusterPreset& cluster) {
+  return {opt.compute_slowdown > 0 ? opt.compute_slowdown : cluster.compute_slowdown,
+          opt.comm_slowdown > 0 ? opt.comm_slowdown : cluster.comm_slowdown};
+}
+
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt) {
   const std::vector<std::string> errs = layout_errors(m, lay, batch);
   DHX_CHECK(errs.empty(), ConfigError, "layout cannot run: {}", fmt::join(errs, "; "));
-  const PairSimOptions io{opt.compute_slowdown > 0 ? opt.compute_slowdown : cluster.compute_slowdown,
-                          opt.comm_slowdown > 0 ? opt.comm_slowdown : cluster.comm_slowdown};
+  const PairSimOptions io = interference_of(opt, cluster);
   DHX_CHECK(io.compute_slowdown >= 1 && io.comm_slowdown >= 1, ConfigError,
             "predict: compute_slowdown={} comm_slowdown={} must be >= 1 (1: no interference)", io.compute_slowdown,
             io.comm_slowdown);
@@ -522,14 +526,17 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   // One micro-batch's strands on stage s: `fold`, its 3D weight-gradient reduce-scatters folded into
   // block sums (a micro-batch before the step's last); `cached`, its kept weight blocks not gathered
   // (a micro-batch after the step's first).
+  // Unit u's strands (its block variant `bname`) as such a micro-batch runs them.
+  auto unit_times = [&](int u, const std::string& bname, bool fold, bool cached) -> const UnitTimes& {
+    const auto& blocks = fold ? (cached ? block_fold_cached_of : block_fold_of) : (cached ? block_cached_of : block_of);
+    return u == 0 ? (fold ? embed_fold : embed) : u == L + 1 ? (fold ? head_fold : head) : blocks.at(bname);
+  };
   auto stage_mb = [&](int s, bool fold, bool cached) {
     StageMb g;
     const StageUnits& su = placed[static_cast<size_t>(s)];
     for (size_t k = 0; k < su.units.size(); ++k) {
       const int u = su.units[k];
-      const std::string& bname = su.blocks[k];
-      const auto& blocks = fold ? (cached ? block_fold_cached_of : block_fold_of) : (cached ? block_cached_of : block_of);
-      const UnitTimes& t = u == 0 ? (fold ? embed_fold : embed) : u == L + 1 ? (fold ? head_fold : head) : blocks.at(bname);
+      const UnitTimes& t = unit_times(u, su.blocks[k], fold, cached);
       g.Ff += t.fwd.span_s, g.Bb += t.bwd.span_s, g.Cf += t.fwd.compute_s, g.Cb += t.bwd.compute_s;
       add_axes(g.axes, t.fwd.axes, 1);
       add_axes(g.axes, t.bwd.axes, 1);
@@ -604,7 +611,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
         const Chunk& ch = sch.chunks[static_cast<size_t>(c)];
         for (int i = 0; i < ch.size(); ++i, ++k) {
           const int u = su.units[k];
-          const UnitTimes& t = u == 0 ? embed : u == L + 1 ? head : (M > 1 ? block_cached_of : block_of).at(su.blocks[k]);
+          const UnitTimes& t = unit_times(u, su.blocks[k], false, M > 1);  // as `stages` prices them
           x.F += t.fwd.span_s, x.B += t.bwd.span_s, x.Cf += t.fwd.compute_s, x.Cb += t.bwd.compute_s;
           for (const auto& [g, a] : t.fwd.axes) x.chan_f[g] += a.seconds;
           for (const auto& [g, a] : t.bwd.axes) x.chan_b[g] += a.seconds;

@@ -180,6 +180,9 @@ std::vector<std::string> layout_errors(const ModelConfig& m, const LayoutConfig&
 PipelineSpec pipeline_spec_of(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                               const PredictOptions& opt);
 
+// The interference factors predict charges: the options', else the preset's (1 where it has none).
+PairSimOptions interference_of(const PredictOptions& opt, const ClusterPreset& cluster);
+
 // ConfigError with layout_errors' reasons when the layout is illegal.
 StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch,
                        const ClusterPreset& cluster, const PredictOptions& opt);
