@@ -5,12 +5,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <sstream>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -22,14 +24,19 @@
 #include "base/Error.h"
 #include "base/Files.h"
 #include "base/Signals.h"
+#include "comm/LocalBackend.h"
 #include "comm/MpiBackend.h"
 #include "kernels/cpu/Kernels.h"
+#if DHELIX_HAVE_CUDA
+#include "kernels/cuda/SmPartition.h"
+#endif
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
 #include "plan/PlanRender.h"
 #include "plan/PlanSvg.h"
 #include "profile/PlanValidation.h"
 #include "profile/Profiler.h"
+#include "runtime/StepBuilder.h"
 #include "TuneConfirm.h"
 #include "sim/CostModel.h"
 #include "sim/Interference.h"
@@ -53,13 +60,93 @@ MicroBatchShape micro_batch_of(const RunConfig& cfg) {
 
 // Compute threads per rank on this (the timing) thread: the config's, else the cores shared by
 // this host's ranks (train/Preflight.h).
-void set_threads(const RunConfig& cfg) { cpu::set_num_threads(threads_per_rank(cfg, nullptr)); }
+void set_threads(const RunConfig& cfg, const CommContext* comm) {
+  cpu::set_num_threads(threads_per_rank(cfg, comm));
+}
 
 // The world for timing on real process groups: MPI under mpirun or when the layout needs more
 // than one rank (make_mpi_world then names the mismatch), else none.
 std::unique_ptr<CommContext> make_world(const LayoutConfig& lay, const CommOptions& options) {
   if (launched_by_mpirun() || lay.world() > 1) return make_mpi_world(lay, options);
   return nullptr;
+}
+
+// How a timing rank's collectives move device tensors on a GPU: the trainer's comm.* keys (NCCL or
+// staged groups, NCCL's CTA cap, the staged groups' emulated link).
+DeviceGroupOptions device_groups(const RunConfig& cfg, Device d) {
+  return DeviceGroupOptions{!d.is_host() && cfg.comm.gpu_transport == "nccl", static_cast<int>(cfg.comm.nccl_max_ctas),
+                            cfg.comm.emulated_link_gbit * 1e9 / 8};
+}
+
+// A timing rank: its world (null: one process, no world); whether it is a thread of this process
+// (its errors are left to run_local_ranks, which stops the other ranks, instead of aborting an MPI
+// world); and what the profile's machine line adds about the ranks.
+struct TimingRank {
+  CommContext* comm = nullptr;
+  bool thread = false;
+  std::string note;
+  bool lead() const { return !comm || comm->rank() == 0; }
+  // An error on this rank: under MPI every rank must end (the others may wait in a collective).
+  void abort_world(const std::exception& e) const {
+    if (comm && comm->world_size() > 1 && !thread) comm->abort(e.what());
+  }
+};
+
+// Runs fn on every rank of the layout this process holds and returns rank 0's exit code (--ranks):
+// processes -- this process is one rank (make_world); threads -- every rank a thread of this
+// process (comm/LocalBackend.h: its groups meet in memory; on a GPU the executor stages device
+// tensors through host memory over them, as ranks sharing one GPU do), each rank thread on a GPU in
+// its own SM partition unless --sm-split off (where the driver has none, the ranks share the GPU
+// and a line says so).
+int on_timing_ranks(const FlagValues& fl, const std::string& verb, const RunConfig& cfg, const LayoutConfig& lay,
+                    const std::function<int(const TimingRank&)>& fn) {
+  const bool threads = fl.text_or_default("--ranks") == "threads";
+  const Device dev = parse_device(cfg.training.device);
+  DHX_CHECK(!fl.given("--sm-split") || (threads && !dev.is_host() && lay.world() > 1), ConfigError,
+            "dhelix {}: --sm-split {}: the flag says how ranks run as threads share one GPU's SMs; it needs --ranks "
+            "threads, training.device=cuda and more than one rank (here --ranks {}, training.device={}, {} rank(s))\n"
+            "hint: leave --sm-split out, or add --ranks threads --training.device cuda --parallel.tp 2",
+            verb, fl.text_or_default("--sm-split"), fl.text_or_default("--ranks"), cfg.training.device, lay.world());
+  // A GPU's staged groups pace their collectives to comm.emulated_link_gbit (the profile says so).
+  const bool staged = !dev.is_host() && cfg.comm.gpu_transport != "nccl";
+  const std::string link = staged && cfg.comm.emulated_link_gbit > 0
+                               ? fmt::format(", staged link {:g} Gbit/s emulated", cfg.comm.emulated_link_gbit)
+                               : "";
+  if (!threads) {
+    std::unique_ptr<CommContext> comm = make_world(lay, comm_options(cfg));
+    set_threads(cfg, nullptr);  // under mpirun the launcher's local size shares the cores
+    return fn(TimingRank{comm.get(), false, link});
+  }
+  DHX_CHECK(!launched_by_mpirun(), ConfigError,
+            "dhelix {}: --ranks threads runs all {} ranks of the layout in this one process, but it was started by "
+            "mpirun\nhint: drop mpirun (one process, --ranks threads), or drop --ranks threads (a rank per process)",
+            verb, lay.world());
+  std::string note = ", ranks as threads of one process";
+#if DHELIX_HAVE_CUDA
+  std::vector<std::unique_ptr<cuda::SmPartition>> parts;
+  if (!dev.is_host() && lay.world() > 1) {
+    if (fl.text_or_default("--sm-split") == "ranks") {
+      try {
+        parts = cuda::SmPartition::split(dev.index, lay.world());
+        note += fmt::format(" sharing {}, {} SMs each", dev.str(), parts[0]->sms());
+      } catch (const DeviceError& e) {
+        fmt::print("{}: no SM partitions ({}): the ranks share the whole GPU\n", verb, e.what());
+      }
+    }
+    if (parts.empty()) note += fmt::format(" sharing all of {}", dev.str());
+  }
+#endif
+  note += link;
+  std::atomic<int> lead_rc{0};
+  run_local_ranks(lay, [&](CommContext& comm) {
+#if DHELIX_HAVE_CUDA
+    cuda::SmPartitionScope own(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
+#endif
+    set_threads(cfg, &comm);  // this host's cores shared by the rank threads
+    const int rc = fn(TimingRank{&comm, true, note});
+    if (comm.rank() == 0) lead_rc = rc;
+  }, comm_options(cfg));
+  return lead_rc;
 }
 
 std::string default_path(const RunConfig& cfg, const char* file) { return cfg.output.dir + "/" + file; }
@@ -130,47 +217,51 @@ int cmd_profile(int argc, char** argv) {
   apply_process_settings(cfg);
   const std::string path = out.value_or(default_path(cfg, "profile.json"));
   const LayoutConfig lay = layout_config(cfg);
-  std::unique_ptr<CommContext> comm = make_world(lay, comm_options(cfg));
-  const bool rank0 = !comm || comm->rank() == 0;
-  set_threads(cfg);
-  try {
-    const double t0 = now_seconds();
-    LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm.get(), static_cast<uint64_t>(cfg.training.seed),
-                         parse_device(cfg.training.device));
-    const int64_t total = profile_entry_count(bench.program(), opts.windows, opts.max_window);
-    if (rank0)
-      fmt::print("profile: {} | {} | {} | {} fwd ops, {} bwd ops | {} entries x ({} warm-up + {} timed)\n",
-                 describe_model(cfg.model), describe_layout(lay), describe_shapes(bench.micro_batch()),
-                 bench.program().fwd.size(), bench.program().bwd.size(), total, opts.timing.warmup,
-                 opts.timing.repeats);
-    std::optional<ProgressBar> bar;
-    if (rank0) bar.emplace(total, "profile");
-    const int64_t every = std::max<int64_t>(1, total / 10);
-    opts.progress = [&](int64_t done, int64_t n) {
-      if (!rank0) return;
-      bar->update(done);
-      if (!bar->enabled() && (done % every == 0 || done == n))
-        fmt::print("  {}/{} entries timed ({:.0f} s)\n", done, n, now_seconds() - t0), std::fflush(stdout);
-    };
-    Profile p = profile_layer_pair(bench, cfg.model, lay, comm.get(), opts);
-    if (bar) bar->finish();
-    stop_point("profiling (all entries timed; no profile written)");
-    if (rank0) {
-      make_parent_dir(path);
-      p.save(path);
-      fmt::print("profile: {} solo fwd, {} solo bwd, {} pairs in {:.1f} s -> {}\n", p.num_solo_fwd(),
-                 p.num_solo_bwd(), p.num_pairs(), now_seconds() - t0, path);
+  return on_timing_ranks(fl, "profile", cfg, lay, [&](const TimingRank& me) -> int {
+    CommContext* comm = me.comm;
+    const bool rank0 = me.lead();
+    try {
+      const double t0 = now_seconds();
+      const Device dev = rank_device(cfg, comm);
+      LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm, static_cast<uint64_t>(cfg.training.seed), dev,
+                           device_groups(cfg, dev));
+      const int64_t total = profile_entry_count(bench.program(), opts.windows, opts.max_window);
+      if (rank0)
+        fmt::print("profile: {} | {} | {} | {} fwd ops, {} bwd ops | {} entries x ({} warm-up + {} timed){}\n",
+                   describe_model(cfg.model), describe_layout(lay), describe_shapes(bench.micro_batch()),
+                   bench.program().fwd.size(), bench.program().bwd.size(), total, opts.timing.warmup,
+                   opts.timing.repeats, me.note);
+      std::optional<ProgressBar> bar;
+      if (rank0) bar.emplace(total, "profile");
+      const int64_t every = std::max<int64_t>(1, total / 10);
+      ProfileOptions mine = opts;
+      mine.progress = [&](int64_t done, int64_t n) {
+        if (!rank0) return;
+        bar->update(done);
+        if (!bar->enabled() && (done % every == 0 || done == n))
+          fmt::print("  {}/{} entries timed ({:.0f} s)\n", done, n, now_seconds() - t0), std::fflush(stdout);
+      };
+      Profile p = profile_layer_pair(bench, cfg.model, lay, comm, mine);
+      if (bar) bar->finish();
+      stop_point("profiling (all entries timed; no profile written)");
+      if (rank0) {
+        p.meta.machine += me.note;
+        make_parent_dir(path);
+        p.save(path);
+        fmt::print("profile: {} solo fwd, {} solo bwd, {} pairs in {:.1f} s -> {}\n", p.num_solo_fwd(),
+                   p.num_solo_bwd(), p.num_pairs(), now_seconds() - t0, path);
+      }
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const StopRequested& s) {
+      if (!rank0) return 128 + s.sig();  // every rank stopped after the same entry: rank 0 reports
+      throw;
+    } catch (const std::exception& e) {
+      me.abort_world(e);
+      throw;
     }
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const StopRequested& s) {
-    if (!rank0) return 128 + s.sig();  // every rank stopped after the same entry: rank 0 reports
-    throw;
-  } catch (const std::exception& e) {
-    if (comm && comm->world_size() > 1) comm->abort(e.what());
-    throw;
-  }
-  return 0;
+    return 0;
+  });
 }
 
 namespace {
@@ -541,144 +632,150 @@ int cmd_plan(int argc, char** argv) {
     cost = std::make_unique<CostModel>(prog, c);
   }
 
-  std::unique_ptr<CommContext> comm;
-  std::unique_ptr<LayerPairBench> bench;
   const bool validate = profile_path && !no_validate;
-  if (validate) {
-    comm = make_world(lay, comm_options(cfg));
-    set_threads(cfg);
-  }
-  const bool rank0 = !comm || comm->rank() == 0;
-  PlanChoice choice;
-  try {
-    if (validate)
-      bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm.get(), static_cast<uint64_t>(cfg.training.seed),
-                                               parse_device(cfg.training.device));
-    // The search's candidates are ranked by simulating the whole pair from the single ops' times
-    // (not by their summed blocks): the profile's, with the co-execution interference fitted on its
-    // pairs, or the cost model's, with none (a preset gives none). Every rank computes the same fit
-    // from the same file, so every rank validates the same plans.
-    std::optional<InterferenceFit> fit;
-    OpTimer solo;
-    std::string no_sim;
+  DHX_CHECK(validate || (!fl.given("--ranks") && !fl.given("--sm-split")), ConfigError,
+            "dhelix plan: --ranks and --sm-split say how the candidates are timed, and with {} none is\n"
+            "hint: leave them out, or time the candidates: --profile FILE without --no-validate",
+            profile_path ? "--no-validate" : "--cost-model");
+  // The search and its validation, on every timing rank (one, without validation).
+  const auto run = [&](const TimingRank& me) -> int {
+    CommContext* comm = me.comm;
+    const bool rank0 = me.lead();
+    std::unique_ptr<LayerPairBench> bench;
+    PlanChoice choice;
     try {
-      solo = solo_op_timer(prog, *cost);
-      if (profile_path) {
-        if (rank0) fmt::print("plan: fitting the co-execution interference on the profile's pairs ...\n"), std::fflush(stdout);
-        fit = fit_interference_alternating(prog, *cost);
+      if (validate) {
+        const Device dev = rank_device(cfg, comm);
+        bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm, static_cast<uint64_t>(cfg.training.seed),
+                                                 dev, device_groups(cfg, dev));
       }
-    } catch (const ConfigError& e) {
-      no_sim = e.what();
-      solo = {};
-    }
-    PlanSimulator simulate;
-    const bool simulated = static_cast<bool>(solo);
-    if (simulated)
-      simulate = [&](const SIPlan& p) {
-        const PairSimOptions o = fit ? PairSimOptions{fit->compute_slowdown, fit->comm_slowdown} : PairSimOptions{};
-        return simulate_pair(&prog.fwd, &prog.bwd, p, solo, o).span_s;
-      };
-    // With a cluster preset, each candidate is priced by the whole step it would run in (the step
-    // simulator with the plan on every pair of transformer layers, the config's batch, schedule and
-    // ZeRO; the preset's native precision): a plan that wins its pair alone can lose in the step
-    // (the pairs' carried ops and prefetches, the embedding and head pairs, the pipeline slots).
-    std::optional<ClusterPreset> preset;
-    std::optional<StepSchedule> step_schedule;
-    StepSimOptions step_opt = step_sim_options(cfg);
-    const bool step_simulated = simulated && cost_arg && !is_cost_model_json(*cost_arg);
-    if (step_simulated) {
-      preset = load_cluster(*cost_arg, cfg.sim.clusters_dir);
-      step_schedule = make_schedule(pipeline_spec(cfg));
-      step_opt.precision = preset->native_precision();
-      step_opt.compute_slowdown = preset->compute_slowdown, step_opt.comm_slowdown = preset->comm_slowdown;
-      step_opt.si = StrandInterleaving::kOn;
-      step_opt.schedule = &*step_schedule;
-      simulate = [&](const SIPlan& p) {
-        StepSimOptions so = step_opt;
-        so.plan_for = [&](const LayerProgram& f, const LayerProgram& b) {
-          if (f.name == "block" && b.name == "block") return p;
-          return pair_default_plan(f.fwd, b.bwd);
+      // The search's candidates are ranked by simulating the whole pair from the single ops' times
+      // (not by their summed blocks): the profile's, with the co-execution interference fitted on its
+      // pairs, or the cost model's, with none (a preset gives none). Every rank computes the same fit
+      // from the same file, so every rank validates the same plans.
+      std::optional<InterferenceFit> fit;
+      OpTimer solo;
+      std::string no_sim;
+      try {
+        solo = solo_op_timer(prog, *cost);
+        if (profile_path) {
+          if (rank0) fmt::print("plan: fitting the co-execution interference on the profile's pairs ...\n"), std::fflush(stdout);
+          fit = fit_interference_alternating(prog, *cost);
+        }
+      } catch (const ConfigError& e) {
+        no_sim = e.what();
+        solo = {};
+      }
+      PlanSimulator simulate;
+      const bool simulated = static_cast<bool>(solo);
+      if (simulated)
+        simulate = [&](const SIPlan& p) {
+          const PairSimOptions o = fit ? PairSimOptions{fit->compute_slowdown, fit->comm_slowdown} : PairSimOptions{};
+          return simulate_pair(&prog.fwd, &prog.bwd, p, solo, o).span_s;
         };
-        return simulate_step(cfg.model, lay, step_batch(cfg), *preset, so).step_s;
-      };
-    }
-    const double t0 = now_seconds();
-    // Timing the candidates takes minutes on a large model: rank 0 shows the runs as they finish.
-    // Without a terminal, a line every tenth of the runs.
-    std::optional<ProgressBar> bar;
-    choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate,
-                                 [&](int64_t done, int64_t total) {
-                                   if (!rank0) return;
-                                   if (!bar) bar.emplace(total, "plan: timing");
-                                   bar->update(done);
-                                   if (!bar->enabled() && (done % std::max<int64_t>(1, total / 10) == 0 || done == total))
-                                     fmt::print("  {}/{} candidate runs timed\n", done, total), std::fflush(stdout);
-                                 });
-    if (bar) bar->finish();
-    if (rank0) {
-      fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
-                 cost_name);
-      if (!no_sim.empty()) fmt::print("(no pair simulation: {})\n", no_sim);
-      if (step_simulated)
-        fmt::print("simulated: the whole step on {} ({} micro-batches, this plan on every transformer-layer pair)\n",
-                   preset->name, cfg.training.micro_batches);
-      if (fit)
-        fmt::print("interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute, fitted "
-                   "on {} measured pairs; held-back {} pairs simulated within median {:.1f}% / max {:.1f}% (without "
-                   "it: {:.1f}% / {:.1f}%)\n",
-                   fit->compute_slowdown, fit->comm_slowdown, fit->calibration_pairs, fit->held_back_pairs,
-                   100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
-                   100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
-      fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}\n", "#", "source", "blocks", "predicted", "simulated",
-                 "measured");
-      for (size_t i = 0; i < choice.candidates.size(); ++i) {
-        const auto& k = choice.candidates[i];
-        const std::string sim = simulated ? format_seconds(k.simulated_s) : "-";
-        fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
-                   format_seconds(k.predicted_s), sim, bench ? format_seconds(k.measured_s) : "-",
-                   static_cast<int>(i) == choice.chosen ? "  <- kept" : "");
+      // With a cluster preset, each candidate is priced by the whole step it would run in (the step
+      // simulator with the plan on every pair of transformer layers, the config's batch, schedule and
+      // ZeRO; the preset's native precision): a plan that wins its pair alone can lose in the step
+      // (the pairs' carried ops and prefetches, the embedding and head pairs, the pipeline slots).
+      std::optional<ClusterPreset> preset;
+      std::optional<StepSchedule> step_schedule;
+      StepSimOptions step_opt = step_sim_options(cfg);
+      const bool step_simulated = simulated && cost_arg && !is_cost_model_json(*cost_arg);
+      if (step_simulated) {
+        preset = load_cluster(*cost_arg, cfg.sim.clusters_dir);
+        step_schedule = make_schedule(pipeline_spec(cfg));
+        step_opt.precision = preset->native_precision();
+        step_opt.compute_slowdown = preset->compute_slowdown, step_opt.comm_slowdown = preset->comm_slowdown;
+        step_opt.si = StrandInterleaving::kOn;
+        step_opt.schedule = &*step_schedule;
+        simulate = [&](const SIPlan& p) {
+          StepSimOptions so = step_opt;
+          so.plan_for = [&](const LayerProgram& f, const LayerProgram& b) {
+            if (f.name == "block" && b.name == "block") return p;
+            return pair_default_plan(f.fwd, b.bwd);
+          };
+          return simulate_step(cfg.model, lay, step_batch(cfg), *preset, so).step_s;
+        };
       }
-      if (!bench)
-        fmt::print("(not validated: {})\n", profile_path ? "--no-validate" : "a cost model needs no hardware");
-      fmt::print("search{} took {:.3f} s\n\n", bench ? " + validation" : "", now_seconds() - t0);
-      if (json_out) {
-        nlohmann::json j = {{"candidates", nlohmann::json::array()}, {"chosen", choice.chosen},
-                            {"validated", bench != nullptr}};
-        for (const auto& k : choice.candidates)
-          j["candidates"].push_back({{"source", k.plan.source},
-                                     {"blocks", k.plan.blocks.size()},
-                                     {"predicted_s", k.predicted_s},
-                                     {"simulated_s", simulated ? k.simulated_s : 0.0},
-                                     {"measured_s", k.measured_s}});
+      const double t0 = now_seconds();
+      // Timing the candidates takes minutes on a large model: rank 0 shows the runs as they finish.
+      // Without a terminal, a line every tenth of the runs.
+      std::optional<ProgressBar> bar;
+      choice = search_and_validate(prog, *cost, sopts, bench.get(), timing, min_gain, simulate,
+                                   [&](int64_t done, int64_t total) {
+                                     if (!rank0) return;
+                                     if (!bar) bar.emplace(total, "plan: timing");
+                                     bar->update(done);
+                                     if (!bar->enabled() && (done % std::max<int64_t>(1, total / 10) == 0 || done == total))
+                                       fmt::print("  {}/{} candidate runs timed\n", done, total), std::fflush(stdout);
+                                   });
+      if (bar) bar->finish();
+      if (rank0) {
+        fmt::print("plan: {} | {} | {} | {}\n", describe_model(cfg.model), describe_layout(lay), describe_shapes(mb),
+                   cost_name);
+        if (!no_sim.empty()) fmt::print("(no pair simulation: {})\n", no_sim);
+        if (step_simulated)
+          fmt::print("simulated: the whole step on {} ({} micro-batches, this plan on every transformer-layer pair)\n",
+                     preset->name, cfg.training.micro_batches);
         if (fit)
-          j["interference"] = {{"compute_slowdown", fit->compute_slowdown},
-                               {"comm_slowdown", fit->comm_slowdown},
-                               {"held_back_median_error", fit->held_back_median_error},
-                               {"held_back_median_error_without", fit->held_back_median_error_without}};
-        make_parent_dir(*json_out);
-        write_file_atomic(*json_out, j.dump(2) + "\n");
+          fmt::print("interference: compute x{:.2f} beside a collective, collectives x{:.2f} beside compute, fitted "
+                     "on {} measured pairs; held-back {} pairs simulated within median {:.1f}% / max {:.1f}% (without "
+                     "it: {:.1f}% / {:.1f}%)\n",
+                     fit->compute_slowdown, fit->comm_slowdown, fit->calibration_pairs, fit->held_back_pairs,
+                     100 * fit->held_back_median_error, 100 * fit->held_back_max_error,
+                     100 * fit->held_back_median_error_without, 100 * fit->held_back_max_error_without);
+        fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}\n", "#", "source", "blocks", "predicted", "simulated",
+                   "measured");
+        for (size_t i = 0; i < choice.candidates.size(); ++i) {
+          const auto& k = choice.candidates[i];
+          const std::string sim = simulated ? format_seconds(k.simulated_s) : "-";
+          fmt::print("{:>4}  {:<18} {:>7} {:>12} {:>12} {:>12}{}\n", i + 1, k.plan.source, k.plan.blocks.size(),
+                     format_seconds(k.predicted_s), sim, bench ? format_seconds(k.measured_s) : "-",
+                     static_cast<int>(i) == choice.chosen ? "  <- kept" : "");
+        }
+        if (!bench)
+          fmt::print("(not validated: {})\n", profile_path ? "--no-validate" : "a cost model needs no hardware");
+        fmt::print("search{} took {:.3f} s\n\n", bench ? " + validation" : "", now_seconds() - t0);
+        if (json_out) {
+          nlohmann::json j = {{"candidates", nlohmann::json::array()}, {"chosen", choice.chosen},
+                              {"validated", bench != nullptr}};
+          for (const auto& k : choice.candidates)
+            j["candidates"].push_back({{"source", k.plan.source},
+                                       {"blocks", k.plan.blocks.size()},
+                                       {"predicted_s", k.predicted_s},
+                                       {"simulated_s", simulated ? k.simulated_s : 0.0},
+                                       {"measured_s", k.measured_s}});
+          if (fit)
+            j["interference"] = {{"compute_slowdown", fit->compute_slowdown},
+                                 {"comm_slowdown", fit->comm_slowdown},
+                                 {"held_back_median_error", fit->held_back_median_error},
+                                 {"held_back_median_error_without", fit->held_back_median_error_without}};
+          make_parent_dir(*json_out);
+          write_file_atomic(*json_out, j.dump(2) + "\n");
+        }
       }
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const StopRequested& s) {
+      if (!rank0) return 128 + s.sig();  // every rank stopped at the same run: rank 0 reports
+      throw;
+    } catch (const std::exception& e) {
+      me.abort_world(e);
+      throw;
     }
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const StopRequested& s) {
-    if (!rank0) return 128 + s.sig();  // every rank stopped at the same run: rank 0 reports
-    throw;
-  } catch (const std::exception& e) {
-    if (comm && comm->world_size() > 1) comm->abort(e.what());
-    throw;
-  }
-  if (rank0) {
-    const SIPlan& plan = choice.plan();
-    check_plan(plan, prog);
-    make_parent_dir(path);
-    save_plan(path, plan, prog);
-    const std::string svg = svg_path_for(path);
-    write_file_atomic(svg, render_plan_svg(plan, prog, cost.get()));
-    fmt::print("{}\nwrote {} and {}\ntrain with it: dhelix train --config ... --schedule.plan {}\n",
-               render_plan(plan, prog, cost.get()), path, svg, path);
-  }
-  return 0;
+    if (rank0) {
+      const SIPlan& plan = choice.plan();
+      check_plan(plan, prog);
+      make_parent_dir(path);
+      save_plan(path, plan, prog);
+      const std::string svg = svg_path_for(path);
+      write_file_atomic(svg, render_plan_svg(plan, prog, cost.get()));
+      fmt::print("{}\nwrote {} and {}\ntrain with it: dhelix train --config ... --schedule.plan {}\n",
+                 render_plan(plan, prog, cost.get()), path, svg, path);
+    }
+    return 0;
+  };
+  return validate ? on_timing_ranks(fl, "plan", cfg, lay, run) : run(TimingRank{});
 }
 
 }  // namespace dhelix

@@ -10,6 +10,26 @@ FlagSpec compute_slowdown_flag() {
           "K", 1, 100};
 }
 
+namespace {
+
+// --ranks and --sm-split: how `profile` and `plan` run the layout's ranks for timing.
+FlagSpec ranks_flag() {
+  return {"--ranks", FlagType::kChoice, "processes",
+          "processes: this process is one rank (under mpirun for more than one);\nthreads: every rank a thread of "
+          "this one process (no mpirun): ranks that share\none GPU (their collectives staged through host memory, "
+          "paced by\ncomm.emulated_link_gbit), or a check on the CPU (collectives in memory)",
+          "processes|threads"};
+}
+
+FlagSpec sm_split_flag() {
+  return {"--sm-split", FlagType::kChoice, "ranks",
+          "with --ranks threads on a GPU: ranks, each rank thread in its own share of\nthe GPU's SMs (a smaller GPU "
+          "of its own, as one GPU per rank is); off, the\nranks share all of them",
+          "ranks|off"};
+}
+
+}  // namespace
+
 FlagSpec comm_slowdown_flag() {
   return {"--comm-slowdown", FlagType::kNumber, "",
           "a collective in flight while its rank computes runs K times slower\n(default: the preset's "
@@ -21,8 +41,9 @@ const FlagTable& profile_flags() {
   static const FlagTable t{
       "profile",
       "usage: dhelix profile --config C.toml [--out FILE] [--repeats R] [--warmup W] [--max-window N]\n"
-      "                      [--section.key value ...]\n"
+      "                      [--ranks processes|threads] [--sm-split ranks|off] [--section.key value ...]\n"
       "       mpirun -np N dhelix profile --config C.toml --parallel.tp T ...\n"
+      "       dhelix profile --config C.toml --parallel.tp T --ranks threads --training.device cuda ...\n"
       "Times every forward window, backward window and legal (fwd, bwd) window pair of the\n"
       "transformer-layer pair on the real executor and process groups; writes the profile JSON.\n",
       {
@@ -30,6 +51,8 @@ const FlagTable& profile_flags() {
           {"--repeats", FlagType::kInt, "5", "timed runs of each window", "R", 1, 1e6},
           {"--warmup", FlagType::kInt, "1", "untimed runs before them", "W", 0},
           {"--max-window", FlagType::kInt, "0", "longest window in ops (0: no bound)", "N", 0},
+          ranks_flag(),
+          sm_split_flag(),
       },
       ConfigWords::kPassedOn};
   return t;
@@ -43,7 +66,7 @@ const FlagTable& plan_flags() {
       "                   [--max-window N] [--min-gain G] [--json FILE] [--section.key value ...]\n"
       "Searches the best Strand-Interleaving plan (DP, top K); with --profile the K candidates and the\n"
       "default plan are timed on the real layer pair (run it like `dhelix profile`: under mpirun for\n"
-      "tp > 1); the fastest is kept if it beats the default plan by the fraction G.\n"
+      "tp > 1, or with --ranks threads); the fastest is kept if it beats the default plan by the fraction G.\n"
       "Writes the plan JSON, an SVG beside it and prints the plan as a table. --cost-model prices blocks\n"
       "from a cluster preset (configs/clusters: a40-pcie, h100-8gpu, perlmutter-a100, cpu-emulated, or a\n"
       ".toml path; GPUs in bf16) or a JSON file of the pricer's fields; no hardware needed: with a preset\n"
@@ -65,6 +88,8 @@ const FlagTable& plan_flags() {
            "also write every candidate's predicted, simulated and measured time, the kept\none and the fitted "
            "interference",
            "FILE"},
+          ranks_flag(),
+          sm_split_flag(),
       },
       ConfigWords::kPassedOn};
   return t;

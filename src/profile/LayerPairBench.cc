@@ -28,7 +28,7 @@ Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem
 }  // namespace
 
 LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
-                               CommContext* comm, uint64_t seed, Device device)
+                               CommContext* comm, uint64_t seed, Device device, const DeviceGroupOptions& groups)
     : model_(model), layout_(layout), mb_(mb), comm_(comm) {
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
@@ -61,7 +61,7 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   blas_ = place_on_device(*parts_, device);
   // and, on a GPU, its collectives move device tensors over staged groups (CPU groups would read
   // device memory on the host).
-  parts_->ctx.groups = place_groups_on_device(StepGroups::of(comm_), device, DeviceGroupOptions{}, staged_);
+  parts_->ctx.groups = place_groups_on_device(StepGroups::of(comm_), device, groups, staged_);
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};

@@ -17,6 +17,7 @@
 #include "comm/CommContext.h"
 #include "plan/SIPlan.h"
 #include "runtime/Executor.h"
+#include "runtime/StepBuilder.h"
 #include "runtime/StepParts.h"
 
 namespace dhelix {
@@ -33,8 +34,12 @@ class LayerPairBench {
   // where the layers' weights and buffers live and their kernels run (a GPU: the executor's two
   // strand streams, so a co-executed window pair has both strands' kernels in flight; each timing
   // ends when both streams are done). DeviceError when this build or machine has no such GPU.
+  // `groups`: on a GPU, how the collectives move device tensors (place_groups_on_device: staged
+  // through host memory by default, with an emulated link when it names a rate; the trainer's
+  // comm.* keys give the same options).
   LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
-                 CommContext* comm, uint64_t seed = 1234, Device device = Device::host());
+                 CommContext* comm, uint64_t seed = 1234, Device device = Device::host(),
+                 const DeviceGroupOptions& groups = {});
   ~LayerPairBench();
   LayerPairBench(const LayerPairBench&) = delete;
   LayerPairBench& operator=(const LayerPairBench&) = delete;

@@ -19,6 +19,7 @@
 #include "base/Error.h"
 #include "base/Files.h"
 #include "comm/CommContext.h"
+#include "tensor/DeviceMemory.h"
 #include "train/CheckpointStore.h"
 #include "train/IndexedDataset.h"
 #include "train/Tokenizer.h"
@@ -220,6 +221,20 @@ int threads_per_rank(const RunConfig& cfg, const CommContext* comm) {
   if (cfg.training.threads > 0) return static_cast<int>(cfg.training.threads);
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return std::max(1, hw / ranks_on_this_host(comm));
+}
+
+Device rank_device(const RunConfig& cfg, const CommContext* comm) {
+  const Device named = parse_device(cfg.training.device);
+  if (named.is_host() || cfg.comm.gpu_transport != "nccl" || !comm || comm->world_size() <= 1) return named;
+  const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int local = env ? std::atoi(env) : comm->rank();
+  const Device mine = Device::cuda(named.index + local);
+  const std::string why = device_unavailable(mine);
+  DHX_CHECK(why.empty(), ConfigError,
+            "rank {}: comm.gpu_transport=\"nccl\" takes a GPU per rank, and local rank {} would take {} "
+            "(training.device=\"{}\" plus {}): {}; use comm.gpu_transport=staged for ranks sharing a GPU",
+            comm->rank(), local, mine.str(), cfg.training.device, local, why);
+  return mine;
 }
 
 }  // namespace dhelix

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/Device.h"
 #include "train/Config.h"
 
 namespace dhelix {
@@ -51,6 +52,12 @@ void check_memory(const MemoryEstimate& e, int ranks_on_host);
 int ranks_on_this_host(const CommContext* comm);
 // Compute threads per rank: training.threads, else this host's cores shared by its ranks (at least 1).
 int threads_per_rank(const RunConfig& cfg, const CommContext* comm);
+// The device this rank runs on: training.device, except that under comm.gpu_transport = "nccl" with
+// more than one rank each rank takes a GPU of its own: rank i of this host the GPU after the named
+// one by i (Open MPI's local rank under mpirun; the world rank for ranks as threads of one process).
+// ConfigError naming the rank and the GPU when that GPU is not there (ranks sharing a GPU use
+// comm.gpu_transport = "staged"). The trainer and `dhelix profile` / `plan` place their ranks with it.
+Device rank_device(const RunConfig& cfg, const CommContext* comm);
 
 // Multi-rank: every rank's resolved configuration (key by key) and data identity (the .idx and
 // .bin sizes and the index's checksum) are compared; a difference -> ConfigError naming the keys

@@ -136,24 +136,12 @@ Trainer::Trainer(const RunConfig& cfg, CommContext* comm, Quiet quiet, Data data
   ps.seed = static_cast<uint64_t>(cfg_.training.seed);
   ps.tokens_per_step = static_cast<double>(cfg_.tokens_per_step());
   spec.groups = StepGroups::of(comm_);
-  // training.device = cuda[:N]: Config refuses what the GPU path does not run yet.
-  device_ = parse_device(cfg_.training.device);
+  // training.device = cuda[:N]: Config refuses what the GPU path does not run yet; under NCCL a GPU
+  // per rank (rank_device).
+  device_ = rank_device(cfg_, comm_);
   spec.nccl = !device_.is_host() && cfg_.comm.gpu_transport == "nccl";
   spec.gemms.timed = !device_.is_host() && cfg_.training.gemm_algo == "timed";
   spec.gemms.wgrad_partials = !device_.is_host() && cfg_.training.wgrad_gemm != "direct";
-  if (spec.nccl && comm_ && comm_->world_size() > 1) {
-    // A GPU per rank: rank i of this host takes the GPU after the named one by i (under mpirun
-    // Open MPI's local rank; ranks as threads of one process: the world rank).
-    const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    const int local = env ? std::atoi(env) : comm_->rank();
-    const Device mine = Device::cuda(device_.index + local);
-    const std::string why = device_unavailable(mine);
-    DHX_CHECK(why.empty(), ConfigError,
-              "rank {}: comm.gpu_transport=\"nccl\" takes a GPU per rank, and local rank {} would take {} "
-              "(training.device=\"{}\" plus {}): {}; use comm.gpu_transport=staged for ranks sharing a GPU",
-              comm_->rank(), local, mine.str(), cfg_.training.device, local, why);
-    device_ = mine;
-  }
   spec.device = device_;
   if (!device_.is_host() && !cfg_.training.gemm_choices.empty())
     spec.gemms.choices = gemm_choices_for_rank(cfg_.training.gemm_choices, comm_ ? comm_->rank() : 0,

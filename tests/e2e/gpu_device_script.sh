@@ -75,5 +75,34 @@ assert t['tests'] == 6 and t['failures'] == 2, (t['tests'], t['failures'])
 assert 'crashed: cudaErrorIllegalAddress' in cases['B.Bad']['failures'][0]['failure']
 assert cases['P/F.Two/0']['failures'] and cases['A.Skip']['result'] == 'SKIPPED' and not cases['A.One'].get('failures')
 assert 'B.Good' in cases and 'C.Fine' in cases" "$h/merged.json"
+
+# The interference section's JSON (interference-json): the fit, the profile's line and the plan kept,
+# from files written by hand in the shapes `dhelix simulate --json`, `dhelix profile` and
+# `dhelix plan --json` write; no fit: exit 1, the file still written with nulls.
+cat > "$h/fit.json" <<'JSON'
+{"step_s": 0.25, "compute_slowdown": 1.31, "comm_slowdown": 1.07, "interference_fit": {"calibration_pairs": 40, "held_back_pairs": 41, "held_back_median_error": 0.05, "held_back_median_error_without": 0.09}}
+JSON
+cat > "$h/profile.json" <<'JSON'
+{"format": "dhelix-profile", "meta": {"machine": "gpu (16 cores), ops on cuda:0, backend local, 2 rank(s), ranks as threads of one process sharing cuda:0, 64 SMs each", "model": "m", "layout": "tp=2,sp,dp=1", "shapes": "B=4,T=1024", "timestamp": "t"}, "solo_fwd": [[0, 1, 1e-3]], "solo_bwd": [[0, 1, 2e-3], [1, 2, 1e-3]], "pairs": [[0, 1, 0, 1, 2.5e-3]]}
+JSON
+cat > "$h/plan.json" <<'JSON'
+{"candidates": [{"source": "search", "blocks": 9, "predicted_s": 1e-3, "simulated_s": 1e-3, "measured_s": 1.2e-3}, {"source": "default", "blocks": 5, "predicted_s": 0, "simulated_s": 1.1e-3, "measured_s": 1.1e-3}], "chosen": 1, "validated": true}
+JSON
+echo '{"name": "H200"}' > "$h/device.json"
+check "interference json" 0 "compute x1.31, collectives x1.07, plan kept default" -- "$root/scripts/gpu-device" helper \
+  interference-json "$h/gi.json" "$h/fit.json" "$h/profile.json" "$h/plan.json" "$h/device.json" profile:0 fit:0 plan:0
+check "interference json fields" 0 "" -- /usr/bin/python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j['compute_slowdown'] == 1.31 and j['comm_slowdown'] == 1.07 and j['interference_fit']['held_back_pairs'] == 41
+assert j['profile']['entries'] == 4 and 'ranks as threads' in j['profile']['machine'] and j['device']['name'] == 'H200'
+assert j['plan']['kept'] == 'default' and j['plan']['searched_beats_default'] is False and j['plan']['validated']
+assert j['steps'] == [{'step': 'profile', 'exit': 0}, {'step': 'fit', 'exit': 0}, {'step': 'plan', 'exit': 0}]" "$h/gi.json"
+check "interference json without a fit" 1 "compute xNone" -- "$root/scripts/gpu-device" helper \
+  interference-json "$h/gi2.json" "$h/none.json" "$h/profile.json" "$h/none.json" "$h/device.json" profile:124
+check "interference json without a fit, written" 0 "" -- /usr/bin/python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j['compute_slowdown'] is None and j['plan'] is None and j['steps'] == [{'step': 'profile', 'exit': 124}]" "$h/gi2.json"
 rm -rf "$h"
 exit $fail

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -13,6 +14,8 @@
 
 #include "TinyRun.h"
 #include "base/Error.h"
+#include "comm/LocalBackend.h"
+#include "tensor/DeviceMemory.h"
 #include "train/IndexedDataset.h"
 #include "train/Preflight.h"
 
@@ -117,6 +120,45 @@ TEST(Preflight, WriterRefusesAnIdItsDtypeCannotHold) {
   IndexedDatasetWriter i8(dir.path() + "/i8", IndexDType::kI8);
   const std::vector<int32_t> low = {-129};
   EXPECT_THROW(i8.add_document(low), InternalError);
+}
+
+// rank_device: where a rank runs (the trainer's and `dhelix profile` / `plan`'s placement). Oracle:
+// its contract in train/Preflight.h -- training.device for every rank, except under NCCL with more
+// than one rank, where rank i of the host takes the named GPU plus i, and a GPU that is not there is
+// a ConfigError naming the rank, the GPU and the staged transport. Ranks are threads here (the local
+// backend: the world rank is the local rank); under mpirun the launcher's local rank would decide.
+TEST(Preflight, RankDeviceIsTheNamedOneButAGpuPerRankUnderNccl) {
+  ASSERT_EQ(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"), nullptr) << "run this test outside mpirun";
+  RunConfig cfg;
+  cfg.training.device = "cpu";
+  cfg.comm.gpu_transport = "nccl";  // ignored on the host
+  EXPECT_TRUE(rank_device(cfg, nullptr).is_host());
+  cfg.training.device = "cuda:0";
+  EXPECT_EQ(rank_device(cfg, nullptr).str(), "cuda:0");  // one rank: the named GPU, nothing checked
+  const bool second_gpu = device_unavailable(Device::cuda(1)).empty();
+  for (const char* transport : {"staged", "nccl"}) {
+    cfg.comm.gpu_transport = transport;
+    std::string got[2], err[2];
+    run_local_ranks(2, [&](CommContext& comm) {
+      try {
+        got[comm.rank()] = rank_device(cfg, &comm).str();
+      } catch (const ConfigError& e) {
+        err[comm.rank()] = e.what();
+      }
+    });
+    if (std::string(transport) == "staged") {  // ranks sharing the named GPU
+      EXPECT_EQ(got[0], "cuda:0");
+      EXPECT_EQ(got[1], "cuda:0");
+      continue;
+    }
+    if (second_gpu) {
+      EXPECT_EQ(got[1], "cuda:1");
+    } else {  // this machine has fewer than two GPUs: rank 1's is not there
+      EXPECT_TRUE(got[1].empty());
+      EXPECT_NE(err[1].find("local rank 1 would take cuda:1"), std::string::npos) << err[1];
+      EXPECT_NE(err[1].find("comm.gpu_transport=staged"), std::string::npos) << err[1];
+    }
+  }
 }
 
 }  // namespace

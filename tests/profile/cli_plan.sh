@@ -2,9 +2,13 @@
 # `dhelix plan` from the command line. Oracle: the documented exit codes (0 with a cost model for
 # the papers' shapes, no dataset or world needed; 2 with one clear message for bad input) and the
 # files it promises (plan JSON + SVG beside it).
-# Usage: cli_plan.sh DHELIX_BINARY
+# `profile` and `plan` with --ranks threads (the layout's ranks as threads of one process, as ranks
+# sharing one GPU run; here on the CPU): oracle, the same profile entries as the same layout run as
+# processes under mpirun, and a validated plan with every candidate timed.
+# Usage: cli_plan.sh DHELIX_BINARY [MPIRUN]
 set -u
 bin=$(readlink -f "$1")
+mpirun=${2:-mpirun}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 fails=0; passes=0
@@ -44,6 +48,43 @@ if "$bin" profile "${tiny[@]}" --max-window 1 --repeats 1 --warmup 0 --out "$tmp
     plan "${tiny[@]}" --model.d_model 128 --profile "$tmp/prof.json" --out "$tmp/x.json"
 else bad tiny_profile "$(cat "$tmp/prof.log")"; fi
 [ ! -e "$tmp/x.json" ] && ok nothing_written || bad nothing_written
+
+# 3. Ranks as threads: a tp = 2 layer pair (two layers: folding pairs layer 1's forward with layer
+# 2's backward), profiled in one process, then as two processes under mpirun.
+tp2=(--model.n_layers 2 --model.d_model 64 --model.n_heads 4 --model.n_kv_heads 2 --model.ffn_hidden 128
+     --model.seq_len 16 --model.vocab_size 200 --training.micro_batch_size 1 --training.threads 1 --parallel.tp 2)
+entries() {  # the profile's entries without their times, and its machine line
+  /usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1]))
+print(json.dumps({k: [e[:-1] for e in p[k]] for k in ('solo_fwd', 'solo_bwd', 'pairs')}))" "$1"
+}
+out=$("$bin" profile "${tp2[@]}" --max-window 2 --repeats 1 --warmup 0 --ranks threads --out "$tmp/thr.json" 2>&1); rc=$?
+if [ $rc -eq 0 ] && /usr/bin/python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['meta']
+assert m['machine'].endswith('backend local, 2 rank(s), ranks as threads of one process'), m['machine']
+assert 'tp.ag.attn.qkv' in m['fwd_ops'] and 'tp.rs.mlp.fc.bwd' in m['bwd_ops']" "$tmp/thr.json"; then
+  ok threads_profile
+  if out2=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 2 \
+            "$bin" profile "${tp2[@]}" --max-window 2 --repeats 1 --warmup 0 --out "$tmp/proc.json" 2>&1); then
+    if [ "$(entries "$tmp/thr.json")" = "$(entries "$tmp/proc.json")" ]; then ok threads_profile_equals_processes
+    else bad threads_profile_equals_processes "$(diff <(entries "$tmp/thr.json" | tr ']' '\n') <(entries "$tmp/proc.json" | tr ']' '\n') | head)"; fi
+  else bad "threads_profile_equals_processes (mpirun failed)" "$out2"; fi
+  out=$("$bin" plan "${tp2[@]}" --max-window 2 --repeats 1 --warmup 0 --profile "$tmp/thr.json" --ranks threads \
+        --top-k 2 --out "$tmp/thr_plan.json" --json "$tmp/thr_cands.json" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && [ -s "$tmp/thr_plan.json" ] && /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1]))
+assert j['validated'] and len(j['candidates']) >= 2 and all(c['measured_s'] > 0 for c in j['candidates'])" "$tmp/thr_cands.json"; then
+    ok threads_plan_validated
+  else bad "threads_plan_validated (exit $rc)" "$out"; fi
+else bad "threads_profile (exit $rc)" "$out"; fi
+if out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 2 \
+         "$bin" profile "${tp2[@]}" --ranks threads --out "$tmp/y.json" 2>&1); then
+  bad "threads_under_mpirun (exit 0)" "$out"
+elif grep -q "started by mpirun" <<<"$out"; then ok threads_under_mpirun
+else bad "threads_under_mpirun (no message)" "$out"; fi
+expect2 sm_split_without_gpu "it needs --ranks threads, training.device=cuda" -- \
+  profile "${tp2[@]}" --ranks threads --sm-split off --out "$tmp/y.json"
+expect2 ranks_with_cost_model "with --cost-model none is" -- plan "${tp2[@]}" --cost-model h100-8gpu --ranks threads \
+  --out "$tmp/y.json"
+expect2 ranks_bad_value "--ranks 'bogus' must be processes or threads" -- profile "${tp2[@]}" --ranks bogus --out "$tmp/y.json"
+[ ! -e "$tmp/y.json" ] && ok nothing_written_threads || bad nothing_written_threads
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
