@@ -78,6 +78,24 @@ DeviceGroupOptions device_groups(const RunConfig& cfg, Device d) {
                             cfg.comm.emulated_link_gbit * 1e9 / 8};
 }
 
+// How the layer pair's ops run, as the run's would (the trainer's keys: seed, training.precision's
+// GEMMs and comm.precision's activation wire on the host, comm.* for a GPU's groups).
+LayerPairRun layer_pair_run(const RunConfig& cfg, Device d) {
+  LayerPairRun r;
+  r.seed = static_cast<uint64_t>(cfg.training.seed);
+  r.device = d;
+  r.groups = device_groups(cfg, d);
+  r.gemm = cfg.training.precision == "bf16" ? cpu::GemmPrecision::kBf16 : cpu::GemmPrecision::kFp32;
+  const std::string& wire = cfg.comm.precision == "auto" ? cfg.training.precision : cfg.comm.precision;
+  r.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
+  return r;
+}
+
+// The precision a profile of this config is measured in (a profile's meta.precision).
+std::string run_precision(const RunConfig& cfg) {
+  return describe_precision(layer_pair_run(cfg, parse_device(cfg.training.device)));
+}
+
 // A timing rank: its world (null: one process, no world); whether it is a thread of this process
 // (its errors are left to run_local_ranks, which stops the other ranks, instead of aborting an MPI
 // world); and what the profile's machine line adds about the ranks.
@@ -223,8 +241,7 @@ int cmd_profile(int argc, char** argv) {
     try {
       const double t0 = now_seconds();
       const Device dev = rank_device(cfg, comm);
-      LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm, static_cast<uint64_t>(cfg.training.seed), dev,
-                           device_groups(cfg, dev));
+      LayerPairBench bench(cfg.model, lay, micro_batch_of(cfg), comm, layer_pair_run(cfg, dev));
       const int64_t total = profile_entry_count(bench.program(), opts.windows, opts.max_window);
       if (rank0)
         fmt::print("profile: {} | {} | {} | {} fwd ops, {} bwd ops | {} entries x ({} warm-up + {} timed){}\n",
@@ -375,7 +392,7 @@ int cmd_simulate(int argc, char** argv) {
               "`dhelix profile --config ... --out {}`)", *profile_path, *profile_path);
     const Profile p = Profile::load(*profile_path);
     const ModelPrograms progs = build_programs(cfg.model, lay, micro_batch_of(cfg));
-    check_profile_fits(p, cfg.model, lay, micro_batch_of(cfg), progs.block);
+    check_profile_fits(p, cfg.model, lay, micro_batch_of(cfg), progs.block, run_precision(cfg));
     fmt::print("simulate: fitting the co-execution interference on {} ...\n", *profile_path), std::fflush(stdout);
     fit = fit_interference_alternating(progs.block, p);
     so.compute_slowdown = fit->compute_slowdown, so.comm_slowdown = fit->comm_slowdown;
@@ -623,7 +640,7 @@ int cmd_plan(int argc, char** argv) {
     DHX_CHECK(file_exists(*profile_path), IoError, "dhelix plan: profile file '{}' does not exist (make it with "
               "`dhelix profile --config ... --out {}`)", *profile_path, *profile_path);
     auto p = std::make_unique<Profile>(Profile::load(*profile_path));
-    check_profile_fits(*p, cfg.model, lay, mb, prog);
+    check_profile_fits(*p, cfg.model, lay, mb, prog, run_precision(cfg));
     cost_name = fmt::format("profile {} ({})", *profile_path, p->meta.machine);
     cost = std::move(p);
   } else {
@@ -646,8 +663,7 @@ int cmd_plan(int argc, char** argv) {
     try {
       if (validate) {
         const Device dev = rank_device(cfg, comm);
-        bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm, static_cast<uint64_t>(cfg.training.seed),
-                                                 dev, device_groups(cfg, dev));
+        bench = std::make_unique<LayerPairBench>(cfg.model, lay, mb, comm, layer_pair_run(cfg, dev));
       }
       // The search's candidates are ranked by simulating the whole pair from the single ops' times
       // (not by their summed blocks): the profile's, with the co-execution interference fitted on its

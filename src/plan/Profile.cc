@@ -110,7 +110,7 @@ json Profile::to_json() const {
   json m = {{"model", meta.model},         {"layout", meta.layout},   {"shapes", meta.shapes},
             {"machine", meta.machine},     {"timestamp", meta.timestamp},
             {"pair", meta.pair},           {"repeats", meta.repeats}, {"warmup", meta.warmup},
-            {"fwd_ops", meta.fwd_ops},     {"bwd_ops", meta.bwd_ops}};
+            {"fwd_ops", meta.fwd_ops},     {"bwd_ops", meta.bwd_ops}, {"precision", meta.precision}};
   return {{"format", kProfileFormat}, {"version", kVersion}, {"meta", m},
           {"solo_fwd", sf},           {"solo_bwd", sb},      {"pairs", pr}};
 }
@@ -133,6 +133,7 @@ Profile Profile::from_json(const json& j, const std::string& origin) {
     p.meta.machine = m.value("machine", "");
     p.meta.timestamp = m.value("timestamp", "");
     p.meta.pair = m.value("pair", "");
+    p.meta.precision = m.value("precision", "");
     p.meta.repeats = m.contains("repeats") ? int_of(m["repeats"], origin, "meta 'repeats'") : 0;
     p.meta.warmup = m.contains("warmup") ? int_of(m["warmup"], origin, "meta 'warmup'") : 0;
     p.meta.fwd_ops = m.value("fwd_ops", std::vector<std::string>{});

@@ -25,6 +25,9 @@ struct ProfileMeta {
   std::string machine;    // "a800 x8" / hostname + backend
   std::string timestamp;  // ISO 8601
   std::string pair;       // LayerProgram name: "block"
+  // What the times were measured with ("bf16 GEMMs, bf16 wire", "GPU (bf16)": describe_precision in
+  // profile/LayerPairBench.h); empty in a profile written before the field, which nothing checks.
+  std::string precision;
   int repeats = 0;        // timed runs per entry (the stored value is their median)
   int warmup = 0;         // untimed runs before them
   std::vector<std::string> fwd_ops, bwd_ops;  // op names, to match the profile to a program

@@ -1,12 +1,15 @@
 // LayerPairBench: unit/parameter setup, strand snapshots, timed runs and cross-rank agreement.
 #include "profile/LayerPairBench.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <random>
 
 #include "base/Clock.h"
 #include "base/Error.h"
 #include "base/Stats.h"
+#include "kernels/cpu/Kernels.h"
 #include "model/Params.h"
 #include "runtime/StepBuilder.h"
 
@@ -27,9 +30,17 @@ Tensor random_rows(int64_t rows, int64_t cols, uint64_t seed, MemoryTracker* mem
 
 }  // namespace
 
+std::string describe_precision(const LayerPairRun& run) {
+  if (!run.device.is_host()) return "GPU (bf16)";
+  return fmt::format("{} GEMMs, {} wire", run.gemm == cpu::GemmPrecision::kBf16 ? "bf16" : "fp32",
+                     run.activation_wire == WirePrecision::kBf16 ? "bf16" : "fp32");
+}
+
 LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
-                               CommContext* comm, uint64_t seed, Device device, const DeviceGroupOptions& groups)
-    : model_(model), layout_(layout), mb_(mb), comm_(comm) {
+                               CommContext* comm, const LayerPairRun& run)
+    : model_(model), layout_(layout), run_(run), mb_(mb), comm_(comm) {
+  const uint64_t seed = run.seed;
+  const Device device = run.device;
   if (comm_) {
     DHX_CHECK(comm_->world_size() == layout_.world(), ConfigError,
               "world size {} != layout world {} (dp={} cp={} tp={} tp_x={} tp_y={} tp_z={}); launch with mpirun -np {}",
@@ -61,7 +72,17 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   blas_ = place_on_device(*parts_, device);
   // and, on a GPU, its collectives move device tensors over staged groups (CPU groups would read
   // device memory on the host).
-  parts_->ctx.groups = place_groups_on_device(StepGroups::of(comm_), device, groups, staged_);
+  parts_->ctx.groups = place_groups_on_device(StepGroups::of(comm_), device, run.groups, staged_);
+  // The host's GEMM precision and activation wire, as the run's (StepRunner makes its bf16 weight
+  // copies per step; the bench's weights never change, so once).
+  if (device.is_host()) {
+    parts_->ctx.kernels = cpu::kernel_config(cpu::num_threads(), run.gemm);
+    parts_->ctx.activation_wire = run.activation_wire;
+    if (run.gemm == cpu::GemmPrecision::kBf16) {
+      weights16_ = std::make_unique<Bf16Weights>(&parts_->state_mem);
+      parts_->ctx.bf16_weights = weights16_.get();
+    }
+  }
   exec_ = std::make_unique<Executor>(parts_->ctx, parts_->units, parts_->progs);
   fslot_ = StrandSlot{1, first, &fenv_};
   bslot_ = StrandSlot{0, last, &benv_};

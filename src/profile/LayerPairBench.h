@@ -27,19 +27,36 @@ struct BenchTiming {
   int repeats = 5;  // timed runs; the median is kept
 };
 
+// How the bench runs the pair's ops: as the training run it profiles would (the trainer's StepSpec
+// fields of the same meaning; dhelix profile and plan fill them from the run's config).
+struct LayerPairRun {
+  uint64_t seed = 1234;  // the weights' and inputs' random values
+  // Where the layers' weights and buffers live and their kernels run (a GPU: the executor's two
+  // strand streams, so a co-executed window pair has both strands' kernels in flight; each timing
+  // ends when both streams are done).
+  Device device = Device::host();
+  // On a GPU, how the collectives move device tensors (place_groups_on_device: staged through host
+  // memory by default, with an emulated link when it names a rate).
+  DeviceGroupOptions groups;
+  // On the host: the GEMMs' precision (bf16: each weight's bf16 rounding, made once, as a training
+  // step's Bf16Weights) and the activation collectives' wire (bf16: a rounded copy moves). A GPU's
+  // GEMMs and activations are bf16 whatever these say.
+  cpu::GemmPrecision gemm = cpu::GemmPrecision::kFp32;
+  WirePrecision activation_wire = WirePrecision::kFp32;
+};
+
+// "fp32 GEMMs, fp32 wire", "bf16 GEMMs, bf16 wire", "GPU (bf16)": what a profile's times were
+// measured with (its meta.precision; dhelix plan and simulate refuse a profile of another).
+std::string describe_precision(const LayerPairRun& run);
+
 class LayerPairBench {
  public:
   // `comm` may be null (one process: the layout must be world size 1). Every rank of the world
-  // constructs it and then makes the same calls in the same order (collectives inside). `device`:
-  // where the layers' weights and buffers live and their kernels run (a GPU: the executor's two
-  // strand streams, so a co-executed window pair has both strands' kernels in flight; each timing
-  // ends when both streams are done). DeviceError when this build or machine has no such GPU.
-  // `groups`: on a GPU, how the collectives move device tensors (place_groups_on_device: staged
-  // through host memory by default, with an emulated link when it names a rate; the trainer's
-  // comm.* keys give the same options).
+  // constructs it and then makes the same calls in the same order (collectives inside).
+  // DeviceError when this build or machine has no such GPU; ConfigError for bf16 GEMMs on a CPU
+  // without them (cpu::kernel_config).
   LayerPairBench(const ModelConfig& model, const LayoutConfig& layout, const MicroBatchShape& mb,
-                 CommContext* comm, uint64_t seed = 1234, Device device = Device::host(),
-                 const DeviceGroupOptions& groups = {});
+                 CommContext* comm, const LayerPairRun& run = {});
   ~LayerPairBench();
   LayerPairBench(const LayerPairBench&) = delete;
   LayerPairBench& operator=(const LayerPairBench&) = delete;
@@ -47,6 +64,10 @@ class LayerPairBench {
   const LayerProgram& program() const { return parts_->progs.block; }
   const MicroBatchShape& micro_batch() const { return mb_; }
   Device device() const { return parts_->ctx.device; }
+  const LayerPairRun& run() const { return run_; }
+  // The forward strand's buffers after its ops [0, k) ran (k in [0, fwd ops]): where every window
+  // starts from, made once as the constructor ran the ops one at a time. For inspection and tests.
+  const std::map<std::string, Tensor>& forward_state(int k) const { return fsnap_.at(static_cast<size_t>(k)); }
 
   // Seconds of one run of `blocks` (windows into program()), from the state where the first
   // block's windows start; this rank's wall clock, after a world barrier. Each block's windows
@@ -71,6 +92,7 @@ class LayerPairBench {
 
   ModelConfig model_;
   LayoutConfig layout_;
+  LayerPairRun run_;
   std::shared_ptr<cuda::Blas> blas_;  // a GPU's cuBLASLt GEMMs (declared before parts_: outlives the executor)
   MicroBatchShape mb_;
   CommContext* comm_;
@@ -81,6 +103,9 @@ class LayerPairBench {
   std::vector<std::unique_ptr<ProcessGroup>> staged_;
   std::unique_ptr<StepParts> parts_;  // the whole model's units; only the first and last block stored
   std::unique_ptr<Executor> exec_;
+  // bf16 GEMMs on the host: the weights' bf16 copies (the bench's weights never change), which
+  // parts_->ctx.bf16_weights points at; gone before parts_' trackers.
+  std::unique_ptr<Bf16Weights> weights16_;
   UnitEnv fenv_, benv_;
   StrandSlot fslot_, bslot_;
   std::vector<std::map<std::string, Tensor>> fsnap_, bsnap_;  // [k]: buffers after ops [0, k)

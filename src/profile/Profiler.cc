@@ -73,6 +73,7 @@ Profile profile_layer_pair(LayerPairBench& bench, const ModelConfig& model, cons
   p.meta.timestamp = iso_now();
   p.meta.repeats = opts.timing.repeats;
   p.meta.warmup = opts.timing.warmup;
+  p.meta.precision = describe_precision(bench.run());
   size_t i = 0;
   for (const Window& w : fw) p.set_solo_fwd(w, agreed[i++]);
   for (const Window& w : bw) p.set_solo_bwd(w, agreed[i++]);
@@ -103,7 +104,7 @@ std::string describe_layout(const LayoutConfig& l) {
 std::string describe_shapes(const MicroBatchShape& mb) { return fmt::format("B={},T={}", mb.B, mb.T); }
 
 void check_profile_fits(const Profile& p, const ModelConfig& m, const LayoutConfig& l, const MicroBatchShape& mb,
-                        const LayerProgram& prog) {
+                        const LayerProgram& prog, const std::string& precision) {
   std::vector<std::string> bad;
   auto field = [&](const char* name, const std::string& have, const std::string& want) {
     if (have != want) bad.push_back(fmt::format("  {}: profile has '{}', this run is '{}'", name, have, want));
@@ -111,6 +112,7 @@ void check_profile_fits(const Profile& p, const ModelConfig& m, const LayoutConf
   field("model", p.meta.model, describe_model(m));
   field("layout", p.meta.layout, describe_layout(l));
   field("shapes", p.meta.shapes, describe_shapes(mb));
+  if (!p.meta.precision.empty()) field("precision", p.meta.precision, precision);
   try {
     p.check_matches(prog);
   } catch (const PlanError& e) {

@@ -40,9 +40,10 @@ std::string describe_model(const ModelConfig& m);
 std::string describe_layout(const LayoutConfig& l);
 std::string describe_shapes(const MicroBatchShape& mb);
 
-// PlanError naming every field (model, layout, shapes, op lists) where `p` was not measured for
-// this run: the profile of another model or layout.
+// PlanError naming every field (model, layout, shapes, op lists, precision) where `p` was not
+// measured for this run: the profile of another model, layout or precision. `precision`: the run's
+// describe_precision; a profile without one (written before the field) is not checked for it.
 void check_profile_fits(const Profile& p, const ModelConfig& m, const LayoutConfig& l, const MicroBatchShape& mb,
-                        const LayerProgram& prog);
+                        const LayerProgram& prog, const std::string& precision);
 
 }  // namespace dhelix

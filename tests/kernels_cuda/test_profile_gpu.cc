@@ -17,6 +17,14 @@
 namespace dhelix::cuda::test {
 namespace {
 
+// The bench on GPU 0 from seed `seed`.
+LayerPairRun on_gpu(uint64_t seed) {
+  LayerPairRun r;
+  r.seed = seed;
+  r.device = Device::cuda(0);
+  return r;
+}
+
 TEST(CudaProfile, LayerPairProfileOnTheGpuPricesEveryEntryAndFeedsThePlanSearch) {
   DHX_REQUIRE_GPU();
   ModelConfig m = dhelix::test::reference_config(ModelFamily::kLlama);
@@ -29,7 +37,7 @@ TEST(CudaProfile, LayerPairProfileOnTheGpuPricesEveryEntryAndFeedsThePlanSearch)
   m.n_layers = 2;
   const LayoutConfig lay;  // one GPU
   const MicroBatchShape mb{4, 256};
-  LayerPairBench bench(m, lay, mb, nullptr, 7, Device::cuda(0));
+  LayerPairBench bench(m, lay, mb, nullptr, on_gpu(7));
   ASSERT_EQ(bench.device(), Device::cuda(0));
   ProfileOptions po;
   po.timing = {1, 3};
@@ -95,7 +103,7 @@ TEST(CudaProfile, TensorParallelBenchOnTheGpuMovesItsCollectivesThroughStagedGro
   nlohmann::json got[2];
   int64_t want[2] = {0, 0};
   run_local_ranks(lay, [&](CommContext& comm) {
-    LayerPairBench bench(m, lay, mb, &comm, 7, Device::cuda(0));
+    LayerPairBench bench(m, lay, mb, &comm, on_gpu(7));
     const Profile p = profile_layer_pair(bench, m, lay, &comm, po);
     want[comm.rank()] = profile_entry_count(bench.program(), po.windows, po.max_window);
     got[comm.rank()] = p.to_json();

@@ -46,6 +46,11 @@ if "$bin" profile "${tiny[@]}" --max-window 1 --repeats 1 --warmup 0 --out "$tmp
   ok tiny_profile
   expect2 profile_of_other_model "profile was measured for another run" -- \
     plan "${tiny[@]}" --model.d_model 128 --profile "$tmp/prof.json" --out "$tmp/x.json"
+  # A profile measured with fp32 GEMMs and wire does not price a bf16 run (nor fits simulate's).
+  expect2 profile_of_other_precision "precision: profile has 'fp32 GEMMs, fp32 wire', this run is 'bf16 GEMMs, bf16 wire'" -- \
+    plan "${tiny[@]}" --training.precision bf16 --profile "$tmp/prof.json" --out "$tmp/x.json"
+  expect2 profile_of_other_wire "this run is 'fp32 GEMMs, bf16 wire'" -- \
+    simulate "${tiny[@]}" --comm.precision bf16 --cluster cpu-emulated --profile "$tmp/prof.json"
 else bad tiny_profile "$(cat "$tmp/prof.log")"; fi
 [ ! -e "$tmp/x.json" ] && ok nothing_written || bad nothing_written
 

@@ -2,12 +2,16 @@
 // training, on a tiny model with tp = 2 on threads-as-ranks (so the programs hold collectives).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include "../e2e/TinyRun.h"
 #include "../plan/ClusterTestUtil.h"
 #include "base/Error.h"
 #include "comm/LocalBackend.h"
+#include "kernels/cpu/Bf16.h"
+#include "kernels/cpu/Kernels.h"
 #include "plan/PlanCheck.h"
 #include "plan/PlanIO.h"
 #include "profile/PlanValidation.h"
@@ -21,6 +25,16 @@ namespace {
 using testing::TempDir;
 using testing::tiny_config;
 using testing::write_synthetic_dataset;
+
+// The bench's run from seed `seed`: GEMM precision and activation wire as given (the default: fp32).
+LayerPairRun bench_run(uint64_t seed, cpu::GemmPrecision gemm = cpu::GemmPrecision::kFp32,
+                       WirePrecision wire = WirePrecision::kFp32) {
+  LayerPairRun r;
+  r.seed = seed;
+  r.gemm = gemm;
+  r.activation_wire = wire;
+  return r;
+}
 
 LayoutConfig tp_layout(int tp) {
   LayoutConfig l;
@@ -49,7 +63,7 @@ struct Flow {
 std::vector<Flow> profile_and_search(const RunConfig& cfg, const LayoutConfig& lay, const MicroBatchShape& mb) {
   std::vector<Flow> flows(static_cast<size_t>(lay.world()));
   run_local_ranks(lay, [&](CommContext& comm) {
-    LayerPairBench bench(cfg.model, lay, mb, &comm, 7);
+    LayerPairBench bench(cfg.model, lay, mb, &comm, bench_run(7));
     ProfileOptions po;
     po.timing = {0, 1};
     Flow& f = flows[static_cast<size_t>(comm.rank())];
@@ -108,7 +122,8 @@ TEST(ProfilePlanTrain, SearchedPlanTrainsBitwiseLikeSequentialTp2) {
   EXPECT_EQ(p.num_solo_bwd(), strand_windows(prog.bwd, WindowRule::kWithinSegments).size());
   EXPECT_EQ(p.num_pairs(), legal_pairs(prog, WindowRule::kWithinSegments).size());
   EXPECT_EQ(p.to_json(), flows[1].profile.to_json()) << "ranks disagree on the agreed (max) times";
-  EXPECT_NO_THROW(check_profile_fits(Profile::load(profile_path), cfg.model, lay, mb_of(cfg), prog));
+  EXPECT_NO_THROW(check_profile_fits(Profile::load(profile_path), cfg.model, lay, mb_of(cfg), prog,
+                                     describe_precision(bench_run(7))));
 
   // Both ranks kept the same plan (timings are agreed), and every candidate is legal.
   EXPECT_EQ(flows[0].choice.chosen, flows[1].choice.chosen);
@@ -176,9 +191,23 @@ TEST(ProfilePlanTrain, ProfileOfAnotherRunIsRefused) {
   p.meta.model = describe_model(cfg.model);
   p.meta.layout = describe_layout(lay2);
   p.meta.shapes = describe_shapes(mb);
-  EXPECT_NO_THROW(check_profile_fits(p, cfg.model, lay2, mb, build_programs(cfg.model, lay2, mb).block));
+  const std::string fp32 = describe_precision(bench_run(1));
+  const std::string bf16 = describe_precision(bench_run(1, cpu::GemmPrecision::kBf16, WirePrecision::kBf16));
+  EXPECT_EQ(fp32, "fp32 GEMMs, fp32 wire");
+  EXPECT_EQ(bf16, "bf16 GEMMs, bf16 wire");
+  // A profile written before meta.precision (none recorded) is not checked for it.
+  EXPECT_NO_THROW(check_profile_fits(p, cfg.model, lay2, mb, build_programs(cfg.model, lay2, mb).block, bf16));
+  p.meta.precision = fp32;
+  EXPECT_NO_THROW(check_profile_fits(p, cfg.model, lay2, mb, build_programs(cfg.model, lay2, mb).block, fp32));
   try {
-    check_profile_fits(p, cfg.model, lay1, mb, build_programs(cfg.model, lay1, mb).block);
+    check_profile_fits(p, cfg.model, lay2, mb, build_programs(cfg.model, lay2, mb).block, bf16);
+    FAIL() << "an fp32 profile was accepted for a bf16 run";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("precision: profile has 'fp32 GEMMs, fp32 wire', this run is 'bf16 GEMMs, "
+                                         "bf16 wire'"), std::string::npos) << e.what();
+  }
+  try {
+    check_profile_fits(p, cfg.model, lay1, mb, build_programs(cfg.model, lay1, mb).block, fp32);
     FAIL() << "a tp=2 profile was accepted for tp=1";
   } catch (const PlanError& e) {
     EXPECT_NE(std::string(e.what()).find("layout"), std::string::npos) << e.what();
@@ -187,7 +216,7 @@ TEST(ProfilePlanTrain, ProfileOfAnotherRunIsRefused) {
   ModelConfig wider = cfg.model;
   wider.d_model = 128;
   try {
-    check_profile_fits(p, wider, lay2, mb, build_programs(wider, lay2, mb).block);
+    check_profile_fits(p, wider, lay2, mb, build_programs(wider, lay2, mb).block, fp32);
     FAIL() << "a d_model=64 profile was accepted for d_model=128";
   } catch (const PlanError& e) {
     EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
@@ -200,6 +229,66 @@ TEST(ProfilePlanTrain, ProfileOfAnotherRunIsRefused) {
 // many, each with its simulated time (the default plan appended last when the search did not find
 // it). Oracle: a stand-in simulator whose order is known (more blocks = slower) and the
 // unsimulated search of 3 top_k plans: the kept plans are its fewest-block ones.
+// The bench runs the pair as the run's precision would (LayerPairRun, from training.precision and
+// comm.precision): before, `dhelix profile --training.precision bf16` timed fp32 GEMMs and an fp32
+// wire. Oracles, on tp = 2 ranks (threads) from the same seed:
+//  - bf16 wire: the activation all-gather's output is the bf16 rounding of the fp32 wire's, element
+//    for element (the wire moves each rank's rounded rows; rounding commutes with concatenation);
+//  - bf16 GEMMs: the QKV projection's output differs from the fp32 GEMMs' and stays within 2% of it
+//    in norm (bf16 keeps 8 significant bits of each input: 2^-8 relative per product, 2x for two
+//    rounded factors, summed in fp32);
+//  - fp32 everywhere (the default) repeats the same values bitwise.
+TEST(ProfilePlanTrain, TheBenchRunsTheRunsGemmPrecisionAndWire) {
+  if (!cpu::bf16_support().usable()) GTEST_SKIP() << "this CPU has no bf16 GEMMs (AMX-BF16 / AVX512-BF16)";
+  TempDir dir;
+  const RunConfig cfg = tiny_config(dir.path(), "llama");
+  const LayoutConfig lay = tp_layout(2);
+  const auto mb = mb_of(cfg);
+  const std::vector<LayerPairRun> runs = {bench_run(7), bench_run(7),
+                                          bench_run(7, cpu::GemmPrecision::kFp32, WirePrecision::kBf16),
+                                          bench_run(7, cpu::GemmPrecision::kBf16, WirePrecision::kFp32)};
+  const ModelPrograms progs = build_programs(cfg.model, lay, mb);
+  const LayerProgram& prog = progs.block;
+  auto index_of = [&](const std::string& name) {
+    for (size_t i = 0; i < prog.fwd.size(); ++i)
+      if (prog.fwd[i].name == name) return static_cast<int>(i);
+    ADD_FAILURE() << "no forward op " << name;
+    return 0;
+  };
+  const int gather = index_of("tp.ag.attn.qkv"), qkv = index_of("attn.qkv");
+  const std::string gathered = prog.fwd[static_cast<size_t>(gather)].outputs.at(0);
+  const std::string projected = prog.fwd[static_cast<size_t>(qkv)].outputs.at(0);
+  std::vector<std::vector<float>> g(runs.size()), q(runs.size());  // rank 0's
+  for (size_t r = 0; r < runs.size(); ++r)
+    run_local_ranks(lay, [&](CommContext& comm) {
+      LayerPairBench bench(cfg.model, lay, mb, &comm, runs[r]);
+      if (comm.rank() != 0) return;
+      const Tensor& a = bench.forward_state(gather + 1).at(gathered);
+      const Tensor& b = bench.forward_state(qkv + 1).at(projected);
+      g[r].assign(a.f32(), a.f32() + a.numel());
+      q[r].assign(b.f32(), b.f32() + b.numel());
+    });
+  EXPECT_EQ(g[0], g[1]);
+  EXPECT_EQ(q[0], q[1]);
+  ASSERT_EQ(g[2].size(), g[0].size());
+  std::vector<uint16_t> rounded(g[0].size());
+  cpu::round_to_bf16(g[0].data(), rounded.data(), static_cast<int64_t>(g[0].size()));
+  size_t differ = 0;
+  for (size_t i = 0; i < g[0].size(); ++i) {
+    const uint32_t bits = uint32_t{rounded[i]} << 16;
+    float want;
+    std::memcpy(&want, &bits, sizeof want);
+    ASSERT_EQ(g[2][i], want) << "element " << i;
+    differ += g[2][i] != g[0][i];
+  }
+  EXPECT_GT(differ, g[0].size() / 2) << "the bf16 wire moved the fp32 values";
+  ASSERT_EQ(q[3].size(), q[0].size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < q[0].size(); ++i) num += (q[3][i] - q[0][i]) * (q[3][i] - q[0][i]), den += q[0][i] * q[0][i];
+  EXPECT_GT(num, 0) << "bf16 GEMMs gave the fp32 GEMMs' bits";
+  EXPECT_LT(std::sqrt(num / den), 0.02);
+}
+
 TEST(ProfilePlanTrain, ASimulatorRanksTheCandidates) {
   const ModelConfig m = model_preset("gpt2-124m");
   const LayoutConfig lay = tp_layout(2);
