@@ -553,11 +553,10 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     const bool has_embed = std::find(su.units.begin(), su.units.end(), 0) != su.units.end();
     const bool has_head = std::find(su.units.begin(), su.units.end(), L + 1) != su.units.end();
     if (has_head && !has_embed && m.tie_embeddings) g.elems += tied_copy_elems(units[0]);
+    // Its messages to the neighbouring stages: on the pp link while the next slot runs (the walk
+    // below delays a receiver until they have crossed), not in the passes.
     AxisCost& pa = g.axes["pp"];
-    const double sent_f = su.fwd_sends * p2p_s, sent_b = su.bwd_sends * p2p_s;
-    g.Ff += sent_f, g.Bb += sent_b;
-    pa.bytes += (su.fwd_sends + su.bwd_sends) * p2p_bytes, pa.seconds += sent_f + sent_b;
-    pa.exposed_s += sent_f + sent_b;
+    pa.bytes += (su.fwd_sends + su.bwd_sends) * p2p_bytes, pa.seconds += (su.fwd_sends + su.bwd_sends) * p2p_s;
     return g;
   };
   // The last micro-batch's strands, the middle ones', the first's (M > 1; with M = 1 the last is the
@@ -576,28 +575,31 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   // lasts at least the busiest of them (measured: 3D x=2 z=2 on the emulated cluster, whose z
   // channel carries 2.8 s of a 3.4-3.8 s step, ran slower with SI, not the 25% faster the
   // engine-and-strands bound alone predicted).
-  // With interference, the engine's compute beside the busiest channel's: co_executed_span.
+  // With interference, the engine's compute beside the busiest channel's: co_executed_span. (The pp
+  // link's messages go while the slots run, as the walk prices them: not a channel of the slot.)
   auto slot_of = [&io](const StageMb& g) {
     double channel = 0;
-    for (const auto& [grp, a] : g.axes) channel = std::max(channel, a.seconds);
+    for (const auto& [grp, a] : g.axes)
+      if (grp != "pp") channel = std::max(channel, a.seconds);
     return std::max({co_executed_span(g.Cf + g.Cb, channel, io), g.Ff, g.Bb});
   };
   const bool si = opt.si == StrandInterleaving::kOn;
   auto t_mb = [&](const StageMb& g) { return si ? slot_of(g) : g.Ff + g.Bb; };
-  // The pipeline's body (p > 1): M x the slowest stage per micro-batch over the schedule's busy
-  // fraction (1F1B: (M + p - 1) x it); with stages sharing a core, the most of that and the core's
-  // work -- M micro-batches of each of its stages, at the core's whole rate (the programs are priced
-  // at core_share of it).
+  // The pipeline's body (p > 1): the schedule walked (below); with stages sharing a core, the most of
+  // that and the core's work -- M micro-batches of each of its stages, at the core's whole rate (the
+  // programs are priced at core_share of it).
   double pipe_body = 0, pipe_bubble = 0;  // the bubble: the body less the busiest stage's (core's) work
-  // The interleaved schedule's body walked slot by slot (simulate_slots) with each chunk's passes:
-  // its bubble formula holds for M a multiple of p only (with M = p + 1 and p = 8 the walk is 31%
-  // longer) and for passes that overlap without loss. The walk runs the memory walk's shortened
-  // schedule (walk_schedule: M mod p the same) and adds the rest at the busiest stage's rate per
-  // micro-batch (the steady state). A chunk's passes as the stage's are priced: each unit's strand
-  // spans, a send to a neighbour on another rank in the pass that makes it; a co-executed slot as
-  // slot_of prices a stage's.
+  // The pipeline's body walked slot by slot (simulate_slots), as the simulator walks it: every
+  // schedule's chunk passes as the stage's are priced (each unit's strand spans; a co-executed slot as
+  // slot_of prices a stage's), each message a stage sends crossing the pp link after the slot that
+  // made it while the next slot runs (one at a time per link), its receiver's slot starting when it
+  // has crossed. (The interleaved schedule's bubble formula holds for M a multiple of p only: with
+  // M = p + 1 and p = 8 the walk is 31% longer; the formulas also charged every message in its
+  // pass, where the engine sends it under the next slot.) The walk runs the memory walk's shortened
+  // schedule (walk_schedule: M mod p the same) and adds the rest at the rate of p more micro-batches
+  // (the steady state).
   double walked_body = -1;
-  if (p > 1 && spec.kind == PipelineKind::kInterleaved) {
+  if (p > 1) {
     struct ChunkMb {
       double F = 0, B = 0, Cf = 0, Cb = 0;
       std::map<std::string, double> chan_f, chan_b;  // channel seconds per group
@@ -616,9 +618,6 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
           for (const auto& [g, a] : t.fwd.axes) x.chan_f[g] += a.seconds;
           for (const auto& [g, a] : t.bwd.axes) x.chan_b[g] += a.seconds;
         }
-        const size_t next = static_cast<size_t>(c) + 1;
-        if (next < sch.chunks.size() && sch.chunks[next].rank != s) x.F += p2p_s, x.chan_f["pp"] += p2p_s;
-        if (c > 0 && sch.chunks[static_cast<size_t>(c) - 1].rank != s) x.B += p2p_s, x.chan_b["pp"] += p2p_s;
       }
     }
     const SlotCost cost = [&](int, int, const Slot& sl) {
@@ -631,14 +630,15 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       for (const auto& [g, x] : both) channel = std::max(channel, x);
       return std::max({co_executed_span(f->Cf + b->Cb, channel, io), f->F, b->B});
     };
-    walked_body = simulate_slots(sch, cost).makespan;
+    const TransferCost link = [&](const Transfer&) { return p2p_s; };
+    walked_body = simulate_slots(sch, cost, link).makespan;
     if (M > sch.micro_batches) {
       // The steady rate: what p more micro-batches add to the walk (the warm-up's and drain's lone
       // passes, which cost more than co-executed pairs, stay in the walk's own makespan). M less the
       // walk's count is a multiple of p (walk_micro_batches keeps M mod p).
       PipelineSpec longer = spec;
       longer.micro_batches = sch.micro_batches + p;
-      const double more = simulate_slots(make_schedule(longer), cost).makespan - walked_body;
+      const double more = simulate_slots(make_schedule(longer), cost, link).makespan - walked_body;
       walked_body += double(M - sch.micro_batches) / p * more;
     }
   }
@@ -647,12 +647,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     for (const StageMb& g : stages)
       if (t_mb(g) > t_mb(*slow)) slow = &g;
     const double slowest = t_mb(*slow);
-    auto body_of = [&](double t) {
-      if (spec.kind == PipelineKind::k1F1B) return double(M + p - 1) * t;
-      if (walked_body >= 0) return walked_body;  // the interleaved schedule, walked (above)
-      return double(M) * t / (1 - bubble_formula(spec, slow->Ff > 0 ? slow->Bb / slow->Ff : 2.0));
-    };
-    pipe_body = body_of(slowest);
+    pipe_body = walked_body;
     pipe_bubble = std::max(0.0, pipe_body - double(M) * slowest);  // (a walk may pair passes below M x slowest)
     if (stages_per_core > 1) {
       double core_work = 0;  // the busiest core's stages, consecutive stages of the pipeline
@@ -661,7 +656,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
         for (int s = s0; s < std::min(p, s0 + stages_per_core); ++s) w += t_mb(stages[s]);
         core_work = std::max(core_work, w);
       }
-      pipe_body = std::max(double(M) * core_work * cluster.core_share, body_of(slowest) * cluster.core_share);
+      pipe_body = std::max(double(M) * core_work * cluster.core_share, walked_body * cluster.core_share);
       pipe_bubble = pipe_body - double(M) * core_work * cluster.core_share;
     }
     // The first micro-batch's kept gathers (keep_gathered, M > 1): its warm-up forward passes every
