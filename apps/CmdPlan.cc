@@ -135,6 +135,10 @@ int on_timing_ranks(const FlagValues& fl, const std::string& verb, const RunConf
     set_threads(cfg, nullptr);  // under mpirun the launcher's local size shares the cores
     return fn(TimingRank{comm.get(), false, link});
   }
+  DHX_CHECK(dev.is_host() || lay.world() == 1 || cfg.comm.gpu_transport != "nccl", ConfigError,
+            "dhelix {}: --ranks threads shares one GPU between the {} ranks over staged groups, and "
+            "comm.gpu_transport=\"nccl\" takes a GPU per rank\nhint: --comm.gpu_transport staged, or mpirun -np {} "
+            "without --ranks threads on a machine with a GPU per rank", verb, lay.world(), lay.world());
   DHX_CHECK(!launched_by_mpirun(), ConfigError,
             "dhelix {}: --ranks threads runs all {} ranks of the layout in this one process, but it was started by "
             "mpirun\nhint: drop mpirun (one process, --ranks threads), or drop --ranks threads (a rank per process)",
@@ -271,7 +275,9 @@ int cmd_profile(int argc, char** argv) {
     } catch (const ConfigError&) {
       throw;
     } catch (const StopRequested& s) {
-      if (!rank0) return 128 + s.sig();  // every rank stopped after the same entry: rank 0 reports
+      // Every rank stopped after the same entry: rank 0 reports. A rank thread rethrows, so that
+      // run_local_ranks stops any rank still in a collective (under mpirun, mpirun ends the job).
+      if (!rank0 && !me.thread) return 128 + s.sig();
       throw;
     } catch (const std::exception& e) {
       me.abort_world(e);
@@ -773,7 +779,10 @@ int cmd_plan(int argc, char** argv) {
     } catch (const ConfigError&) {
       throw;
     } catch (const StopRequested& s) {
-      if (!rank0) return 128 + s.sig();  // every rank stopped at the same run: rank 0 reports
+      // A rank process that stopped exits quietly (rank 0 reports; mpirun ends the others). A
+      // rank thread rethrows: the search and the fit stop each rank on its own, so a peer may be
+      // waiting in a collective already, which run_local_ranks then stops.
+      if (!rank0 && !me.thread) return 128 + s.sig();
       throw;
     } catch (const std::exception& e) {
       me.abort_world(e);

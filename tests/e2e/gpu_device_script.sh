@@ -104,5 +104,8 @@ check "interference json without a fit, written" 0 "" -- /usr/bin/python3 -c "
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j['compute_slowdown'] is None and j['plan'] is None and j['steps'] == [{'step': 'profile', 'exit': 124}]" "$h/gi2.json"
+cp "$h/gi.json" "$h/gpu-interference.json"
+check "summary reads the interference" 0 "interference (tp = 2 profile, 4 entries): compute x1.31, collectives x1.07" -- \
+  env GPU_SECTIONS=interference "$root/scripts/gpu-device" helper summary "$h" "$h"
 rm -rf "$h"
 exit $fail
