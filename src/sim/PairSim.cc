@@ -163,6 +163,13 @@ PairSimResult simulate_once(const std::vector<Op>* fwd, const std::vector<Op>* b
 
 }  // namespace
 
+SIPlan one_block_plan(const std::vector<Op>* f, const std::vector<Op>* b) {
+  SIPlan p;
+  p.source = "alone";
+  p.blocks = {{0, f ? static_cast<int>(f->size()) : 0, 0, b ? static_cast<int>(b->size()) : 0}};
+  return p;
+}
+
 PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,
                             const OpTimer& time, const PairSimOptions& opt) {
   DHX_CHECK(opt.compute_slowdown >= 1.0, ConfigError, "compute_slowdown={} must be >= 1", opt.compute_slowdown);

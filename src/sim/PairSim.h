@@ -72,6 +72,10 @@ double compute_end_beside_comm(double begin, double t, double k, double comm_bus
 double comm_end_beside_compute(double begin, double t, double k,
                                const std::vector<std::pair<double, double>>& computing);
 
+// One block of all of `f`'s and `b`'s ops (either may be null): a strand alone, or two run side by
+// side with no barrier between their ops.
+SIPlan one_block_plan(const std::vector<Op>* f, const std::vector<Op>* b);
+
 // `fwd` / `bwd` may be null (a strand idle in this pair); `plan.blocks` index into them. The timer
 // is called with references into `*fwd` / `*bwd` (so it may look an op up by address).
 PairSimResult simulate_pair(const std::vector<Op>* fwd, const std::vector<Op>* bwd, const SIPlan& plan,

@@ -14,12 +14,15 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "base/Error.h"
 #include "model/Params.h"
 #include "sharding/ModelPrograms.h"
 #include "sharding/ParamSharding.h"
+#include "schedule/BasicPlans.h"
 #include "sim/AxonnModel.h"
+#include "sim/PairSim.h"
 #include "sim/StepMemory.h"
 
 namespace dhelix {
@@ -517,8 +520,49 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     for (int rk : layout.group_ranks(GroupRole::kPP, 0)) on_node += rk / per == node0;
     stages_per_core = std::min(on_node, static_cast<int>(std::lround(1.0 / cluster.core_share)));
   }
+  // Strand Interleaving's co-executed passes as the simulator runs them (StepSim's run_slot): the
+  // forward units in order beside the backward units in reverse, each pair one SI pair of strand
+  // programs (simulate_pair with the default pair plan, these op prices and this interference), the
+  // units left over alone. The programs of unit u as a micro-batch runs them: its forward without
+  // the kept gathers (`cached`), its backward with the 3D reduce-scatters folded (`fold`).
+  const bool si = opt.si == StrandInterleaving::kOn;
+  std::map<std::string, const LayerProgram*> program_of;
+  for (const LayerProgram* bp : progs.all()) program_of.emplace(bp->name, bp);
+  std::map<std::tuple<const LayerProgram*, bool>, std::vector<Op>> cached_fwd, folded_bwd;  // built once each
+  auto strand_ops = [&](int u, const std::string& bname, bool forward, bool variant) -> const std::vector<Op>* {
+    const LayerProgram* lp = u == 0 ? &progs.embed : u == L + 1 ? &progs.head : program_of.at(bname);
+    if (!variant) return forward ? &lp->fwd : &lp->bwd;
+    auto& store = forward ? cached_fwd : folded_bwd;
+    auto [it, fresh] = store.try_emplace({lp, true});
+    if (fresh) it->second = forward ? without_kept_gathers(lp->fwd) : folding_variant(lp->bwd);
+    return &it->second;
+  };
+  const OpTimer op_seconds = [&](const Op& o) { return op_time(o, groups, rates); };
+  std::map<std::pair<const std::vector<Op>*, const std::vector<Op>*>, double> pair_spans;
+  auto pair_span = [&](const std::vector<Op>* f, const std::vector<Op>* b) {
+    auto [it, fresh] = pair_spans.try_emplace({f, b}, 0.0);
+    if (fresh) {
+      const SIPlan plan = f && b ? pair_default_plan(*f, *b) : one_block_plan(f, b);
+      it->second = simulate_pair(f, b, plan, op_seconds, io).span_s;
+    }
+    return it->second;
+  };
+  // fwd: the forward's units (and their block variants) in order; bwd: the backward's, in forward
+  // order (paired from its last).
+  using UnitList = std::vector<std::pair<int, std::string>>;
+  auto co_executed = [&](const UnitList& fwd, const UnitList& bwd, bool cached, bool fold) {
+    double t = 0;
+    for (size_t i = 0; i < std::max(fwd.size(), bwd.size()); ++i) {
+      const std::vector<Op>* f = i < fwd.size() ? strand_ops(fwd[i].first, fwd[i].second, true, cached) : nullptr;
+      const size_t j = bwd.size() - 1 - i;
+      const std::vector<Op>* b = i < bwd.size() ? strand_ops(bwd[j].first, bwd[j].second, false, fold) : nullptr;
+      t += pair_span(f, b);
+    }
+    return t;
+  };
   struct StageMb {
     double Ff = 0, Bb = 0, Cf = 0, Cb = 0, elems = 0;
+    double co_s = 0;  // under SI: its forward beside its backward, co_executed (the stage's units)
     std::map<std::string, AxisCost> axes;  // one micro-batch, forward and backward
     std::vector<double> fwd_span, bwd_span, grad_bytes;  // per unit of the stage, in placed[s] order
     std::vector<double> expert_bytes;  // under ep: the experts' gradients (reduced over edp, not dp)
@@ -557,6 +601,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     // below delays a receiver until they have crossed), not in the passes.
     AxisCost& pa = g.axes["pp"];
     pa.bytes += (su.fwd_sends + su.bwd_sends) * p2p_bytes, pa.seconds += (su.fwd_sends + su.bwd_sends) * p2p_s;
+    if (si) {
+      UnitList all;
+      for (size_t k = 0; k < su.units.size(); ++k) all.emplace_back(su.units[k], su.blocks[k]);
+      g.co_s = co_executed(all, all, cached, fold);
+    }
     return g;
   };
   // The last micro-batch's strands, the middle ones', the first's (M > 1; with M = 1 the last is the
@@ -570,20 +619,11 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     first.push_back(stage_mb(s, M > 1, false));
     first_unfolded.push_back(stage_mb(s, false, false));
   }
-  // Strand Interleaving: a slot co-executes fwd(mb i) and bwd(mb i-1). Both strands' compute
-  // shares one engine and both strands' collectives on a group share its one channel, so a slot
-  // lasts at least the busiest of them (measured: 3D x=2 z=2 on the emulated cluster, whose z
-  // channel carries 2.8 s of a 3.4-3.8 s step, ran slower with SI, not the 25% faster the
-  // engine-and-strands bound alone predicted).
-  // With interference, the engine's compute beside the busiest channel's: co_executed_span. (The pp
-  // link's messages go while the slots run, as the walk prices them: not a channel of the slot.)
-  auto slot_of = [&io](const StageMb& g) {
-    double channel = 0;
-    for (const auto& [grp, a] : g.axes)
-      if (grp != "pp") channel = std::max(channel, a.seconds);
-    return std::max({co_executed_span(g.Cf + g.Cb, channel, io), g.Ff, g.Bb});
-  };
-  const bool si = opt.si == StrandInterleaving::kOn;
+  // Strand Interleaving: a slot co-executes fwd(mb i) and bwd(mb i-1), pair by pair (co_executed:
+  // both strands' compute shares one engine, both strands' collectives on a group its one channel;
+  // measured: 3D x=2 z=2 on the emulated cluster, whose z channel carries 2.8 s of a 3.4-3.8 s step,
+  // ran slower with SI). Without SI, a micro-batch's forward then its backward.
+  auto slot_of = [&](const StageMb& g) { return si ? g.co_s : g.Ff + g.Bb; };
   auto t_mb = [&](const StageMb& g) { return si ? slot_of(g) : g.Ff + g.Bb; };
   // The pipeline's body (p > 1): the schedule walked (below); with stages sharing a core, the most of
   // that and the core's work -- M micro-batches of each of its stages, at the core's whole rate (the
@@ -601,8 +641,8 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   double walked_body = -1;
   if (p > 1) {
     struct ChunkMb {
-      double F = 0, B = 0, Cf = 0, Cb = 0;
-      std::map<std::string, double> chan_f, chan_b;  // channel seconds per group
+      double F = 0, B = 0;
+      UnitList units;  // its units and their block variants, in forward order
     };
     std::map<int, ChunkMb> chunk_mb;
     for (int s = 0; s < p; ++s) {
@@ -614,21 +654,21 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
         for (int i = 0; i < ch.size(); ++i, ++k) {
           const int u = su.units[k];
           const UnitTimes& t = unit_times(u, su.blocks[k], false, M > 1);  // as `stages` prices them
-          x.F += t.fwd.span_s, x.B += t.bwd.span_s, x.Cf += t.fwd.compute_s, x.Cb += t.bwd.compute_s;
-          for (const auto& [g, a] : t.fwd.axes) x.chan_f[g] += a.seconds;
-          for (const auto& [g, a] : t.bwd.axes) x.chan_b[g] += a.seconds;
+          x.F += t.fwd.span_s, x.B += t.bwd.span_s;
+          x.units.emplace_back(u, su.blocks[k]);
         }
       }
     }
+    // A co-executed slot: its forward chunk's units beside its backward chunk's, as the simulator
+    // pairs them (co_executed), each micro-batch as the last (cached forward, unfolded backward).
+    std::map<std::pair<int, int>, double> co_of;  // (forward chunk, backward chunk) -> span
     const SlotCost cost = [&](int, int, const Slot& sl) {
       const ChunkMb* f = sl.fwd.active() ? &chunk_mb.at(sl.fwd.chunk) : nullptr;
       const ChunkMb* b = sl.bwd.active() ? &chunk_mb.at(sl.bwd.chunk) : nullptr;
       if (!si || !f || !b) return (f ? f->F : 0.0) + (b ? b->B : 0.0);
-      std::map<std::string, double> both = f->chan_f;
-      for (const auto& [g, x] : b->chan_b) both[g] += x;
-      double channel = 0;
-      for (const auto& [g, x] : both) channel = std::max(channel, x);
-      return std::max({co_executed_span(f->Cf + b->Cb, channel, io), f->F, b->B});
+      auto [it, fresh] = co_of.try_emplace({sl.fwd.chunk, sl.bwd.chunk}, 0.0);
+      if (fresh) it->second = co_executed(f->units, b->units, M > 1, false);
+      return it->second;
     };
     const TransferCost link = [&](const Transfer&) { return p2p_s; };
     walked_body = simulate_slots(sch, cost, link).makespan;
@@ -721,11 +761,14 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     double body = 0;
     if (p == 1) {
       // The last micro-batch as written; the M - 1 before it with their z reduce-scatters folded, the
-      // first of them gathering the kept weight blocks for the step.
+      // first of them gathering the kept weight blocks for the step. Under SI, as the simulator runs
+      // it: the first forward alone (gathering the kept blocks), M - 1 slots of a forward (kept
+      // blocks bound) beside the backward before it (folded), the last backward alone.
       const StageMb& g1 = first[s];
       const double middle = M > 1 ? double(M - 2) : 0.0, firsts = M > 1 ? 1.0 : 0.0;
-      body = Ff + Bb + (si ? middle * slot_of(gf) + firsts * slot_of(g1)
-                           : middle * (gf.Ff + gf.Bb) + firsts * (g1.Ff + g1.Bb));
+      body = !si    ? Ff + Bb + middle * (gf.Ff + gf.Bb) + firsts * (g1.Ff + g1.Bb)
+             : M > 1 ? first_unfolded[s].Ff + Bb + double(M - 1) * slot_of(gf)
+                     : Ff + Bb;
       add_axes(st.axes, axes_mb, 1);
       add_axes(st.axes, gf.axes, middle, si ? scale_of(gf) : 1.0);
       add_axes(st.axes, g1.axes, firsts, si ? scale_of(g1) : 1.0);

@@ -19,9 +19,10 @@
 //     weight-gradient reduce-scatter, ORS) runs in the background: it costs only where its channel's
 //     total per layer exceeds the layer's span;
 //   - Megatron SP collectives feeding the next GEMM are exposed (nothing independent follows them);
-//   - Strand Interleaving on: fwd(mb i) beside bwd(mb i-1) per slot, slot = max(Cf + Cb, Ff, Bb,
-//     max over groups of the two strands' time on that group's channel) (one engine for both
-//     strands' compute; each strand's own critical path; one channel per group), slot 0 forward only
+//   - Strand Interleaving on: fwd(mb i) beside bwd(mb i-1) per slot, as the step simulator runs it:
+//     the forward's units in order beside the backward's in reverse, each pair one SI pair of strand
+//     programs timed by the pair simulator (simulate_pair, the default pair plan: one engine for
+//     both strands' compute, one channel per group, each op's inputs awaited), slot 0 forward only
 //     and the last backward only;
 //   - data-parallel gradients: each unit's gradients all-reduce (ZeRO-1: reduce-scatter) on the dp
 //     channel as soon as that unit's backward of the last micro-batch ends; what runs past the end of
@@ -29,20 +30,19 @@
 //     the optimizer step is exposed;
 //   - pipelines (PredictOptions::pipeline): each stage holds the units of its chunks (1F1B one, the
 //     W two -- layer l beside L+1-l, the embedding and head on stage 0 --, the interleaved v);
-//     step = M x the slowest stage's time per micro-batch / (1 - the schedule's bubble fraction)
-//     (bubble_formula; 1F1B: (M + p - 1) x it; the interleaved schedule, whose formula holds for M a
-//     multiple of p only, walked slot by slot with each chunk's passes), each activation and gradient that crosses to
-//     another rank priced on the pp link and exposed (1F1B one each way a micro-batch, the W two, the
-//     interleaved v). Stages whose ranks share one core (a node holding k stages of a pipeline,
+//     the body is the schedule walked slot by slot (simulate_slots, as the simulator walks it: each
+//     chunk's passes as its units are priced, a co-executed slot as above), each activation and
+//     gradient that crosses to another rank priced on the pp link and sent after the slot that made
+//     it while the next slot runs (1F1B one each way a micro-batch, the W two, the interleaved v);
+//     its receiver waits until it has crossed. Stages whose ranks share one core (a node holding k stages of a pipeline,
 //     core_share = 1/k) fill each other's bubbles: the body is the most of the core's work,
 //     M x the sum of its stages' times x core_share, and the critical path at the whole core,
 //     the body above x core_share.
 // Interference (PredictOptions::compute_slowdown / comm_slowdown, else the preset's; none by default):
 // the co-execution interference the step simulator charges op by op (PairSimOptions), here as a
-// strand by the pair simulator's op rules (price_strand), and a Strand Interleaving slot's both
-// strands' compute beside its busiest channel's time as a fluid (co_executed_span) in place of
-// max(Cf + Cb, channel) above. The
-// gradient tail and the closed-form 3D pricer charge none (as the simulator's tail).
+// strand by the pair simulator's op rules (price_strand), and a Strand Interleaving pair by the pair
+// simulator itself. The gradient tail and the closed-form 3D pricer charge none (as the simulator's
+// tail).
 // 3D layouts whose programs build_programs does not yet write (no op on x, y or z) are priced by the
 // corrected closed form (AxonnModel.h) with compute from the single-rank program's FLOPs divided over
 // the grid; StepPrediction::pricer says which.
@@ -328,12 +328,5 @@ enum class Prefetch { kOff, kOn };
 StrandPrice price_strand(const std::vector<Op>& ops, const std::map<std::string, GroupLink>& groups,
                          const DeviceRates& rates, Prefetch prefetch, const PairSimOptions& interference = {});
 
-// Seconds for `compute_s` of compute and `comm_s` of communication of one rank run side by side
-// from a common start under the interference (PairSimOptions' rule, as a fluid: while both run,
-// compute progresses 1/compute_slowdown, communication 1/comm_slowdown as fast; the one left runs
-// alone at full speed): with ks = compute_slowdown, kc = comm_slowdown, if ks C <= kc X it is
-// ks C + X - ks C / kc, else kc X + C - kc X / ks. max(C, X) without interference; at most C + X
-// when ks, kc <= 2.
-double co_executed_span(double compute_s, double comm_s, const PairSimOptions& interference);
 
 }  // namespace dhelix

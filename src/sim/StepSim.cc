@@ -18,13 +18,6 @@ namespace dhelix {
 
 namespace {
 
-SIPlan one_block(const std::vector<Op>* f, const std::vector<Op>* b) {
-  SIPlan p;
-  p.source = "alone";
-  p.blocks = {{0, f ? static_cast<int>(f->size()) : 0, 0, b ? static_cast<int>(b->size()) : 0}};
-  return p;
-}
-
 // The ops whose work is the rows routed to this rank's experts (ExpertDispatch.h): the grouped
 // expert GEMMs, the regrouping of the received rows, and the rows' all-to-alls over ep (the token
 // counts' exchange is not).
@@ -96,7 +89,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
     const std::vector<Op>* f = fu >= 0 ? &prog(fu).fwd : nullptr;
     const std::vector<Op>* b = bu >= 0 ? &bwd_prog(bu, bm).bwd : nullptr;
     DHX_CHECK(!(f && b) || opt.plan_for, InternalError, "simulate_step: a co-executed slot needs a pair planner");
-    const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block(f, b);
+    const SIPlan plan = f && b ? opt.plan_for(prog(fu), bwd_prog(bu, bm)) : one_block_plan(f, b);
     const bool slow = rk == slow_stage;
     // A micro-batch after the step's first binds the kept weight blocks the first gathered
     // (LayoutConfig::keep_gathered; the executor's kept_blocks_): those gathers take no time.

@@ -1,7 +1,6 @@
 // The step model's strand pricer (StepModel.h): each op's seconds on a cluster preset's device and
 // links, one strand's list schedule with its overlaps (price_strand), the co-execution
-// interference by the pair simulator's op rules (PairSim.h), and a Strand Interleaving slot's
-// compute beside its channel as a fluid (co_executed_span).
+// interference by the pair simulator's op rules (PairSim.h).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -47,11 +46,6 @@ double op_time(const Op& op, const std::map<std::string, GroupLink>& groups, con
   DHX_CHECK(g != groups.end(), ConfigError, "op '{}' runs on group '{}', which the layout does not have", op.name,
             op.group);
   return CostModel::collective_time(op.coll, op.cost.comm_bytes * rates.byte_scale, g->second.size, g->second.link);
-}
-
-double co_executed_span(double compute_s, double comm_s, const PairSimOptions& io) {
-  const double C = compute_s, X = comm_s, ks = io.compute_slowdown, kc = io.comm_slowdown;
-  return ks * C <= kc * X ? ks * C + X - ks * C / kc : kc * X + C - kc * X / ks;
 }
 
 namespace {

@@ -153,19 +153,6 @@ TEST(PriceStrand, InterferenceSlowsOpsAsThePairSimulatorDoes) {
   EXPECT_DOUBLE_EQ(price_strand(ops, kTp2, kRates, Prefetch::kOff, {1.0, 1.0}).interference_s, 0);
 }
 
-// A Strand Interleaving slot's compute beside its channel as a fluid (co_executed_span). Oracle: by
-// hand, 3 s of compute beside 2 s of communication. None: max = 3. Compute x2: both run until the
-// communication ends at 2 (1 s of compute done), 2 s of compute after: 4. Collectives x2: compute
-// runs 3 s at full speed, the communication does 1.5 s of its 2 meanwhile, 0.5 s after: 3.5.
-TEST(PriceStrand, CoExecutedSpanIsTheFluidOfBothSlowdowns) {
-  EXPECT_DOUBLE_EQ(co_executed_span(3, 2, {}), 3);
-  EXPECT_DOUBLE_EQ(co_executed_span(2, 3, {}), 3);
-  EXPECT_DOUBLE_EQ(co_executed_span(3, 2, {2.0, 1.0}), 4);
-  EXPECT_DOUBLE_EQ(co_executed_span(3, 2, {1.0, 2.0}), 3.5);
-  EXPECT_DOUBLE_EQ(co_executed_span(1, 4, {2.0, 1.0}), 4);  // compute hidden even at half speed
-  EXPECT_DOUBLE_EQ(co_executed_span(0, 4, {3.0, 3.0}), 4);
-}
-
 TEST(PriceStrand, BackgroundCollectiveCostsOnlyPastTheLayer) {
   // A reduce-scatter nobody reads (ORS): 5 s on the channel against a 2 s layer -> 3 s exposed.
   const StrandPrice p = price_strand({comp("c1", 1, {"x"}, {"a"}), coll("rs", CollOp::kReduceScatter, 5, {"a"}, "g"),
