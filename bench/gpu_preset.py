@@ -13,8 +13,17 @@ keys the simulator prices compute with, each with how it was obtained:
   attention_bwd_efficiency  programs' count (forward 2 B T^2 H D, backward 2.5x: the bench counts alike)
   optimizer_elems_per_s     parameters / the AdamW launch's time (the gradient norm is not in it)
 
+With --interference FILE (scripts/gpu-device's gpu-interference.json: `dhelix simulate --profile`'s
+fit on a tp = 2 layer pair profiled with two rank threads sharing the GPU, each in its own SM
+partition, their collectives staged through host memory by the copy engines), also:
+
+  compute_slowdown          a compute op beside a collective runs this many times slower
+  comm_slowdown             a collective beside compute, likewise
+
+each with the fit's held-back error; a file without a fit (its profile or fit failed) exits 2.
+
 usage: bench/gpu_preset.py bench/results/gpu-kernels-2026-11-27-h100.json [--peak 989e12]
-       [--units 132] [--tile 256,128]
+       [--units 132] [--tile 256,128] [--interference gpu-interference.json]
 """
 import argparse
 import json
@@ -60,7 +69,14 @@ def main():
     ap.add_argument("--peak", type=float, default=989e12, help="the device's dense bf16 peak FLOP/s")
     ap.add_argument("--units", type=int, default=132)
     ap.add_argument("--tile", default="256,128")
+    ap.add_argument("--interference", help="scripts/gpu-device's gpu-interference.json")
     a = ap.parse_args()
+    fit = None
+    if a.interference:
+        fit = json.load(open(a.interference))
+        if fit.get("compute_slowdown") is None or fit.get("comm_slowdown") is None:
+            ap.exit(2, f"bench/gpu_preset.py: {a.interference} has no interference fit (its steps: "
+                       f"{fit.get('steps')}); rerun scripts/gpu-device's interference section\n")
     tm, tn = (int(x) for x in a.tile.split(","))
     d = json.load(open(a.kernels_json))
     # GEMMs: time at efficiency e is sum(count * flops / (peak * e * tile_eff)) = measured sum.
@@ -102,6 +118,13 @@ def main():
     if adam:
         print(f"optimizer_elems_per_s = {sum(adam) / len(adam):.3g}   # AdamW: " +
               ", ".join(f"{x:.3g}" for x in adam))
+    if fit:
+        f, p = fit.get("interference_fit") or {}, fit.get("profile") or {}
+        src = (f"# fitted by dhelix simulate --profile on {a.interference}: {p.get('model')} {p.get('layout')} "
+               f"{p.get('shapes')}, {p.get('timestamp')}; held-back pairs' median error "
+               f"{f.get('held_back_median_error')} (without it {f.get('held_back_median_error_without')})")
+        print(f"compute_slowdown = {fit['compute_slowdown']:.3g}   {src}")
+        print(f"comm_slowdown = {fit['comm_slowdown']:.3g}   # the same fit")
 
 
 if __name__ == "__main__":

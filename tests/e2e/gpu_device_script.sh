@@ -107,5 +107,11 @@ assert j['compute_slowdown'] is None and j['plan'] is None and j['steps'] == [{'
 cp "$h/gi.json" "$h/gpu-interference.json"
 check "summary reads the interference" 0 "interference (tp = 2 profile, 4 entries): compute x1.31, collectives x1.07" -- \
   env GPU_SECTIONS=interference "$root/scripts/gpu-device" helper summary "$h" "$h"
+# bench/gpu_preset.py turns that JSON into the preset's [device] interference keys (and refuses one
+# without a fit), beside the kernel figures from a committed kernel bench.
+check "gpu_preset.py interference keys" 0 "compute_slowdown = 1.31" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \
+  "$root/bench/results/gpu-kernels-2026-11-27-h100.json" --interference "$h/gi.json"
+check "gpu_preset.py refuses no fit" 2 "has no interference fit" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \
+  "$root/bench/results/gpu-kernels-2026-11-27-h100.json" --interference "$h/gi2.json"
 rm -rf "$h"
 exit $fail
