@@ -104,9 +104,23 @@ struct TimingRank {
   bool thread = false;
   std::string note;
   bool lead() const { return !comm || comm->rank() == 0; }
-  // An error on this rank: under MPI every rank must end (the others may wait in a collective).
-  void abort_world(const std::exception& e) const {
-    if (comm && comm->world_size() > 1 && !thread) comm->abort(e.what());
+  // In a catch block, the error in flight: a ConfigError goes up as it is. A signal's stop: a rank
+  // process other than rank 0 exits quietly with 128 + the signal (rank 0 reports; mpirun ends the
+  // others), a rank thread rethrows (run_local_ranks then stops a peer that may already wait in a
+  // collective: the plan search and the fit stop each rank on its own). Any other error first
+  // aborts an MPI world (every rank must end; the others may wait in a collective).
+  int settle_error() const {
+    try {
+      throw;
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const StopRequested& s) {
+      if (!lead() && !thread) return 128 + s.sig();
+      throw;
+    } catch (const std::exception& e) {
+      if (comm && comm->world_size() > 1 && !thread) comm->abort(e.what());
+      throw;
+    }
   }
 };
 
@@ -272,16 +286,8 @@ int cmd_profile(int argc, char** argv) {
         fmt::print("profile: {} solo fwd, {} solo bwd, {} pairs in {:.1f} s -> {}\n", p.num_solo_fwd(),
                    p.num_solo_bwd(), p.num_pairs(), now_seconds() - t0, path);
       }
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const StopRequested& s) {
-      // Every rank stopped after the same entry: rank 0 reports. A rank thread rethrows, so that
-      // run_local_ranks stops any rank still in a collective (under mpirun, mpirun ends the job).
-      if (!rank0 && !me.thread) return 128 + s.sig();
-      throw;
-    } catch (const std::exception& e) {
-      me.abort_world(e);
-      throw;
+    } catch (...) {
+      return me.settle_error();  // (every rank stops after the same entry: the profiler agrees first)
     }
     return 0;
   });
@@ -776,17 +782,8 @@ int cmd_plan(int argc, char** argv) {
           write_file_atomic(*json_out, j.dump(2) + "\n");
         }
       }
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const StopRequested& s) {
-      // A rank process that stopped exits quietly (rank 0 reports; mpirun ends the others). A
-      // rank thread rethrows: the search and the fit stop each rank on its own, so a peer may be
-      // waiting in a collective already, which run_local_ranks then stops.
-      if (!rank0 && !me.thread) return 128 + s.sig();
-      throw;
-    } catch (const std::exception& e) {
-      me.abort_world(e);
-      throw;
+    } catch (...) {
+      return me.settle_error();
     }
     if (rank0) {
       const SIPlan& plan = choice.plan();
