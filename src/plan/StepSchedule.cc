@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "base/Error.h"
@@ -33,10 +34,19 @@ struct PassId {
   }
 };
 
+// At most two passes, without a heap allocation (the walks below ask for them slot by slot).
+struct TwoPasses {
+  PassId at[2];
+  int n = 0;
+  void push_back(const PassId& p) { at[n++] = p; }
+  const PassId* begin() const { return at; }
+  const PassId* end() const { return at + n; }
+};
+
 // The passes whose outputs `p` reads: the previous chunk's forward, or the next chunk's backward
 // and the chunk's own forward.
-std::vector<PassId> inputs_of(const PassId& p, int num_chunks) {
-  std::vector<PassId> in;
+TwoPasses inputs_of(const PassId& p, int num_chunks) {
+  TwoPasses in;
   if (p.kind == 0) {
     if (p.chunk > 0) in.push_back({0, p.mb, p.chunk - 1});
   } else {
@@ -46,8 +56,8 @@ std::vector<PassId> inputs_of(const PassId& p, int num_chunks) {
   return in;
 }
 
-std::vector<PassId> passes_of(const Slot& sl) {
-  std::vector<PassId> out;
+TwoPasses passes_of(const Slot& sl) {
+  TwoPasses out;
   if (sl.fwd.active()) out.push_back({0, sl.fwd.mb, sl.fwd.chunk});
   if (sl.bwd.active()) out.push_back({1, sl.bwd.mb, sl.bwd.chunk});
   return out;
@@ -93,14 +103,34 @@ std::vector<Transfer> missing_from(std::vector<Transfer> a, std::vector<Transfer
 // Runs all ranks' slot lists together in a legal order (a slot runs once every input pass has run);
 // calls `on_run(rank, slot)` for each slot as it runs. `stuck` ends up with the first slot of each
 // rank that could not run (empty when every rank finished), `done` with the passes that ran.
+// The passes that ran: a table over the schedule's micro-batches and chunks, and a set for any pass
+// outside them (a schedule not yet checked may name one).
+class PassSet {
+ public:
+  PassSet(int micro_batches, int chunks)
+      : M_(std::max(0, micro_batches)), S_(std::max(0, chunks)), table_(static_cast<size_t>(2 * M_ * S_), 0) {}
+  bool count(const PassId& p) const { return inside(p) ? table_[index(p)] != 0 : rest_.count(p) > 0; }
+  void insert(const PassId& p) {
+    if (inside(p)) table_[index(p)] = 1;
+    else rest_.insert(p);
+  }
+
+ private:
+  bool inside(const PassId& p) const { return p.mb >= 0 && p.mb < M_ && p.chunk >= 0 && p.chunk < S_; }
+  size_t index(const PassId& p) const { return static_cast<size_t>((p.kind * M_ + p.mb) * S_ + p.chunk); }
+  int M_, S_;
+  std::vector<char> table_;
+  std::set<PassId> rest_;
+};
+
 struct SimResult {
   std::vector<std::pair<int, int>> stuck;
-  std::map<PassId, bool> done;
+  PassSet done;
 };
 SimResult simulate(const StepSchedule& s, const std::function<void(int, int)>& on_run) {
   const int S = static_cast<int>(s.chunks.size());
   const int P = static_cast<int>(s.ranks.size());
-  SimResult res;
+  SimResult res{{}, PassSet(s.micro_batches, S)};
   std::vector<size_t> pc(P, 0);
   for (;;) {
     bool progress = false, finished = true;
@@ -111,7 +141,7 @@ SimResult simulate(const StepSchedule& s, const std::function<void(int, int)>& o
         for (const PassId& p : passes_of(sl))
           for (const PassId& in : inputs_of(p, S)) ready = ready && res.done.count(in) > 0;
         if (!ready) break;
-        for (const PassId& p : passes_of(sl)) res.done[p] = true;
+        for (const PassId& p : passes_of(sl)) res.done.insert(p);
         on_run(r, static_cast<int>(pc[r]));
         progress = true;
       }
@@ -302,9 +332,12 @@ ScheduleTimeline simulate_slots(const StepSchedule& s, const SlotCost& cost, con
   tl.ranks.resize(s.ranks.size());
   tl.busy.assign(s.ranks.size(), 0.0);
   std::vector<double> free_at(s.ranks.size(), 0.0);
-  std::map<PassId, double> end_of;      // when a pass's output exists on its own rank
-  std::map<PassId, double> arrive_of;   // when it has crossed to the consuming rank (with transfers)
-  std::map<std::pair<int, int>, double> link_free;  // (from, to) -> when the link is idle again
+  // Per pass (a checked schedule's passes index a table: kind, micro-batch, chunk): when its output
+  // exists on its own rank, and when it has crossed to the consuming rank (with transfers).
+  const size_t M = static_cast<size_t>(s.micro_batches), P = s.ranks.size();
+  auto at = [&](const PassId& p) { return (static_cast<size_t>(p.kind) * M + static_cast<size_t>(p.mb)) * S + p.chunk; };
+  std::vector<double> end_of(2 * M * S, 0.0), arrive_of(2 * M * S, 0.0);
+  std::vector<double> link_free(P * P, 0.0);  // [from * P + to]: when the link is idle again
   auto rank_of = [&](const PassId& p) { return s.chunks[p.chunk].rank; };
   simulate(s, [&](int r, int k) {
     const Slot& sl = s.ranks[r][k];
@@ -312,17 +345,17 @@ ScheduleTimeline simulate_slots(const StepSchedule& s, const SlotCost& cost, con
     for (const PassId& p : passes_of(sl))
       for (const PassId& in : inputs_of(p, S)) {
         const bool remote = transfer && rank_of(in) != r;
-        start = std::max(start, remote ? arrive_of.at(in) : end_of.at(in));
+        start = std::max(start, remote ? arrive_of[at(in)] : end_of[at(in)]);
       }
     const double dur = cost(r, k, sl);
     const double end = start + dur;
-    for (const PassId& p : passes_of(sl)) end_of[p] = end;
+    for (const PassId& p : passes_of(sl)) end_of[at(p)] = end;
     if (transfer)
       for (const Transfer& t : sl.sends) {
-        double& link = link_free[{r, t.peer}];
+        double& link = link_free[static_cast<size_t>(r) * P + static_cast<size_t>(t.peer)];
         link = std::max(link, end) + transfer(t);
-        arrive_of[t.kind == TransferKind::kActivation ? PassId{0, sl.fwd.mb, sl.fwd.chunk}
-                                                      : PassId{1, sl.bwd.mb, sl.bwd.chunk}] = link;
+        arrive_of[at(t.kind == TransferKind::kActivation ? PassId{0, sl.fwd.mb, sl.fwd.chunk}
+                                                         : PassId{1, sl.bwd.mb, sl.bwd.chunk})] = link;
       }
     tl.ranks[r].push_back({start, end});
     free_at[r] = end;

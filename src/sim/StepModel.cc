@@ -268,6 +268,10 @@ std::vector<Op> without_kept_gathers(const std::vector<Op>& ops) {
   return out;
 }
 
+double pipeline_message_bytes(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, double elem) {
+  return double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) / lay.tp_x * elem;
+}
+
 std::vector<Op> folding_variant(const std::vector<Op>& ops) {
   std::vector<Op> out;
   std::set<std::string> deferred;
@@ -502,7 +506,7 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   }
   const GroupLink& pp_link = groups.at("pp");
   // Activation (forward) or gradient (backward) of one micro-batch crossing a stage boundary.
-  const double p2p_bytes = double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) * elem;
+  const double p2p_bytes = pipeline_message_bytes(m, lay, batch, elem);
   const double p2p_s = p > 1 ? CostModel::collective_time(CollOp::kSendRecv, p2p_bytes, 2, pp_link.link) : 0;
 
   std::vector<std::string> notes;
@@ -520,30 +524,42 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
     for (int rk : layout.group_ranks(GroupRole::kPP, 0)) on_node += rk / per == node0;
     stages_per_core = std::min(on_node, static_cast<int>(std::lround(1.0 / cluster.core_share)));
   }
-  // Strand Interleaving's co-executed passes as the simulator runs them (StepSim's run_slot): the
-  // forward units in order beside the backward units in reverse, each pair one SI pair of strand
-  // programs (simulate_pair with the default pair plan, these op prices and this interference), the
-  // units left over alone. The programs of unit u as a micro-batch runs them: its forward without
-  // the kept gathers (`cached`), its backward with the 3D reduce-scatters folded (`fold`).
+  // Strand Interleaving's co-executed passes as the simulator runs them (StepSim's run and
+  // run_slot): the forward units in order beside the backward units in reverse, each pair one SI
+  // pair of strand programs (simulate_pair with the default pair plan of the two programs, these op
+  // prices and this interference), the units left over alone. A micro-batch after the step's first
+  // (`cached`) binds the kept weight blocks: their gathers take no time (the program and its plan
+  // unchanged); one before the step's last (`fold`) runs its backward with the 3D reduce-scatters
+  // folded into block sums (folding_variant).
   const bool si = opt.si == StrandInterleaving::kOn;
   std::map<std::string, const LayerProgram*> program_of;
   for (const LayerProgram* bp : progs.all()) program_of.emplace(bp->name, bp);
-  std::map<std::tuple<const LayerProgram*, bool>, std::vector<Op>> cached_fwd, folded_bwd;  // built once each
-  auto strand_ops = [&](int u, const std::string& bname, bool forward, bool variant) -> const std::vector<Op>* {
+  std::map<std::pair<const std::vector<Op>*, std::string>, bool> has_flag;  // (program, flag) -> a collective has it
+  auto has = [&](const std::vector<Op>& ops, const char* flag) {
+    auto [it, fresh] = has_flag.try_emplace({&ops, flag}, false);
+    if (fresh)
+      it->second = std::any_of(ops.begin(), ops.end(), [&](const Op& o) { return o.is_collective() && o.flag(flag); });
+    return it->second;
+  };
+  std::map<const LayerProgram*, std::vector<Op>> folded_bwd;  // built once each
+  auto strand_ops = [&](int u, const std::string& bname, bool forward, bool fold) -> const std::vector<Op>* {
     const LayerProgram* lp = u == 0 ? &progs.embed : u == L + 1 ? &progs.head : program_of.at(bname);
-    if (!variant) return forward ? &lp->fwd : &lp->bwd;
-    auto& store = forward ? cached_fwd : folded_bwd;
-    auto [it, fresh] = store.try_emplace({lp, true});
-    if (fresh) it->second = forward ? without_kept_gathers(lp->fwd) : folding_variant(lp->bwd);
+    if (forward || !fold || !has(lp->bwd, "last_micro_batch")) return forward ? &lp->fwd : &lp->bwd;
+    auto [it, fresh] = folded_bwd.try_emplace(lp);
+    if (fresh) it->second = folding_variant(lp->bwd);
     return &it->second;
   };
   const OpTimer op_seconds = [&](const Op& o) { return op_time(o, groups, rates); };
-  std::map<std::pair<const std::vector<Op>*, const std::vector<Op>*>, double> pair_spans;
-  auto pair_span = [&](const std::vector<Op>* f, const std::vector<Op>* b) {
-    auto [it, fresh] = pair_spans.try_emplace({f, b}, 0.0);
+  const OpTimer cached_seconds = [&](const Op& o) {
+    return o.is_collective() && o.flag("kept") ? 0.0 : op_time(o, groups, rates);
+  };
+  std::map<std::tuple<const std::vector<Op>*, const std::vector<Op>*, bool>, double> pair_spans;
+  auto pair_span = [&](const std::vector<Op>* f, const std::vector<Op>* b, bool cached) {
+    cached = cached && ((f && has(*f, "kept")) || (b && has(*b, "kept")));  // the same pair otherwise
+    auto [it, fresh] = pair_spans.try_emplace({f, b, cached}, 0.0);
     if (fresh) {
       const SIPlan plan = f && b ? pair_default_plan(*f, *b) : one_block_plan(f, b);
-      it->second = simulate_pair(f, b, plan, op_seconds, io).span_s;
+      it->second = simulate_pair(f, b, plan, cached ? cached_seconds : op_seconds, io).span_s;
     }
     return it->second;
   };
@@ -553,10 +569,10 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   auto co_executed = [&](const UnitList& fwd, const UnitList& bwd, bool cached, bool fold) {
     double t = 0;
     for (size_t i = 0; i < std::max(fwd.size(), bwd.size()); ++i) {
-      const std::vector<Op>* f = i < fwd.size() ? strand_ops(fwd[i].first, fwd[i].second, true, cached) : nullptr;
+      const std::vector<Op>* f = i < fwd.size() ? strand_ops(fwd[i].first, fwd[i].second, true, false) : nullptr;
       const size_t j = bwd.size() - 1 - i;
       const std::vector<Op>* b = i < bwd.size() ? strand_ops(bwd[j].first, bwd[j].second, false, fold) : nullptr;
-      t += pair_span(f, b);
+      t += pair_span(f, b, cached);
     }
     return t;
   };
@@ -624,85 +640,84 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   // measured: 3D x=2 z=2 on the emulated cluster, whose z channel carries 2.8 s of a 3.4-3.8 s step,
   // ran slower with SI). Without SI, a micro-batch's forward then its backward.
   auto slot_of = [&](const StageMb& g) { return si ? g.co_s : g.Ff + g.Bb; };
-  auto t_mb = [&](const StageMb& g) { return si ? slot_of(g) : g.Ff + g.Bb; };
-  // The pipeline's body (p > 1): the schedule walked (below); with stages sharing a core, the most of
-  // that and the core's work -- M micro-batches of each of its stages, at the core's whole rate (the
-  // programs are priced at core_share of it).
-  double pipe_body = 0, pipe_bubble = 0;  // the bubble: the body less the busiest stage's (core's) work
-  // The pipeline's body walked slot by slot (simulate_slots), as the simulator walks it: every
-  // schedule's chunk passes as the stage's are priced (each unit's strand spans; a co-executed slot as
-  // slot_of prices a stage's), each message a stage sends crossing the pp link after the slot that
-  // made it while the next slot runs (one at a time per link), its receiver's slot starting when it
-  // has crossed. (The interleaved schedule's bubble formula holds for M a multiple of p only: with
-  // M = p + 1 and p = 8 the walk is 31% longer; the formulas also charged every message in its
-  // pass, where the engine sends it under the next slot.) The walk runs the memory walk's shortened
-  // schedule (walk_schedule: M mod p the same) and adds the rest at the rate of p more micro-batches
-  // (the steady state).
-  double walked_body = -1;
+  // The pipeline's body (p > 1), walked slot by slot (simulate_slots) as the simulator walks it:
+  // each pass as its chunk's units run it for its micro-batch (a forward after the step's first
+  // binds the kept blocks, a backward before the step's last folds its reduce-scatters), a
+  // co-executed slot's pairs as co_executed times them, each message a stage sends crossing the pp
+  // link after the slot that made it while the next slot runs (one at a time per link), its
+  // receiver's slot starting when it has crossed. (The bubble formulas this replaces held for
+  // uniform stages, and the interleaved one for M a multiple of p only: with M = p + 1 and p = 8 the
+  // walk is 31% longer; they also charged every message in its pass.) The walk runs the memory
+  // walk's shortened schedule (walk_schedule: M mod p the same) and adds the rest at the rate of p
+  // more micro-batches (the steady state); each stage's busy seconds likewise. With stages sharing
+  // a core, the body is the most of that and the core's work at the core's whole rate (the programs
+  // are priced at core_share of it).
+  // Per stage: when its last pass ends (its body: the tail and optimizer follow it; the last stage
+  // is done with its passes before the first drains), its passes' seconds, the body less them.
+  std::vector<double> stage_end(static_cast<size_t>(p), 0.0), stage_busy(static_cast<size_t>(p), 0.0),
+      stage_bubble(static_cast<size_t>(p), 0.0);
+  ScheduleTimeline walk;  // the shortened schedule's timeline (readiness_of reads its last slots)
   if (p > 1) {
-    struct ChunkMb {
-      double F = 0, B = 0;
-      UnitList units;  // its units and their block variants, in forward order
-    };
-    std::map<int, ChunkMb> chunk_mb;
+    std::map<int, UnitList> chunk_units;  // chunk -> its units and their block variants, in forward order
     for (int s = 0; s < p; ++s) {
       const StageUnits& su = placed[static_cast<size_t>(s)];
       size_t k = 0;
-      for (int c : sch.chunks_of(s)) {
-        ChunkMb& x = chunk_mb[c];
-        const Chunk& ch = sch.chunks[static_cast<size_t>(c)];
-        for (int i = 0; i < ch.size(); ++i, ++k) {
-          const int u = su.units[k];
-          const UnitTimes& t = unit_times(u, su.blocks[k], false, M > 1);  // as `stages` prices them
-          x.F += t.fwd.span_s, x.B += t.bwd.span_s;
-          x.units.emplace_back(u, su.blocks[k]);
-        }
-      }
+      for (int c : sch.chunks_of(s))
+        for (int i = 0; i < sch.chunks[static_cast<size_t>(c)].size(); ++i, ++k)
+          chunk_units[c].emplace_back(su.units[k], su.blocks[k]);
     }
-    // A co-executed slot: its forward chunk's units beside its backward chunk's, as the simulator
-    // pairs them (co_executed), each micro-batch as the last (cached forward, unfolded backward).
-    std::map<std::pair<int, int>, double> co_of;  // (forward chunk, backward chunk) -> span
-    const SlotCost cost = [&](int, int, const Slot& sl) {
-      const ChunkMb* f = sl.fwd.active() ? &chunk_mb.at(sl.fwd.chunk) : nullptr;
-      const ChunkMb* b = sl.bwd.active() ? &chunk_mb.at(sl.bwd.chunk) : nullptr;
-      if (!si || !f || !b) return (f ? f->F : 0.0) + (b ? b->B : 0.0);
-      auto [it, fresh] = co_of.try_emplace({sl.fwd.chunk, sl.bwd.chunk}, 0.0);
-      if (fresh) it->second = co_executed(f->units, b->units, M > 1, false);
+    std::map<std::tuple<int, bool, bool>, double> alone;                // (chunk, forward?, variant) -> span
+    std::map<std::tuple<int, int, bool, bool>, double> together;        // (fwd chunk, bwd chunk, cached, fold)
+    auto lone = [&](int c, bool forward, bool variant) {
+      auto [it, fresh] = alone.try_emplace({c, forward, variant}, 0.0);
+      if (fresh)
+        for (const auto& [u, bname] : chunk_units.at(c)) {
+          const UnitTimes& t = unit_times(u, bname, !forward && variant, forward && variant);
+          it->second += forward ? t.fwd.span_s : t.bwd.span_s;
+        }
       return it->second;
     };
+    auto cost_of = [&](int last) -> SlotCost {  // `last`: the walked schedule's last micro-batch
+      return [&, last](int, int, const Slot& sl) {
+        const bool cached = sl.fwd.active() && sl.fwd.mb > 0, fold = sl.bwd.active() && sl.bwd.mb != last;
+        if (!si || !sl.fwd.active() || !sl.bwd.active())
+          return (sl.fwd.active() ? lone(sl.fwd.chunk, true, cached) : 0.0) +
+                 (sl.bwd.active() ? lone(sl.bwd.chunk, false, fold) : 0.0);
+        auto [it, fresh] = together.try_emplace({sl.fwd.chunk, sl.bwd.chunk, cached, fold}, 0.0);
+        if (fresh) it->second = co_executed(chunk_units.at(sl.fwd.chunk), chunk_units.at(sl.bwd.chunk), cached, fold);
+        return it->second;
+      };
+    };
     const TransferCost link = [&](const Transfer&) { return p2p_s; };
-    walked_body = simulate_slots(sch, cost, link).makespan;
+    walk = simulate_slots(sch, cost_of(sch.micro_batches - 1), link);
+    stage_busy = walk.busy;
+    for (int s = 0; s < p; ++s) stage_end[s] = walk.ranks[s].empty() ? 0.0 : walk.ranks[s].back().end;
     if (M > sch.micro_batches) {
       // The steady rate: what p more micro-batches add to the walk (the warm-up's and drain's lone
       // passes, which cost more than co-executed pairs, stay in the walk's own makespan). M less the
       // walk's count is a multiple of p (walk_micro_batches keeps M mod p).
       PipelineSpec longer = spec;
       longer.micro_batches = sch.micro_batches + p;
-      const double more = simulate_slots(make_schedule(longer), cost, link).makespan - walked_body;
-      walked_body += double(M - sch.micro_batches) / p * more;
+      const ScheduleTimeline more = simulate_slots(make_schedule(longer), cost_of(longer.micro_batches - 1), link);
+      const double times = double(M - sch.micro_batches) / p;
+      for (int s = 0; s < p; ++s) {
+        const double more_end = more.ranks[s].empty() ? 0.0 : more.ranks[s].back().end;
+        stage_end[s] += times * (more_end - stage_end[s]);  // (stage_end: the walk's, so far)
+        stage_busy[s] += times * (more.busy[s] - walk.busy[s]);
+      }
     }
-  }
-  if (p > 1) {
-    const StageMb* slow = &stages[0];
-    for (const StageMb& g : stages)
-      if (t_mb(g) > t_mb(*slow)) slow = &g;
-    const double slowest = t_mb(*slow);
-    pipe_body = walked_body;
-    pipe_bubble = std::max(0.0, pipe_body - double(M) * slowest);  // (a walk may pair passes below M x slowest)
+    for (int s = 0; s < p; ++s) stage_bubble[s] = std::max(0.0, stage_end[s] - stage_busy[s]);
     if (stages_per_core > 1) {
       double core_work = 0;  // the busiest core's stages, consecutive stages of the pipeline
       for (int s0 = 0; s0 < p; s0 += stages_per_core) {
         double w = 0;
-        for (int s = s0; s < std::min(p, s0 + stages_per_core); ++s) w += t_mb(stages[s]);
+        for (int s = s0; s < std::min(p, s0 + stages_per_core); ++s) w += stage_busy[s];
         core_work = std::max(core_work, w);
       }
-      pipe_body = std::max(double(M) * core_work * cluster.core_share, walked_body * cluster.core_share);
-      pipe_bubble = pipe_body - double(M) * core_work * cluster.core_share;
+      const double body = std::max(core_work, *std::max_element(stage_end.begin(), stage_end.end())) * cluster.core_share;
+      std::fill(stage_end.begin(), stage_end.end(), body);
+      std::fill(stage_bubble.begin(), stage_bubble.end(), body - core_work * cluster.core_share);
     }
-    // The first micro-batch's kept gathers (keep_gathered, M > 1): its warm-up forward passes every
-    // stage in turn, so each stage's extra forward time delays the pipeline once.
-    if (M > 1)
-      for (int s = 0; s < p; ++s) pipe_body += std::max(0.0, first_unfolded[s].Ff - stages[s].Ff);
   }
   auto scale_of = [&](const StageMb& x) {  // SI's share of a micro-batch's exposed time left exposed
     const double own = x.Ff + x.Bb - x.Cf - x.Cb;
@@ -712,39 +727,36 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
   // When the stage's gradients are ready for the data-parallel tail: its last backward pass, on a
   // clock ending when the stage's last backward ends. One chunk: one pass over its units, the last
   // unit first (readiness_after). Several (the W, interleaved): each chunk's backward of the step's
-  // last micro-batch ends as many seconds before the stage's last as the stage's slots after it take
-  // (each slot priced as its passes: forward and backward summed, or the longer of the two under
-  // SI; waits for a neighbour not counted, so the chunk is ready no later than this says).
+  // last micro-batch ends as many seconds before the stage's last as the walk says (its slots' end
+  // times; the shortened walk ends as the whole step does), its units in turn within its pass.
   auto readiness_of = [&](int s, const StageMb& g) {
     const std::vector<int> chunks = sch.chunks_of(s);
     if (chunks.size() == 1) return readiness_after(g.bwd_span);
     std::map<int, size_t> first;  // chunk -> its first unit's index in the stage's units
-    std::map<int, double> cf, cb;  // chunk -> one micro-batch's forward, backward seconds
+    std::map<int, double> cb;     // chunk -> the last micro-batch's backward seconds
     for (size_t k = 0; int c : chunks) {
       first[c] = k;
-      for (int i = 0; i < sch.chunks[static_cast<size_t>(c)].size(); ++i, ++k)
-        cf[c] += g.fwd_span[k], cb[c] += g.bwd_span[k];
+      for (int i = 0; i < sch.chunks[static_cast<size_t>(c)].size(); ++i, ++k) cb[c] += g.bwd_span[k];
     }
     const std::vector<Slot>& slots = sch.ranks[static_cast<size_t>(s)];
-    std::map<int, double> after;  // chunk -> seconds from its last backward's end to the stage's last
-    double t = 0;
-    for (size_t i = slots.size(); i-- > 0;) {
-      const Slot& sl = slots[i];
-      if (sl.bwd.active() && sl.bwd.mb == sch.micro_batches - 1) after.emplace(sl.bwd.chunk, t);
-      const double f = sl.fwd.active() ? cf[sl.fwd.chunk] : 0.0, b = sl.bwd.active() ? cb[sl.bwd.chunk] : 0.0;
-      t += si ? std::max(f, b) : f + b;
-    }
+    const std::vector<SlotTime>& times = walk.ranks[static_cast<size_t>(s)];
+    std::map<int, double> end;  // chunk -> when its last backward ends
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].bwd.active() && slots[i].bwd.mb == sch.micro_batches - 1) end[slots[i].bwd.chunk] = times[i].end;
     GradReadiness rd;
     rd.ready_s.assign(g.bwd_span.size(), 0.0);
-    for (int c : chunks) rd.end_s = std::max(rd.end_s, after.at(c) + cb[c]);
+    double last = 0;
+    for (int c : chunks) last = std::max(last, end.at(c));
+    for (int c : chunks) rd.end_s = std::max(rd.end_s, last - end.at(c) + cb[c]);
     for (int c : chunks) {
-      double t_unit = rd.end_s - after.at(c) - cb[c];  // the chunk's backward starts here, its last unit first
+      double t_unit = rd.end_s - (last - end.at(c)) - cb[c];  // the chunk's backward starts here, its last unit first
       for (size_t k = first[c] + static_cast<size_t>(sch.chunks[static_cast<size_t>(c)].size()); k-- > first[c];)
         rd.ready_s[k] = t_unit += g.bwd_span[k];
     }
     return rd;
   };
-  for (const StageMb& g : stages) r.stage_mb_s.push_back(t_mb(g));
+  for (int s = 0; s < p; ++s)  // a micro-batch's seconds on each stage (p = 1: as its slot prices it)
+    r.stage_mb_s.push_back(p > 1 ? stage_busy[s] / double(M) : slot_of(stages[s]));
   r.stages_per_core = stages_per_core;
   double worst = -1;
   for (int s = 0; s < p; ++s) {
@@ -773,10 +785,10 @@ StepPrediction predict(const ModelConfig& m, const LayoutConfig& lay, const Batc
       add_axes(st.axes, gf.axes, middle, si ? scale_of(gf) : 1.0);
       add_axes(st.axes, g1.axes, firsts, si ? scale_of(g1) : 1.0);
     } else {
-      // Every micro-batch as the last (its reduce-scatters not folded), the first also gathering the
-      // kept blocks: their bytes and channel time once, beside the body the slowest stage sets.
-      body = pipe_body;
-      st.bubble_s = pipe_bubble;
+      // The walked body; the axes: every micro-batch as the last (its reduce-scatters not folded),
+      // the first also gathering the kept blocks: their bytes and channel time once.
+      body = stage_end[s];
+      st.bubble_s = stage_bubble[s];
       add_axes(st.axes, axes_mb, double(M - 1), si ? si_scale : 1.0);
       const StageMb& g1 = M > 1 ? first_unfolded[s] : g;
       add_axes(st.axes, g1.axes, 1.0, si ? scale_of(g1) : 1.0);

@@ -112,8 +112,7 @@ struct PredictOptions {
   bool fuse_epilogues = false;
   // The pipeline schedule (pp > 1; schedule.pipeline, schedule.virtual_stages: v chunks a rank for
   // the interleaved one): where its chunks put the units, how many activations cross ranks, the
-  // bubble (schedule/Pipelines.h bubble_formula; the interleaved schedule's walked slot by slot) and
-  // the activations in flight (the memory walk).
+  // body (its slots walked: simulate_slots) and the activations in flight (the memory walk).
   PipelineKind pipeline = PipelineKind::k1F1B;
   int virtual_stages = 2;  // interleaved only
   // rank_layouts: each layout with pp > 1 priced under each of these schedules (empty: `pipeline`).
@@ -296,6 +295,11 @@ double optimizer_time(double elems, int dp, Zero zero, Precision p, const Cluste
 // ("deferred", no cost). Op for op, so an SI plan of the strand still applies. Unchanged when it
 // has none.
 std::vector<Op> folding_variant(const std::vector<Op>& ops);
+
+// One micro-batch's activation (or its gradient) crossing a pipeline stage boundary: the residual
+// stream [N / tp, C] (Megatron's sequence shard) or [N, C / Gx] (3D), N = B x T / cp rows, of
+// `elem`-byte elements. The step model and the step simulator send it alike.
+double pipeline_message_bytes(const ModelConfig& m, const LayoutConfig& lay, const BatchSpec& batch, double elem);
 
 // A forward strand as a micro-batch after the step's first runs it under LayoutConfig::keep_gathered:
 // the kept weight gathers (op attr "kept") are left out, their blocks kept from the step's first

@@ -13,6 +13,7 @@
 #include "model/Params.h"
 #include "sharding/ModelPrograms.h"
 #include "sharding/ParamSharding.h"
+#include "sim/StepMemory.h"
 
 namespace dhelix {
 
@@ -162,8 +163,7 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       };
       const GroupLink& pp_link = groups.at("pp");
       // The residual stream between stages: [N / tp, C] (Megatron's sequence shard) or [N, C / Gx] (3D).
-      const double p2p_bytes =
-          double(batch.micro_batch * (batch.seq / lay.cp)) / lay.tp * double(m.d_model) / lay.tp_x * elem;
+      const double p2p_bytes = pipeline_message_bytes(m, lay, batch, elem);
       Op p2p;  // one activation or gradient message, for a stand-in timer
       p2p.name = p2p.code = "pp.p2p", p2p.kind = OpKind::kCollective, p2p.coll = CollOp::kSendRecv, p2p.group = "pp";
       p2p.cost.comm_bytes = p2p_bytes;
@@ -276,6 +276,11 @@ StepSimResult simulate_step(const ModelConfig& m, const LayoutConfig& lay, const
       grad_bytes.push_back((all - experts) * opt.grad_wire_bytes), expert_bytes.push_back(experts * opt.grad_wire_bytes),
           elems += all;
     }
+    // A tied head on another stage than the embedding holds the token table's copy, which its
+    // optimizer step updates too (as the step model and the memory rule count it).
+    const bool has_embed = std::find(mine.begin(), mine.end(), 0) != mine.end();
+    const bool has_head = std::find(mine.begin(), mine.end(), U - 1) != mine.end();
+    if (has_head && !has_embed && m.tie_embeddings) elems += sim_detail::tied_copy_elems(units[0]);
     std::optional<SparseEmbedTail> sparse;
     if (sparse_embedding_applies(m, lay, batch, opt.sparse_embed))
       sparse = sparse_embed_tail(m, lay, batch, units, mine, ready, last_bwd_start, grad_bytes, opt.grad_wire_bytes);

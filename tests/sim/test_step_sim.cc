@@ -201,6 +201,7 @@ TEST(StepSim, StepModelWalksEachPipelineScheduleAsTheSimulatorDoes) {
         // (Until 2026-11-29 the step model priced co-executed pairs at the most of the engine's
         // compute, each strand's span and each channel: 1.2-3.1% low at tp = 2 here.)
         EXPECT_NEAR(p.step_s, s.step_s, 1e-9 * s.step_s) << label;
+        EXPECT_NEAR(p.bubble_s, s.bubble_s, 1e-9 * s.step_s) << label;
       }
   }
   // Sends a micro-batch at pp = 2, by hand from the chunk placement (Pipelines.h): 1F1B's stages one
@@ -221,6 +222,56 @@ TEST(StepSim, StepModelWalksEachPipelineScheduleAsTheSimulatorDoes) {
   EXPECT_GT(bytes[PipelineKind::k1F1B], 0);
   EXPECT_DOUBLE_EQ(bytes[PipelineKind::kW], 2 * bytes[PipelineKind::k1F1B]);
   EXPECT_DOUBLE_EQ(bytes[PipelineKind::kInterleaved], 3 * bytes[PipelineKind::k1F1B]);
+}
+
+// The same oracle where the micro-batches differ (a review's cases, 2026-11-29): AxoNN's 3D grid
+// under a pipeline, its backward before the step's last folding the z reduce-scatters into block
+// sums (accumulate_z) and its forward after the first binding the kept weight blocks
+// (keep_gathered: their gathers take no time, the pair plans unchanged); the messages between
+// stages [N, C / Gx]; and the W with data-parallel buckets exposed past its stage's last backward
+// (tp = 4, dp = 4: a chunk's buckets ready when the walk's slot holding its last backward ends).
+// Before the step model walked each pass as its micro-batch runs it, these were off by up to 5.1%
+// (3D pp = 2 W, SI on), 4.5% (kept blocks under SI), 1.6% (x = 8 messages) and 2.1% (the W's tail).
+TEST(StepSim, StepModelEqualsTheSimulatorWhereMicroBatchesDiffer) {
+  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/h100-8gpu.toml");
+  struct Case {
+    const char* preset;
+    int n_layers, x, z, pp, tp, dp, keep, seq, seqs;
+  };
+  for (const Case& c : {Case{"demo", 4, 2, 2, 2, 1, 1, 0, 128, 16}, Case{"demo", 4, 2, 2, 2, 1, 1, 2, 128, 16},
+                        Case{"demo", 4, 2, 2, 1, 1, 1, 2, 128, 4}, Case{"demo", 4, 2, 2, 1, 1, 1, 2, 128, 16},
+                        Case{"llama-8b", 4, 4, 1, 2, 1, 1, 0, 256, 8}, Case{"llama-8b", 4, 1, 1, 2, 4, 4, 0, 256, 16}}) {
+    ModelConfig m = model_preset(c.preset);
+    m.n_layers = c.n_layers;
+    LayoutConfig lay;
+    lay.pp = c.pp, lay.dp = c.dp, lay.tp = c.tp, lay.tp_x = c.x, lay.tp_z = c.z, lay.keep_gathered = c.keep;
+    const BatchSpec batch{c.seqs, c.seq, 1};
+    for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW}) {
+      if (c.pp == 1 && kind != PipelineKind::k1F1B) continue;
+      for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
+        PredictOptions po;
+        po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
+        const StepPrediction p = predict(m, lay, batch, cluster, po);
+        PipelineSpec spec;
+        spec.kind = kind, spec.pp = c.pp, spec.n_layers = c.n_layers;
+        spec.micro_batches = static_cast<int>(p.micro_batches);
+        spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
+        spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+        const StepSchedule sch = make_schedule(spec);
+        StepSimOptions o;
+        o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
+        o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
+        const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
+        const std::string label = fmt::format("{} x={} z={} tp={} pp={} dp={} keep={} M={} {} si {}", c.preset, c.x,
+                                              c.z, c.tp, c.pp, c.dp, c.keep, p.micro_batches, pipeline_kind_name(kind),
+                                              si == StrandInterleaving::kOn ? "on" : "off");
+        std::printf("[ info ] %s: step model %.7f s, simulator %.7f s: %+.3f%%\n", label.c_str(), p.step_s, s.step_s,
+                    100 * (p.step_s / s.step_s - 1));
+        EXPECT_NEAR(p.step_s, s.step_s, 1e-9 * s.step_s) << label;
+        EXPECT_NEAR(p.bubble_s, s.bubble_s, 1e-9 * s.step_s) << label;
+      }
+    }
+  }
 }
 
 // The per-collective breakdown (simulate --json "collectives"). Oracle: the simulator's own
