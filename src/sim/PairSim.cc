@@ -45,6 +45,7 @@ struct Sim {
   std::map<std::string, double> channel_free;       // group -> when its comm thread is next free
   std::map<std::pair<int, std::string>, double> ready;  // (strand, buffer) -> when it is ready
   std::set<std::pair<int, std::string>> prefetched;      // (strand, buffer) a prefetch op fills
+  std::map<const Op*, const Op*> stands_for;              // a prefetch op -> the gather it issues early
   std::map<std::pair<int, std::string>, std::string> producer;  // (strand, buffer) -> the collective that wrote it
   std::map<std::string, std::string> channel_last;               // group -> its latest collective
 
@@ -55,11 +56,18 @@ struct Sim {
     engine = until;
   }
 
+  // A prefetch op issues the neighbouring block's gather of a weight (OAG across layers, Grid3D.h
+  // prefetch_block) and carries no bytes itself (the adopting gather's count them): on the channel it
+  // takes the time of that gather, which is this program's gather of the same buffer.
   void note_prefetches(StrandKind kind, const std::vector<Op>* ops) {
     if (!ops) return;
     for (const Op& op : *ops)
-      if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next"))
-        prefetched.insert({static_cast<int>(kind), op.outputs[0].substr(0, op.outputs[0].size() - 5)});
+      if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next")) {
+        const std::string buf = op.outputs[0].substr(0, op.outputs[0].size() - 5);
+        prefetched.insert({static_cast<int>(kind), buf});
+        for (const Op& g : *ops)
+          if (&g != &op && g.is_collective() && !g.outputs.empty() && g.outputs[0] == buf) stands_for[&op] = &g;
+      }
   }
 
   // When the inputs of `op` are ready; `by`: the collective that wrote the latest ("" if none did).
@@ -107,7 +115,8 @@ struct Sim {
       return;
     }
     // The compute thread waits for the collective's inputs (above), then hands it to the group's thread.
-    const double t = time(op);
+    const auto adopted = stands_for.find(&op);
+    const double t = time(adopted == stands_for.end() ? op : *adopted->second);
     DHX_CHECK(t >= 0, InternalError, "collective {}: negative time {}", op.name, t);
     double& free = channel_free[op.group];
     const double begin = std::max(engine, free);

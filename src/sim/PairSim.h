@@ -13,7 +13,9 @@
 //      "background" collective excepted: only the op that reads it waits for it).
 // A "blocking" collective is waited for where it is issued. Buffers of the pair's inputs (x, dy,
 // saved activations) are ready at time 0. Steady state: the carried ops of the previous pair are
-// modelled as this pair's own (the same program in every layer).
+// modelled as this pair's own (the same program in every layer); so is a 3D weight gather a
+// prefetch op issues for the next layer (OAG, Grid3D.h prefetch_block): the layer's own gather of
+// that buffer is there already, and the prefetch op takes the gather's time on the channel.
 // Costs come from an OpTimer (seconds of a compute op on the engine, or of a collective on its
 // channel): the analytical rates (op_time, StepModel.h) or a profile of this machine. Interference
 // (PairSimOptions): a compute op slows while a collective of its rank is in flight, and the

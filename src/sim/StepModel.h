@@ -13,8 +13,9 @@
 // channel is free; a compute op waits for its inputs. So a collective hides under the strand's
 // following compute that does not read its output (Megatron's dgrad reduce-scatter under the
 // weight-gradient GEMM; 3D's input-gradient all-reduce under the weight-gradient GEMM, OAR).
-//   - a collective reading only parameters (a weight all-gather) is prefetched (OAG, depth 1): it may
-//     start one strand-compute earlier, under the previous layer;
+//   - a 3D weight all-gather the previous layer's prefetch op issued (OAG across layers, depth 1) is
+//     there already; the layer's own prefetch op (for the next layer) takes that gather's time on
+//     the channel, under the layer's last GEMMs;
 //   - a collective whose output nothing in the strand reads and that is not the unit's output (a
 //     weight-gradient reduce-scatter, ORS) runs in the background: it costs only where its channel's
 //     total per layer exceeds the layer's span;
@@ -323,8 +324,10 @@ struct StrandPrice {
   std::map<std::string, AxisCost> axes;
   std::vector<OpPrice> ops;  // program order
 };
-// Prices one strand of one unit (the overlap rule above). `prefetch` = kOn lets parameter-only
-// collectives start one strand-compute early.
+// Prices one strand of one unit (the overlap rule above). `prefetch` = kOn: the steady state of a
+// stack of such layers, as the pair simulator runs it -- a 3D weight gather a prefetch op of the
+// strand issues for the next layer (OAG) is there already, the prefetch op takes its time and bytes
+// on the channel; kOff: the layer's gathers where they stand (the prefetch ops as written).
 enum class Prefetch { kOff, kOn };
 // With `interference`, each op slows as the pair simulator's rules say (PairSim.h
 // compute_end_beside_comm, comm_end_beside_compute, the fixed point over passes when collectives

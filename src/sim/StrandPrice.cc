@@ -15,10 +15,6 @@ namespace dhelix {
 
 namespace {
 
-const std::set<std::string>& boundary_in() {
-  static const std::set<std::string> s = {"x", "dy", "tokens", "targets"};
-  return s;
-}
 const std::set<std::string>& boundary_out() {
   static const std::set<std::string> s = {"y", "dx", "loss"};
   return s;
@@ -60,7 +56,20 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
   StrandPrice p;
   for (const Op& op : ops)
     if (!op.is_collective()) p.compute_s += compute_time(op, rates);
-  const double credit = prefetch == Prefetch::kOn ? p.compute_s : 0.0;
+  // Prefetch (the steady state of a stack of these layers, as the pair simulator runs it): a weight
+  // gather that a prefetch op of the strand issues for the next layer (OAG, Grid3D.h prefetch_block)
+  // is there already in this one, and the prefetch op takes that gather's time and bytes on the
+  // channel. Without it (the first layer), the layer's gathers run where they stand.
+  std::set<std::string> prefetched;
+  std::map<const Op*, const Op*> stands_for;  // a prefetch op -> the gather it issues early
+  if (prefetch == Prefetch::kOn)
+    for (const Op& op : ops)
+      if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next")) {
+        const std::string buf = op.outputs[0].substr(0, op.outputs[0].size() - 5);
+        prefetched.insert(buf);
+        for (const Op& g : ops)
+          if (&g != &op && g.is_collective() && !g.outputs.empty() && g.outputs[0] == buf) stands_for[&op] = &g;
+      }
 
   std::set<std::string> produced;  // buffers written by an earlier op of the strand
   std::map<std::string, std::pair<double, std::string>> ready;  // buffer -> (time, producing group or "")
@@ -71,13 +80,8 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
     const Op& op = ops[i];
     double in_ready = 0;
     std::string waited_on;
-    bool only_unproduced = true;
     for (const std::string& b : op.inputs) {
-      if (!produced.count(b)) {
-        if (boundary_in().count(b)) only_unproduced = false;
-        continue;
-      }
-      only_unproduced = false;
+      if (!produced.count(b)) continue;
       const auto& [t, g] = ready[b];
       if (t > in_ready) in_ready = t, waited_on = g;
     }
@@ -91,15 +95,21 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
       for (const std::string& b : op.outputs) produced.insert(b), ready[b] = {engine, ""};
       continue;
     }
-    const double t = op_time(op, groups, rates);
-    const double bytes = op.cost.comm_bytes * rates.byte_scale;
+    if (op.coll == CollOp::kAllGather && op.inputs.empty() && !op.outputs.empty() && prefetched.count(op.outputs[0])) {
+      p.ops.push_back({op.name, op.code, op.group, engine, 0.0});  // issued by the layer before (its prefetch op)
+      continue;
+    }
+    const auto adopted = stands_for.find(&op);
+    const Op& priced = adopted == stands_for.end() ? op : *adopted->second;
+    const double t = op_time(priced, groups, rates);
+    const double bytes = priced.cost.comm_bytes * rates.byte_scale;
     auto g = groups.find(op.group);
     AxisCost& axis = p.axes[op.group];
     axis.bytes += ring_bytes(op.coll, bytes, g->second.size);
     // Issued by the compute thread when it reaches the op (after the compute before it in program
-    // order) and its inputs are ready; a prefetchable one (parameters only) a layer early.
-    const double earliest = only_unproduced && prefetch == Prefetch::kOn ? -credit : std::max(engine, in_ready);
-    auto [cf, fresh] = channel_free.emplace(op.group, -credit);
+    // order) and its inputs are ready; its group's channel takes one collective at a time.
+    const double earliest = std::max(engine, in_ready);
+    auto [cf, fresh] = channel_free.emplace(op.group, 0.0);
     const double begin = std::max(earliest, cf->second);
     const double end = comm_end_beside_compute(begin, t, io.comm_slowdown, computing);
     cf->second = end;
@@ -113,7 +123,8 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
       for (size_t j = i + 1; j < ops.size() && !read_later; ++j)
         read_later = std::find(ops[j].inputs.begin(), ops[j].inputs.end(), b) != ops[j].inputs.end();
     }
-    if (read_later) needed_ends.push_back({end, op.group});
+    // A prefetch op's gather is read by the next layer's first GEMM: the layer hands over when it ends.
+    if (read_later || adopted != stands_for.end()) needed_ends.push_back({end, op.group});
     if (op.flag("blocking") && end > engine) {
       // Waited for at issue: the engine idles until it completes.
       axis.exposed_s += end - engine;
@@ -133,8 +144,8 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
 
 }  // namespace
 
-// Timeline of one strand (times from the strand's start; a prefetched all-gather may start at
-// -credit, under the previous layer):
+// Timeline of one strand (times from the strand's start; a gather the previous layer prefetched
+// takes no time here, the prefetch op for the next layer takes its time):
 //   engine : [op0][op1]......[op3 waits for AR]....
 //   tp     :      [AR of op1's output]
 // A compute op's wait is charged to the group of the collective that produced its latest input.

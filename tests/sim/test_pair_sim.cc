@@ -273,17 +273,27 @@ TEST(Interference, PredictsHeldBackMeasuredPairs) {
 // The executor's rule for one strand run alone (one block: collectives issued when reached, each
 // compute op waiting for its inputs, the block waiting for the rest) is what price_strand writes
 // down for the step model; the simulator must give the same span on real layer programs, without
-// interference and under it (the same op rules, the same fixed point when collectives slow).
+// interference and under it (the same op rules, the same fixed point when collectives slow), and
+// on AxoNN's 3D grid, whose prefetched weight gathers both take as a stack of layers runs them.
 TEST(PairSim, OneBlockEqualsTheStepModelsStrandRule) {
-  const ClusterPreset cluster = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
-  const DeviceRates rates{cluster.gemm_rate(Precision::kFp32), cluster.mem_bw, 1.0, {}};
-  for (const char* preset : {"gpt2-124m", "llama-8b"})
-    for (int cp : {1, 2}) {
+  const ClusterPreset cpu = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/cpu-emulated.toml");
+  const ClusterPreset a100 = load_cluster(std::string(DHELIX_SOURCE_DIR) + "/configs/clusters/perlmutter-a100.toml");
+  // (gpt-18b at AxoNN's 80B width on Perlmutter's A100s in bf16, 3D only: its z gathers outlast the
+  // layer's compute, so the layer hands over when the prefetch op for the next layer ends.)
+  for (const char* preset : {"gpt2-124m", "llama-8b", "gpt-18b"})
+    for (int cp : {1, 2, 0}) {  // 0: AxoNN's 3D grid x = 2, z = 2 (weight gathers over z, prefetched)
+      const bool wide = std::string(preset) == "gpt-18b";
+      if (wide && cp > 0) continue;
+      const ClusterPreset& cluster = wide ? a100 : cpu;
+      const Precision prec = wide ? Precision::kBf16 : Precision::kFp32;
+      const DeviceRates rates = wide ? device_rates(cluster, prec, {}) : DeviceRates{cluster.gemm_rate(prec), cluster.mem_bw, 1.0, {}};
       ModelConfig m = model_preset(preset);
       m.n_layers = 2;
+      if (wide) m.d_model = 12288, m.n_heads = m.n_kv_heads = 96, m.ffn_hidden = 49152;
       LayoutConfig lay;
-      lay.tp = 2, lay.cp = cp, lay.sequence_parallel = true;
-      const ModelPrograms progs = build_programs(m, lay, {1, 512 / cp});
+      if (cp > 0) lay.tp = 2, lay.cp = cp, lay.sequence_parallel = true;
+      else lay.tp_x = 2, lay.tp_z = 2;
+      const ModelPrograms progs = build_programs(m, lay, {1, 512 / std::max(cp, 1)});
       const auto groups = group_links(lay, cluster);
       const OpTimer t = [&](const Op& o) { return op_time(o, groups, rates); };
       for (StrandKind k : {StrandKind::kForward, StrandKind::kBackward})
@@ -294,8 +304,10 @@ TEST(PairSim, OneBlockEqualsTheStepModelsStrandRule) {
           const int n = static_cast<int>(ops.size());
           const PairSimResult r = simulate_pair(f ? &ops : nullptr, f ? nullptr : &ops,
                                                 plan_of({f ? Block{0, n, 0, 0} : Block{0, 0, 0, n}}), t, io);
-          const StrandPrice p = price_strand(ops, groups, rates, Prefetch::kOff, io);
-          const std::string label = fmt::format("{} cp={} {} interference x{}/x{}", preset, cp, strand_name(k),
+          // (kOn: the steady state, as the pair simulator runs it; the same on tp and cp programs,
+          // which prefetch nothing.)
+          const StrandPrice p = price_strand(ops, groups, rates, Prefetch::kOn, io);
+          const std::string label = fmt::format("{} {} {} interference x{}/x{}", preset, cp > 0 ? fmt::format("cp={}", cp) : "3D x=2 z=2", strand_name(k),
                                                 io.compute_slowdown, io.comm_slowdown);
           EXPECT_NEAR(r.span_s, p.span_s, 1e-12 * p.span_s) << label;
           // The simulator counts the engine's busy time (the slowed ops); the strand its ops' own.

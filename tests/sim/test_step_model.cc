@@ -162,14 +162,36 @@ TEST(PriceStrand, BackgroundCollectiveCostsOnlyPastTheLayer) {
   EXPECT_DOUBLE_EQ(p.axes.at("tp").exposed_s, 3);
 }
 
+// A weight gather (no inputs) before a 3 s GEMM, and the layer's prefetch op for the next layer's
+// gather of it (OAG across layers, Grid3D.h: no bytes of its own) before a last 1 s GEMM. Oracle: by
+// hand. Steady state (Prefetch::kOn, as the pair simulator runs it): the previous layer's prefetch
+// op issued this layer's gather, so it costs nothing here; the prefetch op takes the gather's 2 s
+// (and bytes) on the channel from 3 s, under the last GEMM and past it, and the layer hands over
+// when it ends, 5 s (the next layer's first GEMM reads what it gathers), as the pair simulator has
+// it. kOff (the layer as written): the gather's 2 s exposed before the GEMM, 6 s. (Before 2026-11-29 the step model let every parameter gather start a layer early on a free
+// channel and priced the prefetch op at its zero bytes: on a channel busier than the layer, the
+// gathers of two layers overlapped.)
 TEST(PriceStrand, WeightAllGatherIsPrefetched) {
-  // A gather of parameters (no inputs) before a 3 s GEMM: prefetched under the previous layer
-  // (OAG) it costs nothing; without prefetch its 2 s are exposed.
-  const std::vector<Op> ops = {coll("ag", CollOp::kAllGather, 2, {}, "w.g"), comp("c", 3, {"x", "w.g"}, {"y"})};
-  EXPECT_DOUBLE_EQ(price_strand(ops, kTp2, kRates, Prefetch::kOn).span_s, 3);
+  Op pf = coll("ag.next", CollOp::kAllGather, 0, {}, "w.g.next");
+  pf.attrs["prefetch_unit"] = 1;
+  const std::vector<Op> ops = {coll("ag", CollOp::kAllGather, 2, {}, "w.g"), comp("c", 3, {"x", "w.g"}, {"y1"}), pf,
+                               comp("c2", 1, {"y1"}, {"y"})};
+  const StrandPrice on = price_strand(ops, kTp2, kRates, Prefetch::kOn);
+  EXPECT_DOUBLE_EQ(on.span_s, 5);
+  EXPECT_DOUBLE_EQ(on.axes.at("tp").seconds, 2);  // the prefetch op's, as the gather it stands for
+  EXPECT_DOUBLE_EQ(on.axes.at("tp").bytes, price_strand({ops[0]}, kTp2, kRates, Prefetch::kOff).axes.at("tp").bytes);
   const StrandPrice off = price_strand(ops, kTp2, kRates, Prefetch::kOff);
-  EXPECT_DOUBLE_EQ(off.span_s, 5);
+  EXPECT_DOUBLE_EQ(off.span_s, 6);
   EXPECT_DOUBLE_EQ(off.axes.at("tp").exposed_s, 2);
+  // A second gather of 3 s after the first GEMM, read by the last: the first GEMM 0-3 s, the second
+  // gather 3-6 s on the channel, the prefetch op queued behind it 6-8 s, the last GEMM waits for
+  // the second gather until 6 s and ends at 7 s; the layer hands over at 8 s.
+  std::vector<Op> two = ops;
+  two.insert(two.begin() + 2, coll("ag2", CollOp::kAllGather, 3, {}, "v.g"));
+  two.back().inputs.push_back("v.g");
+  const StrandPrice busy = price_strand(two, kTp2, kRates, Prefetch::kOn);
+  EXPECT_DOUBLE_EQ(busy.span_s, 8);
+  EXPECT_DOUBLE_EQ(busy.axes.at("tp").seconds, 5);
 }
 
 ModelConfig small_gpt() {
