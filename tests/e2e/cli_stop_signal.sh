@@ -83,15 +83,18 @@ if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM during data prepare (tokenizin
 else bad "data_prepare_sigterm (exit $rc, files: $left)" "$(tail -3 "$tmp/data.log")"; fi
 
 # dhelix profile, SIGTERM once it times entries: exit 143 naming the phase, no profile written.
-"$bin" profile --config configs/demo.toml --model.n_layers 2 --training.threads 1 --repeats 20 \
-  --out "$tmp/profile.json" >"$tmp/profile.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do grep -q "entries x" "$tmp/profile.log" && break; sleep 0.05; done
-sleep 0.5
-kill -TERM $pid; wait $pid; rc=$?
-if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM during profiling" "$tmp/profile.log" && [ ! -e "$tmp/profile.json" ]; then
-  ok profile_sigterm
-else bad "profile_sigterm (exit $rc)" "$(tail -3 "$tmp/profile.log")"; fi
+profile_sigterm() {  # NAME OUT ARGS...: the profile of ARGS, stopped while it times entries
+  local name=$1 out=$2; shift 2
+  "$bin" profile "$@" --repeats 20 --out "$out" >"$out.log" 2>&1 &
+  local pid=$! rc
+  for _ in $(seq 1 600); do grep -q "entries x" "$out.log" && break; sleep 0.05; done
+  sleep 0.5
+  kill -TERM $pid; wait $pid; rc=$?
+  if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM during profiling" "$out.log" && [ ! -e "$out" ]; then
+    ok "$name"
+  else bad "$name (exit $rc)" "$(tail -3 "$out.log")"; fi
+}
+profile_sigterm profile_sigterm "$tmp/profile.json" --config configs/demo.toml --model.n_layers 2 --training.threads 1
 
 # The same with tp = 2's ranks as threads of the one process (--ranks threads): every rank thread
 # stops, exit 143 naming the phase, no profile written. Then `plan --ranks threads` on a profile,
@@ -100,14 +103,7 @@ else bad "profile_sigterm (exit $rc)" "$(tail -3 "$tmp/profile.log")"; fi
 # the other in the timing, which the rethrow in apps/CmdPlan.cc settle_error ends, is a race this
 # test does not force.)
 tp2=(--config configs/demo.toml --model.n_layers 2 --training.threads 1 --parallel.tp 2 --comm.timeout_s 10)
-"$bin" profile "${tp2[@]}" --ranks threads --repeats 20 --out "$tmp/tprofile.json" >"$tmp/tprofile.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do grep -q "entries x" "$tmp/tprofile.log" && break; sleep 0.05; done
-sleep 0.5
-kill -TERM $pid; wait $pid; rc=$?
-if [ $rc -eq 143 ] && grep -q "stopped by SIGTERM during profiling" "$tmp/tprofile.log" && [ ! -e "$tmp/tprofile.json" ]; then
-  ok profile_threads_sigterm
-else bad "profile_threads_sigterm (exit $rc)" "$(tail -3 "$tmp/tprofile.log")"; fi
+profile_sigterm profile_threads_sigterm "$tmp/tprofile.json" "${tp2[@]}" --ranks threads
 if "$bin" profile "${tp2[@]}" --ranks threads --max-window 2 --repeats 1 --warmup 0 --out "$tmp/tp.json" \
      >"$tmp/tp.log" 2>&1; then
   "$bin" plan "${tp2[@]}" --ranks threads --profile "$tmp/tp.json" --max-window 2 --repeats 2000 \

@@ -150,6 +150,26 @@ TEST(StepSim, SiSlotUnderInterferenceEqualsTheSimulator) {
   }
 }
 
+// One step priced by the step model and by the op-by-op simulator on the same pipeline schedule
+// (make_schedule of `kind`, v = 2 for the interleaved one; the default pair plans under SI), bf16.
+std::pair<StepPrediction, StepSimResult> model_and_simulator(const ModelConfig& m, const LayoutConfig& lay,
+                                                             const BatchSpec& batch, const ClusterPreset& cluster,
+                                                             PipelineKind kind, StrandInterleaving si) {
+  PredictOptions po;
+  po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
+  StepPrediction p = predict(m, lay, batch, cluster, po);
+  PipelineSpec spec;
+  spec.kind = kind, spec.pp = lay.pp, spec.n_layers = static_cast<int>(m.n_layers);
+  spec.micro_batches = static_cast<int>(p.micro_batches);
+  spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
+  spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
+  const StepSchedule sch = make_schedule(spec);
+  StepSimOptions o;
+  o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
+  o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
+  return {std::move(p), simulate_step(m, lay, batch, cluster, o)};
+}
+
 // The step model prices each pipeline schedule (PredictOptions::pipeline): the W puts two chunks on
 // a stage (the embedding and head on stage 0), the interleaved v, each sending its chunks'
 // activations; the memory walks the schedule. Oracle: the op-by-op simulator on the same schedule
@@ -178,18 +198,7 @@ TEST(StepSim, StepModelWalksEachPipelineScheduleAsTheSimulatorDoes) {
     const BatchSpec batch{seqs, 1024, 1};  // seqs / dp micro-batches
     for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW})
       for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
-        PredictOptions po;
-        po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
-        const StepPrediction p = predict(m, lay, batch, cluster, po);
-        PipelineSpec spec;
-        spec.kind = kind, spec.pp = pp, spec.n_layers = 8, spec.micro_batches = seqs / dp;
-        spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
-        spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
-        const StepSchedule sch = make_schedule(spec);
-        StepSimOptions o;
-        o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
-        o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
-        const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
+        const auto [p, s] = model_and_simulator(m, lay, batch, cluster, kind, si);
         const std::string label = fmt::format("pp={} dp={} tp={} M={} {} si {}", pp, dp, tp, seqs / dp,
                                               pipeline_kind_name(kind), si == StrandInterleaving::kOn ? "on" : "off");
         std::printf("[ info ] %s: step model %.7f s (bubble %.5f, pp link %.5f), simulator %.7f s: %+.2f%%\n",
@@ -249,19 +258,7 @@ TEST(StepSim, StepModelEqualsTheSimulatorWhereMicroBatchesDiffer) {
     for (const PipelineKind kind : {PipelineKind::k1F1B, PipelineKind::kInterleaved, PipelineKind::kW}) {
       if (c.pp == 1 && kind != PipelineKind::k1F1B) continue;
       for (const StrandInterleaving si : {StrandInterleaving::kOff, StrandInterleaving::kOn}) {
-        PredictOptions po;
-        po.precision = Precision::kBf16, po.si = si, po.pipeline = kind, po.virtual_stages = 2;
-        const StepPrediction p = predict(m, lay, batch, cluster, po);
-        PipelineSpec spec;
-        spec.kind = kind, spec.pp = c.pp, spec.n_layers = c.n_layers;
-        spec.micro_batches = static_cast<int>(p.micro_batches);
-        spec.virtual_stages = kind == PipelineKind::kInterleaved ? 2 : 1;
-        spec.co_execute = si == StrandInterleaving::kOn ? CoExecute::kOn : CoExecute::kOff;
-        const StepSchedule sch = make_schedule(spec);
-        StepSimOptions o;
-        o.precision = Precision::kBf16, o.si = si, o.schedule = &sch;
-        o.plan_for = [](const LayerProgram& f, const LayerProgram& b) { return pair_default_plan(f.fwd, b.bwd); };
-        const StepSimResult s = simulate_step(m, lay, batch, cluster, o);
+        const auto [p, s] = model_and_simulator(m, lay, batch, cluster, kind, si);
         const std::string label = fmt::format("{} x={} z={} tp={} pp={} dp={} keep={} M={} {} si {}", c.preset, c.x,
                                               c.z, c.tp, c.pp, c.dp, c.keep, p.micro_batches, pipeline_kind_name(kind),
                                               si == StrandInterleaving::kOn ? "on" : "off");
