@@ -267,8 +267,11 @@ std::optional<TuneRequest> parse_request(int argc, char** argv) {
   }
   req.gpus = static_cast<int>(std::min<int64_t>(gpus, 1 << 20));
   req.top = static_cast<int>(f.integer("--top"));
-  req.batch = {f.given("--global-batch") ? f.integer("--global-batch") : 8 * gpus,
-               f.given("--seq") ? f.integer("--seq") : req.model.seq_len, f.integer("--micro-batch-size")};
+  // --seq is the run's context length: the model's too (GPT's learned positions have a row a token,
+  // and --confirm trains with model.seq_len = --seq), as simulate and train read it.
+  if (f.given("--seq")) req.model.seq_len = f.integer("--seq");
+  req.batch = {f.given("--global-batch") ? f.integer("--global-batch") : 8 * gpus, req.model.seq_len,
+               f.integer("--micro-batch-size")};
   if (gpus > 65536) errors.push_back(fmt::format("--gpus {} is above the 65536 ranks tune enumerates", gpus));
   throw_flag_errors(t, errors);
   return req;

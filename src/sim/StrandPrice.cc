@@ -100,6 +100,13 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
       continue;
     }
     const auto adopted = stands_for.find(&op);
+    if (prefetch == Prefetch::kOn && op.attrs.count("prefetch_unit") && adopted == stands_for.end()) {
+      // Its gather is not in this program: a kept block the micro-batch binds (without_kept_gathers
+      // took it out), for which the executor issues nothing, as the pair simulator's zero-timed
+      // kept gathers have it.
+      p.ops.push_back({op.name, op.code, op.group, engine, 0.0});
+      continue;
+    }
     const Op& priced = adopted == stands_for.end() ? op : *adopted->second;
     const double t = op_time(priced, groups, rates);
     const double bytes = priced.cost.comm_bytes * rates.byte_scale;
