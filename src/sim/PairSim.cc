@@ -61,13 +61,10 @@ struct Sim {
   // takes the time of that gather, which is this program's gather of the same buffer.
   void note_prefetches(StrandKind kind, const std::vector<Op>* ops) {
     if (!ops) return;
-    for (const Op& op : *ops)
-      if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next")) {
-        const std::string buf = op.outputs[0].substr(0, op.outputs[0].size() - 5);
-        prefetched.insert({static_cast<int>(kind), buf});
-        for (const Op& g : *ops)
-          if (&g != &op && g.is_collective() && !g.outputs.empty() && g.outputs[0] == buf) stands_for[&op] = &g;
-      }
+    for (const Prefetch3D& p : prefetches_of(*ops)) {
+      prefetched.insert({static_cast<int>(kind), p.buffer});
+      if (p.gather) stands_for[p.op] = p.gather;
+    }
   }
 
   // When the inputs of `op` are ready; `by`: the collective that wrote the latest ("" if none did).
@@ -171,6 +168,18 @@ PairSimResult simulate_once(const std::vector<Op>* fwd, const std::vector<Op>* b
 }
 
 }  // namespace
+
+std::vector<Prefetch3D> prefetches_of(const std::vector<Op>& ops) {
+  std::vector<Prefetch3D> out;
+  for (const Op& op : ops)
+    if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next")) {
+      Prefetch3D p{&op, op.outputs[0].substr(0, op.outputs[0].size() - 5), nullptr};
+      for (const Op& g : ops)
+        if (&g != &op && g.is_collective() && !g.outputs.empty() && g.outputs[0] == p.buffer) p.gather = &g;
+      out.push_back(std::move(p));
+    }
+  return out;
+}
 
 SIPlan one_block_plan(const std::vector<Op>* f, const std::vector<Op>* b) {
   SIPlan p;

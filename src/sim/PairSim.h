@@ -74,6 +74,17 @@ double compute_end_beside_comm(double begin, double t, double k, double comm_bus
 double comm_end_beside_compute(double begin, double t, double k,
                                const std::vector<std::pair<double, double>>& computing);
 
+// A strand's prefetch ops (OAG across layers, Grid3D.h prefetch_block: attr "prefetch_unit",
+// output "<buffer>.next", no bytes of their own): each with the buffer it fills for the next layer
+// and the strand's own gather of that buffer, which it stands for in a stack of such layers (null
+// when the strand has none). The pair simulator and the step model's strand pricer read them alike.
+struct Prefetch3D {
+  const Op* op = nullptr;
+  std::string buffer;
+  const Op* gather = nullptr;
+};
+std::vector<Prefetch3D> prefetches_of(const std::vector<Op>& ops);
+
 // One block of all of `f`'s and `b`'s ops (either may be null): a strand alone, or two run side by
 // side with no barrier between their ops.
 SIPlan one_block_plan(const std::vector<Op>* f, const std::vector<Op>* b);

@@ -262,9 +262,15 @@ StepPrediction predict_closed_form(const ModelConfig& m, const LayoutConfig& lay
 }  // namespace
 
 std::vector<Op> without_kept_gathers(const std::vector<Op>& ops) {
+  auto kept = [](const Op& op) { return op.is_collective() && op.flag("kept"); };
+  std::set<const Op*> left_out;
+  for (const Op& op : ops)
+    if (kept(op)) left_out.insert(&op);
+  for (const Prefetch3D& p : prefetches_of(ops))
+    if (p.gather && kept(*p.gather)) left_out.insert(p.op);
   std::vector<Op> out;
   for (const Op& op : ops)
-    if (!(op.is_collective() && op.flag("kept"))) out.push_back(op);
+    if (!left_out.count(&op)) out.push_back(op);
   return out;
 }
 

@@ -304,7 +304,8 @@ double pipeline_message_bytes(const ModelConfig& m, const LayoutConfig& lay, con
 
 // A forward strand as a micro-batch after the step's first runs it under LayoutConfig::keep_gathered:
 // the kept weight gathers (op attr "kept") are left out, their blocks kept from the step's first
-// micro-batch (the executor's kept_blocks_). Unchanged when it has none.
+// micro-batch (the executor's kept_blocks_), and so are the prefetch ops that stand for them (for a
+// kept block the executor issues nothing). Unchanged when it has none.
 std::vector<Op> without_kept_gathers(const std::vector<Op>& ops);
 
 // Seconds of one op of a layer program: a compute op on the device (FLOPs at the GEMM rate or its

@@ -63,13 +63,10 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
   std::set<std::string> prefetched;
   std::map<const Op*, const Op*> stands_for;  // a prefetch op -> the gather it issues early
   if (prefetch == Prefetch::kOn)
-    for (const Op& op : ops)
-      if (op.attrs.count("prefetch_unit") && !op.outputs.empty() && op.outputs[0].ends_with(".next")) {
-        const std::string buf = op.outputs[0].substr(0, op.outputs[0].size() - 5);
-        prefetched.insert(buf);
-        for (const Op& g : ops)
-          if (&g != &op && g.is_collective() && !g.outputs.empty() && g.outputs[0] == buf) stands_for[&op] = &g;
-      }
+    for (const Prefetch3D& pf : prefetches_of(ops)) {
+      prefetched.insert(pf.buffer);
+      if (pf.gather) stands_for[pf.op] = pf.gather;
+    }
 
   std::set<std::string> produced;  // buffers written by an earlier op of the strand
   std::map<std::string, std::pair<double, std::string>> ready;  // buffer -> (time, producing group or "")
@@ -100,13 +97,6 @@ StrandPrice strand_pass(const std::vector<Op>& ops, const std::map<std::string, 
       continue;
     }
     const auto adopted = stands_for.find(&op);
-    if (prefetch == Prefetch::kOn && op.attrs.count("prefetch_unit") && adopted == stands_for.end()) {
-      // Its gather is not in this program: a kept block the micro-batch binds (without_kept_gathers
-      // took it out), for which the executor issues nothing, as the pair simulator's zero-timed
-      // kept gathers have it.
-      p.ops.push_back({op.name, op.code, op.group, engine, 0.0});
-      continue;
-    }
     const Op& priced = adopted == stands_for.end() ? op : *adopted->second;
     const double t = op_time(priced, groups, rates);
     const double bytes = priced.cost.comm_bytes * rates.byte_scale;
