@@ -5,10 +5,13 @@
 // that bound, not a training run's figure. Per op class (GEMM, attention, the rest) it says where
 // the time goes, beside cuBLAS's rate on the same GEMMs (bench/gpu_torch.py) and PyTorch's step.
 //   dhelix_bench_gpu_kernels [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
+//                            [--ordered-dq on|off]
 // Then two studies: grouped expert GEMMs against dense ones, and SM partitions (one GEMM on the
 // whole GPU, on half of its SMs, on both halves at once). Prints a table and, last, one JSON object.
 // GPT-2's rows include the cuBLASLt epilogue study (class "study", outside the sums): each fused
-// op (GEMM + GELU, dgrad + GELU', GEMM + residual add) beside the unfused pair it replaces.
+// op (GEMM + GELU, dgrad + GELU', GEMM + residual add) beside the unfused pair it replaces. The
+// attention backward's other forms are study rows too (whole tiles; the ordered dQ, unless
+// --ordered-dq off).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -267,6 +270,8 @@ void epilogue_study(Bench& b, Blas& blas, const Model& m, int64_t N, cudaStream_
   residual("proj", h.as<bf16>(), wproj.as<bf16>(), F);
 }
 
+bool g_ordered_dq_study = true;  // --ordered-dq on|off
+
 void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t s) {
   const int64_t D = m.C / m.H, W = (m.H + 2 * m.Hkv) * D, N = B * T;
   Buf qkv(N * W * 2, 7), o(N * m.C * 2, 8), lse(B * m.H * T * 4, 9), dout(N * m.C * 2, 10), dqkv(N * W * 2, 11);
@@ -294,6 +299,15 @@ void attention_ops(Bench& b, const Model& m, int64_t B, int64_t T, cudaStream_t 
          static_cast<double>(m.L), 2.5 * fwd, [&] {
            attention_bwd(q, k, v, o.as<bf16>(), lse.as<float>(), dout.as<bf16>(), dq, dk, dv, sh, scale, s);
          });
+  // The ordered-dQ form (no dQ kernel: 5 products where the others take 7; its first GPU run), unless
+  // --ordered-dq off (the device script's choice when its tests did not all pass: a key tile whose
+  // turn never comes traps, and a trap ends this process).
+  if (g_ordered_dq_study) {
+    set_attention_bwd_form(AttnBwdForm::kOrderedDq);
+    b.time("attention bwd ordered dq", "study", static_cast<double>(m.L), 2.5 * fwd, [&] {
+      attention_bwd(q, k, v, o.as<bf16>(), lse.as<float>(), dout.as<bf16>(), dq, dk, dv, sh, scale, s);
+    });
+  }
   set_attention_bwd_form(was);
 }
 
@@ -579,7 +593,10 @@ int run(int argc, char** argv) {
     if (k == "--models") models = v;
     else if (k == "--batch") batch = v;
     else if (k == "--seq") T = std::stoll(v);
-    else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq)", k));
+    else if (k == "--ordered-dq" && (v == "on" || v == "off")) g_ordered_dq_study = v == "on";
+    else if (k == "--ordered-dq")
+      throw ConfigError(fmt::format("--ordered-dq {}: expected on or off (the ordered-dQ attention study)", v));
+    else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --ordered-dq)", k));
   }
   require_device(0);
   const DeviceInfo info = device_info(0);

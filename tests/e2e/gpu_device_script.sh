@@ -75,6 +75,14 @@ assert t['tests'] == 6 and t['failures'] == 2, (t['tests'], t['failures'])
 assert 'crashed: cudaErrorIllegalAddress' in cases['B.Bad']['failures'][0]['failure']
 assert cases['P/F.Two/0']['failures'] and cases['A.Skip']['result'] == 'SKIPPED' and not cases['A.One'].get('failures')
 assert 'B.Good' in cases and 'C.Fine' in cases" "$h/merged.json"
+# passed (the kernels section's gate for the ordered-dQ study): every test of the name ran and
+# passed; a failed or crashed one, or none run (a skip is not a run), is exit 1.
+check "passed: all of them" 0 "" -- "$root/scripts/gpu-device" helper passed "$h/merged.json" A.One
+check "passed: one crashed" 1 "" -- "$root/scripts/gpu-device" helper passed "$h/merged.json" B.
+check "passed: only skipped" 1 "" -- "$root/scripts/gpu-device" helper passed "$h/merged.json" A.Skip
+check "passed: none" 1 "" -- "$root/scripts/gpu-device" helper passed "$h/merged.json" OrderedDq
+check "passed: two names" 0 "" -- "$root/scripts/gpu-device" helper passed "$h/merged.json" A.One C.Fine
+check "passed: one of two ran none" 1 "" -- "$root/scripts/gpu-device" helper passed "$h/merged.json" A.One OrderedDq
 
 # The interference section's JSON (interference-json): the fit, the profile's line and the plan kept,
 # from files written by hand in the shapes `dhelix simulate --json`, `dhelix profile` and
@@ -107,6 +115,13 @@ assert j['compute_slowdown'] is None and j['plan'] is None and j['steps'] == [{'
 cp "$h/gi.json" "$h/gpu-interference.json"
 check "summary reads the interference" 0 "interference (tp = 2 profile, 4 entries): compute x1.31, collectives x1.07" -- \
   env GPU_SECTIONS=interference "$root/scripts/gpu-device" helper summary "$h" "$h"
+# The kernels section's study rows beside the step's op they stand for: the ordered-dQ attention
+# backward beside the step's "attention bwd" (a kernel bench JSON written by hand, its shape).
+cat > "$h/gpu-kernels.json" <<'JSON'
+{"device": "H200", "models": [{"model": "gpt2-124m", "batch": 16, "seq": 1024, "kernel_sum_s": 0.04, "gemm_s": 0.022, "attention_s": 0.0087, "rest_s": 0.0097, "kernel_sum_tokens_per_s": 409600, "gemm_flops_per_s": 5.5e14, "ops": [{"op": "attention bwd", "class": "attention", "s": 0.000590, "count": 12, "tflops": 109}, {"op": "attention bwd ordered dq", "class": "study", "s": 0.000420, "count": 12, "tflops": 153}], "gemm_algorithms": []}]}
+JSON
+check "summary: the ordered-dQ study row" 0 "study attention bwd ordered dq              420.0 us  vs  attention bwd    590.0 us" -- \
+  env GPU_SECTIONS=kernels "$root/scripts/gpu-device" helper summary "$h" "$h"
 # bench/gpu_preset.py turns that JSON into the preset's [device] interference keys (and refuses one
 # without a fit), beside the kernel figures from a committed kernel bench.
 check "gpu_preset.py interference keys" 0 "compute_slowdown = 1.31" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \

@@ -21,6 +21,7 @@
 //       |k|), so there dq, dk are compared absolutely, within 1e-4.
 #include <cstring>
 
+#include "AttnForm.h"
 #include "CudaTest.h"
 #include "kernels/cpu/Kernels.h"
 #include "kernels/cuda/Attention.h"
@@ -144,9 +145,7 @@ TEST(CudaAttention, ForwardMatchesCpu) {
 // Oracle: cpu::attention_bwd<float> on the same bf16 inputs, both reading the CPU forward's lse and
 // its o rounded to bf16 (so the backward is tested apart from the GPU forward). Bounds: the file's
 // comment.
-TEST(CudaAttention, BackwardMatchesCpu) {
-  DHX_REQUIRE_GPU();
-  uint64_t seed = 100;
+void backward_matches_cpu(uint64_t seed) {
   for (const Case& c : kCases) {
     const Problem p = make_problem(c, seed += 2);
     const Fwd f = cpu_fwd(p);
@@ -162,6 +161,51 @@ TEST(CudaAttention, BackwardMatchesCpu) {
     }
   }
 }
+TEST(CudaAttention, BackwardMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  backward_matches_cpu(100);
+}
+
+// The ordered-dQ form (Attention.h's AttnBwdForm::kOrderedDq: dQ added by the dK/dV kernel, key
+// tile by key tile in order) on the same cases, D = 32, 64 and 128, ragged, GQA, MQA, packed.
+// Oracle and bounds as BackwardMatchesCpu's: dQ's fp32 sums run per 128-key tile and then over the
+// tiles, another order than the CPU's (~1e-6, far below the bf16 roundings the bounds are made of).
+TEST(CudaAttention, OrderedDqBackwardMatchesCpu) {
+  DHX_REQUIRE_GPU();
+  const FormGuard guard(AttnBwdForm::kOrderedDq);
+  backward_matches_cpu(150);
+}
+
+// The ordered form where a sequence has 16 key tiles and the grid (key tiles x kv heads x sequences
+// = 768 blocks) fills an H100's SMs about three times over, so key tiles wait for turns held by
+// blocks of earlier waves as well as by blocks beside them: T = 2000 (ragged), GQA 16 / 8, D = 64.
+// Oracles: the halves form (checked against the CPU above) within kGradBound, and the same call
+// again, bitwise (the turns fix every sum's order).
+TEST(CudaAttention, OrderedDqAcrossManyBlocksIsRepeatableAndMatchesHalves) {
+  DHX_REQUIRE_GPU();
+  const Problem p = make_problem({6, 2000, 16, 8, 64, Packing::kPackedQkv}, 31);
+  // An o and lse from the GPU forward (the CPU one is slow at this size): both forms read the same.
+  const Fwd f = gpu_fwd(p);
+  const std::vector<float> o = round_bf16(f.o);
+  const std::vector<bf16> halves = gpu_bwd(p, o, f.lse);
+  std::vector<bf16> a, b;
+  {
+    const FormGuard guard(AttnBwdForm::kOrderedDq);
+    a = gpu_bwd(p, o, f.lse);
+    b = gpu_bwd(p, o, f.lse);
+  }
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16))) << "two calls of the ordered form";
+  const int64_t N = p.s.B * p.s.T;
+  const std::vector<float> fa = to_f32(a), fh = to_f32(halves);
+  const struct { const char* what; int64_t off, stride, width; } views[] = {
+      {"dq", p.q_off, p.s.q_stride, p.s.H * p.s.D},
+      {"dk", p.k_off, p.s.kv_stride, p.s.Hkv * p.s.D},
+      {"dv", p.v_off, p.s.kv_stride, p.s.Hkv * p.s.D}};
+  for (const auto& w : views)
+    EXPECT_LE(rel_err(rows_of(fa, w.off, w.stride, w.width, N), rows_of(fh, w.off, w.stride, w.width, N)), kGradBound)
+        << w.what;
+}
 
 // The same call twice gives the same bits: no atomics, fixed summation orders (Attention.cu).
 // Oracle: the first call. GPT-2's head size at a GQA shape with several tiles per sequence.
@@ -176,15 +220,6 @@ TEST(CudaAttention, RepeatedCallsAreBitwiseEqual) {
   const std::vector<bf16> g1 = gpu_bwd(p, o, f.lse), g2 = gpu_bwd(p, o, f.lse);
   EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(bf16))) << "dq, dk, dv";
 }
-
-// The backward's form set for a scope (the default restored however it ends: a later test runs in it).
-struct FormGuard {
-  explicit FormGuard(AttnBwdForm f) : was(attention_bwd_form()) { set_attention_bwd_form(f); }
-  ~FormGuard() { set_attention_bwd_form(was); }
-  FormGuard(const FormGuard&) = delete;
-  FormGuard& operator=(const FormGuard&) = delete;
-  AttnBwdForm was;
-};
 
 // The backward's two forms (Attention.h's AttnBwdForm: each 64-wide tile in halves, the default, or
 // whole) on every case above, D = 32, 64 and 128, ragged, GQA, packed. Oracle: the whole-tile form,
@@ -241,6 +276,44 @@ TEST(CudaAttention, BlockBackwardFormsGiveTheSameBits) {
         EXPECT_EQ(0, std::memcmp(got[0][t].data(), got[1][t].data(), got[0][t].size() * sizeof(float)))
             << "D=" << D << (causal ? " causal" : " full") << " block, " << "dq\0dk\0dv" + 3 * t;
       }
+    }
+}
+
+// The ordered form on context parallelism's blocks (fp32 gradients added to: each key tile adds
+// scale times its dQ share, in key-tile order): 300 queries against 300 keys (causal) or 261 (a full
+// block), three 128-key tiles each, the last ragged, so shares of several key tiles meet in every
+// dq row; D = 32 and 64, GQA. Oracle: the halves form from the same random starting gradients;
+// what each added (the gradient less its start) within kGradBound, as two roundings of the same
+// block gradient (the file's comment).
+TEST(CudaAttention, OrderedDqBlockBackwardMatchesHalves) {
+  DHX_REQUIRE_GPU();
+  uint64_t seed = 450;
+  for (const int64_t D : {32, 64})
+    for (const bool causal : {false, true}) {
+      const int64_t B = 2, Tq = 300, Tk = causal ? 300 : 261, H = 4, Hkv = 2;
+      const AttnBlock blk{B, Tq, Tk, H, Hkv, D, H * D, Hkv * D, H * D, Tq * H * D, Tk * Hkv * D, Tq * H * D, Tq, causal};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      DevBuf<bf16> q(to_bf16(randn(B * Tq * H * D, seed++))), k(to_bf16(randn(B * Tk * Hkv * D, seed++))),
+          v(to_bf16(randn(B * Tk * Hkv * D, seed++))), dout(to_bf16(randn(B * Tq * H * D, seed++)));
+      DevBuf<float> o32(B * Tq * H * D), lse(B * H * Tq);
+      attention_block_fwd(q.get(), k.get(), v.get(), o32.get(), lse.get(), blk, scale, nullptr);
+      const DevBuf<bf16> o(to_bf16(o32.download()));
+      const std::vector<float> start[3] = {randn(B * Tq * H * D, seed++), randn(B * Tk * Hkv * D, seed++),
+                                           randn(B * Tk * Hkv * D, seed++)};
+      std::vector<float> added[2][3];
+      for (int form = 0; form < 2; ++form) {
+        const FormGuard guard(form == 0 ? AttnBwdForm::kHalves : AttnBwdForm::kOrderedDq);
+        DevBuf<float> g[3] = {DevBuf<float>(start[0]), DevBuf<float>(start[1]), DevBuf<float>(start[2])};
+        attention_block_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), dout.get(), g[0].get(), g[1].get(),
+                            g[2].get(), blk, scale, nullptr);
+        for (int t = 0; t < 3; ++t) {
+          added[form][t] = g[t].download();
+          for (size_t i = 0; i < added[form][t].size(); ++i) added[form][t][i] -= start[t][i];
+        }
+      }
+      for (int t = 0; t < 3; ++t)
+        EXPECT_LE(rel_err(added[1][t], added[0][t]), kGradBound)
+            << "D=" << D << (causal ? " causal" : " full") << " block, " << "dq\0dk\0dv" + 3 * t;
     }
 }
 

@@ -19,6 +19,7 @@
 //   cp_ring_finish: the fp32 sums and roundings are the oracle's own expressions: bitwise.
 #include <cstring>
 
+#include "AttnForm.h"
 #include "CudaTest.h"
 #include "kernels/cpu/Kernels.h"
 #include "kernels/cuda/Ops.h"
@@ -84,11 +85,14 @@ std::vector<float> q_cols(const std::vector<float>& dq, int64_t N, int64_t W, in
 // Oracle: the CPU ring's steps in fp32 on the same bf16 inputs, rank by rank, the keys of rank
 // (rank - step) mod cp at step `step`. The backward of both reads the CPU forward's o rounded to
 // bf16 (as the op stores it) and its lse, so it is tested apart from the GPU forward. Bounds: the
-// file's comment.
+// file's comment. The backward in its default form and in the ordered-dQ form (kernels/cuda/
+// Attention.h's AttnBwdForm::kOrderedDq: each key tile adds its share of dq in key-tile order).
 TEST(CudaRingAttention, EveryRankAndStepMatchesTheCpuRing) {
   DHX_REQUIRE_GPU();
-  uint64_t seed = 500;
-  for (const RingCase& c : kRing) {
+  for (const AttnBwdForm form : {attention_bwd_form(), AttnBwdForm::kOrderedDq})
+  for (uint64_t seed = 500; const RingCase& c : kRing) {
+    const FormGuard guard(form);
+    SCOPED_TRACE(form == AttnBwdForm::kOrderedDq ? "ordered-dQ backward" : "default backward");
     const Ring ring = make_ring(c, seed += 16);
     const int64_t N = ring.N, W = ring.W, kvw = ring.kvw, ow = ring.ow, L = c.B * c.H * c.Tl;
     for (int rank = 0; rank < c.cp; ++rank) {

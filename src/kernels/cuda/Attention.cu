@@ -26,6 +26,13 @@
 //            spilled in dK/dV) where whole tiles take 174-230, so two blocks (16 warps) share an SM
 //            instead of one; 8 more ldmatrix.x4 per dK/dV step (the K, V fragments reloaded per half,
 //            80 where whole tiles issue 72 for 128 mma). The same bits: each sum keeps its order.
+//            The ordered-dQ form (AttnBwdForm::kOrderedDq, 2026-11-29, unrun on a GPU): no dQ kernel;
+//            the dK/dV kernel keeps each step's dS^T in shared memory, multiplies it by its K tile
+//            and adds that share to an fp32 dQ in key-tile order (below, "kOrderedDq"): 5 products
+//            of B H T^2 D where the two-kernel forms take 7. Its price: the fp32 dQ rows from each key
+//            tile's first query on are read and written once per key tile (causal, T = 1024: 4.5 T
+//            rows per (b, h), 9x the bf16 dQ's bytes each way; the key tiles of a sequence add to a
+//            query tile at about the same step, so mostly L2 hits), then one rounding pass.
 // FLOPs (causal, the masked half skipped up to the diagonal tiles): forward 2 products of
 // B H T^2 D each = 2 B H T^2 D; backward 7 (S, dP twice, dV, dK, dQ) = 7 B H T^2 D. GPT-2 (B=16,
 // T=1024, H=12, D=64): 25.8 GFLOP forward, 90 GFLOP backward.
@@ -42,6 +49,7 @@
 
 #include <atomic>
 #include <climits>
+#include <type_traits>
 #include <utility>
 
 namespace dhelix::cuda {
@@ -419,17 +427,153 @@ __global__ void dot_kernel(const bf16* __restrict__ o, const bf16* __restrict__ 
 // where 128 registers a thread hold a half's scores without spilling more than a few words).
 template <int D, int kSplit> constexpr int kBwdMinBlocks = kSplit == 2 && D <= 64 ? 2 : 1;
 
+// ---- kOrderedDq: dQ in the dK/dV kernel, each key tile's share added in key-tile order ----
+// The dK/dV kernel holds dS^T of its 128 keys against each 64-row query tile; dQ of that tile is
+// sum over key tiles of dS K. FlashAttention-2 adds each key tile's share with float atomics (the
+// order, so the bits, vary run to run); here a key tile adds its share when the tile before it in
+// the sequence has (a counter per (b, h, query tile): the key tiles whose shares are in), the way
+// FlashAttention-3's deterministic backward orders its dQ sums. Every element is summed in key-tile
+// order, the same bits on every run, and S, dP are computed once instead of twice (5 products of
+// B H T^2 D instead of 7). A key tile waits only for tiles of its own sequence with a lower
+// blockIdx.x, which the GPU starts no later than it (blocks are dispatched in blockIdx order, the
+// assumption FlashAttention-3's deterministic backward makes for its dQ semaphores too), so the
+// waits end; one that has not ended after ~4 s traps (a device error that names the kernel's key
+// tile and query tile, never a hang). The query tiles run from the last down (step_of), so the
+// key tiles of a sequence reach each tile at the same step and wait only for the adds before theirs.
+struct DqShares {
+  float* dq = nullptr;           // fp32 [B, Tq, H D] scratch or, kAdd, the caller's dq
+  int64_t stride = 0, bstride = 0;  // its row and sequence strides (elements)
+  int* turn = nullptr;           // [B, H, ceil(Tq / 64)]: key tiles whose share of the query tile is in
+  float mul = 1.0f;              // each share's factor: 1 into the scratch (scaled when rounded), else scale
+  bool first_writes = false;     // key tile 0 writes its share (the scratch) instead of adding to it
+};
+
+constexpr int kLdS = kSmall + kPad;  // dSs row stride: 144 B, ldmatrix and the pair stores conflict-free
+
+// Rows r0..r0+15 of the [128, 64] dS^T tile set to 0 (a warp whose keys all follow the query tile).
+template <int kCols>
+__device__ __forceinline__ void zero_rows(bf16* dSs, int r0, int lane) {
+  constexpr int kPieces = kCols / 8;  // 16-byte pieces a row
+#pragma unroll
+  for (int i = lane; i < 16 * kPieces; i += 32)
+    *reinterpret_cast<uint4*>(dSs + (r0 + i / kPieces) * kLdS + (i % kPieces) * 8) = make_uint4(0, 0, 0, 0);
+}
+
+// ds (C fragments of the warp's 16 keys from r0 against NJ 8-query n-tiles from column c0) rounded to
+// bf16 into dS^T [keys, queries]: element (j, e) is key r0 + g + 8 (e / 2), query c0 + 8 j + 2 c + e % 2.
+template <int NJ>
+__device__ __forceinline__ void put_rows_t(bf16* dSs, const float (&ds)[1][NJ][4], int r0, int c0, int lane) {
+  bf16* row = dSs + (r0 + (lane >> 2)) * kLdS + c0 + 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    *reinterpret_cast<uint32_t*>(row + 8 * j) = pack(ds[0][j][0], ds[0][j][1]);
+    *reinterpret_cast<uint32_t*>(row + 8 * kLdS + 8 * j) = pack(ds[0][j][2], ds[0][j][3]);
+  }
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_ns() {  // the GPU's global timer (ns)
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// The block's dQ share of query tile `tile` (head h): dQ[64, D] += mul * dS[64, 128] K[128, D], dS
+// from dSs (transposed as stored: ldmatrix.trans gives A's fragments), K from Ks. Warp w takes rows
+// 16 (w % 4).. and columns (w / 4) D / 2..; the share is added once the tile's earlier key tiles
+// have added theirs (turn == blockIdx.x), then the turn passes on. Every thread of the block calls it.
+template <int D>
+__device__ __forceinline__ void dq_share(const DqShares& dqs, const bf16* dSs, const bf16* Ks, const AttnBlock& s,
+                                         int64_t b, int64_t h, int tile, int lane) {
+  __syncthreads();  // every warp's rows of dS^T are in dSs
+  const int w = static_cast<int>(threadIdx.x >> 5), mt = w & 3, c0 = (w >> 2) * (D / 2);
+  float acc[D / 16][4];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  // A = dS rows 16 mt.. (queries), k-chunk kk = keys 16 kk..: stored at dSs row key, column query.
+  const bf16* pa = dSs + ((lane & 7) + ((lane >> 4) << 3)) * kLdS + ((lane >> 3) & 1) * 8 + 16 * mt;
+  const bf16* pb = Ks + lane_a<D>(lane) + c0;  // B = K (rows are k), .trans
+#pragma unroll
+  for (int kk = 0; kk < kBig / 16; ++kk) {
+    uint32_t a[4];
+    ldsm_x4_trans(a, pa + kk * 16 * kLdS);
+#pragma unroll
+    for (int dp = 0; dp < D / 32; ++dp) {
+      uint32_t bb[4];
+      ldsm_x4_trans(bb, pb + kk * 16 * kLd<D> + dp * 16);
+      const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+      mma(acc[2 * dp], a, b0);
+      mma(acc[2 * dp + 1], a, b1);
+    }
+  }
+  const int nqt_all = static_cast<int>((s.Tq + kSmall - 1) / kSmall);
+  int* turn = dqs.turn + (b * s.H + h) * nqt_all + tile;
+  const int mine = static_cast<int>(blockIdx.x);
+  if (threadIdx.x == 0 && load_acquire(turn) != mine) {
+    const uint64_t since = global_ns();
+    while (load_acquire(turn) != mine) {
+      if (global_ns() - since > 4000000000ull) {  // 4 s: the tile before never added its share
+        printf("attention_bwd (ordered dQ): key tile %d of sequence %lld, head %lld waited 4 s for query tile %d's "
+               "turn (at %d)\n",
+               mine, static_cast<long long>(b), static_cast<long long>(h), tile, load_acquire(turn));
+        __trap();
+      }
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();  // the earlier key tiles' shares are visible to every thread (acquire, then the barrier)
+  const int Tq = static_cast<int>(s.Tq);
+  const bool write = dqs.first_writes && mine == 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = tile * kSmall + 16 * mt + (lane >> 2) + 8 * i;
+    if (r >= Tq) continue;
+    float* row = dqs.dq + b * dqs.bstride + r * dqs.stride + h * D + c0 + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      float2* p = reinterpret_cast<float2*>(row + 8 * j);
+      const float2 o = write ? make_float2(0.0f, 0.0f) : __ldcg(p);  // L2: another SM wrote it
+      __stcg(p, make_float2(o.x + dqs.mul * acc[j][2 * i], o.y + dqs.mul * acc[j][2 * i + 1]));
+    }
+  }
+  __syncthreads();  // every thread's adds are issued before the turn passes on (release: cumulative)
+  if (threadIdx.x == 0) store_release(turn, mine + 1);
+}
+
+// dq [B, Tq, q_stride] bf16 = scale * the fp32 scratch [B, Tq, H D], 8 columns a thread.
+__global__ void dq_round_kernel(const float* __restrict__ dq32, bf16* __restrict__ dq, int64_t n8, int64_t Tq,
+                                int64_t HD, int64_t q_stride, int64_t q_bstride, float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  const int64_t row = i / (HD / 8), c = (i % (HD / 8)) * 8, b = row / Tq, t = row % Tq;
+  const float4 x = *reinterpret_cast<const float4*>(dq32 + row * HD + c);
+  const float4 y = *reinterpret_cast<const float4*>(dq32 + row * HD + c + 4);
+  uint4 out;
+  out.x = pack(scale * x.x, scale * x.y);
+  out.y = pack(scale * x.z, scale * x.w);
+  out.z = pack(scale * y.x, scale * y.y);
+  out.w = pack(scale * y.z, scale * y.w);
+  *reinterpret_cast<uint4*>(dq + b * q_bstride + t * q_stride + c) = out;
+}
+
 // dK, dV of one 128-key tile: grid (ceil(Tk/128), Hkv, B), the tiles with the most work first. Each
 // warp owns 16 keys (K, V fragments from shared memory); the block walks (query head of the group,
 // 64-row query tile at or after the key tile -- every query tile without the causal mask), in that
 // order, the Q, dO, lse, D_i tiles double-buffered: S^T = K Q^T, dP^T = V dO^T (keys x queries),
 // P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D_i); dV += P^T dO, dK += dS^T Q (fp32 registers).
 // dk, dv written (bf16) or, kAdd, added to (fp32). Each 64-row query tile in kSplit parts.
-template <int D, bool kCausal, typename Out, bool kAdd, int kSplit>
+template <int D, bool kCausal, typename Out, bool kAdd, int kSplit, bool kOrderedDq>
 __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D, kSplit>)
     dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                 const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Di,
-                Out* __restrict__ dk, Out* __restrict__ dv, AttnBlock s, float scale_log2, float scale) {
+                Out* __restrict__ dk, Out* __restrict__ dv, DqShares dqs, AttnBlock s, float scale_log2, float scale) {
   constexpr int kQ = kSmall * kLd<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);  // [128, D]
@@ -438,6 +582,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D, kSplit>)
   bf16* dOs = Qs + 2 * kQ;                   // [2][64, D]
   float* lse_s = reinterpret_cast<float*>(dOs + 2 * kQ);  // [2][64], natural log
   float* di_s = lse_s + 2 * kSmall;                       // [2][64]
+  bf16* dSs = reinterpret_cast<bf16*>(di_s + 2 * kSmall);  // kOrderedDq: [128 keys, 64 queries] dS^T
   const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16;
   const int Tq = static_cast<int>(s.Tq), Tk = static_cast<int>(s.Tk);
   const int64_t hk = blockIdx.y, b = blockIdx.z, G = s.H / s.Hkv;
@@ -445,10 +590,25 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D, kSplit>)
   // causal: the query tiles at or after the keys; else all
   const int qbeg = kCausal ? s0 / kSmall : 0, nqt = (Tq + kSmall - 1) / kSmall - qbeg;
   const int n_it = static_cast<int>(G) * nqt;
-  // Issues the loads of step `it` (head hk G + it / nqt, query tile qbeg + it % nqt) into buffer buf.
+  // Step `it`'s query head and 64-row query tile: head hk G + it / nqt, tile qbeg + it % nqt; under
+  // kOrderedDq the tiles from the last down, the group's heads within each (so every key tile of
+  // the sequence reaches a given (head, tile) at the same step: no key tile runs ahead of another's
+  // turn), which sums dK and dV in another order.
+  auto step_of = [&](int it, int64_t& h, int& tile) {
+    if constexpr (kOrderedDq) {
+      h = hk * G + it % static_cast<int>(G);
+      tile = qbeg + nqt - 1 - it / static_cast<int>(G);
+    } else {
+      h = hk * G + it / nqt;
+      tile = qbeg + it % nqt;
+    }
+  };
+  // Issues the loads of step `it` into buffer buf.
   auto issue = [&](int it, int buf) {
-    const int64_t h = hk * G + it / nqt;
-    const int t0 = (qbeg + it % nqt) * kSmall, rows = min(kSmall, Tq - t0);
+    int64_t h;
+    int tile;
+    step_of(it, h, tile);
+    const int t0 = tile * kSmall, rows = min(kSmall, Tq - t0);
     load_tile<D, kSmall, kBwdThreads>(Qs + buf * kQ, q + b * s.q_bstride + t0 * s.q_stride + h * D, s.q_stride, rows);
     load_tile<D, kSmall, kBwdThreads>(dOs + buf * kQ, dout + b * s.o_bstride + t0 * s.o_stride + h * D, s.o_stride,
                                       rows);
@@ -470,53 +630,69 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D, kSplit>)
   zero(dva);
   const int wk0 = s0 + r0;  // the warp's first key
   for (int it = 0; it < n_it; ++it) {
-    const int buf = it & 1, t0 = (qbeg + it % nqt) * kSmall;
+    const int buf = it & 1;
+    int64_t h;
+    int tile;
+    step_of(it, h, tile);
+    const int t0 = tile * kSmall;
     cp_async_wait_all();
-    __syncthreads();  // step it landed; every warp is done with step it - 1's buffer
+    __syncthreads();  // step it landed; every warp is done with step it - 1's buffer (and dSs)
     if (it + 1 < n_it) {
       issue(it + 1, buf ^ 1);
       cp_async_commit();
     }
-    if (kCausal && t0 + kSmall - 1 < wk0) continue;  // every query before every key of this warp
-    const bf16* Qb = Qs + buf * kQ;
-    const bf16* dOb = dOs + buf * kQ;
-    constexpr int QP = kSmall / kSplit, NJ = 8 / kSplit;  // a part's queries and their 8-column n-tiles
+    const bool skip = kCausal && t0 + kSmall - 1 < wk0;  // every query before every key of this warp
+    if constexpr (!kOrderedDq) {
+      if (skip) continue;
+    }
+    if (skip) {
+      if constexpr (kOrderedDq) zero_rows<kSmall>(dSs, r0, lane);  // its rows of dS^T are 0 (the share needs every warp)
+    } else {
+      const bf16* Qb = Qs + buf * kQ;
+      const bf16* dOb = dOs + buf * kQ;
+      constexpr int QP = kSmall / kSplit, NJ = 8 / kSplit;  // a part's queries and their 8-column n-tiles
 #pragma unroll
-    for (int part = 0; part < kSplit; ++part) {
-      const int tq = t0 + part * QP;
-      const bf16* Qp = Qb + part * QP * kLd<D>;
-      const bf16* dOp = dOb + part * QP * kLd<D>;
-      float p[1][NJ][4], ds[1][NJ][4];
-      scores_smem_a<D, NJ>(p, Ks, r0, Qp, lane);
-      scores_smem_a<D, NJ>(ds, Vs, r0, dOp, lane);
-      // Element (j, e): key wk0 + g + 8 (e / 2), query tq + 8 j + 2 c + e % 2. Masked (P = 0): queries
-      // before the key (causal), and query rows past Tq (zero Q, dO, lse, D_i there: finite, so dS = 0
-      // too). Keys past Tk (zero K, V rows) give rows of dK, dV that are never stored.
-      if ((kCausal && tq < wk0 + 15) || tq + QP > Tq) {
+      for (int part = 0; part < kSplit; ++part) {
+        const int tq = t0 + part * QP;
+        const bf16* Qp = Qb + part * QP * kLd<D>;
+        const bf16* dOp = dOb + part * QP * kLd<D>;
+        float p[1][NJ][4], ds[1][NJ][4];
+        scores_smem_a<D, NJ>(p, Ks, r0, Qp, lane);
+        scores_smem_a<D, NJ>(ds, Vs, r0, dOp, lane);
+        // Element (j, e): key wk0 + g + 8 (e / 2), query tq + 8 j + 2 c + e % 2. Masked (P = 0): queries
+        // before the key (causal), and query rows past Tq (zero Q, dO, lse, D_i there: finite, so dS = 0
+        // too). Keys past Tk (zero K, V rows) give rows of dK, dV that are never stored; the ordered
+        // form masks them too (without the causal mask, where they are not masked already): their dS
+        // rows enter dQ, and exp(-lse) of a zero score may overflow (inf x 0 = NaN).
+        constexpr bool kMaskKeys = kOrderedDq && !kCausal;
+        if ((kCausal && tq < wk0 + 15) || tq + QP > Tq || (kMaskKeys && wk0 + 16 > Tk)) {
 #pragma unroll
-        for (int j = 0; j < NJ; ++j)
+          for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = wk0 + (lane >> 2) + 8 * (e >> 1), t = tq + 8 * j + 2 * (lane & 3) + (e & 1);
+              if ((kCausal && t < key) || t >= Tq || (kMaskKeys && key >= Tk)) p[0][j][e] = -INFINITY;
+            }
+        }
+        const float* lb = lse_s + buf * kSmall + part * QP + 2 * (lane & 3);
+        const float* db = di_s + buf * kSmall + part * QP + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          const float2 ls = *reinterpret_cast<const float2*>(lb + 8 * j);
+          const float2 dd = *reinterpret_cast<const float2*>(db + 8 * j);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int key = wk0 + (lane >> 2) + 8 * (e >> 1), t = tq + 8 * j + 2 * (lane & 3) + (e & 1);
-            if ((kCausal && t < key) || t >= Tq) p[0][j][e] = -INFINITY;
+            const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -(e & 1 ? ls.y : ls.x) * kLog2e));
+            p[0][j][e] = pe;
+            ds[0][j][e] = pe * (ds[0][j][e] - (e & 1 ? dd.y : dd.x));
           }
-      }
-      const float* lb = lse_s + buf * kSmall + part * QP + 2 * (lane & 3);
-      const float* db = di_s + buf * kSmall + part * QP + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) {
-        const float2 ls = *reinterpret_cast<const float2*>(lb + 8 * j);
-        const float2 dd = *reinterpret_cast<const float2*>(db + 8 * j);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pe = exp2f(fmaf(p[0][j][e], scale_log2, -(e & 1 ? ls.y : ls.x) * kLog2e));
-          p[0][j][e] = pe;
-          ds[0][j][e] = pe * (ds[0][j][e] - (e & 1 ? dd.y : dd.x));
         }
+        accumulate<D, 1, NJ / 2>(dva, p, dOp, lane);
+        accumulate<D, 1, NJ / 2>(dka, ds, Qp, lane);
+        if constexpr (kOrderedDq) put_rows_t(dSs, ds, r0, part * QP, lane);  // the same bf16 dS as dK's
       }
-      accumulate<D, 1, NJ / 2>(dva, p, dOp, lane);
-      accumulate<D, 1, NJ / 2>(dka, ds, Qp, lane);
     }
+    if constexpr (kOrderedDq) dq_share<D>(dqs, dSs, Ks, s, b, h, tile, lane);
   }
   store_rows<D, 1, kAdd>(dk + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, dka, r0, keys, scale, lane);
   store_rows<D, 1, kAdd>(dv + b * s.kv_bstride + s0 * s.kv_stride + hk * D, s.kv_stride, dva, r0, keys, 1.0f, lane);
@@ -668,9 +844,10 @@ void fwd(const bf16* q, const bf16* k, const bf16* v, Out* o, float* lse, const 
   DHX_CUDA_LAUNCHED(fwd_kernel);
 }
 
-template <int D, bool C, typename Out, bool kAdd, int kSplit>
+template <int D, bool C, typename Out, bool kAdd, int kSplit, bool kOrderedDq>
 void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
          Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
+  static_assert(kAdd == std::is_same_v<Out, float>, "bf16 gradients are written, fp32 ones added to");
   const int64_t rows = s.B * s.H * s.Tq;
   float* Di = nullptr;  // [B, H, Tq]
   DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&Di), rows * sizeof(float), st));
@@ -678,29 +855,56 @@ void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float
   dot_kernel<D><<<static_cast<unsigned>(cdiv(rows, kDotWarps)), kDotWarps * 32, 0, st>>>(o, dout, Di, s);
   DHX_CUDA_LAUNCHED(dot_kernel);
 
-  const size_t smem_kv = (2 * kBig + 4 * kSmall) * kRowBytes<D> + 4 * kSmall * sizeof(float);  // K, V, 2 x (Q, dO, lse, D_i)
-  DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem_kv)));
-  // Two blocks an SM (kBwdMinBlocks) need ~150 KB of shared memory at D = 64: ask for the largest
-  // shared-memory carveout (a hint the driver otherwise sizes for one block's needs).
-  if constexpr (kBwdMinBlocks<D, kSplit> > 1) {
-    DHX_CUDA(cudaFuncSetAttribute(dkdv_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  // kOrderedDq: the turns (zeroed) and, for bf16 gradients, the fp32 sums rounded after the kernel.
+  DqShares shares;
+  if constexpr (kOrderedDq) {
+    const size_t turns = static_cast<size_t>(s.B * s.H * cdiv(s.Tq, kSmall)) * sizeof(int);
+    DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&shares.turn), turns, st));
+    DHX_CUDA(cudaMemsetAsync(shares.turn, 0, turns, st));
+    if constexpr (kAdd) {
+      shares.dq = dq, shares.stride = s.q_stride, shares.bstride = s.q_bstride, shares.mul = scale;
+    } else {
+      DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&shares.dq), rows * s.D * sizeof(float), st));
+      shares.stride = s.H * s.D, shares.bstride = s.Tq * s.H * s.D, shares.first_writes = true;
+    }
   }
-  dkdv_kernel<D, C, Out, kAdd, kSplit>
-      <<<dim3(static_cast<unsigned>(cdiv(s.Tk, kBig)), static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)),
-         kBwdThreads, smem_kv, st>>>(q, k, v, dout, lse, Di, dk, dv, s, scale * kLog2e, scale);
+  auto* dkdv = dkdv_kernel<D, C, Out, kAdd, kSplit, kOrderedDq>;
+  const size_t smem_kv = (2 * kBig + 4 * kSmall) * kRowBytes<D> + 4 * kSmall * sizeof(float) +  // K, V, 2 x (Q, dO, lse, D_i)
+                         (kOrderedDq ? kBig * kLdS * sizeof(bf16) : 0);                        // dS^T
+  DHX_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_kv)));
+  // Two blocks an SM (kBwdMinBlocks) need ~150 KB of shared memory at D = 64 (~190 KB with the
+  // ordered form's dS^T): ask for the largest shared-memory carveout (a hint the driver otherwise
+  // sizes for one block's needs).
+  if constexpr (kBwdMinBlocks<D, kSplit> > 1) {
+    DHX_CUDA(cudaFuncSetAttribute(dkdv, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+    if constexpr (!kOrderedDq)
+      DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  }
+  // Blocks in blockIdx order, the key tiles of a sequence first to last (kOrderedDq's turns rely on it).
+  dkdv<<<dim3(static_cast<unsigned>(cdiv(s.Tk, kBig)), static_cast<unsigned>(s.Hkv), static_cast<unsigned>(s.B)),
+         kBwdThreads, smem_kv, st>>>(q, k, v, dout, lse, Di, dk, dv, shares, s, scale * kLog2e, scale);
   DHX_CUDA_LAUNCHED(dkdv_kernel);
 
-  const size_t smem_q = (2 * kBig + 4 * kSmall) * kRowBytes<D>;  // Q, dO, 2 x (K, V)
-  DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem_q)));
-  dq_kernel<D, C, Out, kAdd, kSplit>
-      <<<dim3(static_cast<unsigned>(cdiv(s.Tq, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)),
-         kBwdThreads, smem_q, st>>>(q, k, v, dout, lse, Di, dq, s, scale * kLog2e, scale);
-  DHX_CUDA_LAUNCHED(dq_kernel);
+  if constexpr (kOrderedDq) {
+    if constexpr (!kAdd) {
+      const int64_t n8 = rows * s.D / 8;
+      dq_round_kernel<<<static_cast<unsigned>(cdiv(n8, 256)), 256, 0, st>>>(shares.dq, dq, n8, s.Tq, s.H * s.D,
+                                                                            s.q_stride, s.q_bstride, scale);
+      DHX_CUDA_LAUNCHED(dq_round_kernel);
+      DHX_CUDA(cudaFreeAsync(shares.dq, st));
+    }
+    DHX_CUDA(cudaFreeAsync(shares.turn, st));
+  } else {
+    const size_t smem_q = (2 * kBig + 4 * kSmall) * kRowBytes<D>;  // Q, dO, 2 x (K, V)
+    DHX_CUDA(cudaFuncSetAttribute(dq_kernel<D, C, Out, kAdd, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem_q)));
+    dq_kernel<D, C, Out, kAdd, kSplit>
+        <<<dim3(static_cast<unsigned>(cdiv(s.Tq, kBig)), static_cast<unsigned>(s.H), static_cast<unsigned>(s.B)),
+           kBwdThreads, smem_q, st>>>(q, k, v, dout, lse, Di, dq, s, scale * kLog2e, scale);
+    DHX_CUDA_LAUNCHED(dq_kernel);
+  }
   DHX_CUDA(cudaFreeAsync(Di, st));
 }
 
@@ -712,21 +916,22 @@ void fwd_any(const bf16* q, const bf16* k, const bf16* v, Out* o, float* lse, co
   else if (s.D == 64) fwd<64, C, Out>(q, k, v, o, lse, s, scale, st);
   else fwd<128, C, Out>(q, k, v, o, lse, s, scale, st);
 }
-template <bool C, typename Out, bool kAdd, int kSplit>
+template <bool C, typename Out, bool kAdd, int kSplit, bool kOrderedDq = false>
 void bwd_d(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
            Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
-  if (s.D == 32) bwd<32, C, Out, kAdd, kSplit>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else if (s.D == 64) bwd<64, C, Out, kAdd, kSplit>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else bwd<128, C, Out, kAdd, kSplit>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  if (s.D == 32) bwd<32, C, Out, kAdd, kSplit, kOrderedDq>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else if (s.D == 64) bwd<64, C, Out, kAdd, kSplit, kOrderedDq>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  else bwd<128, C, Out, kAdd, kSplit, kOrderedDq>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
 }
 std::atomic<int> g_bwd_form{static_cast<int>(AttnBwdForm::kHalves)};
 template <bool C, typename Out, bool kAdd>
 void bwd_any(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout, Out* dq,
              Out* dk, Out* dv, const AttnBlock& s, float scale, cudaStream_t st) {
-  if (attention_bwd_form() == AttnBwdForm::kHalves)
-    bwd_d<C, Out, kAdd, 2>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
-  else
-    bwd_d<C, Out, kAdd, 1>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st);
+  switch (attention_bwd_form()) {
+    case AttnBwdForm::kHalves: bwd_d<C, Out, kAdd, 2>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st); break;
+    case AttnBwdForm::kWholeTiles: bwd_d<C, Out, kAdd, 1>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st); break;
+    case AttnBwdForm::kOrderedDq: bwd_d<C, Out, kAdd, 2, true>(q, k, v, o, lse, dout, dq, dk, dv, s, scale, st); break;
+  }
 }
 
 }  // namespace

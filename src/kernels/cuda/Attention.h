@@ -32,13 +32,17 @@ void attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* 
 void attention_bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const bf16* dout,
                    bf16* dq, bf16* dk, bf16* dv, const AttnShape& s, float scale, cudaStream_t st);
 
-// How the backward kernels (attention_bwd, attention_block_bwd) walk each 64-wide tile; both forms
-// give the same bits (every element's sums in the same order). kHalves (the default since 2026-11-29,
-// untimed): 32 queries (dK/dV) or keys (dQ) at a time, half the score registers, so that at D <= 64
-// two blocks of 8 warps fit an SM (128 registers a thread, where the whole-tile form takes 174 and
-// fits one block: ptxas, sm_90a); kWholeTiles: the 64 at once (what ran before; the kernel bench's
-// study row). Process-wide (the tests and the kernel bench switch it).
-enum class AttnBwdForm { kHalves, kWholeTiles };
+// How the backward kernels (attention_bwd, attention_block_bwd) run. kHalves and kWholeTiles give
+// the same bits (every element's sums in the same order): kHalves (the default since 2026-11-29,
+// untimed) walks each 64-wide tile 32 queries (dK/dV) or keys (dQ) at a time, half the score
+// registers, so that at D <= 64 two blocks of 8 warps fit an SM (128 registers a thread, where the
+// whole-tile form takes 174 and fits one block: ptxas, sm_90a); kWholeTiles: the 64 at once (what
+// ran before; the kernel bench's study row). kOrderedDq (2026-11-29, unrun on a GPU): no dQ kernel --
+// the dK/dV kernel (in halves) adds each key tile's dS K to dQ in key-tile order, so S and dP are
+// computed once (5 products where the others take 7); deterministic too, with other bits (dQ summed
+// per key tile, dK and dV over the query tiles in another order). Process-wide (the tests and the
+// kernel bench switch it).
+enum class AttnBwdForm { kHalves, kWholeTiles, kOrderedDq };
 void set_attention_bwd_form(AttnBwdForm f);
 AttnBwdForm attention_bwd_form();
 
