@@ -14,10 +14,12 @@
 // same with direct weight gradients (what ran before 2026-11-29), the same unfused (fuse_epilogues
 // false: the plain programs, what ran before 2026-11-28), so one call measures what each gains, then
 // the other choices; a variant whose Step would not fit beside the others' is skipped, named (each
-// Step keeps its own model states).
+// Step keeps its own model states). With --ordered-dq on, the default's Step again with attention's
+// backward in its ordered-dQ form (kernels/cuda/Attention.h AttnBwdForm::kOrderedDq, a process-wide
+// switch: the same Step, no more memory), stepped alternately with the others.
 //   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 //                          [--steps 10] [--warmup 3] [--gemm-algo heuristic,timed] [--plain on|off]
-//                          [--wgrad-direct on|off]
+//                          [--wgrad-direct on|off] [--ordered-dq on|off]
 // Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -33,6 +35,7 @@
 #include "BenchMain.h"
 #include "GpuModels.h"
 #include "base/Error.h"
+#include "kernels/cuda/Attention.h"
 #include "kernels/cuda/Cuda.h"
 #include "kernels/cuda/Gemm.h"
 #include "runtime/StepBuilder.h"
@@ -48,7 +51,13 @@ struct Variant {
   std::string algo;  // training.gemm_algo: heuristic or timed
   bool fuse = true;  // training.fuse_epilogues
   bool partials = true;  // training.wgrad_gemm: partials (auto's) or direct
-  std::string label() const { return std::string(fuse ? "fused" : "plain") + (partials ? "" : " direct-wgrad"); }
+  bool ordered_dq = false;  // attention's backward in the ordered-dQ form (on the first variant's Step)
+  std::string label() const {
+    return std::string(fuse ? "fused" : "plain") + (partials ? "" : " direct-wgrad") + (ordered_dq ? " ordered-dq" : "");
+  }
+  // The Step's settings (the attention form is not one of them: a variant differing only in it steps
+  // the same Step).
+  bool same_step(const Variant& o) const { return algo == o.algo && fuse == o.fuse && partials == o.partials; }
 };
 
 // One model's step timed for each variant: one Step per variant, built side by side and stepped
@@ -74,11 +83,19 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     }
     data.push_back(mbt);
   }
-  std::vector<std::unique_ptr<Step>> built;
+  std::vector<std::unique_ptr<Step>> steps_built;  // one per distinct Step
+  std::vector<Step*> built;                        // each kept variant's Step
+  std::vector<size_t> runs;                        // steps run on each of steps_built
   std::vector<std::vector<double>> times(variants.size()), opt_times(variants.size());
   std::vector<double> loss(variants.size(), 0.0);
+  std::vector<Variant> kept;
+  const cuda::AttnBwdForm form0 = cuda::attention_bwd_form();
   auto one_step = [&](size_t k, int s) {
     Step& step = *built[k];
+    cuda::set_attention_bwd_form(kept[k].ordered_dq ? cuda::AttnBwdForm::kOrderedDq : form0);
+    ++runs[static_cast<size_t>(std::find_if(steps_built.begin(), steps_built.end(),
+                                            [&](const auto& p) { return p.get() == &step; }) -
+                               steps_built.begin())];
     DHX_CUDA(cudaDeviceSynchronize());
     const auto t0 = std::chrono::steady_clock::now();
     step.params().zero_grads();
@@ -92,6 +109,7 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     step.opt->update(3e-4, s + 1, norm);
     DHX_CUDA(cudaDeviceSynchronize());
     const auto t2 = std::chrono::steady_clock::now();
+    cuda::set_attention_bwd_form(form0);
     const double dt = std::chrono::duration<double>(t2 - t0).count();
     if (s >= warmup) {
       times[k].push_back(dt);
@@ -99,10 +117,12 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     }
     loss[k] = st.loss_sum / static_cast<double>(st.tokens);
   };
-  // Weight gradients that ran as partials in a step (Blas::partial_wgrads over the steps run): 0
-  // with direct ones, or where cuBLASLt refused the batched GEMMs.
+  // Weight gradients that ran as partials in a step (Blas::partial_wgrads over the steps run on the
+  // variant's Step): 0 with direct ones, or where cuBLASLt refused the batched GEMMs.
   auto partials_per_step = [&](size_t k) {
-    return built[k]->blas ? built[k]->blas->partial_wgrads() / static_cast<size_t>(warmup + steps) : size_t{0};
+    for (size_t i = 0; i < steps_built.size(); ++i)
+      if (steps_built[i].get() == built[k] && built[k]->blas && runs[i] > 0) return built[k]->blas->partial_wgrads() / runs[i];
+    return size_t{0};
   };
   // Each Step is built and warmed up alone (the first one's peak is one step's memory: the model
   // states and its activations), then the measured steps alternate between them. A Step that would
@@ -112,8 +132,15 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
   // of the device's memory.
   int64_t peak_one = 0, states_one = 0;
   const double device_bytes = static_cast<double>(cuda::device_info(0).global_bytes);
-  std::vector<Variant> kept;
   for (size_t k = 0; k < variants.size(); ++k) {
+    // A variant of a kept one's Step (the attention form alone differs): that Step again.
+    const auto twin = std::find_if(kept.begin(), kept.end(), [&](const Variant& o) { return o.same_step(variants[k]); });
+    if (twin != kept.end()) {
+      built.push_back(built[static_cast<size_t>(twin - kept.begin())]);
+      kept.push_back(variants[k]);
+      for (int s = 0; s < warmup; ++s) one_step(built.size() - 1, s);
+      continue;
+    }
     if (k > 0) {
       const double in_use = static_cast<double>(device_memory_stats(gpu).in_use);
       const double need = static_cast<double>(states_one) + 1.1 * static_cast<double>(peak_one - states_one);
@@ -129,7 +156,9 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     spec.gemms.timed = variants[k].algo == "timed";
     spec.gemms.wgrad_partials = variants[k].partials;
     ps.layout.fuse_epilogues = variants[k].fuse;
-    built.push_back(std::make_unique<Step>(spec));
+    steps_built.push_back(std::make_unique<Step>(spec));
+    runs.push_back(0);
+    built.push_back(steps_built.back().get());
     built.back()->runner->add_observer(built.back()->sync.get());
     kept.push_back(variants[k]);
     for (int s = 0; s < warmup; ++s) one_step(built.size() - 1, s);
@@ -152,12 +181,12 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
                 kept[k].label().c_str(), med * 1e3,
                 sorted.front() * 1e3, sorted.back() * 1e3, opt_med * 1e3, tok, tok * fpt / kPeak, loss[k],
                 static_cast<double>(peak_one) / (1 << 30));
-    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"wgrad_gemm\":\"{}\",\"partial_wgrads_per_step\":{},\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
+    out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"wgrad_gemm\":\"{}\",\"partial_wgrads_per_step\":{},\"attention_bwd\":\"{}\",\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
                        "\"spread\":[{:.6g},{:.6g}],\"optimizer_s\":{:.6g},\"tokens_per_s\":{:.6g},"
                        "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
                        out.empty() ? "" : ",", name, kept[k].algo, kept[k].fuse,
                        built[k]->parts->progs.fusions.total(), kept[k].partials ? "partials" : "direct",
-                       partials_per_step(k), B, T, med, sorted.front(), sorted.back(), opt_med, tok,
+                       partials_per_step(k), kept[k].ordered_dq ? "ordered_dq" : "default", B, T, med, sorted.front(), sorted.back(), opt_med, tok,
                        fpt, tok * fpt / kPeak, loss[k], peak_one);
   }
   return out;
@@ -167,7 +196,7 @@ int run(int argc, char** argv) {
   std::string models = "gpt2-124m,llama-1b", batch = "gpt2-124m=16,llama-1b=4";
   int64_t T = 1024;
   int steps = 10, warmup = 3;
-  std::string gemm_algo = "heuristic,timed", plain = "on", direct = "on";
+  std::string gemm_algo = "heuristic,timed", plain = "on", direct = "on", ordered = "off";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--models") models = v;
@@ -178,14 +207,18 @@ int run(int argc, char** argv) {
     else if (k == "--gemm-algo") gemm_algo = v;
     else if (k == "--plain") plain = v;
     else if (k == "--wgrad-direct") direct = v;
+    else if (k == "--ordered-dq") ordered = v;
     else throw ConfigError(fmt::format("unknown flag '{}' (expected --models, --batch, --seq, --steps, --warmup, "
-                                       "--gemm-algo, --plain, --wgrad-direct)", k));
+                                       "--gemm-algo, --plain, --wgrad-direct, --ordered-dq)", k));
   }
   if (plain != "on" && plain != "off")
     throw ConfigError(fmt::format("--plain {}: on (also time the first GEMM choice unfused) or off", plain));
   if (direct != "on" && direct != "off")
     throw ConfigError(fmt::format("--wgrad-direct {}: on (also time the first GEMM choice with direct weight-gradient "
                                   "GEMMs) or off", direct));
+  if (ordered != "on" && ordered != "off")
+    throw ConfigError(fmt::format("--ordered-dq {}: on (also step the default with attention's ordered-dQ backward) "
+                                  "or off", ordered));
   std::vector<std::string> algos;
   for (size_t a = 0; a <= gemm_algo.size();) {
     const size_t b = std::min(gemm_algo.find(',', a), gemm_algo.size());
@@ -200,6 +233,7 @@ int run(int argc, char** argv) {
   // weight gradients), the same with direct weight gradients (the partials' gain), unfused (the
   // epilogues' gain), then the other GEMM choices fused.
   std::vector<Variant> variants{{algos.front(), true, true}};
+  if (ordered == "on") variants.push_back({algos.front(), true, true, true});
   if (direct == "on") variants.push_back({algos.front(), true, false});
   if (plain == "on") variants.push_back({algos.front(), false, true});
   for (size_t a = 1; a < algos.size(); ++a) variants.push_back({algos[a], true, true});

@@ -122,6 +122,13 @@ cat > "$h/gpu-kernels.json" <<'JSON'
 JSON
 check "summary: the ordered-dQ study row" 0 "study attention bwd ordered dq              420.0 us  vs  attention bwd    590.0 us" -- \
   env GPU_SECTIONS=kernels "$root/scripts/gpu-device" helper summary "$h" "$h"
+# The train section's rows name the attention backward's form (--ordered-dq on: the default's Step again).
+cat > "$h/gpu-train.json" <<'JSON'
+{"device": "H200", "models": [{"model": "gpt2-124m", "gemm_algo": "heuristic", "fuse_epilogues": true, "epilogue_fusions": 36, "wgrad_gemm": "partials", "partial_wgrads_per_step": 24, "attention_bwd": "default", "batch": 16, "seq": 1024, "step_s": 0.040, "spread": [0.039, 0.041], "optimizer_s": 0.001, "tokens_per_s": 409600, "flops_per_token": 7.98e8, "mfu": 0.33, "last_loss": 10.5, "peak_bytes": 8809174080},
+ {"model": "gpt2-124m", "gemm_algo": "heuristic", "fuse_epilogues": true, "epilogue_fusions": 36, "wgrad_gemm": "partials", "partial_wgrads_per_step": 24, "attention_bwd": "ordered_dq", "batch": 16, "seq": 1024, "step_s": 0.038, "spread": [0.037, 0.039], "optimizer_s": 0.001, "tokens_per_s": 431158, "flops_per_token": 7.98e8, "mfu": 0.35, "last_loss": 10.5, "peak_bytes": 8809174080}]}
+JSON
+check "summary: the train rows name the attention form" 0 "attn-bwd ordered_dq B=16 step 38.0 ms" -- \
+  env GPU_SECTIONS=train "$root/scripts/gpu-device" helper summary "$h" "$h"
 # bench/gpu_preset.py turns that JSON into the preset's [device] interference keys (and refuses one
 # without a fit), beside the kernel figures from a committed kernel bench.
 check "gpu_preset.py interference keys" 0 "compute_slowdown = 1.31" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \
