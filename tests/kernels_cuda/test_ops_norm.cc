@@ -24,7 +24,10 @@ namespace {
 
 struct Shape { int64_t N, C; };
 // The last two: many rows, the last 128-row chunk of the parameter gradients ragged (5000, 3000).
-const Shape kShapes[] = {{1, 768}, {37, 100}, {64, 8}, {300, 1000}, {5, 33}, {1024, 4096}, {5000, 768}, {3000, 2048}};
+// 512: the forward's two 8-column units a lane (C in (256, 512]); 1288: the one-pass backward's
+// eight units a lane with its last slots partly filled (C in (1024, 1792], ragged).
+const Shape kShapes[] = {{1, 768},   {37, 100},   {64, 8},      {300, 1000}, {5, 33},
+                         {200, 512}, {150, 1288}, {1024, 4096}, {5000, 768}, {3000, 2048}};
 
 constexpr float kEps = 1e-5f;
 constexpr double kBf16OutBound = kBf16U + 1e-5;  // one rounding + fp32 order

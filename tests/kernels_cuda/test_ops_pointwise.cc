@@ -10,6 +10,8 @@
 // rounded to fp32): u + 1e-5. An add is
 // the CPU's fp32 add then a round to nearest even (to_bf16's rule), and a cast that rounding alone,
 // so those must match bit for bit.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "CudaTest.h"
@@ -62,6 +64,54 @@ TEST(CudaOpsPointwise, SwigluForwardAndBackwardMatchCpu) {
     swiglu_bwd(gdy.get(), ggu.get(), gdgu.get(), d.N, d.F, nullptr);
     EXPECT_LE(rel_err(to_f32(gy.download()), y), kBf16OutBound) << "swiglu_fwd N=" << d.N << " F=" << d.F;
     EXPECT_LE(rel_err(to_f32(gdgu.download()), dgu), kBf16OutBound) << "swiglu_bwd N=" << d.N << " F=" << d.F;
+  }
+}
+
+// Arguments where the GPU's sigmoid forms overflow (__expf(-2u) or __expf(-a) past ~88: inf, so the
+// sigmoid is 0 and GELU's y is -0) or saturate, which the random inputs above (|x| < ~10) never
+// reach: every output finite, and within the file's bound of the CPU twins in double (std::tanh,
+// std::exp: the exact values, whose bf16 roundings the bound allows). 16 values, so the 16-byte
+// path runs; each also as SwiGLU's gate, with an up input of 1.5.
+TEST(CudaOpsPointwise, GeluAndSwigluAtLargeArgumentsAreFiniteAndMatchCpu) {
+  DHX_REQUIRE_GPU();
+  const std::vector<float> x = {-88.0f, -60.0f, -30.0f, -12.0f, -9.5f, -3.0f, -0.5f, 0.0f,
+                                0.5f,   3.0f,   9.5f,   12.0f,  30.0f, 60.0f, 88.0f, -1e4f};
+  const int64_t n = static_cast<int64_t>(x.size());
+  const std::vector<float> xr = round_bf16(x), dy(x.size(), 1.0f);
+  auto finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
+  };
+  {  // GELU
+    const std::vector<double> xd(xr.begin(), xr.end()), dyd(dy.begin(), dy.end());
+    std::vector<double> yd(x.size()), dxd(x.size());
+    cpu::gelu_fwd<double>(xd.data(), yd.data(), n);
+    cpu::gelu_bwd<double>(dyd.data(), xd.data(), dxd.data(), n);
+    DevBuf<bf16> gx(to_bf16(xr)), gdy(to_bf16(dy)), gy(n), gdx(n);
+    gy.poison(), gdx.poison();
+    gelu_fwd(gx.get(), gy.get(), n, nullptr);
+    gelu_bwd(gdy.get(), gx.get(), gdx.get(), n, nullptr);
+    const std::vector<float> y = to_f32(gy.download()), dx = to_f32(gdx.download());
+    EXPECT_TRUE(finite(y)) << "gelu_fwd";
+    EXPECT_TRUE(finite(dx)) << "gelu_bwd";
+    EXPECT_LE(rel_err(y, std::vector<float>(yd.begin(), yd.end())), kBf16OutBound) << "gelu_fwd";
+    EXPECT_LE(rel_err(dx, std::vector<float>(dxd.begin(), dxd.end())), kBf16OutBound) << "gelu_bwd";
+  }
+  {  // SwiGLU: one row of F = 16, gate x, up 1.5
+    std::vector<float> gu(2 * x.size());
+    for (size_t i = 0; i < x.size(); ++i) gu[i] = xr[i], gu[x.size() + i] = 1.5f;
+    const std::vector<double> gud(gu.begin(), gu.end()), dyd(dy.begin(), dy.end());
+    std::vector<double> yd(x.size()), dgud(gu.size());
+    cpu::swiglu_fwd<double>(gud.data(), yd.data(), 1, n);
+    cpu::swiglu_bwd<double>(dyd.data(), gud.data(), dgud.data(), 1, n);
+    DevBuf<bf16> ggu(to_bf16(gu)), gdy(to_bf16(dy)), gy(n), gdgu(2 * n);
+    gy.poison(), gdgu.poison();
+    swiglu_fwd(ggu.get(), gy.get(), 1, n, nullptr);
+    swiglu_bwd(gdy.get(), ggu.get(), gdgu.get(), 1, n, nullptr);
+    const std::vector<float> y = to_f32(gy.download()), dgu = to_f32(gdgu.download());
+    EXPECT_TRUE(finite(y)) << "swiglu_fwd";
+    EXPECT_TRUE(finite(dgu)) << "swiglu_bwd";
+    EXPECT_LE(rel_err(y, std::vector<float>(yd.begin(), yd.end())), kBf16OutBound) << "swiglu_fwd";
+    EXPECT_LE(rel_err(dgu, std::vector<float>(dgud.begin(), dgud.end())), kBf16OutBound) << "swiglu_bwd";
   }
 }
 
