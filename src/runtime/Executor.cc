@@ -76,8 +76,8 @@ class Executor::PairScope {
   }
   void end() {
     if (!held_) return;
+    e_.join_streams();  // where this throws, the destructor still releases the held frees
     held_ = false;
-    e_.join_streams();
     release_device_frees();
   }
   ~PairScope() {

@@ -22,6 +22,11 @@ std::shared_ptr<cuda::Blas> place_on_device(StepParts& parts, Device d, const Ge
   const std::string why = device_unavailable(d);
   DHX_CHECK(why.empty(), DeviceError, "a step on {}: {}", d.str(), why);
 #if DHELIX_HAVE_CUDA
+  // The step's GPU current on this thread before anything touches one: the cuBLASLt handle is made
+  // in the current device's context and the parameters' upload runs there (with a GPU per rank under
+  // NCCL, a rank other than local rank 0 still has GPU 0 current here; use_device keeps an SM
+  // partition's context).
+  use_device(d);
   auto blas = std::make_shared<cuda::Blas>(d.index);
   if (gemms.timed) blas->set_choice(cuda::Blas::Choice::kTimed);
   if (gemms.wgrad_partials) blas->set_wgrad(cuda::Blas::Wgrad::kPartials);

@@ -41,6 +41,12 @@ void device_free(Device d, void* p, StreamHandle s, size_t bytes);
 //
 //   strand F stream: [op reads t] (t dropped: held) .......... join | free(t, F)
 //   strand B stream: [op reads t ..............]               join |
+//
+// The hold is per thread: a comm thread that drops the last reference to a collective's buffer (an
+// NCCL op's kept tensors, a staged group's captured ones) frees it at once, ordered on the buffer's
+// allocation stream only. That is safe while no collective's buffer is read by the other strand's
+// stream within a pair (true of every program today: a collective's inputs and outputs belong to the
+// strand that issued it); a program that shares one across strands must hold those frees too.
 void hold_device_frees();
 void release_device_frees();
 // Frees held by this thread now (0 when none is held).

@@ -235,6 +235,35 @@ TEST(CudaGemm, ChoicesRepeatTheTimedAlgorithms) {
   }
 }
 
+// Blas::HeuristicOnly (the grouped expert GEMMs' scope: their row counts change with the routing):
+// under kTimed, a shape first planned inside the scope runs the heuristic's first answer untimed
+// and is neither counted nor written to the choices; run again outside the scope it becomes an
+// ordinary choice. Oracles: a kHeuristic Blas's output on the same inputs, bit for bit (the first
+// answer, not a timed one), and the counts.
+TEST(CudaGemm, HeuristicOnlyScopePlansUntimedAndLeavesTheChoicesFile) {
+  DHX_REQUIRE_GPU();
+  const Dims d = kShapes[0];
+  const auto x = round_bf16(randn(d.N * d.I, 1400)), w = round_bf16(randn(d.O * d.I, 1401, 0.05f));
+  DevBuf<bf16> gx(to_bf16(x)), gw(to_bf16(w)), y_timed(d.N * d.O), y_plain(d.N * d.O);
+  Blas plain(0);  // kHeuristic
+  plain.linear_fwd(gx.get(), gw.get(), nullptr, y_plain.get(), d.N, d.I, d.O, nullptr);
+  Blas timed(0);
+  timed.set_choice(Blas::Choice::kTimed);
+  {
+    const Blas::HeuristicOnly scope;
+    y_timed.poison();
+    timed.linear_fwd(gx.get(), gw.get(), nullptr, y_timed.get(), d.N, d.I, d.O, nullptr);
+  }
+  EXPECT_EQ(0, std::memcmp(y_timed.download().data(), y_plain.download().data(), d.N * d.O * sizeof(bf16)))
+      << "inside the scope: the heuristic's first answer";
+  EXPECT_EQ(timed.cached_algorithms(), 1u);
+  EXPECT_EQ(timed.chosen_here(), 0u);
+  EXPECT_TRUE(timed.choices().choices.empty());
+  timed.linear_fwd(gx.get(), gw.get(), nullptr, y_timed.get(), d.N, d.I, d.O, nullptr);  // outside: timed now
+  EXPECT_EQ(timed.chosen_here(), 1u);
+  EXPECT_EQ(timed.choices().choices.size(), 1u);
+}
+
 // Choice::kTimed (training.gemm_algo = timed): each new shape's algorithm the fastest of the
 // heuristic's first answers, timed on the first call's operands into a scratch copy of C. Oracles:
 // (1) the CPU's fp32 layers with the bounds above (any cuBLASLt algorithm accumulates in fp32; only

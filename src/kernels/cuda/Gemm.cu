@@ -48,6 +48,7 @@ struct Blas::Plan {
   bool found = true;   // false: cuBLASLt has no algorithm for this key (a fused form falls back)
   bool timed = false;  // algo is the fastest of the timed answers (Choice::kTimed) or the preset's: not retimed
   bool preset = false;  // algo is the preset's choice (Blas::preset)
+  bool transient = false;  // planned under Blas::HeuristicOnly: never timed, not in choices() (until used without it)
   int answer = 0;       // algo is the heuristic's answer at this index (of its first kTimedCandidates) ...
   int split = 1;        // ... split K this many ways (1: not split)
   double ms = 0;        // its median time when timed (a preset's: the file's, kept when it is rewritten)
@@ -174,6 +175,13 @@ template <typename Key> std::string describe(const Key& k) {
 }  // namespace
 
 // Column-major problem: m' = N, n' = M; A' = B (op = trans_b), B' = A (op = trans_a).
+namespace {
+thread_local int t_heuristic_only = 0;  // Blas::HeuristicOnly scopes open on this thread
+}  // namespace
+
+Blas::HeuristicOnly::HeuristicOnly() { ++t_heuristic_only; }
+Blas::HeuristicOnly::~HeuristicOnly() { --t_heuristic_only; }
+
 Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = plans_.find(k);
@@ -183,8 +191,12 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
       DHX_CUDA_REQUIRE(missing == Missing::kNull, "cuBLASLt has no algorithm for the GEMM ", describe(k));
       return nullptr;
     }
+    if (p.transient && !t_heuristic_only) {  // now used outside a HeuristicOnly scope: a choice like any other
+      p.transient = false;
+      if (!p.preset) ++chosen_;
+    }
     // A plan made without operands (time_candidates' study) is timed at its first real call.
-    if (choice_ == Choice::kTimed && call && !p.timed) time_answers(k, p, kTimedCandidates, *call, 5, true);
+    if (choice_ == Choice::kTimed && call && !p.timed && !p.transient) time_answers(k, p, kTimedCandidates, *call, 5, true);
     return &p;
   }
   auto p = std::make_unique<Plan>();
@@ -262,9 +274,11 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
     }
   }
   if (!p->preset && choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
-  if (!p->preset) ++chosen_;
+  p->transient = t_heuristic_only;
+  if (!p->preset && !p->transient) ++chosen_;
   Plan& made = *plans_.emplace(k, std::move(p)).first->second;
-  if (!made.preset && choice_ == Choice::kTimed && call) time_answers(k, made, kTimedCandidates, *call, 5, true);
+  if (!made.preset && !made.transient && choice_ == Choice::kTimed && call)
+    time_answers(k, made, kTimedCandidates, *call, 5, true);
   return &made;
 }
 
@@ -449,7 +463,7 @@ GemmChoices Blas::choices() const {
   // rewritten holding the same choices has the same bytes, whichever keys this run planned first.
   std::map<Key, GemmChoice> all;
   for (const auto& [k, p] : plans_) {
-    if (!p->found) continue;
+    if (!p->found || p->transient) continue;
     GemmChoice ch = choice_of(k);
     ch.answer = p->answer, ch.split = p->split, ch.ms = p->ms;
     all.emplace(k, std::move(ch));
@@ -615,7 +629,8 @@ bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t I, i
   const bool ran = gemm_strided_batched(Op::kT, Op::kN, O, I, rows, 1.0f, dy, O, rows * O, x, I, rows * I, 0.0f, part,
                                         I, stride, parts, Out::kF32, s);
   if (ran) {
-    const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(dw) % 16 == 0;
+    const bool vec = n % 4 == 0 && stride % 4 == 0 && reinterpret_cast<uintptr_t>(dw) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(part) % 16 == 0;
     const int64_t items = vec ? n / 4 : n;
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(cdiv(items, 256), 8 * static_cast<int64_t>(sms_)));
     wgrad_sum_kernel<<<blocks, 256, 0, s>>>(part, stride, parts, dw, n, vec);

@@ -164,6 +164,20 @@ class Blas {
   // (a fused form's plan cuBLASLt refuses later leaves the file's content, not this count).
   size_t chosen_here() const;
 
+  // While one is alive on a thread, that thread's new keys are planned with the heuristic's first
+  // answer (or the preset's), whatever the choice, never timed, and left out of choices() and
+  // chosen_here(): for the grouped expert GEMMs (ExpertLinear.cc), whose per-expert row counts
+  // change with the routing, so that kTimed would stop a step to time each new count and a choices
+  // file would grow by a key for each. A key planned so and later run outside a scope becomes an
+  // ordinary choice from then on (timed at that call under kTimed).
+  class HeuristicOnly {
+   public:
+    HeuristicOnly();
+    ~HeuristicOnly();
+    HeuristicOnly(const HeuristicOnly&) = delete;
+    HeuristicOnly& operator=(const HeuristicOnly&) = delete;
+  };
+
   // Study (bench/gpu_kernels.cc): each algorithm cuBLASLt's heuristic offers for this GEMM (at most
   // `max`, in its order: index 0 is what kHeuristic runs), then always kSplitKVariants entries, the
   // first answer split kSplitKParts ways (infinite where cuBLASLt refuses that split), timed on these
