@@ -34,10 +34,16 @@
 //   T_off      SI off: fwd then bwd of each micro-batch (within a strand a reduce-scatter of input
 //              gradients may already run under the next weight-gradient GEMM, as in Megatron)
 //   T_on       SI on (the default plan): one strand's collectives beside the other's kernels
-// speedup T_off / T_on; ideal (C + M) / max(C, M); overlap efficiency (T_off - T_on) / min(C, M),
-// the share of what is hideable that SI hid (ceiling (T_off - C) / min(C, M): what T_off hides
-// already is not there for SI to gain); peak activation bytes (the step's tracker, device bytes)
-// SI on over off. A step = zero grads + forward/backward of the micro-batches + the tp
+// All against the SI-off step, the baseline: speedup T_off / T_on; ideal T_off / max(C, M)
+// (the SI-off step, compute plus its exposed communication, over the step with all of it hidden);
+// overlap efficiency (T_off - T_on) / (T_off - max(C, M)), the share of what SI could save that it
+// saved (1 exactly when speedup = ideal; null where T_off is within 2% of max(C, M): nothing left to
+// hide). Against the fully exposed step too: ideal_speedup_vs_exposed T_exposed / max(C, M) and
+// overlap_efficiency_vs_exposed (T_exposed - T_on) / min(C, M) (bench/si_overlap.cc's
+// eff_vs_exposed). Memory: extra_memory_fraction the step's peak device bytes (the model states
+// plus the activation tracker's peak) SI on over off, less 1, the largest of the ranks'
+// (DHeLlam's < 3% claim is of the whole); extra_activation_fraction the activations' alone.
+// A step = zero grads + forward/backward of the micro-batches + the tp
 // partial-gradient all-reduces, timed on the host from a
 // barrier to the device's idle, the slower rank's time; the AdamW update (the same either way) is
 // not run.
@@ -46,7 +52,7 @@
 //                       [--cp-seq 8192] [--micro-batches 4] [--comm-fraction 0.45] [--rounds 4] [--steps 3]
 //                       [--sm-split ranks|off]
 // Prints a line per round, a line {"model_result":{...}} as each model is done (speedup,
-// ideal_speedup, overlap_efficiency, extra_memory_fraction; a model that failed: its error, and the
+// ideal_speedup, overlap_efficiency, extra_memory_fraction, ...; a model that failed: its error, and the
 // others still run: exit 1), and last one JSON object {"device":...,"models":[...]} of them all.
 // (sim_abs_error is null here: bench/gpu-si-sim.sh prices these runs with the simulator.) Where SM
 // partitions cannot be made, a model runs without them and says so (sm_split off, sm_split_error).
@@ -219,6 +225,23 @@ class Rank {
   }
 
   double axis_bytes() const { return comm_.group(axis_).traffic().bytes; }
+  // The model states' device bytes (parameters, gradients, optimizer state: the Step's state tracker).
+  double state_bytes() const { return static_cast<double>(step_->parts->state_mem.current()); }
+
+  // A step that threw may leave ops queued in the Step's staged groups whose tensors are ordered on
+  // the SI-on runner's strand streams: the groups go (~Step's drain, then the groups) before that
+  // runner does, as ~Step orders its own runner's.
+  ~Rank() {
+    if (!step_) return;
+    try {
+      on_->executor().drain_prefetches();
+    } catch (const std::exception&) {  // the run failed already; its error is the one reported
+    }
+    step_.reset();
+    on_.reset();
+  }
+  Rank(const Rank&) = delete;
+  Rank& operator=(const Rank&) = delete;
 
  private:
   CommContext& comm_;
@@ -332,26 +355,39 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
         std::printf("  round %d: compute %.2f ms, exposed %.2f ms, SI off %.2f ms, SI on %.2f ms\n", r + 1,
                     round[kCompute] * 1e3, round[kExposed] * 1e3, round[kOff] * 1e3, round[kOn] * 1e3);
     }
+    // Peak memory SI on over off: each rank's (its states plus its activations' peak), the largest.
+    double extra = 0, extra_act = 0;
+    {
+      const double states = rank.state_bytes(), off = static_cast<double>(st_off.peak_activation_bytes),
+                   on = static_cast<double>(st_on.peak_activation_bytes);
+      Tensor e = Tensor::zeros({2}, DType::kF64);
+      e.data<double>()[0] = (states + on) / std::max(states + off, 1.0) - 1;
+      e.data<double>()[1] = on / std::max(off, 1.0) - 1;
+      comm.world().all_reduce(e, ReduceOp::kMax).wait();
+      extra = e.data<double>()[0], extra_act = e.data<double>()[1];
+    }
     if (!lead) return;
     const double C = median(per_round[kCompute]), Texp = median(per_round[kExposed]);
     const double Toff = median(per_round[kOff]), Ton = median(per_round[kOn]);
-    const double M = std::max(Texp - C, 0.0);
-    const double ideal = (C + M) / std::max(C, M), hideable = std::max(std::min(C, M), 1e-12);
-    const double eff = (Toff - Ton) / hideable, ceiling = (Toff - C) / hideable;
-    const double extra = static_cast<double>(st_on.peak_activation_bytes) /
-                             static_cast<double>(std::max<int64_t>(1, st_off.peak_activation_bytes)) -
-                         1;
+    const double M = std::max(Texp - C, 0.0), best = std::max(C, M);
+    const double ideal = Toff / best, ideal_exposed = Texp / best;
+    // null where the SI-off step leaves under 2% of itself to hide (or M ~ 0 for the exposed form)
+    const bool room = Toff - best > 0.02 * Toff, room_exposed = std::min(C, M) > 0.02 * Texp;
+    const double eff = room ? (Toff - Ton) / (Toff - best) : 0;
+    const double eff_exposed = room_exposed ? (Texp - Ton) / std::min(C, M) : 0;
+    auto num_or_null = [](bool ok, double v) { return ok ? fmt::format("{:.4g}", v) : std::string("null"); };
     auto spread = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return fmt::format("[{:.6g},{:.6g}]", v.front(), v.back());
     };
     std::printf("%s: compute %.2f ms, comm %.2f ms (%.0f%% of the exposed step); SI off %.2f ms, on %.2f ms: speedup "
-                "%.3f (ideal %.3f), overlap efficiency %.2f (ceiling %.2f); peak activations %.1f -> %.1f MiB "
-                "(%+.1f%%)\n",
+                "%.3f (ideal %.3f), overlap efficiency %s (against the exposed step: ideal %.3f, efficiency %s); "
+                "peak memory SI on over off %+.2f%% (activations %.1f -> %.1f MiB, %+.1f%%; the largest of the "
+                "ranks')\n",
                 name.c_str(), C * 1e3, M * 1e3, 100 * M / std::max(Texp, 1e-12), Toff * 1e3, Ton * 1e3, Toff / Ton,
-                ideal, eff, ceiling,
-                static_cast<double>(st_off.peak_activation_bytes) / 1048576.0,
-                static_cast<double>(st_on.peak_activation_bytes) / 1048576.0, extra * 100);
+                ideal, num_or_null(room, eff).c_str(), ideal_exposed, num_or_null(room_exposed, eff_exposed).c_str(),
+                extra * 100, static_cast<double>(st_off.peak_activation_bytes) / 1048576.0,
+                static_cast<double>(st_on.peak_activation_bytes) / 1048576.0, extra_act * 100);
     std::lock_guard lk(mu);
     json = fmt::format(
         "{{\"model\":\"{}\",\"layout\":\"{}, ranks as threads on one GPU\",\"sm_split\":\"{}\",\"sms_per_rank\":{},"
@@ -360,11 +396,13 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
         "\"bytes_per_step\":{:.6g},\"compute_s\":{:.6g},\"compute_spread\":{},\"exposed_s\":{:.6g},"
         "\"comm_s\":{:.6g},\"comm_fraction\":{:.4g},\"si_off_s\":{:.6g},\"si_off_spread\":{},\"si_on_s\":{:.6g},"
         "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
-        "\"overlap_efficiency\":{:.4g},\"overlap_ceiling\":{:.4g},\"peak_activation_bytes_si_off\":{},"
-        "\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},\"sim_abs_error\":null{}}}",
+        "\"overlap_efficiency\":{},\"ideal_speedup_vs_exposed\":{:.4g},\"overlap_efficiency_vs_exposed\":{},"
+        "\"peak_activation_bytes_si_off\":{},\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},"
+        "\"extra_activation_fraction\":{:.4g},\"sim_abs_error\":null{}}}",
         name, layout, parts.empty() ? "off" : "ranks", sms_per_rank, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
         Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
-        Toff / Ton, ideal, eff, ceiling, st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra,
+        Toff / Ton, ideal, num_or_null(room, eff), ideal_exposed, num_or_null(room_exposed, eff_exposed),
+        st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra, extra_act,
         split_error.empty() ? std::string() : fmt::format(",\"sm_split_error\":{}", json_text(split_error)));
   });
   return json;

@@ -135,7 +135,7 @@ class StagedGroup final : public ProcessGroup {
     check_tensor(t, "send");
     cudaEvent_t ready = t.device().is_host() ? nullptr : producer_point();
     return [this, t, peer, tag, ready](const std::shared_ptr<WorkState>& st) {
-      const double t0 = now_seconds();
+      const double t0 = link_start(ready);
       Tensor h = stage_in(t, ready);
       pace(t0, static_cast<double>(t.nbytes()));
       Posted p{st, host_.send(h, peer, tag), h, Tensor(), nullptr};
@@ -241,6 +241,19 @@ class StagedGroup final : public ProcessGroup {
     return copy_;
   }
 
+  // When the emulated link starts carrying an op: once its input exists (the producer's point,
+  // `ready`, has passed; at once for a host tensor). Timed from the op's issue instead, a transfer
+  // would run under the kernels still writing its input, and an op issued right behind its
+  // producer's launch would pay little or none of its link time. The staging copy then runs inside
+  // the link's time (it moves the bytes far faster than an emulated link does).
+  double link_start(cudaEvent_t ready) const {
+    if (ready && link_bytes_per_s_ > 0 && size() > 1) {
+      use_device(Device::cuda(device_));
+      cuda_check(cudaEventSynchronize(ready), "cudaEventSynchronize (producer, link start)");
+    }
+    return now_seconds();
+  }
+
   // Holds the op until `bytes` at the emulated link's rate have passed since t0.
   void pace(double t0, double bytes) const {
     const double rate = link_bytes_per_s_;
@@ -257,7 +270,7 @@ class StagedGroup final : public ProcessGroup {
     check_tensor(in, "collective");
     cudaEvent_t ready = in.device().is_host() ? nullptr : producer_point();
     return [this, in, op, ready, bytes](const std::shared_ptr<WorkState>&) {
-      const double t0 = now_seconds();
+      const double t0 = link_start(ready);
       Tensor h = stage_in(in, ready);
       auto [result, dst] = op(h);
       stage_out(result, dst);

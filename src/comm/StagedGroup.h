@@ -9,7 +9,9 @@
 //                    group's own copy stream (the copy engines, not the SMs); runs the same op on
 //                    the CPU group and waits for it; copies the result into the device output;
 //                    with an emulated link rate, holds the op until bytes / rate has passed since
-//                    it started (the rank's ring bytes, as ProcessGroup's traffic counts them); done
+//                    its input existed (the producer's event passed: the link cannot carry bytes
+//                    not yet written; the rank's ring bytes, as ProcessGroup's traffic counts
+//                    them); done
 //
 // Point-to-point ops are posted on the CPU group (a receive and a send of one exchange may be
 // issued in either order) and completed by the comm thread's poll. The CPU group must be this

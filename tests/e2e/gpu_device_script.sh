@@ -129,6 +129,15 @@ cat > "$h/gpu-train.json" <<'JSON'
 JSON
 check "summary: the train rows name the attention form" 0 "attn-bwd ordered_dq B=16 step 38.0 ms" -- \
   env GPU_SECTIONS=train "$root/scripts/gpu-device" helper summary "$h" "$h"
+# The SI section's rows: an overlap efficiency the bench leaves null (nothing left to hide) reads "null".
+cat > "$h/gpu-si.json" <<'JSON'
+{"device": "H200", "models": [{"model": "gpt2-124m", "sm_split": "ranks", "sms_per_rank": 66, "compute_s": 0.1, "comm_s": 0.08, "speedup": 1.21, "ideal_speedup": 1.5, "overlap_efficiency": 0.62, "extra_memory_fraction": 0.012, "sim_abs_error": 0.05},
+ {"model": "llama-1b", "sm_split": "ranks", "sms_per_rank": 66, "compute_s": 0.2, "comm_s": 0.001, "speedup": 1.0, "ideal_speedup": 1.01, "overlap_efficiency": null, "extra_memory_fraction": 0.0, "sim_abs_error": null}]}
+JSON
+check "summary: an SI row" 0 "speedup 1.210 (ideal 1.500) overlap eff 0.62  extra mem +1.2%  sim_abs_error 0.050" -- \
+  env GPU_SECTIONS=si "$root/scripts/gpu-device" helper summary "$h" "$h"
+check "summary: a null overlap efficiency" 0 "speedup 1.000 (ideal 1.010) overlap eff null  extra mem +0.0%" -- \
+  env GPU_SECTIONS=si "$root/scripts/gpu-device" helper summary "$h" "$h"
 # bench/gpu_preset.py turns that JSON into the preset's [device] interference keys (and refuses one
 # without a fit), beside the kernel figures from a committed kernel bench.
 check "gpu_preset.py interference keys" 0 "compute_slowdown = 1.31" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \
