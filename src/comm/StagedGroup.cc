@@ -279,11 +279,17 @@ class StagedGroup final : public ProcessGroup {
     };
   }
 
-  // On the comm thread: completes posted sends and receives in order as their CPU ops finish.
+  // On the comm thread: completes posted sends and receives as their CPU ops finish, in any order (a
+  // send over Gloo or MPI completes only once its peer has received it, so a finished receive must
+  // not wait behind it: its issuer may be what lets the peer post that receive); true while any is
+  // left.
   bool poll() {
-    while (!posted_.empty()) {
-      Posted& p = posted_.front();
-      if (!p.host_work.is_completed()) return true;
+    for (size_t i = 0; i < posted_.size();) {
+      Posted& p = posted_[i];
+      if (!p.host_work.is_completed()) {
+        ++i;
+        continue;
+      }
       std::string error;
       try {
         p.host_work.wait();  // finished: throws its failure, if any
@@ -296,11 +302,11 @@ class StagedGroup final : public ProcessGroup {
       // does, it may free what they are charged to (the step's activation tracker) and the stream
       // their device memory is ordered on.
       const std::shared_ptr<WorkState> st = std::move(p.st);
-      posted_.pop_front();
+      posted_.erase(posted_.begin() + static_cast<std::ptrdiff_t>(i));
       if (error.empty()) st->complete();
       else st->fail(error);
     }
-    return false;
+    return !posted_.empty();
   }
 
   ProcessGroup& host_;

@@ -63,8 +63,12 @@ TEST(CudaSmPartition, KernelsOfAPartitionStayOnItsSms) {
   std::thread t[2];
   for (int k = 0; k < 2; ++k)
     t[k] = std::thread([&, k] {
-      SmPartitionScope in(parts[static_cast<size_t>(k)].get());
-      reached[k] = sms_reached(blocks);
+      try {  // an exception leaving a std::thread would end the whole test binary
+        SmPartitionScope in(parts[static_cast<size_t>(k)].get());
+        reached[k] = sms_reached(blocks);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "partition " << k << ": " << e.what();
+      }
     });
   for (auto& th : t) th.join();
   for (int k = 0; k < 2; ++k) {
@@ -125,21 +129,25 @@ TEST(CudaSmPartition, BlasInsideAPartitionPlansForItsSmsAndStaysExact) {
   }
   auto parts = SmPartition::split(0, 2);
   std::thread t([&] {
-    SmPartitionScope in(parts[0].get());
-    cuda::Blas blas(0);
-    EXPECT_EQ(blas.sm_count_target(), parts[0]->sms());
-    EXPECT_EQ(cuda::current_sm_count(0), parts[0]->sms());
-    cudaStream_t s = nullptr;
-    DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    {
-      cuda::test::DevBuf<cuda::bf16> dx(cuda::test::to_bf16(x)), dw(cuda::test::to_bf16(w)), dy(N * O);
-      dy.poison();
-      blas.linear_fwd(dx.get(), dw.get(), nullptr, dy.get(), N, I, O, s);
-      DHX_CUDA(cudaStreamSynchronize(s));
-      const std::vector<float> got = cuda::test::to_f32(dy.download());
-      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+    try {  // an exception leaving a std::thread would end the whole test binary
+      SmPartitionScope in(parts[0].get());
+      cuda::Blas blas(0);
+      EXPECT_EQ(blas.sm_count_target(), parts[0]->sms());
+      EXPECT_EQ(cuda::current_sm_count(0), parts[0]->sms());
+      cudaStream_t s = nullptr;
+      DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      {
+        cuda::test::DevBuf<cuda::bf16> dx(cuda::test::to_bf16(x)), dw(cuda::test::to_bf16(w)), dy(N * O);
+        dy.poison();
+        blas.linear_fwd(dx.get(), dw.get(), nullptr, dy.get(), N, I, O, s);
+        DHX_CUDA(cudaStreamSynchronize(s));
+        const std::vector<float> got = cuda::test::to_f32(dy.download());
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+      }
+      DHX_CUDA(cudaStreamDestroy(s));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "in the partition: " << e.what();
     }
-    DHX_CUDA(cudaStreamDestroy(s));
   });
   t.join();
   EXPECT_EQ(cuda::current_sm_count(0), cuda::device_info(0).sms);

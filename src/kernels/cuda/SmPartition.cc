@@ -111,18 +111,26 @@ std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int par
   const int total = static_cast<int>(all.sm.smCount);
   const int align = std::max(1, static_cast<int>(all.sm.smCoscheduledAlignment));
   const int least = std::max(1, static_cast<int>(all.sm.minSmPartitionSize));
-  const int each = total / parts / align * align;
-  DHX_CHECK(each >= least, DeviceError,
+  const int first = total / parts / align * align;
+  DHX_CHECK(first >= least, DeviceError,
             "SM partitions: cuda:{} has {} SMs; {} parts of a multiple of {} SMs each leave {} per part, under the "
-            "driver's minimum of {} (hint: fewer parts)", device, total, parts, align, each, least);
+            "driver's minimum of {} (hint: fewer parts)", device, total, parts, align, first, least);
   std::vector<CUdevResource> groups(static_cast<size_t>(parts));
-  unsigned n = static_cast<unsigned>(parts);
+  unsigned n = 0;
   CUdevResource rest{};
-  check(drv.cuDevSmResourceSplitByCount(groups.data(), &n, &all, &rest, 0, static_cast<unsigned>(each)),
-        "cuDevSmResourceSplitByCount");
+  // The driver may round a group's count up past the reported alignment (cuda.h: on compute 9.0 a
+  // multiple of 8, where a 132-SM H100's alignment may read smaller), so that `parts` groups no
+  // longer fit: then a smaller count, one alignment step at a time, down to the minimum.
+  int each = first;
+  for (; each >= least; each -= align) {
+    n = static_cast<unsigned>(parts);
+    check(drv.cuDevSmResourceSplitByCount(groups.data(), &n, &all, &rest, 0, static_cast<unsigned>(each)),
+          "cuDevSmResourceSplitByCount");
+    if (n == static_cast<unsigned>(parts)) break;
+  }
   DHX_CHECK(n == static_cast<unsigned>(parts), DeviceError,
-            "SM partitions: cuda:{} ({} SMs) split into {} groups of {} SMs, not the {} asked for", device, total, n,
-            each, parts);
+            "SM partitions: cuda:{} ({} SMs) split into {} groups, not the {} asked for, at every count from {} down "
+            "to the driver's minimum of {} SMs a group (alignment {})", device, total, n, parts, first, least, align);
   std::vector<std::unique_ptr<SmPartition>> out;
   for (CUdevResource& g : groups) {
     CUdevResourceDesc desc = nullptr;
