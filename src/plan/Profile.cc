@@ -110,7 +110,8 @@ json Profile::to_json() const {
   json m = {{"model", meta.model},         {"layout", meta.layout},   {"shapes", meta.shapes},
             {"machine", meta.machine},     {"timestamp", meta.timestamp},
             {"pair", meta.pair},           {"repeats", meta.repeats}, {"warmup", meta.warmup},
-            {"fwd_ops", meta.fwd_ops},     {"bwd_ops", meta.bwd_ops}, {"precision", meta.precision}};
+            {"fwd_ops", meta.fwd_ops},     {"bwd_ops", meta.bwd_ops}, {"precision", meta.precision},
+            {"timing_overhead_s", meta.timing_overhead_s}};
   return {{"format", kProfileFormat}, {"version", kVersion}, {"meta", m},
           {"solo_fwd", sf},           {"solo_bwd", sb},      {"pairs", pr}};
 }
@@ -136,6 +137,13 @@ Profile Profile::from_json(const json& j, const std::string& origin) {
     p.meta.precision = m.value("precision", "");
     p.meta.repeats = m.contains("repeats") ? int_of(m["repeats"], origin, "meta 'repeats'") : 0;
     p.meta.warmup = m.contains("warmup") ? int_of(m["warmup"], origin, "meta 'warmup'") : 0;
+    if (m.contains("timing_overhead_s")) {
+      DHX_CHECK(m["timing_overhead_s"].is_number(), PlanError, "{}: meta 'timing_overhead_s' is {}, not a number",
+                origin, m["timing_overhead_s"].dump());
+      p.meta.timing_overhead_s = m["timing_overhead_s"].get<double>();
+      DHX_CHECK(std::isfinite(p.meta.timing_overhead_s) && p.meta.timing_overhead_s >= 0, PlanError,
+                "{}: meta 'timing_overhead_s' = {} (seconds: finite, >= 0)", origin, p.meta.timing_overhead_s);
+    }
     p.meta.fwd_ops = m.value("fwd_ops", std::vector<std::string>{});
     p.meta.bwd_ops = m.value("bwd_ops", std::vector<std::string>{});
     for (const json& e : j.at("solo_fwd")) {

@@ -30,6 +30,9 @@ struct ProfileMeta {
   std::string precision;
   int repeats = 0;        // timed runs per entry (the stored value is their median)
   int warmup = 0;         // untimed runs before them
+  // The timing bracket's own seconds (a run of no op: LayerPairBench::local_overhead), already taken
+  // out of every entry; 0 in a profile written before the field (its entries carry it).
+  double timing_overhead_s = 0;
   std::vector<std::string> fwd_ops, bwd_ops;  // op names, to match the profile to a program
 };
 

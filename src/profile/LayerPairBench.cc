@@ -201,6 +201,22 @@ double LayerPairBench::local_median(const std::vector<Block>& blocks, const Benc
   return median(s);
 }
 
+double LayerPairBench::local_overhead(const BenchTiming& t) {
+  auto once = [&] {
+    exec_->synchronize();
+    if (comm_) comm_->world().barrier();
+    const double t0 = now_seconds();
+    exec_->run_pair(nullptr, nullptr, {});  // the pair's bracket (its stream joins on a GPU), no op
+    drain();
+    exec_->synchronize();
+    return now_seconds() - t0;
+  };
+  for (int i = 0; i < t.warmup; ++i) once();
+  std::vector<double> s;
+  for (int i = 0; i < std::max(t.repeats, 9); ++i) s.push_back(once());
+  return median(s);
+}
+
 std::vector<double> LayerPairBench::agree_max(const std::vector<double>& local) {
   if (!comm_ || comm_->world_size() == 1 || local.empty()) return local;
   Tensor t = Tensor::empty({static_cast<int64_t>(local.size())}, DType::kF64);

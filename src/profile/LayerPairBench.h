@@ -77,6 +77,12 @@ class LayerPairBench {
   // warmup + repeats runs of run_once; this rank's median.
   double local_median(const std::vector<Block>& blocks, const BenchTiming& t);
 
+  // The timing's own cost: run_once's bracket (the restored state's sync, the pair's stream joins,
+  // the drain, the closing sync) around no op; this rank's median of warmup + max(repeats, 9) runs.
+  // On a GPU it is of the size of a small op (tens of microseconds of syncs and joins); every entry
+  // carries it once, so the profiler takes it out of each (Profile's meta.timing_overhead_s).
+  double local_overhead(const BenchTiming& t);
+
   // Element-wise max over the world of `local` (every rank passes the same length); identity
   // for one process. The agreed time of an entry is the slowest rank's median.
   std::vector<double> agree_max(const std::vector<double>& local);

@@ -148,6 +148,8 @@ StepStats ModelHarness::step(const std::vector<MicroBatch>& mbs, const PipelineS
   return runner.run(mbs);
 }
 
+const std::vector<int64_t>& ModelHarness::router_tokens() const { return parts_->ctx.router.tokens; }
+
 std::map<std::string, Tensor> ModelHarness::full_grads() const {
   std::map<std::string, Tensor> out;
   for (const ParamEntry& e : parts_->params->entries()) out[e.spec.name] = e.grad.to(Device::host()).clone();

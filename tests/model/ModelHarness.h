@@ -68,6 +68,8 @@ class ModelHarness {
                  std::function<void(int mb, int unit)> bwd_unit_hook = {});
   // Copies of the accumulated gradients, full internal shapes, keyed by internal name.
   std::map<std::string, Tensor> full_grads() const;
+  // MoE: the last step's tokens routed to each expert, [layer * n_experts + e] (RouterStats).
+  const std::vector<int64_t>& router_tokens() const;
   // Forward pass of one micro-batch through the executor: the head's per-token "loss" [B*T].
   Tensor forward_token_loss(const MicroBatch& mb);
   // Forward pass without the cross-entropy (which overwrites logits with dlogits): [B*T, vocab].

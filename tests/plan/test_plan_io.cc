@@ -253,6 +253,30 @@ TEST(Profile, NonNumberTimesAreRefused) {
   }
 }
 
+// meta.timing_overhead_s (the profiler's timing bracket, taken out of every entry): written and read
+// back bitwise, absent in an older profile (read as 0), and refused as a PlanError naming the field
+// where it is not a finite number >= 0. Oracle: hand-edited files.
+TEST(Profile, TimingOverheadRoundTripsAndBadValuesAreRefused) {
+  Profile p;
+  p.describe_program(test::program_from("c tp c", "tp c"));
+  p.set_solo_fwd({0, 1}, 1e-3);
+  p.meta.timing_overhead_s = 3.7e-5;
+  EXPECT_EQ(Profile::from_json(json::parse(p.to_json().dump())).meta.timing_overhead_s, 3.7e-5);
+  json old = p.to_json();
+  old["meta"].erase("timing_overhead_s");
+  EXPECT_EQ(Profile::from_json(old).meta.timing_overhead_s, 0.0);
+  for (const json& bad : {json(-1e-6), json("1e-5"), json(nullptr)}) {
+    json j = p.to_json();
+    j["meta"]["timing_overhead_s"] = bad;
+    try {
+      Profile::from_json(j, "p.json");
+      ADD_FAILURE() << "accepted timing_overhead_s " << bad.dump();
+    } catch (const PlanError& e) {
+      EXPECT_NE(std::string(e.what()).find("timing_overhead_s"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Numbers that are not ints where the formats want one: a float (get<int> of 5e50 was undefined
 // behaviour, found by fuzz/fuzz_plan) or an integer wider than int (a plan version 2^32 + 1 read
 // as version 1). Oracle: hand-edited files; each is refused as a PlanError naming the field.
