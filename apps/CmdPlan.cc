@@ -88,6 +88,8 @@ LayerPairRun layer_pair_run(const RunConfig& cfg, Device d) {
   r.gemm = cfg.training.precision == "bf16" ? cpu::GemmPrecision::kBf16 : cpu::GemmPrecision::kFp32;
   const std::string& wire = cfg.comm.precision == "auto" ? cfg.training.precision : cfg.comm.precision;
   r.activation_wire = wire == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32;
+  r.gemms.timed = !d.is_host() && cfg.training.gemm_algo == "timed";  // as the trainer sets them
+  r.gemms.wgrad_partials = !d.is_host() && cfg.training.wgrad_gemm != "direct";
   return r;
 }
 

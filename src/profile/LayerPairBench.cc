@@ -68,8 +68,8 @@ LayerPairBench::LayerPairBench(const ModelConfig& model, const LayoutConfig& lay
   ps.tokens_per_step = static_cast<double>(std::max<int64_t>(1, mb_.tokens()));
   parts_ = std::make_unique<StepParts>(ps);
   // As a training step's: the weights move, the ops bind to its kernels, its GEMMs run as the
-  // trainer's do by default (GemmOptions' defaults).
-  blas_ = place_on_device(*parts_, device);
+  // run's would (LayerPairRun::gemms).
+  blas_ = place_on_device(*parts_, device, run.gemms);
   // and, on a GPU, its collectives move device tensors over staged groups (CPU groups would read
   // device memory on the host).
   parts_->ctx.groups = place_groups_on_device(StepGroups::of(comm_), device, run.groups, staged_);

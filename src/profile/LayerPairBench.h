@@ -43,6 +43,9 @@ struct LayerPairRun {
   // GEMMs and activations are bf16 whatever these say.
   cpu::GemmPrecision gemm = cpu::GemmPrecision::kFp32;
   WirePrecision activation_wire = WirePrecision::kFp32;
+  // On a GPU, how its cuBLASLt GEMMs choose their algorithms and run the weight gradients (the
+  // run's training.gemm_algo and training.wgrad_gemm; a choices file is not read here).
+  GemmOptions gemms;
 };
 
 // "fp32 GEMMs, fp32 wire", "bf16 GEMMs, bf16 wire", "GPU (bf16)": what a profile's times were
