@@ -1,12 +1,12 @@
 // Token (+ learned position) embedding on the GPU (Ops.h), forward and a deterministic backward.
 // Forward: a grid-stride loop over 8-bf16 (16-byte) units of y when C % 8 == 0 and the pointers are
 // 16-byte aligned, else single elements. Backward without float atomics, in the CPU twin's order:
-// CUB's stable radix sort of the positions bt by token, then one block per run of equal tokens, a
-// thread per column summing the run's dy rows in bt order onto the old dwte row; dwpe by a thread
-// per (t, c) summing b = 0..B-1 onto the old value. Bytes moved (BT = B*T): forward 4 BT C (+2 BT C
-// with wpe); backward 2 BT C + 8 (distinct tokens) C for dwte, 2 BT C + 8 T C for dwpe, ~20 BT for
-// the sort. A very frequent token serialises its run in one block (llm.c buckets to balance; a later
-// step). The vocabulary-parallel twins (tp > 1) run the same kernels with the shard's first row v0;
+// CUB's stable radix sort of the positions bt by token, then a block per run of equal tokens and
+// 128-column slice, a thread per column summing the run's dy rows in bt order onto the old dwte row
+// (the rows' loads issued 8 ahead of the adds, which keep their order); dwpe by a thread per (t, c)
+// summing b = 0..B-1 onto the old value. Bytes moved (BT = B*T): forward 4 BT C (+2 BT C with wpe);
+// backward 2 BT C + 8 (distinct tokens) C for dwte, 2 BT C + 8 T C for dwpe, ~20 BT for the sort. A
+// very frequent token's run is still one block a slice (llm.c buckets to balance). The vocabulary-parallel twins (tp > 1) run the same kernels with the shard's first row v0;
 // learned positions on a sequence shard (position_add, position_grad) index rows by (row0 + i) mod T.
 #include <cub/device/device_radix_sort.cuh>
 
@@ -88,22 +88,50 @@ __global__ void iota_kernel(int32_t* __restrict__ idx, int64_t n) {
     idx[i] = static_cast<int32_t>(i);
 }
 
-// Block p of the sorted positions: if p starts a run of token v (stok[p-1] != v) and v is in
-// [v0, v0 + V), dwte[v - v0, c] = ((old + dy[sidx[p], c]) + dy[sidx[p+1], c]) + ... over the run,
-// sidx ascending within the run (the sort is stable): the CPU's order of additions. Other blocks
-// return at once.
+// Block (p, y) of the sorted positions and 128-column slices: if p starts a run of token v
+// (stok[p-1] != v) and v is in [v0, v0 + V), thread x adds column c = 128 y + x of the run's rows:
+// dwte[v - v0, c] = ((old + dy[sidx[p], c]) + dy[sidx[p+1], c]) + ... , sidx ascending within the
+// run (the sort is stable): the CPU's order of additions. Other blocks return at once. The run's
+// end is found first (a block-wide integer min), so the loads of kAhead rows are issued together
+// while the adds keep their order: a frequent token's long run was a chain of one dependent load
+// after another per column (a run of ~800, a token at 5% of 16K rows: ~5000 serial loads for a
+// column pass), and the column slices spread it over more SMs.
+constexpr int kWteCols = 128;  // columns a block of embedding_bwd_wte_kernel adds (one a thread)
 __global__ void embedding_bwd_wte_kernel(const int32_t* __restrict__ stok, const int32_t* __restrict__ sidx,
                                          const bf16* __restrict__ dy, float* __restrict__ dwte, int64_t BT,
                                          int64_t C, int64_t V, int64_t v0) {
   const int64_t p = blockIdx.x;
   const int32_t v = stok[p];
-  if ((p > 0 && stok[p - 1] == v) || v < v0 || v >= v0 + V) return;
-  float* row = dwte + (static_cast<int64_t>(v) - v0) * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = row[c];
-    for (int64_t q = p; q < BT && stok[q] == v; ++q) acc += __bfloat162float(dy[static_cast<int64_t>(sidx[q]) * C + c]);
-    row[c] = acc;
+  if ((p > 0 && stok[p - 1] == v) || v < v0 || v >= v0 + V) return;  // the whole block
+  // The run's end: the first position after p holding another token (BT if none), a stripe of
+  // blockDim positions at a time.
+  __shared__ unsigned long long end_s;
+  if (threadIdx.x == 0) end_s = static_cast<unsigned long long>(BT);
+  __syncthreads();
+  for (int64_t base = p + 1; base < BT; base += blockDim.x) {
+    const int64_t q = base + threadIdx.x;
+    if (q < BT && stok[q] != v) atomicMin(&end_s, static_cast<unsigned long long>(q));
+    __syncthreads();
+    const bool found = end_s < static_cast<unsigned long long>(BT);
+    __syncthreads();  // every thread has read end_s before any thread's next stripe may lower it
+    if (found) break;
   }
+  const int64_t end = static_cast<int64_t>(end_s);
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* at = dwte + (static_cast<int64_t>(v) - v0) * C + c;
+  float acc = *at;
+  constexpr int kAhead = 8;
+  int64_t q = p;
+  for (; q + kAhead <= end; q += kAhead) {
+    float x[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) x[j] = __bfloat162float(dy[static_cast<int64_t>(sidx[q + j]) * C + c]);
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) acc += x[j];  // q ascending, one add at a time: the CPU's order
+  }
+  for (; q < end; ++q) acc += __bfloat162float(dy[static_cast<int64_t>(sidx[q]) * C + c]);
+  *at = acc;
 }
 
 void check_embedding(const char* what, int64_t B, int64_t T, int64_t C, int64_t V, int64_t pos_offset) {
@@ -155,7 +183,11 @@ void embedding_bwd_rows(const int32_t* tokens, const bf16* dy, float* dwte, int6
   iota_kernel<<<stride_grid(BT, kThreads), kThreads, 0, s>>>(idx, BT);
   DHX_CUDA_LAUNCHED(iota_kernel);
   DHX_CUDA(cub::DeviceRadixSort::SortPairs(scratch + 3 * ints, cub_bytes, tokens, stok, idx, sidx, num, 0, 32, s));
-  embedding_bwd_wte_kernel<<<static_cast<unsigned>(BT), 128, 0, s>>>(stok, sidx, dy, dwte, BT, C, V, v0);
+  const int64_t slices = (C + kWteCols - 1) / kWteCols;
+  DHX_CUDA_ASSERT(slices <= 65535, "embedding backward: C=", C, " needs ", slices, " column slices of ", kWteCols,
+                  " (the grid's y holds at most 65535)");
+  embedding_bwd_wte_kernel<<<dim3(static_cast<unsigned>(BT), static_cast<unsigned>(slices)), kWteCols, 0, s>>>(
+      stok, sidx, dy, dwte, BT, C, V, v0);
   DHX_CUDA_LAUNCHED(embedding_bwd_wte_kernel);
   DHX_CUDA(cudaFreeAsync(scratch, s));
 }
