@@ -17,8 +17,10 @@ namespace dhelix::cuda::test {
 namespace {
 
 struct Shape { int64_t B, T, C, V, pos; };
-const Shape kShapes[] = {{1, 1, 8, 5, 0}, {2, 7, 13, 11, 3}, {4, 64, 768, 1000, 0}, {3, 33, 64, 7, 5},
-                         {2, 300, 40, 50257, 1}};
+// The last: three tokens over 100 rows (runs of ~33: the backward's 8-row loads and their tails)
+// and C = 200 (two 128-column slices, the second ragged).
+const Shape kShapes[] = {{1, 1, 8, 5, 0},   {2, 7, 13, 11, 3},      {4, 64, 768, 1000, 0}, {3, 33, 64, 7, 5},
+                         {2, 300, 40, 50257, 1}, {2, 50, 200, 3, 0}};
 
 template <typename T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
