@@ -77,15 +77,29 @@ __global__ void route_bwd_kernel(const float* __restrict__ probs, const int32_t*
   for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - pd);
 }
 
-// One thread per expert; consecutive experts are consecutive addresses of a row (coalesced).
-__global__ void route_stats_kernel(const float* __restrict__ probs, const int32_t* __restrict__ counts, int64_t N,
-                                   int64_t E, float* __restrict__ stats) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  double psum = 0.0;
-  for (int64_t n = 0; n < N; ++n) psum += static_cast<double>(probs[n * E + e]);
-  stats[e] = static_cast<float>(counts[e]);
-  stats[E + e] = static_cast<float>(psum);
+// A block per expert e: thread t sums the rows n = t, t + 256, ... in double (in that order), then
+// the 256 partial sums are added in a fixed tree order -- the same bits on every run, and within
+// double's rounding of the CPU twin's row-order sum (far below the float it is stored as). (One
+// thread per expert summing all N rows was a chain of N dependent steps: ~1 ms a layer at N = 16K,
+// a review found, 2026-11-29.)
+constexpr int kStatsThreads = 256;
+__global__ void __launch_bounds__(kStatsThreads)
+    route_stats_kernel(const float* __restrict__ probs, const int32_t* __restrict__ counts, int64_t N, int64_t E,
+                       float* __restrict__ stats) {
+  __shared__ double part[kStatsThreads];
+  const int64_t e = blockIdx.x;
+  double sum = 0.0;
+  for (int64_t n = threadIdx.x; n < N; n += kStatsThreads) sum += static_cast<double>(probs[n * E + e]);
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = kStatsThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    stats[e] = static_cast<float>(counts[e]);
+    stats[E + e] = static_cast<float>(part[0]);
+  }
 }
 
 // ---- grouping: a stable counting sort in one block ----
@@ -177,7 +191,8 @@ void moe_route_bwd(const float* probs, const int32_t* expert, const float* gate,
 
 void moe_route_stats(const float* probs, const int32_t* counts, int64_t N, int64_t E, float* stats, cudaStream_t s) {
   DHX_CUDA_ASSERT(E >= 1 && N >= 0, "moe_route_stats N=", N, " E=", E);
-  route_stats_kernel<<<grid_for(E, kRouteThreads), kRouteThreads, 0, s>>>(probs, counts, N, E, stats);
+  DHX_CUDA_ASSERT(E < (int64_t{1} << 31), "moe_route_stats E=", E, ": a block per expert");
+  route_stats_kernel<<<static_cast<unsigned>(E), kStatsThreads, 0, s>>>(probs, counts, N, E, stats);
   DHX_CUDA_LAUNCHED(route_stats_kernel);
 }
 
