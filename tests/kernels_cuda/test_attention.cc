@@ -245,36 +245,57 @@ TEST(CudaAttention, BackwardFormsGiveTheSameBits) {
   }
 }
 
-// The same for context parallelism's blocks (attention_block_bwd: fp32 gradients added to), a full
-// block of 100 queries against 77 keys (ragged tiles, no causal mask) and a causal one, D = 32 and 64,
-// GQA. Oracle: the whole-tile form, bitwise, from the same random starting gradients.
+// A block of context parallelism's ring (attention_block_bwd: fp32 gradients added to) on random
+// inputs: q, k, v, dout, the GPU forward's o (rounded to bf16) and lse, and random starting
+// gradients; bwd(form) runs the backward in that form from the starts and returns dq, dk, dv.
+struct BlockProblem {
+  AttnBlock blk;
+  float scale;
+  DevBuf<bf16> q, k, v, dout, o;
+  DevBuf<float> lse;
+  std::vector<float> start[3];
+  BlockProblem(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, bool causal, uint64_t& seed)
+      : blk{B, Tq, Tk, H, Hkv, D, H * D, Hkv * D, H * D, Tq * H * D, Tk * Hkv * D, Tq * H * D, Tq, causal},
+        scale(1.0f / std::sqrt(static_cast<float>(D))),
+        q(to_bf16(randn(B * Tq * H * D, seed++))),
+        k(to_bf16(randn(B * Tk * Hkv * D, seed++))),
+        v(to_bf16(randn(B * Tk * Hkv * D, seed++))),
+        dout(to_bf16(randn(B * Tq * H * D, seed++))),
+        o(B * Tq * H * D),
+        lse(B * H * Tq) {
+    DevBuf<float> o32(B * Tq * H * D);
+    attention_block_fwd(q.get(), k.get(), v.get(), o32.get(), lse.get(), blk, scale, nullptr);
+    o.upload(to_bf16(o32.download()));
+    start[0] = randn(B * Tq * H * D, seed++);
+    start[1] = randn(B * Tk * Hkv * D, seed++);
+    start[2] = randn(B * Tk * Hkv * D, seed++);
+  }
+  std::vector<std::vector<float>> bwd(AttnBwdForm form) const {
+    const FormGuard guard(form);
+    DevBuf<float> dq(start[0]), dk(start[1]), dv(start[2]);
+    attention_block_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), dout.get(), dq.get(), dk.get(), dv.get(), blk,
+                        scale, nullptr);
+    return {dq.download(), dk.download(), dv.download()};
+  }
+  std::string name() const {
+    return cat("D=", blk.D, blk.causal ? " causal" : " full", " block of ", blk.Tq, " x ", blk.Tk);
+  }
+};
+
+// The same for context parallelism's blocks, a full block of 100 queries against 77 keys (ragged
+// tiles, no causal mask) and a causal one, D = 32 and 64, GQA. Oracle: the whole-tile form, bitwise,
+// from the same random starting gradients.
 TEST(CudaAttention, BlockBackwardFormsGiveTheSameBits) {
   DHX_REQUIRE_GPU();
   uint64_t seed = 400;
   for (const int64_t D : {32, 64})
     for (const bool causal : {false, true}) {
-      const int64_t B = 2, Tq = 100, Tk = causal ? 100 : 77, H = 4, Hkv = 2;
-      const AttnBlock blk{B, Tq, Tk, H, Hkv, D, H * D, Hkv * D, H * D, Tq * H * D, Tk * Hkv * D, Tq * H * D, Tq, causal};
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      DevBuf<bf16> q(to_bf16(randn(B * Tq * H * D, seed++))), k(to_bf16(randn(B * Tk * Hkv * D, seed++))),
-          v(to_bf16(randn(B * Tk * Hkv * D, seed++))), dout(to_bf16(randn(B * Tq * H * D, seed++)));
-      DevBuf<float> o32(B * Tq * H * D), lse(B * H * Tq);
-      attention_block_fwd(q.get(), k.get(), v.get(), o32.get(), lse.get(), blk, scale, nullptr);
-      const DevBuf<bf16> o(to_bf16(o32.download()));
-      const std::vector<float> dq0 = randn(B * Tq * H * D, seed++), dk0 = randn(B * Tk * Hkv * D, seed++),
-                               dv0 = randn(B * Tk * Hkv * D, seed++);
-      std::vector<std::vector<float>> got[2];
-      for (int form = 0; form < 2; ++form) {
-        const FormGuard guard(form == 0 ? AttnBwdForm::kHalves : AttnBwdForm::kWholeTiles);
-        DevBuf<float> dq(dq0), dk(dk0), dv(dv0);
-        attention_block_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), dout.get(), dq.get(), dk.get(), dv.get(),
-                            blk, scale, nullptr);
-        got[form] = {dq.download(), dk.download(), dv.download()};
-      }
+      const BlockProblem p(2, 100, causal ? 100 : 77, 4, 2, D, causal, seed);
+      const auto halves = p.bwd(AttnBwdForm::kHalves), whole = p.bwd(AttnBwdForm::kWholeTiles);
       for (size_t t = 0; t < 3; ++t) {
-        ASSERT_EQ(got[0][t].size(), got[1][t].size());
-        EXPECT_EQ(0, std::memcmp(got[0][t].data(), got[1][t].data(), got[0][t].size() * sizeof(float)))
-            << "D=" << D << (causal ? " causal" : " full") << " block, " << "dq\0dk\0dv" + 3 * t;
+        ASSERT_EQ(halves[t].size(), whole[t].size());
+        EXPECT_EQ(0, std::memcmp(halves[t].data(), whole[t].data(), halves[t].size() * sizeof(float)))
+            << p.name() << ", " << "dq\0dk\0dv" + 3 * t;
       }
     }
 }
@@ -290,30 +311,12 @@ TEST(CudaAttention, OrderedDqBlockBackwardMatchesHalves) {
   uint64_t seed = 450;
   for (const int64_t D : {32, 64})
     for (const bool causal : {false, true}) {
-      const int64_t B = 2, Tq = 300, Tk = causal ? 300 : 261, H = 4, Hkv = 2;
-      const AttnBlock blk{B, Tq, Tk, H, Hkv, D, H * D, Hkv * D, H * D, Tq * H * D, Tk * Hkv * D, Tq * H * D, Tq, causal};
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      DevBuf<bf16> q(to_bf16(randn(B * Tq * H * D, seed++))), k(to_bf16(randn(B * Tk * Hkv * D, seed++))),
-          v(to_bf16(randn(B * Tk * Hkv * D, seed++))), dout(to_bf16(randn(B * Tq * H * D, seed++)));
-      DevBuf<float> o32(B * Tq * H * D), lse(B * H * Tq);
-      attention_block_fwd(q.get(), k.get(), v.get(), o32.get(), lse.get(), blk, scale, nullptr);
-      const DevBuf<bf16> o(to_bf16(o32.download()));
-      const std::vector<float> start[3] = {randn(B * Tq * H * D, seed++), randn(B * Tk * Hkv * D, seed++),
-                                           randn(B * Tk * Hkv * D, seed++)};
-      std::vector<float> added[2][3];
-      for (int form = 0; form < 2; ++form) {
-        const FormGuard guard(form == 0 ? AttnBwdForm::kHalves : AttnBwdForm::kOrderedDq);
-        DevBuf<float> g[3] = {DevBuf<float>(start[0]), DevBuf<float>(start[1]), DevBuf<float>(start[2])};
-        attention_block_bwd(q.get(), k.get(), v.get(), o.get(), lse.get(), dout.get(), g[0].get(), g[1].get(),
-                            g[2].get(), blk, scale, nullptr);
-        for (int t = 0; t < 3; ++t) {
-          added[form][t] = g[t].download();
-          for (size_t i = 0; i < added[form][t].size(); ++i) added[form][t][i] -= start[t][i];
-        }
+      const BlockProblem p(2, 300, causal ? 300 : 261, 4, 2, D, causal, seed);
+      auto halves = p.bwd(AttnBwdForm::kHalves), ordered = p.bwd(AttnBwdForm::kOrderedDq);
+      for (size_t t = 0; t < 3; ++t) {
+        for (size_t i = 0; i < halves[t].size(); ++i) halves[t][i] -= p.start[t][i], ordered[t][i] -= p.start[t][i];
+        EXPECT_LE(rel_err(ordered[t], halves[t]), kGradBound) << p.name() << ", " << "dq\0dk\0dv" + 3 * t;
       }
-      for (int t = 0; t < 3; ++t)
-        EXPECT_LE(rel_err(added[1][t], added[0][t]), kGradBound)
-            << "D=" << D << (causal ? " causal" : " full") << " block, " << "dq\0dk\0dv" + 3 * t;
     }
 }
 
