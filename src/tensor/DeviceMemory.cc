@@ -145,7 +145,19 @@ void* device_alloc(Device d, size_t bytes, StreamHandle s) {
   DHX_CHECK(!d.is_host(), InternalError, "device_alloc on the host");
   Pool& p = Pools::get().of(d);
   void* ptr = nullptr;
-  const cudaError_t e = cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, p.pool, st(s));
+  cudaError_t e = cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, p.pool, st(s));
+  if (e == cudaErrorMemoryAllocation) {
+    // Both pools keep what they cache (Pools::of), so memory this pool needs may sit unused in the
+    // default pool (the kernels' scratch) or in blocks of this one too small for the request: both
+    // give their unused blocks back to the driver, then once more (a review, 2026-11-29; blocks whose
+    // stream-ordered free has not run yet stay where they are).
+    (void)cudaGetLastError();
+    cudaMemPool_t scratch = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&scratch, d.index) == cudaSuccess) (void)cudaMemPoolTrimTo(scratch, 0);
+    (void)cudaMemPoolTrimTo(p.pool, 0);
+    (void)cudaGetLastError();
+    e = cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, p.pool, st(s));
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     throw DeviceError(fmt::format("allocating {} bytes on {} failed: {} ({} bytes in use; hint: a smaller "

@@ -81,6 +81,40 @@ TEST(DeviceMemory, KernelScratchStaysReservedAcrossASync) {
   EXPECT_EQ(again, reserved);
 }
 
+// An allocation that only fits once the kernels' scratch pool gives back what it caches: 55% of the
+// device's free memory reserved by the default pool (allocated, freed, kept: the threshold above),
+// then a tensor of 50% from the tensor pool. Oracle: cudaMemGetInfo -- with that reserve held, the
+// driver has less free than the tensor asks, so it is allocated only if device_alloc trims the pools
+// and tries again; the default pool then reserves less than it did. (The tensor pool keeps the 50%
+// cached for the binary's later tests, which need far less.)
+TEST(DeviceMemory, AnAllocationThatFitsOnlyAfterTheScratchPoolTrimsSucceeds) {
+  DHX_REQUIRE_GPU();
+  const Tensor warm = Tensor::empty({16}, DType::kF32, nullptr, Device::cuda(0));  // the pools set up
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  const size_t big = free0 / 100 * 55, ask = free0 / 2;
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, big, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  uint64_t reserved = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  ASSERT_GE(reserved, big) << "the scratch pool did not keep its block (the premise)";
+  ASSERT_LT(free1, ask) << "the driver has room without a trim (the premise)";
+  {
+    const Tensor t = Tensor::empty({static_cast<int64_t>(ask / 4)}, DType::kF32, nullptr, Device::cuda(0));
+    EXPECT_TRUE(t.defined());
+    uint64_t after = 0;
+    ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &after), cudaSuccess);
+    EXPECT_LT(after, reserved) << "the scratch pool still holds its block";
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST(DeviceMemory, RoundTripIsBitwiseAndTrackersCountDeviceBytes) {
   DHX_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
