@@ -142,6 +142,33 @@ TEST(StagedGroup, TheEmulatedLinkPacesEachOp) {
   });
 }
 
+// The emulated link carries an op's bytes only once its input exists: the input written on the
+// producer stream behind a 60 ms spin, then an all-gather of 4 MiB a rank at 100 MB/s (41.9 ms on
+// the link). Oracle: the spin and the link in sequence, at least 60 + 41.9 ms from the issue; a
+// link timed from the op's issue would have run under the spin (about 60 ms in all).
+TEST(StagedGroup, TheLinkStartsWhenTheInputExists) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  run_local_ranks(dp_layout(2), [&](CommContext& comm) {
+    StagedOptions o;
+    o.link_bytes_per_s = 1e8;
+    auto g = make_staged_group(comm.group(GroupRole::kDP), 0, o);
+    cudaStream_t producer = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    staged_set_producer_stream(*g, producer);
+    Tensor in = host_values({1 << 20}, DType::kF32, 1).to(gpu);
+    Tensor out = Tensor::empty({2 << 20}, DType::kF32, nullptr, gpu);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const double t0 = now_seconds();
+    cuda::test::hold_stream(producer, 60000);
+    ASSERT_EQ(cudaMemsetAsync(in.raw(), 0, in.nbytes(), producer), cudaSuccess);
+    g->all_gather(in, out).wait();
+    EXPECT_GE(now_seconds() - t0, 0.060 + double(4 << 20) / 1e8);
+    staged_set_producer_stream(*g, nullptr);
+    cudaStreamDestroy(producer);
+  });
+}
+
 // The producer stream: a memset of zeros queued behind a 50 ms spin on the producer stream must be
 // what the all-reduce reads (without the event the copy stream would stage the old values).
 TEST(StagedGroup, OpsFollowTheProducerStream) {
