@@ -125,46 +125,51 @@ TEST(StagedGroup, SendsAndReceivesMeetInEitherOrder) {
   });
 }
 
-// The emulated link: an all-gather of 4 MiB per rank over 2 ranks sends (n - 1) x 4 MiB per rank,
-// so at 100 MB/s it takes at least 4 MiB / 1e8 s = 41.9 ms (a lower bound: the op sleeps out the rest).
+// An all-gather of 4 MiB per rank over 2 ranks sends (n - 1) x 4 MiB per rank: at 100 MB/s at
+// least 4 MiB / 1e8 s = 41.9 ms on the emulated link (a lower bound: the op sleeps out the rest).
+constexpr double kLinkBytesPerS = 1e8;
+constexpr double kAllGatherLinkS = double(4 << 20) / kLinkBytesPerS;
+// A staged group of the dp ranks with that link, and the all-gather's input and output.
+struct PacedAllGather {
+  std::unique_ptr<ProcessGroup> g;
+  Tensor in, out;
+  explicit PacedAllGather(CommContext& comm) {
+    StagedOptions o;
+    o.link_bytes_per_s = kLinkBytesPerS;
+    g = make_staged_group(comm.group(GroupRole::kDP), 0, o);
+    in = host_values({1 << 20}, DType::kF32, 1).to(Device::cuda(0));
+    out = Tensor::empty({2 << 20}, DType::kF32, nullptr, Device::cuda(0));
+  }
+};
+
 TEST(StagedGroup, TheEmulatedLinkPacesEachOp) {
   DHX_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
   run_local_ranks(dp_layout(2), [&](CommContext& comm) {
-    StagedOptions o;
-    o.link_bytes_per_s = 1e8;
-    auto g = make_staged_group(comm.group(GroupRole::kDP), 0, o);
-    Tensor in = host_values({1 << 20}, DType::kF32, 1).to(gpu);
-    Tensor out = Tensor::empty({2 << 20}, DType::kF32, nullptr, gpu);
+    PacedAllGather op(comm);
     const double t0 = now_seconds();
-    g->all_gather(in, out).wait();
-    EXPECT_GE(now_seconds() - t0, double(4 << 20) / 1e8);
+    op.g->all_gather(op.in, op.out).wait();
+    EXPECT_GE(now_seconds() - t0, kAllGatherLinkS);
   });
 }
 
 // The emulated link carries an op's bytes only once its input exists: the input written on the
-// producer stream behind a 60 ms spin, then an all-gather of 4 MiB a rank at 100 MB/s (41.9 ms on
-// the link). Oracle: the spin and the link in sequence, at least 60 + 41.9 ms from the issue; a
-// link timed from the op's issue would have run under the spin (about 60 ms in all).
+// producer stream behind a 60 ms spin, then the all-gather above. Oracle: the spin and the link in
+// sequence, at least 60 + 41.9 ms from the issue; a link timed from the op's issue would have run
+// under the spin (about 60 ms in all).
 TEST(StagedGroup, TheLinkStartsWhenTheInputExists) {
   DHX_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
   run_local_ranks(dp_layout(2), [&](CommContext& comm) {
-    StagedOptions o;
-    o.link_bytes_per_s = 1e8;
-    auto g = make_staged_group(comm.group(GroupRole::kDP), 0, o);
+    PacedAllGather op(comm);
     cudaStream_t producer = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-    staged_set_producer_stream(*g, producer);
-    Tensor in = host_values({1 << 20}, DType::kF32, 1).to(gpu);
-    Tensor out = Tensor::empty({2 << 20}, DType::kF32, nullptr, gpu);
+    staged_set_producer_stream(*op.g, producer);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const double t0 = now_seconds();
     cuda::test::hold_stream(producer, 60000);
-    ASSERT_EQ(cudaMemsetAsync(in.raw(), 0, in.nbytes(), producer), cudaSuccess);
-    g->all_gather(in, out).wait();
-    EXPECT_GE(now_seconds() - t0, 0.060 + double(4 << 20) / 1e8);
-    staged_set_producer_stream(*g, nullptr);
+    ASSERT_EQ(cudaMemsetAsync(op.in.raw(), 0, op.in.nbytes(), producer), cudaSuccess);
+    op.g->all_gather(op.in, op.out).wait();
+    EXPECT_GE(now_seconds() - t0, 0.060 + kAllGatherLinkS);
+    staged_set_producer_stream(*op.g, nullptr);
     cudaStreamDestroy(producer);
   });
 }

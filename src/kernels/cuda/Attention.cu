@@ -26,13 +26,8 @@
 //            spilled in dK/dV) where whole tiles take 174-230, so two blocks (16 warps) share an SM
 //            instead of one; 8 more ldmatrix.x4 per dK/dV step (the K, V fragments reloaded per half,
 //            80 where whole tiles issue 72 for 128 mma). The same bits: each sum keeps its order.
-//            The ordered-dQ form (AttnBwdForm::kOrderedDq, 2026-11-29, unrun on a GPU): no dQ kernel;
-//            the dK/dV kernel keeps each step's dS^T in shared memory, multiplies it by its K tile
-//            and adds that share to an fp32 dQ in key-tile order (below, "kOrderedDq"): 5 products
-//            of B H T^2 D where the two-kernel forms take 7. Its price: the fp32 dQ rows from each key
-//            tile's first query on are read and written once per key tile (causal, T = 1024: 4.5 T
-//            rows per (b, h), 9x the bf16 dQ's bytes each way; the key tiles of a sequence add to a
-//            query tile at about the same step, so mostly L2 hits), then one rounding pass.
+//            The ordered-dQ form (AttnBwdForm::kOrderedDq, unrun on a GPU): no dQ kernel, 5 products
+//            where the others take 7 (below, "kOrderedDq").
 // FLOPs (causal, the masked half skipped up to the diagonal tiles): forward 2 products of
 // B H T^2 D each = 2 B H T^2 D; backward 7 (S, dP twice, dV, dK, dQ) = 7 B H T^2 D. GPT-2 (B=16,
 // T=1024, H=12, D=64): 25.8 GFLOP forward, 90 GFLOP backward.
@@ -428,18 +423,14 @@ __global__ void dot_kernel(const bf16* __restrict__ o, const bf16* __restrict__ 
 template <int D, int kSplit> constexpr int kBwdMinBlocks = kSplit == 2 && D <= 64 ? 2 : 1;
 
 // ---- kOrderedDq: dQ in the dK/dV kernel, each key tile's share added in key-tile order ----
-// The dK/dV kernel holds dS^T of its 128 keys against each 64-row query tile; dQ of that tile is
-// sum over key tiles of dS K. FlashAttention-2 adds each key tile's share with float atomics (the
-// order, so the bits, vary run to run); here a key tile adds its share when the tile before it in
-// the sequence has (a counter per (b, h, query tile): the key tiles whose shares are in), the way
-// FlashAttention-3's deterministic backward orders its dQ sums. Every element is summed in key-tile
-// order, the same bits on every run, and S, dP are computed once instead of twice (5 products of
-// B H T^2 D instead of 7). A key tile waits only for tiles of its own sequence with a lower
-// blockIdx.x, which the GPU starts no later than it (blocks are dispatched in blockIdx order, the
-// assumption FlashAttention-3's deterministic backward makes for its dQ semaphores too), so the
-// waits end; one that has not ended after ~4 s traps (a device error that names the kernel's key
-// tile and query tile, never a hang). The query tiles run from the last down (step_of), so the
-// key tiles of a sequence reach each tile at the same step and wait only for the adds before theirs.
+// dQ of a 64-row query tile is the sum over key tiles of dS K. FlashAttention-2 adds each share
+// with float atomics (bits vary run to run); here a key tile adds its share when the tiles before it
+// have (a counter per (b, h, query tile)), as FlashAttention-3's deterministic backward orders its
+// dQ: the same bits every run, S and dP computed once. A key tile waits only for lower blockIdx.x of
+// its sequence, dispatched no later than it, so the waits end; one past ~4 s traps naming the tiles.
+// Query tiles run from the last down (step_of): a sequence's key tiles reach each at the same step.
+// The price: the fp32 dQ rows are read and written once per key tile (causal T = 1024: 4.5 T rows
+// per (b, h), mostly L2 hits), then one rounding pass.
 struct DqShares {
   float* dq = nullptr;           // fp32 [B, Tq, H D] scratch or, kAdd, the caller's dq
   int64_t stride = 0, bstride = 0;  // its row and sequence strides (elements)
