@@ -274,7 +274,7 @@ Blas::Plan* Blas::plan(const Key& k, const Operands* call, Missing missing) {
     }
   }
   if (!p->preset && choice_ == Choice::kSplitK) p->split = split_k(*p, &p->algo, split_parts_) ? split_parts_ : 1;
-  p->transient = t_heuristic_only;
+  p->transient = t_heuristic_only != 0 && !p->preset;  // a preset's key stays in the file it came from
   if (!p->preset && !p->transient) ++chosen_;
   Plan& made = *plans_.emplace(k, std::move(p)).first->second;
   if (!made.preset && !made.transient && choice_ == Choice::kTimed && call)
