@@ -8,7 +8,8 @@
 // their gradients are bf16 [N, cols] (N = B*T rows); norm statistics, losses and parameter
 // gradients fp32; the GEMMs read each weight's bf16 copy (ParamEntry::value_bf16, kept by the GPU
 // ParamStore), norms and biases their fp32 values. Every kernel is enqueued on the op's stream
-// (OpCall::stream); nothing here synchronises.
+// (OpCall::stream); nothing here synchronises the device (the MoE ops' host reads wait for copies of
+// a few counts, each once per micro-batch: UnitEnv::host_view).
 #include "runtime/CudaOps.h"
 
 #if DHELIX_HAVE_CUDA
@@ -16,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "base/Error.h"
@@ -25,6 +28,7 @@
 #include "kernels/cuda/Moe.h"
 #include "kernels/cuda/Ops.h"
 #include "runtime/Ops3D.h"
+#include "runtime/Stream.h"
 
 namespace dhelix {
 namespace {
@@ -554,18 +558,54 @@ void op_xent_finish(OpCall& c) {
 // Routing in fp32 (logits from the router's fp32 GEMM, probabilities, gates and their gradients);
 // expert rows bf16. The host reads the routing statistics ([2E] floats: the aux loss and the
 // router's counts, as on the CPU: OpRegistry.h's moe_record_aux, moe_aux_dprob) and each expert's
-// row count (cuBLASLt's grouped GEMMs need them): small copies that wait on the op's stream.
+// row count (cuBLASLt's grouped GEMMs need them) through the micro-batch's host mirrors
+// (UnitEnv::host_view): moe_route starts both copies behind its kernels, so the ops that read them
+// wait at most for the routing, and each buffer crosses once, not once per op.
 cuda::NormTopk norm_topk(const OpCall& c) { return c.model.norm_topk ? cuda::NormTopk::kYes : cuda::NormTopk::kNo; }
-// Copied on the op's stream (not the one `t` was allocated on: a backward op reading its forward's
-// statistics must not wait behind the other strand's queue); returns once copied.
-std::vector<float> host_floats(const OpCall& c, const Tensor& t) {
-  std::vector<float> h(static_cast<size_t>(t.numel()));
-  device_copy(h.data(), Device::host(), f32(t), t.device(), t.nbytes(), c.stream);
-  return h;
+
+// A copy to the host started on a stream: complete once a CUDA event recorded behind it is.
+// Destroying it waits for the copy, so the host buffer (a HostMirror's, destroyed after it) is never
+// given back while the copy may still write it.
+class CopyLanded final : public Event {
+ public:
+  explicit CopyLanded(cudaStream_t s) {
+    DHX_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
+    if (const cudaError_t e = cudaEventRecord(ev_, s); e != cudaSuccess) {
+      cudaEventDestroy(ev_);
+      DHX_CUDA(e);
+    }
+  }
+  ~CopyLanded() override {
+    cudaEventSynchronize(ev_);  // (an error here is the run's: it surfaced, or will, elsewhere)
+    cudaEventDestroy(ev_);
+  }
+  CopyLanded(const CopyLanded&) = delete;
+  CopyLanded& operator=(const CopyLanded&) = delete;
+  bool ready() const override { return cudaEventQuery(ev_) == cudaSuccess; }
+  void host_wait() override { DHX_CUDA(cudaEventSynchronize(ev_)); }
+
+ private:
+  cudaEvent_t ev_{};
+};
+
+// Starts the host mirror of output `i` (just written on the op's stream): a page-locked copy, so
+// the copy does not block the host (pageable memory, where none can be had, makes it synchronous).
+void start_host_mirror(OpCall& c, size_t i) {
+  const std::string& name = c.op.outputs.at(i);
+  const Tensor& t = c.env.at(name);
+  HostMirror m;
+  m.host = Tensor::empty_pinned(t.shape(), t.dtype());
+  DHX_CUDA(cudaMemcpyAsync(m.host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, st(c)));
+  m.ready = std::make_shared<CopyLanded>(st(c));
+  c.env.mirrors[name] = std::move(m);
 }
-std::vector<int32_t> host_counts(const OpCall& c, const Tensor& counts) {
-  std::vector<int32_t> h(static_cast<size_t>(counts.numel()));
-  cuda::fetch_expert_counts(i32(counts), h.data(), counts.numel(), st(c));
+// Input `i` on the host (its mirror; made by a copy on the op's stream, not the one the buffer was
+// allocated on: a backward op reading its forward's statistics must not wait behind the other
+// strand's queue).
+const Tensor& host_input(OpCall& c, size_t i, DType dt) {
+  const Tensor& h = c.env.host_view(c.op.inputs.at(i), c.stream);
+  DHX_CHECK(h.dtype() == dt, InternalError, "{}: input {} is {}, expected {}", c.op.name, c.op.inputs.at(i),
+            h.describe(), dtype_name(dt));
   return h;
 }
 int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
@@ -590,19 +630,20 @@ void op_moe_route(OpCall& c) {
   cuda::moe_route_fwd(f32(lg), f32(probs), i32(expert), f32(gate), N, E, k, norm_topk(c), st(c));
   cuda::moe_group(i32(expert), N, k, E, i32(counts), i32(order), i32(slot), st(c));
   cuda::moe_route_stats(f32(probs), i32(counts), N, E, f32(stats), st(c));
+  start_host_mirror(c, 3);
+  start_host_mirror(c, 6);  // (an all-reduce over tp or cp, where there is one, drops it: Executor)
 }
 
 void op_moe_aux(OpCall& c) {
-  const std::vector<float> s = host_floats(c, c.in(0));
-  op::moe_record_aux(c, s.data(), static_cast<int64_t>(s.size()) / 2);
+  const Tensor& s = host_input(c, 0, DType::kF32);
+  op::moe_record_aux(c, s.f32(), s.numel() / 2);
 }
 
 void op_moe_route_bwd(OpCall& c) {
   require_layout(c);
   Tensor& probs = c.in(1);
   const int64_t N = rows(probs), E = cols(probs), k = c.model.top_k;
-  const std::vector<float> s = host_floats(c, c.in(4));
-  const std::vector<float> dp = op::moe_aux_dprob(c, s.data(), E);
+  const std::vector<float> dp = op::moe_aux_dprob(c, host_input(c, 4, DType::kF32).f32(), E);
   Tensor aux;
   if (!dp.empty()) {
     Tensor h = Tensor::empty({E});
@@ -660,19 +701,23 @@ void op_moe_combine_bwd(OpCall& c) {
 void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
   require_layout(c);
   Tensor& x = c.in(0);
-  const std::vector<int32_t> rc = host_counts(c, c.in(1));
-  const int64_t G = c.shard.ep, El = static_cast<int64_t>(rc.size()) / std::max<int64_t>(1, G);
-  DHX_ASSERT(G * El == static_cast<int64_t>(rc.size()), "{}: {} counts for ep={}", c.op.name, rc.size(), G);
+  const Tensor& rc = host_input(c, 1, DType::kI32);
+  const int64_t G = c.shard.ep, El = rc.numel() / std::max<int64_t>(1, G);
+  DHX_ASSERT(G * El == rc.numel(), "{}: {} counts for ep={}", c.op.name, rc.numel(), G);
   Tensor& y = c.out_new(0, x.shape(), x.dtype());
   const size_t row = static_cast<size_t>(cols(x)) * dtype_size(x.dtype());
-  for (const cpu::EpBlockMove& m : cpu::moe_ep_block_moves(rc.data(), G, El, to_expert_major))
+  for (const cpu::EpBlockMove& m : cpu::moe_ep_block_moves(rc.data<int32_t>(), G, El, to_expert_major))
     if (m.rows > 0)
       device_copy(static_cast<char*>(y.raw()) + m.to * row, c.device, static_cast<const char*>(x.raw()) + m.from * row,
                   c.device, static_cast<size_t>(m.rows) * row, c.stream);
   if (to_expert_major && c.op.outputs.size() > 1) {
-    const std::vector<int32_t> lc = cpu::moe_ep_local_counts(rc.data(), G, El);
+    const std::vector<int32_t> lc = cpu::moe_ep_local_counts(rc.data<int32_t>(), G, El);
+    HostMirror m;  // the host has them already: the expert GEMMs read this copy
+    m.host = Tensor::empty({El}, DType::kI32);
+    std::copy(lc.begin(), lc.end(), m.host.data<int32_t>());
     device_copy(c.out_new(1, {El}, DType::kI32).raw(), c.device, lc.data(), Device::host(), lc.size() * sizeof(int32_t),
                 c.stream);  // returns once copied
+    c.env.mirrors[c.op.outputs.at(1)] = std::move(m);
   }
 }
 void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }
@@ -686,8 +731,8 @@ void op_expert_linear(OpCall& c) {
   const int64_t E = counts.numel(), O = expert_rows(c, w.value, counts), I = w.value.dim(1);
   DHX_ASSERT(cols(x) == I, "{}: input {} vs weight {}", c.op.name, x.describe(), w.value.describe());
   Tensor& y = c.out_new(0, {rows(x), O}, DType::kBF16);
-  const std::vector<int32_t> n = host_counts(c, counts);
-  cuda::expert_linear_fwd(*c.blas, b16(x), b16(weight_bf16(w)), n.data(), b16(y), E, I, O, st(c));
+  const int32_t* n = host_input(c, 1, DType::kI32).data<int32_t>();
+  cuda::expert_linear_fwd(*c.blas, b16(x), b16(weight_bf16(w)), n, b16(y), E, I, O, st(c));
 }
 
 void op_expert_linear_dgrad(OpCall& c) {
@@ -697,8 +742,8 @@ void op_expert_linear_dgrad(OpCall& c) {
   const ParamEntry& w = c.param(0);
   const int64_t E = counts.numel(), O = expert_rows(c, w.value, counts), I = w.value.dim(1);
   Tensor& dx = c.out_new(0, {rows(dy), I}, DType::kBF16);
-  const std::vector<int32_t> n = host_counts(c, counts);
-  cuda::expert_linear_bwd_data(*c.blas, b16(dy), b16(weight_bf16(w)), n.data(), b16(dx), E, I, O, st(c));
+  const int32_t* n = host_input(c, 1, DType::kI32).data<int32_t>();
+  cuda::expert_linear_bwd_data(*c.blas, b16(dy), b16(weight_bf16(w)), n, b16(dx), E, I, O, st(c));
 }
 
 void op_expert_linear_wgrad(OpCall& c) {
@@ -706,8 +751,8 @@ void op_expert_linear_wgrad(OpCall& c) {
   Tensor& counts = c.in(2);
   ParamEntry& w = c.grad(0);
   const int64_t E = counts.numel(), O = expert_rows(c, w.grad, counts), I = w.grad.dim(1);
-  const std::vector<int32_t> n = host_counts(c, counts);
-  cuda::expert_linear_bwd_weight(*c.blas, b16(c.in(0)), b16(c.in(1)), n.data(), f32(w.grad), E, I, O, st(c));
+  const int32_t* n = host_input(c, 2, DType::kI32).data<int32_t>();
+  cuda::expert_linear_bwd_weight(*c.blas, b16(c.in(0)), b16(c.in(1)), n, f32(w.grad), E, I, O, st(c));
 }
 
 // ---- AxoNN's 3D grid (runtime/Ops3D.cc's twins; sharding/Lowering3D.cc) ----

@@ -3,6 +3,7 @@
 // collectives in flight whose outputs are not yet safe to read.
 #pragma once
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -11,6 +12,8 @@
 #include "tensor/Tensor.h"
 
 namespace dhelix {
+
+class Event;  // runtime/Stream.h
 
 struct PendingColl {
   Work work;
@@ -41,8 +44,22 @@ class Bf16Weights {
   std::map<const void*, Tensor> copies_;  // keyed by the weight's data
 };
 
+// A host copy of a small device buffer the host must read: the MoE routing's counts (the grouped
+// GEMMs' row counts, the all-to-all's split sizes) and statistics (the aux loss). Made once per
+// buffer and micro-batch and read by every later op that needs it, instead of a copy, and a wait
+// for the stream to reach it, in each: with both strands issued by one thread, every such wait
+// stopped the other strand's issue too. `ready`, where set, completes once the copy has landed (a
+// copy started right behind the kernels that wrote the buffer, as moe_route's); unset: landed.
+struct HostMirror {
+  Tensor host;
+  std::shared_ptr<Event> ready;  // declared after `host`: destroyed (which waits for the copy) first
+};
+
 struct UnitEnv {
   std::map<std::string, Tensor> bufs;
+  // Host copies of device buffers, keyed by the buffer's name; dropped when the buffer is written
+  // again (OpCall::out_new, a collective's output) or freed.
+  std::map<std::string, HostMirror> mirrors;
   std::map<std::string, PendingColl> pending;  // keyed by the collective's output buffer
   // Outputs of last_micro_batch collectives this (earlier) micro-batch did not run; the ops that
   // read them are skipped (RunContext::micro_batches).
@@ -50,6 +67,10 @@ struct UnitEnv {
 
   Tensor& at(const std::string& name);
   bool has(const std::string& name) const { return bufs.count(name) > 0; }
+  // Buffer `name` readable by the host: the buffer itself when it lives there, else its mirror
+  // (waited for), made first, when there is none, by a copy ordered on `stream` (the reading op's:
+  // it is ordered after the buffer's writer) that returns once done.
+  const Tensor& host_view(const std::string& name, StreamHandle stream);
 };
 
 }  // namespace dhelix

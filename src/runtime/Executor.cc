@@ -248,6 +248,7 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf, Stream* on) {
 void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   UnitEnv& env = *s.env;
   for (auto& in : op.inputs) wait_pending(env, in, &stream_of(kind));
+  for (auto& out : op.outputs) env.mirrors.erase(out);  // the collective writes it (in place too)
   ProcessGroup& pg = group_of(op);
   // A GPU group's op (NCCL, staged) waits, on the GPU, for the kernels the issuing strand launched
   // before it.
@@ -310,24 +311,20 @@ void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
       // count arrays of n equal chunks; chunk j's sum is the rows sent to (inputs[1]) and received
       // from (inputs[2]) group rank j. The counts were exchanged by an earlier op (waited above).
       DHX_ASSERT(op.inputs.size() == 3, "{}: an uneven all-to-all reads data, send and receive counts", op.name);
-      // (A GPU's counts come back to the host, as Megatron's token dispatcher does, copied on the
-      // issuing strand's stream: the backward's exchanges read counts its forward wrote, which that
-      // stream is already ordered after, and must not wait behind the other strand's queue, as a
-      // copy on the stream the counts were allocated on would.)
-      auto rows_per_peer = [&](const Tensor& dev_counts) {
-        Tensor counts = dev_counts;
-        if (on_gpu_) {
-          counts = Tensor::empty(dev_counts.shape(), dev_counts.dtype());
-          device_copy(counts.raw(), Device::host(), dev_counts.raw(), dev_counts.device(), dev_counts.nbytes(),
-                      stream_of(kind).handle());  // returns once copied
-        }
+      // (A GPU's counts come back to the host, as Megatron's token dispatcher does: once per
+      // micro-batch, UnitEnv::host_view's mirror, which the later exchanges and the expert GEMMs
+      // read too. A copy made here is ordered on the issuing strand's stream: the backward's
+      // exchanges read counts its forward wrote, which that stream is already ordered after, and
+      // must not wait behind the other strand's queue, as a copy on the counts' allocation stream would.)
+      auto rows_per_peer = [&](const std::string& name) {
+        const Tensor& counts = env.host_view(name, on_gpu_ ? stream_of(kind).handle() : nullptr);
         DHX_ASSERT(counts.numel() % n == 0, "{}: {} counts for {} ranks", op.name, counts.numel(), n);
         const int64_t per = counts.numel() / n;
         std::vector<int64_t> rows(static_cast<size_t>(n), 0);
         for (int64_t i = 0; i < counts.numel(); ++i) rows[static_cast<size_t>(i / per)] += counts.data<int32_t>()[i];
         return rows;
       };
-      std::vector<int64_t> send = rows_per_peer(env.at(op.inputs[1])), recv = rows_per_peer(env.at(op.inputs[2]));
+      std::vector<int64_t> send = rows_per_peer(op.inputs[1]), recv = rows_per_peer(op.inputs[2]);
       int64_t total = 0;
       for (int64_t r : recv) total += r;
       Shape sh = in.shape();
@@ -473,6 +470,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   for (auto& f : op.frees) {
     if (env.pending.count(f)) continue;  // a collective still owns it; freed with the env
     env.bufs.erase(f);
+    env.mirrors.erase(f);
   }
 }
 

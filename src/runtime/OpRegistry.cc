@@ -10,6 +10,7 @@
 #include "kernels/cpu/Bf16.h"
 #include "kernels/cpu/Kernels.h"
 #include "runtime/Ops3D.h"
+#include "runtime/Stream.h"
 
 namespace dhelix {
 
@@ -30,7 +31,26 @@ Tensor& UnitEnv::at(const std::string& name) {
   return it->second;
 }
 
+const Tensor& UnitEnv::host_view(const std::string& name, StreamHandle stream) {
+  const Tensor& t = at(name);
+  if (t.device().is_host()) return t;
+  auto it = mirrors.find(name);
+  if (it == mirrors.end()) {
+    HostMirror m;
+    m.host = Tensor::empty(t.shape(), t.dtype());
+    device_copy(m.host.raw(), Device::host(), t.raw(), t.device(), t.nbytes(), stream);  // returns once copied
+    it = mirrors.emplace(name, std::move(m)).first;
+  } else if (it->second.ready) {
+    it->second.ready->host_wait();
+    it->second.ready.reset();
+  }
+  DHX_ASSERT(it->second.host.numel() == t.numel() && it->second.host.dtype() == t.dtype(),
+             "the host copy of '{}' ({}) does not match it ({})", name, it->second.host.describe(), t.describe());
+  return it->second.host;
+}
+
 Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
+  env.mirrors.erase(op.outputs.at(i));  // a copy of what the buffer held before
   Tensor& t = env.bufs[op.outputs.at(i)];
   t = Tensor::empty(shape, dt, act_mem, device, stream);
   return t;

@@ -4,7 +4,7 @@
 // launch returns, and waiting on a collective's event returns only once the collective completed
 // (its result is there: the sum of the ranks' values); the host registry binds exactly the CPU op
 // codes; a CUDA device is refused with DeviceError (never a silent fallback to the host) in a
-// build without the CUDA backend.
+// build without the CUDA backend; a host buffer's host view is the buffer itself (Env.h).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -14,6 +14,7 @@
 
 #include "base/Error.h"
 #include "comm/LocalBackend.h"
+#include "runtime/Env.h"
 #include "runtime/KernelRegistry.h"
 #include "runtime/Stream.h"
 #include "tensor/DeviceMemory.h"
@@ -95,6 +96,23 @@ TEST(HostStream, WaitOnACollectiveJoinsIt) {
     EXPECT_TRUE(done.ready());
     for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.f32()[i], 3.0f) << i;  // 1 + 2, exact in fp32
   });
+}
+
+// UnitEnv::host_view (Env.h) on the host: the buffer itself, no copy (a GPU's mirrors are
+// tests/kernels_cuda/test_stream.cc's); a buffer the environment lacks is an InternalError naming it.
+TEST(UnitEnv, TheHostViewOfAHostBufferIsTheBufferItself) {
+  UnitEnv env;
+  Tensor t = Tensor::empty({4}, DType::kI32);
+  env.bufs["moe.counts"] = t;
+  const Tensor& h = env.host_view("moe.counts", nullptr);
+  EXPECT_EQ(h.raw(), t.raw());
+  EXPECT_TRUE(env.mirrors.empty());
+  try {
+    env.host_view("moe.rcounts", nullptr);
+    ADD_FAILURE() << "a missing buffer was read";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("moe.rcounts"), std::string::npos) << e.what();
+  }
 }
 
 TEST(KernelRegistry, HostBindsTheCpuKernels) {
