@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "comm/Work.h"
 #include "tensor/Tensor.h"
@@ -57,9 +58,12 @@ struct HostMirror {
 
 struct UnitEnv {
   std::map<std::string, Tensor> bufs;
-  // Host copies of device buffers, keyed by the buffer's name; dropped when the buffer is written
-  // again (OpCall::out_new, a collective's output) or freed.
+  // Host copies of device buffers, keyed by the buffer's name; dropped (drop_mirror) when the
+  // buffer is written again (OpCall::out_new, a collective's output) or freed.
   std::map<std::string, HostMirror> mirrors;
+  // Dropped mirrors whose copy had not landed yet: kept (not waited for, which would stop the
+  // issuing thread) until it has, so the host memory is not reused under the copy.
+  std::vector<HostMirror> landing;
   std::map<std::string, PendingColl> pending;  // keyed by the collective's output buffer
   // Outputs of last_micro_batch collectives this (earlier) micro-batch did not run; the ops that
   // read them are skipped (RunContext::micro_batches).
@@ -71,6 +75,7 @@ struct UnitEnv {
   // (waited for), made first, when there is none, by a copy ordered on `stream` (the reading op's:
   // it is ordered after the buffer's writer) that returns once done.
   const Tensor& host_view(const std::string& name, StreamHandle stream);
+  void drop_mirror(const std::string& name);
 };
 
 }  // namespace dhelix

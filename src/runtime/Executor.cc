@@ -248,7 +248,7 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf, Stream* on) {
 void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   UnitEnv& env = *s.env;
   for (auto& in : op.inputs) wait_pending(env, in, &stream_of(kind));
-  for (auto& out : op.outputs) env.mirrors.erase(out);  // the collective writes it (in place too)
+  for (auto& out : op.outputs) env.drop_mirror(out);  // the collective writes it (in place too)
   ProcessGroup& pg = group_of(op);
   // A GPU group's op (NCCL, staged) waits, on the GPU, for the kernels the issuing strand launched
   // before it.
@@ -470,7 +470,7 @@ void Executor::run_op(StrandKind kind, StrandSlot& s, const Op& op,
   for (auto& f : op.frees) {
     if (env.pending.count(f)) continue;  // a collective still owns it; freed with the env
     env.bufs.erase(f);
-    env.mirrors.erase(f);
+    env.drop_mirror(f);
   }
 }
 

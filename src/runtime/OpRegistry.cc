@@ -49,8 +49,16 @@ const Tensor& UnitEnv::host_view(const std::string& name, StreamHandle stream) {
   return it->second.host;
 }
 
+void UnitEnv::drop_mirror(const std::string& name) {
+  std::erase_if(landing, [](const HostMirror& m) { return m.ready->ready(); });
+  auto it = mirrors.find(name);
+  if (it == mirrors.end()) return;
+  if (it->second.ready && !it->second.ready->ready()) landing.push_back(std::move(it->second));
+  mirrors.erase(it);
+}
+
 Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
-  env.mirrors.erase(op.outputs.at(i));  // a copy of what the buffer held before
+  env.drop_mirror(op.outputs.at(i));  // a copy of what the buffer held before
   Tensor& t = env.bufs[op.outputs.at(i)];
   t = Tensor::empty(shape, dt, act_mem, device, stream);
   return t;

@@ -74,7 +74,7 @@ TEST(CudaHostView, CopiesOnceOnTheReadersStreamUntilDropped) {
   const Tensor& again = env.host_view("moe.counts", s->handle());
   EXPECT_EQ(&again, &h);
   EXPECT_EQ(all_equal(again, 0x01010101), 0);
-  env.mirrors.erase("moe.counts");
+  env.drop_mirror("moe.counts");
   EXPECT_EQ(all_equal(env.host_view("moe.counts", s->handle()), 0x02020202), 0);
 }
 
