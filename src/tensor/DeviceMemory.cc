@@ -77,6 +77,13 @@ class Pools {
     return *p;
   }
 
+  // GPU `device`'s pool where one was made, else nullptr (never makes one, never throws).
+  cudaMemPool_t existing(int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (device < 0 || device >= static_cast<int>(pools_.size()) || !pools_[static_cast<size_t>(device)]) return nullptr;
+    return pools_[static_cast<size_t>(device)]->pool;
+  }
+
  private:
   std::mutex mu_;
   std::vector<std::unique_ptr<Pool>> pools_;
@@ -141,21 +148,23 @@ std::string device_unavailable(Device d) {
   return "";
 }
 
+void trim_device_pools(int device) {
+  cudaMemPool_t scratch = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&scratch, device) == cudaSuccess) (void)cudaMemPoolTrimTo(scratch, 0);
+  if (cudaMemPool_t own = Pools::get().existing(device)) (void)cudaMemPoolTrimTo(own, 0);
+  (void)cudaGetLastError();
+}
+
 void* device_alloc(Device d, size_t bytes, StreamHandle s) {
   DHX_CHECK(!d.is_host(), InternalError, "device_alloc on the host");
   Pool& p = Pools::get().of(d);
   void* ptr = nullptr;
   cudaError_t e = cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, p.pool, st(s));
   if (e == cudaErrorMemoryAllocation) {
-    // Both pools keep what they cache (Pools::of), so memory this pool needs may sit unused in the
-    // default pool (the kernels' scratch) or in blocks of this one too small for the request: both
-    // give their unused blocks back to the driver, then once more (a review, 2026-11-29; blocks whose
-    // stream-ordered free has not run yet stay where they are).
+    // Memory this pool needs may sit unused in the default pool (the kernels' scratch) or in blocks
+    // of this one too small for the request (a review, 2026-11-29): trimmed, then once more.
     (void)cudaGetLastError();
-    cudaMemPool_t scratch = nullptr;
-    if (cudaDeviceGetDefaultMemPool(&scratch, d.index) == cudaSuccess) (void)cudaMemPoolTrimTo(scratch, 0);
-    (void)cudaMemPoolTrimTo(p.pool, 0);
-    (void)cudaGetLastError();
+    trim_device_pools(d.index);
     e = cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, p.pool, st(s));
   }
   if (e != cudaSuccess) {
@@ -268,6 +277,7 @@ void device_free(Device d, void*, StreamHandle, size_t) { no_cuda(d); }
 namespace {
 thread_local int t_hold_depth = 0;
 }
+void trim_device_pools(int) {}
 void hold_device_frees() { ++t_hold_depth; }
 void release_device_frees() {
   DHX_CHECK(t_hold_depth > 0, InternalError, "release_device_frees without a hold");

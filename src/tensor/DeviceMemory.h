@@ -30,6 +30,12 @@ std::string device_unavailable(Device d);
 // `bytes` on GPU d.index, ordered on stream s. DeviceError (naming the device and the bytes) when
 // the build has no CUDA, the machine no such GPU, or the GPU is out of memory.
 void* device_alloc(Device d, size_t bytes, StreamHandle s);
+// Gives the unused blocks cached by GPU `device`'s pools back to the driver: the tensors' pool (where
+// it exists) and the device's default pool, which the kernels' scratch comes from (cudaMallocAsync).
+// Both keep what is freed into them, so memory one needs may sit unused in the other; device_alloc
+// and cuda::scratch_malloc call this when an allocation fails, then try once more. Blocks whose
+// stream-ordered free has not run yet stay where they are. Never throws; nothing without CUDA.
+void trim_device_pools(int device);
 // Returns p (of `bytes`, as allocated) to its GPU's cache once the work issued on s so far has completed.
 // While this thread holds frees (hold_device_frees), the free is held and done at the release.
 void device_free(Device d, void* p, StreamHandle s, size_t bytes);

@@ -115,6 +115,37 @@ TEST(DeviceMemory, AnAllocationThatFitsOnlyAfterTheScratchPoolTrimsSucceeds) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// The other way round (cuda::scratch_malloc, Cuda.h): a kernel's scratch that only fits once the
+// tensors' pool gives back what it caches. After both pools are trimmed (what earlier tests left),
+// a tensor of 55% of the free memory is allocated and dropped (cached: the pool's threshold keeps
+// it), then 50% of scratch is asked of the default pool. Oracle: cudaMemGetInfo, as above -- with
+// that block cached the driver has less free than the scratch asks, so it is had only if
+// scratch_malloc trims and tries again; the tensors' pool then reserves less than it did.
+TEST(DeviceMemory, KernelScratchThatFitsOnlyAfterTheTensorPoolTrimsSucceeds) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  { const Tensor warm = Tensor::empty({16}, DType::kF32, nullptr, gpu); }  // the pools set up
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  trim_device_pools(0);
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  const size_t big = free0 / 100 * 55, ask = free0 / 2;
+  { const Tensor t = Tensor::empty({static_cast<int64_t>(big / 4)}, DType::kF32, nullptr, gpu); }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const int64_t reserved = device_memory_stats(gpu).reserved;
+  ASSERT_GE(reserved, static_cast<int64_t>(big)) << "the tensors' pool did not keep its block (the premise)";
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  ASSERT_LT(free1, ask) << "the driver has room without a trim (the premise)";
+  void* p = nullptr;
+  scratch_malloc(&p, ask, nullptr);  // DeviceError (the test fails) when it could not be had
+  EXPECT_NE(p, nullptr);
+  EXPECT_LT(device_memory_stats(gpu).reserved, reserved) << "the tensors' pool still holds its block";
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  trim_device_pools(0);  // the scratch's half back to the driver for the binary's later tests
+}
+
 TEST(DeviceMemory, RoundTripIsBitwiseAndTrackersCountDeviceBytes) {
   DHX_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);

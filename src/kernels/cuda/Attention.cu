@@ -841,7 +841,7 @@ void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float
   static_assert(kAdd == std::is_same_v<Out, float>, "bf16 gradients are written, fp32 ones added to");
   const int64_t rows = s.B * s.H * s.Tq;
   float* Di = nullptr;  // [B, H, Tq]
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&Di), rows * sizeof(float), st));
+  scratch_malloc(&Di, rows * sizeof(float), st);
   constexpr int kDotWarps = 8;
   dot_kernel<D><<<static_cast<unsigned>(cdiv(rows, kDotWarps)), kDotWarps * 32, 0, st>>>(o, dout, Di, s);
   DHX_CUDA_LAUNCHED(dot_kernel);
@@ -850,12 +850,12 @@ void bwd(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float
   DqShares shares;
   if constexpr (kOrderedDq) {
     const size_t turns = static_cast<size_t>(s.B * s.H * cdiv(s.Tq, kSmall)) * sizeof(int);
-    DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&shares.turn), turns, st));
+    scratch_malloc(&shares.turn, turns, st);
     DHX_CUDA(cudaMemsetAsync(shares.turn, 0, turns, st));
     if constexpr (kAdd) {
       shares.dq = dq, shares.stride = s.q_stride, shares.bstride = s.q_bstride, shares.mul = scale;
     } else {
-      DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&shares.dq), rows * s.D * sizeof(float), st));
+      scratch_malloc(&shares.dq, rows * s.D * sizeof(float), st);
       shares.stride = s.H * s.D, shares.bstride = s.Tq * s.H * s.D, shares.first_writes = true;
     }
   }

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "base/Error.h"
+#include "tensor/DeviceMemory.h"
 
 namespace dhelix::cuda {
 
@@ -19,6 +20,25 @@ void throw_cuda_error(cudaError_t e, const char* what, const char* file, int lin
 
 void throw_cublas_error(int status, const char* what, const char* file, int line) {
   throw DeviceError(fmt::format("cuBLAS error {} in {} at {}:{}", status, what, file, line));
+}
+
+void scratch_malloc(void** p, size_t bytes, cudaStream_t s) {
+  cudaError_t e = cudaMallocAsync(p, bytes, s);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    int device = 0;
+    DHX_CUDA(cudaGetDevice(&device));
+    trim_device_pools(device);
+    e = cudaMallocAsync(p, bytes, s);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // (an allocation's failure is not sticky: the next launch's check must not see it)
+    throw_cuda_error(e,
+                     cat("cudaMallocAsync (", bytes,
+                         " bytes of kernel scratch; hint: a smaller micro-batch or activation recompute)")
+                         .c_str(),
+                     __FILE__, __LINE__);
+  }
 }
 
 Probe probe() {

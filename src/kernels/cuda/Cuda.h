@@ -50,6 +50,15 @@ template <typename... A> std::string cat(const A&... a) {
     if (dhx_s_ != 0) ::dhelix::cuda::throw_cublas_error(dhx_s_, #call, __FILE__, __LINE__); \
   } while (0)
 
+// A kernel's scratch: cudaMallocAsync's (the current device's default pool, ordered on s; give it
+// back with cudaFreeAsync on s), but where that pool cannot have `bytes`, the device's pools first
+// give their unused cached blocks back (tensor/DeviceMemory.h's trim_device_pools: the tensors'
+// pool keeps every block freed into it) and it is tried once more; then DeviceError as DHX_CUDA's.
+void scratch_malloc(void** p, size_t bytes, cudaStream_t s);
+template <typename T> void scratch_malloc(T** p, size_t bytes, cudaStream_t s) {
+  scratch_malloc(reinterpret_cast<void**>(p), bytes, s);
+}
+
 // What the probe found: how many GPUs this process sees, or why it sees none.
 struct Probe {
   int devices = 0;

@@ -233,7 +233,7 @@ void sum_squares_many(const std::vector<SumSquaresItem>& items, double* out, cud
     m.slots = static_cast<int>(distinct.size());
     m.first[m.slots] = static_cast<int16_t>(q);
     double* part = nullptr;
-    DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), static_cast<size_t>(chunks) * sizeof(double), s));
+    scratch_malloc(&part, static_cast<size_t>(chunks) * sizeof(double), s);
     sum_squares_many_partial<<<static_cast<unsigned>(chunks), kManyThreads, 0, s>>>(m, part);
     DHX_CUDA_LAUNCHED(sum_squares_many_partial);
     sum_squares_many_final<<<1, kManyFinalThreads, 0, s>>>(m, part, out);
@@ -245,7 +245,7 @@ void sum_squares_many(const std::vector<SumSquaresItem>& items, double* out, cud
 void sum_squares(const float* x, int64_t n, double* out, Accumulate acc, cudaStream_t s) {
   DHX_CUDA_ASSERT(n >= 0, "sum_squares: n=", n, " is negative");
   double* part = nullptr;
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), kSsBlocks * sizeof(double), s));
+  scratch_malloc(&part, kSsBlocks * sizeof(double), s);
   sum_squares_partial<<<kSsBlocks, kThreads, 0, s>>>(x, n, part);
   DHX_CUDA_LAUNCHED(sum_squares_partial);
   sum_squares_final<<<1, kSsBlocks, 0, s>>>(part, out, acc == Accumulate::kYes);

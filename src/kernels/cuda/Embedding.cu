@@ -176,7 +176,7 @@ void embedding_bwd_rows(const int32_t* tokens, const bf16* dy, float* dwte, int6
                                            static_cast<int32_t*>(nullptr), num, 0, 32, s));
   const size_t ints = round_up(static_cast<size_t>(BT) * sizeof(int32_t), 256);
   char* scratch = nullptr;
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), 3 * ints + cub_bytes, s));
+  scratch_malloc(&scratch, 3 * ints + cub_bytes, s);
   auto* stok = reinterpret_cast<int32_t*>(scratch);
   auto* sidx = reinterpret_cast<int32_t*>(scratch + ints);
   auto* idx = reinterpret_cast<int32_t*>(scratch + 2 * ints);

@@ -121,7 +121,7 @@ struct StagedBias {
   StagedBias(const bf16*& bias, int64_t n, cudaStream_t stream) : s(stream) {
     if (!bias || alignment(bias) >= 16) return;
     const size_t bytes = static_cast<size_t>(n) * sizeof(bf16);
-    DHX_CUDA(cudaMallocAsync(&p, bytes + 256, s));
+    scratch_malloc(&p, bytes + 256, s);
     const uintptr_t at = (reinterpret_cast<uintptr_t>(p) + 255) & ~static_cast<uintptr_t>(255);
     DHX_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(at), bias, bytes, cudaMemcpyDeviceToDevice, s));
     bias = reinterpret_cast<const bf16*>(at);
@@ -328,7 +328,7 @@ std::vector<double> Blas::time_answers(const Key& k, Plan& p, int max, const Ope
       if (p) cudaFreeAsync(p, s);
     }
   } tmp{nullptr, nullptr, nullptr, o.s};
-  DHX_CUDA(cudaMallocAsync(&tmp.p, o.c_bytes, o.s));
+  scratch_malloc(&tmp.p, o.c_bytes, o.s);
   void* scratch = tmp.p;
   // (beta 0 never reads C: nothing to copy; an uninitialised read would also trip compute-sanitizer's
   // initcheck.)
@@ -623,8 +623,7 @@ bool Blas::wgrad_partials(const bf16* dy, const bf16* x, float* dw, int64_t I, i
       if (p) cudaFreeAsync(p, s);
     }
   } scratch{nullptr, s};
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch.p), static_cast<size_t>(parts * stride) * sizeof(float),
-                           s));
+  scratch_malloc(&scratch.p, static_cast<size_t>(parts * stride) * sizeof(float), s);
   float* part = scratch.p;
   const bool ran = gemm_strided_batched(Op::kT, Op::kN, O, I, rows, 1.0f, dy, O, rows * O, x, I, rows * I, 0.0f, part,
                                         I, stride, parts, Out::kF32, s);
@@ -779,7 +778,7 @@ void bias_grad_strided(const bf16* dy, int64_t ld, float* db, int64_t N, int64_t
   DHX_CUDA_ASSERT(chunks <= 65535, "bias_grad: N=", N, " rows is more than 65535 chunks of ", kBgRows);
   const bool vec = O % 2 == 0 && ld % 2 == 0 && reinterpret_cast<uintptr_t>(dy) % 4 == 0;
   float* part = nullptr;
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), chunks * O * sizeof(float), s));
+  scratch_malloc(&part, chunks * O * sizeof(float), s);
   bias_grad_partial<<<dim3(static_cast<unsigned>(cdiv(O, 2 * kBgCols)), static_cast<unsigned>(chunks)), kBgCols, 0, s>>>(
       dy, part, N, O, ld, vec);
   DHX_CUDA_LAUNCHED(bias_grad_partial);

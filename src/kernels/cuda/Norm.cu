@@ -386,7 +386,7 @@ void fused_bwd(const bf16* dy, const bf16* x, const float* g, const float* mean,
     DHX_CUDA(cudaFuncSetAttribute(norm_bwd_fused_kernel<K, kLayer>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kMostSmem)));
   float* part = nullptr;  // [blocks, parts, C]
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), blocks * kParts * C * sizeof(float), s));
+  scratch_malloc(&part, blocks * kParts * C * sizeof(float), s);
   norm_bwd_fused_kernel<K, kLayer><<<static_cast<unsigned>(blocks), kNormWarps * 32, smem, s>>>(
       dy, x, g, mean, rstd, dx, add, part, N, C, rows);
   DHX_CUDA_LAUNCHED(norm_bwd_fused_kernel);
@@ -441,7 +441,7 @@ void param_grads(const char* what, const bf16* dy, const bf16* x, const float* m
   const int64_t chunks = cdiv(N, kColRows), parts = kLayer ? 2 : 1;
   DHX_CUDA_ASSERT(chunks <= 65535, what, ": N=", N, " rows is more than 65535 chunks of ", kColRows);
   float* part = nullptr;  // [chunks, parts, C]
-  DHX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&part), chunks * parts * C * sizeof(float), s));
+  scratch_malloc(&part, chunks * parts * C * sizeof(float), s);
   norm_bwd_partial_kernel<kLayer>
       <<<dim3(static_cast<unsigned>(cdiv(C, kColThreads)), static_cast<unsigned>(chunks)), kColThreads, 0, s>>>(
           dy, x, mean, rstd, part, N, C);
