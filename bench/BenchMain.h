@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "base/Error.h"
+#include "base/JsonText.h"
 #include "comm/CommContext.h"
 
 namespace dhelix {

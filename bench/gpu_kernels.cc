@@ -7,7 +7,9 @@
 //   dhelix_bench_gpu_kernels [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 //                            [--ordered-dq on|off]
 // Then two studies: grouped expert GEMMs against dense ones, and SM partitions (one GEMM on the
-// whole GPU, on half of its SMs, on both halves at once). Prints a table and, last, one JSON object.
+// whole GPU, on half of its SMs, on both halves at once). Prints a table, a line {"model_result":{...}}
+// as each model is done (a model or study that failed: its error, the rest still run, exit 1) and,
+// last, one JSON object (non-finite numbers written null).
 // GPT-2's rows include the cuBLASLt epilogue study (class "study", outside the sums): each fused
 // op (GEMM + GELU, dgrad + GELU', GEMM + residual add) beside the unfused pair it replaces. The
 // attention backward's other forms are study rows too (whole tiles; the ordered dQ, unless
@@ -604,14 +606,36 @@ int run(int argc, char** argv) {
   DHX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Blas blas(0);
   blas.set_wgrad(Blas::Wgrad::kPartials);  // as the trainer's GPU steps run by default (training.wgrad_gemm = auto)
+  // Each model's object also as a line {"model_result":{...}} when it is done, and a model or study
+  // that fails is named with its error while the rest still run (exit 1): a later kill or failure
+  // keeps what was measured.
   std::string out;
+  bool any_failed = false;
+  auto error_json = [&](const std::exception& e) {
+    any_failed = true;
+    return nlohmann::json(std::string(e.what())).dump();
+  };
   for (const Model& m : kModels) {
     if (models.find(m.name) == std::string::npos) continue;
     const size_t at = batch.find(m.name + "=");
     const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + m.name.size() + 1));
-    out += (out.empty() ? "" : ",") + run_model(m, B, T, blas, s);
+    std::string one;
+    try {
+      one = json_finite(run_model(m, B, T, blas, s));
+    } catch (const std::exception& e) {
+      std::printf("%s: failed: %s\n", m.name.c_str(), e.what());
+      one = fmt::format("{{\"model\":\"{}\",\"batch\":{},\"error\":{}}}", m.name, B, error_json(e));
+    }
+    std::printf("{\"model_result\":%s}\n", one.c_str());
+    out += (out.empty() ? "" : ",") + one;
   }
-  const std::string grouped = grouped_gemm_study(blas, s);
+  std::string grouped;
+  try {
+    grouped = json_finite(grouped_gemm_study(blas, s));
+  } catch (const std::exception& e) {
+    std::printf("  grouped GEMM study: failed: %s\n", e.what());
+    grouped = fmt::format("{{\"error\":{}}}", error_json(e));
+  }
   DHX_CUDA(cudaStreamDestroy(s));
   // A failure of the partitions (the driver's green contexts) must not lose the results above.
   std::string partitions;
@@ -622,8 +646,8 @@ int run(int argc, char** argv) {
     partitions = fmt::format("{{\"error\":{}}}", nlohmann::json(std::string(e.what())).dump());
   }
   std::printf("{\"device\":\"%s\",\"models\":[%s],\"grouped_gemm\":%s,\"sm_partitions\":%s}\n", info.name.c_str(),
-              out.c_str(), grouped.c_str(), partitions.c_str());
-  return 0;
+              out.c_str(), grouped.c_str(), json_finite(partitions).c_str());
+  return any_failed ? 1 : 0;
 }
 
 }  // namespace

@@ -16,18 +16,23 @@
 // the other choices; a variant whose Step would not fit beside the others' is skipped, named (each
 // Step keeps its own model states). With --ordered-dq on, the default's Step again with attention's
 // backward in its ordered-dQ form (kernels/cuda/Attention.h AttnBwdForm::kOrderedDq, a process-wide
-// switch: the same Step, no more memory), stepped alternately with the others.
+// switch: the same Step; its fp32 dQ scratch is the kernels' own, scratch_peak_bytes below), stepped
+// alternately with the others.
 //   dhelix_bench_gpu_train [--models gpt2-124m,llama-1b] [--batch gpt2-124m=16,llama-1b=4] [--seq 1024]
 //                          [--steps 10] [--warmup 3] [--gemm-algo heuristic,timed] [--plain on|off]
 //                          [--wgrad-direct on|off] [--ordered-dq on|off]
-// Prints a table and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes, ...
+// Prints a table, a line {"model_result":[rows]} as each model is done (a failed model: its error; the
+// others still run, exit 1) and, last, one JSON object: tokens_per_s, mfu (989 TFLOP/s), peak_bytes
+// (the tensors' peak over the first variant's warm-up steps), scratch_peak_bytes (the kernels' own
+// scratch's, outside it: DeviceMemoryStats), ... (non-finite numbers written null).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <memory>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -130,7 +135,7 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
   // H100): the model states stay per Step (in use between steps), the activations come and go, so
   // one more Step needs the first's states plus the activations' peak, with 10% to spare, within 95%
   // of the device's memory.
-  int64_t peak_one = 0, states_one = 0;
+  int64_t peak_one = 0, states_one = 0, scratch_peak_one = 0;
   const double device_bytes = static_cast<double>(cuda::device_info(0).global_bytes);
   for (size_t k = 0; k < variants.size(); ++k) {
     // A variant of a kept one's Step (the attention form alone differs): that Step again.
@@ -162,7 +167,10 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
     built.back()->runner->add_observer(built.back()->sync.get());
     kept.push_back(variants[k]);
     for (int s = 0; s < warmup; ++s) one_step(built.size() - 1, s);
-    if (k == 0) peak_one = device_memory_stats(gpu).peak_in_use, states_one = device_memory_stats(gpu).in_use;
+    if (k == 0) {
+      const DeviceMemoryStats m = device_memory_stats(gpu);
+      peak_one = m.peak_in_use, states_one = m.in_use, scratch_peak_one = m.scratch_peak;
+    }
   }
   for (int s = warmup; s < warmup + steps; ++s)
     for (size_t k = 0; k < built.size(); ++k) one_step(k, s);
@@ -183,11 +191,12 @@ std::string run_model(const std::string& name, int64_t B, int64_t T, int steps, 
                 static_cast<double>(peak_one) / (1 << 30));
     out += fmt::format("{}{{\"model\":\"{}\",\"gemm_algo\":\"{}\",\"fuse_epilogues\":{},\"epilogue_fusions\":{},\"wgrad_gemm\":\"{}\",\"partial_wgrads_per_step\":{},\"attention_bwd\":\"{}\",\"batch\":{},\"seq\":{},\"step_s\":{:.6g},"
                        "\"spread\":[{:.6g},{:.6g}],\"optimizer_s\":{:.6g},\"tokens_per_s\":{:.6g},"
-                       "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{}}}",
+                       "\"flops_per_token\":{:.6g},\"mfu\":{:.4g},\"last_loss\":{:.5g},\"peak_bytes\":{},"
+                       "\"scratch_peak_bytes\":{}}}",
                        out.empty() ? "" : ",", name, kept[k].algo, kept[k].fuse,
                        built[k]->parts->progs.fusions.total(), kept[k].partials ? "partials" : "direct",
                        partials_per_step(k), kept[k].ordered_dq ? "ordered_dq" : "default", B, T, med, sorted.front(), sorted.back(), opt_med, tok,
-                       fpt, tok * fpt / kPeak, loss[k], peak_one);
+                       fpt, tok * fpt / kPeak, loss[k], peak_one, scratch_peak_one);
   }
   return out;
 }
@@ -239,15 +248,29 @@ int run(int argc, char** argv) {
   for (size_t a = 1; a < algos.size(); ++a) variants.push_back({algos[a], true, true});
   cuda::require_device(0);
   const cuda::DeviceInfo info = cuda::device_info(0);
+  // Each model's rows also as a line {"model_result":{...}} when it is done, and a model that fails
+  // is named with its error while the next still runs (exit 1): a later kill or failure keeps them.
   std::string out;
+  bool any_failed = false;
   for (const std::string name : {"gpt2-124m", "llama-1b"}) {
     if (models.find(name) == std::string::npos) continue;
     const size_t at = batch.find(name + "=");
     const int64_t B = at == std::string::npos ? 4 : std::stoll(batch.substr(at + name.size() + 1));
-    out += (out.empty() ? "" : ",") + run_model(name, B, T, steps, warmup, variants);
+    std::string rows;
+    try {
+      rows = json_finite(run_model(name, B, T, steps, warmup, variants));
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::printf("%s: failed: %s\n", name.c_str(), e.what());
+      rows = fmt::format("{{\"model\":\"{}\",\"batch\":{},\"error\":{}}}", name, B, nlohmann::json(std::string(e.what())).dump());
+      any_failed = true;
+    }
+    std::printf("{\"model_result\":[%s]}\n", rows.c_str());
+    out += (out.empty() ? "" : ",") + rows;
   }
   std::printf("{\"device\":\"%s\",\"models\":[%s]}\n", info.name.c_str(), out.c_str());
-  return 0;
+  return any_failed ? 1 : 0;
 }
 
 }  // namespace

@@ -148,6 +148,8 @@ void LayerPairBench::restore(UnitEnv& env, const std::vector<std::map<std::strin
                              const std::vector<Op>& ops, int begin, int end) {
   DHX_ASSERT(env.pending.empty(), "restoring an environment with collectives in flight");
   env.bufs = snaps.at(k);
+  env.mirrors.clear();  // host copies the previous run made: this one reads (and waits) as a step does
+  parts_->ctx.router.clear();  // (what a GPU's moe_aux left pending: no step end settles it here)
   // The executor's all-reduce writes its input in place: give it a private copy so the snapshot
   // (and the next run) sees the original values.
   for (int i = begin; i < end; ++i) {

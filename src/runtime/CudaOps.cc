@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -581,23 +582,42 @@ class CopyLanded final : public Event {
   }
   CopyLanded(const CopyLanded&) = delete;
   CopyLanded& operator=(const CopyLanded&) = delete;
-  bool ready() const override { return cudaEventQuery(ev_) == cudaSuccess; }
+  bool ready() const override {
+    const cudaError_t e = cudaEventQuery(ev_);
+    if (e == cudaErrorNotReady) (void)cudaGetLastError();  // (not a failure: must not meet the next launch's check)
+    return e == cudaSuccess;
+  }
   void host_wait() override { DHX_CUDA(cudaEventSynchronize(ev_)); }
 
  private:
   cudaEvent_t ev_{};
 };
 
-// Starts the host mirror of output `i` (just written on the op's stream): a page-locked copy, so
-// the copy does not block the host (pageable memory, where none can be had, makes it synchronous).
-void start_host_mirror(OpCall& c, size_t i) {
-  const std::string& name = c.op.outputs.at(i);
+// Starts the host mirror of buffer `name` (written on the op's stream, or waited for there): a
+// page-locked copy, so the copy does not block the host (pageable memory, where none can be had,
+// makes it synchronous). Returns it.
+const HostMirror& start_host_mirror(OpCall& c, const std::string& name) {
   const Tensor& t = c.env.at(name);
   HostMirror m;
   m.host = Tensor::empty_pinned(t.shape(), t.dtype());
   DHX_CUDA(cudaMemcpyAsync(m.host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, st(c)));
   m.ready = std::make_shared<CopyLanded>(st(c));
-  c.env.mirrors[name] = std::move(m);
+  c.env.drop_mirror(name);  // (a mirror replaced in place would free its buffer before its copy landed)
+  return c.env.mirrors.emplace(name, std::move(m)).first->second;
+}
+// `dst` (a device tensor) filled from host memory `src` on the op's stream without waiting for the
+// stream: staged through page-locked memory kept (UnitEnv::landing) until the copy has run. (A
+// device_copy from the host returns only once the stream got there: a wait for both strands.)
+void upload(OpCall& c, Tensor& dst, const void* src) {
+  HostMirror staged;
+  staged.host = Tensor::empty_pinned(dst.shape(), dst.dtype());
+  std::memcpy(staged.host.raw(), src, dst.nbytes());
+  DHX_CUDA(cudaMemcpyAsync(dst.raw(), staged.host.raw(), dst.nbytes(), cudaMemcpyHostToDevice, st(c)));
+  // (From pageable memory, where no page-locked memory could be had, the call returns once staged.)
+  if (staged.host.is_pinned()) {
+    staged.ready = std::make_shared<CopyLanded>(st(c));
+    c.env.landing.push_back(std::move(staged));
+  }
 }
 // Input `i` on the host (its mirror; made by a copy on the op's stream, not the one the buffer was
 // allocated on: a backward op reading its forward's statistics must not wait behind the other
@@ -630,13 +650,20 @@ void op_moe_route(OpCall& c) {
   cuda::moe_route_fwd(f32(lg), f32(probs), i32(expert), f32(gate), N, E, k, norm_topk(c), st(c));
   cuda::moe_group(i32(expert), N, k, E, i32(counts), i32(order), i32(slot), st(c));
   cuda::moe_route_stats(f32(probs), i32(counts), N, E, f32(stats), st(c));
-  start_host_mirror(c, 3);
-  start_host_mirror(c, 6);  // (an all-reduce over tp or cp, where there is one, drops it: Executor)
+  start_host_mirror(c, c.op.outputs.at(3));
+  start_host_mirror(c, c.op.outputs.at(6));  // (an all-reduce over tp or cp, where there is one, drops it: Executor)
 }
 
+// The statistics (summed over tp or cp where they are) recorded at the step's end
+// (RouterStats::settle), not here: their copy, started here if the all-reduce dropped moe_route's,
+// lands while the step goes on (moe.route.bwd reads the same mirror).
 void op_moe_aux(OpCall& c) {
-  const Tensor& s = host_input(c, 0, DType::kF32);
-  op::moe_record_aux(c, s.f32(), s.numel() / 2);
+  const std::string& name = c.op.inputs.at(0);
+  auto it = c.env.mirrors.find(name);
+  const HostMirror& m = it != c.env.mirrors.end() ? it->second : start_host_mirror(c, name);
+  DHX_CHECK(m.host.dtype() == DType::kF32, InternalError, "{}: input {} is {}, expected f32", c.op.name, name,
+            m.host.describe());
+  if (c.router) c.router->pending.push_back({m, &c.model, c.unit.layer, c.cp_rank});
 }
 
 void op_moe_route_bwd(OpCall& c) {
@@ -646,9 +673,8 @@ void op_moe_route_bwd(OpCall& c) {
   const std::vector<float> dp = op::moe_aux_dprob(c, host_input(c, 4, DType::kF32).f32(), E);
   Tensor aux;
   if (!dp.empty()) {
-    Tensor h = Tensor::empty({E});
-    std::copy(dp.begin(), dp.end(), h.f32());
-    aux = h.to(c.device, nullptr, c.stream);
+    aux = Tensor::empty({E}, DType::kF32, nullptr, c.device, c.stream);
+    upload(c, aux, dp.data());
   }
   Tensor& dl = c.out_new(0, {N, E});
   cuda::moe_route_bwd(f32(probs), i32(c.in(2)), f32(c.in(3)), f32(c.in(0)), aux.defined() ? f32(aux) : nullptr,
@@ -715,9 +741,8 @@ void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
     HostMirror m;  // the host has them already: the expert GEMMs read this copy
     m.host = Tensor::empty({El}, DType::kI32);
     std::copy(lc.begin(), lc.end(), m.host.data<int32_t>());
-    device_copy(c.out_new(1, {El}, DType::kI32).raw(), c.device, lc.data(), Device::host(), lc.size() * sizeof(int32_t),
-                c.stream);  // returns once copied
-    c.env.mirrors[c.op.outputs.at(1)] = std::move(m);
+    upload(c, c.out_new(1, {El}, DType::kI32), lc.data());
+    c.env.mirrors.emplace(c.op.outputs.at(1), std::move(m));  // (out_new dropped the old one)
   }
 }
 void op_moe_ep_sort(OpCall& c) { moe_ep_regroup_op(c, true); }

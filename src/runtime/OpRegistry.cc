@@ -25,6 +25,27 @@ const uint16_t* Bf16Weights::get(const Tensor& w) {
   return it->second.data<uint16_t>();
 }
 
+void RouterStats::record(const ModelConfig& m, int layer, int cp_rank, const float* stats, int64_t E) {
+  double Ng = 0;  // the tokens routed: each sent to top_k experts
+  for (int64_t e = 0; e < E; ++e) Ng += double(stats[e]);
+  Ng /= double(m.top_k);
+  // Under cp the statistics are the whole micro-batch's on every cp rank (ExpertDispatch.cc): one records them.
+  if (layer < 0 || Ng <= 0 || cp_rank != 0) return;
+  if (n_experts != E) n_experts = E, tokens.assign(m.n_layers * E, 0);
+  DHX_ASSERT(int64_t(tokens.size()) >= (layer + 1) * E, "router stats for layer {}", layer);
+  for (int64_t e = 0; e < E; ++e) tokens[layer * E + e] += static_cast<int64_t>(stats[e]);
+  aux_weighted += Ng * cpu::moe_aux_loss<float>(stats, E, m.top_k, m.aux_loss_coef);
+}
+
+void RouterStats::settle() {
+  std::vector<Pending> todo;
+  todo.swap(pending);
+  for (Pending& p : todo) {
+    if (p.stats.ready) p.stats.ready->host_wait();
+    record(*p.model, p.layer, p.cp_rank, p.stats.host.f32(), p.stats.host.numel() / 2);
+  }
+}
+
 Tensor& UnitEnv::at(const std::string& name) {
   auto it = bufs.find(name);
   DHX_CHECK(it != bufs.end(), InternalError, "buffer '{}' is not in the environment", name);
@@ -94,14 +115,7 @@ double routed_tokens(const OpCall& c, const float* stats, int64_t E) {
 }  // namespace
 
 void moe_record_aux(OpCall& c, const float* stats, int64_t E) {
-  const double Ng = routed_tokens(c, stats, E);
-  // Under cp the statistics are the whole micro-batch's on every cp rank (ExpertDispatch.cc): one records them.
-  if (!c.router || c.unit.layer < 0 || Ng <= 0 || c.cp_rank != 0) return;
-  RouterStats& st = *c.router;
-  if (st.n_experts != E) st.n_experts = E, st.tokens.assign(c.model.n_layers * E, 0);
-  DHX_ASSERT(int64_t(st.tokens.size()) >= (c.unit.layer + 1) * E, "router stats for layer {}", c.unit.layer);
-  for (int64_t e = 0; e < E; ++e) st.tokens[c.unit.layer * E + e] += static_cast<int64_t>(stats[e]);
-  st.aux_weighted += Ng * cpu::moe_aux_loss<float>(stats, E, c.model.top_k, c.model.aux_loss_coef);
+  if (c.router) c.router->record(c.model, c.unit.layer, c.cp_rank, stats, E);
 }
 
 // (Ng tokens * dloss) * coef * E * c_e / (Ng k Ng), per expert e.

@@ -23,14 +23,28 @@ class Blas;  // kernels/cuda/Gemm.h (a CUDA build's GEMMs)
 // What the MoE router saw over a step: per layer and expert the tokens routed there, and the
 // load-balancing loss weighted by each micro-batch's tokens (sum over layers and micro-batches of
 // N_mb * aux; divided by the step's tokens it is the aux term of the objective). Filled by the
-// moe_route op; the step runner resets it per step.
+// moe_aux op; the step runner resets it per step.
 struct RouterStats {
   int64_t n_experts = 0;
   std::vector<int64_t> tokens;  // [layer * n_experts + e]
   double aux_weighted = 0;
+  // A GPU's statistics on their way to the host: the moe_aux op starts the copy and goes on (a wait
+  // there would stop both strands' issue until the forward stream got there); settle(), at the
+  // step's end, records them in the order the ops ran.
+  struct Pending {
+    HostMirror stats;  // [2E] floats, as moe_record_aux reads them
+    const ModelConfig* model;
+    int layer, cp_rank;
+  };
+  std::vector<Pending> pending;
+  // One layer's statistics of one micro-batch (a rank that is not cp rank 0, or no routed token,
+  // records nothing): its tokens per expert and its load-balancing loss, weighted.
+  void record(const ModelConfig& m, int layer, int cp_rank, const float* stats, int64_t E);
+  void settle();  // records what is pending (waiting for its copies)
   void clear() {
     std::fill(tokens.begin(), tokens.end(), 0);
     aux_weighted = 0;
+    pending.clear();
   }
 };
 

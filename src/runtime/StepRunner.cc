@@ -317,6 +317,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
   exec_.end_kept_blocks();      // the optimizer updates the weights next
   exec_.flush_trace();  // a GPU's compute lanes, from its events
   if (ctx_.act_mem) st.peak_activation_bytes = ctx_.act_mem->peak();
+  ctx_.router.settle();  // a GPU's statistics, copied back as the step ran
   st.aux_weighted = ctx_.router.aux_weighted;
   st.expert_tokens = ctx_.router.tokens;
   return st;
@@ -368,6 +369,7 @@ StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   exec_.finish_device_waits();
   exec_.end_kept_blocks();
   exec_.flush_trace();
+  ctx_.router.settle();  // a GPU's statistics, copied back as the step ran
   st.aux_weighted = ctx_.router.aux_weighted;
   st.expert_tokens = ctx_.router.tokens;
   return st;

@@ -73,6 +73,15 @@ class Pools {
       cudaMemPool_t scratch = nullptr;
       check(cudaDeviceGetDefaultMemPool(&scratch, d.index), "cudaDeviceGetDefaultMemPool", d);
       check(cudaMemPoolSetAttribute(scratch, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", d);
+      // Scratch is freed on each op's own stream in the middle of a pair (no hold): a block one
+      // strand freed but has not reached must not be handed to the other strand with a dependency the
+      // driver inserts (cudaMemPoolReuseAllowInternalDependencies, on by default), which would make
+      // that strand wait for this one -- Strand Interleaving serialised by a few MB of scratch (a
+      // review, 2026-11-29). Off: such a block is reused only once its free has run (or where the
+      // streams are already ordered by an event); else the pool maps more (each strand its own).
+      int no = 0;
+      check(cudaMemPoolSetAttribute(scratch, cudaMemPoolReuseAllowInternalDependencies, &no), "cudaMemPoolSetAttribute",
+            d);
     }
     return *p;
   }
@@ -208,6 +217,13 @@ DeviceMemoryStats device_memory_stats(Device d) {
   uint64_t reserved = 0;
   check(cudaMemPoolGetAttribute(p.pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "cudaMemPoolGetAttribute", d);
   out.reserved = static_cast<int64_t>(reserved);
+  cudaMemPool_t scratch = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&scratch, d.index), "cudaDeviceGetDefaultMemPool", d);
+  uint64_t used = 0, high = 0;
+  check(cudaMemPoolGetAttribute(scratch, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute", d);
+  check(cudaMemPoolGetAttribute(scratch, cudaMemPoolAttrUsedMemHigh, &high), "cudaMemPoolGetAttribute", d);
+  out.scratch_in_use = static_cast<int64_t>(used);
+  out.scratch_peak = static_cast<int64_t>(high);
   return out;
 }
 
@@ -253,6 +269,10 @@ void use_device(Device d) {
 void reset_device_peak(Device d) {
   Pool& p = Pools::get().of(d);
   p.peak.store(p.in_use.load());
+  cudaMemPool_t scratch = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&scratch, d.index), "cudaDeviceGetDefaultMemPool", d);
+  uint64_t zero = 0;  // (the driver resets a high-water mark to the current use whatever is set)
+  check(cudaMemPoolSetAttribute(scratch, cudaMemPoolAttrUsedMemHigh, &zero), "cudaMemPoolSetAttribute", d);
 }
 
 #else  // a build without CUDA

@@ -1,8 +1,10 @@
 // Device memory for tensors. A CUDA build (DHELIX_ENABLE_CUDA) has one caching, stream-ordered
 // allocator per GPU, over a CUDA memory pool whose release threshold keeps every freed block
 // cached: a block freed on stream S is reused by S's later allocations in stream order (no device
-// sync), and by another stream only once S's work before the free has completed (the pool's event
-// dependencies), so a tensor that one strand frees can never be overwritten under it by the other.
+// sync), and by another stream only after S's work before the free (the pool's event dependencies:
+// done already, or waited for -- the driver may make the other stream wait for S, which is why the
+// executor holds a pair's frees until its strands join, and the kernels' scratch pool, whose frees
+// are not held, has that reuse off), so a tensor one strand frees is never overwritten under it.
 // A host build has none: every call names the device and says the build has no CUDA (DeviceError).
 //
 //   strand A stream: [op writes t][op reads t] free(t, A) [alloc u, A: may reuse t's block at once]
@@ -82,8 +84,12 @@ PinnedStats pinned_stats();
 struct DeviceMemoryStats {
   int64_t in_use = 0, peak_in_use = 0;  // bytes handed out by device_alloc, now and at most
   int64_t reserved = 0;                 // bytes the pool holds from the driver (in use + cached)
+  // The kernels' scratch (the device's default pool: cuda::scratch_malloc), outside the counts
+  // above: its bytes in use now and at most since the last reset_device_peak (the pool's own
+  // high-water mark; it need not coincide with peak_in_use, so their sum bounds the step's peak).
+  int64_t scratch_in_use = 0, scratch_peak = 0;
 };
 DeviceMemoryStats device_memory_stats(Device d);
-void reset_device_peak(Device d);
+void reset_device_peak(Device d);  // both peaks: the tensors' and the scratch's
 
 }  // namespace dhelix

@@ -15,8 +15,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/Error.h"
@@ -39,9 +41,17 @@ inline void hold_stream(cudaStream_t s, int spin_us) {
   DHX_CUDA(cudaFreeAsync(d, s));
 }
 
+// Skips a test without a GPU -- unless DHELIX_REQUIRE_GPU=1 (scripts/gpu-device run sets it: there a
+// missing GPU is the device machine's fault, and a section of skips must not read as a pass).
+inline bool gpu_required() {
+  const char* v = std::getenv("DHELIX_REQUIRE_GPU");
+  return v && std::string(v) == "1";
+}
 #define DHX_REQUIRE_GPU()                                                               \
   do {                                                                                  \
     const ::dhelix::cuda::Probe dhx_p_ = ::dhelix::cuda::probe();                       \
+    if (dhx_p_.devices == 0 && ::dhelix::cuda::test::gpu_required())                    \
+      GTEST_FAIL() << "no GPU, and DHELIX_REQUIRE_GPU=1 asks for one: " << dhx_p_.why_none; \
     if (dhx_p_.devices == 0) GTEST_SKIP() << "no GPU: " << dhx_p_.why_none;             \
   } while (0)
 
