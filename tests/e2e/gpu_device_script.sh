@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The lent GPU machine's one prepared script (scripts/gpu-device) can only run where a GPU is, and a
 # GPU session has 15 minutes: a script broken in its syntax or its argument checks would cost one.
-# Checked here without a GPU (nothing is built, packed or unpacked): every shell and Python file it
-# runs parses, and bad arguments exit 2 naming the value before anything else happens.
-# Oracles: bash -n / Python's parser; the exit status and the message.
+# Checked here without a GPU (nothing is built or packed): every shell and Python file it runs
+# parses, bad arguments exit 2 naming the value before anything else happens, its JSON helpers and
+# summary read the files written by hand below, and `run` goes through a test section end to end on
+# a stub bundle (a hang, its rerun, the merged JSON, the summary, the exit status).
+# Oracles: bash -n / Python's parser; the exit status and the message; the values written below.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 fail=0
@@ -144,5 +146,78 @@ check "gpu_preset.py interference keys" 0 "compute_slowdown = 1.31" -- /usr/bin/
   "$root/bench/results/gpu-kernels-2026-11-27-h100.json" --interference "$h/gi.json"
 check "gpu_preset.py refuses no fit" 2 "has no interference fit" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \
   "$root/bench/results/gpu-kernels-2026-11-27-h100.json" --interference "$h/gi2.json"
+
+# `run` itself, on a stub bundle (DHELIX_GPU_BUNDLE, DHELIX_GPU_TMP): a test binary written here in
+# bash that prints gtest's lines. Its first run passes A.One, skips A.Skip and hangs in B.Hang (the
+# watchdog's "[ HUNG ]" line, exit 87, no JSON); the rerun (its filter must leave those three out)
+# passes C.Fine, fails D.Fail, lists the disabled E.DISABLED_X (status NOTRUN) and exits 1 with its
+# JSON. Oracles: the merged tests.json (5 run, 2 failed, 1 disabled, 1 of the 6 planned never
+# reached, B.Hang's failure naming the hang), the summary's lines, the exit status (the first
+# part's, 87), DHELIX_REQUIRE_GPU=1 and a watchdog in the binary's environment, logs.tar.gz.
+st=$h/stub
+mkdir -p "$st/bin"
+cat > "$st/bin/test_kernels_cuda" <<'STUB'
+#!/usr/bin/env bash
+filter="" json=""
+for a in "$@"; do
+  case $a in --gtest_filter=*) filter=${a#--gtest_filter=} ;; --gtest_output=json:*) json=${a#--gtest_output=json:} ;; esac
+done
+echo "call filter=$filter require=${DHELIX_REQUIRE_GPU:-} watchdog=${DHELIX_TEST_WATCHDOG_S:-}" >> "$STUB_CALLS"
+if [[ $filter != *B.Hang* ]]; then
+  echo "[==========] Running 6 tests from 5 test suites."
+  echo "[ RUN      ] A.One"; echo "[       OK ] A.One (1 ms)"
+  echo "[ RUN      ] A.Skip"; echo "[  SKIPPED ] A.Skip (0 ms)"
+  echo "[ RUN      ] B.Hang"; echo "[ HUNG     ] B.Hang: still running after 90 s (watchdog); ending the process (exit 87)"
+  exit 87
+fi
+echo "[==========] Running 2 tests from 2 test suites."
+echo "[ RUN      ] C.Fine"; echo "[       OK ] C.Fine (1 ms)"
+echo "[ RUN      ] D.Fail"; echo "x.cc:1: Failure"; echo "[  FAILED  ] D.Fail (1 ms)"
+cat > "$json" <<'J'
+{"tests": 2, "failures": 1, "disabled": 1, "testsuites": [
+ {"name": "C", "tests": 1, "failures": 0, "testsuite": [{"name": "Fine", "status": "RUN", "result": "COMPLETED"}]},
+ {"name": "D", "tests": 1, "failures": 1, "testsuite": [{"name": "Fail", "status": "RUN", "result": "COMPLETED", "failures": [{"failure": "x.cc:1", "type": ""}]}]},
+ {"name": "E", "tests": 1, "failures": 0, "disabled": 1, "testsuite": [{"name": "DISABLED_X", "status": "NOTRUN", "result": "SUPPRESSED"}]}]}
+J
+exit 1
+STUB
+chmod +x "$st/bin/test_kernels_cuda"
+/usr/bin/python3 -c "
+import sys, tarfile
+with tarfile.open(sys.argv[1], 'w:xz') as t:
+    t.add(sys.argv[2], arcname='bin')" "$h/bundle.tar.xz" "$st/bin"
+mkdir -p "$h/out" "$h/tmp"
+: > "$h/calls"
+# (nvidia-smi and the driver probe find nothing here: their lines say so, and run goes on.)
+rout=$(cd "$root" && env OUT="$h/out" DHELIX_GPU_ONLY=tests DHELIX_GPU_DEADLINE_S=0120 DHELIX_GPU_BUNDLE="$h/bundle.tar.xz" \
+  DHELIX_GPU_TMP="$h/tmp" STUB_CALLS="$h/calls" scripts/gpu-device run 2>&1)
+rrc=$?
+want() {  # NAME TEXT: the run's output has TEXT
+  if grep -qF -- "$2" <<<"$rout"; then echo "ok   run: $1"; else echo "FAIL run: $1: no '$2' in:"; echo "$rout" | tail -30; fail=1; fi
+}
+if [ $rrc -eq 87 ]; then echo "ok   run: exit status 87 (the first part's)"; else echo "FAIL run: exit $rrc, want 87"; fail=1; fi
+want "the rerun" "part 0 ended with exit 87; crashed: B.Hang (still running after 90 s"
+want "the counts" "tests.json: 5 selected, 2 failed, 1 skipped, 1 disabled, 1 NOT REACHED"
+want "the hang named" "FAILED B.Hang"
+want "the failure named" "FAILED D.Fail"
+want "the skip named" "skipped A.Skip"
+want "the first exit" "(the section's first run ended with exit 87)"
+want "an unstamped bundle" "UNSTAMPED BUNDLE"
+check "run: the stub's calls" 0 "" -- /usr/bin/python3 -c "
+import sys
+calls = open(sys.argv[1]).read().splitlines()
+assert len(calls) == 2, calls
+assert calls[1].startswith('call filter=-TrainerGpu*:A.One:A.Skip:B.Hang '), calls[1]
+for c in calls:
+    assert ' require=1 ' in c, c
+    assert int(c.rsplit('watchdog=', 1)[1]) >= 20, c" "$h/calls"
+check "run: tests.json" 0 "" -- /usr/bin/python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))
+cases = {s['name'] + '.' + c['name']: c for s in t['testsuites'] for c in s['testsuite']}
+assert (t['tests'], t['failures'], t['disabled'], t.get('not_reached')) == (5, 2, 1, 1), t
+assert sorted(cases) == ['A.One', 'A.Skip', 'B.Hang', 'C.Fine', 'D.Fail'], sorted(cases)
+assert 'crashed: still running after 90 s' in cases['B.Hang']['failures'][0]['failure'], cases['B.Hang']" "$h/out/tests.json"
+if [ -s "$h/out/logs.tar.gz" ]; then echo "ok   run: logs.tar.gz"; else echo "FAIL run: no logs.tar.gz"; fail=1; fi
 rm -rf "$h"
 exit $fail
