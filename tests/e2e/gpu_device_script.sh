@@ -140,6 +140,27 @@ check "summary: an SI row" 0 "speedup 1.210 (ideal 1.500) overlap eff 0.62  extr
   env GPU_SECTIONS=si "$root/scripts/gpu-device" helper summary "$h" "$h"
 check "summary: a null overlap efficiency" 0 "speedup 1.000 (ideal 1.010) overlap eff null  extra mem +0.0%" -- \
   env GPU_SECTIONS=si "$root/scripts/gpu-device" helper summary "$h" "$h"
+# pick-json: a bench's final line, else (killed) the rows of its model_result lines -- an object (the
+# kernel bench) or a list of rows (the train bench) -- with the device from the script's own query
+# and "partial"; exit 1 then, and with neither no file at all.
+printf '%s\n' 'gpt2-124m B=16: step 40 ms' '{"model_result":{"model":"gpt2-124m","s":0.04}}' \
+  '{"model_result":[{"model":"llama-1b","a":1},{"model":"llama-1b","a":2}]}' '{"model_res' > "$h/killed.log"
+check "pick-json: rebuilt from model_result lines" 1 "no final JSON line; 3 row(s) kept" -- "$root/scripts/gpu-device" helper \
+  pick-json "$h/killed.log" "$h/picked.json" "$h/device.json"
+check "pick-json: the rebuilt file" 0 "" -- /usr/bin/python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert [m['model'] for m in j['models']] == ['gpt2-124m', 'llama-1b', 'llama-1b'] and 'partial' in j, j" "$h/picked.json"
+echo '{"device": "H200", "models": [{"model": "gpt2-124m"}]}' >> "$h/killed.log"
+check "pick-json: the final line" 0 "" -- "$root/scripts/gpu-device" helper pick-json "$h/killed.log" "$h/picked.json"
+check "pick-json: the final line's file" 0 "" -- /usr/bin/python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j == {'device': 'H200', 'models': [{'model': 'gpt2-124m'}]}, j" "$h/picked.json"
+echo 'nothing' > "$h/empty-bench.log"
+check "pick-json: nothing" 1 "no final JSON line and no model_result line" -- "$root/scripts/gpu-device" helper \
+  pick-json "$h/empty-bench.log" "$h/picked.json"
+if [ -e "$h/picked.json" ]; then echo "FAIL pick-json: nothing, yet the old file is still there"; fail=1; fi
 # bench/gpu_preset.py turns that JSON into the preset's [device] interference keys (and refuses one
 # without a fit), beside the kernel figures from a committed kernel bench.
 check "gpu_preset.py interference keys" 0 "compute_slowdown = 1.31" -- /usr/bin/python3 "$root/bench/gpu_preset.py" \
