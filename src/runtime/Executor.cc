@@ -31,6 +31,11 @@ void Executor::join_streams() {
   streams_[1]->wait(*f);
 }
 
+void Executor::after_default_stream() {
+  if (!on_gpu_) return;
+  for (auto& s : streams_) stream_after_default(ctx_.device, s->handle());
+}
+
 void Executor::synchronize() {
   if (!on_gpu_) return;
   for (auto& s : streams_) s->record()->host_wait();

@@ -145,6 +145,11 @@ class Executor {
   // Blocks until everything launched on both strands' streams has run (a no-op on the host, where
   // work runs as it is launched): a GPU's timings end here.
   void synchronize();
+  // Orders both strands' streams after the work issued so far on the thread's default stream (the
+  // parameter store's zeroing of the gradients): StepRunner calls it as a step begins. A GPU only
+  // (tensor/DeviceMemory.h's stream_after_default: explicit, for the default stream inside an SM
+  // partition).
+  void after_default_stream();
   // On a GPU with a trace, the compute lanes come from CUDA events around each op; they are read
   // (waiting for the last) and added to the trace here: StepRunner calls it at the end of a step.
   // Nothing to do on the host, whose lanes are written as the ops run.

@@ -179,6 +179,7 @@ int transfer_tag(const Transfer& t, int num_chunks) {
 
 StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<MicroBatch>& mbs) {
   StepStats st;
+  exec_.after_default_stream();  // the gradients' zeroing (ParamStore::zero_grads) first
   ctx_.router.clear();
   losses_.clear();  // (a step that threw left its own)
   const int M = static_cast<int>(mbs.size());
@@ -325,6 +326,7 @@ StepStats StepRunner::run_schedule(const StepSchedule& sch, const std::vector<Mi
 
 StepStats StepRunner::forward_only(const std::vector<MicroBatch>& mbs) {
   StepStats st;
+  exec_.after_default_stream();
   ctx_.router.clear();
   const int U = exec_.num_units();
   const std::vector<Chunk> chunks = pipeline_chunks(pipeline_);

@@ -73,8 +73,17 @@ class CudaStream final : public Stream {
     use_device(d);
     // A blocking stream: work on the default stream (the parameter store's zeroing and copies, a
     // step's results read back) is ordered against it, so nothing outside the executor races a
-    // step's kernels; two blocking streams (two strands) still run concurrently.
-    check(cudaStreamCreateWithFlags(&s_, cudaStreamDefault), "cudaStreamCreate", d);
+    // step's kernels; two blocking streams (two strands) still run concurrently. The places where a
+    // step meets the default stream also order it explicitly (Executor::after_default_stream, the
+    // optimizer's default_stream_after), since inside an SM partition (a green context, whose own
+    // streams the driver makes non-blocking: cuGreenCtxStreamCreate) that implicit order is not
+    // documented; where a blocking stream is refused there, a non-blocking one is made instead.
+    cudaError_t e = cudaStreamCreateWithFlags(&s_, cudaStreamDefault);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      e = cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking);
+    }
+    check(e, "cudaStreamCreate", d);
   }
   ~CudaStream() override { cudaStreamDestroy(s_); }
   Device device() const override { return d_; }

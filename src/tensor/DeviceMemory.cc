@@ -209,6 +209,25 @@ void device_zero(Device d, void* p, size_t bytes, StreamHandle s) {
   if (bytes) check(cudaMemsetAsync(p, 0, bytes, st(s)), "cudaMemsetAsync", d);
 }
 
+namespace {
+// `waiter` waits (on the GPU) for what `recorded` has issued so far.
+void order(Device d, cudaStream_t recorded, cudaStream_t waiter) {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", d);
+  cudaError_t r = cudaEventRecord(e, recorded);
+  if (r == cudaSuccess) r = cudaStreamWaitEvent(waiter, e, 0);
+  cudaEventDestroy(e);  // (released once the wait is done)
+  check(r, "cudaEventRecord / cudaStreamWaitEvent", d);
+}
+}  // namespace
+
+void default_stream_after(Device d, StreamHandle s) {
+  if (s) order(d, st(s), nullptr);
+}
+void stream_after_default(Device d, StreamHandle s) {
+  if (s) order(d, nullptr, st(s));
+}
+
 DeviceMemoryStats device_memory_stats(Device d) {
   Pool& p = Pools::get().of(d);
   DeviceMemoryStats out;
@@ -306,6 +325,8 @@ void release_device_frees() {
 size_t held_device_frees() { return 0; }
 void device_copy(void*, Device dd, const void*, Device sd, size_t, StreamHandle) { no_cuda(dd.is_host() ? sd : dd); }
 void device_zero(Device d, void*, size_t, StreamHandle) { no_cuda(d); }
+void default_stream_after(Device d, StreamHandle) { no_cuda(d); }
+void stream_after_default(Device d, StreamHandle) { no_cuda(d); }
 DeviceMemoryStats device_memory_stats(Device d) { no_cuda(d); }
 void reset_device_peak(Device d) { no_cuda(d); }
 void use_device(Device d) { no_cuda(d); }

@@ -63,6 +63,14 @@ size_t held_device_frees();
 // done when either end is host memory (a host buffer may be reused at once), else asynchronous.
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);
 void device_zero(Device d, void* p, size_t bytes, StreamHandle s);
+// Explicit order between stream s and the calling thread's default (null) stream on GPU d, through
+// an event (no host wait): default_stream_after(s) -- work issued later on the default stream starts
+// after what s has issued so far; stream_after_default(s) -- the reverse. The legacy default stream
+// orders itself against blocking streams already, but inside an SM partition (a green context,
+// kernels/cuda/SmPartition.h) that is not documented to hold, so the code that moves between the two
+// (the parameter store's zeroing on the default stream, a step's strands, the optimizer) says so.
+void default_stream_after(Device d, StreamHandle s);
+void stream_after_default(Device d, StreamHandle s);
 // Makes GPU d.index the calling thread's device (cudaSetDevice) unless the thread's current context
 // is already on that GPU: an SM partition entered on this thread (kernels/cuda/SmPartition.h) is
 // such a context, and cudaSetDevice would replace it with the device's primary context (all SMs).

@@ -469,7 +469,9 @@ GemmChoices Blas::choices() const {
     all.emplace(k, std::move(ch));
   }
   for (const auto& [k, as] : preset_) {
-    if (plans_.count(k)) continue;
+    // (A preset key planned in this run but not kept above -- its plan transient, or not found --
+    // stays as the file had it.)
+    if (auto it = plans_.find(k); it != plans_.end() && it->second->found && !it->second->transient) continue;
     GemmChoice ch = choice_of(k);
     ch.answer = as.answer, ch.split = as.split, ch.ms = as.ms;
     all.emplace(k, std::move(ch));

@@ -3,6 +3,7 @@
 #include "kernels/cuda/SmPartition.h"
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,12 +24,23 @@ namespace {
 #define DHX_GREEN_FNS(X)                                                                              \
   X(cuDeviceGet) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) \
   X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
-  X(cuCtxSynchronize) X(cuCtxGetCurrent) X(cuGetErrorString)
+  X(cuCtxGetCurrent) X(cuGetErrorString)
+
+// cuCtxSynchronize as the lookup at the compiled version returns it: from CUDA 13.0 the entry point
+// takes the context (cuCtxSynchronize_v2; cudaTypedefs.h's _v13000), where cuda.h's declaration,
+// which decltype would copy, still takes none -- called through that type it would read a garbage
+// context (a review, 2026-11-29).
+#if CUDA_VERSION >= 13000
+using CtxSync = PFN_cuCtxSynchronize_v13000;
+#else
+using CtxSync = PFN_cuCtxSynchronize_v2000;
+#endif
 
 struct Driver {
 #define DHX_GREEN_FIELD(f) decltype(&::f) f = nullptr;
   DHX_GREEN_FNS(DHX_GREEN_FIELD)
 #undef DHX_GREEN_FIELD
+  CtxSync ctx_sync = nullptr;
   std::string why;  // empty when every function was found
 };
 
@@ -56,6 +68,7 @@ const Driver& loaded() {
   if (d.why.empty()) d.f = reinterpret_cast<decltype(d.f)>(entry_point(#f, &d.why));
     DHX_GREEN_FNS(DHX_GREEN_LOAD)
 #undef DHX_GREEN_LOAD
+    if (d.why.empty()) d.ctx_sync = reinterpret_cast<CtxSync>(entry_point("cuCtxSynchronize", &d.why));
   });
   return d;
 }
@@ -158,7 +171,11 @@ SmPartition::~SmPartition() {
   // partition finish first.
   const Driver& drv = driver();
   if (drv.cuCtxPushCurrent(static_cast<CUcontext>(ctx_)) == CUDA_SUCCESS) {
-    (void)drv.cuCtxSynchronize();
+#if CUDA_VERSION >= 13000
+    (void)drv.ctx_sync(static_cast<CUcontext>(ctx_));  // (a converted green context: only its own work)
+#else
+    (void)drv.ctx_sync();
+#endif
     CUcontext popped = nullptr;
     (void)drv.cuCtxPopCurrent(&popped);
   }
