@@ -305,106 +305,119 @@ std::string run_model(const Options& o, const std::string& name, int64_t B) {
     }
   }
   const int sms_per_rank = parts.empty() ? cuda::device_info(0).sms : parts[0]->sms();
-  run_local_ranks(lay, [&](CommContext& comm) {
-    cuda::SmPartitionScope own(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
-    Rank rank(model, mb, o.micro_batches, comm, axis);
-    const bool lead = comm.rank() == 0;
-    // Calibration (no link emulated): warm-up, then C0, S0 and the bytes per step.
-    rank.set_link(0);
-    for (Variant v : {kCompute, kExposed, kOff, kOn}) rank.timed(v);
-    std::vector<double> c0, e0;
-    double bytes = 0;
-    for (int i = 0; i < o.steps; ++i) {
-      c0.push_back(rank.timed(kCompute));
-      const double b0 = rank.axis_bytes();
-      e0.push_back(rank.timed(kExposed));
-      bytes += (rank.axis_bytes() - b0) / o.steps;
-    }
-    // The busiest rank's bytes set the link for all (an expert-parallel rank's all-to-all traffic
-    // follows its routing), so every rank emulates the same link.
-    {
-      Tensor b = Tensor::zeros({1}, DType::kF64);
-      b.data<double>()[0] = bytes;
-      comm.world().all_reduce(b, ReduceOp::kMax).wait();
-      bytes = b.data<double>()[0];
-    }
-    const double C0 = median(c0), S0 = median(e0) - C0, M_target = C0 * o.comm_fraction / (1 - o.comm_fraction);
-    const double rate = S0 < M_target ? bytes / M_target : 0;  // 0: the staging alone is slower than the target
-    if (lead)
-      std::printf("%s %s (%s) B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
-                  "per step -> %s (target comm %.2f ms, %.0f%% of the SI-off step)\n",
-                  name.c_str(), layout.c_str(),
-                  parts.empty() ? "ranks share the whole GPU" : fmt::format("{} SMs per rank", sms_per_rank).c_str(),
-                  static_cast<long>(B), static_cast<long>(T), o.micro_batches, C0 * 1e3, S0 * 1e3,
-                  bytes / 1048576.0,
-                  rate > 0 ? fmt::format("link {:.2f} Gbit/s", rate * 8 / 1e9).c_str() : "no link emulated",
-                  M_target * 1e3, o.comm_fraction * 100);
-    rank.set_link(rate);
-    std::array<std::vector<double>, kVariants> per_round;
-    StepStats st_off, st_on;
-    for (int r = 0; r < o.rounds; ++r) {
-      std::array<double, kVariants> round{};
-      for (int k = 0; k < kVariants; ++k) {
-        const auto v = static_cast<Variant>((k + r) % kVariants);
-        std::vector<double> t;
-        for (int i = 0; i < o.steps; ++i) t.push_back(rank.timed(v, v == kOff ? &st_off : v == kOn ? &st_on : nullptr));
-        round[v] = median(t);
-        per_round[v].push_back(round[v]);
+  // A failure while the ranks run on partitions names them (the device script then runs the model
+  // again without: its fallback reads the error), whatever failed (a stream, a cuBLASLt handle, a
+  // kernel inside a green context).
+  auto on_partitions = [&](const std::exception& e) {
+    return DeviceError(fmt::format("on SM partitions ({} x {} SMs): {}", parts.size(), sms_per_rank, e.what()));
+  };
+  try {
+    run_local_ranks(lay, [&](CommContext& comm) {
+      cuda::SmPartitionScope own(parts.empty() ? nullptr : parts[static_cast<size_t>(comm.rank())].get());
+      Rank rank(model, mb, o.micro_batches, comm, axis);
+      const bool lead = comm.rank() == 0;
+      // Calibration (no link emulated): warm-up, then C0, S0 and the bytes per step.
+      rank.set_link(0);
+      for (Variant v : {kCompute, kExposed, kOff, kOn}) rank.timed(v);
+      std::vector<double> c0, e0;
+      double bytes = 0;
+      for (int i = 0; i < o.steps; ++i) {
+        c0.push_back(rank.timed(kCompute));
+        const double b0 = rank.axis_bytes();
+        e0.push_back(rank.timed(kExposed));
+        bytes += (rank.axis_bytes() - b0) / o.steps;
       }
+      // The busiest rank's bytes set the link for all (an expert-parallel rank's all-to-all traffic
+      // follows its routing), so every rank emulates the same link.
+      {
+        Tensor b = Tensor::zeros({1}, DType::kF64);
+        b.data<double>()[0] = bytes;
+        comm.world().all_reduce(b, ReduceOp::kMax).wait();
+        bytes = b.data<double>()[0];
+      }
+      const double C0 = median(c0), S0 = median(e0) - C0, M_target = C0 * o.comm_fraction / (1 - o.comm_fraction);
+      const double rate = S0 < M_target ? bytes / M_target : 0;  // 0: the staging alone is slower than the target
       if (lead)
-        std::printf("  round %d: compute %.2f ms, exposed %.2f ms, SI off %.2f ms, SI on %.2f ms\n", r + 1,
-                    round[kCompute] * 1e3, round[kExposed] * 1e3, round[kOff] * 1e3, round[kOn] * 1e3);
-    }
-    // Peak memory SI on over off: each rank's (its states plus its activations' peak), the largest.
-    double extra = 0, extra_act = 0;
-    {
-      const double states = rank.state_bytes(), off = static_cast<double>(st_off.peak_activation_bytes),
-                   on = static_cast<double>(st_on.peak_activation_bytes);
-      Tensor e = Tensor::zeros({2}, DType::kF64);
-      e.data<double>()[0] = (states + on) / std::max(states + off, 1.0) - 1;
-      e.data<double>()[1] = on / std::max(off, 1.0) - 1;
-      comm.world().all_reduce(e, ReduceOp::kMax).wait();
-      extra = e.data<double>()[0], extra_act = e.data<double>()[1];
-    }
-    if (!lead) return;
-    const double C = median(per_round[kCompute]), Texp = median(per_round[kExposed]);
-    const double Toff = median(per_round[kOff]), Ton = median(per_round[kOn]);
-    const double M = std::max(Texp - C, 0.0), best = std::max(C, M);
-    const double ideal = Toff / best, ideal_exposed = Texp / best;
-    // null where the SI-off step leaves under 2% of itself to hide (or M ~ 0 for the exposed form)
-    const bool room = Toff - best > 0.02 * Toff, room_exposed = std::min(C, M) > 0.02 * Texp;
-    const double eff = room ? (Toff - Ton) / (Toff - best) : 0;
-    const double eff_exposed = room_exposed ? (Texp - Ton) / std::min(C, M) : 0;
-    auto num_or_null = [](bool ok, double v) { return ok ? fmt::format("{:.4g}", v) : std::string("null"); };
-    auto spread = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return fmt::format("[{:.6g},{:.6g}]", v.front(), v.back());
-    };
-    std::printf("%s: compute %.2f ms, comm %.2f ms (%.0f%% of the exposed step); SI off %.2f ms, on %.2f ms: speedup "
-                "%.3f (ideal %.3f), overlap efficiency %s (against the exposed step: ideal %.3f, efficiency %s); "
-                "peak memory SI on over off %+.2f%% (activations %.1f -> %.1f MiB, %+.1f%%; the largest of the "
-                "ranks')\n",
-                name.c_str(), C * 1e3, M * 1e3, 100 * M / std::max(Texp, 1e-12), Toff * 1e3, Ton * 1e3, Toff / Ton,
-                ideal, num_or_null(room, eff).c_str(), ideal_exposed, num_or_null(room_exposed, eff_exposed).c_str(),
-                extra * 100, static_cast<double>(st_off.peak_activation_bytes) / 1048576.0,
-                static_cast<double>(st_on.peak_activation_bytes) / 1048576.0, extra_act * 100);
-    std::lock_guard lk(mu);
-    json = fmt::format(
-        "{{\"model\":\"{}\",\"layout\":\"{}, ranks as threads on one GPU\",\"sm_split\":\"{}\",\"sms_per_rank\":{},"
-        "\"axis\":\"{}\",\"batch\":{},\"seq\":{},"
-        "\"micro_batches\":{},\"link_gbit\":{:.4g},\"comm_fraction_target\":{},\"staging_only_s\":{:.6g},"
-        "\"bytes_per_step\":{:.6g},\"compute_s\":{:.6g},\"compute_spread\":{},\"exposed_s\":{:.6g},"
-        "\"comm_s\":{:.6g},\"comm_fraction\":{:.4g},\"si_off_s\":{:.6g},\"si_off_spread\":{},\"si_on_s\":{:.6g},"
-        "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
-        "\"overlap_efficiency\":{},\"ideal_speedup_vs_exposed\":{:.4g},\"overlap_efficiency_vs_exposed\":{},"
-        "\"peak_activation_bytes_si_off\":{},\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},"
-        "\"extra_activation_fraction\":{:.4g},\"sim_abs_error\":null{}}}",
-        name, layout, parts.empty() ? "off" : "ranks", sms_per_rank, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
-        Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
-        Toff / Ton, ideal, num_or_null(room, eff), ideal_exposed, num_or_null(room_exposed, eff_exposed),
-        st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra, extra_act,
-        split_error.empty() ? std::string() : fmt::format(",\"sm_split_error\":{}", json_text(split_error)));
-  });
+        std::printf("%s %s (%s) B=%ld T=%ld x%d micro-batches: compute %.2f ms, staging alone %.2f ms, %.1f MiB per rank "
+                    "per step -> %s (target comm %.2f ms, %.0f%% of the SI-off step)\n",
+                    name.c_str(), layout.c_str(),
+                    parts.empty() ? "ranks share the whole GPU" : fmt::format("{} SMs per rank", sms_per_rank).c_str(),
+                    static_cast<long>(B), static_cast<long>(T), o.micro_batches, C0 * 1e3, S0 * 1e3,
+                    bytes / 1048576.0,
+                    rate > 0 ? fmt::format("link {:.2f} Gbit/s", rate * 8 / 1e9).c_str() : "no link emulated",
+                    M_target * 1e3, o.comm_fraction * 100);
+      rank.set_link(rate);
+      std::array<std::vector<double>, kVariants> per_round;
+      StepStats st_off, st_on;
+      for (int r = 0; r < o.rounds; ++r) {
+        std::array<double, kVariants> round{};
+        for (int k = 0; k < kVariants; ++k) {
+          const auto v = static_cast<Variant>((k + r) % kVariants);
+          std::vector<double> t;
+          for (int i = 0; i < o.steps; ++i) t.push_back(rank.timed(v, v == kOff ? &st_off : v == kOn ? &st_on : nullptr));
+          round[v] = median(t);
+          per_round[v].push_back(round[v]);
+        }
+        if (lead)
+          std::printf("  round %d: compute %.2f ms, exposed %.2f ms, SI off %.2f ms, SI on %.2f ms\n", r + 1,
+                      round[kCompute] * 1e3, round[kExposed] * 1e3, round[kOff] * 1e3, round[kOn] * 1e3);
+      }
+      // Peak memory SI on over off: each rank's (its states plus its activations' peak), the largest.
+      double extra = 0, extra_act = 0;
+      {
+        const double states = rank.state_bytes(), off = static_cast<double>(st_off.peak_activation_bytes),
+                     on = static_cast<double>(st_on.peak_activation_bytes);
+        Tensor e = Tensor::zeros({2}, DType::kF64);
+        e.data<double>()[0] = (states + on) / std::max(states + off, 1.0) - 1;
+        e.data<double>()[1] = on / std::max(off, 1.0) - 1;
+        comm.world().all_reduce(e, ReduceOp::kMax).wait();
+        extra = e.data<double>()[0], extra_act = e.data<double>()[1];
+      }
+      if (!lead) return;
+      const double C = median(per_round[kCompute]), Texp = median(per_round[kExposed]);
+      const double Toff = median(per_round[kOff]), Ton = median(per_round[kOn]);
+      const double M = std::max(Texp - C, 0.0), best = std::max(C, M);
+      const double ideal = Toff / best, ideal_exposed = Texp / best;
+      // null where the SI-off step leaves under 2% of itself to hide (or M ~ 0 for the exposed form)
+      const bool room = Toff - best > 0.02 * Toff, room_exposed = std::min(C, M) > 0.02 * Texp;
+      const double eff = room ? (Toff - Ton) / (Toff - best) : 0;
+      const double eff_exposed = room_exposed ? (Texp - Ton) / std::min(C, M) : 0;
+      auto num_or_null = [](bool ok, double v) { return ok ? fmt::format("{:.4g}", v) : std::string("null"); };
+      auto spread = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return fmt::format("[{:.6g},{:.6g}]", v.front(), v.back());
+      };
+      std::printf("%s: compute %.2f ms, comm %.2f ms (%.0f%% of the exposed step); SI off %.2f ms, on %.2f ms: speedup "
+                  "%.3f (ideal %.3f), overlap efficiency %s (against the exposed step: ideal %.3f, efficiency %s); "
+                  "peak memory SI on over off %+.2f%% (activations %.1f -> %.1f MiB, %+.1f%%; the largest of the "
+                  "ranks')\n",
+                  name.c_str(), C * 1e3, M * 1e3, 100 * M / std::max(Texp, 1e-12), Toff * 1e3, Ton * 1e3, Toff / Ton,
+                  ideal, num_or_null(room, eff).c_str(), ideal_exposed, num_or_null(room_exposed, eff_exposed).c_str(),
+                  extra * 100, static_cast<double>(st_off.peak_activation_bytes) / 1048576.0,
+                  static_cast<double>(st_on.peak_activation_bytes) / 1048576.0, extra_act * 100);
+      std::lock_guard lk(mu);
+      json = fmt::format(
+          "{{\"model\":\"{}\",\"layout\":\"{}, ranks as threads on one GPU\",\"sm_split\":\"{}\",\"sms_per_rank\":{},"
+          "\"axis\":\"{}\",\"batch\":{},\"seq\":{},"
+          "\"micro_batches\":{},\"link_gbit\":{:.4g},\"comm_fraction_target\":{},\"staging_only_s\":{:.6g},"
+          "\"bytes_per_step\":{:.6g},\"compute_s\":{:.6g},\"compute_spread\":{},\"exposed_s\":{:.6g},"
+          "\"comm_s\":{:.6g},\"comm_fraction\":{:.4g},\"si_off_s\":{:.6g},\"si_off_spread\":{},\"si_on_s\":{:.6g},"
+          "\"si_on_spread\":{},\"rounds\":{},\"speedup\":{:.4g},\"ideal_speedup\":{:.4g},"
+          "\"overlap_efficiency\":{},\"ideal_speedup_vs_exposed\":{:.4g},\"overlap_efficiency_vs_exposed\":{},"
+          "\"peak_activation_bytes_si_off\":{},\"peak_activation_bytes_si_on\":{},\"extra_memory_fraction\":{:.4g},"
+          "\"extra_activation_fraction\":{:.4g},\"sim_abs_error\":null{}}}",
+          name, layout, parts.empty() ? "off" : "ranks", sms_per_rank, group_role_name(axis), B, T, o.micro_batches, rate * 8 / 1e9, o.comm_fraction, S0, bytes, C, spread(per_round[kCompute]),
+          Texp, M, M / std::max(Texp, 1e-12), Toff, spread(per_round[kOff]), Ton, spread(per_round[kOn]), o.rounds,
+          Toff / Ton, ideal, num_or_null(room, eff), ideal_exposed, num_or_null(room_exposed, eff_exposed),
+          st_off.peak_activation_bytes, st_on.peak_activation_bytes, extra, extra_act,
+          split_error.empty() ? std::string() : fmt::format(",\"sm_split_error\":{}", json_text(split_error)));
+    });
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (parts.empty()) throw;
+    throw on_partitions(e);
+  }
   return json;
 }
 
@@ -468,7 +481,7 @@ int run(int argc, char** argv) {
   for (const auto& [name, B] : runs) {
     std::string one;
     try {
-      one = run_model(o, name, B);
+      one = json_finite(run_model(o, name, B));
     } catch (const std::exception& e) {
       ++failed;
       std::fprintf(stderr, "dhelix_bench_gpu_si: model %s failed: %s\n", name.c_str(), e.what());
