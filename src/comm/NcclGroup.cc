@@ -297,6 +297,10 @@ class NcclGroup final : public ProcessGroup {
                 x.device().is_host() ? "in host memory" : fmt::format("on GPU {}", x.device().index));
     DHX_CHECK(!t.defined() || !t.device().is_host(), CommError,
               "{}: an NCCL group moves GPU tensors; {} is in host memory", name(), t.describe());
+    // A type NCCL has none for is the caller's error, refused here: found on the comm thread it
+    // would abort the communicator.
+    for (const Tensor& x : keep)
+      if (x.defined()) (void)nccl_type(x, name());
     cudaEvent_t ready = producer_point();
     return [this, ready, call, keep](const std::shared_ptr<WorkState>& st) {
       Posted p{st, ready, nullptr, now_seconds(), keep};
@@ -308,10 +312,12 @@ class NcclGroup final : public ProcessGroup {
       // Any failure here (a CUDA call, a dtype NCCL has no type for, NCCL itself) aborts the
       // communicator: this rank would otherwise skip a collective its peers entered, and every later
       // op would pair with the wrong one. The op's tensors go before it fails (poll's rule).
+      // The abort first: NCCL may still be launching the op onto the group's stream, and its tensors,
+      // freed on their allocation streams, must not be reused under its kernel (a review, 2026-11-29).
       auto give_up = [&](const std::string& why) {
+        abort_all(fmt::format("{}: {}", st->describe(), why));
         release(p);
         p.keep.clear();
-        abort_all(fmt::format("{}: {}", st->describe(), why));
         st->fail(fmt::format("{}: {}", st->describe(), why));
         return true;
       };

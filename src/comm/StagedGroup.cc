@@ -41,10 +41,16 @@ class StagedGroup final : public ProcessGroup {
   }
   ~StagedGroup() override {
     stop_stream();
-    // Receives and sends still posted are abandoned: their CPU ops hold their own references to
-    // the host buffers and end with the CPU group.
-    for (Posted& p : posted_)
+    // Receives and sends still posted are abandoned (their CPU ops hold their own references to the
+    // host buffers and end with the CPU group) and fail, naming why: a waiter would otherwise block
+    // for the whole timeout (a review, 2026-11-29; NcclGroup's destructor does the same).
+    for (Posted& p : posted_) {
       if (p.ready) cudaEventDestroy(p.ready);
+      p.ready = nullptr;
+      p.device = Tensor();
+      p.st->fail(fmt::format("{}: the staged group {} was destroyed with it posted", p.st->describe(), name()));
+    }
+    posted_.clear();
     if (copy_) cudaStreamDestroy(copy_);
   }
 
@@ -99,7 +105,8 @@ class StagedGroup final : public ProcessGroup {
     for (int j = 0; j < size(); ++j)
       if (j != rank()) bytes += static_cast<double>(send[size_t(j)]) * static_cast<double>(dtype_size(in.dtype()));
     auto rows = [row](std::vector<int64_t> v) {
-      for (int64_t& x : v) x /= row;
+      if (row > 0)  // (rows of no elements: every count is 0 already)
+        for (int64_t& x : v) x /= row;
       return v;
     };
     return collective(in, [this, out, s = rows(std::move(send)), r = rows(std::move(recv))](Tensor h) {

@@ -233,6 +233,9 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf, Stream* on) {
     env.pending.erase(it);
     return;
   }
+  // Completed -- or failed (the NCCL watchdog) between the device wait and the check above: a
+  // failure is thrown here, not lost with the op (a review, 2026-11-29).
+  it->second.work.wait();
   if (it->second.widen_to.defined()) {  // arrived in bf16: widened into the fp32 buffer its readers use
     const Tensor& w = it->second.wire_out;
     cpu::widen_bf16(w.data<uint16_t>(), it->second.widen_to.f32(), w.numel());

@@ -2,20 +2,27 @@
 // two ranks on one device): the API path, the group's own stream, the ordering after a producer
 // stream, and the refusal of host tensors. Oracle: at one rank every collective is the identity
 // (an all-reduce, broadcast, all-gather, reduce-scatter, all-to-all and ring step each leave the
-// data as it was, bitwise: nothing is added to it), as the local backend gives at world size 1.
-// Not here: several ranks (issue 39's multi-rank runs on one GPU use a transport of their own).
+// data as it was, bitwise: nothing is added to it), as the local backend gives at world size 1;
+// every output that is not the input is filled with 0xFF bytes first, so an op that wrote nothing
+// fails (at one rank NCCL leaves an in-place op's data untouched: those checks show only that the
+// call completes). Not here: several ranks (issue 39's multi-rank runs on one GPU use a transport of
+// their own).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "CudaTest.h"
 #include "comm/LocalBackend.h"
 #include "comm/NcclGroup.h"
+#include "runtime/StepBuilder.h"
 #include "tensor/Tensor.h"
 
 namespace dhelix {
@@ -34,6 +41,14 @@ Tensor host_random(const Shape& shape, DType dt, uint32_t seed) {
     b.data<uint16_t>()[i] = static_cast<uint16_t>(bits >> 16);
   }
   return b;
+}
+
+// An output on the GPU filled with 0xFF bytes (a NaN in both float types): an op that does not write
+// it leaves them.
+Tensor sentinel(const Shape& shape, DType dt) {
+  Tensor o = Tensor::empty(shape, dt, nullptr, Device::cuda(0));
+  EXPECT_EQ(cudaMemset(o.raw(), 0xFF, o.nbytes()), cudaSuccess);
+  return o;
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
@@ -75,19 +90,19 @@ TEST(NcclGroup, EveryCollectiveAtWorldSizeOneIsTheIdentity) {
     EXPECT_TRUE(same_bytes(t, x)) << "all_reduce " << dtype_name(dt);
     g->broadcast(t, 0).wait();
     EXPECT_TRUE(same_bytes(t, x)) << "broadcast " << dtype_name(dt);
-    Tensor out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    Tensor out = sentinel({64, 8}, dt);
     g->all_gather(t, out).wait();
     EXPECT_TRUE(same_bytes(out, x)) << "all_gather " << dtype_name(dt);
-    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    out = sentinel({64, 8}, dt);
     g->reduce_scatter(t, out).wait();
     EXPECT_TRUE(same_bytes(out, x)) << "reduce_scatter " << dtype_name(dt);
-    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    out = sentinel({64, 8}, dt);
     g->all_to_all(t, out).wait();
     EXPECT_TRUE(same_bytes(out, x)) << "all_to_all " << dtype_name(dt);
-    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    out = sentinel({64, 8}, dt);
     g->all_to_all_v(t, {64}, out, {64}).wait();
     EXPECT_TRUE(same_bytes(out, x)) << "all_to_all_v " << dtype_name(dt);
-    out = Tensor::empty({64, 8}, dt, nullptr, gpu);
+    out = sentinel({64, 8}, dt);
     g->ring_shift(t, out).wait();
     EXPECT_TRUE(same_bytes(out, x)) << "ring_shift " << dtype_name(dt);
   }
@@ -111,8 +126,9 @@ TEST(NcclGroup, ItsStreamHasTheHighestPriority) {
 }
 
 // The producer stream: an op issued after a kernel on the compute stream sees that kernel's write.
-// A memset of zeros is queued behind a 50 ms spin on the producer stream; without the event the
-// group's stream would reduce the old values.
+// A memset of zeros is queued behind a 50 ms spin on the producer stream; the all-gather (which,
+// unlike an in-place op at one rank, copies its input into an output filled with 0xFF bytes) must
+// deliver the zeros: without the event the group's stream would copy the old values.
 TEST(NcclGroup, OpsFollowTheProducerStream) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());
@@ -122,14 +138,15 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
   nccl_set_producer_stream(*g, producer);
   Tensor t = host_random({1 << 20}, DType::kF32, 3).to(gpu);
+  Tensor out = sentinel(t.shape(), DType::kF32);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cuda::test::hold_stream(producer, 50000);  // then the zeros
   ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
-  g->all_reduce(t).wait();
-  const Tensor h = t.to(Device::host());
+  g->all_gather(t, out).wait();
+  const Tensor h = out.to(Device::host());
   double sum = 0;
   for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
-  EXPECT_EQ(sum, 0.0) << "the reduction ran before the producer's memset";
+  EXPECT_EQ(sum, 0.0) << "the all-gather copied t before the producer's memset (or wrote nothing)";
   nccl_set_producer_stream(*g, nullptr);
   cudaStreamDestroy(producer);
 }
@@ -226,7 +243,74 @@ TEST(NcclGroup, AGroupBootstrappedOverTheHostGroupWorks) {
     Tensor t = x.to(Device::cuda(0));
     g->all_reduce(t).wait();
     EXPECT_TRUE(same_bytes(t, x));
+    Tensor out = sentinel({128}, DType::kF32);
+    g->all_gather(t, out).wait();
+    EXPECT_TRUE(same_bytes(out, x)) << "the all-gather wrote nothing, or other bytes";
   });
+}
+
+// place_groups_on_device with comm.gpu_transport = nccl (DeviceGroupOptions::nccl): a step's CPU
+// group is wrapped in an NCCL group bootstrapped over it. (At world size 1 a step has no group to
+// wrap -- StepGroups keeps the roles of more than one rank -- so TrainerGpuNccl's run does not get
+// here: a one-rank group is set by hand.) Oracles: the group placed is an NCCL one, made once and
+// owned by the caller, with the host group's name; an all-gather through it into an output of 0xFF
+// bytes returns the input's bytes.
+TEST(NcclGroup, PlacingAStepsGroupsWrapsThemInNccl) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  run_local_ranks(1, [&](CommContext& comm) {
+    StepGroups host;
+    host.set(GroupRole::kDP, &comm.world());
+    std::vector<std::unique_ptr<ProcessGroup>> owned;
+    const StepGroups g = place_groups_on_device(host, Device::cuda(0), DeviceGroupOptions{true, 0, 0}, owned);
+    ProcessGroup* dp = g.get(GroupRole::kDP);
+    ASSERT_NE(dp, nullptr);
+    EXPECT_EQ(dp->transport(), "nccl");
+    EXPECT_EQ(dp->name(), comm.world().name());
+    EXPECT_EQ(owned.size(), 1u);
+    const Tensor x = host_random({256, 4}, DType::kBF16, 12);
+    Tensor out = sentinel({256, 4}, DType::kBF16);
+    dp->all_gather(x.to(Device::cuda(0)), out).wait();
+    EXPECT_TRUE(same_bytes(out, x));
+  });
+}
+
+// The watchdog (NcclGroup.cc, poll): an op not finished within the group's timeout aborts the
+// communicator and fails, naming the op (group and sequence number); every later op fails at once,
+// naming the abort. One rank cannot stall NCCL itself, so the op is held by its producer: a 3 s
+// spin on the producer stream, the group's timeout 0.5 s. Oracles: the first wait throws naming
+// "dp[0/1] seq=0" (the watchdog's failure or the wait's own timeout, whichever comes first: both
+// name the op); once the abort has had time to run (it may wait for NCCL's stream, behind the spin),
+// a new op fails naming it; the group is then destroyed without hanging.
+TEST(NcclGroup, TheWatchdogAbortsAStalledOpAndLaterOpsFail) {
+  DHX_REQUIRE_GPU();
+  ASSERT_TRUE(nccl_available());
+  const Device gpu = Device::cuda(0);
+  auto g = make_nccl_group("dp", 0, 1, 0, 0.5, nccl_unique_id(), 0);
+  cudaStream_t producer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  Tensor t = host_random({1024}, DType::kF32, 8).to(gpu);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  nccl_set_producer_stream(*g, producer);
+  cuda::test::hold_stream(producer, 3000000);
+  Work w = g->all_reduce(t);
+  nccl_set_producer_stream(*g, nullptr);
+  try {
+    w.wait();
+    ADD_FAILURE() << "an op held 3 s behind its producer finished within the group's 0.5 s timeout";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("dp[0/1] seq=0"), std::string::npos) << e.what();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  try {
+    g->all_reduce(t).wait();
+    ADD_FAILURE() << "an op after the watchdog's abort ran";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
+  g.reset();
+  cudaStreamDestroy(producer);
 }
 
 }  // namespace

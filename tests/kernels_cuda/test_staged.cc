@@ -230,7 +230,9 @@ TEST(StagedGroup, AReceiveLandsAfterTheProducersWrites) {
 
 // A peer that never issues its half: the op fails within the groups' timeout (1 s here), naming
 // the staged op's group and sequence number and that it did not complete (the CPU group's timeout,
-// or the staged op's own wait: both bound it by comm.timeout_s).
+// or the staged op's own wait: both bound it by comm.timeout_s). Both ranks first pass a barrier
+// on the CPU group, so its next op is seq=1 and "seq=0" can only be the staged op's (the two
+// groups share the name dp[0/2]; a review, 2026-11-29).
 TEST(StagedGroup, APeerThatNeverArrivesTimesOutNamingTheOp) {
   DHX_REQUIRE_GPU();
   CommOptions o;
@@ -238,6 +240,7 @@ TEST(StagedGroup, APeerThatNeverArrivesTimesOutNamingTheOp) {
   run_local_ranks(
       dp_layout(2),
       [&](CommContext& comm) {
+        comm.group(GroupRole::kDP).barrier();
         if (comm.rank() == 1) return;  // never issues
         auto g = make_staged_group(comm.group(GroupRole::kDP), 0);
         Tensor d = host_values({16}, DType::kF32, 1).to(Device::cuda(0));

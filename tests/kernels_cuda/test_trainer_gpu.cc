@@ -905,12 +905,12 @@ TEST(TrainerGpuFailure, APipelineStageFailingMidStepEndsEveryRank) {
   expect_failing_rank_ends_every_rank(cfg, lay, "pp=2 1f1b si=on");
 }
 
-// comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device):
-// the step's groups are NCCL communicators bootstrapped over the threads backend's groups, at world
-// size 1. Oracle: the staged transport's run of the same config -- at one rank no group moves a byte
-// between ranks, and every kernel is deterministic, so the losses are bitwise equal; what this
-// checks is that the NCCL groups are built, bootstrapped and torn down around a training run (the
-// NCCL ops themselves are NcclGroup's tests).
+// comm.gpu_transport = nccl at one rank (all one GPU can hold: NCCL refuses two ranks on a device).
+// Oracle: the staged transport's run of the same config, bitwise (every kernel is deterministic).
+// What this covers is the setting's path through the trainer, not an NCCL group: at world size 1 a
+// step has no group to wrap (StepGroups keeps the roles of more than one rank; a review, 2026-11-29),
+// so no communicator is made here. The wrapping is NcclGroup.PlacingAStepsGroupsWrapsThemInNccl's
+// test and the NCCL ops NcclGroup's others.
 TEST(TrainerGpuNccl, OneRankOverNcclGroupsEqualsStaged) {
   DHX_REQUIRE_GPU();
   if (!nccl_available()) GTEST_SKIP() << "libnccl.so.2 not found (scripts/gpu-device run puts it on the path)";
