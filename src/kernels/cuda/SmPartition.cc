@@ -137,8 +137,12 @@ std::vector<std::unique_ptr<SmPartition>> SmPartition::split(int device, int par
   int each = first;
   for (; each >= least; each -= align) {
     n = static_cast<unsigned>(parts);
-    check(drv.cuDevSmResourceSplitByCount(groups.data(), &n, &all, &rest, 0, static_cast<unsigned>(each)),
-          "cuDevSmResourceSplitByCount");
+    const CUresult r = drv.cuDevSmResourceSplitByCount(groups.data(), &n, &all, &rest, 0, static_cast<unsigned>(each));
+    if (r == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION) {  // (this count refused: the next smaller one)
+      n = 0;
+      continue;
+    }
+    check(r, "cuDevSmResourceSplitByCount");
     if (n == static_cast<unsigned>(parts)) break;
   }
   DHX_CHECK(n == static_cast<unsigned>(parts), DeviceError,
