@@ -80,10 +80,6 @@ float* Optimizer::grad_ptr(size_t bi, int64_t s) {
 double Optimizer::step(double lr, int64_t step) {
   const double norm = grad_norm();
   update(lr, step, norm);
-  // A GPU's update is on the step's compute stream; what follows on the default stream (the next
-  // step's zeroing of the gradients the update read, a checkpoint's read-back of the weights) waits
-  // for it (explicit: DeviceMemory.h's default_stream_after).
-  if (on_gpu()) default_stream_after(params_.device(), stream_);
   return norm;
 }
 
@@ -148,6 +144,10 @@ void Optimizer::update(double lr, int64_t step, double norm) {
   if (on_gpu()) {
     update_gpu(lr, step, clip);
     if (zero) gather_updated();  // each rank updated its chunks only
+    // The update is on the step's compute stream; what follows on the default stream (the next
+    // step's zeroing of the gradients the update read, a checkpoint's read-back of the weights)
+    // waits for it (explicit: DeviceMemory.h's default_stream_after).
+    default_stream_after(params_.device(), stream_);
     steps_ = step;
     return;
   }
