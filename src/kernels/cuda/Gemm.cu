@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/Ops.h"
 #include "kernels/cuda/SmPartition.h"
+#include "tensor/DeviceMemory.h"
 
 namespace dhelix::cuda {
 
@@ -151,7 +152,16 @@ struct Blas::Operands {
 
 void* Blas::workspace_locked(cudaStream_t s) {
   void*& w = workspaces_[s];
-  if (!w) DHX_CUDA(cudaMalloc(&w, kWorkspaceBytes));
+  if (!w) {
+    cudaError_t e = cudaMalloc(&w, kWorkspaceBytes);
+    if (e == cudaErrorMemoryAllocation) {  // the pools' cached blocks back to the driver, then once more
+      (void)cudaGetLastError();
+      trim_device_pools(device_);
+      e = cudaMalloc(&w, kWorkspaceBytes);
+    }
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    DHX_CUDA(e);
+  }
   return w;
 }
 
