@@ -108,6 +108,7 @@ void LayerPairBench::build_snapshots(uint64_t seed) {
   const Device dev = parts_->ctx.device;
   const StreamHandle fstream = exec_->strand_stream(StrandKind::kForward);
   const StreamHandle bstream = exec_->strand_stream(StrandKind::kBackward);
+  exec_->after_default_stream();  // the parameters' upload (place_on_device: the default stream) first
   // Forward strand: ops one at a time (collectives included, so every rank runs the same).
   fenv_.bufs.clear();
   fenv_.bufs["x"] = random_rows(Ns, C, seed * 1000003 + 2 * rank + 1, &parts_->act_mem, dev, fstream);

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -564,12 +565,43 @@ void op_xent_finish(OpCall& c) {
 // wait at most for the routing, and each buffer crosses once, not once per op.
 cuda::NormTopk norm_topk(const OpCall& c) { return c.model.norm_topk ? cuda::NormTopk::kYes : cuda::NormTopk::kNo; }
 
-// A copy to the host started on a stream: complete once a CUDA event recorded behind it is.
-// Destroying it waits for the copy, so the host buffer (a HostMirror's, destroyed after it) is never
-// given back while the copy may still write it.
+// Host buffers whose copies had not run when their owner let go (CopyLanded's destructor): each
+// kept, with its copy's event, until the event has passed, looked at again whenever one more is
+// parked -- so letting go never waits for a stream (a UnitEnv freed in the middle of a step would
+// otherwise stop the issuing thread until its strand reached the copy).
+class Parked {
+ public:
+  static void park(cudaEvent_t ev, Tensor keep) {
+    static Parked* p = new Parked;  // never destroyed: buffers may be parked until the process ends
+    std::lock_guard<std::mutex> g(p->mu_);
+    std::erase_if(p->items_, [](Item& i) {
+      const cudaError_t e = cudaEventQuery(i.ev);
+      if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      cudaEventDestroy(i.ev);  // passed (or failed: the run's error surfaces elsewhere)
+      return true;
+    });
+    p->items_.push_back({ev, std::move(keep)});
+  }
+
+ private:
+  struct Item {
+    cudaEvent_t ev;
+    Tensor keep;
+  };
+  std::mutex mu_;
+  std::vector<Item> items_;
+};
+
+// A copy between the host and the GPU started on a stream: complete once a CUDA event recorded
+// behind it is. It holds the host buffer (`keep`, a reference to its storage) until then: destroyed
+// before, it parks both instead of waiting, so the buffer is never given back while the copy may
+// still read or write it.
 class CopyLanded final : public Event {
  public:
-  explicit CopyLanded(cudaStream_t s) {
+  CopyLanded(cudaStream_t s, Tensor keep) : keep_(std::move(keep)) {
     DHX_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
     if (const cudaError_t e = cudaEventRecord(ev_, s); e != cudaSuccess) {
       cudaEventDestroy(ev_);
@@ -577,8 +609,16 @@ class CopyLanded final : public Event {
     }
   }
   ~CopyLanded() override {
-    cudaEventSynchronize(ev_);  // (an error here is the run's: it surfaced, or will, elsewhere)
-    cudaEventDestroy(ev_);
+    if (ready()) {
+      cudaEventDestroy(ev_);
+      return;
+    }
+    try {
+      Parked::park(ev_, std::move(keep_));
+    } catch (...) {  // (no memory for the list: wait instead)
+      cudaEventSynchronize(ev_);
+      cudaEventDestroy(ev_);
+    }
   }
   CopyLanded(const CopyLanded&) = delete;
   CopyLanded& operator=(const CopyLanded&) = delete;
@@ -591,6 +631,7 @@ class CopyLanded final : public Event {
 
  private:
   cudaEvent_t ev_{};
+  Tensor keep_;
 };
 
 // Starts the host mirror of buffer `name` (written on the op's stream, or waited for there): a
@@ -601,22 +642,21 @@ const HostMirror& start_host_mirror(OpCall& c, const std::string& name) {
   HostMirror m;
   m.host = Tensor::empty_pinned(t.shape(), t.dtype());
   DHX_CUDA(cudaMemcpyAsync(m.host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, st(c)));
-  m.ready = std::make_shared<CopyLanded>(st(c));
+  m.ready = std::make_shared<CopyLanded>(st(c), m.host);
   c.env.drop_mirror(name);  // (a mirror replaced in place would free its buffer before its copy landed)
   return c.env.mirrors.emplace(name, std::move(m)).first->second;
 }
 // `dst` (a device tensor) filled from host memory `src` on the op's stream without waiting for the
-// stream: staged through page-locked memory kept (UnitEnv::landing) until the copy has run. (A
+// stream: staged through page-locked memory kept (CopyLanded, parked) until the copy has run. (A
 // device_copy from the host returns only once the stream got there: a wait for both strands.)
 void upload(OpCall& c, Tensor& dst, const void* src) {
-  HostMirror staged;
-  staged.host = Tensor::empty_pinned(dst.shape(), dst.dtype());
-  std::memcpy(staged.host.raw(), src, dst.nbytes());
-  DHX_CUDA(cudaMemcpyAsync(dst.raw(), staged.host.raw(), dst.nbytes(), cudaMemcpyHostToDevice, st(c)));
-  // (From pageable memory, where no page-locked memory could be had, the call returns once staged.)
-  if (staged.host.is_pinned()) {
-    staged.ready = std::make_shared<CopyLanded>(st(c));
-    c.env.landing.push_back(std::move(staged));
+  Tensor staged = Tensor::empty_pinned(dst.shape(), dst.dtype());
+  std::memcpy(staged.raw(), src, dst.nbytes());
+  DHX_CUDA(cudaMemcpyAsync(dst.raw(), staged.raw(), dst.nbytes(), cudaMemcpyHostToDevice, st(c)));
+  // (From pageable memory, where no page-locked memory could be had, the driver copies the bytes out
+  // before the call returns -- it may wait for the stream to do so.)
+  if (staged.is_pinned()) {
+    const CopyLanded landing(st(c), staged);  // let go at once: parked until the copy has run
   }
 }
 // Input `i` on the host (its mirror; made by a copy on the op's stream, not the one the buffer was

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <vector>
 
 #include "comm/Work.h"
 #include "tensor/Tensor.h"
@@ -53,17 +52,15 @@ class Bf16Weights {
 // copy started right behind the kernels that wrote the buffer, as moe_route's); unset: landed.
 struct HostMirror {
   Tensor host;
-  std::shared_ptr<Event> ready;  // declared after `host`: destroyed (which waits for the copy) first
+  std::shared_ptr<Event> ready;  // (a GPU's holds `host` too until the copy has run: CudaOps.cc's CopyLanded)
 };
 
 struct UnitEnv {
   std::map<std::string, Tensor> bufs;
   // Host copies of device buffers, keyed by the buffer's name; dropped (drop_mirror) when the
-  // buffer is written again (OpCall::out_new, a collective's output) or freed.
+  // buffer is written again (OpCall::out_new, a collective's output) or freed -- without waiting
+  // for a copy still under way (its event keeps the host memory until it has run).
   std::map<std::string, HostMirror> mirrors;
-  // Dropped mirrors whose copy had not landed yet: kept (not waited for, which would stop the
-  // issuing thread) until it has, so the host memory is not reused under the copy.
-  std::vector<HostMirror> landing;
   std::map<std::string, PendingColl> pending;  // keyed by the collective's output buffer
   // Outputs of last_micro_batch collectives this (earlier) micro-batch did not run; the ops that
   // read them are skipped (RunContext::micro_batches).

@@ -256,7 +256,9 @@ void Executor::wait_pending(UnitEnv& env, const std::string& buf, Stream* on) {
 void Executor::issue_collective(StrandKind kind, StrandSlot& s, const Op& op) {
   UnitEnv& env = *s.env;
   for (auto& in : op.inputs) wait_pending(env, in, &stream_of(kind));
-  for (auto& out : op.outputs) env.drop_mirror(out);  // the collective writes it (in place too)
+  for (auto& out : op.outputs) env.drop_mirror(out);  // the collective writes it
+  if (op.coll == CollOp::kAllReduce)  // in place: its input's storage too, whatever the output's name
+    for (auto& in : op.inputs) env.drop_mirror(in);
   ProcessGroup& pg = group_of(op);
   // A GPU group's op (NCCL, staged) waits, on the GPU, for the kernels the issuing strand launched
   // before it.

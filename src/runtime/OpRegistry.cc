@@ -70,13 +70,7 @@ const Tensor& UnitEnv::host_view(const std::string& name, StreamHandle stream) {
   return it->second.host;
 }
 
-void UnitEnv::drop_mirror(const std::string& name) {
-  std::erase_if(landing, [](const HostMirror& m) { return m.ready->ready(); });
-  auto it = mirrors.find(name);
-  if (it == mirrors.end()) return;
-  if (it->second.ready && !it->second.ready->ready()) landing.push_back(std::move(it->second));
-  mirrors.erase(it);
-}
+void UnitEnv::drop_mirror(const std::string& name) { mirrors.erase(name); }
 
 Tensor& OpCall::out_new(size_t i, const Shape& shape, DType dt) const {
   env.drop_mirror(op.outputs.at(i));  // a copy of what the buffer held before

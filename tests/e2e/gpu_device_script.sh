@@ -131,6 +131,13 @@ cat > "$h/gpu-train.json" <<'JSON'
 JSON
 check "summary: the train rows name the attention form" 0 "attn-bwd ordered_dq B=16 step 38.0 ms" -- \
   env GPU_SECTIONS=train "$root/scripts/gpu-device" helper summary "$h" "$h"
+# A non-finite figure the bench wrote null (bench/BenchMain.h's json_finite) reads "null", and the
+# row is still printed: a NaN loss must not hide the table.
+cat > "$h/gpu-train.json" <<'JSON'
+{"device": "H200", "models": [{"model": "gpt2-124m", "gemm_algo": "heuristic", "fuse_epilogues": true, "attention_bwd": "default", "batch": 16, "seq": 1024, "step_s": 0.040, "optimizer_s": null, "tokens_per_s": 409600, "mfu": null, "last_loss": null, "peak_bytes": 8809174080, "scratch_peak_bytes": 52428800}]}
+JSON
+check "summary: null figures" 0 "mfu null  peak 8.2 GiB (+0.05 scratch)  loss null" -- \
+  env GPU_SECTIONS=train "$root/scripts/gpu-device" helper summary "$h" "$h"
 # The SI section's rows: an overlap efficiency the bench leaves null (nothing left to hide) reads "null".
 cat > "$h/gpu-si.json" <<'JSON'
 {"device": "H200", "models": [{"model": "gpt2-124m", "sm_split": "ranks", "sms_per_rank": 66, "compute_s": 0.1, "comm_s": 0.08, "speedup": 1.21, "ideal_speedup": 1.5, "overlap_efficiency": 0.62, "extra_memory_fraction": 0.012, "sim_abs_error": 0.05},
@@ -171,10 +178,12 @@ check "gpu_preset.py refuses no fit" 2 "has no interference fit" -- /usr/bin/pyt
 # `run` itself, on a stub bundle (DHELIX_GPU_BUNDLE, DHELIX_GPU_TMP): a test binary written here in
 # bash that prints gtest's lines. Its first run passes A.One, skips A.Skip and hangs in B.Hang (the
 # watchdog's "[ HUNG ]" line, exit 87, no JSON); the rerun (its filter must leave those three out)
-# passes C.Fine, fails D.Fail, lists the disabled E.DISABLED_X (status NOTRUN) and exits 1 with its
-# JSON. Oracles: the merged tests.json (5 run, 2 failed, 1 disabled, 1 of the 6 planned never
-# reached, B.Hang's failure naming the hang), the summary's lines, the exit status (the first
-# part's, 87), DHELIX_REQUIRE_GPU=1 and a watchdog in the binary's environment, logs.tar.gz.
+# runs the other three -- passes C.Fine and F.Last, fails D.Fail -- lists the disabled E.DISABLED_X
+# (status NOTRUN) and exits 1 with its JSON. Oracles: the merged tests.json (6 run, 2 failed, 1
+# skipped, 1 disabled, B.Hang's failure naming the hang), the summary's lines, the exit status (the
+# first part's, 87), DHELIX_REQUIRE_GPU=1 and a watchdog in the binary's environment, logs.tar.gz.
+# Then the same with the first run 6 s long and a deadline that leaves no time for the rerun
+# (50 s less the 25 kept): the three tests it never started are counted as not reached.
 st=$h/stub
 mkdir -p "$st/bin"
 cat > "$st/bin/test_kernels_cuda" <<'STUB'
@@ -185,20 +194,24 @@ for a in "$@"; do
 done
 echo "call filter=$filter require=${DHELIX_REQUIRE_GPU:-} watchdog=${DHELIX_TEST_WATCHDOG_S:-}" >> "$STUB_CALLS"
 if [[ $filter != *B.Hang* ]]; then
-  echo "[==========] Running 6 tests from 5 test suites."
+  echo "[==========] Running 6 tests from 6 test suites."
   echo "[ RUN      ] A.One"; echo "[       OK ] A.One (1 ms)"
   echo "[ RUN      ] A.Skip"; echo "[  SKIPPED ] A.Skip (0 ms)"
-  echo "[ RUN      ] B.Hang"; echo "[ HUNG     ] B.Hang: still running after 90 s (watchdog); ending the process (exit 87)"
+  echo "[ RUN      ] B.Hang"
+  sleep "${STUB_SLEEP:-0}"
+  echo "[ HUNG     ] B.Hang: still running after 90 s (watchdog); ending the process (exit 87)"
   exit 87
 fi
-echo "[==========] Running 2 tests from 2 test suites."
+echo "[==========] Running 3 tests from 3 test suites."
 echo "[ RUN      ] C.Fine"; echo "[       OK ] C.Fine (1 ms)"
 echo "[ RUN      ] D.Fail"; echo "x.cc:1: Failure"; echo "[  FAILED  ] D.Fail (1 ms)"
+echo "[ RUN      ] F.Last"; echo "[       OK ] F.Last (1 ms)"
 cat > "$json" <<'J'
-{"tests": 2, "failures": 1, "disabled": 1, "testsuites": [
+{"tests": 3, "failures": 1, "disabled": 1, "testsuites": [
  {"name": "C", "tests": 1, "failures": 0, "testsuite": [{"name": "Fine", "status": "RUN", "result": "COMPLETED"}]},
  {"name": "D", "tests": 1, "failures": 1, "testsuite": [{"name": "Fail", "status": "RUN", "result": "COMPLETED", "failures": [{"failure": "x.cc:1", "type": ""}]}]},
- {"name": "E", "tests": 1, "failures": 0, "disabled": 1, "testsuite": [{"name": "DISABLED_X", "status": "NOTRUN", "result": "SUPPRESSED"}]}]}
+ {"name": "E", "tests": 1, "failures": 0, "disabled": 1, "testsuite": [{"name": "DISABLED_X", "status": "NOTRUN", "result": "SUPPRESSED"}]},
+ {"name": "F", "tests": 1, "failures": 0, "testsuite": [{"name": "Last", "status": "RUN", "result": "COMPLETED"}]}]}
 J
 exit 1
 STUB
@@ -207,18 +220,24 @@ chmod +x "$st/bin/test_kernels_cuda"
 import sys, tarfile
 with tarfile.open(sys.argv[1], 'w:xz') as t:
     t.add(sys.argv[2], arcname='bin')" "$h/bundle.tar.xz" "$st/bin"
-mkdir -p "$h/out" "$h/tmp"
-: > "$h/calls"
-# (nvidia-smi and the driver probe find nothing here: their lines say so, and run goes on.)
-rout=$(cd "$root" && env OUT="$h/out" DHELIX_GPU_ONLY=tests DHELIX_GPU_DEADLINE_S=0120 DHELIX_GPU_BUNDLE="$h/bundle.tar.xz" \
-  DHELIX_GPU_TMP="$h/tmp" STUB_CALLS="$h/calls" scripts/gpu-device run 2>&1)
-rrc=$?
+# DEADLINE [ENV...]: run -- its output in $rout, its status in $rrc, the stub's calls in $h/calls.
+stub_run() {
+  local deadline=$1
+  shift
+  rm -rf "$h/out" "$h/tmp" && mkdir -p "$h/out" "$h/tmp"
+  : > "$h/calls"
+  # (nvidia-smi and the driver probe find nothing here: their lines say so, and run goes on.)
+  rout=$(cd "$root" && env OUT="$h/out" DHELIX_GPU_ONLY=tests DHELIX_GPU_DEADLINE_S="$deadline" \
+    DHELIX_GPU_BUNDLE="$h/bundle.tar.xz" DHELIX_GPU_TMP="$h/tmp" STUB_CALLS="$h/calls" "$@" scripts/gpu-device run 2>&1)
+  rrc=$?
+}
 want() {  # NAME TEXT: the run's output has TEXT
   if grep -qF -- "$2" <<<"$rout"; then echo "ok   run: $1"; else echo "FAIL run: $1: no '$2' in:"; echo "$rout" | tail -30; fail=1; fi
 }
+stub_run 0120
 if [ $rrc -eq 87 ]; then echo "ok   run: exit status 87 (the first part's)"; else echo "FAIL run: exit $rrc, want 87"; fail=1; fi
 want "the rerun" "part 0 ended with exit 87; crashed: B.Hang (still running after 90 s"
-want "the counts" "tests.json: 5 selected, 2 failed, 1 skipped, 1 disabled, 1 NOT REACHED"
+want "the counts" "tests.json: 6 selected, 2 failed, 1 skipped, 1 disabled"
 want "the hang named" "FAILED B.Hang"
 want "the failure named" "FAILED D.Fail"
 want "the skip named" "skipped A.Skip"
@@ -236,9 +255,13 @@ check "run: tests.json" 0 "" -- /usr/bin/python3 -c "
 import json, sys
 t = json.load(open(sys.argv[1]))
 cases = {s['name'] + '.' + c['name']: c for s in t['testsuites'] for c in s['testsuite']}
-assert (t['tests'], t['failures'], t['disabled'], t.get('not_reached')) == (5, 2, 1, 1), t
-assert sorted(cases) == ['A.One', 'A.Skip', 'B.Hang', 'C.Fine', 'D.Fail'], sorted(cases)
+assert (t['tests'], t['failures'], t['disabled'], t.get('not_reached')) == (6, 2, 1, None), t
+assert sorted(cases) == ['A.One', 'A.Skip', 'B.Hang', 'C.Fine', 'D.Fail', 'F.Last'], sorted(cases)
 assert 'crashed: still running after 90 s' in cases['B.Hang']['failures'][0]['failure'], cases['B.Hang']" "$h/out/tests.json"
 if [ -s "$h/out/logs.tar.gz" ]; then echo "ok   run: logs.tar.gz"; else echo "FAIL run: no logs.tar.gz"; fail=1; fi
+stub_run 50 STUB_SLEEP=6
+if [ $rrc -eq 87 ]; then echo "ok   run, no time to rerun: exit status 87"; else echo "FAIL run, no time to rerun: exit $rrc, want 87"; fail=1; fi
+want "no time for the rerun" "tests part 1: skipped, no time left"
+want "not reached counted" "tests.json: 3 selected, 1 failed, 1 skipped, 0 disabled, 3 NOT REACHED"
 rm -rf "$h"
 exit $fail
