@@ -41,9 +41,17 @@ void StepRunner::link_forward(Inflight& f, int unit, const MicroBatch& data, Ten
   auto& env = f.envs[unit];
   DHX_ASSERT(!env, "micro-batch {} runs its forward through unit {} twice", f.mb, unit);
   env = std::make_unique<UnitEnv>();
-  // On a GPU the micro-batch's tokens and targets are copied to it (a few KB per micro-batch).
-  if (unit == 0) env->bufs["tokens"] = data.tokens.to(ctx_.device, nullptr, exec_.compute_stream());
-  if (unit == exec_.num_units() - 1) env->bufs["targets"] = data.targets.to(ctx_.device, nullptr, exec_.compute_stream());
+  // On a GPU the micro-batch's tokens and targets are copied to it (a few KB per micro-batch),
+  // without waiting for the stream (device_upload: a wait here stopped both strands' issue until
+  // the forward strand's queue ran dry, twice a micro-batch).
+  auto to_device = [&](const Tensor& h) {
+    if (ctx_.device.is_host()) return h;
+    Tensor t = Tensor::empty(h.shape(), h.dtype(), nullptr, ctx_.device, exec_.compute_stream());
+    device_upload(t.raw(), ctx_.device, h.raw(), h.nbytes(), exec_.compute_stream());
+    return t;
+  };
+  if (unit == 0) env->bufs["tokens"] = to_device(data.tokens);
+  if (unit == exec_.num_units() - 1) env->bufs["targets"] = to_device(data.targets);
   if (unit == 0) return;
   if (received.defined()) {  // from the previous stage
     env->bufs["x"] = received;

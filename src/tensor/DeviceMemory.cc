@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -278,6 +279,54 @@ void* pinned_alloc(size_t bytes, size_t* capacity) {
 void pinned_free(void* p, size_t capacity) { pinned_blocks().give(p, capacity); }
 PinnedStats pinned_stats() { return pinned_blocks().stats(); }
 
+namespace {
+// device_upload's page-locked blocks whose copies may not have run yet, each with the event recorded
+// behind its copy: given back once that event has passed, looked at on every upload.
+struct Staged {
+  cudaEvent_t ev;
+  void* block;
+  size_t capacity;
+};
+std::mutex g_staged_mu;
+std::vector<Staged>& staged_uploads() {
+  static auto* v = new std::vector<Staged>;  // never destroyed: blocks may be in flight at exit
+  return *v;
+}
+}  // namespace
+
+void device_upload(void* dst, Device d, const void* src, size_t bytes, StreamHandle s) {
+  if (bytes == 0) return;
+  size_t cap = 0;
+  void* block = pinned_alloc(bytes, &cap);
+  if (!block) {  // pageable: the driver copies the bytes out before the call returns
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st(s)), "cudaMemcpyAsync", d);
+    return;
+  }
+  std::memcpy(block, src, bytes);
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaMemcpyAsync(dst, block, bytes, cudaMemcpyHostToDevice, st(s));
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, st(s));
+  if (e != cudaSuccess) {  // (nothing may be in flight from the block: wait, then give it back)
+    (void)cudaStreamSynchronize(st(s));
+    if (ev) cudaEventDestroy(ev);
+    pinned_free(block, cap);
+    check(e, "device_upload", d);
+  }
+  std::lock_guard<std::mutex> g(g_staged_mu);
+  std::erase_if(staged_uploads(), [](const Staged& u) {
+    const cudaError_t q = cudaEventQuery(u.ev);
+    if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaEventDestroy(u.ev);
+    pinned_free(u.block, u.capacity);
+    return true;
+  });
+  staged_uploads().push_back({ev, block, cap});
+}
+
 void use_device(Device d) {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current == d.index) return;
@@ -333,6 +382,7 @@ void use_device(Device d) { no_cuda(d); }
 void* pinned_alloc(size_t, size_t*) { return nullptr; }
 void pinned_free(void*, size_t) {}
 PinnedStats pinned_stats() { return {}; }
+void device_upload(void*, Device d, const void*, size_t, StreamHandle) { no_cuda(d); }
 
 #endif
 

@@ -63,6 +63,11 @@ size_t held_device_frees();
 // done when either end is host memory (a host buffer may be reused at once), else asynchronous.
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);
 void device_zero(Device d, void* p, size_t bytes, StreamHandle s);
+// `bytes` of host memory `src` to GPU memory `dst`, ordered on s, without waiting for s: the bytes
+// are copied at once into page-locked memory that is kept until the copy has run (an event; looked
+// at on later uploads), so `src` may be reused on return (device_copy from the host waits for the
+// stream to reach the copy instead: with both strands issued by one thread, a wait for both).
+void device_upload(void* dst, Device d, const void* src, size_t bytes, StreamHandle s);
 // Explicit order between stream s and the calling thread's default (null) stream on GPU d, through
 // an event (no host wait): default_stream_after(s) -- work issued later on the default stream starts
 // after what s has issued so far; stream_after_default(s) -- the reverse. The legacy default stream

@@ -3,9 +3,11 @@
 // asked for; a freed block is reused (the pool's reserved bytes do not grow when the same sizes are
 // allocated again); without a GPU, asking for one is a DeviceError that says so; pinned host
 // tensors (below).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "CudaTest.h"
 #include "tensor/DeviceMemory.h"
@@ -144,6 +146,35 @@ TEST(DeviceMemory, KernelScratchThatFitsOnlyAfterTheTensorPoolTrimsSucceeds) {
   ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   trim_device_pools(0);  // the scratch's half back to the driver for the binary's later tests
+}
+
+// device_upload (DeviceMemory.h): the copy is ordered on the stream but the call does not wait for
+// it, and the source may be reused at once. The stream is held by a 200 ms spin, the upload issued
+// behind it, the source then overwritten. Oracles: the stream has not reached the copy when the call
+// returns (cudaStreamQuery: not ready -- a device_copy would have waited), and the device holds the
+// bytes the source had at the call, not the ones written after.
+TEST(DeviceMemory, AnUploadDoesNotWaitForItsStreamAndTakesTheBytesAtTheCall) {
+  DHX_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<int32_t> src(100000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int32_t>(i * 7 + 3);
+  const std::vector<int32_t> want = src;
+  Tensor d = Tensor::empty({static_cast<int64_t>(src.size())}, DType::kI32, nullptr, gpu, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  hold_stream(s, 200000);
+  device_upload(d.raw(), gpu, src.data(), src.size() * sizeof(int32_t), s);
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "device_upload returned only once its stream got there";
+  (void)cudaGetLastError();
+  std::fill(src.begin(), src.end(), -1);
+  std::vector<int32_t> got(src.size());
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), d.raw(), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(got, want);
+  d = Tensor();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
 }
 
 TEST(DeviceMemory, RoundTripIsBitwiseAndTrackersCountDeviceBytes) {
