@@ -251,8 +251,8 @@ TEST(NcclGroup, AGroupBootstrappedOverTheHostGroupWorks) {
 
 // place_groups_on_device with comm.gpu_transport = nccl (DeviceGroupOptions::nccl): a step's CPU
 // group is wrapped in an NCCL group bootstrapped over it. (At world size 1 a step has no group to
-// wrap -- StepGroups keeps the roles of more than one rank -- so TrainerGpuNccl's run does not get
-// here: a one-rank group is set by hand.) Oracles: the group placed is an NCCL one, made once and
+// wrap -- StepGroups keeps the roles of more than one rank -- so a trainer run cannot get here: a
+// one-rank group is set by hand.) Oracles: the group placed is an NCCL one, made once and
 // owned by the caller, with the host group's name; an all-gather through it into an output of 0xFF
 // bytes returns the input's bytes.
 TEST(NcclGroup, PlacingAStepsGroupsWrapsThemInNccl) {

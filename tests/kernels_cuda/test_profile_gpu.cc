@@ -6,6 +6,7 @@
 // on the GPU bench). No assertion on which is faster: the co-executed-vs-alone figures are printed
 // (the papers' profiling claim, measured on the lent GPU by scripts/gpu-device, not asserted).
 #include <cmath>
+#include <string>
 
 #include "CudaTest.h"
 #include "ModelHarness.h"
@@ -16,6 +17,23 @@
 
 namespace dhelix::cuda::test {
 namespace {
+
+// The profile's prices are times its windows' kernels took, not the host's issue time: a price is
+// clamped at 1e-9 s once the timing bracket is taken off (Profiler.cc), so "positive" alone cannot
+// fail. Oracle: no GPU runs above 1e15 FLOP/s (an H200's dense bf16 peak is 989e12), so the
+// single-op windows of each strand together take at least the strand's FLOPs / 1e15 s; a bench that
+// did not wait for its kernels would price them at the clamp (a review, 2026-11-29).
+void expect_windows_took_the_kernels(const nlohmann::json& j, const LayerProgram& prog, const std::string& who) {
+  for (const auto& [kind, ops] : {std::pair{"solo_fwd", &prog.fwd}, std::pair{"solo_bwd", &prog.bwd}}) {
+    double flops = 0, single = 0;
+    for (const Op& o : *ops) flops += o.cost.flops;
+    for (const auto& e : j.at(kind))
+      if (e[1].get<int>() - e[0].get<int>() == 1) single += e.back().get<double>();
+    std::printf("[ info ] %s %s: single-op windows %.3e s for %.3e FLOP (%.0f TFLOP/s)\n", who.c_str(), kind, single,
+                flops, single > 0 ? flops / single / 1e12 : 0.0);
+    EXPECT_GE(single, flops / 1e15) << who << " " << kind << ": the windows' prices are under what the kernels take";
+  }
+}
 
 // The bench on GPU 0 from seed `seed`.
 LayerPairRun on_gpu(uint64_t seed) {
@@ -54,6 +72,7 @@ TEST(CudaProfile, LayerPairProfileOnTheGpuPricesEveryEntryAndFeedsThePlanSearch)
       const double s = e.back().get<double>();
       EXPECT_TRUE(std::isfinite(s) && s > 0) << kind << " " << e.dump();
     }
+  expect_windows_took_the_kernels(j, prog, "one rank");
   // What co-execution bought on this GPU: each legal pair against its two windows alone.
   double pair_sum = 0, solo_sum = 0;
   for (const auto& e : j.at("pairs")) {
@@ -107,6 +126,7 @@ TEST(CudaProfile, TensorParallelBenchOnTheGpuMovesItsCollectivesThroughStagedGro
     const Profile p = profile_layer_pair(bench, m, lay, &comm, po);
     want[comm.rank()] = profile_entry_count(bench.program(), po.windows, po.max_window);
     got[comm.rank()] = p.to_json();
+    expect_windows_took_the_kernels(got[comm.rank()], bench.program(), "tp rank " + std::to_string(comm.rank()));
   });
   for (int r = 0; r < 2; ++r) {
     const nlohmann::json& j = got[r];
@@ -117,6 +137,8 @@ TEST(CudaProfile, TensorParallelBenchOnTheGpuMovesItsCollectivesThroughStagedGro
         EXPECT_TRUE(std::isfinite(s) && s > 0) << "rank " << r << " " << kind << " " << e.dump();
       }
   }
+  // (Equal by construction -- the ranks agree on each price, taking the larger -- so this checks the
+  // agreement ran, not the times.)
   for (const auto& kind : {"solo_fwd", "solo_bwd", "pairs"}) EXPECT_EQ(got[0].at(kind), got[1].at(kind)) << kind;
 }
 

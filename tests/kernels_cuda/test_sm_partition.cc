@@ -101,6 +101,7 @@ TEST(CudaSmPartition, StagedCollectivesBetweenPartitionsEqualTheCpuGroupsBitwise
     const Tensor back = d.to(Device::host());
     EXPECT_EQ(std::memcmp(back.raw(), h.raw(), h.nbytes()), 0) << "all_reduce";
     Tensor dg = Tensor::empty({514, 3}, DType::kF32, nullptr, gpu), hg = Tensor::empty({514, 3}, DType::kF32);
+    EXPECT_EQ(cudaMemset(dg.raw(), 0xFF, dg.nbytes()), cudaSuccess);  // (an all-gather that writes nothing fails)
     g->all_gather(x.to(gpu), dg).wait();
     ref.all_gather(x, hg).wait();
     const Tensor bg = dg.to(Device::host());
