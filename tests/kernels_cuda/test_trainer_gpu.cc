@@ -842,7 +842,10 @@ TEST_P(GpuFamilies, Bf16GradientWireOnTheGpuTracksTheFp32Wire) {
 // first answers, timed in the first step. Oracle: the heuristic run of the same config. Not bitwise:
 // another algorithm sums K in another order (fp32) and so may round a bf16 output the other way;
 // bound: the layout tests' 1e-2 relative per step (the bf16 path's bound, DataParallelRanks... above)
-// over 5 steps, and the run must learn.
+// over 5 steps, and the run must learn. That the timing ran at all is read from the choices file the
+// timed run writes (training.gemm_choices): some shape was timed (ms > 0); how many chose other than
+// the heuristic's first answer unsplit is printed -- if none did, the two runs were the same
+// arithmetic and the loss comparison checked only that.
 TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
   DHX_REQUIRE_GPU();
   TempDir dir;
@@ -850,8 +853,16 @@ TEST_P(GpuFamilies, TimedGemmAlgorithmsTrackTheHeuristicOnes) {
   const RunConfig heuristic = tiny_on(dir.path(), GetParam(), "cuda");
   RunConfig timed = heuristic;
   timed.training.gemm_algo = "timed";
+  timed.training.gemm_choices = dir.path() + "/timed_choices.json";
   timed.output.dir = dir.path() + "/timed";
   const std::vector<double> got = one_rank_losses(timed, 5);
+  ASSERT_TRUE(file_exists(timed.training.gemm_choices)) << "the timed run wrote no choices file";
+  const cuda::GemmChoices chosen = cuda::load_gemm_choices(timed.training.gemm_choices);
+  size_t was_timed = 0, other = 0;
+  for (const cuda::GemmChoice& c : chosen.choices) was_timed += c.ms > 0, other += c.answer != 0 || c.split != 1;
+  std::printf("[ info ] %s gemm_algo=timed: %zu shapes, %zu timed, %zu not the heuristic's first answer unsplit\n",
+              GetParam(), chosen.choices.size(), was_timed, other);
+  EXPECT_GT(was_timed, 0u) << "no GEMM shape was timed";
   expect_tracks(one_rank_losses(heuristic, 5), got, 1e-2, fmt::format("{} gemm_algo=timed", GetParam()));
   expect_grads_track(heuristic, timed, fmt::format("{} gemm_algo=timed", GetParam()));
   EXPECT_LT(got.back(), got.front()) << "the timed run did not learn";
