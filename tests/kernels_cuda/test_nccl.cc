@@ -51,6 +51,40 @@ Tensor sentinel(const Shape& shape, DType dt) {
   return o;
 }
 
+// The producer tests' setting: a one-rank "dp" NCCL group whose ops follow a producer stream of the
+// test's own, and 2^20 random fp32 values on the GPU, all settled before the test queues work behind
+// the producer (hold_stream, then a write); the zeros that write leaves, summed from the host.
+struct HeldProducer {
+  std::unique_ptr<ProcessGroup> g;
+  cudaStream_t producer = nullptr;
+  Tensor t;
+  HeldProducer(double timeout_s, uint32_t seed) : g(make_nccl_group("dp", 0, 1, 0, timeout_s, nccl_unique_id(), 0)) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+    nccl_set_producer_stream(*g, producer);
+    t = host_random({1 << 20}, DType::kF32, seed).to(Device::cuda(0));
+  }
+  // The producer held `spin_us`, then t zeroed on it: what an op issued now must wait for.
+  void hold_then_zero(int spin_us) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cuda::test::hold_stream(producer, spin_us);
+    EXPECT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
+  }
+  ~HeldProducer() {
+    if (g) nccl_set_producer_stream(*g, nullptr);
+    cudaStreamSynchronize(producer);
+    cudaStreamDestroy(producer);
+  }
+  HeldProducer(const HeldProducer&) = delete;
+  HeldProducer& operator=(const HeldProducer&) = delete;
+};
+
+double abs_sum(const Tensor& d) {
+  const Tensor h = d.to(Device::host());
+  double sum = 0;
+  for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
+  return sum;
+}
+
 bool same_bytes(const Tensor& a, const Tensor& b) {
   const Tensor ha = a.to(Device::host()), hb = b.to(Device::host());
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
@@ -132,23 +166,11 @@ TEST(NcclGroup, ItsStreamHasTheHighestPriority) {
 TEST(NcclGroup, OpsFollowTheProducerStream) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());
-  const Device gpu = Device::cuda(0);
-  auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
-  cudaStream_t producer = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  nccl_set_producer_stream(*g, producer);
-  Tensor t = host_random({1 << 20}, DType::kF32, 3).to(gpu);
-  Tensor out = sentinel(t.shape(), DType::kF32);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cuda::test::hold_stream(producer, 50000);  // then the zeros
-  ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
-  g->all_gather(t, out).wait();
-  const Tensor h = out.to(Device::host());
-  double sum = 0;
-  for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
-  EXPECT_EQ(sum, 0.0) << "the all-gather copied t before the producer's memset (or wrote nothing)";
-  nccl_set_producer_stream(*g, nullptr);
-  cudaStreamDestroy(producer);
+  HeldProducer c(60.0, 3);
+  Tensor out = sentinel(c.t.shape(), DType::kF32);
+  c.hold_then_zero(50000);
+  c.g->all_gather(c.t, out).wait();
+  EXPECT_EQ(abs_sum(out), 0.0) << "the all-gather copied t before the producer's memset (or wrote nothing)";
 }
 
 // Work::wait_on: a consumer stream ordered after an NCCL op on the GPU, the host not waiting. The
@@ -161,17 +183,12 @@ TEST(NcclGroup, OpsFollowTheProducerStream) {
 TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());
-  const Device gpu = Device::cuda(0);
-  auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
-  cudaStream_t producer = nullptr, consumer = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  HeldProducer c(60.0, 5);
+  Tensor& t = c.t;
+  cudaStream_t consumer = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
-  nccl_set_producer_stream(*g, producer);
-  Tensor t = host_random({1 << 20}, DType::kF32, 5).to(gpu);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cuda::test::hold_stream(producer, 200000);  // 200 ms: longer than a first launch in a fresh process takes
-  ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
-  Work w = g->all_reduce(t);
+  c.hold_then_zero(200000);  // 200 ms: longer than a first launch in a fresh process takes
+  Work w = c.g->all_reduce(t);
   w.wait_on(consumer);
   EXPECT_FALSE(w.is_completed()) << "wait_on returned only after the op finished: the host was held";
   std::vector<float> out(static_cast<size_t>(t.numel()));
@@ -181,8 +198,6 @@ TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
   for (float v : out) sum += std::abs(v);
   EXPECT_EQ(sum, 0.0) << "the consumer stream read t before the all-reduce (after the producer's memset) ended";
   w.wait();
-  nccl_set_producer_stream(*g, nullptr);
-  cudaStreamDestroy(producer);
   cudaStreamDestroy(consumer);
 }
 
@@ -194,26 +209,15 @@ TEST(NcclGroup, WaitOnOrdersAStreamAfterTheOpWithoutTheHost) {
 TEST(NcclGroup, DestroyingAGroupSettlesItsPostedOps) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());
-  const Device gpu = Device::cuda(0);
-  auto g = make_nccl_group("dp", 0, 1, 0, 60.0, nccl_unique_id(), 0);
-  cudaStream_t producer = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  nccl_set_producer_stream(*g, producer);
-  Tensor t = host_random({1 << 20}, DType::kF32, 6).to(gpu);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cuda::test::hold_stream(producer, 200000);
-  ASSERT_EQ(cudaMemsetAsync(t.raw(), 0, t.nbytes(), producer), cudaSuccess);
-  Work w = g->all_reduce(t);
+  HeldProducer c(60.0, 6);
+  c.hold_then_zero(200000);
+  Work w = c.g->all_reduce(c.t);
   EXPECT_FALSE(w.is_completed()) << "the op finished before the producer's 200 ms spin";
-  g.reset();
+  c.g.reset();
   EXPECT_TRUE(w.is_completed()) << "the group was destroyed and its posted op left pending";
   EXPECT_NO_THROW(w.wait());
-  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
-  const Tensor h = t.to(Device::host());
-  double sum = 0;
-  for (int64_t i = 0; i < h.numel(); ++i) sum += std::abs(h.f32()[i]);
-  EXPECT_EQ(sum, 0.0) << "t does not hold the all-reduce of the producer's zeros";
-  cudaStreamDestroy(producer);
+  ASSERT_EQ(cudaStreamSynchronize(c.producer), cudaSuccess);
+  EXPECT_EQ(abs_sum(c.t), 0.0) << "t does not hold the all-reduce of the producer's zeros";
 }
 
 // The bootstrap: rank 0 of a CPU group makes the id and broadcasts it. Oracle: the 128 bytes rank 0
@@ -285,16 +289,10 @@ TEST(NcclGroup, PlacingAStepsGroupsWrapsThemInNccl) {
 TEST(NcclGroup, TheWatchdogAbortsAStalledOpAndLaterOpsFail) {
   DHX_REQUIRE_GPU();
   ASSERT_TRUE(nccl_available());
-  const Device gpu = Device::cuda(0);
-  auto g = make_nccl_group("dp", 0, 1, 0, 0.5, nccl_unique_id(), 0);
-  cudaStream_t producer = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
-  Tensor t = host_random({1024}, DType::kF32, 8).to(gpu);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  nccl_set_producer_stream(*g, producer);
-  cuda::test::hold_stream(producer, 3000000);
-  Work w = g->all_reduce(t);
-  nccl_set_producer_stream(*g, nullptr);
+  HeldProducer c(0.5, 8);
+  c.hold_then_zero(3000000);
+  Work w = c.g->all_reduce(c.t);
+  nccl_set_producer_stream(*c.g, nullptr);
   try {
     w.wait();
     ADD_FAILURE() << "an op held 3 s behind its producer finished within the group's 0.5 s timeout";
@@ -303,14 +301,13 @@ TEST(NcclGroup, TheWatchdogAbortsAStalledOpAndLaterOpsFail) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(4000));
   try {
-    g->all_reduce(t).wait();
+    c.g->all_reduce(c.t).wait();
     ADD_FAILURE() << "an op after the watchdog's abort ran";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
   }
-  ASSERT_EQ(cudaStreamSynchronize(producer), cudaSuccess);
-  g.reset();
-  cudaStreamDestroy(producer);
+  ASSERT_EQ(cudaStreamSynchronize(c.producer), cudaSuccess);
+  c.g.reset();  // (without hanging)
 }
 
 }  // namespace
