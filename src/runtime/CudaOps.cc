@@ -16,10 +16,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -29,8 +27,8 @@
 #include "kernels/cuda/Gemm.h"
 #include "kernels/cuda/Moe.h"
 #include "kernels/cuda/Ops.h"
+#include "runtime/HostCopies.h"
 #include "runtime/Ops3D.h"
-#include "runtime/Stream.h"
 
 namespace dhelix {
 namespace {
@@ -565,109 +563,6 @@ void op_xent_finish(OpCall& c) {
 // wait at most for the routing, and each buffer crosses once, not once per op.
 cuda::NormTopk norm_topk(const OpCall& c) { return c.model.norm_topk ? cuda::NormTopk::kYes : cuda::NormTopk::kNo; }
 
-// Host buffers whose copies had not run when their owner let go (CopyLanded's destructor): each
-// kept, with its copy's event, until the event has passed, looked at again whenever one more is
-// parked -- so letting go never waits for a stream (a UnitEnv freed in the middle of a step would
-// otherwise stop the issuing thread until its strand reached the copy).
-class Parked {
- public:
-  static void park(cudaEvent_t ev, Tensor keep) {
-    static Parked* p = new Parked;  // never destroyed: buffers may be parked until the process ends
-    std::lock_guard<std::mutex> g(p->mu_);
-    std::erase_if(p->items_, [](Item& i) {
-      const cudaError_t e = cudaEventQuery(i.ev);
-      if (e == cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        return false;
-      }
-      cudaEventDestroy(i.ev);  // passed (or failed: the run's error surfaces elsewhere)
-      return true;
-    });
-    p->items_.push_back({ev, std::move(keep)});
-  }
-
- private:
-  struct Item {
-    cudaEvent_t ev;
-    Tensor keep;
-  };
-  std::mutex mu_;
-  std::vector<Item> items_;
-};
-
-// A copy between the host and the GPU started on a stream: complete once a CUDA event recorded
-// behind it is. It holds the host buffer (`keep`, a reference to its storage) until then: destroyed
-// before, it parks both instead of waiting, so the buffer is never given back while the copy may
-// still read or write it.
-class CopyLanded final : public Event {
- public:
-  CopyLanded(cudaStream_t s, Tensor keep) : keep_(std::move(keep)) {
-    DHX_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
-    if (const cudaError_t e = cudaEventRecord(ev_, s); e != cudaSuccess) {
-      cudaEventDestroy(ev_);
-      DHX_CUDA(e);
-    }
-  }
-  ~CopyLanded() override {
-    if (ready()) {
-      cudaEventDestroy(ev_);
-      return;
-    }
-    try {
-      Parked::park(ev_, std::move(keep_));
-    } catch (...) {  // (no memory for the list: wait instead)
-      cudaEventSynchronize(ev_);
-      cudaEventDestroy(ev_);
-    }
-  }
-  CopyLanded(const CopyLanded&) = delete;
-  CopyLanded& operator=(const CopyLanded&) = delete;
-  bool ready() const override {
-    const cudaError_t e = cudaEventQuery(ev_);
-    if (e == cudaErrorNotReady) (void)cudaGetLastError();  // (not a failure: must not meet the next launch's check)
-    return e == cudaSuccess;
-  }
-  void host_wait() override { DHX_CUDA(cudaEventSynchronize(ev_)); }
-
- private:
-  cudaEvent_t ev_{};
-  Tensor keep_;
-};
-
-// Starts the host mirror of buffer `name` (written on the op's stream, or waited for there): a
-// page-locked copy, so the copy does not block the host (pageable memory, where none can be had,
-// makes it synchronous). Returns it.
-const HostMirror& start_host_mirror(OpCall& c, const std::string& name) {
-  const Tensor& t = c.env.at(name);
-  HostMirror m;
-  m.host = Tensor::empty_pinned(t.shape(), t.dtype());
-  DHX_CUDA(cudaMemcpyAsync(m.host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, st(c)));
-  m.ready = std::make_shared<CopyLanded>(st(c), m.host);
-  c.env.drop_mirror(name);  // (a mirror replaced in place would free its buffer before its copy landed)
-  return c.env.mirrors.emplace(name, std::move(m)).first->second;
-}
-// `dst` (a device tensor) filled from host memory `src` on the op's stream without waiting for the
-// stream: staged through page-locked memory kept (CopyLanded, parked) until the copy has run. (A
-// device_copy from the host returns only once the stream got there: a wait for both strands.)
-void upload(OpCall& c, Tensor& dst, const void* src) {
-  Tensor staged = Tensor::empty_pinned(dst.shape(), dst.dtype());
-  std::memcpy(staged.raw(), src, dst.nbytes());
-  DHX_CUDA(cudaMemcpyAsync(dst.raw(), staged.raw(), dst.nbytes(), cudaMemcpyHostToDevice, st(c)));
-  // (From pageable memory, where no page-locked memory could be had, the driver copies the bytes out
-  // before the call returns -- it may wait for the stream to do so.)
-  if (staged.is_pinned()) {
-    const CopyLanded landing(st(c), staged);  // let go at once: parked until the copy has run
-  }
-}
-// Input `i` on the host (its mirror; made by a copy on the op's stream, not the one the buffer was
-// allocated on: a backward op reading its forward's statistics must not wait behind the other
-// strand's queue).
-const Tensor& host_input(OpCall& c, size_t i, DType dt) {
-  const Tensor& h = c.env.host_view(c.op.inputs.at(i), c.stream);
-  DHX_CHECK(h.dtype() == dt, InternalError, "{}: input {} is {}, expected {}", c.op.name, c.op.inputs.at(i),
-            h.describe(), dtype_name(dt));
-  return h;
-}
 int64_t expert_rows(const OpCall& c, const Tensor& w, const Tensor& counts) {
   DHX_ASSERT(counts.numel() > 0 && w.dim(0) % counts.numel() == 0, "{}: weight {} vs {} experts", c.op.name,
              w.describe(), counts.numel());
@@ -714,7 +609,7 @@ void op_moe_route_bwd(OpCall& c) {
   Tensor aux;
   if (!dp.empty()) {
     aux = Tensor::empty({E}, DType::kF32, nullptr, c.device, c.stream);
-    upload(c, aux, dp.data());
+    device_upload(aux.raw(), c.device, dp.data(), aux.nbytes(), c.stream);
   }
   Tensor& dl = c.out_new(0, {N, E});
   cuda::moe_route_bwd(f32(probs), i32(c.in(2)), f32(c.in(3)), f32(c.in(0)), aux.defined() ? f32(aux) : nullptr,
@@ -781,7 +676,8 @@ void moe_ep_regroup_op(OpCall& c, bool to_expert_major) {
     HostMirror m;  // the host has them already: the expert GEMMs read this copy
     m.host = Tensor::empty({El}, DType::kI32);
     std::copy(lc.begin(), lc.end(), m.host.data<int32_t>());
-    upload(c, c.out_new(1, {El}, DType::kI32), lc.data());
+    Tensor& d = c.out_new(1, {El}, DType::kI32);
+    device_upload(d.raw(), c.device, lc.data(), d.nbytes(), c.stream);
     c.env.mirrors.emplace(c.op.outputs.at(1), std::move(m));  // (out_new dropped the old one)
   }
 }

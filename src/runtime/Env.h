@@ -52,7 +52,7 @@ class Bf16Weights {
 // copy started right behind the kernels that wrote the buffer, as moe_route's); unset: landed.
 struct HostMirror {
   Tensor host;
-  std::shared_ptr<Event> ready;  // (a GPU's holds `host` too until the copy has run: CudaOps.cc's CopyLanded)
+  std::shared_ptr<Event> ready;  // (a GPU's holds `host` too until the copy has run: HostCopies.cc's CopyLanded)
 };
 
 struct UnitEnv {
